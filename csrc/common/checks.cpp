@@ -1,0 +1,118 @@
+#include "common/checks.h"
+
+#include <ATen/MemoryOverlap.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace mixprec {
+namespace checks {
+
+bool is_supported_float(c10::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 ||
+         t == at::kDouble;
+}
+
+void check_state_tensor(const char* op, const char* name, const at::Tensor& t,
+                        c10::ScalarType dtype, const c10::Device& device) {
+  TORCH_CHECK(t.defined(), "mixprec.", op, ": ", name, " is undefined");
+  TORCH_CHECK(t.layout() == at::kStrided, "mixprec.", op, ": ", name,
+              " must be a dense (strided) tensor, got layout ", t.layout());
+  TORCH_CHECK(t.scalar_type() == dtype, "mixprec.", op, ": ", name,
+              " must be a ", c10::toString(dtype), " tensor, got ",
+              t.scalar_type());
+  TORCH_CHECK(t.numel() == 1, "mixprec.", op, ": ", name,
+              " must be a one-element tensor, got shape ", t.sizes());
+  TORCH_CHECK(t.device() == device, "mixprec.", op, ": ", name,
+              " must be on ", device, " (the device of found_inf), got ",
+              t.device());
+}
+
+void check_grad_list(const char* op, const char* name, at::TensorList tensors,
+                     const c10::Device& device, bool written) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    TORCH_CHECK(t.defined(), "mixprec.", op, ": ", name, "[", i,
+                "] is undefined");
+    TORCH_CHECK(t.layout() == at::kStrided, "mixprec.", op, ": ", name, "[",
+                i, "] must be a dense (strided) tensor, got layout ",
+                t.layout(), "; coalesce sparse gradients and pass "
+                "their values() instead");
+    TORCH_CHECK(is_supported_float(t.scalar_type()), "mixprec.", op, ": ",
+                name, "[", i,
+                "] must be float32, float16, bfloat16 or float64, got ",
+                t.scalar_type());
+    TORCH_CHECK(t.device() == device, "mixprec.", op, ": ", name, "[", i,
+                "] is on ", t.device(), " but found_inf is on ", device,
+                "; call the op once per device");
+    if (written) {
+      TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes,
+                  "mixprec.", op, ": ", name, "[", i,
+                  "] has internal overlap (e.g. an expanded tensor), so an "
+                  "in-place write would touch an element more than once");
+    }
+  }
+}
+
+}  // namespace checks
+}  // namespace mixprec
+
+namespace mixprec {
+namespace checks {
+
+void check_update_scale_args(const char* op, const at::Tensor& scale,
+                             const at::Tensor& growth_tracker,
+                             const at::Tensor* hysteresis_left,
+                             const at::Tensor& found_inf,
+                             int64_t growth_interval) {
+  TORCH_CHECK(scale.defined(), "mixprec.", op, ": scale is undefined");
+  const c10::Device device = scale.device();
+  check_state_tensor(op, "scale", scale, at::kFloat, device);
+  check_state_tensor(op, "growth_tracker", growth_tracker, at::kInt, device);
+  if (hysteresis_left != nullptr) {
+    check_state_tensor(op, "hysteresis_left", *hysteresis_left, at::kInt,
+                       device);
+  }
+  check_state_tensor(op, "found_inf", found_inf, at::kFloat, device);
+  TORCH_CHECK(growth_interval >= 1 && growth_interval <= INT32_MAX, "mixprec.",
+              op, ": growth_interval must be a positive 32-bit integer, got ",
+              growth_interval);
+}
+
+ScaleBounds check_update_scale_ext_args(
+    const at::Tensor& scale, const at::Tensor& growth_tracker,
+    const at::Tensor& hysteresis_left, const at::Tensor& found_inf,
+    double growth_factor, double backoff_factor, int64_t growth_interval,
+    std::optional<double> min_scale, std::optional<double> max_scale,
+    int64_t hysteresis) {
+  const char* op = "update_scale_ext_";
+  check_update_scale_args(op, scale, growth_tracker, &hysteresis_left,
+                          found_inf, growth_interval);
+  TORCH_CHECK(growth_factor > 1.0 && std::isfinite(growth_factor), "mixprec.",
+              op, ": growth_factor must be a finite number > 1, got ",
+              growth_factor);
+  TORCH_CHECK(backoff_factor > 0.0 && backoff_factor < 1.0, "mixprec.", op,
+              ": backoff_factor must be in (0, 1), got ", backoff_factor);
+  TORCH_CHECK(hysteresis >= 1 && hysteresis <= INT32_MAX, "mixprec.", op,
+              ": hysteresis must be a positive 32-bit integer, got ",
+              hysteresis);
+  ScaleBounds b{0.0, std::numeric_limits<double>::infinity()};
+  if (min_scale.has_value()) {
+    TORCH_CHECK(*min_scale > 0.0 && std::isfinite(*min_scale), "mixprec.", op,
+                ": min_scale must be a finite number > 0, got ", *min_scale);
+    b.min_scale = *min_scale;
+  }
+  if (max_scale.has_value()) {
+    TORCH_CHECK(*max_scale > 0.0 && std::isfinite(*max_scale), "mixprec.", op,
+                ": max_scale must be a finite number > 0, got ", *max_scale);
+    b.max_scale = *max_scale;
+  }
+  TORCH_CHECK(b.min_scale <= b.max_scale, "mixprec.", op, ": min_scale (",
+              b.min_scale, ") must not exceed max_scale (", b.max_scale, ")");
+  return b;
+}
+
+}  // namespace checks
+}  // namespace mixprec

@@ -1,0 +1,54 @@
+// Argument checks shared by every op's CPU and CUDA kernels. Every message
+// names the op and the argument, and every check runs before any tensor is
+// written, so an op that rejects its input modifies nothing.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
+
+#include <optional>
+#include <string>
+
+namespace mixprec {
+namespace checks {
+
+// A one-element float32/int32 state tensor (found_inf, inv_scale, scale,
+// growth_tracker, ...) on `device`.
+void check_state_tensor(const char* op, const char* name, const at::Tensor& t,
+                        c10::ScalarType dtype, const c10::Device& device);
+
+// A list of gradient-like tensors: dense (strided layout), on `device`, of a
+// floating dtype mixprec handles (float32, float16, bfloat16, float64), and,
+// when `written`, without internal overlap (an in-place write must touch each
+// element once).
+void check_grad_list(const char* op, const char* name, at::TensorList tensors,
+                     const c10::Device& device, bool written);
+
+bool is_supported_float(c10::ScalarType t);
+
+// update_scale_: scale (float32), growth_tracker (int32), optional
+// hysteresis_left (int32) and found_inf (float32), one element each, all on
+// the device of scale; growth_interval >= 1.
+void check_update_scale_args(const char* op, const at::Tensor& scale,
+                             const at::Tensor& growth_tracker,
+                             const at::Tensor* hysteresis_left,
+                             const at::Tensor& found_inf,
+                             int64_t growth_interval);
+
+struct ScaleBounds {
+  double min_scale;  // 0 when not given
+  double max_scale;  // +inf when not given
+};
+
+// update_scale_ext_: the above plus growth_factor > 1, 0 < backoff_factor < 1,
+// hysteresis >= 1, 0 < min_scale <= max_scale (both finite when given).
+ScaleBounds check_update_scale_ext_args(
+    const at::Tensor& scale, const at::Tensor& growth_tracker,
+    const at::Tensor& hysteresis_left, const at::Tensor& found_inf,
+    double growth_factor, double backoff_factor, int64_t growth_interval,
+    std::optional<double> min_scale, std::optional<double> max_scale,
+    int64_t hysteresis);
+
+}  // namespace checks
+}  // namespace mixprec

@@ -1,0 +1,38 @@
+// mixprec ops for C++ (LibTorch) callers. Each function is a typed call
+// through the PyTorch dispatcher to torch.ops.mixprec.<name>, so C++ and
+// Python reach the same kernels. Semantics and argument rules: see the
+// schema comments in csrc/registration.cpp and the Python docs (mixprec.ops).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+#include <optional>
+
+namespace mixprec {
+
+// grads[i] *= inv_scale in place; found_inf = 1 if any grad held inf/NaN.
+// found_inf, inv_scale: one-element float32 tensors on the grads' device.
+void unscale_and_check_(at::TensorList grads, const at::Tensor& found_inf,
+                        const at::Tensor& inv_scale);
+
+// found_inf = 1 if any value of `tensors` is inf or NaN. Reads only.
+void check_finite_(at::TensorList tensors, const at::Tensor& found_inf);
+
+// torch._amp_update_scale_ semantics. scale: float32, growth_tracker: int32,
+// found_inf: float32; one element each, same device.
+void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                   const at::Tensor& found_inf, double growth_factor,
+                   double backoff_factor, int64_t growth_interval);
+
+// update_scale_ with hysteresis and min/max bounds (hysteresis_left: int32).
+void update_scale_ext_(const at::Tensor& scale,
+                       const at::Tensor& growth_tracker,
+                       const at::Tensor& hysteresis_left,
+                       const at::Tensor& found_inf, double growth_factor,
+                       double backoff_factor, int64_t growth_interval,
+                       std::optional<double> min_scale = std::nullopt,
+                       std::optional<double> max_scale = std::nullopt,
+                       int64_t hysteresis = 1);
+
+}  // namespace mixprec

@@ -1,0 +1,57 @@
+// C++ entry points: typed dispatcher calls, one per schema.
+#include "mixprec/ops.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace mixprec {
+namespace {
+
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> handle(const char* name) {
+  return c10::Dispatcher::singleton()
+      .findSchemaOrThrow(name, "")
+      .template typed<Sig>();
+}
+
+}  // namespace
+
+void unscale_and_check_(at::TensorList grads, const at::Tensor& found_inf,
+                        const at::Tensor& inv_scale) {
+  static auto op = handle<void(at::TensorList, const at::Tensor&,
+                               const at::Tensor&)>("mixprec::unscale_and_check_");
+  op.call(grads, found_inf, inv_scale);
+}
+
+void check_finite_(at::TensorList tensors, const at::Tensor& found_inf) {
+  static auto op = handle<void(at::TensorList, const at::Tensor&)>(
+      "mixprec::check_finite_");
+  op.call(tensors, found_inf);
+}
+
+void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                   const at::Tensor& found_inf, double growth_factor,
+                   double backoff_factor, int64_t growth_interval) {
+  static auto op =
+      handle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                  double, double, int64_t)>("mixprec::update_scale_");
+  op.call(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+          growth_interval);
+}
+
+void update_scale_ext_(const at::Tensor& scale,
+                       const at::Tensor& growth_tracker,
+                       const at::Tensor& hysteresis_left,
+                       const at::Tensor& found_inf, double growth_factor,
+                       double backoff_factor, int64_t growth_interval,
+                       std::optional<double> min_scale,
+                       std::optional<double> max_scale, int64_t hysteresis) {
+  static auto op =
+      handle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                  const at::Tensor&, double, double, int64_t,
+                  std::optional<double>, std::optional<double>, int64_t)>(
+          "mixprec::update_scale_ext_");
+  op.call(scale, growth_tracker, hysteresis_left, found_inf, growth_factor,
+          backoff_factor, growth_interval, min_scale, max_scale, hysteresis);
+}
+
+}  // namespace mixprec

@@ -1,0 +1,167 @@
+"""Build of mixprec._C (torch.utils.cpp_extension).
+
+Configuration (printed at build time, recorded in the binary for
+``mixprec.build_info()``):
+
+* CUDA kernels are compiled when torch is a CUDA build (``torch.version.cuda``)
+  and a CUDA toolkit (nvcc) is found. Whether a GPU is visible plays no part.
+* ``MIXPREC_FORCE_CUDA=1`` requires the CUDA kernels (and fails clearly when
+  nvcc or a CUDA build of torch is missing); ``MIXPREC_FORCE_CPU=1`` leaves
+  them out.
+* ``TORCH_CUDA_ARCH_LIST`` picks the GPU architectures; default "8.0;9.0+PTX".
+
+Sources come from the csrc/ folders by glob; CMakeLists.txt globs the same
+folders (csrc/python/ is the Python module and is built here only).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_ARCHS = "8.0;9.0+PTX"
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _locate_cuda_home() -> None:
+    """Point torch at a full CUDA toolkit before cpp_extension looks for one.
+
+    torch derives CUDA_HOME from ``which nvcc`` when CUDA_HOME is unset; a
+    wrapper script on PATH (as on this project's machines) then yields a prefix
+    without the CUDA headers. Prefer /usr/local/cuda when it holds nvcc.
+    """
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    nvcc = shutil.which("nvcc")
+    candidates = []
+    if nvcc:
+        candidates.append(Path(os.path.realpath(nvcc)).parent.parent)
+    candidates.append(Path("/usr/local/cuda"))
+    for home in candidates:
+        if (home / "bin" / "nvcc").exists() and (home / "include" / "cuda_runtime.h").exists():
+            os.environ["CUDA_HOME"] = str(home)
+            return
+
+
+def _version() -> str:
+    text = (ROOT / "python" / "mixprec" / "_version.py").read_text()
+    match = re.search(r'__version__\s*=\s*"([^"]+)"', text)
+    assert match, "python/mixprec/_version.py has no __version__"
+    return match.group(1)
+
+
+def _sources(with_cuda: bool) -> list[str]:
+    patterns = ["csrc/*.cpp", "csrc/common/*.cpp", "csrc/cpu/*.cpp", "csrc/api/*.cpp",
+                "csrc/python/*.cpp"]
+    if with_cuda:
+        patterns.append("csrc/cuda/*.cu")
+    files: list[str] = []
+    for pattern in patterns:
+        files.extend(sorted(glob.glob(pattern, root_dir=ROOT)))
+    return files
+
+
+def _write_build_config(out_dir: Path, values: dict[str, str]) -> None:
+    template = (ROOT / "csrc" / "build_config.h.in").read_text()
+    for key, value in values.items():
+        template = template.replace(f"@{key}@", value)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / "mixprec_build_config.h"
+    if not target.exists() or target.read_text() != template:  # keep ninja's cache warm
+        target.write_text(template)
+
+
+def _extensions() -> tuple[list, dict]:
+    _locate_cuda_home()
+    import torch
+    from torch.utils import cpp_extension
+
+    force_cuda, force_cpu = _flag("MIXPREC_FORCE_CUDA"), _flag("MIXPREC_FORCE_CPU")
+    if force_cuda and force_cpu:
+        sys.exit("mixprec: MIXPREC_FORCE_CUDA and MIXPREC_FORCE_CPU are both set; pick one.")
+    nvcc = None
+    if cpp_extension.CUDA_HOME is not None:
+        candidate = Path(cpp_extension.CUDA_HOME) / "bin" / "nvcc"
+        nvcc = str(candidate) if candidate.exists() else None
+    torch_cuda = torch.version.cuda
+    if force_cuda and torch_cuda is None:
+        sys.exit(
+            f"mixprec: MIXPREC_FORCE_CUDA=1 but torch {torch.__version__} is not a CUDA build; "
+            "install a CUDA build of torch or unset MIXPREC_FORCE_CUDA."
+        )
+    if force_cuda and nvcc is None:
+        sys.exit(
+            "mixprec: MIXPREC_FORCE_CUDA=1 but no CUDA toolkit (nvcc) was found; install the "
+            "CUDA toolkit matching torch.version.cuda="
+            f"{torch_cuda} and set CUDA_HOME, or unset MIXPREC_FORCE_CUDA."
+        )
+    with_cuda = not force_cpu and torch_cuda is not None and nvcc is not None
+    if with_cuda and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "") if with_cuda else ""
+    if with_cuda:
+        reason = "forced by MIXPREC_FORCE_CUDA" if force_cuda else "CUDA torch + nvcc found"
+    elif force_cpu:
+        reason = "MIXPREC_FORCE_CPU=1"
+    elif torch_cuda is None:
+        reason = "torch is a CPU-only build"
+    else:
+        reason = "no CUDA toolkit (nvcc) found; set CUDA_HOME"
+    version = _version()
+    print(
+        "mixprec build configuration:\n"
+        f"  mixprec       {version}\n"
+        f"  torch         {torch.__version__} (CUDA {torch_cuda or 'none'})\n"
+        f"  CUDA kernels  {'yes' if with_cuda else 'no'} ({reason})\n"
+        f"  nvcc          {nvcc or 'not found'}\n"
+        f"  archs         {archs or '-'}",
+        flush=True,
+    )
+
+    gen_dir = ROOT / "build" / ("generated-cuda" if with_cuda else "generated-cpu")
+    _write_build_config(
+        gen_dir,
+        {
+            "MIXPREC_VERSION": version,
+            "MIXPREC_TORCH_VERSION": torch.__version__,
+            "MIXPREC_CUDA_VERSION": (torch_cuda or "") if with_cuda else "",
+            "MIXPREC_CUDA_ARCHS": archs,
+            "MIXPREC_WITH_CUDA_KERNELS": "1" if with_cuda else "0",
+        },
+    )
+    include_dirs = [str(ROOT / "csrc"), str(ROOT / "csrc" / "include"), str(gen_dir)]
+    cxx_flags = ["-O3", "-fvisibility=hidden", "-ffp-contract=off"]
+    ext_cls = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension
+    kwargs: dict = {"extra_compile_args": {"cxx": cxx_flags}}
+    if with_cuda:
+        kwargs["extra_compile_args"]["nvcc"] = ["-O3", "-lineinfo", "--fmad=false"]
+    ext = ext_cls(
+        name="mixprec._C",
+        sources=_sources(with_cuda),
+        include_dirs=include_dirs,
+        **kwargs,
+    )
+    build_ext = cpp_extension.BuildExtension.with_options(no_python_abi_suffix=False)
+    return [ext], {"build_ext": build_ext}
+
+
+ext_modules, cmdclass = _extensions()
+
+setup(
+    name="mixprec",
+    version=_version(),
+    package_dir={"": "python"},
+    packages=find_packages("python"),
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+)
