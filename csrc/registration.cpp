@@ -17,6 +17,12 @@ TORCH_LIBRARY(mixprec, m) {
       "Tensor inv_scale) -> ()");
   // found_inf = 1 if any value of `tensors` is inf or NaN; reads only.
   m.def("check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()");
+  // unscale_and_check_ that also returns the total norm_type-norm of the
+  // unscaled grads (0-dim float32, on their device), all in one pass; the
+  // norm of clip_grad_norm_ after unscale_. norm_type > 0 or inf.
+  m.def(
+      "unscale_and_norm_(Tensor(a!)[] grads, Tensor(b!) found_inf, "
+      "Tensor inv_scale, float norm_type=2.0) -> Tensor");
   // torch._amp_update_scale_, bit for bit.
   m.def(
       "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, "

@@ -116,3 +116,32 @@ ScaleBounds check_update_scale_ext_args(
 
 }  // namespace checks
 }  // namespace mixprec
+
+namespace mixprec {
+namespace checks {
+
+void check_unscale_args(const char* op, at::TensorList tensors,
+                        const at::Tensor& found_inf,
+                        const at::Tensor* inv_scale,
+                        c10::DeviceType backend) {
+  TORCH_CHECK(found_inf.defined() && found_inf.device().type() == backend,
+              "mixprec.", op, ": found_inf must be a ",
+              c10::DeviceTypeName(backend, /*lower_case=*/true),
+              " tensor on the device of the tensors, got ",
+              found_inf.defined() ? found_inf.device().str() : "undefined");
+  const c10::Device device = found_inf.device();
+  check_state_tensor(op, "found_inf", found_inf, at::kFloat, device);
+  if (inv_scale != nullptr) {
+    check_state_tensor(op, "inv_scale", *inv_scale, at::kFloat, device);
+  }
+  check_grad_list(op, inv_scale != nullptr ? "grads" : "tensors", tensors,
+                  device, inv_scale != nullptr);
+}
+
+void check_norm_type(const char* op, double norm_type) {
+  TORCH_CHECK(norm_type > 0.0, "mixprec.", op,
+              ": norm_type must be > 0 or inf, got ", norm_type);
+}
+
+}  // namespace checks
+}  // namespace mixprec

@@ -27,6 +27,18 @@ void check_grad_list(const char* op, const char* name, at::TensorList tensors,
 
 bool is_supported_float(c10::ScalarType t);
 
+// The arguments of the unscale family (unscale_and_check_, check_finite_,
+// unscale_and_norm_): found_inf (float32, one element) on a `backend` device,
+// inv_scale (when given) likewise on the same device, and the tensor list as
+// in check_grad_list (written when inv_scale is given).
+void check_unscale_args(const char* op, at::TensorList tensors,
+                        const at::Tensor& found_inf,
+                        const at::Tensor* inv_scale,
+                        c10::DeviceType backend);
+
+// norm_type must be > 0 (inf allowed) and not NaN.
+void check_norm_type(const char* op, double norm_type);
+
 // update_scale_: scale (float32), growth_tracker (int32), optional
 // hysteresis_left (int32) and found_inf (float32), one element each, all on
 // the device of scale; growth_interval >= 1.

@@ -1,4 +1,5 @@
-// Vectorized CPU span kernel behind unscale_and_check_ and check_finite_.
+// Vectorized CPU span kernels behind unscale_and_check_, check_finite_ and
+// unscale_and_norm_. Math in opmath (float for fp16/bf16), one rounding back.
 #pragma once
 
 #include <ATen/OpMathType.h>
@@ -6,57 +7,70 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <type_traits>
+#include <utility>
 
+#include "common/norm_math.h"
 #include "common/unscale_math.h"
 
 namespace mixprec {
 namespace cpu {
 
-template <typename V>
-inline bool any_nan_lane(const V& acc) {
-  using T = typename V::value_type;
-  alignas(64) T lanes[V::size()];
-  acc.store(lanes);
-  bool nan = false;
-  for (int k = 0; k < V::size(); ++k) {
-    nan |= math::is_nan_acc(lanes[k]);
+template <typename scalar_t>
+using OpVec = at::vec::Vectorized<at::opmath_type<scalar_t>>;
+
+// Calls f(OpVec&) on every full storage vector of p[0, n) converted to opmath
+// (two calls per vector for fp16/bf16); when `write`, stores what f left in
+// the vector back, rounded to scalar_t. Returns how many elements it covered;
+// the caller handles the scalar tail [returned, n).
+template <typename scalar_t, typename F>
+int64_t map_vectors(scalar_t* p, int64_t n, bool write, F&& f) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  using VecS = at::vec::Vectorized<scalar_t>;
+  int64_t i = 0;
+  for (; i + VecS::size() <= n; i += VecS::size()) {
+    if constexpr (std::is_same_v<scalar_t, opmath_t>) {
+      VecS v = VecS::loadu(p + i);
+      f(v);
+      if (write) {
+        v.store(p + i);
+      }
+    } else {
+      auto [a, b] = at::vec::convert_to_float<scalar_t>(VecS::loadu(p + i));
+      f(a);
+      f(b);
+      if (write) {
+        at::vec::convert_from_float<scalar_t>(a, b).store(p + i);
+      }
+    }
   }
-  return nan;
+  return i;
+}
+
+template <typename T, typename V, typename Op>
+T reduce_lanes(const V& v, T init, Op op) {
+  alignas(64) typename V::value_type lanes[V::size()];
+  v.store(lanes);
+  T r = init;
+  for (int k = 0; k < V::size(); ++k) {
+    r = op(r, static_cast<T>(lanes[k]));
+  }
+  return r;
 }
 
 // Checks p[0, n) for inf/NaN and, when `write`, multiplies it by inv_scale in
-// place (math in opmath, one rounding back to scalar_t). Returns whether a
-// non-finite input value was seen.
+// place. Returns whether a non-finite input value was seen.
 template <typename scalar_t>
 bool unscale_check_span(scalar_t* p, int64_t n, float inv_scale_f,
                         bool write) {
   using opmath_t = at::opmath_type<scalar_t>;
-  using Vec = at::vec::Vectorized<opmath_t>;
+  using Vec = OpVec<scalar_t>;
   const opmath_t inv = static_cast<opmath_t>(inv_scale_f);
   const Vec vinv(inv);
   Vec acc(opmath_t(0));
-  int64_t i = 0;
-  if constexpr (std::is_same_v<scalar_t, opmath_t>) {
-    for (; i + Vec::size() <= n; i += Vec::size()) {
-      const Vec v = Vec::loadu(p + i);
-      acc = acc + math::nonfinite_probe(v);
-      if (write) {
-        math::unscale(v, vinv).store(p + i);
-      }
-    }
-  } else {
-    using VecS = at::vec::Vectorized<scalar_t>;
-    for (; i + VecS::size() <= n; i += VecS::size()) {
-      auto [a, b] = at::vec::convert_to_float<scalar_t>(VecS::loadu(p + i));
-      acc = acc + math::nonfinite_probe(a);
-      acc = acc + math::nonfinite_probe(b);
-      if (write) {
-        at::vec::convert_from_float<scalar_t>(math::unscale(a, vinv),
-                                              math::unscale(b, vinv))
-            .store(p + i);
-      }
-    }
-  }
+  int64_t i = map_vectors(p, n, write, [&](Vec& v) {
+    acc = acc + math::nonfinite_probe(v);
+    v = math::unscale(v, vinv);
+  });
   opmath_t tail = 0;
   for (; i < n; ++i) {
     const opmath_t v = static_cast<opmath_t>(p[i]);
@@ -65,7 +79,83 @@ bool unscale_check_span(scalar_t* p, int64_t n, float inv_scale_f,
       p[i] = static_cast<scalar_t>(math::unscale(v, inv));
     }
   }
-  return any_nan_lane(acc) || math::is_nan_acc(tail);
+  const bool nan_lane = reduce_lanes<bool>(
+      acc, false, [](bool r, opmath_t x) { return r || math::is_nan_acc(x); });
+  return nan_lane || math::is_nan_acc(tail);
+}
+
+template <int Kind, typename V>
+V vec_norm_term(const V& u, const V& p) {
+  if constexpr (Kind == math::kNormL2) {
+    return u * u;
+  } else if constexpr (Kind == math::kNormL1 || Kind == math::kNormInf) {
+    return u.abs();
+  } else {
+    return u.abs().pow(p);
+  }
+}
+
+template <int Kind, typename V>
+V vec_combine(const V& a, const V& b) {
+  if constexpr (Kind == math::kNormInf) {
+    return at::vec::maximum(a, b);  // propagates NaN
+  } else {
+    return a + b;
+  }
+}
+
+struct SpanNorm {
+  bool found;      // a non-finite input value was seen
+  double partial;  // sum of |u|^p, or max |u| for p = inf
+};
+
+// unscale_check_span plus the norm partial of the unscaled values. Vector
+// accumulators are flushed into a double every kFlush vectors, which keeps
+// float rounding error far below 1e-6 relative whatever the tensor size.
+template <typename scalar_t, int Kind>
+SpanNorm unscale_norm_span(scalar_t* p, int64_t n, float inv_scale_f,
+                           bool write, double norm_type) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  using Vec = OpVec<scalar_t>;
+  constexpr int kFlush = 32;
+  const opmath_t inv = static_cast<opmath_t>(inv_scale_f);
+  const opmath_t pn = static_cast<opmath_t>(norm_type);
+  const Vec vinv(inv);
+  const Vec vp(pn);
+  Vec probe(opmath_t(0));
+  Vec acc(opmath_t(0));
+  int pending = 0;
+  double partial = 0.0;
+  auto flush = [&] {
+    partial = reduce_lanes<double>(acc, partial, [](double r, double x) {
+      return math::combine<Kind, double>(r, x);
+    });
+    acc = Vec(opmath_t(0));
+    pending = 0;
+  };
+  int64_t i = map_vectors(p, n, write, [&](Vec& v) {
+    probe = probe + math::nonfinite_probe(v);
+    v = math::unscale(v, vinv);
+    acc = vec_combine<Kind>(acc, vec_norm_term<Kind>(v, vp));
+    if (++pending == kFlush) {
+      flush();
+    }
+  });
+  flush();
+  opmath_t tail_probe = 0;
+  for (; i < n; ++i) {
+    const opmath_t v = static_cast<opmath_t>(p[i]);
+    tail_probe += math::nonfinite_probe(v);
+    const opmath_t u = math::unscale(v, inv);
+    partial = math::combine<Kind, double>(
+        partial, static_cast<double>(math::norm_term<Kind>(u, pn)));
+    if (write) {
+      p[i] = static_cast<scalar_t>(u);
+    }
+  }
+  const bool nan_lane = reduce_lanes<bool>(
+      probe, false, [](bool r, opmath_t x) { return r || math::is_nan_acc(x); });
+  return SpanNorm{nan_lane || math::is_nan_acc(tail_probe), partial};
 }
 
 }  // namespace cpu

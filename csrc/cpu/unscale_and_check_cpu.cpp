@@ -11,41 +11,27 @@ namespace mixprec {
 namespace cpu {
 namespace {
 
-bool run_span(const at::Tensor& t, const WorkItem& item, float inv_scale,
-              bool write) {
-  bool found = false;
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, t.scalar_type(), "mixprec_unscale_cpu", [&] {
-        scalar_t* base = static_cast<scalar_t*>(t.data_ptr());
-        found = unscale_check_span<scalar_t>(base + item.begin,
-                                             item.end - item.begin, inv_scale,
-                                             write);
-      });
-  return found;
-}
-
 void run(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
          const at::Tensor* inv_scale) {
-  TORCH_CHECK(found_inf.defined() && found_inf.is_cpu(), "mixprec.", op,
-              ": found_inf must be a CPU tensor here, got ",
-              found_inf.defined() ? found_inf.device().str() : "undefined");
-  const c10::Device device = found_inf.device();
-  checks::check_state_tensor(op, "found_inf", found_inf, at::kFloat, device);
-  float inv = 1.0f;
-  if (inv_scale != nullptr) {
-    checks::check_state_tensor(op, "inv_scale", *inv_scale, at::kFloat,
-                               device);
-    inv = inv_scale->data_ptr<float>()[0];
-  }
-  checks::check_grad_list(op, inv_scale ? "grads" : "tensors", tensors,
-                          device, inv_scale != nullptr);
-
+  checks::check_unscale_args(op, tensors, found_inf, inv_scale,
+                             c10::DeviceType::CPU);
+  const float inv = inv_scale != nullptr ? inv_scale->data_ptr<float>()[0] : 1.f;
   // Skip the write when inv_scale == 1: torch stores the value unchanged.
   const bool write = inv_scale != nullptr && inv != 1.0f;
   DenseList list(tensors, write);
-  const bool found = parallel_any(list.items, list.total, [&](const WorkItem& it) {
-    return run_span(list.dense[it.tensor], it, inv, write);
-  });
+  const bool found =
+      parallel_any(list.items, list.total, [&](const WorkItem& it) {
+        const at::Tensor& t = list.dense[it.tensor];
+        bool hit = false;
+        AT_DISPATCH_FLOATING_TYPES_AND2(
+            at::kHalf, at::kBFloat16, t.scalar_type(), "mixprec_unscale_cpu",
+            [&] {
+              hit = unscale_check_span<scalar_t>(
+                  static_cast<scalar_t*>(t.data_ptr()) + it.begin,
+                  it.end - it.begin, inv, write);
+            });
+        return hit;
+      });
   list.finish();
   if (found) {
     found_inf.data_ptr<float>()[0] = 1.0f;

@@ -45,6 +45,10 @@ struct TensorListMeta {
   int64_t numel[kMaxTensors];
   uint16_t block_to_tensor[kMaxBlocks];
   int32_t block_to_chunk[kMaxBlocks];
+  // Blocks launched before this launch by the same multi_tensor_apply call:
+  // blockIdx.x + block_offset numbers every block of the call uniquely (for
+  // per-block outputs such as reduction partials).
+  int64_t block_offset;
 };
 
 // The span of this block: tensor index, first element, length.
@@ -92,11 +96,13 @@ int multi_tensor_apply(const std::array<std::vector<at::Tensor>, Depth>& lists,
   int nt = 0;
   int nb = 0;
   int launches = 0;
+  meta.block_offset = 0;
   auto launch = [&] {
     multi_tensor_kernel<Depth><<<nb, kBlockSize, 0, stream>>>(meta, op,
                                                               args...);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     ++launches;
+    meta.block_offset += nb;
     nb = 0;
   };
   for (size_t t = 0; t < n; ++t) {
@@ -135,6 +141,15 @@ int multi_tensor_apply(const std::array<std::vector<at::Tensor>, Depth>& lists,
     launch();
   }
   return launches;
+}
+
+// Number of blocks multi_tensor_apply launches for tensors of these sizes.
+inline int64_t count_blocks(const std::vector<at::Tensor>& tensors) {
+  int64_t blocks = 0;
+  for (const at::Tensor& t : tensors) {
+    blocks += (t.numel() + kChunkSize - 1) / kChunkSize;
+  }
+  return blocks;
 }
 
 }  // namespace cuda

@@ -19,6 +19,12 @@ void unscale_and_check_(at::TensorList grads, const at::Tensor& found_inf,
 // found_inf = 1 if any value of `tensors` is inf or NaN. Reads only.
 void check_finite_(at::TensorList tensors, const at::Tensor& found_inf);
 
+// unscale_and_check_ that also returns the total norm_type-norm of the
+// unscaled grads as a 0-dim float32 tensor on their device (one pass).
+at::Tensor unscale_and_norm_(at::TensorList grads, const at::Tensor& found_inf,
+                             const at::Tensor& inv_scale,
+                             double norm_type = 2.0);
+
 // torch._amp_update_scale_ semantics. scale: float32, growth_tracker: int32,
 // found_inf: float32; one element each, same device.
 void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker,

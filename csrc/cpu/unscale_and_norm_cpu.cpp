@@ -1,0 +1,78 @@
+// unscale_and_norm_ on CPU: unscale + inf/NaN check + total p-norm of the
+// unscaled values in one parallel pass. Per-chunk partials are combined in a
+// fixed order, so the result does not depend on the thread count.
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "common/checks.h"
+#include "common/norm_math.h"
+#include "cpu/multi_tensor_cpu.h"
+#include "cpu/nonfinite_kernel_cpu.h"
+
+namespace mixprec {
+namespace cpu {
+namespace {
+
+template <int Kind>
+at::Tensor run(at::TensorList grads, const at::Tensor& found_inf, float inv,
+               double norm_type) {
+  const bool write = inv != 1.0f;
+  DenseList list(grads, write);
+  std::vector<double> partials(list.items.size(), 0.0);
+  const bool found =
+      parallel_any(list.items, list.total, [&](const WorkItem& it) {
+        const at::Tensor& t = list.dense[it.tensor];
+        SpanNorm r{false, 0.0};
+        AT_DISPATCH_FLOATING_TYPES_AND2(
+            at::kHalf, at::kBFloat16, t.scalar_type(), "mixprec_norm_cpu",
+            [&] {
+              r = unscale_norm_span<scalar_t, Kind>(
+                  static_cast<scalar_t*>(t.data_ptr()) + it.begin,
+                  it.end - it.begin, inv, write, norm_type);
+            });
+        partials[&it - list.items.data()] = r.partial;
+        return r.found;
+      });
+  list.finish();
+  if (found) {
+    found_inf.data_ptr<float>()[0] = 1.0f;
+  }
+  double total = 0.0;
+  for (double x : partials) {
+    total = math::combine<Kind, double>(total, x);
+  }
+  const double norm = math::finish<Kind, double>(total, norm_type);
+  at::Tensor out = at::empty({}, found_inf.options());
+  out.data_ptr<float>()[0] = static_cast<float>(norm);
+  return out;
+}
+
+at::Tensor unscale_and_norm_cpu(at::TensorList grads,
+                                const at::Tensor& found_inf,
+                                const at::Tensor& inv_scale,
+                                double norm_type) {
+  const char* op = "unscale_and_norm_";
+  checks::check_unscale_args(op, grads, found_inf, &inv_scale,
+                             c10::DeviceType::CPU);
+  checks::check_norm_type(op, norm_type);
+  const float inv = inv_scale.data_ptr<float>()[0];
+  switch (math::norm_kind(norm_type)) {
+    case math::kNormL1:
+      return run<math::kNormL1>(grads, found_inf, inv, norm_type);
+    case math::kNormL2:
+      return run<math::kNormL2>(grads, found_inf, inv, norm_type);
+    case math::kNormInf:
+      return run<math::kNormInf>(grads, found_inf, inv, norm_type);
+    default:
+      return run<math::kNormP>(grads, found_inf, inv, norm_type);
+  }
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace mixprec
+
+TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
+  m.impl("unscale_and_norm_", &mixprec::cpu::unscale_and_norm_cpu);
+}
