@@ -1,5 +1,6 @@
 #include "mixprec/build_info.h"
 
+#include "cpu/span_kernels.h"
 #include "mixprec_build_config.h"
 
 namespace mixprec {
@@ -8,6 +9,10 @@ BuildInfo build_info() {
   return BuildInfo{MIXPREC_VERSION, MIXPREC_TORCH_VERSION,
                    MIXPREC_WITH_CUDA_KERNELS != 0, MIXPREC_CUDA_VERSION,
                    MIXPREC_CUDA_ARCHS};
+}
+
+std::string cpu_capability() {
+  return cpu::span_kernels().name;
 }
 
 }  // namespace mixprec

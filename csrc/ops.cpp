@@ -62,4 +62,49 @@ void update_scale_ext_(const at::Tensor& scale,
           backoff_factor, growth_interval, min_scale, max_scale, hysteresis);
 }
 
+void fused_adam_(at::TensorList params, at::TensorList grads,
+                 at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                 at::TensorList max_exp_avg_sqs, at::TensorList master_params,
+                 at::TensorList state_steps, const at::Tensor& lr, double beta1,
+                 double beta2, double weight_decay, double eps, bool amsgrad,
+                 bool maximize, bool decoupled_weight_decay,
+                 const std::optional<at::Tensor>& grad_scale,
+                 const std::optional<at::Tensor>& found_inf,
+                 const std::optional<at::Tensor>& clip_coef,
+                 bool stochastic_rounding, int64_t seed) {
+  static auto op =
+      handle<void(at::TensorList, at::TensorList, at::TensorList,
+                  at::TensorList, at::TensorList, at::TensorList,
+                  at::TensorList, const at::Tensor&, double, double, double,
+                  double, bool, bool, bool, const std::optional<at::Tensor>&,
+                  const std::optional<at::Tensor>&,
+                  const std::optional<at::Tensor>&, bool, int64_t)>(
+          "mixprec::fused_adam_");
+  op.call(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params,
+          state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize,
+          decoupled_weight_decay, grad_scale, found_inf, clip_coef,
+          stochastic_rounding, seed);
+}
+
+void fused_sgd_(at::TensorList params, at::TensorList grads,
+                at::TensorList momentum_buffers, at::TensorList master_params,
+                at::TensorList state_steps, const at::Tensor& lr,
+                double weight_decay, double momentum, double dampening,
+                bool nesterov, bool maximize,
+                const std::optional<at::Tensor>& grad_scale,
+                const std::optional<at::Tensor>& found_inf,
+                const std::optional<at::Tensor>& clip_coef,
+                bool stochastic_rounding, int64_t seed) {
+  static auto op =
+      handle<void(at::TensorList, at::TensorList, at::TensorList,
+                  at::TensorList, at::TensorList, const at::Tensor&, double,
+                  double, double, bool, bool, const std::optional<at::Tensor>&,
+                  const std::optional<at::Tensor>&,
+                  const std::optional<at::Tensor>&, bool, int64_t)>(
+          "mixprec::fused_sgd_");
+  op.call(params, grads, momentum_buffers, master_params, state_steps, lr,
+          weight_decay, momentum, dampening, nesterov, maximize, grad_scale,
+          found_inf, clip_coef, stochastic_rounding, seed);
+}
+
 }  // namespace mixprec

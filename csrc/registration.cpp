@@ -35,4 +35,33 @@ TORCH_LIBRARY(mixprec, m) {
       "Tensor(c!) hysteresis_left, Tensor found_inf, float growth_factor, "
       "float backoff_factor, int growth_interval, float? min_scale=None, "
       "float? max_scale=None, int hysteresis=1) -> ()");
+  // One Adam (decoupled_weight_decay=False) or AdamW step over every param,
+  // torch.optim's formula and order; skipped entirely (step counts included)
+  // when found_inf != 0. grads (fp32/fp16/bf16) are multiplied by 1/grad_scale
+  // and clip_coef in float32; moments (and masters, when given: one fp32 copy
+  // per 16-bit param, which then receives the rounded master) are float32;
+  // state_steps (float32, one element each) are incremented on the device; lr
+  // is a one-element float32/float64 tensor. stochastic_rounding rounds bf16
+  // params (no masters) with a hash of (seed, step, element).
+  m.def(
+      "fused_adam_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, "
+      "Tensor(e!)[] master_params, Tensor(f!)[] state_steps, Tensor lr, "
+      "float beta1, float beta2, float weight_decay, float eps, bool amsgrad, "
+      "bool maximize, bool decoupled_weight_decay, Tensor? grad_scale=None, "
+      "Tensor? found_inf=None, Tensor? clip_coef=None, "
+      "bool stochastic_rounding=False, int seed=0) -> ()");
+  // One SGD step (torch.optim.SGD's momentum/dampening/nesterov/weight_decay
+  // rule) with the grad, master, found_inf, step and rounding conventions of
+  // fused_adam_; momentum_buffers is empty when momentum == 0 and is
+  // initialised from the grad on a param's first real step (step count 0).
+  m.def(
+      "fused_sgd_(Tensor(a!)[] params, Tensor[] grads, "
+      "Tensor(b!)[] momentum_buffers, Tensor(c!)[] master_params, "
+      "Tensor(d!)[] state_steps, Tensor lr, float weight_decay, "
+      "float momentum, float dampening, bool nesterov, bool maximize, "
+      "Tensor? grad_scale=None, Tensor? found_inf=None, "
+      "Tensor? clip_coef=None, bool stochastic_rounding=False, int seed=0) "
+      "-> ()");
 }
+

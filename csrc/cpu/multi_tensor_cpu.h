@@ -6,6 +6,10 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
+#include "cpu/span_kernels.h"
+
+#include <c10/util/Exception.h>
+
 #include <atomic>
 #include <cstdint>
 #include <vector>
@@ -58,6 +62,21 @@ struct DenseList {
     }
   }
 };
+
+inline SpanDtype span_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return SpanDtype::kFloat;
+    case at::kHalf:
+      return SpanDtype::kHalf;
+    case at::kBFloat16:
+      return SpanDtype::kBFloat16;
+    case at::kDouble:
+      return SpanDtype::kDouble;
+    default:
+      TORCH_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a kernel");
+  }
+}
 
 // Runs `fn(const WorkItem&) -> bool` over every item, in parallel when there
 // is enough work, and returns whether any call returned true.

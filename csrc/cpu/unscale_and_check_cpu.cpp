@@ -1,11 +1,10 @@
 // unscale_and_check_ and check_finite_ on CPU: one parallel pass over the
 // chunks of all tensors, whatever their dtypes.
-#include <ATen/Dispatch.h>
 #include <torch/library.h>
 
 #include "common/checks.h"
 #include "cpu/multi_tensor_cpu.h"
-#include "cpu/nonfinite_kernel_cpu.h"
+#include "cpu/span_kernels.h"
 
 namespace mixprec {
 namespace cpu {
@@ -19,18 +18,13 @@ void run(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
   // Skip the write when inv_scale == 1: torch stores the value unchanged.
   const bool write = inv_scale != nullptr && inv != 1.0f;
   DenseList list(tensors, write);
+  const SpanKernels& k = span_kernels();
   const bool found =
       parallel_any(list.items, list.total, [&](const WorkItem& it) {
         const at::Tensor& t = list.dense[it.tensor];
-        bool hit = false;
-        AT_DISPATCH_FLOATING_TYPES_AND2(
-            at::kHalf, at::kBFloat16, t.scalar_type(), "mixprec_unscale_cpu",
-            [&] {
-              hit = unscale_check_span<scalar_t>(
-                  static_cast<scalar_t*>(t.data_ptr()) + it.begin,
-                  it.end - it.begin, inv, write);
-            });
-        return hit;
+        char* base = static_cast<char*>(t.data_ptr()) + it.begin * t.element_size();
+        return k.unscale_check(span_dtype(t.scalar_type()), base,
+                               it.end - it.begin, inv, write);
       });
   list.finish();
   if (found) {
@@ -52,6 +46,13 @@ void check_finite_cpu(at::TensorList tensors, const at::Tensor& found_inf) {
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
+  m.impl("unscale_and_check_", &mixprec::cpu::unscale_and_check_cpu);
+  m.impl("check_finite_", &mixprec::cpu::check_finite_cpu);
+}
+
+// Sparse tensors reach these kernels through the SparseCPU key; the
+// kernel's argument checks then reject them with a message naming the tensor.
+TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
   m.impl("unscale_and_check_", &mixprec::cpu::unscale_and_check_cpu);
   m.impl("check_finite_", &mixprec::cpu::check_finite_cpu);
 }

@@ -1,14 +1,13 @@
 // unscale_and_norm_ on CPU: unscale + inf/NaN check + total p-norm of the
 // unscaled values in one parallel pass. Per-chunk partials are combined in a
 // fixed order, so the result does not depend on the thread count.
-#include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "common/checks.h"
 #include "common/norm_math.h"
 #include "cpu/multi_tensor_cpu.h"
-#include "cpu/nonfinite_kernel_cpu.h"
+#include "cpu/span_kernels.h"
 
 namespace mixprec {
 namespace cpu {
@@ -20,17 +19,14 @@ at::Tensor run(at::TensorList grads, const at::Tensor& found_inf, float inv,
   const bool write = inv != 1.0f;
   DenseList list(grads, write);
   std::vector<double> partials(list.items.size(), 0.0);
+  const SpanKernels& k = span_kernels();
   const bool found =
       parallel_any(list.items, list.total, [&](const WorkItem& it) {
         const at::Tensor& t = list.dense[it.tensor];
-        SpanNorm r{false, 0.0};
-        AT_DISPATCH_FLOATING_TYPES_AND2(
-            at::kHalf, at::kBFloat16, t.scalar_type(), "mixprec_norm_cpu",
-            [&] {
-              r = unscale_norm_span<scalar_t, Kind>(
-                  static_cast<scalar_t*>(t.data_ptr()) + it.begin,
-                  it.end - it.begin, inv, write, norm_type);
-            });
+        char* base = static_cast<char*>(t.data_ptr()) + it.begin * t.element_size();
+        const SpanNorm r =
+            k.unscale_norm(span_dtype(t.scalar_type()), Kind, base,
+                           it.end - it.begin, inv, write, norm_type);
         partials[&it - list.items.data()] = r.partial;
         return r.found;
       });
@@ -74,5 +70,11 @@ at::Tensor unscale_and_norm_cpu(at::TensorList grads,
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
+  m.impl("unscale_and_norm_", &mixprec::cpu::unscale_and_norm_cpu);
+}
+
+// Sparse tensors reach these kernels through the SparseCPU key; the
+// kernel's argument checks then reject them with a message naming the tensor.
+TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
   m.impl("unscale_and_norm_", &mixprec::cpu::unscale_and_norm_cpu);
 }

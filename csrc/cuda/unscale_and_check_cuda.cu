@@ -54,3 +54,10 @@ TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
   m.impl("unscale_and_check_", &mixprec::cuda::unscale_and_check_cuda);
   m.impl("check_finite_", &mixprec::cuda::check_finite_cuda);
 }
+
+// Sparse tensors reach these kernels through the SparseCUDA key; the
+// kernel's argument checks then reject them with a message naming the tensor.
+TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
+  m.impl("unscale_and_check_", &mixprec::cuda::unscale_and_check_cuda);
+  m.impl("check_finite_", &mixprec::cuda::check_finite_cuda);
+}

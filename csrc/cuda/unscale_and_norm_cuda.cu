@@ -89,3 +89,9 @@ at::Tensor unscale_and_norm_cuda(at::TensorList grads,
 TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
   m.impl("unscale_and_norm_", &mixprec::cuda::unscale_and_norm_cuda);
 }
+
+// Sparse tensors reach these kernels through the SparseCUDA key; the
+// kernel's argument checks then reject them with a message naming the tensor.
+TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
+  m.impl("unscale_and_norm_", &mixprec::cuda::unscale_and_norm_cuda);
+}

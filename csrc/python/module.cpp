@@ -7,12 +7,22 @@
 
 namespace {
 
+PyObject* cpu_capability(PyObject* /*self*/, PyObject* /*args*/) {
+  return PyUnicode_FromString(mixprec::cpu_capability().c_str());
+}
+
+PyMethodDef methods[] = {
+    {"cpu_capability", cpu_capability, METH_NOARGS,
+     "The CPU kernel set chosen for this machine (avx512, avx2 or default)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
 PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     "_C",
     "mixprec compiled kernels; ops are in torch.ops.mixprec.",
     -1,
-    nullptr,
+    methods,
 };
 
 }  // namespace

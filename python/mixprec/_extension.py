@@ -91,8 +91,10 @@ def build_info() -> dict[str, Any]:
     (torch version the extension was compiled against, or None),
     ``torch_running``, ``cuda_kernels`` (bool), ``cuda_version`` (toolkit of the
     build, or None), ``cuda_archs`` (list of "8.0"-style strings),
-    ``cuda_runtime_available`` (a GPU is usable now) and ``cuda_device`` (its
-    name, or None). Never syncs or allocates on a device.
+    ``cpu_capability`` (the CPU kernel set picked for this machine: "avx512",
+    "avx2" or "default"; None without the extension), ``cuda_runtime_available``
+    (a GPU is usable now) and ``cuda_device`` (its name, or None). Never syncs
+    or allocates on a device.
     """
     gpu = torch.cuda.is_available()
     return {
@@ -103,6 +105,7 @@ def build_info() -> dict[str, Any]:
         "cuda_kernels": has_cuda_kernels(),
         "cuda_version": (_C.cuda_version or None) if _C is not None else None,
         "cuda_archs": [a for a in (_C.cuda_archs.split(";") if _C is not None else []) if a],
+        "cpu_capability": _C.cpu_capability() if _C is not None else None,
         "cuda_runtime_available": gpu,
         "cuda_device": torch.cuda.get_device_name() if gpu else None,
     }

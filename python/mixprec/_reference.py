@@ -39,7 +39,9 @@ def _check_state(op: str, name: str, t: Tensor, dtype: torch.dtype, device: torc
         )
 
 
-def _check_list(op: str, name: str, tensors: Sequence[Tensor], device: torch.device) -> None:
+def _check_list(
+    op: str, name: str, tensors: Sequence[Tensor], device: torch.device, written: bool = False
+) -> None:
     for i, t in enumerate(tensors):
         if t.layout != torch.strided:
             raise RuntimeError(
@@ -56,6 +58,11 @@ def _check_list(op: str, name: str, tensors: Sequence[Tensor], device: torch.dev
                 f"mixprec.{op}: {name}[{i}] is on {t.device} but found_inf is on {device}; "
                 "call the op once per device"
             )
+        if written and torch._debug_has_internal_overlap(t) == 1:
+            raise RuntimeError(
+                f"mixprec.{op}: {name}[{i}] has internal overlap (e.g. an expanded tensor), so an "
+                "in-place write would touch an element more than once"
+            )
 
 
 def _any_nonfinite(tensors: Sequence[Tensor], found_inf: Tensor) -> None:
@@ -70,7 +77,7 @@ def unscale_and_check_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Te
     op = "unscale_and_check_"
     _check_state(op, "found_inf", found_inf, torch.float32, found_inf.device)
     _check_state(op, "inv_scale", inv_scale, torch.float32, found_inf.device)
-    _check_list(op, "grads", grads, found_inf.device)
+    _check_list(op, "grads", grads, found_inf.device, written=True)
     _any_nonfinite(grads, found_inf)
     is_one = inv_scale.reshape(()) == 1.0
     for g in grads:
@@ -88,7 +95,7 @@ def unscale_and_norm_(
     op = "unscale_and_norm_"
     _check_state(op, "found_inf", found_inf, torch.float32, found_inf.device)
     _check_state(op, "inv_scale", inv_scale, torch.float32, found_inf.device)
-    _check_list(op, "grads", grads, found_inf.device)
+    _check_list(op, "grads", grads, found_inf.device, written=True)
     if not norm_type > 0:
         raise RuntimeError(f"mixprec.{op}: norm_type must be > 0 or inf, got {norm_type}")
     unscale_and_check_(grads, found_inf, inv_scale)
@@ -208,3 +215,381 @@ def update_scale_ext_(
     scale.copy_(torch.where(found, overflow_scale, clean_scale))
     growth_tracker.copy_(torch.where(found | at_interval, zero, successful))
     hysteresis_left.copy_(torch.where(found, left, clean_left))
+
+
+# ---------------------------------------------------------------------------
+# Fused optimizers. Same element math as csrc/common/optim_math.h, one torch op
+# per float32 operation so every intermediate is rounded as in the kernels.
+
+_PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_M32 = 0xFFFFFFFF
+
+
+def _check_optim_scalar(op: str, name: str, t: Tensor, device: torch.device,
+                        allow_double: bool = False) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"mixprec.{op}: {name} must be a Tensor, got {type(t).__name__}")
+    ok = (torch.float32, torch.float64) if allow_double else (torch.float32,)
+    if t.layout != torch.strided:
+        raise RuntimeError(f"mixprec.{op}: {name} must be a dense (strided) tensor, got {t.layout}")
+    if t.dtype not in ok:
+        kinds = "float32 or float64" if allow_double else "float32"
+        raise RuntimeError(f"mixprec.{op}: {name} must be a {kinds} tensor, got {t.dtype}")
+    if t.numel() != 1:
+        raise RuntimeError(
+            f"mixprec.{op}: {name} must be a one-element tensor, got shape {list(t.shape)}"
+        )
+    if t.device != device:
+        raise RuntimeError(
+            f"mixprec.{op}: {name} must be on {device} (the device of params), got {t.device}"
+        )
+
+
+def _check_optim(
+    op: str,
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    states: Sequence[tuple[str, Sequence[Tensor], bool]],
+    master_params: Sequence[Tensor],
+    state_steps: Sequence[Tensor],
+    lr: Tensor,
+    scalars: Sequence[tuple[str, Optional[Tensor]]],
+    stochastic_rounding: bool,
+) -> None:
+    n = len(params)
+    if len(grads) != n:
+        raise RuntimeError(f"mixprec.{op}: grads has {len(grads)} tensors but params has {n}")
+    for name, lst, required in states:
+        want = n if required else 0
+        if len(lst) != want:
+            raise RuntimeError(f"mixprec.{op}: {name} must have {want} tensors, got {len(lst)}")
+    if len(master_params) not in (0, n):
+        raise RuntimeError(
+            f"mixprec.{op}: master_params must be empty or have one tensor per param ({n}), "
+            f"got {len(master_params)}"
+        )
+    if len(state_steps) != n:
+        raise RuntimeError(
+            f"mixprec.{op}: state_steps has {len(state_steps)} tensors but params has {n}"
+        )
+    if stochastic_rounding and len(master_params) > 0:
+        raise RuntimeError(
+            f"mixprec.{op}: stochastic_rounding applies to bfloat16 params updated in place; "
+            "it cannot be combined with master_params"
+        )
+    device = params[0].device if n > 0 else lr.device
+    _check_optim_scalar(op, "lr", lr, device, allow_double=True)
+    for name, t in scalars:
+        if t is not None:
+            _check_optim_scalar(op, name, t, device)
+
+    def member(name: str, i: int, t: Tensor, p: Tensor, written: bool = True) -> None:
+        if t.layout != torch.strided:
+            raise RuntimeError(
+                f"mixprec.{op}: {name}[{i}] must be a dense (strided) tensor, got layout "
+                f"{t.layout}; sparse gradients are not supported"
+            )
+        if t.device != device:
+            raise RuntimeError(
+                f"mixprec.{op}: {name}[{i}] is on {t.device} but params[0] is on {device}; "
+                "call the op once per device"
+            )
+        if written and torch._debug_has_internal_overlap(t) == 1:
+            raise RuntimeError(
+                f"mixprec.{op}: {name}[{i}] has internal overlap (e.g. an expanded tensor), so an "
+                "in-place write would touch an element more than once"
+            )
+        if t.shape != p.shape:
+            raise RuntimeError(
+                f"mixprec.{op}: {name}[{i}] has shape {list(t.shape)} but params[{i}] has shape "
+                f"{list(p.shape)}"
+            )
+
+    for i, p in enumerate(params):
+        if p.dtype not in _PARAM_DTYPES:
+            raise RuntimeError(
+                f"mixprec.{op}: params[{i}] must be float32, float16 or bfloat16, got {p.dtype}"
+            )
+        member("params", i, p, p)
+        member("grads", i, grads[i], p, written=False)
+        if grads[i].dtype not in _PARAM_DTYPES:
+            raise RuntimeError(
+                f"mixprec.{op}: grads[{i}] must be float32, float16 or bfloat16, got "
+                f"{grads[i].dtype}"
+            )
+        for name, lst, _ in states:
+            if len(lst) == 0:
+                continue
+            member(name, i, lst[i], p)
+            if lst[i].dtype != torch.float32:
+                raise RuntimeError(f"mixprec.{op}: {name}[{i}] must be float32, got {lst[i].dtype}")
+        if master_params:
+            member("master_params", i, master_params[i], p)
+            if master_params[i].dtype != torch.float32:
+                raise RuntimeError(
+                    f"mixprec.{op}: master_params[{i}] must be float32, got "
+                    f"{master_params[i].dtype}"
+                )
+            if p.dtype == torch.float32:
+                raise RuntimeError(
+                    f"mixprec.{op}: params[{i}] is float32 and needs no master copy; pass "
+                    "float32 params in a call without master_params"
+                )
+        st = state_steps[i]
+        if st.dtype != torch.float32 or st.numel() != 1 or st.layout != torch.strided:
+            raise RuntimeError(
+                f"mixprec.{op}: state_steps[{i}] must be a one-element float32 tensor, got "
+                f"{st.dtype} of shape {list(st.shape)}"
+            )
+        if st.device != device:
+            raise RuntimeError(
+                f"mixprec.{op}: state_steps[{i}] is on {st.device} but params[0] is on {device}"
+            )
+
+
+def _mul32(x: Tensor, c: int) -> Tensor:
+    """(x * c) mod 2**32 for int64 tensors holding uint32 values, without overflow."""
+    lo = (x & 0xFFFF) * c
+    hi = ((x >> 16) * c) & 0xFFFF
+    return (lo + (hi << 16)) & _M32
+
+
+def _mix32(x: Tensor) -> Tensor:
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x21F0AAAD)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x735A2D97)
+    return x ^ (x >> 15)
+
+
+def _sr_key(seed: int, step: Tensor, stream: int) -> Tensor:
+    """common/optim_math.h sr_key on device: step is a 0-dim int64 tensor."""
+    s = seed & 0xFFFFFFFFFFFFFFFF
+    h = _mix32(torch.full_like(step, (s & _M32) ^ 0x9E3779B9))
+    h = _mix32(h ^ (s >> 32))
+    h = _mix32(h ^ step)
+    return _mix32(h ^ stream)
+
+
+# torch ScalarType codes (c10::ScalarType) of the grad dtypes: the SR stream.
+_SCALAR_TYPE_CODE = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
+
+
+def _bf16_stochastic(w: Tensor, key: Tensor, base: int) -> Tensor:
+    """w (float32) rounded to bfloat16 with common/optim_math.h's SR bits."""
+    flat = w.reshape(-1)
+    u = flat.view(torch.int32).to(torch.int64) & _M32
+    index = (torch.arange(flat.numel(), device=w.device, dtype=torch.int64) + base) & _M32
+    r = (_mix32((_mix32(index ^ key) + key) & _M32) >> 16) & 0xFFFF
+    finite = (u & 0x7F800000) != 0x7F800000
+    nan = (u & 0x007FFFFF) != 0
+    bits = torch.where(finite, (u + r) >> 16, (u >> 16) | torch.where(nan, 0x40, 0))
+    bits = torch.where(bits >= 0x8000, bits - 0x10000, bits)
+    return bits.to(torch.int16).view(torch.bfloat16).reshape(w.shape)
+
+
+def _sr_bases(params: Sequence[Tensor], grads: Sequence[Tensor]) -> list[int]:
+    counts: dict[tuple[torch.dtype, torch.dtype], int] = {}
+    bases = []
+    for p, g in zip(params, grads):
+        key = (p.dtype, g.dtype)
+        c = counts.get(key, 0)
+        bases.append(c * 65536)
+        counts[key] = c + (p.numel() + 65535) // 65536
+    return bases
+
+
+def _prepare_grad(g: Tensor, grad_scale: Optional[Tensor], clip_coef: Optional[Tensor],
+                  maximize: bool) -> Tensor:
+    g = g.float()
+    if grad_scale is not None:
+        g = g * (1.0 / grad_scale.reshape(()).double()).float()
+    if clip_coef is not None:
+        g = g * clip_coef.reshape(())
+    if maximize:
+        g = -g
+    return g
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32 (as a Python float)."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def _write_param(p: Tensor, w: Tensor, master: Optional[Tensor], keep: Optional[Tensor],
+                 sr: bool, key: Optional[Tensor], base: int) -> None:
+    if master is not None:
+        master.copy_(w if keep is None else torch.where(keep, master, w))
+    if sr and p.dtype == torch.bfloat16:
+        assert key is not None
+        new = _bf16_stochastic(w, key, base)
+    else:
+        new = w.to(p.dtype)
+    p.copy_(new if keep is None else torch.where(keep, p, new))
+
+
+def fused_adam_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    exp_avgs: Sequence[Tensor],
+    exp_avg_sqs: Sequence[Tensor],
+    max_exp_avg_sqs: Sequence[Tensor],
+    master_params: Sequence[Tensor],
+    state_steps: Sequence[Tensor],
+    lr: Tensor,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    eps: float,
+    amsgrad: bool,
+    maximize: bool,
+    decoupled_weight_decay: bool,
+    grad_scale: Optional[Tensor] = None,
+    found_inf: Optional[Tensor] = None,
+    clip_coef: Optional[Tensor] = None,
+    stochastic_rounding: bool = False,
+    seed: int = 0,
+) -> None:
+    """Reference of ``torch.ops.mixprec.fused_adam_`` (see :func:`mixprec.ops.fused_adam_`).
+
+    Stochastic rounding numbers elements in logical (row-major) order, which
+    is the kernels' memory order for contiguous params.
+    """
+    op = "fused_adam_"
+    _check_optim(
+        op, params, grads,
+        [("exp_avgs", exp_avgs, True), ("exp_avg_sqs", exp_avg_sqs, True),
+         ("max_exp_avg_sqs", max_exp_avg_sqs, amsgrad)],
+        master_params, state_steps, lr,
+        [("grad_scale", grad_scale), ("found_inf", found_inf), ("clip_coef", clip_coef)],
+        stochastic_rounding,
+    )
+    if not 0.0 <= beta1 < 1.0:
+        raise RuntimeError(f"mixprec.{op}: beta1 must be in [0, 1), got {beta1}")
+    if not 0.0 <= beta2 < 1.0:
+        raise RuntimeError(f"mixprec.{op}: beta2 must be in [0, 1), got {beta2}")
+    if not 0.0 <= weight_decay < float("inf"):
+        raise RuntimeError(f"mixprec.{op}: weight_decay must be a finite number >= 0, got "
+                           f"{weight_decay}")
+    if not 0.0 <= eps < float("inf"):
+        raise RuntimeError(f"mixprec.{op}: eps must be a finite number >= 0, got {eps}")
+    if len(params) == 0:
+        return
+    keep = None if found_inf is None else found_inf.reshape(()) != 0
+    lr64 = lr.reshape(()).double()
+    w1 = _f32(1.0 - beta1)
+    w1_rest = _f32(1.0 - w1)
+    bases = _sr_bases(params, grads) if stochastic_rounding else [0] * len(params)
+    for i, p in enumerate(params):
+        if p.numel() == 0:
+            new_step = state_steps[i] + 1
+            state_steps[i].copy_(new_step if keep is None else torch.where(keep, state_steps[i],
+                                                                           new_step))
+            continue
+        master = master_params[i] if master_params else None
+        step_t = state_steps[i].reshape(()) + 1
+        t = step_t.double()
+        bc1 = 1.0 - torch.pow(torch.full_like(t, beta1), t)
+        bc2 = 1.0 - torch.pow(torch.full_like(t, beta2), t)
+        neg_step = (-(lr64 / bc1)).float()
+        bc2_sqrt = bc2.sqrt().float()
+        decay = (1.0 - lr64 * weight_decay).float()
+
+        g = _prepare_grad(grads[i], grad_scale, clip_coef, maximize)
+        w = master.clone() if master is not None else p.float()
+        if weight_decay != 0:
+            if decoupled_weight_decay:
+                w = w * decay
+            else:
+                g = g + weight_decay * w
+        m = exp_avgs[i]
+        if abs(w1) < 0.5:
+            m_new = m + w1 * (g - m)
+        else:
+            m_new = g - (g - m) * w1_rest
+        v = exp_avg_sqs[i]
+        v_new = v * beta2
+        v_new = v_new + ((1.0 - beta2) * g) * g
+        vhat = v_new
+        if amsgrad:
+            vm_new = torch.maximum(max_exp_avg_sqs[i], v_new)
+            vhat = vm_new
+            max_exp_avg_sqs[i].copy_(vm_new if keep is None
+                                     else torch.where(keep, max_exp_avg_sqs[i], vm_new))
+        denom = vhat.sqrt() / bc2_sqrt + eps
+        w = w + (neg_step * m_new) / denom
+        m.copy_(m_new if keep is None else torch.where(keep, m, m_new))
+        v.copy_(v_new if keep is None else torch.where(keep, v, v_new))
+        sr = stochastic_rounding and p.dtype == torch.bfloat16
+        key = (_sr_key(seed, step_t.to(torch.int64), _SCALAR_TYPE_CODE[grads[i].dtype])
+               if sr else None)
+        _write_param(p, w, master, keep, sr, key, bases[i])
+        new_step = state_steps[i] + 1
+        state_steps[i].copy_(new_step if keep is None else torch.where(keep, state_steps[i],
+                                                                       new_step))
+
+
+def fused_sgd_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    momentum_buffers: Sequence[Tensor],
+    master_params: Sequence[Tensor],
+    state_steps: Sequence[Tensor],
+    lr: Tensor,
+    weight_decay: float,
+    momentum: float,
+    dampening: float,
+    nesterov: bool,
+    maximize: bool,
+    grad_scale: Optional[Tensor] = None,
+    found_inf: Optional[Tensor] = None,
+    clip_coef: Optional[Tensor] = None,
+    stochastic_rounding: bool = False,
+    seed: int = 0,
+) -> None:
+    """Reference of ``torch.ops.mixprec.fused_sgd_`` (see :func:`mixprec.ops.fused_sgd_`)."""
+    op = "fused_sgd_"
+    has_mom = momentum != 0.0
+    _check_optim(
+        op, params, grads, [("momentum_buffers", momentum_buffers, has_mom)],
+        master_params, state_steps, lr,
+        [("grad_scale", grad_scale), ("found_inf", found_inf), ("clip_coef", clip_coef)],
+        stochastic_rounding,
+    )
+    if not 0.0 <= weight_decay < float("inf"):
+        raise RuntimeError(f"mixprec.{op}: weight_decay must be a finite number >= 0, got "
+                           f"{weight_decay}")
+    if not 0.0 <= momentum < float("inf"):
+        raise RuntimeError(f"mixprec.{op}: momentum must be a finite number >= 0, got "
+                           f"{momentum}")
+    if nesterov and (momentum <= 0 or dampening != 0):
+        raise RuntimeError(f"mixprec.{op}: nesterov requires momentum > 0 and dampening == 0 "
+                           f"(got momentum {momentum}, dampening {dampening})")
+    if len(params) == 0:
+        return
+    keep = None if found_inf is None else found_inf.reshape(()) != 0
+    neg_lr = (-lr.reshape(()).double()).float()
+    bases = _sr_bases(params, grads) if stochastic_rounding else [0] * len(params)
+    for i, p in enumerate(params):
+        step_before = state_steps[i].reshape(())
+        if p.numel() > 0:
+            master = master_params[i] if master_params else None
+            g = _prepare_grad(grads[i], grad_scale, clip_coef, maximize)
+            w = master.clone() if master is not None else p.float()
+            if weight_decay != 0:
+                g = g + weight_decay * w
+            if has_mom:
+                buf = momentum_buffers[i]
+                later = buf * momentum
+                later = later + (1.0 - dampening) * g
+                buf_new = torch.where(step_before == 0, g, later)
+                g = g + momentum * buf_new if nesterov else buf_new
+                buf.copy_(buf_new if keep is None else torch.where(keep, buf, buf_new))
+            w = w + neg_lr * g
+            sr = stochastic_rounding and p.dtype == torch.bfloat16
+            key = (_sr_key(seed, (step_before + 1).to(torch.int64),
+                           _SCALAR_TYPE_CODE[grads[i].dtype]) if sr else None)
+            _write_param(p, w, master, keep, sr, key, bases[i])
+        new_step = state_steps[i] + 1
+        state_steps[i].copy_(new_step if keep is None else torch.where(keep, state_steps[i],
+                                                                       new_step))

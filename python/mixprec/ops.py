@@ -31,6 +31,8 @@ __all__ = [
     "check_finite_",
     "update_scale_",
     "update_scale_ext_",
+    "fused_adam_",
+    "fused_sgd_",
 ]
 
 _warned_devices: set[str] = set()
@@ -210,4 +212,158 @@ def update_scale_ext_(
         min_scale,
         max_scale,
         hysteresis,
+    )
+
+
+def _optim_device(params: Sequence[Tensor], lr: Tensor) -> torch.device:
+    return params[0].device if len(params) > 0 else lr.device
+
+
+def fused_adam_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    exp_avgs: Sequence[Tensor],
+    exp_avg_sqs: Sequence[Tensor],
+    max_exp_avg_sqs: Sequence[Tensor],
+    master_params: Sequence[Tensor],
+    state_steps: Sequence[Tensor],
+    lr: Tensor,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    eps: float,
+    amsgrad: bool,
+    maximize: bool,
+    decoupled_weight_decay: bool,
+    grad_scale: Optional[Tensor] = None,
+    found_inf: Optional[Tensor] = None,
+    clip_coef: Optional[Tensor] = None,
+    stochastic_rounding: bool = False,
+    seed: int = 0,
+) -> None:
+    """One fused Adam (``decoupled_weight_decay=False``) or AdamW step, in place.
+
+    The update of ``torch.optim.Adam``/``AdamW`` (``foreach=False``), operation
+    by operation in float32, with its scalars (bias corrections, step size,
+    ``1 - lr * weight_decay``) in float64: for each parameter ``i``, with
+    ``t = state_steps[i] + 1``::
+
+        g = grads[i] * (1 / grad_scale) * clip_coef     (each factor when given)
+        g = -g if maximize
+        w = master_params[i] if given else params[i] (in float32)
+        w = w * (1 - lr * weight_decay)                 (AdamW)   | g = g + weight_decay * w (Adam)
+        m = lerp(m, g, 1 - beta1);  v = v * beta2 + (1 - beta2) * g * g
+        vmax = max(vmax, v)                             (amsgrad)
+        w = w - lr / (1 - beta1**t) * m / (sqrt(amsgrad ? vmax : v) / sqrt(1 - beta2**t) + eps)
+        params[i] = w rounded to its dtype; master_params[i] = w; state_steps[i] = t
+
+    When ``found_inf`` is non-zero nothing at all changes (params, masters,
+    moments and step counts keep their bits).
+
+    Args:
+        params: float32, float16 or bfloat16 tensors, any shapes, one device. Mutated.
+        grads: same shapes; float32, float16 or bfloat16 (any mix). Read only.
+        exp_avgs, exp_avg_sqs: float32, shapes of the params. Mutated.
+        max_exp_avg_sqs: float32, one per param when ``amsgrad``, else empty. Mutated.
+        master_params: empty (params updated in place), or one float32 copy per
+            param, in which case every param must be float16/bfloat16. Mutated.
+        state_steps: one-element float32 tensors, one per param (distinct
+            tensors), counts of steps taken so far. Incremented.
+        lr: one-element float32 or float64 tensor (read on the device, so it
+            may change between CUDA-graph replays).
+        beta1, beta2: in [0, 1). weight_decay, eps: finite, >= 0.
+        grad_scale: optional one-element float32 tensor, the loss scale the
+            grads carry (its reciprocal is taken in float64, rounded to float32).
+        found_inf: optional one-element float32 tensor; non-zero skips the step.
+        clip_coef: optional one-element float32 gradient multiplier (clipping).
+        stochastic_rounding: round bfloat16 params stochastically (requires
+            ``master_params`` empty); the bits are a hash of (``seed``, step,
+            element), so runs are reproducible and resumable.
+        seed: the stochastic-rounding seed (any int64).
+
+    Every tensor is on one device (params[0]'s). No host sync: one kernel
+    launch per (param dtype, grad dtype) present plus one for the step counts
+    on CUDA; one parallel pass on CPU. Raises ``RuntimeError`` naming the
+    argument, before changing anything, on bad input.
+    """
+    _pick("fused_adam_", _optim_device(params, lr))(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        max_exp_avg_sqs,
+        master_params,
+        state_steps,
+        lr,
+        beta1,
+        beta2,
+        weight_decay,
+        eps,
+        amsgrad,
+        maximize,
+        decoupled_weight_decay,
+        grad_scale,
+        found_inf,
+        clip_coef,
+        stochastic_rounding,
+        seed,
+    )
+
+
+def fused_sgd_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    momentum_buffers: Sequence[Tensor],
+    master_params: Sequence[Tensor],
+    state_steps: Sequence[Tensor],
+    lr: Tensor,
+    weight_decay: float,
+    momentum: float,
+    dampening: float,
+    nesterov: bool,
+    maximize: bool,
+    grad_scale: Optional[Tensor] = None,
+    found_inf: Optional[Tensor] = None,
+    clip_coef: Optional[Tensor] = None,
+    stochastic_rounding: bool = False,
+    seed: int = 0,
+) -> None:
+    """One fused SGD step in place: ``torch.optim.SGD``'s rule (``foreach=False``).
+
+    Per parameter, in float32 (``g`` prepared as in :func:`fused_adam_`)::
+
+        g = g + weight_decay * w                              (weight_decay != 0)
+        b = g if state_steps[i] == 0 else b * momentum + (1 - dampening) * g
+        g = g + momentum * b if nesterov else b               (momentum != 0)
+        w = w - lr * g
+
+    Args:
+        momentum_buffers: float32, one per param when ``momentum != 0`` (their
+            contents are ignored and overwritten on a param's first step), else
+            empty. Mutated.
+        momentum, weight_decay: finite, >= 0. ``nesterov`` needs momentum > 0
+            and dampening == 0.
+        Everything else: as :func:`fused_adam_` (params, grads, master_params,
+        state_steps, lr, grad_scale, found_inf, clip_coef,
+        stochastic_rounding, seed; found_inf set -> nothing changes).
+
+    No host sync.
+    """
+    _pick("fused_sgd_", _optim_device(params, lr))(
+        params,
+        grads,
+        momentum_buffers,
+        master_params,
+        state_steps,
+        lr,
+        weight_decay,
+        momentum,
+        dampening,
+        nesterov,
+        maximize,
+        grad_scale,
+        found_inf,
+        clip_coef,
+        stochastic_rounding,
+        seed,
     )

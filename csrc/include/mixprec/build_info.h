@@ -15,4 +15,8 @@ struct BuildInfo {
 
 BuildInfo build_info();
 
+// The CPU kernel set chosen at run time for this machine: "avx512", "avx2" or
+// "default" (capped by MIXPREC_CPU_CAPABILITY / ATEN_CPU_CAPABILITY).
+std::string cpu_capability();
+
 }  // namespace mixprec

@@ -41,4 +41,34 @@ void update_scale_ext_(const at::Tensor& scale,
                        std::optional<double> max_scale = std::nullopt,
                        int64_t hysteresis = 1);
 
+// One fused Adam/AdamW step (decoupled_weight_decay selects AdamW) over all
+// params of one device; see the schema comment in registration.cpp and
+// mixprec.ops.fused_adam_. Lists: params (fp32/fp16/bf16), grads (same
+// shapes, fp32/fp16/bf16), exp_avgs/exp_avg_sqs (fp32), max_exp_avg_sqs (fp32,
+// empty unless amsgrad), master_params (fp32, empty or one per 16-bit param),
+// state_steps (fp32, one element each; incremented). lr: one-element fp32/fp64
+// tensor. grad_scale/found_inf/clip_coef: optional one-element fp32 tensors.
+void fused_adam_(at::TensorList params, at::TensorList grads,
+                 at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                 at::TensorList max_exp_avg_sqs, at::TensorList master_params,
+                 at::TensorList state_steps, const at::Tensor& lr, double beta1,
+                 double beta2, double weight_decay, double eps, bool amsgrad,
+                 bool maximize, bool decoupled_weight_decay,
+                 const std::optional<at::Tensor>& grad_scale = std::nullopt,
+                 const std::optional<at::Tensor>& found_inf = std::nullopt,
+                 const std::optional<at::Tensor>& clip_coef = std::nullopt,
+                 bool stochastic_rounding = false, int64_t seed = 0);
+
+// One fused SGD step (torch.optim.SGD's rule); momentum_buffers (fp32) is empty
+// when momentum == 0. Other conventions as fused_adam_.
+void fused_sgd_(at::TensorList params, at::TensorList grads,
+                at::TensorList momentum_buffers, at::TensorList master_params,
+                at::TensorList state_steps, const at::Tensor& lr,
+                double weight_decay, double momentum, double dampening,
+                bool nesterov, bool maximize,
+                const std::optional<at::Tensor>& grad_scale = std::nullopt,
+                const std::optional<at::Tensor>& found_inf = std::nullopt,
+                const std::optional<at::Tensor>& clip_coef = std::nullopt,
+                bool stochastic_rounding = false, int64_t seed = 0);
+
 }  // namespace mixprec

@@ -1,6 +1,12 @@
 // Vectorized CPU span kernels behind unscale_and_check_, check_finite_ and
 // unscale_and_norm_. Math in opmath (float for fp16/bf16), one rounding back.
-#pragma once
+//
+// Included once per instruction set by span_kernels_<isa>.cpp, which defines
+// MIXPREC_SPAN_NS (and, for an ISA, CPU_CAPABILITY so at::vec picks its
+// intrinsics) first; everything lands in mixprec::cpu::MIXPREC_SPAN_NS.
+#ifndef MIXPREC_SPAN_NS
+#error "define MIXPREC_SPAN_NS before including span_kernels_impl.h"
+#endif
 
 #include <ATen/OpMathType.h>
 #include <ATen/cpu/vec/functional.h>
@@ -11,9 +17,11 @@
 
 #include "common/norm_math.h"
 #include "common/unscale_math.h"
+#include "cpu/span_kernels.h"
 
 namespace mixprec {
 namespace cpu {
+namespace MIXPREC_SPAN_NS {
 
 template <typename scalar_t>
 using OpVec = at::vec::Vectorized<at::opmath_type<scalar_t>>;
@@ -52,7 +60,7 @@ T reduce_lanes(const V& v, T init, Op op) {
   v.store(lanes);
   T r = init;
   for (int k = 0; k < V::size(); ++k) {
-    r = op(r, static_cast<T>(lanes[k]));
+    r = op(r, lanes[k]);
   }
   return r;
 }
@@ -104,11 +112,6 @@ V vec_combine(const V& a, const V& b) {
   }
 }
 
-struct SpanNorm {
-  bool found;      // a non-finite input value was seen
-  double partial;  // sum of |u|^p, or max |u| for p = inf
-};
-
 // unscale_check_span plus the norm partial of the unscaled values. Vector
 // accumulators are flushed into a double every kFlush vectors, which keeps
 // float rounding error far below 1e-6 relative whatever the tensor size.
@@ -158,5 +161,52 @@ SpanNorm unscale_norm_span(scalar_t* p, int64_t n, float inv_scale_f,
   return SpanNorm{nan_lane || math::is_nan_acc(tail_probe), partial};
 }
 
+template <typename F>
+decltype(auto) dispatch_dtype(SpanDtype dtype, F&& f) {
+  switch (dtype) {
+    case SpanDtype::kFloat:
+      return f(float{});
+    case SpanDtype::kHalf:
+      return f(c10::Half{});
+    case SpanDtype::kBFloat16:
+      return f(c10::BFloat16{});
+    case SpanDtype::kDouble:
+    default:
+      return f(double{});
+  }
+}
+
+inline bool unscale_check(SpanDtype dtype, void* p, int64_t n, float inv,
+                          bool write) {
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return unscale_check_span<T>(static_cast<T*>(p), n, inv, write);
+  });
+}
+
+inline SpanNorm unscale_norm(SpanDtype dtype, int kind, void* p, int64_t n,
+                             float inv, bool write, double norm_type) {
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* q = static_cast<T*>(p);
+    switch (kind) {
+      case math::kNormL1:
+        return unscale_norm_span<T, math::kNormL1>(q, n, inv, write, norm_type);
+      case math::kNormL2:
+        return unscale_norm_span<T, math::kNormL2>(q, n, inv, write, norm_type);
+      case math::kNormInf:
+        return unscale_norm_span<T, math::kNormInf>(q, n, inv, write, norm_type);
+      default:
+        return unscale_norm_span<T, math::kNormP>(q, n, inv, write, norm_type);
+    }
+  });
+}
+
+inline const SpanKernels* table(const char* name) {
+  static const SpanKernels kernels{&unscale_check, &unscale_norm, name};
+  return &kernels;
+}
+
+}  // namespace MIXPREC_SPAN_NS
 }  // namespace cpu
 }  // namespace mixprec

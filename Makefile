@@ -1,0 +1,91 @@
+# mixprec — the two commands of the README:
+#   make demo    bootstrap .venv, build, run the example training job
+#   make test    bootstrap .venv, build (CUDA-torch build + a MIXPREC_FORCE_CPU=1 build),
+#                run the Python suite against both, and the C++ (ctest) suite
+# With PYTHON=/path/to/python an existing interpreter that already has torch is used
+# instead of .venv (e.g. on a GPU machine without network).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?=
+TORCH_VERSION ?= 2.14.1
+VENV ?= .venv
+ROOT := $(abspath .)
+export MAX_JOBS ?= 2
+
+ifeq ($(strip $(PYTHON)),)
+PY := $(ROOT)/$(VENV)/bin/python
+ENV_TARGET := $(VENV)/.mixprec-env
+else
+PY := $(PYTHON)
+ENV_TARGET := python-env
+endif
+
+CPU_ONLY_DIR := build/cpu-only
+PYTEST_ARGS ?=
+
+.PHONY: help env python-env build build-cpu-only demo test test-python test-python-cpu-only \
+        test-cpp lint bench clean
+
+help:
+	@echo "make demo     bootstrap .venv (torch $(TORCH_VERSION)), build, run the demo"
+	@echo "make test     build (default + CPU-only) and run the Python and C++ suites"
+	@echo "make bench    run the benchmarks (see benchmarks/RESULTS.md)"
+	@echo "PYTHON=...    use that interpreter (with torch) instead of .venv"
+
+# --- environment -----------------------------------------------------------------------
+$(VENV)/.mixprec-env: requirements-dev.txt
+	@test -x $(VENV)/bin/python || python3 -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(VENV)/bin/python -m pip install --quiet -r requirements-dev.txt
+	@touch $@
+
+python-env:
+	@$(PY) -c "import torch; print('using', '$(PY)', 'torch', torch.__version__)" || \
+	  { echo "PYTHON=$(PY) cannot import torch"; exit 1; }
+	@$(PY) -c "import pytest, hypothesis, numpy" 2>/dev/null || \
+	  $(PY) -m pip install --quiet -r requirements-dev.txt || \
+	  echo "warning: could not install requirements-dev.txt into $(PY)"
+
+env: $(ENV_TARGET)
+
+# --- build -----------------------------------------------------------------------------
+# Editable install of the default configuration: CUDA kernels when torch is a CUDA build
+# and nvcc is found (MIXPREC_FORCE_CUDA=1 / MIXPREC_FORCE_CPU=1 override).
+build: env
+	$(PY) -m pip install --no-build-isolation --no-deps --quiet -e .
+	$(PY) -m mixprec.info
+
+# A second, CPU-only build (MIXPREC_FORCE_CPU=1) into its own folder, importable with
+# PYTHONPATH=$(CPU_ONLY_DIR)/pkg, so its tests run against exactly that binary.
+build-cpu-only: env
+	@rm -rf $(CPU_ONLY_DIR)/pkg && mkdir -p $(CPU_ONLY_DIR)/pkg
+	cp -r python/mixprec $(CPU_ONLY_DIR)/pkg/mixprec
+	@rm -rf $(CPU_ONLY_DIR)/pkg/mixprec/_C*.so $(CPU_ONLY_DIR)/pkg/mixprec/__pycache__
+	MIXPREC_FORCE_CUDA= MIXPREC_FORCE_CPU=1 $(PY) setup.py --quiet build_ext --build-lib $(CPU_ONLY_DIR)/pkg \
+	  --build-temp $(CPU_ONLY_DIR)/temp
+	PYTHONPATH=$(CPU_ONLY_DIR)/pkg $(PY) -m mixprec.info
+
+# --- run -------------------------------------------------------------------------------
+demo: build
+	$(PY) examples/train_minimal.py
+
+test-python: build
+	env $${MIXPREC_FORCE_CUDA:+MIXPREC_EXPECT_CUDA_KERNELS=1} $(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-python-cpu-only: build-cpu-only
+	MIXPREC_EXPECT_CUDA_KERNELS=0 PYTHONPATH=$(ROOT)/$(CPU_ONLY_DIR)/pkg \
+	  $(PY) -m pytest tests $(PYTEST_ARGS)
+
+-include cmake/cpp.mk
+
+test: test-python test-python-cpu-only test-cpp
+
+lint: env
+	$(PY) -m ruff check python tests benchmarks examples
+
+bench: build
+	$(PY) benchmarks/bench_unscale.py
+
+clean:
+	rm -rf build dist python/*.egg-info python/mixprec/_C*.so

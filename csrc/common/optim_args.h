@@ -1,0 +1,77 @@
+// Argument checks and host-side tensor preparation shared by the CPU and CUDA
+// kernels of the fused optimizers (fused_adam_, fused_sgd_).
+//
+// Every check runs before any tensor is written, and every message names the
+// op and the argument (with its list index), so an op that rejects its input
+// modifies nothing.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
+#include <c10/util/ArrayRef.h>
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace mixprec {
+namespace optim {
+
+// The tensor lists of one fused-optimizer call. Lists that an optimizer does
+// not use (max_exp_avg_sqs without amsgrad, momentum buffers without momentum,
+// masters when params are updated in place) are empty.
+struct OptimLists {
+  at::TensorList params;
+  at::TensorList grads;
+  std::vector<std::pair<const char*, at::TensorList>> states;  // float32 state
+  at::TensorList master_params;
+  at::TensorList state_steps;
+};
+
+// The one-element scalars of a call.
+struct OptimScalars {
+  const at::Tensor* lr;  // float32 or float64
+  const std::optional<at::Tensor>* grad_scale;
+  const std::optional<at::Tensor>* found_inf;
+  const std::optional<at::Tensor>* clip_coef;
+};
+
+// Checks lists and scalars: equal lengths (states: empty or len(params), as
+// `state_required` says), one device of type `backend`, dtypes (params and
+// grads float32/float16/bfloat16; states, masters and steps float32; masters
+// only for 16-bit params), shapes equal to the param's, dense layouts, no
+// internal overlap in what is written, and one-element scalars on the same
+// device. `stochastic_rounding` requires no masters.
+void check_optim_args(const char* op, const OptimLists& lists,
+                      const std::vector<bool>& state_required,
+                      const OptimScalars& scalars, bool stochastic_rounding,
+                      c10::DeviceType backend);
+
+// Hyper-parameter checks (host floats).
+void check_adam_hparams(double beta1, double beta2, double weight_decay,
+                        double eps);
+void check_sgd_hparams(double weight_decay, double momentum, double dampening,
+                       bool nesterov);
+
+// The tensors of one parameter as the kernels see them: flat element spans
+// in which index k of every tensor is the same logical element. When a
+// parameter's tensors are dense with identical strides they are used as they
+// are; otherwise each is replaced by a contiguous copy and the written ones are
+// copied back by finish().
+struct FlatSet {
+  // views[list][i]: list 0 = params, 1 = grads, 2.. = states in order, then
+  // masters (when present). Steps are not flattened.
+  std::vector<std::vector<at::Tensor>> views;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (orig, flat)
+
+  // `written[list]` says whether list `list` is written by the op.
+  FlatSet(const std::vector<at::TensorList>& lists,
+          const std::vector<bool>& written);
+  void finish();
+};
+
+// Reads a one-element float32/float64 lr tensor on the host (CPU tensors only).
+double read_lr_cpu(const at::Tensor& lr);
+
+}  // namespace optim
+}  // namespace mixprec

@@ -1,0 +1,129 @@
+// Shared pieces of the CUDA fused-optimizer kernels (fused_adam_cuda.cu,
+// fused_sgd_cuda.cu): per-element vector loads, rounding of the float result
+// to the param dtype (nearest or stochastic), the device-side step-count
+// increment, and the host-side grouping of parameters by (param dtype, grad
+// dtype).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <map>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "common/optim_math.h"
+#include "cuda/multi_tensor_apply.cuh"
+
+namespace mixprec {
+namespace cuda {
+
+static_assert(kChunkSize == math::kSrChunk,
+              "SR element numbering assumes one block per 65536 elements");
+
+// Elements per thread per iteration of the vector path (16 bytes of fp32).
+constexpr int kOptVec = 4;
+
+template <typename T>
+__device__ __forceinline__ bool vec_aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * kOptVec) == 0;
+}
+
+template <typename T>
+__device__ __forceinline__ void load_vec(const T* p, int64_t vi, float (&out)[kOptVec]) {
+  const AlignedVector<T, kOptVec> r =
+      reinterpret_cast<const AlignedVector<T, kOptVec>*>(p)[vi];
+#pragma unroll
+  for (int k = 0; k < kOptVec; ++k) {
+    out[k] = static_cast<float>(r.val[k]);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_vec(T* p, int64_t vi, const float (&in)[kOptVec]) {
+  AlignedVector<T, kOptVec> r;
+#pragma unroll
+  for (int k = 0; k < kOptVec; ++k) {
+    r.val[k] = static_cast<T>(in[k]);
+  }
+  reinterpret_cast<AlignedVector<T, kOptVec>*>(p)[vi] = r;
+}
+
+// The float result w rounded to P; bf16 stochastically when `sr`, with the
+// bits of SR element `index`.
+template <typename P>
+__device__ __forceinline__ P round_param(float w, bool sr, uint32_t key,
+                                         uint32_t index) {
+  if constexpr (std::is_same_v<P, c10::BFloat16>) {
+    if (sr) {
+      const uint32_t r = math::sr_bits(key, index) >> 16;
+      return c10::BFloat16(math::bf16_bits_stochastic(w, r),
+                           c10::BFloat16::from_bits());
+    }
+  }
+  return static_cast<P>(w);
+}
+
+// state_steps[i] += 1 unless *found_inf != 0, for up to kStepsPerLaunch
+// tensors per launch. Runs after the update kernels on the same stream, which
+// read the counts before the increment.
+constexpr int kStepsPerLaunch = 256;
+
+struct StepPtrs {
+  float* ptr[kStepsPerLaunch];
+  int n;
+};
+
+// (A template so that the header can be included by several .cu files.)
+template <int kUnused = 0>
+__global__ void increment_steps_kernel(StepPtrs s, const float* found_inf) {
+  const int i = threadIdx.x;
+  if (i < s.n && (found_inf == nullptr || *found_inf == 0.0f)) {
+    *s.ptr[i] += 1.0f;
+  }
+}
+
+inline void increment_steps(at::TensorList steps, const float* found_inf) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  StepPtrs s;
+  s.n = 0;
+  auto launch = [&] {
+    increment_steps_kernel<><<<1, kStepsPerLaunch, 0, stream>>>(s, found_inf);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    s.n = 0;
+  };
+  for (const at::Tensor& t : steps) {
+    s.ptr[s.n++] = t.data_ptr<float>();
+    if (s.n == kStepsPerLaunch) {
+      launch();
+    }
+  }
+  if (s.n > 0) {
+    launch();
+  }
+}
+
+// Parameter indices grouped by (param dtype, grad dtype), in list order
+// within a group; groups in a fixed order. Empty params are left out (they
+// have no chunks).
+inline std::map<std::pair<int, int>, std::vector<size_t>> group_by_dtypes(
+    const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) {
+  std::map<std::pair<int, int>, std::vector<size_t>> groups;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].numel() == 0) {
+      continue;
+    }
+    groups[{static_cast<int>(params[i].scalar_type()),
+            static_cast<int>(grads[i].scalar_type())}]
+        .push_back(i);
+  }
+  return groups;
+}
+
+}  // namespace cuda
+}  // namespace mixprec

@@ -1,0 +1,309 @@
+"""Shared machinery of mixprec's fused master-weight optimizers.
+
+:class:`FusedOptimizer` is a :class:`torch.optim.Optimizer` whose ``step`` runs
+one fused mixprec op per (device, with/without masters) bucket of a param
+group. It owns what Adam, AdamW and SGD have in common:
+
+* state: per param a float32 step count on the param's device, float32
+  moments/buffers and, for float16/bfloat16 params of a group with
+  ``master_weights=True``, a float32 master copy (``state["master_param"]``);
+* the amp contract (``_step_supports_amp_scaling = True``): ``grad_scale``,
+  ``found_inf`` and ``clip_coef`` come as ``step()`` keyword arguments or as
+  attributes set by a GradScaler (torch's sets ``optimizer.grad_scale`` and
+  ``optimizer.found_inf``), and are read on the device by the kernels;
+* ``lr`` as a device tensor (cached, refreshed only when the group's float lr
+  changes), so a step never syncs with the host;
+* ``state_dict``/``load_state_dict`` that keep masters in float32 and accept
+  torch.optim state dicts, and :meth:`master_params`.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import chain
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+_SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+
+Bucket = Dict[str, List[Tensor]]
+
+
+def _check_nonneg(cls: str, name: str, value: Any) -> None:
+    if isinstance(value, Tensor):
+        return  # a tensor is not read on the host (that would sync)
+    if not (value >= 0.0 and math.isfinite(value)):
+        raise ValueError(f"mixprec.optim.{cls}: {name} must be a finite number >= 0, got {value}")
+
+
+class FusedOptimizer(torch.optim.Optimizer):
+    """Base class of :class:`~mixprec.optim.Adam`, :class:`~mixprec.optim.AdamW`
+    and :class:`~mixprec.optim.SGD`; not used directly.
+
+    Subclasses define ``_state_names(group)`` (their float32 per-param state
+    besides step/master) and ``_run(bucket, group, lr, scalars)``.
+    """
+
+    #: GradScaler contract: this optimizer unscales in its own kernel and skips
+    #: the step on the device when found_inf is set.
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params: Any, defaults: Dict[str, Any]) -> None:
+        self._lr_cache: Dict[Tuple[int, torch.device], Tuple[float, Tensor]] = {}
+        super().__init__(params, defaults)
+
+    # -- hooks for subclasses -------------------------------------------------
+
+    def _state_names(self, group: Dict[str, Any]) -> List[str]:
+        raise NotImplementedError
+
+    def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
+             scalars: Dict[str, Optional[Tensor]], seed: int) -> None:
+        raise NotImplementedError
+
+    # -- public API -------------------------------------------------------------
+
+    @property
+    def master_weights(self) -> bool:
+        """True when some param group keeps float32 masters for 16-bit params.
+
+        A GradScaler may then accept float16 gradients: they are unscaled in
+        float32 inside the optimizer kernel.
+        """
+        return any(g.get("master_weights", False) for g in self.param_groups)
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if not hasattr(self, "_lr_cache"):
+            self._lr_cache = {}
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                if key != "params":
+                    group.setdefault(key, value)
+
+    def _wants_master(self, p: Tensor, group: Dict[str, Any]) -> bool:
+        return bool(group.get("master_weights", True)) and p.dtype in _LOW_PRECISION
+
+    @torch.no_grad()
+    def master_params(self) -> List[Tensor]:
+        """The float32 weights the optimizer updates, one per param in group order.
+
+        For a 16-bit param with masters: its float32 master (the tensor in the
+        state, not a copy; a fresh float32 copy of the param before its first
+        step). For a float32 param: the param itself. For a 16-bit param
+        without masters: the param itself (16-bit). No host sync.
+        """
+        out: List[Tensor] = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                master = self.state.get(p, {}).get("master_param")
+                if master is not None:
+                    out.append(master)
+                elif self._wants_master(p, group):
+                    out.append(p.detach().float())
+                else:
+                    out.append(p)
+        return out
+
+    @torch.no_grad()
+    def step(  # type: ignore[override]
+        self,
+        closure: Optional[Callable[[], Any]] = None,
+        grad_scale: Optional[Tensor] = None,
+        found_inf: Optional[Tensor] = None,
+        clip_coef: Optional[Tensor] = None,
+    ) -> Any:
+        """Perform one optimization step over every param that has a ``.grad``.
+
+        Args:
+            closure: re-evaluates the model and returns the loss (run with
+                grad enabled), as in torch.
+            grad_scale: one-element float32 tensor, the scale the grads carry
+                (they are multiplied by its float64 reciprocal in the kernel).
+                Defaults to ``self.grad_scale`` if a GradScaler set it.
+            found_inf: one-element float32 tensor; when non-zero the step is
+                skipped on the device (params, masters, state and step counts
+                unchanged). Defaults to ``self.found_inf``.
+            clip_coef: one-element float32 tensor multiplied into the grads
+                (gradient clipping folded into the step). Defaults to
+                ``self.clip_coef``.
+
+        Mutates the params, their masters and state; grads are read only.
+        No host sync (the scalars are moved to each param device with
+        ``non_blocking=True`` when they live elsewhere).
+
+        Returns:
+            The closure's loss, or None.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if grad_scale is None:
+            grad_scale = getattr(self, "grad_scale", None)
+        if found_inf is None:
+            found_inf = getattr(self, "found_inf", None)
+        if clip_coef is None:
+            clip_coef = getattr(self, "clip_coef", None)
+        # Checked before any state is created, so a rejected step changes nothing.
+        for name, t in (("grad_scale", grad_scale), ("found_inf", found_inf),
+                        ("clip_coef", clip_coef)):
+            if t is not None and not (isinstance(t, Tensor) and t.dtype == torch.float32
+                                      and t.numel() == 1):
+                raise RuntimeError(
+                    f"mixprec.optim.{type(self).__name__}.step: {name} must be a float32 "
+                    f"tensor with one element, got "
+                    f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}"
+                    f"{' of shape ' + str(list(t.shape)) if isinstance(t, Tensor) else ''}"
+                )
+        for index, group in enumerate(self.param_groups):
+            self._step_group(index, group, grad_scale, found_inf, clip_coef)
+        return loss
+
+    # -- internals ------------------------------------------------------------
+
+    def _init_state(self, p: Tensor, group: Dict[str, Any]) -> Dict[str, Any]:
+        state = self.state[p]
+        if "step" not in state:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        for name in self._state_names(group):
+            if state.get(name) is None:
+                state[name] = torch.zeros_like(p, dtype=torch.float32,
+                                               memory_format=torch.preserve_format)
+        if self._wants_master(p, group) and state.get("master_param") is None:
+            state["master_param"] = p.detach().to(torch.float32, copy=True)
+        return state
+
+    def _lr_tensor(self, index: int, group: Dict[str, Any], device: torch.device) -> Tensor:
+        lr = group["lr"]
+        if isinstance(lr, Tensor):
+            if lr.device == device and lr.dtype in (torch.float32, torch.float64) \
+                    and lr.numel() == 1:
+                return lr  # read in place: in-place updates reach captured graphs
+            return lr.detach().to(device=device, dtype=torch.float64,
+                                  non_blocking=True).reshape(())
+        key = (index, device)
+        cached = self._lr_cache.get(key)
+        value = float(lr)
+        if cached is None:
+            t = torch.full((), value, dtype=torch.float64, device=device)
+            self._lr_cache[key] = (value, t)
+            return t
+        if cached[0] != value:
+            cached[1].fill_(value)  # a kernel with the value as argument: no sync
+            self._lr_cache[key] = (value, cached[1])
+        return cached[1]
+
+    def _step_group(self, index: int, group: Dict[str, Any], grad_scale: Optional[Tensor],
+                    found_inf: Optional[Tensor], clip_coef: Optional[Tensor]) -> None:
+        names = self._state_names(group)
+        buckets: Dict[Tuple[torch.device, bool], Bucket] = {}
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError(
+                    f"mixprec.optim.{type(self).__name__} does not support sparse gradients"
+                )
+            if p.dtype not in _SUPPORTED:
+                raise RuntimeError(
+                    f"mixprec.optim.{type(self).__name__}: params must be float32, float16 or "
+                    f"bfloat16, got {p.dtype}; use torch.optim for other dtypes"
+                )
+            state = self._init_state(p, group)
+            master = state.get("master_param") if self._wants_master(p, group) else None
+            b = buckets.setdefault((p.device, master is not None),
+                                   {"params": [], "grads": [], "master_params": [],
+                                    "state_steps": [], **{n: [] for n in names}})
+            b["params"].append(p)
+            b["grads"].append(p.grad)
+            b["state_steps"].append(state["step"])
+            for n in names:
+                b[n].append(state[n])
+            if master is not None:
+                b["master_params"].append(master)
+        moved: Dict[Tuple[str, torch.device], Optional[Tensor]] = {}
+
+        def on(name: str, t: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
+            if t is None or t.device == device:
+                return t
+            if (name, device) not in moved:
+                moved[(name, device)] = t.to(device, non_blocking=True)
+            return moved[(name, device)]
+
+        seed = (int(group.get("seed", 0)) * 1_000_003 + index) & 0x7FFFFFFFFFFFFFFF
+        for (device, _), bucket in buckets.items():
+            scalars = {
+                "grad_scale": on("grad_scale", grad_scale, device),
+                "found_inf": on("found_inf", found_inf, device),
+                "clip_coef": on("clip_coef", clip_coef, device),
+            }
+            self._run(bucket, group, self._lr_tensor(index, group, device), scalars, seed)
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Load a state dict of this class or of ``torch.optim.Adam/AdamW/SGD``.
+
+        Param groups are matched as in torch. State is converted to this
+        optimizer's layout (copies, so the loaded dict is not aliased): step
+        counts become float32 tensors on the param's device, moments and
+        buffers float32, and masters are taken from the dict when present,
+        else built from the params (migration from a torch checkpoint). Keys
+        this class does not set (``master_weights``, ``stochastic_rounding``,
+        ``seed``...) are filled from its defaults.
+        """
+        saved_state = state_dict["state"]
+        saved_groups = state_dict["param_groups"]
+        super().load_state_dict(state_dict)
+        self._lr_cache = {}
+        id_map = dict(zip(chain.from_iterable(g["params"] for g in saved_groups),
+                          chain.from_iterable(g["params"] for g in self.param_groups)))
+        group_of = {id(p): g for g in self.param_groups for p in g["params"]}
+        for key, saved in saved_state.items():
+            p = id_map.get(key)
+            if p is None:
+                continue
+            self.state[p] = self._convert_state(p, group_of[id(p)], saved)
+
+    def _convert_state(self, p: Tensor, group: Dict[str, Any],
+                       saved: Dict[str, Any]) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for k, v in saved.items():
+            if isinstance(v, Tensor) and k != "step":
+                dtype = torch.float32 if v.is_floating_point() else v.dtype
+                out[k] = v.detach().to(device=p.device, dtype=dtype, copy=True)
+            else:
+                out[k] = v
+        if "step" in saved and saved["step"] is not None:
+            step = torch.as_tensor(saved["step"])
+            out["step"] = step.detach().to(device=p.device, dtype=torch.float32,
+                                           copy=True).reshape(())
+        else:
+            out["step"] = self._default_step(saved, p)
+        if self._wants_master(p, group) and out.get("master_param") is None:
+            out["master_param"] = p.detach().to(torch.float32, copy=True)
+        return out
+
+    def _default_step(self, saved: Dict[str, Any], p: Tensor) -> Tensor:
+        return torch.zeros((), dtype=torch.float32, device=p.device)
+
+
+def params_and_kwargs_check(cls: str, lr: Union[float, Tensor], differentiable: bool,
+                            extra: Iterable[Tuple[str, Any]] = ()) -> None:
+    """The argument checks shared by the constructors (ValueError, as torch)."""
+    if isinstance(lr, Tensor):
+        if lr.numel() != 1:
+            raise ValueError(f"mixprec.optim.{cls}: a tensor lr must have one element, got "
+                             f"shape {list(lr.shape)}")
+        if not lr.is_floating_point():
+            raise ValueError(f"mixprec.optim.{cls}: a tensor lr must be floating point, got "
+                             f"{lr.dtype}")
+    else:
+        _check_nonneg(cls, "lr", lr)
+    for name, value in extra:
+        _check_nonneg(cls, name, value)
+    if differentiable:
+        raise ValueError(f"mixprec.optim.{cls}: differentiable=True is not supported (the "
+                         "step is a fused in-place kernel); use torch.optim")

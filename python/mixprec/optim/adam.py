@@ -1,0 +1,189 @@
+"""mixprec.optim.Adam and mixprec.optim.AdamW: fused, master-weight Adam."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from torch import Tensor
+
+from .. import ops
+from ._base import Bucket, FusedOptimizer, params_and_kwargs_check
+
+__all__ = ["Adam", "AdamW"]
+
+
+def _beta(cls: str, index: int, value: Union[float, Tensor]) -> float:
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"mixprec.optim.{cls}: betas[{index}] as a tensor must have one "
+                             "element")
+        value = float(value.detach().cpu())  # read once, at construction
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"mixprec.optim.{cls}: betas[{index}] must be in [0, 1), got {value}")
+    return float(value)
+
+
+class Adam(FusedOptimizer):
+    """Adam (and, with ``decoupled_weight_decay=True``, AdamW) in one fused kernel.
+
+    A drop-in for :class:`torch.optim.Adam`: same arguments, defaults, param
+    groups, ``add_param_group``, ``zero_grad``, ``maximize`` and ``amsgrad``,
+    and with float32 params the same update as ``torch.optim.Adam(foreach=False)``
+    (operation by operation; within float rounding of torch's own kernels).
+
+    In addition:
+
+    * params may be float32, float16 or bfloat16, mixed. For 16-bit params,
+      ``master_weights=True`` (default) keeps a float32 master in
+      ``state[p]["master_param"]``; the update runs on it and the param receives
+      it rounded to nearest. Moments are always float32.
+    * grads may be float32, float16 or bfloat16 (any of them for any param);
+      they are read, never written.
+    * ``stochastic_rounding=True`` rounds bfloat16 params that have no master
+      (``master_weights=False``) stochastically, from a counter-based hash of
+      (``seed``, step, element): reproducible bit for bit, also across a
+      save/load.
+    * GradScaler integration without host syncs (``_step_supports_amp_scaling``):
+      the grads are unscaled in the kernel and a step with ``found_inf`` set
+      changes nothing, step counts included. See :meth:`step`.
+    * step counts and lr live on the param's device, so every step is
+      capturable (``capturable`` is accepted for compatibility; it is always
+      in effect). For CUDA-graph replays with a changing lr, pass ``lr`` as a
+      one-element float32/float64 tensor on the params' device and update it in
+      place.
+
+    Args:
+        params: iterable of tensors or of param-group dicts.
+        lr: learning rate (float >= 0, or a one-element tensor). Default 1e-3.
+        betas: (beta1, beta2), each in [0, 1). Default (0.9, 0.999).
+        eps: added to the denominator. Default 1e-8.
+        weight_decay: L2 penalty (Adam) or decoupled decay (AdamW). Default 0.
+        amsgrad: use the AMSGrad variant. Default False.
+        maximize: maximize the objective. Default False.
+        foreach, fused: accepted for compatibility and ignored (always fused).
+        capturable: accepted; steps are always capturable.
+        differentiable: must be False.
+        decoupled_weight_decay: AdamW's decay. Default False.
+        master_weights: keep float32 masters for 16-bit params. Default True.
+        stochastic_rounding: stochastic rounding of bf16 params without masters.
+        seed: stochastic-rounding seed (int). Default 0.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: Union[float, Tensor] = 1e-3,
+        betas: Tuple[Union[float, Tensor], Union[float, Tensor]] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        *,
+        foreach: Optional[bool] = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: Optional[bool] = None,
+        decoupled_weight_decay: bool = False,
+        master_weights: bool = True,
+        stochastic_rounding: bool = False,
+        seed: int = 0,
+    ) -> None:
+        cls = type(self).__name__
+        params_and_kwargs_check(cls, lr, differentiable,
+                                [("eps", eps), ("weight_decay", weight_decay)])
+        b1, b2 = _beta(cls, 0, betas[0]), _beta(cls, 1, betas[1])
+        defaults: Dict[str, Any] = {
+            "lr": lr,
+            "betas": (b1, b2),
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "amsgrad": amsgrad,
+            "maximize": maximize,
+            "foreach": foreach,
+            "capturable": capturable,
+            "differentiable": False,
+            "fused": fused,
+            "decoupled_weight_decay": decoupled_weight_decay,
+            "master_weights": master_weights,
+            "stochastic_rounding": stochastic_rounding,
+            "seed": int(seed),
+        }
+        super().__init__(params, defaults)
+
+    def _decoupled(self, group: Dict[str, Any]) -> bool:
+        return bool(group.get("decoupled_weight_decay", False))
+
+    def _state_names(self, group: Dict[str, Any]) -> List[str]:
+        names = ["exp_avg", "exp_avg_sq"]
+        if group["amsgrad"]:
+            names.append("max_exp_avg_sq")
+        return names
+
+    def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
+             scalars: Dict[str, Optional[Tensor]], seed: int) -> None:
+        beta1, beta2 = group["betas"]
+        masters = bucket["master_params"]
+        ops.fused_adam_(
+            bucket["params"],
+            bucket["grads"],
+            bucket["exp_avg"],
+            bucket["exp_avg_sq"],
+            bucket.get("max_exp_avg_sq", []),
+            masters,
+            bucket["state_steps"],
+            lr,
+            float(beta1),
+            float(beta2),
+            float(group["weight_decay"]),
+            float(group["eps"]),
+            bool(group["amsgrad"]),
+            bool(group["maximize"]),
+            self._decoupled(group),
+            scalars["grad_scale"],
+            scalars["found_inf"],
+            scalars["clip_coef"],
+            bool(group.get("stochastic_rounding", False)) and not masters,
+            seed,
+        )
+
+
+class AdamW(Adam):
+    """AdamW (decoupled weight decay) in one fused kernel; a drop-in for
+    :class:`torch.optim.AdamW` (``weight_decay`` default 1e-2).
+
+    Everything else is as :class:`Adam` (masters, grad dtypes, stochastic
+    rounding, GradScaler integration, capturable steps).
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: Union[float, Tensor] = 1e-3,
+        betas: Tuple[Union[float, Tensor], Union[float, Tensor]] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: Optional[bool] = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: Optional[bool] = None,
+        master_weights: bool = True,
+        stochastic_rounding: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
+            capturable=capturable, differentiable=differentiable, fused=fused,
+            decoupled_weight_decay=True, master_weights=master_weights,
+            stochastic_rounding=stochastic_rounding, seed=seed,
+        )
+
+    def _decoupled(self, group: Dict[str, Any]) -> bool:
+        return True
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group["decoupled_weight_decay"] = True

@@ -1,0 +1,114 @@
+"""mixprec.optim.SGD: fused, master-weight SGD with momentum."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Union
+
+import torch
+from torch import Tensor
+
+from .. import ops
+from ._base import Bucket, FusedOptimizer, params_and_kwargs_check
+
+__all__ = ["SGD"]
+
+
+class SGD(FusedOptimizer):
+    """SGD (momentum, dampening, Nesterov, weight decay) in one fused kernel.
+
+    A drop-in for :class:`torch.optim.SGD`: same arguments, defaults and
+    behaviour, and with float32 params the same update as
+    ``torch.optim.SGD(foreach=False)``. Like :class:`~mixprec.optim.Adam` it
+    takes float32/float16/bfloat16 params (``master_weights=True`` keeps float32
+    masters for 16-bit ones), grads of any of those dtypes, stochastic rounding
+    for bfloat16 params without masters, GradScaler's ``grad_scale`` and
+    ``found_inf`` (skip on the device, no sync) and a ``clip_coef``.
+
+    State per param: ``momentum_buffer`` (float32, when momentum != 0) as in
+    torch, plus ``step`` (float32 count on the param's device; the buffer starts
+    as a copy of the grad on the first step that is not skipped) and
+    ``master_param``.
+
+    Args:
+        params: iterable of tensors or of param-group dicts.
+        lr: learning rate (float >= 0, or a one-element tensor). Default 1e-3.
+        momentum: momentum factor >= 0. Default 0.
+        dampening: dampening of the momentum. Default 0.
+        weight_decay: L2 penalty >= 0. Default 0.
+        nesterov: Nesterov momentum (needs momentum > 0 and dampening 0).
+        maximize: maximize the objective. Default False.
+        foreach, fused: accepted for compatibility and ignored (always fused).
+        capturable: accepted; steps are always capturable.
+        differentiable: must be False.
+        master_weights, stochastic_rounding, seed: as :class:`~mixprec.optim.Adam`.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: Union[float, Tensor] = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: Optional[bool] = None,
+        differentiable: bool = False,
+        fused: Optional[bool] = None,
+        capturable: bool = False,
+        master_weights: bool = True,
+        stochastic_rounding: bool = False,
+        seed: int = 0,
+    ) -> None:
+        params_and_kwargs_check("SGD", lr, differentiable,
+                                [("momentum", momentum), ("weight_decay", weight_decay)])
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("mixprec.optim.SGD: nesterov=True requires momentum > 0 and "
+                             f"dampening == 0, got momentum={momentum}, dampening={dampening}")
+        defaults: Dict[str, Any] = {
+            "lr": lr,
+            "momentum": momentum,
+            "dampening": dampening,
+            "weight_decay": weight_decay,
+            "nesterov": nesterov,
+            "maximize": maximize,
+            "foreach": foreach,
+            "differentiable": False,
+            "fused": fused,
+            "capturable": capturable,
+            "master_weights": master_weights,
+            "stochastic_rounding": stochastic_rounding,
+            "seed": int(seed),
+        }
+        super().__init__(params, defaults)
+
+    def _state_names(self, group: Dict[str, Any]) -> List[str]:
+        return ["momentum_buffer"] if group["momentum"] != 0 else []
+
+    def _default_step(self, saved: Dict[str, Any], p: Tensor) -> Tensor:
+        # A torch SGD state has no step: a stored buffer means steps were taken.
+        taken = 1.0 if isinstance(saved.get("momentum_buffer"), Tensor) else 0.0
+        return torch.full((), taken, dtype=torch.float32, device=p.device)
+
+    def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
+             scalars: Dict[str, Optional[Tensor]], seed: int) -> None:
+        masters = bucket["master_params"]
+        ops.fused_sgd_(
+            bucket["params"],
+            bucket["grads"],
+            bucket.get("momentum_buffer", []),
+            masters,
+            bucket["state_steps"],
+            lr,
+            float(group["weight_decay"]),
+            float(group["momentum"]),
+            float(group["dampening"]),
+            bool(group["nesterov"]),
+            bool(group["maximize"]),
+            scalars["grad_scale"],
+            scalars["found_inf"],
+            scalars["clip_coef"],
+            bool(group.get("stochastic_rounding", False)) and not masters,
+            seed,
+        )

@@ -1,0 +1,137 @@
+"""Every op rejects bad arguments with an error naming the argument, and then has
+modified nothing. Table-driven: each case builds fresh tensors and says which argument
+the message must name. Run against the kernels and the pure-PyTorch reference."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+import torch
+
+import mixprec
+from conftest import HAS_CUDA, bits
+from mixprec import _reference
+
+F32 = torch.float32
+
+
+def _grads(device):
+    return [torch.randn(100, device=device) * 5, torch.randn(70_000, device=device).half()]
+
+
+def _unscale(device, grads=None, found=None, inv=None):
+    grads = _grads(device) if grads is None else grads
+    found = torch.zeros((), device=device) if found is None else found
+    inv = torch.full((), 0.5, device=device) if inv is None else inv
+    return "unscale_and_check_", (grads, found, inv)
+
+
+def _norm(device, **kw):
+    name, args = _unscale(device, **{k: v for k, v in kw.items() if k != "norm_type"})
+    return "unscale_and_norm_", (*args, kw.get("norm_type", 2.0))
+
+
+def _check(device, tensors=None, found=None):
+    tensors = _grads(device) if tensors is None else tensors
+    found = torch.zeros((), device=device) if found is None else found
+    return "check_finite_", (tensors, found)
+
+
+def _update(device, scale=None, tracker=None, found=None, interval=2):
+    scale = torch.full((), 4.0, device=device) if scale is None else scale
+    tracker = torch.zeros((), dtype=torch.int32, device=device) if tracker is None else tracker
+    found = torch.zeros((), device=device) if found is None else found
+    return "update_scale_", (scale, tracker, found, 2.0, 0.5, interval)
+
+
+def _update_ext(device, growth=2.0, backoff=0.5, hyst_t=None, hysteresis=1, min_scale=None,
+                max_scale=None, interval=2):
+    scale = torch.full((), 4.0, device=device)
+    tracker = torch.zeros((), dtype=torch.int32, device=device)
+    hyst_t = torch.ones((), dtype=torch.int32, device=device) if hyst_t is None else hyst_t
+    found = torch.ones((), device=device)
+    return "update_scale_ext_", (scale, tracker, hyst_t, found, growth, backoff, interval,
+                                 min_scale, max_scale, hysteresis)
+
+
+# (id, builder(device) -> (op name, args), substring the message must contain)
+CASES: list[tuple[str, Callable, str]] = [
+    ("found_inf_dtype", lambda d: _unscale(d, found=torch.zeros((), dtype=torch.float64,
+                                                                device=d)), "found_inf"),
+    ("found_inf_shape", lambda d: _unscale(d, found=torch.zeros(2, device=d)), "found_inf"),
+    ("inv_scale_dtype", lambda d: _unscale(d, inv=torch.full((), 0.5, dtype=torch.float16,
+                                                             device=d)), "inv_scale"),
+    ("inv_scale_shape", lambda d: _unscale(d, inv=torch.full((3,), 0.5, device=d)), "inv_scale"),
+    ("integer_grad", lambda d: _unscale(d, grads=_grads(d) + [torch.ones(4, dtype=torch.int32,
+                                                                         device=d)]), "grads[2]"),
+    ("sparse_grad", lambda d: _unscale(d, grads=[torch.randn(4, device=d),
+                                                 torch.eye(3, device=d).to_sparse()]), "grads[1]"),
+    ("expanded_grad", lambda d: _unscale(d, grads=[torch.randn(1, 5, device=d).expand(4, 5)]),
+     "grads[0]"),
+    ("norm_found_inf_dtype", lambda d: _norm(d, found=torch.zeros((), dtype=torch.int32,
+                                                                   device=d)), "found_inf"),
+    ("norm_integer_grad", lambda d: _norm(d, grads=[torch.ones(4, dtype=torch.int64, device=d)]),
+     "grads[0]"),
+    ("norm_type_zero", lambda d: _norm(d, norm_type=0.0), "norm_type"),
+    ("norm_type_negative", lambda d: _norm(d, norm_type=-2.0), "norm_type"),
+    ("check_integer", lambda d: _check(d, tensors=[torch.ones(3, dtype=torch.int8, device=d)]),
+     "tensors[0]"),
+    ("check_found_inf_shape", lambda d: _check(d, found=torch.zeros(1, 1, 2, device=d)),
+     "found_inf"),
+    ("scale_dtype", lambda d: _update(d, scale=torch.full((), 4.0, dtype=torch.float64,
+                                                          device=d)), "scale"),
+    ("tracker_dtype", lambda d: _update(d, tracker=torch.zeros((), device=d)), "growth_tracker"),
+    ("update_found_inf_shape", lambda d: _update(d, found=torch.zeros(3, device=d)), "found_inf"),
+    ("growth_interval_zero", lambda d: _update(d, interval=0), "growth_interval"),
+    ("ext_growth_factor_one", lambda d: _update_ext(d, growth=1.0), "growth_factor"),
+    ("ext_growth_factor_small", lambda d: _update_ext(d, growth=0.5), "growth_factor"),
+    ("ext_backoff_zero", lambda d: _update_ext(d, backoff=0.0), "backoff_factor"),
+    ("ext_backoff_one", lambda d: _update_ext(d, backoff=1.0), "backoff_factor"),
+    ("ext_backoff_big", lambda d: _update_ext(d, backoff=2.0), "backoff_factor"),
+    ("ext_hysteresis_zero", lambda d: _update_ext(d, hysteresis=0), "hysteresis"),
+    ("ext_hysteresis_tensor_dtype", lambda d: _update_ext(d, hyst_t=torch.ones((), device=d)),
+     "hysteresis_left"),
+    ("ext_min_scale_negative", lambda d: _update_ext(d, min_scale=-1.0), "min_scale"),
+    ("ext_max_scale_inf", lambda d: _update_ext(d, max_scale=float("inf")), "max_scale"),
+    ("ext_min_above_max", lambda d: _update_ext(d, min_scale=8.0, max_scale=2.0), "min_scale"),
+]
+
+if HAS_CUDA:
+    CASES += [
+        ("grads_other_device", lambda d: _unscale(d, grads=[torch.randn(5, device=d),
+                                                            torch.randn(5)]), "grads[1]"),
+        ("found_inf_on_cpu", lambda d: _unscale(d, found=torch.zeros(())), "found_inf"),
+        ("inv_scale_on_cpu", lambda d: _unscale(d, inv=torch.full((), 0.5)), "inv_scale"),
+        ("tracker_on_cpu", lambda d: _update(d, tracker=torch.zeros((), dtype=torch.int32)),
+         "growth_tracker"),
+    ]
+
+
+def _snapshot(args):
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(a.to_dense().clone() if a.is_sparse else a.clone())
+        elif isinstance(a, (list, tuple)):
+            out.extend(t.to_dense().clone() if t.is_sparse else t.clone() for t in a)
+    return out
+
+
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_rejected_and_nothing_modified(device, impl, case):
+    _, build, needle = case
+    if device == "cpu" and case[0] in {"grads_other_device", "found_inf_on_cpu",
+                                       "inv_scale_on_cpu", "tracker_on_cpu"}:
+        pytest.skip("cross-device cases need the tensors' device to be CUDA")
+    name, args = build(device)
+    fn = getattr(mixprec.ops if impl == "kernel" else _reference, name)
+    before = _snapshot(args)
+    with pytest.raises((RuntimeError, TypeError)) as info:
+        fn(*args)
+    message = str(info.value)
+    assert needle in message, message
+    assert "mixprec" in message, message
+    for old, new in zip(before, _snapshot(args)):
+        assert torch.equal(bits(old), bits(new))
