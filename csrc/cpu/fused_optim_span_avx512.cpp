@@ -1,0 +1,60 @@
+// The fused-optimizer span kernels compiled for AVX512 (at::vec's AVX512 Vectorized types),
+// selected at run time by optim_span_kernels() when span_kernels() picked this ISA. The target
+// pragma applies to everything below it, so this file must include nothing
+// that other translation units rely on being portable beyond the headers of
+// fused_optim_span_impl.h.
+#include "cpu/fused_optim_span.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+// GCC's target pragma enables the instructions but not the ISA macros that
+// at::vec and SLEEF test, so they are defined here for this file only.
+#ifndef __AVX__
+#define __AVX__ 1
+#endif
+#ifndef __AVX2__
+#define __AVX2__ 1
+#endif
+#ifndef __FMA__
+#define __FMA__ 1
+#endif
+#ifndef __F16C__
+#define __F16C__ 1
+#endif
+#ifndef __AVX512F__
+#define __AVX512F__ 1
+#endif
+#ifndef __AVX512BW__
+#define __AVX512BW__ 1
+#endif
+#ifndef __AVX512VL__
+#define __AVX512VL__ 1
+#endif
+#ifndef __AVX512DQ__
+#define __AVX512DQ__ 1
+#endif
+#define CPU_CAPABILITY AVX512
+#define CPU_CAPABILITY_AVX512
+#define MIXPREC_OPT_NS opt_avx512
+#include "cpu/fused_optim_span_impl.h"
+
+namespace mixprec {
+namespace cpu {
+const OptimSpanKernels* optim_span_kernels_avx512() {
+  return opt_avx512::table("avx512");
+}
+}  // namespace cpu
+}  // namespace mixprec
+
+#else
+
+namespace mixprec {
+namespace cpu {
+const OptimSpanKernels* optim_span_kernels_avx512() {
+  return nullptr;
+}
+}  // namespace cpu
+}  // namespace mixprec
+
+#endif
