@@ -68,7 +68,7 @@ build-cpu-only: env
 
 # --- run -------------------------------------------------------------------------------
 demo: build
-	$(PY) examples/train_minimal.py
+	$(PY) examples/train_digits.py
 
 test-python: build
 	env $${MIXPREC_FORCE_CUDA:+MIXPREC_EXPECT_CUDA_KERNELS=1} $(PY) -m pytest tests $(PYTEST_ARGS)
@@ -88,4 +88,4 @@ bench: build
 	$(PY) benchmarks/bench_unscale.py
 
 clean:
-	rm -rf build dist python/*.egg-info python/mixprec/_C*.so
+	rm -rf build dist python/*.egg-info python/mixprec/_C*.so demo_report.png

@@ -9,6 +9,12 @@ Configuration (printed at build time, recorded in the binary for
   nvcc or a CUDA build of torch is missing); ``MIXPREC_FORCE_CPU=1`` leaves
   them out.
 * ``TORCH_CUDA_ARCH_LIST`` picks the GPU architectures; default "8.0;9.0+PTX".
+* ``MIXPREC_BUNDLE_CPP=1`` also builds libmixprec (the C++ API, no Python) with
+  CMake, same configuration rules, and installs it with its headers and CMake
+  package files into ``mixprec/_cpp`` -- what ``mixprec.cmake_prefix_path``
+  points at (wheels for LibTorch users). ``MIXPREC_CPP_BUILD_DIR`` picks the
+  CMake build folder (default build/cmake-bundle; build/cmake reuses the
+  build of ``make test-cpp``). Off by default: it compiles the kernels again.
 
 Sources come from the csrc/ folders by glob; CMakeLists.txt globs the same
 folders (csrc/python/ is the Python module and is built here only).
@@ -20,6 +26,7 @@ import glob
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -151,8 +158,51 @@ def _extensions() -> tuple[list, dict]:
         include_dirs=include_dirs,
         **kwargs,
     )
-    build_ext = cpp_extension.BuildExtension.with_options(no_python_abi_suffix=False)
+    build_ext = _with_cpp_bundle(
+        cpp_extension.BuildExtension.with_options(no_python_abi_suffix=False))
     return [ext], {"build_ext": build_ext}
+
+
+def _bundle_cpp(package_dir: Path) -> None:
+    """Build libmixprec with CMake and install it into ``package_dir/_cpp``."""
+    import torch
+    import torch.utils
+
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        sys.exit("mixprec: MIXPREC_BUNDLE_CPP=1 needs cmake (>= 3.18) on PATH")
+    build_dir = Path(os.environ.get("MIXPREC_CPP_BUILD_DIR") or ROOT / "build" / "cmake-bundle")
+    if not build_dir.is_absolute():
+        build_dir = ROOT / build_dir
+    torch_cmake = torch.utils.cmake_prefix_path
+    configure = [cmake, "-S", str(ROOT), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+                 f"-DCMAKE_PREFIX_PATH={torch_cmake}", f"-DTorch_DIR={torch_cmake}/Torch",
+                 f"-DMIXPREC_TORCH_VERSION_STRING={torch.__version__}",
+                 # RPATH to the pip-installed torch next to the package
+                 "-DMIXPREC_PIP_LAYOUT=ON"]
+    if not (build_dir / "CMakeCache.txt").exists() and shutil.which("ninja"):
+        configure += ["-G", "Ninja"]
+    dest = package_dir / "_cpp"
+    print(f"mixprec: building libmixprec (CMake, {build_dir}) into {dest}", flush=True)
+    subprocess.check_call(configure)
+    subprocess.check_call([cmake, "--build", str(build_dir), "--parallel",
+                           os.environ.get("MAX_JOBS", "2")])
+    if dest.exists():
+        shutil.rmtree(dest)
+    subprocess.check_call([cmake, "--install", str(build_dir), "--prefix", str(dest)])
+
+
+def _with_cpp_bundle(base: type) -> type:
+    class BuildExtWithCpp(base):  # type: ignore[misc, valid-type]
+        def run(self) -> None:
+            super().run()
+            if _flag("MIXPREC_BUNDLE_CPP"):
+                inplace = self.inplace or getattr(self, "editable_mode", False)
+                package_dir = (ROOT / "python" / "mixprec" if inplace
+                               else Path(self.build_lib) / "mixprec")
+                _bundle_cpp(package_dir)
+
+    return BuildExtWithCpp
 
 
 ext_modules, cmdclass = _extensions()
@@ -162,6 +212,9 @@ setup(
     version=_version(),
     package_dir={"": "python"},
     packages=find_packages("python"),
+    # the C++ package of MIXPREC_BUNDLE_CPP=1 builds (mixprec.cmake_prefix_path)
+    package_data={"mixprec": ["_cpp/include/mixprec/*.h", "_cpp/lib*/libmixprec.so*",
+                              "_cpp/lib*/cmake/mixprec/*.cmake"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
 )

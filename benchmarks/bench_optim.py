@@ -20,7 +20,8 @@ Shapes: GPT-2 small (124M parameters) on CUDA. On CPU, by default, the same
 layer shapes with 2 layers and an 8192-token vocabulary (about 21M
 parameters), printed as such; ``--cpu-layers``/``--cpu-vocab`` change that.
 
-Reported per case: median time (torch.utils.benchmark, blocked_autorange),
+Reported per case: median time (torch.utils.benchmark, blocked_autorange;
+the best of ``--rounds`` rounds interleaved with the other cases),
 ratio to the torch fused case, bytes moved per parameter (the minimum traffic
 of the method: every tensor read or written once per kernel pass it needs),
 the resulting GB/s and its fraction of the copy bandwidth measured in the
@@ -156,7 +157,8 @@ def check_no_sync(fn: Callable[[], None]) -> str:
     return result
 
 
-def run(device: str, shapes: List[Shape], label: str, min_run_time: float) -> None:
+def run(device: str, shapes: List[Shape], label: str, min_run_time: float,
+        rounds: int) -> None:
     n = sum(torch.Size(s).numel() for s in shapes)
     print(f"\n=== {device}: {label}, {n / 1e6:.1f}M parameters in {len(shapes)} tensors ===")
     if device == "cpu":
@@ -179,21 +181,25 @@ def run(device: str, shapes: List[Shape], label: str, min_run_time: float) -> No
         ("torch AdamW(fused) fp32, no scaler", "fp32_plain",
          lambda: torch_case(shapes, device, "fused", False)),
     ]
+    # Every case is timed in `rounds` rounds, interleaved with the others, and
+    # its best median kept, so background load hits all cases alike.
+    fns = {name: make() for name, _, make in cases}
     times: Dict[str, float] = {}
+    for _ in range(rounds):
+        for name, _, _ in cases:
+            t = time_it(fns[name], device, min_run_time)
+            times[name] = min(t, times.get(name, t))
     print(f"{'case':42s} {'time ms':>9s} {'vs torch fused+scaler':>22s} {'B/param':>8s} "
           f"{'GB/s':>7s} {'of copy':>8s}")
-    for name, kind, make in cases:
-        fn = make()
-        t = time_it(fn, device, min_run_time)
-        times[name] = t
-        ref = times.get("torch AdamW(fused) fp32 + GradScaler")
-        ratio = f"{t / ref:.2f}x" if ref else "(see below)"
+    for name, kind, _ in cases:
+        fn = fns[name]
+        t = times[name]
+        ratio = f"{t / times['torch AdamW(fused) fp32 + GradScaler']:.2f}x"
         gbs = BYTES[kind] * n / t / 1e9
         print(f"{name:42s} {t * 1e3:9.2f} {ratio:>22s} {BYTES[kind]:8d} {gbs:7.1f} "
               f"{gbs / bw:7.0%}")
         if device == "cuda" and name.startswith("mixprec") and "scaler" in name:
             print(f"{'':42s} {check_no_sync(fn)}")
-        del fn
     ref = times["torch AdamW(fused) fp32 + GradScaler"]
     for name in ("mixprec AdamW fp16+master, scaler", "mixprec AdamW bf16+master, scaler"):
         print(f"ratio {name} / torch fused+scaler: {times[name] / ref:.3f}")
@@ -206,7 +212,8 @@ def main() -> None:
     ap.add_argument("--device", default="all", choices=["cpu", "cuda", "all"])
     ap.add_argument("--cpu-layers", type=int, default=2)
     ap.add_argument("--cpu-vocab", type=int, default=8192)
-    ap.add_argument("--min-run-time", type=float, default=2.0)
+    ap.add_argument("--min-run-time", type=float, default=1.0)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     print(f"mixprec {mixprec.__version__}, torch {torch.__version__}, "
           f"{platform.processor() or platform.machine()}, "
@@ -214,10 +221,11 @@ def main() -> None:
     if args.device in ("cpu", "all"):
         run("cpu", gpt2_shapes(args.cpu_layers, args.cpu_vocab),
             f"GPT-2-small layer shapes, SMALLER model: {args.cpu_layers} layers, "
-            f"vocab {args.cpu_vocab}", args.min_run_time)
+            f"vocab {args.cpu_vocab}", args.min_run_time, args.rounds)
     if args.device in ("cuda", "all"):
         if torch.cuda.is_available():
-            run("cuda", gpt2_shapes(12, 50257), "GPT-2 small (124M)", args.min_run_time)
+            run("cuda", gpt2_shapes(12, 50257), "GPT-2 small (124M)", args.min_run_time,
+                args.rounds)
         else:
             print("\ncuda: no GPU visible, skipped")
 

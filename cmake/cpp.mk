@@ -55,7 +55,7 @@ cpp-lib: cpp-check-py
 	set -- -S "$(_CPP_ROOT)" -B "$(_CPP_BUILD)" \
 	  -DCMAKE_BUILD_TYPE=$(CPP_BUILD_TYPE) \
 	  -DCMAKE_PREFIX_PATH="$$torch_cmake" -DTorch_DIR="$$torch_cmake/Torch" \
-	  -DCMAKE_INSTALL_PREFIX="$(_CPP_PREFIX)" $(CPP_CMAKE_ARGS); \
+	  -DCMAKE_INSTALL_PREFIX="$(_CPP_PREFIX)" -DMIXPREC_PIP_LAYOUT=OFF $(CPP_CMAKE_ARGS); \
 	if [ -f "$(_CPP_BUILD)/CMakeCache.txt" ]; then \
 	  $(CMAKE) "$$@"; \
 	else \
@@ -73,7 +73,8 @@ cpp-tests-build: cpp-install
 	set -- -S "$(_CPP_ROOT)/tests/cpp" -B "$(_CPP_TESTS)" \
 	  -DCMAKE_BUILD_TYPE=$(CPP_BUILD_TYPE) \
 	  -DCMAKE_PREFIX_PATH="$(_CPP_PREFIX);$$torch_cmake" -DTorch_DIR="$$torch_cmake/Torch" \
-	  -Dmixprec_DIR="$$(dirname "$$(find "$(_CPP_PREFIX)" -name mixprecConfig.cmake | head -n 1)")"; \
+	  -Dmixprec_DIR="$$(dirname "$$(find "$(_CPP_PREFIX)" -name mixprecConfig.cmake | head -n 1)")" \
+	  -DMIXPREC_PYTHON="$(abspath $(PY))"; \
 	if [ -f "$(_CPP_TESTS)/CMakeCache.txt" ]; then \
 	  $(CMAKE) "$$@"; \
 	else \

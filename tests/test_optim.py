@@ -948,3 +948,35 @@ def test_adamw_matches_torch_multi_chunk(device: str) -> None:
         ref.step()
     for a, b in zip(ours_p, torch_p):
         assert _rel_err(a, b) <= 1e-6
+
+
+@pytest.mark.skipif(not hasattr(mixprec, "GradScaler"), reason="mixprec.GradScaler not built in")
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixprec_grad_scaler_fp16_grads(device: str) -> None:
+    # fp16 params + masters under mixprec.GradScaler: the fp16 grads are
+    # accepted (master_weights), unscaled in the kernel, and an overflow skips
+    # the step on the device. A power-of-two scale makes the scaled run equal
+    # bit for bit to an unscaled one.
+    gen = torch.Generator().manual_seed(12)
+    a = _params(device, torch.float16, gen, transposed=False)
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    opt_a, opt_b = mixprec.optim.AdamW(a, lr=1e-2), mixprec.optim.AdamW(b, lr=1e-2)
+    scaler = mixprec.GradScaler(device, init_scale=256.0, growth_interval=1000)
+    scaler.scale(torch.ones((), device=device))
+    for it in range(4):
+        # fp16 values, so that scaling by a power of two is exact
+        grads = [(torch.randn(p.shape, generator=gen) * 1e-2).half().float().to(device)
+                 for p in a]
+        for p, g in zip(a, grads):
+            p.grad = (g * 256.0 if it < 2 else g * scaler.get_scale()).half()
+        if it == 2:
+            a[3].grad[0] = float("inf")
+        for p, g in zip(b, grads):
+            p.grad = g.half()
+        scaler.step(opt_a)
+        scaler.update()
+        if it != 2:
+            opt_b.step()
+    assert scaler.get_scale() == 128.0
+    assert _bitwise_equal([p.detach() for p in a], [p.detach() for p in b])
+    assert _bitwise_equal(opt_a.master_params(), opt_b.master_params())

@@ -1,6 +1,7 @@
 // fused_adam_ on CPU: one parallel pass over the chunks of every parameter,
-// whatever the param/grad dtypes; vectorized (at::vec) with a scalar tail
-// that runs the same element math (common/optim_math.h).
+// whatever the param/grad dtypes; the element loops (fused_optim_span_impl.h)
+// are vectorized for the best ISA of this CPU, with a scalar tail running the
+// same element math (common/optim_math.h).
 #include <torch/library.h>
 
 #include <optional>
@@ -8,70 +9,12 @@
 #include <vector>
 
 #include "common/optim_args.h"
-#include "common/optim_dispatch.h"
 #include "common/optim_math.h"
 #include "cpu/fused_optim_cpu.h"
 
 namespace mixprec {
 namespace cpu {
 namespace {
-
-struct AdamSpanArgs {
-  math::GradCoefs gc;
-  math::AdamConsts k;
-  math::AdamStep s;
-  bool sr;
-  uint32_t key;
-  uint32_t index_base;  // SR index of element 0 of the span
-};
-
-// Updates elements [0, n) of one parameter's span. `master` is null without
-// masters (the param is then the working copy), `vm` null without amsgrad.
-template <typename P, typename G, bool kMaster, bool kAms>
-void adam_span(P* p, const G* g, float* m, float* v, float* vm, float* master,
-               int64_t n, const AdamSpanArgs& a) {
-  int64_t i = 0;
-  for (; i + kStep <= n; i += kStep) {
-    FVec w0, w1, g0, g1, m0, m1, v0, v1, x0, x1;
-    if constexpr (kMaster) {
-      load2(master + i, w0, w1);
-    } else {
-      load2(p + i, w0, w1);
-    }
-    load2(g + i, g0, g1);
-    load2(m + i, m0, m1);
-    load2(v + i, v0, v1);
-    if constexpr (kAms) {
-      load2(vm + i, x0, x1);
-    }
-    g0 = math::prepare_grad(g0, a.gc);
-    g1 = math::prepare_grad(g1, a.gc);
-    math::adam_update<kAms, VecOps>(w0, g0, m0, v0, x0, a.k, a.s);
-    math::adam_update<kAms, VecOps>(w1, g1, m1, v1, x1, a.k, a.s);
-    store2(m + i, m0, m1);
-    store2(v + i, v0, v1);
-    if constexpr (kAms) {
-      store2(vm + i, x0, x1);
-    }
-    store_param(p, kMaster ? master : nullptr, i, w0, w1, a.sr, a.key,
-                a.index_base);
-  }
-  for (; i < n; ++i) {
-    float w = kMaster ? master[i] : static_cast<float>(p[i]);
-    float gi = math::prepare_grad(static_cast<float>(g[i]), a.gc);
-    float mi = m[i];
-    float vi = v[i];
-    float xi = kAms ? vm[i] : 0.0f;
-    math::adam_update<kAms, math::ScalarOps>(w, gi, mi, vi, xi, a.k, a.s);
-    m[i] = mi;
-    v[i] = vi;
-    if constexpr (kAms) {
-      vm[i] = xi;
-    }
-    store_param_scalar(p, kMaster ? master : nullptr, i, w, a.sr, a.key,
-                       a.index_base);
-  }
-}
 
 void fused_adam_cpu(at::TensorList params, at::TensorList grads,
                     at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
@@ -143,6 +86,7 @@ void fused_adam_cpu(at::TensorList params, at::TensorList grads,
       stochastic_rounding ? sr_index_bases(P, fs.views[1])
                           : std::vector<uint32_t>(n, 0);
 
+  const OptimSpanKernels& kernels = optim_span_kernels();
   ParamChunks chunks(P);
   chunks.run([&](const WorkItem& it) {
     const size_t t = static_cast<size_t>(it.tensor);
@@ -159,34 +103,16 @@ void fused_adam_cpu(at::TensorList params, at::TensorList grads,
                       : 0u,
                    sr_base[t] + static_cast<uint32_t>(it.begin)};
     const int64_t b = it.begin;
-    const int64_t len = it.end - it.begin;
-    float* m = fs.views[2][t].data_ptr<float>() + b;
-    float* v = fs.views[3][t].data_ptr<float>() + b;
     float* vm = kVm >= 0 ? fs.views[kVm][t].data_ptr<float>() + b : nullptr;
     float* mp = kMp >= 0 ? fs.views[kMp][t].data_ptr<float>() + b : nullptr;
-    optim::dispatch_param_grad(
-        pt.scalar_type(), gt.scalar_type(), [&](auto* ptag, auto* gtag) {
-          using PT = std::remove_pointer_t<decltype(ptag)>;
-          using GT = std::remove_pointer_t<decltype(gtag)>;
-          PT* pp = static_cast<PT*>(pt.data_ptr()) + b;
-          const GT* gp = static_cast<const GT*>(gt.data_ptr()) + b;
-          auto go = [&](auto master_tag, auto ams_tag) {
-            constexpr bool kM = decltype(master_tag)::value;
-            constexpr bool kA = decltype(ams_tag)::value;
-            if constexpr (kM && std::is_same_v<PT, float>) {
-              TORCH_INTERNAL_ASSERT(false, "float32 params have no master");
-            } else {
-              adam_span<PT, GT, kM, kA>(pp, gp, m, v, vm, mp, len, a);
-            }
-          };
-          using T = std::true_type;
-          using F = std::false_type;
-          if (mp != nullptr) {
-            amsgrad ? go(T{}, T{}) : go(T{}, F{});
-          } else {
-            amsgrad ? go(F{}, T{}) : go(F{}, F{});
-          }
-        });
+    const int64_t psz = static_cast<int64_t>(pt.element_size());
+    const int64_t gsz = static_cast<int64_t>(gt.element_size());
+    kernels.adam(span_dtype(pt.scalar_type()), span_dtype(gt.scalar_type()),
+                 static_cast<char*>(pt.data_ptr()) + b * psz,
+                 static_cast<const char*>(gt.data_ptr()) + b * gsz,
+                 fs.views[2][t].data_ptr<float>() + b,
+                 fs.views[3][t].data_ptr<float>() + b, vm, mp,
+                 it.end - it.begin, a);
   });
   fs.finish();
   for (size_t t = 0; t < n; ++t) {

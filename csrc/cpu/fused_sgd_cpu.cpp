@@ -1,5 +1,6 @@
-// fused_sgd_ on CPU: one parallel pass over the chunks of every parameter,
-// vectorized with a scalar tail running the same element math
+// fused_sgd_ on CPU: one parallel pass over the chunks of every parameter;
+// the element loops (fused_optim_span_impl.h) are vectorized for the best ISA
+// of this CPU, with a scalar tail running the same element math
 // (common/optim_math.h).
 #include <torch/library.h>
 
@@ -8,63 +9,12 @@
 #include <vector>
 
 #include "common/optim_args.h"
-#include "common/optim_dispatch.h"
 #include "common/optim_math.h"
 #include "cpu/fused_optim_cpu.h"
 
 namespace mixprec {
 namespace cpu {
 namespace {
-
-struct SgdSpanArgs {
-  math::GradCoefs gc;
-  math::SgdConsts k;
-  float neg_lr;
-  bool first;
-  bool sr;
-  uint32_t key;
-  uint32_t index_base;
-};
-
-template <typename P, typename G, bool kMaster, bool kMom>
-void sgd_span(P* p, const G* g, float* buf, float* master, int64_t n,
-              const SgdSpanArgs& a) {
-  int64_t i = 0;
-  for (; i + kStep <= n; i += kStep) {
-    FVec w0, w1, g0, g1, b0, b1;
-    if constexpr (kMaster) {
-      load2(master + i, w0, w1);
-    } else {
-      load2(p + i, w0, w1);
-    }
-    load2(g + i, g0, g1);
-    if constexpr (kMom) {
-      if (!a.first) {
-        load2(buf + i, b0, b1);
-      }
-    }
-    g0 = math::prepare_grad(g0, a.gc);
-    g1 = math::prepare_grad(g1, a.gc);
-    math::sgd_update(w0, g0, b0, a.k, a.first, a.neg_lr);
-    math::sgd_update(w1, g1, b1, a.k, a.first, a.neg_lr);
-    if constexpr (kMom) {
-      store2(buf + i, b0, b1);
-    }
-    store_param(p, kMaster ? master : nullptr, i, w0, w1, a.sr, a.key,
-                a.index_base);
-  }
-  for (; i < n; ++i) {
-    float w = kMaster ? master[i] : static_cast<float>(p[i]);
-    const float gi = math::prepare_grad(static_cast<float>(g[i]), a.gc);
-    float bi = (kMom && !a.first) ? buf[i] : 0.0f;
-    math::sgd_update(w, gi, bi, a.k, a.first, a.neg_lr);
-    if constexpr (kMom) {
-      buf[i] = bi;
-    }
-    store_param_scalar(p, kMaster ? master : nullptr, i, w, a.sr, a.key,
-                       a.index_base);
-  }
-}
 
 void fused_sgd_cpu(at::TensorList params, at::TensorList grads,
                    at::TensorList momentum_buffers,
@@ -130,6 +80,7 @@ void fused_sgd_cpu(at::TensorList params, at::TensorList grads,
       stochastic_rounding ? sr_index_bases(P, fs.views[1])
                           : std::vector<uint32_t>(n, 0);
 
+  const OptimSpanKernels& kernels = optim_span_kernels();
   ParamChunks chunks(P);
   chunks.run([&](const WorkItem& it) {
     const size_t t = static_cast<size_t>(it.tensor);
@@ -147,32 +98,14 @@ void fused_sgd_cpu(at::TensorList params, at::TensorList grads,
                      : 0u,
                   sr_base[t] + static_cast<uint32_t>(it.begin)};
     const int64_t b = it.begin;
-    const int64_t len = it.end - it.begin;
     float* buf = kBuf >= 0 ? fs.views[kBuf][t].data_ptr<float>() + b : nullptr;
     float* mp = kMp >= 0 ? fs.views[kMp][t].data_ptr<float>() + b : nullptr;
-    optim::dispatch_param_grad(
-        pt.scalar_type(), gt.scalar_type(), [&](auto* ptag, auto* gtag) {
-          using PT = std::remove_pointer_t<decltype(ptag)>;
-          using GT = std::remove_pointer_t<decltype(gtag)>;
-          PT* pp = static_cast<PT*>(pt.data_ptr()) + b;
-          const GT* gp = static_cast<const GT*>(gt.data_ptr()) + b;
-          auto go = [&](auto master_tag, auto mom_tag) {
-            constexpr bool kM = decltype(master_tag)::value;
-            constexpr bool kB = decltype(mom_tag)::value;
-            if constexpr (kM && std::is_same_v<PT, float>) {
-              TORCH_INTERNAL_ASSERT(false, "float32 params have no master");
-            } else {
-              sgd_span<PT, GT, kM, kB>(pp, gp, buf, mp, len, a);
-            }
-          };
-          using T = std::true_type;
-          using F = std::false_type;
-          if (mp != nullptr) {
-            buf != nullptr ? go(T{}, T{}) : go(T{}, F{});
-          } else {
-            buf != nullptr ? go(F{}, T{}) : go(F{}, F{});
-          }
-        });
+    const int64_t psz = static_cast<int64_t>(pt.element_size());
+    const int64_t gsz = static_cast<int64_t>(gt.element_size());
+    kernels.sgd(span_dtype(pt.scalar_type()), span_dtype(gt.scalar_type()),
+                static_cast<char*>(pt.data_ptr()) + b * psz,
+                static_cast<const char*>(gt.data_ptr()) + b * gsz, buf, mp,
+                it.end - it.begin, a);
   });
   fs.finish();
   for (size_t t = 0; t < n; ++t) {

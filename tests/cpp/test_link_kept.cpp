@@ -8,7 +8,9 @@
 int main() {
   int passed = 0, failed = 0;
   for (const char* name : {"mixprec::unscale_and_check_", "mixprec::check_finite_",
-                           "mixprec::update_scale_", "mixprec::update_scale_ext_"}) {
+                           "mixprec::unscale_and_norm_", "mixprec::update_scale_",
+                           "mixprec::update_scale_ext_", "mixprec::fused_adam_",
+                           "mixprec::fused_sgd_"}) {
     const auto op = c10::Dispatcher::singleton().findSchema({name, ""});
     const bool ok = op.has_value() && op->hasKernelForDispatchKey(c10::DispatchKey::CPU);
     if (ok) {

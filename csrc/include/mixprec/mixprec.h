@@ -1,5 +1,9 @@
-// Umbrella header of the mixprec C++ API.
+// Umbrella header of the mixprec C++ API: the ops (dispatcher calls), the
+// build information, GradScaler (+ AutocastGuard) and the fused optimizers.
 #pragma once
 
 #include "mixprec/build_info.h"
+#include "mixprec/grad_scaler.h"
 #include "mixprec/ops.h"
+#include "mixprec/optim.h"
+#include "mixprec/serialize.h"

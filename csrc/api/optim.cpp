@@ -1,0 +1,727 @@
+// mixprec::optim::{Adam, AdamW, SGD}: the C++ twins of mixprec.optim
+// (python/mixprec/optim/). Same state layout, buckets, lr handling, seeds and
+// checks as the Python FusedOptimizer, so that both run the same fused op
+// calls on the same data and give the same results.
+#include "mixprec/optim.h"
+
+#include "mixprec/ops.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/serialize.h>
+#include <torch/serialize/archive.h>
+
+#include <cmath>
+#include <string>
+
+namespace mixprec::optim {
+
+namespace {
+
+bool is_low_precision(at::ScalarType t) {
+  return t == at::kHalf || t == at::kBFloat16;
+}
+
+bool is_supported(at::ScalarType t) {
+  return t == at::kFloat || is_low_precision(t);
+}
+
+void check_nonneg(const char* cls, const char* name, double value) {
+  TORCH_CHECK_VALUE(value >= 0.0 && std::isfinite(value), "mixprec.optim.",
+                    cls, ": ", name, " must be a finite number >= 0, got ",
+                    value);
+}
+
+void check_beta(const char* cls, int index, double value) {
+  TORCH_CHECK_VALUE(value >= 0.0 && value < 1.0, "mixprec.optim.", cls,
+                    ": betas[", index, "] must be in [0, 1), got ", value);
+}
+
+template <typename Options>
+const Options& adam_check(const char* cls, const Options& o) {
+  check_nonneg(cls, "lr", o.lr());
+  check_nonneg(cls, "eps", o.eps());
+  check_nonneg(cls, "weight_decay", o.weight_decay());
+  check_beta(cls, 0, std::get<0>(o.betas()));
+  check_beta(cls, 1, std::get<1>(o.betas()));
+  return o;
+}
+
+const SGDOptions& sgd_check(const SGDOptions& o) {
+  check_nonneg("SGD", "lr", o.lr());
+  check_nonneg("SGD", "momentum", o.momentum());
+  check_nonneg("SGD", "weight_decay", o.weight_decay());
+  TORCH_CHECK_VALUE(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0),
+                    "mixprec.optim.SGD: nesterov=True requires momentum > 0 "
+                    "and dampening == 0, got momentum=",
+                    o.momentum(), ", dampening=", o.dampening());
+  return o;
+}
+
+// The checks of a param group's own options (added after construction).
+template <typename Options>
+void check_groups(const char* cls, const torch::optim::Optimizer& opt) {
+  for (const auto& g : opt.param_groups()) {
+    const auto* o = dynamic_cast<const Options*>(&g.options());
+    TORCH_CHECK(o != nullptr, "mixprec.optim.", cls,
+                ": a param group has options of another optimizer");
+    if constexpr (std::is_same_v<Options, SGDOptions>) {
+      sgd_check(*o);
+    } else {
+      adam_check(cls, *o);
+    }
+  }
+}
+
+at::Tensor zeros_f32_like(const at::Tensor& p) {
+  return at::zeros_like(p, p.options().dtype(at::kFloat),
+                        at::MemoryFormat::Preserve);
+}
+
+at::Tensor step_zero(const at::Tensor& p) {
+  return at::zeros({}, at::TensorOptions(p.device()).dtype(at::kFloat));
+}
+
+// A loaded state tensor, as the Python _convert_state does: on the param's
+// device, float32 when floating; steps become float32 0-dim.
+at::Tensor to_param(const at::Tensor& t, const at::Tensor& p, bool is_step) {
+  if (!t.defined()) return t;
+  if (is_step) {
+    return t.detach().to(p.device(), at::kFloat, false, true).reshape({});
+  }
+  const auto dtype = t.is_floating_point() ? at::kFloat : t.scalar_type();
+  return t.detach().to(p.device(), dtype, false, true);
+}
+
+}  // namespace
+
+// ================================================================ base
+bool FusedOptimizer::wants_master(
+    const at::Tensor& p, const torch::optim::OptimizerParamGroup& group) const {
+  return group_master_weights(group) && is_low_precision(p.scalar_type());
+}
+
+at::Tensor FusedOptimizer::lr_tensor(
+    size_t index, const torch::optim::OptimizerParamGroup& group,
+    c10::Device device) {
+  const double value = group.options().get_lr();
+  const auto key = std::make_pair(index, device.str());
+  auto it = lr_cache_.find(key);
+  if (it == lr_cache_.end()) {
+    at::Tensor t =
+        at::full({}, value, at::TensorOptions(device).dtype(at::kDouble));
+    lr_cache_.emplace(key, std::make_pair(value, t));
+    return t;
+  }
+  if (it->second.first != value) {
+    it->second.second.fill_(value);  // no sync
+    it->second.first = value;
+  }
+  return it->second.second;
+}
+
+std::vector<at::Tensor> FusedOptimizer::master_params() {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> out;
+  for (const auto& group : param_groups()) {
+    for (const auto& p : group.params()) {
+      at::Tensor master;
+      auto it = state().find(p.unsafeGetTensorImpl());
+      if (it != state().end()) {
+        if (auto* s = dynamic_cast<AdamParamState*>(it->second.get())) {
+          master = s->master_param();
+        } else if (auto* s2 = dynamic_cast<SGDParamState*>(it->second.get())) {
+          master = s2->master_param();
+        }
+      }
+      if (master.defined()) {
+        out.push_back(master);
+      } else if (wants_master(p, group)) {
+        out.push_back(p.detach().to(at::kFloat));
+      } else {
+        out.push_back(p);
+      }
+    }
+  }
+  return out;
+}
+
+at::Tensor FusedOptimizer::step(LossClosure closure) {
+  return step_with(StepScalars{}, std::move(closure));
+}
+
+at::Tensor FusedOptimizer::step_with(const StepScalars& scalars,
+                                     LossClosure closure) {
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  at::NoGradGuard no_grad;
+  const std::pair<const char*, const std::optional<at::Tensor>*> named[] = {
+      {"grad_scale", &scalars.grad_scale},
+      {"found_inf", &scalars.found_inf},
+      {"clip_coef", &scalars.clip_coef}};
+  for (const auto& [n, t] : named) {
+    if (t->has_value()) {
+      const at::Tensor& v = **t;
+      TORCH_CHECK(v.defined() && v.scalar_type() == at::kFloat &&
+                      v.numel() == 1,
+                  "mixprec.optim.", name(), ".step: ", n,
+                  " must be a float32 tensor with one element, got ",
+                  v.defined() ? c10::toString(v.scalar_type()) : "undefined",
+                  v.defined() ? " of shape " + c10::str(v.sizes())
+                              : std::string());
+    }
+  }
+  // Checked before any state is created, so a rejected step changes nothing.
+  for (auto& group : param_groups()) {
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      TORCH_CHECK(!p.grad().is_sparse(), "mixprec.optim.", name(),
+                  " does not support sparse gradients");
+      TORCH_CHECK(is_supported(p.scalar_type()), "mixprec.optim.", name(),
+                  ": params must be float32, float16 or bfloat16, got ",
+                  p.scalar_type(), "; use torch::optim for other dtypes");
+    }
+  }
+  auto& groups = param_groups();
+  for (size_t index = 0; index < groups.size(); ++index) {
+    auto& group = groups[index];
+    // (device, has masters) buckets in order of first appearance
+    std::vector<std::pair<std::pair<c10::Device, bool>, Bucket>> buckets;
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      const bool master = wants_master(p, group);
+      Bucket* b = nullptr;
+      for (auto& [key, bucket] : buckets) {
+        if (key.first == p.device() && key.second == master) {
+          b = &bucket;
+          break;
+        }
+      }
+      if (b == nullptr) {
+        buckets.emplace_back(std::make_pair(p.device(), master), Bucket{});
+        b = &buckets.back().second;
+      }
+      add_to_bucket(p, group, *b);
+    }
+    const uint64_t seed =
+        (static_cast<uint64_t>(group_seed(group)) * 1000003ULL +
+         static_cast<uint64_t>(index)) &
+        0x7FFFFFFFFFFFFFFFULL;
+    for (auto& [key, bucket] : buckets) {
+      const c10::Device device = key.first;
+      StepScalars on;
+      const auto move = [&](const std::optional<at::Tensor>& t) {
+        if (!t.has_value() || t->device() == device) return t;
+        return std::optional<at::Tensor>(t->to(device, /*non_blocking=*/true));
+      };
+      on.grad_scale = move(scalars.grad_scale);
+      on.found_inf = move(scalars.found_inf);
+      on.clip_coef = move(scalars.clip_coef);
+      run_bucket(bucket, group, lr_tensor(index, group, device), on,
+                 static_cast<int64_t>(seed), key.second);
+    }
+  }
+  return loss;
+}
+
+// ================================================================ Adam/AdamW
+AdamOptions::AdamOptions(double lr) : lr_(lr) {}
+AdamWOptions::AdamWOptions(double lr) : lr_(lr) {}
+
+double AdamOptions::get_lr() const { return lr(); }
+void AdamOptions::set_lr(const double lr) { this->lr(lr); }
+double AdamWOptions::get_lr() const { return lr(); }
+void AdamWOptions::set_lr(const double lr) { this->lr(lr); }
+
+void AdamOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(decoupled_weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(stochastic_rounding);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(seed);
+}
+
+void AdamOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, decoupled_weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, master_weights);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, stochastic_rounding);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(int64_t, seed);
+}
+
+void AdamWOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(stochastic_rounding);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(seed);
+}
+
+void AdamWOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, master_weights);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, stochastic_rounding);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(int64_t, seed);
+}
+
+void AdamParamState::serialize(
+    torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
+}
+
+void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, max_exp_avg_sq);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
+}
+
+#define MIXPREC_ADAM_COMMON(Cls, Opts, Decoupled)                              \
+  Cls::Cls(const std::vector<torch::optim::OptimizerParamGroup>& groups,       \
+           Opts defaults)                                                      \
+      : FusedOptimizer(groups, std::make_unique<Opts>(                         \
+                                   adam_check(#Cls, defaults))) {              \
+    check_groups<Opts>(#Cls, *this);                                           \
+  }                                                                            \
+  bool Cls::master_weights() const {                                           \
+    for (const auto& g : param_groups()) {                                     \
+      if (group_master_weights(g)) return true;                                \
+    }                                                                          \
+    return false;                                                              \
+  }                                                                            \
+  bool Cls::group_master_weights(                                              \
+      const torch::optim::OptimizerParamGroup& group) const {                  \
+    return static_cast<const Opts&>(group.options()).master_weights();         \
+  }                                                                            \
+  int64_t Cls::group_seed(const torch::optim::OptimizerParamGroup& group)      \
+      const {                                                                  \
+    return static_cast<const Opts&>(group.options()).seed();                   \
+  }                                                                            \
+  void Cls::add_to_bucket(const at::Tensor& p,                                 \
+                          torch::optim::OptimizerParamGroup& group,            \
+                          Bucket& b) {                                         \
+    const auto& o = static_cast<const Opts&>(group.options());                 \
+    auto& slot = state()[p.unsafeGetTensorImpl()];                             \
+    if (!slot) slot = std::make_unique<AdamParamState>();                      \
+    auto& s = static_cast<AdamParamState&>(*slot);                             \
+    if (!s.step().defined()) s.step(step_zero(p));                             \
+    if (!s.exp_avg().defined()) s.exp_avg(zeros_f32_like(p));                  \
+    if (!s.exp_avg_sq().defined()) s.exp_avg_sq(zeros_f32_like(p));            \
+    if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {                        \
+      s.max_exp_avg_sq(zeros_f32_like(p));                                     \
+    }                                                                          \
+    const bool master = wants_master(p, group);                                \
+    if (master && !s.master_param().defined()) {                               \
+      s.master_param(p.detach().to(at::kFloat, false, true));                  \
+    }                                                                          \
+    b.params.push_back(p);                                                     \
+    b.grads.push_back(p.grad());                                               \
+    b.state_steps.push_back(s.step());                                         \
+    b.buf0.push_back(s.exp_avg());                                             \
+    b.buf1.push_back(s.exp_avg_sq());                                          \
+    if (o.amsgrad()) b.buf2.push_back(s.max_exp_avg_sq());                     \
+    if (master) b.master_params.push_back(s.master_param());                   \
+  }                                                                            \
+  void Cls::run_bucket(Bucket& b, torch::optim::OptimizerParamGroup& group,    \
+                       const at::Tensor& lr, const StepScalars& sc,            \
+                       int64_t seed, bool has_masters) {                       \
+    const auto& o = static_cast<const Opts&>(group.options());                 \
+    mixprec::fused_adam_(b.params, b.grads, b.buf0, b.buf1, b.buf2,            \
+                         b.master_params, b.state_steps, lr,                   \
+                         std::get<0>(o.betas()), std::get<1>(o.betas()),       \
+                         o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(), \
+                         Decoupled, sc.grad_scale, sc.found_inf, sc.clip_coef, \
+                         o.stochastic_rounding() && !has_masters, seed);       \
+  }                                                                            \
+  void Cls::save(torch::serialize::OutputArchive& archive) const {             \
+    torch::optim::serialize<AdamParamState, Opts>(archive, *this);             \
+  }                                                                            \
+  void Cls::load(torch::serialize::InputArchive& archive) {                    \
+    torch::optim::serialize<AdamParamState, Opts>(archive, *this);             \
+    fix_loaded_state();                                                        \
+  }
+
+MIXPREC_ADAM_COMMON(Adam, AdamOptions, o.decoupled_weight_decay())
+MIXPREC_ADAM_COMMON(AdamW, AdamWOptions, true)
+#undef MIXPREC_ADAM_COMMON
+
+void FusedOptimizer::fix_loaded_state() {
+  lr_cache_.clear();
+  for (auto& group : param_groups()) {
+    for (auto& p : group.params()) {
+      auto it = state().find(p.unsafeGetTensorImpl());
+      if (it == state().end()) continue;
+      if (auto* s = dynamic_cast<AdamParamState*>(it->second.get())) {
+        s->step(s->step().defined() ? to_param(s->step(), p, true)
+                                    : step_zero(p));
+        s->exp_avg(to_param(s->exp_avg(), p, false));
+        s->exp_avg_sq(to_param(s->exp_avg_sq(), p, false));
+        s->max_exp_avg_sq(to_param(s->max_exp_avg_sq(), p, false));
+        s->master_param(to_param(s->master_param(), p, false));
+        if (wants_master(p, group) && !s->master_param().defined()) {
+          s->master_param(p.detach().to(at::kFloat, false, true));
+        }
+      } else if (auto* s2 = dynamic_cast<SGDParamState*>(it->second.get())) {
+        if (s2->step().defined()) {
+          s2->step(to_param(s2->step(), p, true));
+        } else {
+          // no step saved: a stored buffer means steps were taken
+          const double taken = s2->momentum_buffer().defined() ? 1.0 : 0.0;
+          s2->step(at::full({}, taken,
+                            at::TensorOptions(p.device()).dtype(at::kFloat)));
+        }
+        s2->momentum_buffer(to_param(s2->momentum_buffer(), p, false));
+        s2->master_param(to_param(s2->master_param(), p, false));
+        if (wants_master(p, group) && !s2->master_param().defined()) {
+          s2->master_param(p.detach().to(at::kFloat, false, true));
+        }
+      }
+    }
+  }
+}
+
+// ================================================================ state dicts
+namespace {
+
+c10::impl::GenericDict any_dict(c10::TypePtr key) {
+  return c10::impl::GenericDict(std::move(key), c10::AnyType::get());
+}
+
+// The group entries of the Python classes (their constructor defaults).
+template <typename O>
+void adam_group_to(const O& o, bool decoupled, c10::impl::GenericDict& g) {
+  g.insert("lr", o.lr());
+  g.insert("betas", c10::ivalue::Tuple::create(std::get<0>(o.betas()),
+                                               std::get<1>(o.betas())));
+  g.insert("eps", o.eps());
+  g.insert("weight_decay", o.weight_decay());
+  g.insert("amsgrad", o.amsgrad());
+  g.insert("maximize", o.maximize());
+  g.insert("foreach", c10::IValue());
+  g.insert("capturable", false);
+  g.insert("differentiable", false);
+  g.insert("fused", c10::IValue());
+  g.insert("decoupled_weight_decay", decoupled);
+  g.insert("master_weights", o.master_weights());
+  g.insert("stochastic_rounding", o.stochastic_rounding());
+  g.insert("seed", o.seed());
+}
+
+void sgd_group_to(const SGDOptions& o, c10::impl::GenericDict& g) {
+  g.insert("lr", o.lr());
+  g.insert("momentum", o.momentum());
+  g.insert("dampening", o.dampening());
+  g.insert("weight_decay", o.weight_decay());
+  g.insert("nesterov", o.nesterov());
+  g.insert("maximize", o.maximize());
+  g.insert("foreach", c10::IValue());
+  g.insert("differentiable", false);
+  g.insert("fused", c10::IValue());
+  g.insert("capturable", false);
+  g.insert("master_weights", o.master_weights());
+  g.insert("stochastic_rounding", o.stochastic_rounding());
+  g.insert("seed", o.seed());
+}
+
+double num(const c10::impl::GenericDict& g, const char* key, double dflt) {
+  auto it = g.find(key);
+  if (it == g.end() || it->value().isNone()) return dflt;
+  TORCH_CHECK(it->value().isDouble() || it->value().isInt() || it->value().isBool(),
+              "load_state_dict: param group entry '", key, "' must be a number, got ",
+              it->value().tagKind());
+  return it->value().toScalar().toDouble();
+}
+
+bool flag(const c10::impl::GenericDict& g, const char* key, bool dflt) {
+  auto it = g.find(key);
+  if (it == g.end() || it->value().isNone()) return dflt;
+  return it->value().toScalar().toBool();
+}
+
+template <typename O>
+void adam_group_from(const c10::impl::GenericDict& g, O& o) {
+  o.lr(num(g, "lr", o.lr()));
+  auto it = g.find("betas");
+  if (it != g.end()) {
+    const c10::IValue& b = it->value();
+    std::vector<c10::IValue> elems;
+    if (b.isTuple()) {
+      for (const auto& e : b.toTupleRef().elements()) elems.push_back(e);
+    } else if (b.isList()) {
+      for (const auto& e : b.toListRef()) elems.push_back(e);
+    }
+    TORCH_CHECK(elems.size() == 2, "load_state_dict: betas must have two values");
+    o.betas(std::make_tuple(elems[0].toScalar().toDouble(), elems[1].toScalar().toDouble()));
+  }
+  o.eps(num(g, "eps", o.eps()));
+  o.weight_decay(num(g, "weight_decay", o.weight_decay()));
+  o.amsgrad(flag(g, "amsgrad", o.amsgrad()));
+  o.maximize(flag(g, "maximize", o.maximize()));
+  o.master_weights(flag(g, "master_weights", o.master_weights()));
+  o.stochastic_rounding(flag(g, "stochastic_rounding", o.stochastic_rounding()));
+  o.seed(static_cast<int64_t>(num(g, "seed", static_cast<double>(o.seed()))));
+}
+
+void sgd_group_from(const c10::impl::GenericDict& g, SGDOptions& o) {
+  o.lr(num(g, "lr", o.lr()));
+  o.momentum(num(g, "momentum", o.momentum()));
+  o.dampening(num(g, "dampening", o.dampening()));
+  o.weight_decay(num(g, "weight_decay", o.weight_decay()));
+  o.nesterov(flag(g, "nesterov", o.nesterov()));
+  o.maximize(flag(g, "maximize", o.maximize()));
+  o.master_weights(flag(g, "master_weights", o.master_weights()));
+  o.stochastic_rounding(flag(g, "stochastic_rounding", o.stochastic_rounding()));
+  o.seed(static_cast<int64_t>(num(g, "seed", static_cast<double>(o.seed()))));
+}
+
+at::Tensor state_tensor(const c10::impl::GenericDict& s, const char* key) {
+  auto it = s.find(key);
+  if (it == s.end() || it->value().isNone()) return at::Tensor();
+  if (it->value().isTensor()) return it->value().toTensor();
+  // torch.optim keeps some steps as Python numbers
+  TORCH_CHECK(it->value().isDouble() || it->value().isInt(), "load_state_dict: state entry '",
+              key, "' must be a tensor, got ", it->value().tagKind());
+  return at::scalar_tensor(it->value().toScalar(), at::kDouble);
+}
+
+}  // namespace
+
+c10::impl::GenericDict FusedOptimizer::state_dict() const {
+  c10::impl::GenericDict state = any_dict(c10::IntType::get());
+  c10::impl::GenericList groups(c10::AnyType::get());
+  int64_t index = 0;
+  for (const auto& group : param_groups()) {
+    c10::impl::GenericDict g = any_dict(c10::StringType::get());
+    const auto& opts = group.options();
+    if (const auto* o = dynamic_cast<const AdamOptions*>(&opts)) {
+      adam_group_to(*o, o->decoupled_weight_decay(), g);
+    } else if (const auto* ow = dynamic_cast<const AdamWOptions*>(&opts)) {
+      adam_group_to(*ow, true, g);
+    } else if (const auto* os = dynamic_cast<const SGDOptions*>(&opts)) {
+      sgd_group_to(*os, g);
+    }
+    c10::List<int64_t> ids;
+    for (const auto& p : group.params()) {
+      auto it = this->state().find(p.unsafeGetTensorImpl());
+      if (it != this->state().end()) {
+        c10::impl::GenericDict ps = any_dict(c10::StringType::get());
+        const auto put = [&](const char* k, const at::Tensor& t) {
+          if (t.defined()) ps.insert(k, t);
+        };
+        if (const auto* a = dynamic_cast<const AdamParamState*>(it->second.get())) {
+          put("step", a->step());
+          put("exp_avg", a->exp_avg());
+          put("exp_avg_sq", a->exp_avg_sq());
+          put("max_exp_avg_sq", a->max_exp_avg_sq());
+          put("master_param", a->master_param());
+        } else if (const auto* sg = dynamic_cast<const SGDParamState*>(it->second.get())) {
+          put("step", sg->step());
+          put("momentum_buffer", sg->momentum_buffer());
+          put("master_param", sg->master_param());
+        }
+        state.insert(index, ps);
+      }
+      ids.push_back(index++);
+    }
+    g.insert("params", ids);
+    groups.push_back(g);
+  }
+  c10::impl::GenericDict out = any_dict(c10::StringType::get());
+  out.insert("state", state);
+  out.insert("param_groups", groups);
+  return out;
+}
+
+void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
+  auto st = sd.find("state");
+  auto pg = sd.find("param_groups");
+  TORCH_CHECK(st != sd.end() && pg != sd.end() && st->value().isGenericDict() &&
+                  pg->value().isList(),
+              "load_state_dict: expected a dict with 'state' (dict) and 'param_groups' (list)");
+  const auto saved_groups = pg->value().toListRef();
+  auto& groups = param_groups();
+  TORCH_CHECK(saved_groups.size() == groups.size(),
+              "loaded state dict has a different number of parameter groups");
+  // Check everything first: a rejected load changes nothing.
+  for (size_t i = 0; i < groups.size(); ++i) {
+    TORCH_CHECK(saved_groups[i].isGenericDict(), "load_state_dict: a param group is not a dict");
+    const auto g = saved_groups[i].toGenericDict();
+    auto ids = g.find("params");
+    TORCH_CHECK(ids != g.end() && ids->value().isList() &&
+                    ids->value().toListRef().size() == groups[i].params().size(),
+                "loaded state dict contains a parameter group that doesn't match the size of "
+                "optimizer's group");
+  }
+  const auto saved_state = st->value().toGenericDict();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const auto g = saved_groups[i].toGenericDict();
+    auto& opts = groups[i].options();
+    if (auto* o = dynamic_cast<AdamOptions*>(&opts)) {
+      adam_group_from(g, *o);
+      o->decoupled_weight_decay(flag(g, "decoupled_weight_decay", o->decoupled_weight_decay()));
+    } else if (auto* ow = dynamic_cast<AdamWOptions*>(&opts)) {
+      adam_group_from(g, *ow);
+    } else if (auto* os = dynamic_cast<SGDOptions*>(&opts)) {
+      sgd_group_from(g, *os);
+    }
+    const auto ids = g.find("params")->value().toListRef();
+    for (size_t j = 0; j < ids.size(); ++j) {
+      const at::Tensor& p = groups[i].params()[j];
+      auto found = saved_state.find(ids[j]);
+      if (found == saved_state.end()) continue;
+      TORCH_CHECK(found->value().isGenericDict(), "load_state_dict: a param state is not a dict");
+      const auto ps = found->value().toGenericDict();
+      std::unique_ptr<torch::optim::OptimizerParamState> fresh;
+      if (dynamic_cast<const SGDOptions*>(&opts) != nullptr) {
+        auto s = std::make_unique<SGDParamState>();
+        s->step(state_tensor(ps, "step"));
+        s->momentum_buffer(state_tensor(ps, "momentum_buffer"));
+        s->master_param(state_tensor(ps, "master_param"));
+        fresh = std::move(s);
+      } else {
+        auto s = std::make_unique<AdamParamState>();
+        s->step(state_tensor(ps, "step"));
+        s->exp_avg(state_tensor(ps, "exp_avg"));
+        s->exp_avg_sq(state_tensor(ps, "exp_avg_sq"));
+        s->max_exp_avg_sq(state_tensor(ps, "max_exp_avg_sq"));
+        s->master_param(state_tensor(ps, "master_param"));
+        fresh = std::move(s);
+      }
+      state()[p.unsafeGetTensorImpl()] = std::move(fresh);
+    }
+  }
+  fix_loaded_state();  // copies onto the params' devices, float32
+}
+
+// ================================================================ SGD
+SGDOptions::SGDOptions(double lr) : lr_(lr) {}
+double SGDOptions::get_lr() const { return lr(); }
+void SGDOptions::set_lr(const double lr) { this->lr(lr); }
+
+void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(dampening);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(stochastic_rounding);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(seed);
+}
+
+void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, dampening);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, master_weights);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, stochastic_rounding);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(int64_t, seed);
+}
+
+void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
+}
+
+void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
+}
+
+SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+         SGDOptions defaults)
+    : FusedOptimizer(groups, std::make_unique<SGDOptions>(sgd_check(defaults))) {
+  check_groups<SGDOptions>("SGD", *this);
+}
+
+bool SGD::master_weights() const {
+  for (const auto& g : param_groups()) {
+    if (group_master_weights(g)) return true;
+  }
+  return false;
+}
+
+bool SGD::group_master_weights(
+    const torch::optim::OptimizerParamGroup& group) const {
+  return static_cast<const SGDOptions&>(group.options()).master_weights();
+}
+
+int64_t SGD::group_seed(const torch::optim::OptimizerParamGroup& group) const {
+  return static_cast<const SGDOptions&>(group.options()).seed();
+}
+
+void SGD::add_to_bucket(const at::Tensor& p,
+                        torch::optim::OptimizerParamGroup& group, Bucket& b) {
+  const auto& o = static_cast<const SGDOptions&>(group.options());
+  auto& slot = state()[p.unsafeGetTensorImpl()];
+  if (!slot) slot = std::make_unique<SGDParamState>();
+  auto& s = static_cast<SGDParamState&>(*slot);
+  if (!s.step().defined()) s.step(step_zero(p));
+  if (o.momentum() != 0 && !s.momentum_buffer().defined()) {
+    s.momentum_buffer(zeros_f32_like(p));
+  }
+  const bool master = wants_master(p, group);
+  if (master && !s.master_param().defined()) {
+    s.master_param(p.detach().to(at::kFloat, false, true));
+  }
+  b.params.push_back(p);
+  b.grads.push_back(p.grad());
+  b.state_steps.push_back(s.step());
+  if (o.momentum() != 0) b.buf0.push_back(s.momentum_buffer());
+  if (master) b.master_params.push_back(s.master_param());
+}
+
+void SGD::run_bucket(Bucket& b, torch::optim::OptimizerParamGroup& group,
+                     const at::Tensor& lr, const StepScalars& sc, int64_t seed,
+                     bool has_masters) {
+  const auto& o = static_cast<const SGDOptions&>(group.options());
+  mixprec::fused_sgd_(b.params, b.grads, b.buf0, b.master_params,
+                      b.state_steps, lr, o.weight_decay(), o.momentum(),
+                      o.dampening(), o.nesterov(), o.maximize(), sc.grad_scale,
+                      sc.found_inf, sc.clip_coef,
+                      o.stochastic_rounding() && !has_masters, seed);
+}
+
+void SGD::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+}
+
+void SGD::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+  fix_loaded_state();
+}
+
+}  // namespace mixprec::optim

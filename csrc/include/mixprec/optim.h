@@ -1,0 +1,297 @@
+// mixprec::optim -- fused master-weight optimizers for LibTorch programs.
+//
+// AdamW, Adam and SGD are torch::optim::Optimizer subclasses (param groups,
+// zero_grad, torch::save/torch::load work as for torch's own) and the C++
+// twins of mixprec.optim.AdamW/Adam/SGD in Python: params may be float32,
+// float16 or bfloat16; for 16-bit params, master_weights (default true) keeps
+// a float32 master copy in the state, the update runs on it and the param
+// receives it rounded to nearest. Grads may be float32/float16/bfloat16 and
+// are only read. Each step is one fused mixprec op (fused_adam_ /
+// fused_sgd_) per (device, with/without masters) bucket of a param group,
+// with lr and step counts on the param's device: no host sync.
+//
+// With mixprec::GradScaler the optimizers unscale in the kernel and skip a
+// step with inf/NaN grads on the device (step counts included); see
+// FusedOptimizer::step_with.
+//
+//   mixprec::optim::AdamW opt(model->parameters(),
+//                             mixprec::optim::AdamWOptions(1e-3));
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace torch::serialize {
+class OutputArchive;
+class InputArchive;
+}  // namespace torch::serialize
+
+namespace mixprec::optim {
+
+// The scalars GradScaler hands to an optimizer that unscales in its own
+// kernel (Python: step(grad_scale=, found_inf=, clip_coef=)). Each, when
+// given, is a one-element float32 tensor; they may live on another device
+// than the params (they are copied there without a sync).
+struct StepScalars {
+  // the scale the grads carry: they are multiplied by its float64 reciprocal
+  std::optional<at::Tensor> grad_scale;
+  // non-zero: the step is skipped on the device (nothing changes)
+  std::optional<at::Tensor> found_inf;
+  // multiplied into the grads (gradient clipping folded into the step)
+  std::optional<at::Tensor> clip_coef;
+};
+
+// Base of AdamW, Adam and SGD; not used directly.
+class FusedOptimizer : public torch::optim::Optimizer {
+ public:
+  using torch::optim::Optimizer::Optimizer;
+
+  // One step over every param that has a grad.
+  at::Tensor step(LossClosure closure = nullptr) override;
+  // step() with GradScaler's scalars (see StepScalars). A rejected call
+  // (bad scalars, bad dtypes, sparse grads) changes nothing.
+  at::Tensor step_with(const StepScalars& scalars,
+                       LossClosure closure = nullptr);
+
+  // True when some param group keeps float32 masters for 16-bit params (a
+  // GradScaler then accepts float16 grads).
+  virtual bool master_weights() const = 0;
+
+  // The float32 weights the optimizer updates, one per param in group order:
+  // the master of a 16-bit param (the state tensor; a fresh float32 copy
+  // before its first step), else the param itself.
+  std::vector<at::Tensor> master_params();
+
+  // The optimizer as the Python class's state_dict(): {"state": {index:
+  // {"step", "exp_avg", ..., "master_param"}}, "param_groups": [{"lr", ...,
+  // "params": [indices]}]}, params numbered in group order. Save it with
+  // mixprec::torch_save; Python's mixprec.optim.<Class>.load_state_dict
+  // takes what torch.load returns (and torch.optim.<Class> too, ignoring
+  // the extra keys). Tensors are the state's own (not copies).
+  c10::impl::GenericDict state_dict() const;
+  // Loads such a dict, from C++ or from Python (torch.save of
+  // optimizer.state_dict(), read with mixprec::torch_load): group options
+  // and per-param state (copied to the param's device, float32; masters
+  // rebuilt from the params when absent). The groups must have the same
+  // sizes as this optimizer's (c10::Error otherwise; nothing changes then).
+  void load_state_dict(const c10::impl::GenericDict& state_dict);
+
+ protected:
+  // Per-bucket work of a subclass: `bucket` holds, for the params of one
+  // device with or without masters, the lists the fused op takes.
+  struct Bucket {
+    std::vector<at::Tensor> params, grads, master_params, state_steps;
+    std::vector<at::Tensor> buf0, buf1, buf2;  // optimizer-specific state
+  };
+  virtual void add_to_bucket(const at::Tensor& p,
+                             torch::optim::OptimizerParamGroup& group,
+                             Bucket& bucket) = 0;
+  virtual void run_bucket(Bucket& bucket,
+                          torch::optim::OptimizerParamGroup& group,
+                          const at::Tensor& lr, const StepScalars& scalars,
+                          int64_t seed, bool has_masters) = 0;
+  virtual bool group_master_weights(
+      const torch::optim::OptimizerParamGroup& group) const = 0;
+  virtual int64_t group_seed(
+      const torch::optim::OptimizerParamGroup& group) const = 0;
+  virtual const char* name() const = 0;
+
+  bool wants_master(const at::Tensor& p,
+                    const torch::optim::OptimizerParamGroup& group) const;
+  // After torch::load: state tensors to the param's device, float32.
+  void fix_loaded_state();
+
+ private:
+  at::Tensor lr_tensor(size_t index,
+                       const torch::optim::OptimizerParamGroup& group,
+                       c10::Device device);
+  // (group index, device) -> (lr value, float64 0-dim tensor)
+  std::map<std::pair<size_t, std::string>, std::pair<double, at::Tensor>>
+      lr_cache_;
+};
+
+// ------------------------------------------------------------------ Adam
+struct AdamOptions
+    : public torch::optim::OptimizerCloneableOptions<AdamOptions> {
+  AdamOptions(double lr = 1e-3);
+  TORCH_ARG(double, lr) = 1e-3;
+  typedef std::tuple<double, double> betas_t;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, amsgrad) = false;
+  TORCH_ARG(bool, maximize) = false;
+  // AdamW's decoupled decay (what AdamW always uses)
+  TORCH_ARG(bool, decoupled_weight_decay) = false;
+  TORCH_ARG(bool, master_weights) = true;
+  // stochastic rounding of bfloat16 params without masters
+  TORCH_ARG(bool, stochastic_rounding) = false;
+  TORCH_ARG(int64_t, seed) = 0;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override;
+  void set_lr(const double lr) override;
+};
+
+// AdamW's options: AdamOptions with weight_decay 1e-2 by default.
+struct AdamWOptions
+    : public torch::optim::OptimizerCloneableOptions<AdamWOptions> {
+  AdamWOptions(double lr = 1e-3);
+  TORCH_ARG(double, lr) = 1e-3;
+  typedef std::tuple<double, double> betas_t;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 1e-2;
+  TORCH_ARG(bool, amsgrad) = false;
+  TORCH_ARG(bool, maximize) = false;
+  TORCH_ARG(bool, master_weights) = true;
+  TORCH_ARG(bool, stochastic_rounding) = false;
+  TORCH_ARG(int64_t, seed) = 0;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override;
+  void set_lr(const double lr) override;
+};
+
+// Per-param state of Adam/AdamW (the keys of the Python state dict).
+struct AdamParamState
+    : public torch::optim::OptimizerCloneableParamState<AdamParamState> {
+  TORCH_ARG(at::Tensor, step);            // float32 0-dim, param's device
+  TORCH_ARG(at::Tensor, exp_avg);         // float32
+  TORCH_ARG(at::Tensor, exp_avg_sq);      // float32
+  TORCH_ARG(at::Tensor, max_exp_avg_sq);  // float32, amsgrad only
+  TORCH_ARG(at::Tensor, master_param);    // float32, 16-bit params only
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
+// Adam (decoupled_weight_decay selects AdamW's decay), one fused kernel.
+class Adam : public FusedOptimizer {
+ public:
+  explicit Adam(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                AdamOptions defaults = {});
+  explicit Adam(std::vector<at::Tensor> params, AdamOptions defaults = {})
+      : Adam({torch::optim::OptimizerParamGroup(std::move(params))},
+             std::move(defaults)) {}
+
+  bool master_weights() const override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ protected:
+  void add_to_bucket(const at::Tensor& p,
+                     torch::optim::OptimizerParamGroup& group,
+                     Bucket& bucket) override;
+  void run_bucket(Bucket& bucket, torch::optim::OptimizerParamGroup& group,
+                  const at::Tensor& lr, const StepScalars& scalars,
+                  int64_t seed, bool has_masters) override;
+  bool group_master_weights(
+      const torch::optim::OptimizerParamGroup& group) const override;
+  int64_t group_seed(
+      const torch::optim::OptimizerParamGroup& group) const override;
+  const char* name() const override { return "Adam"; }
+};
+
+// AdamW: decoupled weight decay (default 1e-2), one fused kernel.
+class AdamW : public FusedOptimizer {
+ public:
+  explicit AdamW(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                 AdamWOptions defaults = {});
+  explicit AdamW(std::vector<at::Tensor> params, AdamWOptions defaults = {})
+      : AdamW({torch::optim::OptimizerParamGroup(std::move(params))},
+              std::move(defaults)) {}
+
+  bool master_weights() const override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ protected:
+  void add_to_bucket(const at::Tensor& p,
+                     torch::optim::OptimizerParamGroup& group,
+                     Bucket& bucket) override;
+  void run_bucket(Bucket& bucket, torch::optim::OptimizerParamGroup& group,
+                  const at::Tensor& lr, const StepScalars& scalars,
+                  int64_t seed, bool has_masters) override;
+  bool group_master_weights(
+      const torch::optim::OptimizerParamGroup& group) const override;
+  int64_t group_seed(
+      const torch::optim::OptimizerParamGroup& group) const override;
+  const char* name() const override { return "AdamW"; }
+};
+
+// ------------------------------------------------------------------ SGD
+struct SGDOptions : public torch::optim::OptimizerCloneableOptions<SGDOptions> {
+  SGDOptions(double lr = 1e-3);
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(double, momentum) = 0;
+  TORCH_ARG(double, dampening) = 0;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, nesterov) = false;
+  TORCH_ARG(bool, maximize) = false;
+  TORCH_ARG(bool, master_weights) = true;
+  TORCH_ARG(bool, stochastic_rounding) = false;
+  TORCH_ARG(int64_t, seed) = 0;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override;
+  void set_lr(const double lr) override;
+};
+
+struct SGDParamState
+    : public torch::optim::OptimizerCloneableParamState<SGDParamState> {
+  TORCH_ARG(at::Tensor, step);             // float32 0-dim, param's device
+  TORCH_ARG(at::Tensor, momentum_buffer);  // float32, momentum != 0 only
+  TORCH_ARG(at::Tensor, master_param);     // float32, 16-bit params only
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
+// SGD (momentum, dampening, Nesterov, weight decay), one fused kernel.
+class SGD : public FusedOptimizer {
+ public:
+  explicit SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+               SGDOptions defaults = {});
+  explicit SGD(std::vector<at::Tensor> params, SGDOptions defaults = {})
+      : SGD({torch::optim::OptimizerParamGroup(std::move(params))},
+            std::move(defaults)) {}
+
+  bool master_weights() const override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ protected:
+  void add_to_bucket(const at::Tensor& p,
+                     torch::optim::OptimizerParamGroup& group,
+                     Bucket& bucket) override;
+  void run_bucket(Bucket& bucket, torch::optim::OptimizerParamGroup& group,
+                  const at::Tensor& lr, const StepScalars& scalars,
+                  int64_t seed, bool has_masters) override;
+  bool group_master_weights(
+      const torch::optim::OptimizerParamGroup& group) const override;
+  int64_t group_seed(
+      const torch::optim::OptimizerParamGroup& group) const override;
+  const char* name() const override { return "SGD"; }
+};
+
+}  // namespace mixprec::optim

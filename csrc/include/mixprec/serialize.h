@@ -1,0 +1,29 @@
+// Files that Python's torch.load reads, from C++.
+//
+// torch::pickle_save writes the torch.save format, but tags every dict and
+// list with a TorchScript type (torch.jit._pickle.restore_type_tag), which
+// torch.load(..., weights_only=True) -- the default since torch 2.6 --
+// refuses. These write the same format without the tags, so a state dict
+// saved from C++ is a plain checkpoint for Python.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <string>
+#include <vector>
+
+namespace mixprec {
+
+// The bytes of a torch.save file holding `value`: nested dicts (str keys),
+// lists, tuples, str, int, float, bool, None and tensors (saved from the CPU;
+// other devices are copied). Python: torch.load(f, weights_only=True).
+std::vector<char> pickle_save(const c10::IValue& value);
+
+// pickle_save(value) written to `path` (c10::Error when that fails).
+void torch_save(const c10::IValue& value, const std::string& path);
+
+// Reads a file written by torch_save, torch::pickle_save or Python's
+// torch.save (tensors, containers and primitive values).
+c10::IValue torch_load(const std::string& path);
+
+}  // namespace mixprec

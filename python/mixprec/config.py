@@ -1,0 +1,343 @@
+"""``MixedPrecisionConfig``: everything :class:`mixprec.MixedPrecisionTrainer` needs to know.
+
+A validated dataclass (every error names the field and what was expected),
+three scale presets, two enums, and a plain-dict form (``to_dict`` /
+``from_dict``) made of str/int/float/bool/None/list only, so that it round-trips
+through ``torch.save`` / ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional, Union
+
+__all__ = [
+    "MixedPrecisionMode",
+    "PrecisionLevel",
+    "MixedPrecisionConfig",
+    "HandlingAction",
+    "PRESETS",
+]
+
+
+class MixedPrecisionMode(str, Enum):
+    """How the trainer applies low precision.
+
+    * ``AUTOMATIC`` -- float32 params, forward under autocast with the default
+      policy (norms/losses in float32); a mixprec GradScaler scales the loss
+      for float16; for bfloat16 no loss scaling, but non-finite steps are
+      still detected and skipped.
+    * ``MANUAL`` -- params (except float32-policy modules such as norms)
+      converted to float16/bfloat16, no autocast; a mixprec master-weight
+      optimizer keeps float32 copies; the loss is computed in float32.
+    * ``SELECTIVE`` -- float32 params; only ``selective_layers`` run in low
+      precision, everything else in float32.
+    * ``ADAPTIVE`` -- like AUTOMATIC, and reacts to overflows (promotes the
+      offending modules to bfloat16 or float32) and to memory pressure
+      (turns low precision on); decisions are logged and saved.
+    * ``GRADIENT_SCALING`` -- float32 compute, dynamic loss scaling only.
+    """
+
+    AUTOMATIC = "automatic"
+    MANUAL = "manual"
+    SELECTIVE = "selective"
+    ADAPTIVE = "adaptive"
+    GRADIENT_SCALING = "gradient_scaling"
+
+
+class PrecisionLevel(str, Enum):
+    """The low-precision dtype.
+
+    * ``FP16`` -- float16 (loss scaling on by default).
+    * ``BF16`` -- bfloat16 (no loss scaling by default).
+    * ``FP32`` -- no low precision (ADAPTIVE may still switch it on under
+      memory pressure).
+    * ``MIXED`` -- the device's preferred 16-bit type: bfloat16 where
+      supported, else float16 with loss scaling, else float32 (``"auto"``).
+    * ``DYNAMIC`` -- like ``MIXED`` at start, and the precision may change per
+      module while training (what ADAPTIVE does); in the other modes it is
+      the same as ``MIXED``.
+    """
+
+    FP16 = "fp16"
+    FP32 = "fp32"
+    BF16 = "bf16"
+    DYNAMIC = "dynamic"
+    MIXED = "mixed"
+
+
+class HandlingAction(str, Enum):
+    """What the trainer does when it sees NaN / overflow / underflow events.
+
+    Whether a non-finite step is *skipped* is decided by ``gradient_scaling``
+    (on the device, every step); these actions decide what is reported, and
+    are applied at log steps (every ``logging_frequency`` optimizer steps, the
+    only points where the trainer reads counters back), for the events of the
+    steps since the previous log step:
+
+    * ``SKIP`` -- nothing beyond the skip itself and the counters (default
+      for NaN and overflow: with dynamic loss scaling occasional overflows
+      are normal).
+    * ``WARN`` -- log a warning on logger ``mixprec.trainer``.
+    * ``RAISE`` -- raise ``FloatingPointError``.
+    * ``IGNORE`` -- same as ``SKIP`` (only counted); kept as a separate name
+      for configs that want to say so.
+    """
+
+    SKIP = "skip"
+    WARN = "warn"
+    RAISE = "raise"
+    IGNORE = "ignore"
+
+
+def _enum(cls: type[Enum], name: str, value: Any) -> Any:
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        for member in cls:  # type: ignore[attr-defined]
+            if value.lower() in (member.value, member.name.lower()):
+                return member
+    choices = ", ".join(m.name for m in cls)  # type: ignore[attr-defined]
+    raise ValueError(f"MixedPrecisionConfig.{name}: expected one of {choices}, got {value!r}")
+
+
+@dataclass
+class MixedPrecisionConfig:
+    """Configuration of :class:`mixprec.MixedPrecisionTrainer`.
+
+    Attributes:
+        enabled: ``False`` turns every mixed-precision feature off (plain
+            float32 training through the same trainer).
+        mode: a :class:`MixedPrecisionMode` (or its name).
+        precision_level: a :class:`PrecisionLevel` (or its name).
+        gradient_scaling: unscale/check gradients through the GradScaler and
+            skip non-finite steps (on the device). Required by ``loss_scaling``.
+        loss_scaling: multiply the loss by the scale. ``None`` (default): on
+            exactly when the compute dtype is float16 or the mode is
+            GRADIENT_SCALING.
+        dynamic_loss_scaling: let the scale grow/back off; ``False`` keeps it
+            at ``initial_scale``.
+        initial_scale: starting scale (> 0).
+        scale_factor: growth factor (> 1).
+        scale_window: clean steps between growths (torch's ``growth_interval``).
+        backoff_factor: multiplier on overflow, in (0, 1).
+        min_scale, max_scale: scale bounds (``None``: unbounded); ADAPTIVE also
+            treats reaching ``min_scale`` as a reason to promote.
+        hysteresis: overflows tolerated before a backoff (1 = torch).
+        overflow_threshold: ADAPTIVE: fraction of the optimizer steps of an
+            evaluation window (``logging_frequency`` steps) that overflowed
+            above which the overflowing modules are promoted. In [0, 1].
+        underflow_threshold: fraction of nonzero scaled gradient elements that
+            would flush to zero in the compute dtype above which a step reports
+            ``underflow_detected``. In [0, 1].
+        adaptive_threshold: ADAPTIVE: fraction of device memory (CUDA: allocated
+            / total; CPU: resident set / physical RAM) above which low
+            precision is turned on. In (0, 1].
+        memory_efficiency: free gradients between optimizer steps
+            (``zero_grad(set_to_none=True)``) instead of zero-filling them.
+        performance_monitoring: compute the per-step gradient norm (when not
+            clipping) and underflow check, and a saved-activation memory
+            estimate; all on the device, no host sync.
+        nan_handling, overflow_handling, underflow_handling: a
+            :class:`HandlingAction` (or its name), applied at log steps.
+        selective_layers: SELECTIVE: module specs that run in low precision:
+            glob patterns over qualified names (``"features.*"``) or class names
+            (``"Conv2d"``). Required (non-empty) in SELECTIVE mode.
+        logging_frequency: optimizer steps between log lines (and ADAPTIVE
+            evaluations); each costs one host sync. >= 1.
+        master_weights: MANUAL: keep float32 master weights in the optimizer.
+        max_grad_norm: clip the gradient norm to this (fused with the unscale);
+            ``None`` or 0: no clipping.
+        gradient_accumulation_steps: micro-batches per optimizer step (>= 1).
+    """
+
+    enabled: bool = True
+    mode: Union[MixedPrecisionMode, str] = MixedPrecisionMode.AUTOMATIC
+    precision_level: Union[PrecisionLevel, str] = PrecisionLevel.MIXED
+    gradient_scaling: bool = True
+    loss_scaling: Optional[bool] = None
+    dynamic_loss_scaling: bool = True
+    initial_scale: float = 2.0**16
+    scale_factor: float = 2.0
+    scale_window: int = 2000
+    backoff_factor: float = 0.5
+    min_scale: Optional[float] = 1.0
+    max_scale: Optional[float] = 2.0**24
+    hysteresis: int = 1
+    overflow_threshold: float = 0.5
+    underflow_threshold: float = 0.01
+    adaptive_threshold: float = 0.9
+    memory_efficiency: bool = True
+    performance_monitoring: bool = True
+    nan_handling: Union[HandlingAction, str] = HandlingAction.SKIP
+    overflow_handling: Union[HandlingAction, str] = HandlingAction.SKIP
+    underflow_handling: Union[HandlingAction, str] = HandlingAction.WARN
+    selective_layers: list[str] = field(default_factory=list)
+    logging_frequency: int = 100
+    master_weights: bool = True
+    max_grad_norm: Optional[float] = None
+    gradient_accumulation_steps: int = 1
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        """Check every field (also normalizes enum names to members).
+
+        Raises ``ValueError`` / ``TypeError`` naming the field.
+        """
+        self.mode = _enum(MixedPrecisionMode, "mode", self.mode)
+        self.precision_level = _enum(PrecisionLevel, "precision_level", self.precision_level)
+        for name in ("nan_handling", "overflow_handling", "underflow_handling"):
+            setattr(self, name, _enum(HandlingAction, name, getattr(self, name)))
+        for name in (
+            "enabled",
+            "gradient_scaling",
+            "dynamic_loss_scaling",
+            "memory_efficiency",
+            "performance_monitoring",
+            "master_weights",
+        ):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(
+                    f"MixedPrecisionConfig.{name}: expected a bool, got "
+                    f"{getattr(self, name)!r}"
+                )
+        if self.loss_scaling is not None and not isinstance(self.loss_scaling, bool):
+            raise TypeError(
+                f"MixedPrecisionConfig.loss_scaling: expected None or a bool, got "
+                f"{self.loss_scaling!r}"
+            )
+        if self.loss_scaling and not self.gradient_scaling:
+            raise ValueError(
+                "MixedPrecisionConfig.loss_scaling=True needs gradient_scaling=True (scaled "
+                "gradients must be unscaled by the GradScaler)"
+            )
+
+        def number(name: str, low: float, high: float, low_open: bool, high_open: bool) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+                raise TypeError(f"MixedPrecisionConfig.{name}: expected a number, got {v!r}")
+            ok_low = v > low if low_open else v >= low
+            ok_high = v < high if high_open else v <= high
+            if not (ok_low and ok_high):
+                lb = "(" if low_open else "["
+                hb = ")" if high_open else "]"
+                raise ValueError(
+                    f"MixedPrecisionConfig.{name}: must be in {lb}{low}, {high}{hb}, got {v!r}"
+                )
+
+        number("initial_scale", 0.0, math.inf, True, True)
+        number("scale_factor", 1.0, math.inf, True, True)
+        number("backoff_factor", 0.0, 1.0, True, True)
+        number("overflow_threshold", 0.0, 1.0, False, False)
+        number("underflow_threshold", 0.0, 1.0, False, False)
+        number("adaptive_threshold", 0.0, 1.0, True, False)
+        for name, low in (
+            ("scale_window", 1),
+            ("hysteresis", 1),
+            ("logging_frequency", 1),
+            ("gradient_accumulation_steps", 1),
+        ):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"MixedPrecisionConfig.{name}: expected an int, got {v!r}")
+            if v < low:
+                raise ValueError(f"MixedPrecisionConfig.{name}: must be >= {low}, got {v}")
+        for name in ("min_scale", "max_scale"):
+            if getattr(self, name) is not None:
+                number(name, 0.0, math.inf, True, True)
+        if (
+            self.min_scale is not None
+            and self.max_scale is not None
+            and self.min_scale > self.max_scale
+        ):
+            raise ValueError(
+                f"MixedPrecisionConfig.min_scale ({self.min_scale}) must not exceed "
+                f"max_scale ({self.max_scale})"
+            )
+        if self.min_scale is not None and self.initial_scale < self.min_scale:
+            raise ValueError(
+                f"MixedPrecisionConfig.initial_scale ({self.initial_scale}) is below "
+                f"min_scale ({self.min_scale})"
+            )
+        if self.max_scale is not None and self.initial_scale > self.max_scale:
+            raise ValueError(
+                f"MixedPrecisionConfig.initial_scale ({self.initial_scale}) is above "
+                f"max_scale ({self.max_scale})"
+            )
+        if self.max_grad_norm is not None:
+            number("max_grad_norm", 0.0, math.inf, False, True)
+        if not isinstance(self.selective_layers, (list, tuple)) or not all(
+            isinstance(s, str) for s in self.selective_layers
+        ):
+            raise TypeError(
+                "MixedPrecisionConfig.selective_layers: expected a list of str (glob patterns "
+                f"or class names), got {self.selective_layers!r}"
+            )
+        self.selective_layers = list(self.selective_layers)
+        if self.mode is MixedPrecisionMode.SELECTIVE and self.enabled and not self.selective_layers:
+            raise ValueError(
+                "MixedPrecisionConfig.selective_layers: SELECTIVE mode needs at least one "
+                "pattern (e.g. ['features.*'] or ['Conv2d'])"
+            )
+        if self.mode is MixedPrecisionMode.GRADIENT_SCALING and not self.gradient_scaling:
+            raise ValueError(
+                "MixedPrecisionConfig: mode GRADIENT_SCALING needs gradient_scaling=True"
+            )
+
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def conservative(cls, **overrides: Any) -> MixedPrecisionConfig:
+        """Scale 2**15, growth every 5000 clean steps, hysteresis 2."""
+        return cls(**{**PRESETS["conservative"], **overrides})
+
+    @classmethod
+    def standard(cls, **overrides: Any) -> MixedPrecisionConfig:
+        """Scale 2**16, growth every 2000 clean steps (torch's defaults)."""
+        return cls(**{**PRESETS["standard"], **overrides})
+
+    @classmethod
+    def aggressive(cls, **overrides: Any) -> MixedPrecisionConfig:
+        """Scale 2**17, growth every 1000 clean steps."""
+        return cls(**{**PRESETS["aggressive"], **overrides})
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> MixedPrecisionConfig:
+        """``"conservative"``, ``"standard"`` or ``"aggressive"``, with overrides."""
+        if name not in PRESETS:
+            raise ValueError(
+                f"MixedPrecisionConfig.preset: expected one of {sorted(PRESETS)}, got {name!r}"
+            )
+        return cls(**{**PRESETS[name], **overrides})
+
+    # ------------------------------------------------------------------ dicts
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as plain Python values (enums as their string values)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = v.value if isinstance(v, Enum) else (list(v) if isinstance(
+                v, (list, tuple)) else v)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MixedPrecisionConfig:
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError``."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"MixedPrecisionConfig.from_dict: unknown fields {unknown}")
+        return cls(**data)
+
+
+#: Field values of the presets (every other field keeps its default).
+PRESETS: dict[str, dict[str, Any]] = {
+    "conservative": {"initial_scale": 2.0**15, "scale_window": 5000, "hysteresis": 2},
+    "standard": {"initial_scale": 2.0**16, "scale_window": 2000},
+    "aggressive": {"initial_scale": 2.0**17, "scale_window": 1000},
+}

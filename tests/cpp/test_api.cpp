@@ -1,0 +1,552 @@
+// C++ tests of mixprec::GradScaler and mixprec::optim (CPU), against an
+// installed libmixprec. References: torch::optim (float32 params), hand-
+// computed scale sequences (torch.amp.GradScaler's rule) and the error
+// messages of the Python class. Plain main, no framework: the last line is
+// "N passed, M failed" and the exit status is M != 0.
+#include <mixprec/mixprec.h>
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace {
+
+int g_passed = 0;
+int g_failed = 0;
+
+void check_impl(bool ok, const char* expr, const std::string& what,
+                const char* file, int line) {
+  if (ok) {
+    ++g_passed;
+  } else {
+    ++g_failed;
+    std::printf("FAIL %s:%d: %s%s%s\n", file, line, expr,
+                what.empty() ? "" : " -- ", what.c_str());
+  }
+}
+
+#undef CHECK
+#define CHECK(cond) check_impl(static_cast<bool>(cond), #cond, "", __FILE__, __LINE__)
+#define CHECK_MSG(cond, msg) \
+  check_impl(static_cast<bool>(cond), #cond, (msg), __FILE__, __LINE__)
+
+// Runs `stmt`, expects an exception of type Exc whose message contains
+// `needle` (the Python class's message).
+#define CHECK_THROWS(Exc, stmt, needle)                                        \
+  do {                                                                         \
+    std::string _msg;                                                          \
+    bool _threw = false;                                                       \
+    try {                                                                      \
+      stmt;                                                                    \
+    } catch (const Exc& e) {                                                   \
+      _threw = true;                                                           \
+      _msg = e.what_without_backtrace();                                       \
+    }                                                                          \
+    CHECK_MSG(_threw, std::string("expected " #Exc " from: " #stmt));          \
+    CHECK_MSG(!_threw || _msg.find(needle) != std::string::npos,               \
+              "message does not contain '" + std::string(needle) + "': " + _msg); \
+  } while (0)
+
+const auto kInf = std::numeric_limits<float>::infinity();
+
+// A tiny linear model with params of `dtype`.
+struct Toy {
+  torch::Tensor w, b;
+  explicit Toy(torch::ScalarType dtype, int64_t n = 8) {
+    w = torch::randn({n, 4}).to(dtype).requires_grad_();
+    b = torch::randn({n}).to(dtype).requires_grad_();
+  }
+  std::vector<torch::Tensor> params() const { return {w, b}; }
+  torch::Tensor loss(const torch::Tensor& x) const {
+    auto out = torch::nn::functional::linear(x.to(w.scalar_type()), w, b);
+    return out.to(torch::kFloat).pow(2).mean();
+  }
+};
+
+bool same(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && torch::equal(a, b);
+}
+
+mixprec::GradScaler cpu_scaler(mixprec::GradScalerOptions o = {}) {
+  return mixprec::GradScaler(torch::kCPU, o);
+}
+
+// ------------------------------------------------------------------ scaler
+void test_scaler_basics() {
+  auto s = cpu_scaler(mixprec::GradScalerOptions().init_scale(1024.0));
+  CHECK(s.is_enabled());
+  CHECK(s.get_scale() == 1024.0);  // before the first scale(): init_scale
+  CHECK(!s.scale_tensor().defined());
+  auto loss = torch::tensor(3.0f);
+  auto scaled = s.scale(loss);
+  CHECK(scaled.item<float>() == 3072.0f);
+  CHECK(s.scale_tensor().scalar_type() == torch::kFloat);
+  CHECK(s.scale_tensor().dim() == 0);
+  auto many = s.scale(std::vector<torch::Tensor>{torch::ones({2}), torch::full({3}, 2.0)});
+  CHECK(many.size() == 2 && many[1][2].item<float>() == 2048.0f);
+  // methods before scale(): torch's messages
+  auto fresh = cpu_scaler();
+  torch::optim::SGD sgd({torch::zeros({1}, torch::requires_grad())},
+                        torch::optim::SGDOptions(0.1));
+  CHECK_THROWS(c10::Error, fresh.unscale_(sgd),
+               "Attempted unscale_ but _scale is None.  This may indicate your "
+               "script did not use scaler.scale(loss or outputs) earlier in the "
+               "iteration.");
+  CHECK_THROWS(c10::Error, fresh.step(sgd), "Attempted step but _scale is None.");
+  CHECK_THROWS(c10::Error, fresh.update(), "Attempted update but _scale is None.");
+}
+
+void test_scaler_option_errors() {
+  CHECK_THROWS(c10::Error, cpu_scaler(mixprec::GradScalerOptions().growth_factor(1.0)),
+               "The growth factor must be > 1.0.");
+  CHECK_THROWS(c10::Error, cpu_scaler(mixprec::GradScalerOptions().backoff_factor(1.0)),
+               "The backoff factor must be < 1.0.");
+  CHECK_THROWS(c10::ValueError, cpu_scaler(mixprec::GradScalerOptions().hysteresis(0)),
+               "mixprec.GradScaler: hysteresis must be an int >= 1, got 0");
+  CHECK_THROWS(c10::ValueError, cpu_scaler(mixprec::GradScalerOptions().min_scale(-1.0)),
+               "mixprec.GradScaler: min_scale must be finite and > 0");
+  CHECK_THROWS(c10::ValueError,
+               cpu_scaler(mixprec::GradScalerOptions().min_scale(4.0).max_scale(2.0)),
+               "must not exceed max_scale");
+  CHECK_THROWS(c10::ValueError, mixprec::GradScalerOptions::policy("apex"),
+               "mixprec.GradScaler: policy must be one of");
+  auto ds = mixprec::GradScalerOptions::policy("deepspeed");
+  CHECK(ds.hysteresis() == 2 && ds.growth_interval() == 1000 && ds.min_scale() == 1.0);
+  auto mg = mixprec::GradScalerOptions::policy("megatron");
+  CHECK(mg.init_scale() == 4294967296.0);
+  // disabled: factors are not checked, everything is a pass-through
+  auto off = cpu_scaler(mixprec::GradScalerOptions().enabled(false).growth_factor(0.5));
+  CHECK(!off.is_enabled());
+  CHECK(off.get_scale() == 1.0);
+  auto t = torch::ones({2});
+  CHECK(off.scale(t).data_ptr() == t.data_ptr());
+  CHECK(off.state_dict().size() == 0);
+}
+
+// The state machine with an ordinary optimizer (torch::optim::SGD): skip on
+// inf, backoff, growth after growth_interval clean steps, stage errors.
+void test_scaler_state_machine() {
+  Toy m(torch::kFloat);
+  torch::optim::SGD opt(m.params(), torch::optim::SGDOptions(0.01));
+  auto s = cpu_scaler(mixprec::GradScalerOptions().init_scale(256.0).growth_interval(2));
+  const auto x = torch::randn({5, 4});
+  std::vector<double> scales;
+  std::vector<bool> ran;
+  for (int it = 0; it < 6; ++it) {
+    opt.zero_grad();
+    s.scale(m.loss(x)).backward();
+    if (it == 1 || it == 4) {
+      m.w.mutable_grad()[0][0].fill_(kInf);
+    }
+    const auto w_before = m.w.detach().clone();
+    const bool stepped = s.step(opt);
+    ran.push_back(stepped);
+    CHECK(stepped == !(it == 1 || it == 4));
+    CHECK(stepped != same(w_before, m.w.detach()));  // skipped: unchanged
+    CHECK(s.stage(opt) == mixprec::OptState::STEPPED);
+    CHECK_THROWS(c10::Error, s.step(opt),
+                 "step() has already been called since the last update().");
+    CHECK_THROWS(c10::Error, s.unscale_(opt), "unscale_() is being called after step().");
+    s.update();
+    CHECK(s.step_was_skipped() == !stepped);
+    CHECK(s.stage(opt) == mixprec::OptState::READY);
+    scales.push_back(s.get_scale());
+  }
+  // 256 -> skip: 128 -> ok -> ok: 256 -> ok -> skip: 128 -> ok
+  const std::vector<double> want = {256, 128, 128, 256, 128, 128};
+  CHECK_MSG(scales == want, "scale sequence");
+  auto sd = s.state_dict();
+  CHECK(sd.at("_growth_tracker").toInt() == 1);
+  // unscale_ twice
+  opt.zero_grad();
+  s.scale(m.loss(x)).backward();
+  s.unscale_(opt);
+  CHECK(s.stage(opt) == mixprec::OptState::UNSCALED);
+  CHECK_THROWS(c10::Error, s.unscale_(opt),
+               "unscale_() has already been called on this optimizer since the "
+               "last update().");
+  CHECK_THROWS(c10::Error, s.step(opt, [] { return torch::Tensor(); }),
+               "Closure use is not currently supported if GradScaler is enabled.");
+  CHECK(s.step(opt));
+  s.update();
+  // update() without any inf check recorded
+  s.scale(m.loss(x));
+  CHECK_THROWS(c10::Error, s.update(), "No inf checks were recorded prior to update.");
+}
+
+// unscale_ matches grad / scale (reciprocal in float64, rounded to float32).
+void test_scaler_unscale_values() {
+  Toy m(torch::kFloat, 16);
+  torch::optim::SGD opt(m.params(), torch::optim::SGDOptions(0.01));
+  auto s = cpu_scaler(mixprec::GradScalerOptions().init_scale(3.0));
+  s.scale(m.loss(torch::randn({3, 4}))).backward();
+  const auto g = m.w.grad().clone();
+  s.unscale_(opt);
+  const auto inv = torch::tensor(1.0 / 3.0, torch::kDouble).to(torch::kFloat);
+  CHECK(torch::equal(m.w.grad(), g * inv));
+}
+
+// FP16 gradients: rejected for ordinary optimizers, accepted with masters.
+void test_scaler_fp16_grads() {
+  Toy m(torch::kHalf);
+  torch::optim::SGD plain(m.params(), torch::optim::SGDOptions(0.01));
+  auto s = cpu_scaler();
+  s.scale(m.loss(torch::randn({3, 4}))).backward();
+  CHECK_THROWS(c10::ValueError, s.unscale_(plain), "Attempting to unscale FP16 gradients.");
+  auto allow = cpu_scaler(mixprec::GradScalerOptions().allow_fp16_grads(true));
+  allow.scale(torch::tensor(1.0f));
+  allow.unscale_(plain);
+  CHECK(allow.stage(plain) == mixprec::OptState::UNSCALED);
+
+  Toy h(torch::kHalf);
+  mixprec::optim::AdamW adamw(h.params());  // masters by default
+  CHECK(adamw.master_weights());
+  auto s2 = cpu_scaler();
+  s2.scale(h.loss(torch::randn({3, 4}))).backward();
+  s2.unscale_(adamw);  // accepted: the optimizer keeps float32 masters
+  CHECK(s2.step(adamw));
+  s2.update();
+}
+
+// A mixprec optimizer gets grad_scale/found_inf and skips on the device; the
+// result equals unscaling first and stepping with no scaler.
+void test_scaler_amp_aware() {
+  torch::manual_seed(1);
+  Toy a(torch::kBFloat16), b(torch::kBFloat16);
+  b.w.detach().copy_(a.w.detach());
+  b.b.detach().copy_(a.b.detach());
+  mixprec::optim::AdamW oa(a.params(), mixprec::optim::AdamWOptions(1e-2));
+  mixprec::optim::AdamW ob(b.params(), mixprec::optim::AdamWOptions(1e-2));
+  auto s = cpu_scaler(mixprec::GradScalerOptions().init_scale(64.0));
+  const auto x = torch::randn({6, 4});
+  for (int it = 0; it < 4; ++it) {
+    oa.zero_grad();
+    ob.zero_grad();
+    s.scale(a.loss(x)).backward();
+    b.loss(x).backward();
+    if (it == 2) {
+      a.b.mutable_grad()[1].fill_(std::numeric_limits<float>::quiet_NaN());
+    }
+    const auto before = a.w.detach().clone();
+    const auto masters_before = oa.master_params()[0].clone();
+    const bool stepped = s.step(oa);
+    CHECK(stepped == (it != 2));
+    if (it == 2) {
+      CHECK(same(before, a.w.detach()));
+      CHECK(same(masters_before, oa.master_params()[0]));
+    } else {
+      ob.step();
+      // grads were scaled by 64 (a power of two): unscaling is exact
+      CHECK_MSG(same(a.w.detach(), b.w.detach()), "amp-aware step == plain step");
+      CHECK(same(oa.master_params()[0], ob.master_params()[0]));
+    }
+    s.update();
+    CHECK(s.step_was_skipped() == (it == 2));
+  }
+  CHECK(s.get_scale() == 32.0);
+  // the step counts did not advance on the skipped step
+  auto* st = dynamic_cast<mixprec::optim::AdamParamState*>(
+      oa.state().at(a.w.unsafeGetTensorImpl()).get());
+  CHECK(st != nullptr && st->step().item<float>() == 3.0f);
+}
+
+void test_scaler_hysteresis_bounds() {
+  Toy m(torch::kFloat);
+  torch::optim::SGD opt(m.params(), torch::optim::SGDOptions(0.0));
+  auto s = cpu_scaler(mixprec::GradScalerOptions()
+                          .init_scale(8.0)
+                          .hysteresis(2)
+                          .min_scale(2.0)
+                          .growth_interval(1000));
+  const auto x = torch::randn({2, 4});
+  std::vector<double> scales;
+  for (int it = 0; it < 5; ++it) {
+    opt.zero_grad();
+    s.scale(m.loss(x)).backward();
+    m.w.mutable_grad()[0][0].fill_(kInf);
+    CHECK(!s.step(opt));
+    s.update();
+    scales.push_back(s.get_scale());
+  }
+  // hysteresis 2: first overflow tolerated, then back off each time, floor 2
+  const std::vector<double> want = {8, 4, 2, 2, 2};
+  CHECK_MSG(scales == want, "hysteresis/min_scale sequence");
+  auto sd = s.state_dict();
+  CHECK(sd.contains("_hysteresis_left"));
+  CHECK(sd.size() == 6);
+}
+
+void test_scaler_update_new_scale() {
+  Toy m(torch::kFloat);
+  torch::optim::SGD opt(m.params(), torch::optim::SGDOptions(0.0));
+  auto s = cpu_scaler();
+  s.scale(m.loss(torch::randn({2, 4}))).backward();
+  s.step(opt);
+  s.update(512.0);
+  CHECK(s.get_scale() == 512.0);
+  s.scale(torch::tensor(1.0f));
+  s.update(torch::tensor(7.0f));
+  CHECK(s.get_scale() == 7.0);
+  const char* reason = "new_scale should be a float or a 1-element";
+  CHECK_THROWS(c10::Error, s.update(torch::ones({2})), reason);
+  CHECK_THROWS(c10::Error, s.update(torch::ones({}, torch::requires_grad())), reason);
+}
+
+void test_scaler_clip_grad_norm() {
+  Toy m(torch::kFloat, 32), ref(torch::kFloat, 32);
+  ref.w.detach().copy_(m.w.detach());
+  ref.b.detach().copy_(m.b.detach());
+  torch::optim::SGD opt(m.params(), torch::optim::SGDOptions(0.1));
+  auto s = cpu_scaler(mixprec::GradScalerOptions().init_scale(128.0));
+  const auto x = torch::randn({9, 4});
+  s.scale(m.loss(x)).backward();
+  ref.loss(x).backward();
+  const auto total = s.clip_grad_norm_(opt, 0.05);
+  const double want =
+      torch::nn::utils::clip_grad_norm_(ref.params(), 0.05);
+  CHECK_MSG(std::abs(total.item<double>() - want) <= 1e-5 * want,
+            std::to_string(total.item<double>()) + " vs " + std::to_string(want));
+  CHECK(torch::allclose(m.w.grad(), ref.w.grad(), 1e-5, 1e-7));
+  CHECK(s.stage(opt) == mixprec::OptState::UNSCALED);
+  CHECK_THROWS(c10::Error, s.unscale_(opt), "unscale_() has already been called");
+  CHECK(s.step(opt));
+  CHECK_THROWS(c10::Error, s.clip_grad_norm_(opt, 1.0),
+               "clip_grad_norm_() is being called after step().");
+  s.update();
+}
+
+void test_scaler_state_dict_roundtrip(const std::string& dir) {
+  Toy m(torch::kFloat);
+  torch::optim::SGD opt(m.params(), torch::optim::SGDOptions(0.0));
+  auto s = cpu_scaler(mixprec::GradScalerOptions().init_scale(32.0).growth_interval(3).hysteresis(3));
+  for (int it = 0; it < 4; ++it) {
+    opt.zero_grad();
+    s.scale(m.loss(torch::randn({2, 4}))).backward();
+    if (it == 0) m.w.mutable_grad()[0][0].fill_(kInf);
+    s.step(opt);
+    s.update();
+  }
+  auto sd = s.state_dict();
+  CHECK(sd.at("scale").isDouble() && sd.at("scale").toDouble() == 64.0);  // 1 tolerated overflow, grew once
+  CHECK(sd.at("growth_factor").toDouble() == 2.0);
+  CHECK(sd.at("backoff_factor").toDouble() == 0.5);
+  CHECK(sd.at("growth_interval").isInt() && sd.at("growth_interval").toInt() == 3);
+  CHECK(sd.at("_growth_tracker").toInt() == 0);  // grew at the 3rd clean step
+  CHECK(sd.at("_hysteresis_left").toInt() == 3);
+  const std::string path = dir + "/scaler_roundtrip.pt";
+  s.save(path);
+  auto t = cpu_scaler(mixprec::GradScalerOptions().hysteresis(3));
+  t.load(path);
+  CHECK(t.get_scale() == s.get_scale());
+  auto sd2 = t.state_dict();
+  CHECK(sd2.size() == sd.size());
+  for (const auto& e : sd) {
+    CHECK_MSG(sd2.contains(e.key()) && sd2.at(e.key()) == e.value(), e.key());
+  }
+  // archive route
+  torch::serialize::OutputArchive out;
+  s.save(out);
+  out.save_to(dir + "/scaler_archive.pt");
+  torch::serialize::InputArchive in;
+  in.load_from(dir + "/scaler_archive.pt");
+  auto u = cpu_scaler(mixprec::GradScalerOptions().hysteresis(3));
+  u.load(in);
+  CHECK(u.state_dict().at("_growth_tracker") == sd.at("_growth_tracker"));
+  CHECK(u.get_scale() == 64.0);
+  // errors
+  auto v = cpu_scaler();
+  CHECK_THROWS(c10::Error, v.load_state_dict(cpu_scaler(
+                                 mixprec::GradScalerOptions().enabled(false)).state_dict()),
+               "The source state dict is empty, possibly because it was saved "
+               "from a disabled instance of GradScaler.");
+  auto partial = s.state_dict().copy();
+  partial.erase("growth_interval");
+  CHECK_THROWS(c10::Error, v.load_state_dict(partial), "missing key 'growth_interval'");
+  CHECK(v.get_scale() == 65536.0);  // unchanged by the rejected load
+}
+
+// ------------------------------------------------------------------ optimizers
+// float32 params: the same update as torch::optim (within float rounding).
+void test_optim_vs_torch() {
+  torch::manual_seed(3);
+  const auto x = torch::randn({7, 4});
+  for (int kind = 0; kind < 3; ++kind) {
+    Toy a(torch::kFloat), b(torch::kFloat);
+    b.w.detach().copy_(a.w.detach());
+    b.b.detach().copy_(a.b.detach());
+    std::unique_ptr<torch::optim::Optimizer> ours, theirs;
+    const char* name = "";
+    if (kind == 0) {
+      name = "AdamW";
+      ours = std::make_unique<mixprec::optim::AdamW>(
+          a.params(), mixprec::optim::AdamWOptions(1e-2).weight_decay(0.1));
+      theirs = std::make_unique<torch::optim::AdamW>(
+          b.params(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    } else if (kind == 1) {
+      name = "Adam";
+      ours = std::make_unique<mixprec::optim::Adam>(
+          a.params(), mixprec::optim::AdamOptions(1e-2).weight_decay(0.1).amsgrad(true));
+      theirs = std::make_unique<torch::optim::Adam>(
+          b.params(), torch::optim::AdamOptions(1e-2).weight_decay(0.1).amsgrad(true));
+    } else {
+      name = "SGD";
+      ours = std::make_unique<mixprec::optim::SGD>(
+          a.params(), mixprec::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(0.01));
+      theirs = std::make_unique<torch::optim::SGD>(
+          b.params(), torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(0.01));
+    }
+    for (int it = 0; it < 5; ++it) {
+      ours->zero_grad();
+      theirs->zero_grad();
+      a.loss(x).backward();
+      b.loss(x).backward();
+      ours->step();
+      theirs->step();
+    }
+    CHECK_MSG(torch::allclose(a.w, b.w, 1e-5, 1e-6),
+              std::string(name) + " vs torch::optim, max diff " +
+                  std::to_string((a.w - b.w).abs().max().item<double>()));
+  }
+}
+
+void test_optim_masters_and_errors() {
+  Toy m(torch::kBFloat16);
+  mixprec::optim::Adam opt(m.params(), mixprec::optim::AdamOptions(1e-3));
+  CHECK(opt.master_params()[0].scalar_type() == torch::kFloat);
+  m.loss(torch::randn({3, 4})).backward();
+  opt.step();
+  auto masters = opt.master_params();
+  CHECK(masters.size() == 2 && masters[0].scalar_type() == torch::kFloat);
+  CHECK(same(masters[0].to(torch::kBFloat16), m.w.detach()));  // rounded master
+  // no masters: the params themselves
+  mixprec::optim::SGD nom(m.params(), mixprec::optim::SGDOptions(0.1).master_weights(false));
+  CHECK(!nom.master_weights());
+  CHECK(nom.master_params()[0].scalar_type() == torch::kBFloat16);
+  // bad options and inputs (the Python messages)
+  CHECK_THROWS(c10::ValueError,
+               mixprec::optim::AdamW(m.params(), mixprec::optim::AdamWOptions(-1.0)),
+               "mixprec.optim.AdamW: lr must be a finite number >= 0, got -1");
+  CHECK_THROWS(c10::ValueError,
+               mixprec::optim::Adam(m.params(),
+                                    mixprec::optim::AdamOptions().betas({0.9, 1.0})),
+               "mixprec.optim.Adam: betas[1] must be in [0, 1), got 1");
+  CHECK_THROWS(c10::ValueError,
+               mixprec::optim::SGD(m.params(), mixprec::optim::SGDOptions(0.1).nesterov(true)),
+               "mixprec.optim.SGD: nesterov=True requires momentum > 0");
+  auto d = torch::randn({3}, torch::kDouble).requires_grad_();
+  d.mutable_grad() = torch::ones({3}, torch::kDouble);
+  mixprec::optim::AdamW dbl({d});
+  CHECK_THROWS(c10::Error, dbl.step(),
+               "mixprec.optim.AdamW: params must be float32, float16 or bfloat16, got Double");
+  CHECK(dbl.state().empty());  // rejected before any state was created
+  mixprec::optim::StepScalars bad;
+  bad.found_inf = torch::zeros({2});
+  CHECK_THROWS(c10::Error, opt.step_with(bad),
+               "mixprec.optim.Adam.step: found_inf must be a float32 tensor with one element");
+  // found_inf set: nothing changes, step count included
+  const auto w = m.w.detach().clone();
+  mixprec::optim::StepScalars skip;
+  skip.found_inf = torch::ones({});
+  opt.step_with(skip);
+  CHECK(same(w, m.w.detach()));
+}
+
+// torch::save / torch::load of an optimizer: a reloaded optimizer continues
+// bit for bit like the original.
+void test_optim_serialize(const std::string& dir) {
+  torch::manual_seed(5);
+  const auto x = torch::randn({5, 4});
+  for (int kind = 0; kind < 2; ++kind) {
+    Toy a(torch::kHalf), b(torch::kHalf);
+    std::unique_ptr<mixprec::optim::FusedOptimizer> oa, ob;
+    if (kind == 0) {
+      oa = std::make_unique<mixprec::optim::AdamW>(a.params(), mixprec::optim::AdamWOptions(1e-2).amsgrad(true));
+      ob = std::make_unique<mixprec::optim::AdamW>(b.params(), mixprec::optim::AdamWOptions(0.5));
+    } else {
+      oa = std::make_unique<mixprec::optim::SGD>(a.params(), mixprec::optim::SGDOptions(1e-2).momentum(0.9));
+      ob = std::make_unique<mixprec::optim::SGD>(b.params(), mixprec::optim::SGDOptions(0.5));
+    }
+    for (int it = 0; it < 3; ++it) {
+      oa->zero_grad();
+      a.loss(x).backward();
+      oa->step();
+    }
+    const std::string path = dir + "/optim_" + std::to_string(kind) + ".pt";
+    torch::save(*oa, path);
+    b.w.detach().copy_(a.w.detach());
+    b.b.detach().copy_(a.b.detach());
+    torch::load(*ob, path);
+    CHECK(ob->param_groups()[0].options().get_lr() == 1e-2);  // options restored
+    for (int it = 0; it < 3; ++it) {
+      oa->zero_grad();
+      ob->zero_grad();
+      a.loss(x).backward();
+      b.loss(x).backward();
+      oa->step();
+      ob->step();
+    }
+    CHECK_MSG(same(a.w.detach(), b.w.detach()), "reloaded optimizer continues identically");
+    CHECK(same(oa->master_params()[0], ob->master_params()[0]));
+  }
+}
+
+void test_autocast_guard() {
+  CHECK(!at::autocast::is_autocast_enabled(torch::kCPU));
+  auto w = torch::randn({4, 4});
+  {
+    mixprec::AutocastGuard guard(torch::kCPU, torch::kBFloat16);
+    CHECK(at::autocast::is_autocast_enabled(torch::kCPU));
+    CHECK(torch::mm(w, w).scalar_type() == torch::kBFloat16);
+    {
+      mixprec::AutocastGuard inner(torch::kCPU, torch::kBFloat16, /*enabled=*/false);
+      CHECK(torch::mm(w, w).scalar_type() == torch::kFloat);
+    }
+    CHECK(torch::mm(w, w).scalar_type() == torch::kBFloat16);
+  }
+  CHECK(!at::autocast::is_autocast_enabled(torch::kCPU));
+  CHECK(torch::mm(w, w).scalar_type() == torch::kFloat);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string dir =
+      argc > 1 ? argv[1] : std::filesystem::temp_directory_path().string();
+  std::filesystem::create_directories(dir);
+  torch::manual_seed(0);
+  const std::vector<std::pair<const char*, std::function<void()>>> tests = {
+      {"scaler basics", test_scaler_basics},
+      {"scaler option errors", test_scaler_option_errors},
+      {"scaler state machine + skip on inf", test_scaler_state_machine},
+      {"scaler unscale values", test_scaler_unscale_values},
+      {"scaler fp16 grads", test_scaler_fp16_grads},
+      {"scaler + mixprec optimizer (amp-aware)", test_scaler_amp_aware},
+      {"scaler hysteresis/bounds", test_scaler_hysteresis_bounds},
+      {"scaler update(new_scale)", test_scaler_update_new_scale},
+      {"scaler clip_grad_norm_", test_scaler_clip_grad_norm},
+      {"scaler state dict + save/load", [&] { test_scaler_state_dict_roundtrip(dir); }},
+      {"optim vs torch::optim (fp32)", test_optim_vs_torch},
+      {"optim masters + errors", test_optim_masters_and_errors},
+      {"optim torch::save/load", [&] { test_optim_serialize(dir); }},
+      {"AutocastGuard", test_autocast_guard},
+  };
+  for (const auto& [name, fn] : tests) {
+    const int failed_before = g_failed;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      ++g_failed;
+      std::printf("FAIL %s: unexpected exception: %s\n", name, e.what());
+    }
+    std::printf("%s %s\n", g_failed == failed_before ? "ok  " : "FAIL", name);
+  }
+  std::printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
