@@ -1,8 +1,8 @@
 // Runtime CPU-capability dispatch for the fused-optimizer span kernels.
 //
 // The element loops of fused_adam_ / fused_sgd_ (fused_optim_span_impl.h) are
-// compiled once per instruction set (fused_optim_span_default.cpp, _avx2.cpp,
-// _avx512.cpp), like the unscale span kernels (span_kernels.h), and the table
+// compiled once per instruction set, in the same translation units as the
+// unscale span kernels (span_kernels_default.cpp, _avx2.cpp, _avx512.cpp), and the table
 // of the ISA that span_kernels() chose is used, so MIXPREC_CPU_CAPABILITY /
 // ATEN_CPU_CAPABILITY cap both the same way. Every ISA computes the same bits:
 // the builds use -ffp-contract=off, so no product is fused into an FMA.

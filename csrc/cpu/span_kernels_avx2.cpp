@@ -1,8 +1,9 @@
-// The span kernels compiled for AVX2 (at::vec's AVX2 Vectorized types),
+// The span kernels (unscale family and fused optimizers) compiled for AVX2 (at::vec's AVX2 Vectorized types),
 // selected at run time by span_kernels() when the CPU supports it. The target
 // pragma applies to everything below it, so this file must include nothing
 // that other translation units rely on being portable beyond the headers of
-// span_kernels_impl.h.
+// span_kernels_impl.h and fused_optim_span_impl.h.
+#include "cpu/fused_optim_span.h"
 #include "cpu/span_kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -25,12 +26,17 @@
 #define CPU_CAPABILITY AVX2
 #define CPU_CAPABILITY_AVX2
 #define MIXPREC_SPAN_NS isa_avx2
+#define MIXPREC_OPT_NS opt_avx2
+#include "cpu/fused_optim_span_impl.h"
 #include "cpu/span_kernels_impl.h"
 
 namespace mixprec {
 namespace cpu {
 const SpanKernels* span_kernels_avx2() {
   return isa_avx2::table("avx2");
+}
+const OptimSpanKernels* optim_span_kernels_avx2() {
+  return opt_avx2::table("avx2");
 }
 }  // namespace cpu
 }  // namespace mixprec
@@ -40,6 +46,9 @@ const SpanKernels* span_kernels_avx2() {
 namespace mixprec {
 namespace cpu {
 const SpanKernels* span_kernels_avx2() {
+  return nullptr;
+}
+const OptimSpanKernels* optim_span_kernels_avx2() {
   return nullptr;
 }
 }  // namespace cpu

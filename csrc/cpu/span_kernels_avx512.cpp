@@ -1,8 +1,9 @@
-// The span kernels compiled for AVX512 (at::vec's AVX512 Vectorized types),
+// The span kernels (unscale family and fused optimizers) compiled for AVX512 (at::vec's AVX512 Vectorized types),
 // selected at run time by span_kernels() when the CPU supports it. The target
 // pragma applies to everything below it, so this file must include nothing
 // that other translation units rely on being portable beyond the headers of
-// span_kernels_impl.h.
+// span_kernels_impl.h and fused_optim_span_impl.h.
+#include "cpu/fused_optim_span.h"
 #include "cpu/span_kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -37,12 +38,17 @@
 #define CPU_CAPABILITY AVX512
 #define CPU_CAPABILITY_AVX512
 #define MIXPREC_SPAN_NS isa_avx512
+#define MIXPREC_OPT_NS opt_avx512
+#include "cpu/fused_optim_span_impl.h"
 #include "cpu/span_kernels_impl.h"
 
 namespace mixprec {
 namespace cpu {
 const SpanKernels* span_kernels_avx512() {
   return isa_avx512::table("avx512");
+}
+const OptimSpanKernels* optim_span_kernels_avx512() {
+  return opt_avx512::table("avx512");
 }
 }  // namespace cpu
 }  // namespace mixprec
@@ -52,6 +58,9 @@ const SpanKernels* span_kernels_avx512() {
 namespace mixprec {
 namespace cpu {
 const SpanKernels* span_kernels_avx512() {
+  return nullptr;
+}
+const OptimSpanKernels* optim_span_kernels_avx512() {
   return nullptr;
 }
 }  // namespace cpu

@@ -1,6 +1,9 @@
-// The portable span kernels (at::vec's DEFAULT implementation, which the
-// compiler auto-vectorizes for the baseline ISA) and the runtime selection.
+// The portable span kernels — unscale family and fused optimizers — built on
+// at::vec's DEFAULT implementation (auto-vectorized for the baseline ISA), and
+// the runtime selection of the per-ISA tables.
 #define MIXPREC_SPAN_NS isa_default
+#define MIXPREC_OPT_NS opt_default
+#include "cpu/fused_optim_span_impl.h"
 #include "cpu/span_kernels_impl.h"
 
 #include <cstdlib>
@@ -58,6 +61,30 @@ const SpanKernels& select() {
 
 const SpanKernels& span_kernels() {
   static const SpanKernels& chosen = select();
+  return chosen;
+}
+
+const OptimSpanKernels* optim_span_kernels_default() {
+  return opt_default::table("default");
+}
+
+namespace {
+
+const OptimSpanKernels& select_optim() {
+  const char* isa = span_kernels().name;
+  if (std::strcmp(isa, "avx512") == 0 && optim_span_kernels_avx512() != nullptr) {
+    return *optim_span_kernels_avx512();
+  }
+  if (std::strcmp(isa, "avx2") == 0 && optim_span_kernels_avx2() != nullptr) {
+    return *optim_span_kernels_avx2();
+  }
+  return *optim_span_kernels_default();
+}
+
+}  // namespace
+
+const OptimSpanKernels& optim_span_kernels() {
+  static const OptimSpanKernels& chosen = select_optim();
   return chosen;
 }
 

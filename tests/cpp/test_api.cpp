@@ -497,6 +497,53 @@ void test_optim_serialize(const std::string& dir) {
   }
 }
 
+// state_dict()/load_state_dict(): the Python layout, through a file.
+void test_optim_state_dict(const std::string& dir) {
+  torch::manual_seed(6);
+  const auto x = torch::randn({5, 4});
+  Toy a(torch::kBFloat16), b(torch::kBFloat16);
+  mixprec::optim::Adam oa(a.params(), mixprec::optim::AdamOptions(1e-2).amsgrad(true));
+  for (int it = 0; it < 2; ++it) {
+    oa.zero_grad();
+    a.loss(x).backward();
+    oa.step();
+  }
+  const auto sd = oa.state_dict();
+  const auto groups = sd.at("param_groups").toListRef();
+  CHECK(groups.size() == 1);
+  const auto g = groups[0].toGenericDict();
+  CHECK(g.at("lr").toDouble() == 1e-2 && g.at("amsgrad").toBool());
+  CHECK(g.at("betas").isTuple());
+  CHECK(g.at("params").toListRef().size() == 2);
+  const auto st = sd.at("state").toGenericDict();
+  CHECK(st.size() == 2);
+  const auto p0 = st.at(int64_t{0}).toGenericDict();
+  CHECK(p0.at("step").toTensor().item<float>() == 2.0f);
+  CHECK(p0.at("master_param").toTensor().scalar_type() == torch::kFloat);
+  CHECK(p0.contains("max_exp_avg_sq"));
+  mixprec::torch_save(sd, dir + "/adam_sd.pt");
+  b.w.detach().copy_(a.w.detach());
+  b.b.detach().copy_(a.b.detach());
+  mixprec::optim::Adam ob(b.params(), mixprec::optim::AdamOptions(0.5));
+  ob.load_state_dict(mixprec::torch_load(dir + "/adam_sd.pt").toGenericDict());
+  CHECK(ob.param_groups()[0].options().get_lr() == 1e-2);
+  for (int it = 0; it < 2; ++it) {
+    oa.zero_grad();
+    ob.zero_grad();
+    a.loss(x).backward();
+    b.loss(x).backward();
+    oa.step();
+    ob.step();
+  }
+  CHECK_MSG(same(a.w.detach(), b.w.detach()), "state_dict round trip continues identically");
+  // a mismatched optimizer is rejected and keeps its state
+  Toy c(torch::kFloat);
+  mixprec::optim::Adam oc({c.w}, mixprec::optim::AdamOptions(0.3));
+  CHECK_THROWS(c10::Error, oc.load_state_dict(sd), "doesn't match the size");
+  CHECK(oc.param_groups()[0].options().get_lr() == 0.3);
+  CHECK(oc.state().empty());
+}
+
 void test_autocast_guard() {
   CHECK(!at::autocast::is_autocast_enabled(torch::kCPU));
   auto w = torch::randn({4, 4});
@@ -535,6 +582,7 @@ int main(int argc, char** argv) {
       {"optim vs torch::optim (fp32)", test_optim_vs_torch},
       {"optim masters + errors", test_optim_masters_and_errors},
       {"optim torch::save/load", [&] { test_optim_serialize(dir); }},
+      {"optim state_dict (Python layout)", [&] { test_optim_state_dict(dir); }},
       {"AutocastGuard", test_autocast_guard},
   };
   for (const auto& [name, fn] : tests) {
