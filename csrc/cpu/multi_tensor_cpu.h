@@ -27,11 +27,31 @@ struct WorkItem {
   int64_t end;     // one past the last element
 };
 
+inline SpanDtype span_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return SpanDtype::kFloat;
+    case at::kHalf:
+      return SpanDtype::kHalf;
+    case at::kBFloat16:
+      return SpanDtype::kBFloat16;
+    case at::kDouble:
+      return SpanDtype::kDouble;
+    default:
+      TORCH_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a kernel");
+  }
+}
+
 // Tensors as the kernels see them: flat spans over non-overlapping, dense
 // memory. A strided tensor is replaced by a contiguous copy; when the op
 // writes, `copy_back` restores the result into the original afterwards.
 struct DenseList {
   std::vector<at::Tensor> dense;
+  // Per dense tensor, resolved once (not per chunk): data pointer, dtype and
+  // element size, so the parallel loop touches no Tensor methods.
+  std::vector<char*> base;
+  std::vector<SpanDtype> dtype;
+  std::vector<int64_t> esize;
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (orig, dense)
   std::vector<WorkItem> items;
   int64_t total = 0;
@@ -47,6 +67,9 @@ struct DenseList {
         copy_back.emplace_back(t, d);
       }
       const auto idx = static_cast<int32_t>(dense.size());
+      base.push_back(static_cast<char*>(d.data_ptr()));
+      dtype.push_back(span_dtype(d.scalar_type()));
+      esize.push_back(static_cast<int64_t>(d.element_size()));
       dense.push_back(d);
       const int64_t n = d.numel();
       for (int64_t b = 0; b < n; b += kCpuChunk) {
@@ -56,27 +79,17 @@ struct DenseList {
     }
   }
 
+  // The first element of a work item's span.
+  void* ptr(const WorkItem& it) const {
+    return base[it.tensor] + it.begin * esize[it.tensor];
+  }
+
   void finish() {
     for (auto& pr : copy_back) {
       pr.first.copy_(pr.second);
     }
   }
 };
-
-inline SpanDtype span_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return SpanDtype::kFloat;
-    case at::kHalf:
-      return SpanDtype::kHalf;
-    case at::kBFloat16:
-      return SpanDtype::kBFloat16;
-    case at::kDouble:
-      return SpanDtype::kDouble;
-    default:
-      TORCH_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a kernel");
-  }
-}
 
 // Runs `fn(const WorkItem&) -> bool` over every item, in parallel when there
 // is enough work, and returns whether any call returned true.

@@ -21,9 +21,7 @@ void run(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
   const SpanKernels& k = span_kernels();
   const bool found =
       parallel_any(list.items, list.total, [&](const WorkItem& it) {
-        const at::Tensor& t = list.dense[it.tensor];
-        char* base = static_cast<char*>(t.data_ptr()) + it.begin * t.element_size();
-        return k.unscale_check(span_dtype(t.scalar_type()), base,
+        return k.unscale_check(list.dtype[it.tensor], list.ptr(it),
                                it.end - it.begin, inv, write);
       });
   list.finish();

@@ -22,10 +22,8 @@ at::Tensor run(at::TensorList grads, const at::Tensor& found_inf, float inv,
   const SpanKernels& k = span_kernels();
   const bool found =
       parallel_any(list.items, list.total, [&](const WorkItem& it) {
-        const at::Tensor& t = list.dense[it.tensor];
-        char* base = static_cast<char*>(t.data_ptr()) + it.begin * t.element_size();
         const SpanNorm r =
-            k.unscale_norm(span_dtype(t.scalar_type()), Kind, base,
+            k.unscale_norm(list.dtype[it.tensor], Kind, list.ptr(it),
                            it.end - it.begin, inv, write, norm_type);
         partials[&it - list.items.data()] = r.partial;
         return r.found;

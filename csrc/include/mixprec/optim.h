@@ -14,6 +14,10 @@
 // step with inf/NaN grads on the device (step counts included); see
 // FusedOptimizer::step_with.
 //
+// Checkpoints: torch::save/torch::load (LibTorch archives), or state_dict()/
+// load_state_dict() in the layout of the Python classes' state_dict(), which
+// mixprec::torch_save writes as a file Python's torch.load reads (and back).
+//
 //   mixprec::optim::AdamW opt(model->parameters(),
 //                             mixprec::optim::AdamWOptions(1e-3));
 #pragma once
