@@ -88,4 +88,4 @@ bench: build
 	$(PY) benchmarks/bench_unscale.py
 
 clean:
-	rm -rf build dist python/*.egg-info python/mixprec/_C*.so demo_report.png
+	rm -rf build dist python/*.egg-info python/mixprec/_C*.so python/mixprec/_cpp demo_report.png

@@ -190,6 +190,28 @@ def _bundle_cpp(package_dir: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     subprocess.check_call([cmake, "--install", str(build_dir), "--prefix", str(dest)])
+    _single_library_file(dest)
+
+
+def _single_library_file(dest: Path) -> None:
+    """Keep one libmixprec file, named by its soname (wheels store symlinks as copies).
+
+    ``cmake --install`` writes libmixprec.so.X.Y.Z plus the symlinks
+    libmixprec.so.X.Y (the soname, what programs load) and libmixprec.so; the
+    file becomes libmixprec.so.X.Y and the imported target points at it.
+    """
+    for libdir in dest.glob("lib*"):
+        links = [f for f in libdir.glob("libmixprec.so*") if f.is_symlink()]
+        real = [f for f in libdir.glob("libmixprec.so*") if f.is_file() and not f.is_symlink()]
+        soname = [f for f in links if re.fullmatch(r"libmixprec\.so\.\d+\.\d+", f.name)]
+        if len(real) != 1 or len(soname) != 1:
+            continue
+        for link in links:
+            link.unlink()
+        real[0].rename(libdir / soname[0].name)
+        for targets in (libdir / "cmake" / "mixprec").glob("mixprecTargets-*.cmake"):
+            text = targets.read_text()
+            targets.write_text(text.replace(real[0].name, soname[0].name))
 
 
 def _with_cpp_bundle(base: type) -> type:
@@ -213,7 +235,7 @@ setup(
     package_dir={"": "python"},
     packages=find_packages("python"),
     # the C++ package of MIXPREC_BUNDLE_CPP=1 builds (mixprec.cmake_prefix_path)
-    package_data={"mixprec": ["_cpp/include/mixprec/*.h", "_cpp/lib*/libmixprec.so*",
+    package_data={"mixprec": ["_cpp/include/mixprec/*.h", "_cpp/lib*/libmixprec.so.*",
                               "_cpp/lib*/cmake/mixprec/*.cmake"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,

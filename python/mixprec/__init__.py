@@ -7,6 +7,7 @@ see :mod:`mixprec._extension` for what happens when they are missing.
 from __future__ import annotations
 
 from . import cuda, ops, optim
+from ._cmake import cmake_prefix_path
 from ._extension import (
     MixprecExtensionWarning,
     build_info,
@@ -34,6 +35,7 @@ __all__ = [
     "__version__",
     "MixprecExtensionWarning",
     "build_info",
+    "cmake_prefix_path",
     "has_cuda_kernels",
     "has_extension",
     "ops",

@@ -25,7 +25,7 @@ __all__ = ["cmake_prefix_path", "has_cpp_package", "cpp_package_config"]
 cmake_prefix_path: str = str(Path(__file__).resolve().parent / "_cpp")
 
 
-def cpp_package_config() -> "Path | None":
+def cpp_package_config() -> Path | None:
     """The bundled ``mixprecConfig.cmake``, or None when this package has none."""
     root = Path(cmake_prefix_path)
     for libdir in ("lib", "lib64"):

@@ -40,6 +40,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 try:
     import torch
+
     import mixprec
     from mixprec import optim as mp_optim
 except Exception as exc:  # pragma: no cover - environment dependent
@@ -85,7 +86,7 @@ def scaler_inf_at(it: int) -> bool:  # as interop_tool.cpp
     return it in (1, 2, 5)
 
 
-def python_scaler_after_scenario() -> "mixprec.GradScaler":
+def python_scaler_after_scenario() -> mixprec.GradScaler:
     w = torch.ones(4, requires_grad=True)
     opt = torch.optim.SGD([w], lr=0.0)
     scaler = mixprec.GradScaler("cpu", **SCALER_KW)
