@@ -236,6 +236,63 @@ def test_adaptive_promotes_the_overflowing_layer(tmp_path, caplog):
     assert other.adaptive_decisions == decisions and acts2["big"] == acts["big"]
 
 
+class _GradBoost(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by 1e8 (overflows in float16)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 1e8
+
+
+class BackwardOverflowing(nn.Module):
+    """Forward is finite everywhere; the gradient reaching ``big`` (and all before it)
+    overflows, while ``head``'s own gradients stay finite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 32)
+        self.big = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(_GradBoost.apply(self.big(torch.relu(self.fc1(x)))))
+
+
+def test_adaptive_promotes_the_module_whose_grads_overflowed():
+    cfg = MixedPrecisionConfig(mode="adaptive", precision_level="fp16", logging_frequency=4,
+                               overflow_threshold=0.5)
+    trainer = make(cfg, model=BackwardOverflowing())
+    acts = record(trainer.model)
+    first = [trainer.train_step(x, y) for x, y in loader(4, 16)]
+    assert all(m["step_skipped"] for m in first)
+    decisions = trainer.adaptive_decisions
+    assert len(decisions) == 1
+    d = decisions[0]
+    assert d["module"] == "big" and "gradients were non-finite" in d["reason"]
+    trainer.train_step(*data(16))
+    assert acts["big"] in (torch.bfloat16, torch.float32) and acts["head"] == torch.float16
+
+
+def test_adaptive_promotes_when_the_scale_reaches_min_scale():
+    """The second trigger: the overflow rate stays at the threshold (never above it), but the
+    scale has backed off down to min_scale -- the overflowing layer is promoted all the same."""
+    cfg = MixedPrecisionConfig(mode="adaptive", precision_level="fp16", logging_frequency=4,
+                               overflow_threshold=1.0, initial_scale=4.0, min_scale=1.0)
+    trainer = make(cfg, model=Overflowing())
+    acts = record(trainer.model)
+    scales = [trainer.train_step(x, y)["current_scale"] for x, y in loader(4, 16)]
+    assert scales == [2.0, 1.0, 1.0, 1.0]  # backed off to min_scale and held there
+    decisions = trainer.adaptive_decisions
+    assert len(decisions) == 1
+    assert decisions[0]["module"] == "big" and "min_scale" in decisions[0]["reason"]
+    trainer.train_step(*data(16))
+    assert acts["big"] in (torch.bfloat16, torch.float32) and acts["fc1"] == torch.float16
+
+
 def test_adaptive_turns_low_precision_on_under_memory_pressure():
     cfg = MixedPrecisionConfig(mode="adaptive", precision_level="fp32", logging_frequency=2,
                                adaptive_threshold=1e-9)
