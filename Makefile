@@ -51,9 +51,18 @@ env: $(ENV_TARGET)
 
 # --- build -----------------------------------------------------------------------------
 # Editable install of the default configuration: CUDA kernels when torch is a CUDA build
-# and nvcc is found (MIXPREC_FORCE_CUDA=1 / MIXPREC_FORCE_CPU=1 override).
-build: env
+# and nvcc is found (MIXPREC_FORCE_CUDA=1 / MIXPREC_FORCE_CPU=1 override). pip rebuilds
+# from scratch, so the install is redone only when a C++ source or the build files change,
+# or for another interpreter / FORCE setting (the stamp's name).
+NATIVE_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
+EDITABLE_STAMP := build/.editable-$(shell printf '%s|%s|%s|%s' '$(PY)' '$(MIXPREC_FORCE_CUDA)' \
+  '$(MIXPREC_FORCE_CPU)' '$(TORCH_CUDA_ARCH_LIST)' | md5sum | cut -c1-12)
+
+$(EDITABLE_STAMP): $(NATIVE_SOURCES) | env
 	$(PY) -m pip install --no-build-isolation --no-deps --quiet -e .
+	@mkdir -p build && touch $@
+
+build: env $(EDITABLE_STAMP)
 	$(PY) -m mixprec.info
 
 # A second, CPU-only build (MIXPREC_FORCE_CPU=1) into its own folder, importable with
