@@ -36,6 +36,16 @@ at::Tensor unscale_and_norm_(at::TensorList grads, const at::Tensor& found_inf,
   return op.call(grads, found_inf, inv_scale, norm_type);
 }
 
+at::Tensor check_finite_and_norm_(at::TensorList grads,
+                                  const at::Tensor& found_inf,
+                                  const at::Tensor& inv_scale,
+                                  double norm_type) {
+  static auto op = handle<at::Tensor(at::TensorList, const at::Tensor&,
+                                     const at::Tensor&, double)>(
+      "mixprec::check_finite_and_norm_");
+  return op.call(grads, found_inf, inv_scale, norm_type);
+}
+
 void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker,
                    const at::Tensor& found_inf, double growth_factor,
                    double backoff_factor, int64_t growth_interval) {

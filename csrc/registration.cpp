@@ -23,6 +23,13 @@ TORCH_LIBRARY(mixprec, m) {
   m.def(
       "unscale_and_norm_(Tensor(a!)[] grads, Tensor(b!) found_inf, "
       "Tensor inv_scale, float norm_type=2.0) -> Tensor");
+  // unscale_and_norm_ that reads only: found_inf as above and the norm of
+  // grads * inv_scale (computed in float32/float64, not rounded to the grad
+  // dtype), grads untouched. For optimizers that unscale (and clip) in their
+  // own kernel: clip_grad_norm_ then costs one read of the grads.
+  m.def(
+      "check_finite_and_norm_(Tensor[] grads, Tensor(a!) found_inf, "
+      "Tensor inv_scale, float norm_type=2.0) -> Tensor");
   // torch._amp_update_scale_, bit for bit.
   m.def(
       "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, "

@@ -32,6 +32,11 @@ def _norm(device, **kw):
     return "unscale_and_norm_", (*args, kw.get("norm_type", 2.0))
 
 
+def _check_norm(device, **kw):
+    name, args = _unscale(device, **{k: v for k, v in kw.items() if k != "norm_type"})
+    return "check_finite_and_norm_", (*args, kw.get("norm_type", 2.0))
+
+
 def _check(device, tensors=None, found=None):
     tensors = _grads(device) if tensors is None else tensors
     found = torch.zeros((), device=device) if found is None else found
@@ -75,6 +80,15 @@ CASES: list[tuple[str, Callable, str]] = [
      "grads[0]"),
     ("norm_type_zero", lambda d: _norm(d, norm_type=0.0), "norm_type"),
     ("norm_type_negative", lambda d: _norm(d, norm_type=-2.0), "norm_type"),
+    ("cnorm_found_inf_shape", lambda d: _check_norm(d, found=torch.zeros(2, device=d)),
+     "found_inf"),
+    ("cnorm_inv_scale_dtype", lambda d: _check_norm(d, inv=torch.full((), 0.5, dtype=torch.float64,
+                                                                      device=d)), "inv_scale"),
+    ("cnorm_integer_grad", lambda d: _check_norm(d, grads=_grads(d) + [
+        torch.ones(4, dtype=torch.int32, device=d)]), "grads[2]"),
+    ("cnorm_sparse_grad", lambda d: _check_norm(d, grads=[torch.eye(3, device=d).to_sparse()]),
+     "grads[0]"),
+    ("cnorm_type_zero", lambda d: _check_norm(d, norm_type=0.0), "norm_type"),
     ("check_integer", lambda d: _check(d, tensors=[torch.ones(3, dtype=torch.int8, device=d)]),
      "tensors[0]"),
     ("check_found_inf_shape", lambda d: _check(d, found=torch.zeros(1, 1, 2, device=d)),
@@ -102,6 +116,9 @@ if HAS_CUDA:
         ("grads_other_device", lambda d: _unscale(d, grads=[torch.randn(5, device=d),
                                                             torch.randn(5)]), "grads[1]"),
         ("found_inf_on_cpu", lambda d: _unscale(d, found=torch.zeros(())), "found_inf"),
+        ("cnorm_grads_other_device", lambda d: _check_norm(d, grads=[torch.randn(5, device=d),
+                                                                     torch.randn(5)]),
+         "grads[1]"),
         ("inv_scale_on_cpu", lambda d: _unscale(d, inv=torch.full((), 0.5)), "inv_scale"),
         ("tracker_on_cpu", lambda d: _update(d, tracker=torch.zeros((), dtype=torch.int32)),
          "growth_tracker"),
@@ -123,6 +140,7 @@ def _snapshot(args):
 def test_bad_input_rejected_and_nothing_modified(device, impl, case):
     _, build, needle = case
     if device == "cpu" and case[0] in {"grads_other_device", "found_inf_on_cpu",
+                                       "cnorm_grads_other_device",
                                        "inv_scale_on_cpu", "tracker_on_cpu"}:
         pytest.skip("cross-device cases need the tensors' device to be CUDA")
     name, args = build(device)

@@ -410,10 +410,17 @@ def _drive_one(s):
 @cuda_only
 @pytest.mark.parametrize("clip", [False, True])
 @pytest.mark.parametrize("policy", ["torch", "megatron"])
-def test_zero_host_syncs_with_fused_optimizer(clip, policy):
+@pytest.mark.parametrize("optim", ["torch-fused", "mixprec-fp32", "mixprec-fp16-masters"])
+def test_zero_host_syncs_with_fused_optimizer(clip, policy, optim):
     torch.manual_seed(0)
     model = two_layer("cuda")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    if optim == "torch-fused":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    else:
+        if optim == "mixprec-fp16-masters":
+            model = model.half()
+        # clip=True then folds the clip into the optimizer's kernel
+        opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
     s = mixprec.GradScaler("cuda", policy=policy)
     x, y = torch.randn(16, 8, device="cuda"), torch.randn(16, 8, device="cuda")
 
@@ -463,7 +470,7 @@ def test_clip_grad_norm_unfused_fallback(monkeypatch, norm_type):
     import mixprec.grad_scaler as gs
 
     if norm_type != 0.0:
-        monkeypatch.setattr(gs, "_fused_norm_available", lambda: False)
+        monkeypatch.setattr(gs, "_op_available", lambda name: False)
     a, oa, ps_a, norm_a, ps_b, norm_b = _clip_pair("cpu", norm_type, [torch.float32] * 2)
     torch.testing.assert_close(norm_a, norm_b.float(), rtol=1e-6, atol=0)
     for pa, pb in zip(ps_a, ps_b):
@@ -494,3 +501,154 @@ def test_with_mixprec_master_weight_optimizer(device):
         if norm is not None:
             assert torch.isfinite(norm)
     assert s.get_scale() == 512.0
+
+
+# ------------------------------------------------------------------ clip folded into the step
+def _fold_setup(device, kind, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    ps = [torch.nn.Parameter(torch.randn(*shape, generator=g).to(device, dtype))
+          for shape in ((37, 5), (1000,), (3,))]
+    if kind == "AdamW":
+        opt = mixprec.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)
+    else:
+        opt = mixprec.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True)
+    return ps, opt
+
+
+def _scaled_grads(ps, gen, scale, inf=False):
+    for p in ps:
+        p.grad = (torch.randn(p.shape, generator=gen) * 3 * scale).to(p.device, p.dtype)
+    if inf:
+        ps[-1].grad[-1] = INF
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["AdamW", "SGD"])
+@pytest.mark.parametrize("norm_type", [2.0, INF, 1.0])
+def test_clip_folded_into_mixprec_step_matches_unfolded(device, kind, norm_type):
+    """fp32 params: folded clip == unscale_ + torch's clip + step, within 1e-6; grads untouched."""
+    ps_a, opt_a = _fold_setup(device, kind, torch.float32, 0)
+    ps_b, opt_b = _fold_setup(device, kind, torch.float32, 0)
+    sa = mixprec.GradScaler(device, init_scale=256.0, growth_interval=2)
+    sb = mixprec.GradScaler(device, init_scale=256.0, growth_interval=2)
+    ga, gb = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    calls = []
+    real_cnorm = ops.check_finite_and_norm_
+    for it in range(6):
+        scale = sa.get_scale()
+        _scaled_grads(ps_a, ga, scale, inf=it == 2)
+        _scaled_grads(ps_b, gb, scale, inf=it == 2)
+        grads_before = [p.grad.clone() for p in ps_a]
+        params_before = [p.detach().clone() for p in ps_a]
+        sa.scale(torch.ones((), device=device))
+        sb.scale(torch.ones((), device=device))
+        ops.check_finite_and_norm_ = lambda *a, **k: calls.append(1) or real_cnorm(*a, **k)
+        try:
+            na = sa.clip_grad_norm_(opt_a, 0.5, norm_type)
+        finally:
+            ops.check_finite_and_norm_ = real_cnorm
+        sb.unscale_(opt_b)
+        nb = torch.nn.utils.clip_grad_norm_(ps_b, 0.5, norm_type)
+        for p, g in zip(ps_a, grads_before):
+            assert torch.equal(p.grad, g)  # folded: the grads were only read
+        with pytest.raises(RuntimeError, match=re.escape("unscale_() has already been called")):
+            sa.unscale_(opt_a)
+        sa.step(opt_a)
+        sb.step(opt_b)
+        assert not hasattr(opt_a, "clip_coef") and not hasattr(opt_a, "grad_scale")
+        sa.update()
+        sb.update()
+        if it == 2:
+            assert not torch.isfinite(na) and sa.step_was_skipped
+            for p, q in zip(ps_a, params_before):
+                assert torch.equal(p, q)
+        else:
+            torch.testing.assert_close(na, nb.float(), rtol=1e-6, atol=0)
+        assert sa.get_scale() == sb.get_scale()
+    assert len(calls) == 6  # one read-only pass per iteration
+    for a, b in zip(ps_a, ps_b):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_clip_folded_hands_scale_and_coef_to_the_kernel(device, dtype):
+    """16-bit params with masters: the scaler's folded step is exactly the optimizer's step
+    with grad_scale=scale and clip_coef=min(1, max_norm / (norm + 1e-6))."""
+    ps_a, opt_a = _fold_setup(device, "AdamW", dtype, 3)
+    ps_b, opt_b = _fold_setup(device, "AdamW", dtype, 3)
+    s = mixprec.GradScaler(device, init_scale=1024.0)
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(3):
+        _scaled_grads(ps_a, gen, 1024.0)
+        for a, b in zip(ps_a, ps_b):
+            b.grad = a.grad.clone()
+        s.scale(torch.ones((), device=device))
+        norm = s.clip_grad_norm_(opt_a, 1.0)
+        exact = torch.linalg.vector_norm(torch.cat([p.grad.double().flatten() / 1024
+                                                    for p in ps_a]))
+        torch.testing.assert_close(norm.double().cpu(), exact.cpu(), rtol=1e-6, atol=0)
+        assert norm.item() > 1.0  # the clip is active
+        coef = torch.clamp(1.0 / (norm + 1e-6), max=1.0)
+        scale_t = s._scale.clone()
+        s.step(opt_a)
+        s.update()
+        opt_b.step(grad_scale=scale_t, found_inf=torch.zeros((), device=device), clip_coef=coef)
+    for a, b in zip(ps_a, ps_b):
+        assert torch.equal(a, b)
+    for a, b in zip(opt_a.master_params(), opt_b.master_params()):
+        assert torch.equal(a, b)
+
+
+def test_clip_folded_twice_and_opt_out():
+    ps_a, opt_a = _fold_setup("cpu", "SGD", torch.float32, 5)
+    ps_b, opt_b = _fold_setup("cpu", "SGD", torch.float32, 5)
+    ps_c, opt_c = _fold_setup("cpu", "SGD", torch.float32, 5)
+    gen = torch.Generator().manual_seed(6)
+    _scaled_grads(ps_a, gen, 64.0)
+    for p, q, r in zip(ps_a, ps_b, ps_c):
+        q.grad, r.grad = p.grad.clone(), p.grad.clone()
+    scalers = [mixprec.GradScaler("cpu", init_scale=64.0) for _ in range(3)]
+    for sc in scalers:
+        sc.scale(torch.ones(()))
+    # two clips in one iteration, folded (a), unfolded by opt-out (b), by torch's clip (c)
+    na = [scalers[0].clip_grad_norm_(opt_a, m) for m in (4.0, 1.0)]
+    nb = [scalers[1].clip_grad_norm_(opt_b, m, fold_into_step=False) for m in (4.0, 1.0)]
+    scalers[2].unscale_(opt_c)
+    nc = [torch.nn.utils.clip_grad_norm_(ps_c, m) for m in (4.0, 1.0)]
+    for x, y, z in zip(na, nb, nc):
+        torch.testing.assert_close(x, y, rtol=1e-6, atol=0)
+        torch.testing.assert_close(x, z, rtol=1e-6, atol=0)
+    for q, r in zip(ps_b, ps_c):  # opt-out leaves unscaled, clipped grads like torch's
+        torch.testing.assert_close(q.grad, r.grad, rtol=1e-6, atol=0)
+    for sc, opt in zip(scalers, (opt_a, opt_b, opt_c)):
+        sc.step(opt)
+        sc.update()
+    for a, b, c in zip(ps_a, ps_b, ps_c):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-7)
+
+
+def test_clip_folded_keeps_a_user_clip_coef():
+    ps, opt = _fold_setup("cpu", "SGD", torch.float32, 7)
+    opt.clip_coef = torch.full((), 0.5)
+    seen = []
+    real_step = type(opt).step
+
+    def spy(self, *args, **kwargs):
+        seen.append(self.clip_coef.clone())
+        return real_step(self, *args, **kwargs)
+
+    type(opt).step = spy
+    try:
+        for p in ps:
+            p.grad = torch.full_like(p, 8.0)
+        s = mixprec.GradScaler("cpu", init_scale=2.0)
+        s.scale(torch.ones(()))
+        norm = s.clip_grad_norm_(opt, 1.0)
+        s.step(opt)
+    finally:
+        type(opt).step = real_step
+    expected = 0.5 * torch.clamp(1.0 / (norm + 1e-6), max=1.0)
+    torch.testing.assert_close(seen[0], expected)
+    assert torch.equal(opt.clip_coef, torch.full((), 0.5))  # restored after the step

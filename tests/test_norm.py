@@ -1,4 +1,5 @@
-"""unscale_and_norm_: one pass equals unscale_ followed by clip_grad_norm_'s norm."""
+"""unscale_and_norm_: one pass equals unscale_ followed by clip_grad_norm_'s norm.
+check_finite_and_norm_: the same norm and found_inf, grads left untouched."""
 
 from __future__ import annotations
 
@@ -90,3 +91,82 @@ def test_deterministic(device):
         norms.append(mixprec.ops.unscale_and_norm_(gs, torch.zeros((), device=device),
                                                    torch.full((), 0.5, device=device)))
     assert norms[0].item() == norms[1].item() == norms[2].item()
+
+
+def _exact_scaled_norm(grads, inv, norm_type):
+    """float64 norm of the grads times inv (a power of two, so g * inv is exact anyway)."""
+    parts = [torch.linalg.vector_norm(g.double().cpu() * inv, norm_type)
+             for g in grads if g.numel() > 0]
+    return torch.linalg.vector_norm(torch.stack(parts), norm_type)
+
+
+def _mixed_grads(device):
+    g = torch.Generator().manual_seed(11)
+    return [
+        (torch.randn(70_001, generator=g) * 300).half().to(device),
+        (torch.randn(5000, generator=g) * 10).bfloat16().to(device),
+        (torch.randn(40, 30, generator=g) * 10).to(device).t(),          # strided
+        torch.empty(0, device=device),                                     # zero-size
+        (torch.randn(300_003, generator=g) * 10).to(device),              # > one chunk
+        (torch.randn(90, 9, generator=g) * 10).double().to(device)[::2],  # strided fp64
+    ]
+
+
+@pytest.mark.parametrize("norm_type", NORMS)
+def test_check_finite_and_norm_reads_only_and_matches_unscale_and_norm(device, norm_type):
+    grads = _mixed_grads(device)
+    before = [g.clone() for g in grads]
+    inv = torch.full((), 1 / 512, device=device)
+    found = torch.zeros((), device=device)
+    norm = mixprec.ops.check_finite_and_norm_(grads, found, inv, norm_type)
+    for a, b in zip(grads, before):
+        assert_bitwise_equal(a, b)  # read only
+    assert found.item() == 0.0
+    assert norm.dtype == torch.float32 and norm.shape == () and norm.device == found.device
+    # The same per-element math as the in-place op (u = g * inv in float32, not rounded back).
+    in_place = mixprec.ops.unscale_and_norm_([g.clone() for g in grads],
+                                             torch.zeros((), device=device), inv, norm_type)
+    assert_bitwise_equal(norm, in_place)
+    # And the float64 value of that math within 1e-6.
+    exact = _exact_scaled_norm(grads, 1 / 512, norm_type)
+    torch.testing.assert_close(norm.double().cpu(), exact, rtol=1e-6, atol=0)
+    ref = _reference.check_finite_and_norm_(before, torch.zeros((), device=device), inv,
+                                            norm_type)
+    torch.testing.assert_close(norm, ref, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+@pytest.mark.parametrize("where", ["first", "last"])
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_check_finite_and_norm_nonfinite(device, impl, where, value):
+    fn = mixprec.ops.check_finite_and_norm_ if impl == "kernel" else \
+        _reference.check_finite_and_norm_
+    grads = [torch.randn(n, device=device).to(dt)
+             for n, dt in ((9000, torch.float16), (77, torch.bfloat16), (100_000, torch.float32))]
+    if where == "first":
+        grads[0][0] = value
+    else:
+        grads[-1][-1] = value
+    before = [g.clone() for g in grads]
+    found = torch.zeros((), device=device)
+    norm = fn(grads, found, torch.full((), 0.5, device=device), 2.0)
+    assert found.item() == 1.0
+    assert not torch.isfinite(norm).item()
+    for a, b in zip(grads, before):
+        assert_bitwise_equal(a, b)
+    # found_inf already set stays set on clean input
+    fn([torch.randn(10, device=device)], found, torch.full((), 0.5, device=device), 2.0)
+    assert found.item() == 1.0
+
+
+def test_check_finite_and_norm_empty_and_expanded(device):
+    found = torch.zeros((), device=device)
+    inv = torch.full((), 0.5, device=device)
+    assert mixprec.ops.check_finite_and_norm_([], found, inv).item() == 0.0
+    # Read only, so an expanded (overlapping) tensor is fine: each element counts once per
+    # position, as in torch.linalg.vector_norm of the expanded tensor.
+    base = torch.randn(1, 1000, device=device)
+    norm = mixprec.ops.check_finite_and_norm_([base.expand(8, 1000)], found, inv)
+    torch.testing.assert_close(norm, torch.linalg.vector_norm(base.expand(8, 1000) * 0.5),
+                               rtol=1e-6, atol=0)
+    assert found.item() == 0.0

@@ -28,6 +28,8 @@ def _samples(device):
         (torch.ops.mixprec.unscale_and_norm_.default, (_grads(device), f(), inv(), 2.0), {}),
         (torch.ops.mixprec.unscale_and_norm_.default, (_grads(device), f(), inv(),
                                                        float("inf")), {}),
+        (torch.ops.mixprec.check_finite_and_norm_.default, (_grads(device), f(), inv(), 2.0), {}),
+        (torch.ops.mixprec.check_finite_and_norm_.default, (_grads(device), f(), inv(), 1.5), {}),
         (torch.ops.mixprec.update_scale_.default,
          (torch.full((), 8.0, device=device), i32(1), torch.ones((), device=device), 2.0, 0.5, 2),
          {}),
@@ -37,7 +39,7 @@ def _samples(device):
     ]
 
 
-@pytest.mark.parametrize("index", range(7))
+@pytest.mark.parametrize("index", range(9))
 def test_opcheck(device, index):
     op, args, kwargs = _samples(device)[index]
     torch.library.opcheck(op, args, kwargs)

@@ -123,7 +123,7 @@ namespace checks {
 void check_unscale_args(const char* op, at::TensorList tensors,
                         const at::Tensor& found_inf,
                         const at::Tensor* inv_scale,
-                        c10::DeviceType backend) {
+                        c10::DeviceType backend, bool read_only) {
   TORCH_CHECK(found_inf.defined() && found_inf.device().type() == backend,
               "mixprec.", op, ": found_inf must be a ",
               c10::DeviceTypeName(backend, /*lower_case=*/true),
@@ -135,7 +135,7 @@ void check_unscale_args(const char* op, at::TensorList tensors,
     check_state_tensor(op, "inv_scale", *inv_scale, at::kFloat, device);
   }
   check_grad_list(op, inv_scale != nullptr ? "grads" : "tensors", tensors,
-                  device, inv_scale != nullptr);
+                  device, inv_scale != nullptr && !read_only);
 }
 
 void check_norm_type(const char* op, double norm_type) {

@@ -30,11 +30,11 @@ bool is_supported_float(c10::ScalarType t);
 // The arguments of the unscale family (unscale_and_check_, check_finite_,
 // unscale_and_norm_): found_inf (float32, one element) on a `backend` device,
 // inv_scale (when given) likewise on the same device, and the tensor list as
-// in check_grad_list (written when inv_scale is given).
+// in check_grad_list (written when inv_scale is given, unless read_only).
 void check_unscale_args(const char* op, at::TensorList tensors,
                         const at::Tensor& found_inf,
                         const at::Tensor* inv_scale,
-                        c10::DeviceType backend);
+                        c10::DeviceType backend, bool read_only = false);
 
 // norm_type must be > 0 (inf allowed) and not NaN.
 void check_norm_type(const char* op, double norm_type);

@@ -1,6 +1,7 @@
-// unscale_and_norm_ on CPU: unscale + inf/NaN check + total p-norm of the
-// unscaled values in one parallel pass. Per-chunk partials are combined in a
-// fixed order, so the result does not depend on the thread count.
+// unscale_and_norm_ and check_finite_and_norm_ on CPU: inf/NaN check + total
+// p-norm of the unscaled values (+ the in-place unscale for the former) in one
+// parallel pass. Per-chunk partials are combined in a fixed order, so the
+// result does not depend on the thread count.
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -15,8 +16,8 @@ namespace {
 
 template <int Kind>
 at::Tensor run(at::TensorList grads, const at::Tensor& found_inf, float inv,
-               double norm_type) {
-  const bool write = inv != 1.0f;
+               double norm_type, bool in_place) {
+  const bool write = in_place && inv != 1.0f;
   DenseList list(grads, write);
   std::vector<double> partials(list.items.size(), 0.0);
   const SpanKernels& k = span_kernels();
@@ -42,25 +43,39 @@ at::Tensor run(at::TensorList grads, const at::Tensor& found_inf, float inv,
   return out;
 }
 
-at::Tensor unscale_and_norm_cpu(at::TensorList grads,
-                                const at::Tensor& found_inf,
-                                const at::Tensor& inv_scale,
-                                double norm_type) {
-  const char* op = "unscale_and_norm_";
+at::Tensor norm_cpu(const char* op, at::TensorList grads,
+                    const at::Tensor& found_inf, const at::Tensor& inv_scale,
+                    double norm_type, bool in_place) {
   checks::check_unscale_args(op, grads, found_inf, &inv_scale,
-                             c10::DeviceType::CPU);
+                             c10::DeviceType::CPU, /*read_only=*/!in_place);
   checks::check_norm_type(op, norm_type);
   const float inv = inv_scale.data_ptr<float>()[0];
   switch (math::norm_kind(norm_type)) {
     case math::kNormL1:
-      return run<math::kNormL1>(grads, found_inf, inv, norm_type);
+      return run<math::kNormL1>(grads, found_inf, inv, norm_type, in_place);
     case math::kNormL2:
-      return run<math::kNormL2>(grads, found_inf, inv, norm_type);
+      return run<math::kNormL2>(grads, found_inf, inv, norm_type, in_place);
     case math::kNormInf:
-      return run<math::kNormInf>(grads, found_inf, inv, norm_type);
+      return run<math::kNormInf>(grads, found_inf, inv, norm_type, in_place);
     default:
-      return run<math::kNormP>(grads, found_inf, inv, norm_type);
+      return run<math::kNormP>(grads, found_inf, inv, norm_type, in_place);
   }
+}
+
+at::Tensor unscale_and_norm_cpu(at::TensorList grads,
+                                const at::Tensor& found_inf,
+                                const at::Tensor& inv_scale,
+                                double norm_type) {
+  return norm_cpu("unscale_and_norm_", grads, found_inf, inv_scale, norm_type,
+                  /*in_place=*/true);
+}
+
+at::Tensor check_finite_and_norm_cpu(at::TensorList grads,
+                                     const at::Tensor& found_inf,
+                                     const at::Tensor& inv_scale,
+                                     double norm_type) {
+  return norm_cpu("check_finite_and_norm_", grads, found_inf, inv_scale,
+                  norm_type, /*in_place=*/false);
 }
 
 }  // namespace
@@ -69,10 +84,12 @@ at::Tensor unscale_and_norm_cpu(at::TensorList grads,
 
 TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
   m.impl("unscale_and_norm_", &mixprec::cpu::unscale_and_norm_cpu);
+  m.impl("check_finite_and_norm_", &mixprec::cpu::check_finite_and_norm_cpu);
 }
 
 // Sparse tensors reach these kernels through the SparseCPU key; the
 // kernel's argument checks then reject them with a message naming the tensor.
 TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
   m.impl("unscale_and_norm_", &mixprec::cpu::unscale_and_norm_cpu);
+  m.impl("check_finite_and_norm_", &mixprec::cpu::check_finite_and_norm_cpu);
 }

@@ -1,4 +1,5 @@
-// unscale_and_norm_ on CUDA: the unscale pass also writes one norm partial
+// unscale_and_norm_ and check_finite_and_norm_ on CUDA: the unscale (or
+// read-only check) pass also writes one norm partial
 // per block; a one-block kernel then combines the partials in double, in a
 // fixed order (deterministic), and writes the norm. No host sync.
 #include <ATen/Dispatch.h>
@@ -29,8 +30,8 @@ __global__ void __launch_bounds__(kBlockSize)
 
 template <int Kind>
 at::Tensor run(at::TensorList grads, const at::Tensor& found_inf,
-               const at::Tensor& inv_scale, double norm_type) {
-  DtypeGroups g(grads, /*written=*/true);
+               const at::Tensor& inv_scale, double norm_type, bool in_place) {
+  DtypeGroups g(grads, /*written=*/in_place);
   int64_t blocks = 0;
   for (auto& [dtype, list] : g.groups) {
     blocks += count_blocks(list);
@@ -46,9 +47,15 @@ at::Tensor run(at::TensorList grads, const at::Tensor& found_inf,
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, dtype, "mixprec_norm_cuda", [&] {
           const std::array<std::vector<at::Tensor>, 1> lists{list};
-          multi_tensor_apply<1>(lists, UnscaleOp<scalar_t, true, Kind>{},
-                                found_ptr, inv_ptr, part_ptr + offset,
-                                static_cast<float>(norm_type));
+          const float p = static_cast<float>(norm_type);
+          if (in_place) {
+            multi_tensor_apply<1>(lists, UnscaleOp<scalar_t, true, Kind>{},
+                                  found_ptr, inv_ptr, part_ptr + offset, p);
+          } else {
+            multi_tensor_apply<1>(
+                lists, UnscaleOp<scalar_t, true, Kind, /*kWrite=*/false>{},
+                found_ptr, inv_ptr, part_ptr + offset, p);
+          }
         });
     offset += count_blocks(list);
   }
@@ -61,25 +68,43 @@ at::Tensor run(at::TensorList grads, const at::Tensor& found_inf,
   return out;
 }
 
-at::Tensor unscale_and_norm_cuda(at::TensorList grads,
-                                 const at::Tensor& found_inf,
-                                 const at::Tensor& inv_scale,
-                                 double norm_type) {
-  const char* op = "unscale_and_norm_";
+at::Tensor norm_cuda(const char* op, at::TensorList grads,
+                     const at::Tensor& found_inf, const at::Tensor& inv_scale,
+                     double norm_type, bool in_place) {
   checks::check_unscale_args(op, grads, found_inf, &inv_scale,
-                             c10::DeviceType::CUDA);
+                             c10::DeviceType::CUDA, /*read_only=*/!in_place);
   checks::check_norm_type(op, norm_type);
   c10::cuda::OptionalCUDAGuard guard(found_inf.device());
   switch (math::norm_kind(norm_type)) {
     case math::kNormL1:
-      return run<math::kNormL1>(grads, found_inf, inv_scale, norm_type);
+      return run<math::kNormL1>(grads, found_inf, inv_scale, norm_type,
+                                in_place);
     case math::kNormL2:
-      return run<math::kNormL2>(grads, found_inf, inv_scale, norm_type);
+      return run<math::kNormL2>(grads, found_inf, inv_scale, norm_type,
+                                in_place);
     case math::kNormInf:
-      return run<math::kNormInf>(grads, found_inf, inv_scale, norm_type);
+      return run<math::kNormInf>(grads, found_inf, inv_scale, norm_type,
+                                 in_place);
     default:
-      return run<math::kNormP>(grads, found_inf, inv_scale, norm_type);
+      return run<math::kNormP>(grads, found_inf, inv_scale, norm_type,
+                               in_place);
   }
+}
+
+at::Tensor unscale_and_norm_cuda(at::TensorList grads,
+                                 const at::Tensor& found_inf,
+                                 const at::Tensor& inv_scale,
+                                 double norm_type) {
+  return norm_cuda("unscale_and_norm_", grads, found_inf, inv_scale, norm_type,
+                   /*in_place=*/true);
+}
+
+at::Tensor check_finite_and_norm_cuda(at::TensorList grads,
+                                      const at::Tensor& found_inf,
+                                      const at::Tensor& inv_scale,
+                                      double norm_type) {
+  return norm_cuda("check_finite_and_norm_", grads, found_inf, inv_scale,
+                   norm_type, /*in_place=*/false);
 }
 
 }  // namespace
@@ -88,10 +113,14 @@ at::Tensor unscale_and_norm_cuda(at::TensorList grads,
 
 TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
   m.impl("unscale_and_norm_", &mixprec::cuda::unscale_and_norm_cuda);
+  m.impl("check_finite_and_norm_",
+         &mixprec::cuda::check_finite_and_norm_cuda);
 }
 
 // Sparse tensors reach these kernels through the SparseCUDA key; the
 // kernel's argument checks then reject them with a message naming the tensor.
 TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
   m.impl("unscale_and_norm_", &mixprec::cuda::unscale_and_norm_cuda);
+  m.impl("check_finite_and_norm_",
+         &mixprec::cuda::check_finite_and_norm_cuda);
 }

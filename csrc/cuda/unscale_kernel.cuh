@@ -43,10 +43,11 @@ __device__ __forceinline__ double block_reduce(double v) {
   return v;
 }
 
-// One block's chunk: check for inf/NaN, multiply by inv_scale in place when
-// kUnscale (and inv_scale != 1), and, when Kind != kNoNorm, write the chunk's
-// norm partial of the unscaled values to partials[block number].
-template <typename scalar_t, bool kUnscale, int Kind>
+// One block's chunk: check for inf/NaN, multiply by inv_scale when kUnscale
+// (stored in place when kWrite and inv_scale != 1), and, when Kind != kNoNorm,
+// write the chunk's norm partial of the unscaled values to
+// partials[block number].
+template <typename scalar_t, bool kUnscale, int Kind, bool kWrite = true>
 struct UnscaleOp {
   __device__ __forceinline__ void operator()(const TensorListMeta<1>& meta,
                                              float* found_inf,
@@ -66,7 +67,7 @@ struct UnscaleOp {
     if constexpr (kUnscale) {
       const float f = *inv_scale;
       inv = static_cast<opmath_t>(f);
-      write = f != 1.0f;  // torch stores the value unchanged when it is 1
+      write = kWrite && f != 1.0f;  // torch stores nothing when it is 1
     }
     const opmath_t pn = static_cast<opmath_t>(norm_type);
     opmath_t probe = opmath_t(0);

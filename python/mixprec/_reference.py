@@ -109,6 +109,29 @@ def unscale_and_norm_(
     return torch.linalg.vector_norm(torch.stack(norms), norm_type).float()
 
 
+def check_finite_and_norm_(
+    grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor, norm_type: float = 2.0
+) -> Tensor:
+    """Reference of ``torch.ops.mixprec.check_finite_and_norm_`` (grads not written)."""
+    op = "check_finite_and_norm_"
+    _check_state(op, "found_inf", found_inf, torch.float32, found_inf.device)
+    _check_state(op, "inv_scale", inv_scale, torch.float32, found_inf.device)
+    _check_list(op, "grads", grads, found_inf.device)
+    if not norm_type > 0:
+        raise RuntimeError(f"mixprec.{op}: norm_type must be > 0 or inf, got {norm_type}")
+    _any_nonfinite(grads, found_inf)
+    norms = [
+        torch.linalg.vector_norm(
+            (g.to(_opmath(g.dtype)) * inv_scale.to(_opmath(g.dtype))).double(), norm_type
+        )
+        for g in grads
+        if g.numel() > 0
+    ]
+    if not norms:
+        return torch.zeros((), dtype=torch.float32, device=found_inf.device)
+    return torch.linalg.vector_norm(torch.stack(norms), norm_type).float()
+
+
 def check_finite_(tensors: Sequence[Tensor], found_inf: Tensor) -> None:
     """Reference of ``torch.ops.mixprec.check_finite_``."""
     op = "check_finite_"

@@ -130,12 +130,21 @@ def _amp_definitely_not_available() -> bool:
     return bool(torch.cuda.amp.common.amp_definitely_not_available())
 
 
-def _fused_norm_available() -> bool:
-    if not hasattr(ops, "unscale_and_norm_"):
+def _op_available(name: str) -> bool:
+    """Whether ``mixprec.ops.<name>`` runs (compiled, or the reference without an extension)."""
+    if not hasattr(ops, name):
         return False
     from ._extension import has_extension
 
-    return not has_extension() or hasattr(torch.ops.mixprec, "unscale_and_norm_")
+    return not has_extension() or hasattr(torch.ops.mixprec, name)
+
+
+# Keys mixprec adds to a per-optimizer state of ``_per_optimizer_states`` when
+# clip_grad_norm_ folds the clip into a mixprec optimizer's step: the grads
+# still carry the scale (the optimizer unscales them), and the clip
+# coefficient (0-dim float32 on the scale's device) to hand to the optimizer.
+_DEFERRED_UNSCALE = "mixprec_deferred_unscale"
+_CLIP_COEF = "mixprec_clip_coef"
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -560,19 +569,29 @@ class GradScaler(torch.amp.GradScaler):
             for f in flags[1:]:
                 found_inf = found_inf + f.to(scale.device, non_blocking=True)
         preset = getattr(optimizer, "grad_scale", _MISSING)
-        if state["stage"] is OptState.UNSCALED:
+        if state["stage"] is OptState.UNSCALED and not state.get(_DEFERRED_UNSCALE, False):
             grad_scale = None if preset is _MISSING else preset
         else:
             grad_scale = scale if preset is _MISSING else scale * preset
+        set_names = ["grad_scale", "found_inf"]
         optimizer.grad_scale = grad_scale  # type: ignore[attr-defined]
         optimizer.found_inf = found_inf  # type: ignore[attr-defined]
+        clip_coef = state.get(_CLIP_COEF)
+        if clip_coef is not None:
+            user_coef = optimizer.__dict__.get("clip_coef")
+            optimizer.clip_coef = (  # type: ignore[attr-defined]
+                clip_coef if user_coef is None else clip_coef * user_coef
+            )
+            set_names.append("clip_coef")
         try:
             retval = optimizer.step(*args, **kwargs)
             state["stage"] = OptState.STEPPED
         finally:
-            for name in ("grad_scale", "found_inf"):
+            for name in set_names:
                 if name in optimizer.__dict__:
                     delattr(optimizer, name)
+            if clip_coef is not None and user_coef is not None:
+                optimizer.clip_coef = user_coef  # type: ignore[attr-defined]
         return retval
 
     # ------------------------------------------------------------------ clipping
@@ -581,6 +600,8 @@ class GradScaler(torch.amp.GradScaler):
         optimizer: torch.optim.Optimizer,
         max_norm: float,
         norm_type: float = 2.0,
+        *,
+        fold_into_step: bool = True,
     ) -> Tensor:
         """Unscale, check and clip ``optimizer``'s gradients; return their total norm.
 
@@ -593,6 +614,19 @@ class GradScaler(torch.amp.GradScaler):
         iteration, only the norm and the clipping are done. Counts as this
         iteration's :meth:`unscale_` (calling ``unscale_`` afterwards raises).
 
+        With a :mod:`mixprec.optim` optimizer (and ``fold_into_step=True``)
+        the clip is folded into the optimizer's fused step instead: this pass
+        only **reads** the grads (:func:`mixprec.ops.check_finite_and_norm_`),
+        and :meth:`step` hands the optimizer ``grad_scale`` and the clip
+        coefficient ``min(1, max_norm / (norm + 1e-6))``, which its kernel
+        applies while it reads the grads anyway -- one read of the grads
+        instead of a read-write unscale pass, a read-write clip pass and the
+        optimizer's read. ``param.grad`` is then left as backward produced it
+        (scaled, unclipped); pass ``fold_into_step=False`` if you need the
+        clipped, unscaled gradients in ``param.grad``. The update equals the
+        unfolded one within float32 rounding (the fold unscales and clips each
+        grad in float32 without rounding it to the grad's dtype in between).
+
         Sparse gradients are coalesced (``param.grad`` replaced) so that their
         norm is that of the tensor. With ``process_group``, the norm is reduced
         over the ranks (disjoint shards assumed). When the gradients hold
@@ -602,6 +636,8 @@ class GradScaler(torch.amp.GradScaler):
             optimizer: its ``param_groups`` give the parameters.
             max_norm: maximum norm after clipping.
             norm_type: ``p`` of the p-norm, ``float("inf")`` for the max norm.
+            fold_into_step: fold the unscale and the clip into the step of an
+                optimizer that supports it (mixprec's); ignored for others.
 
         Returns:
             The total norm before clipping, a float32 0-dim tensor on the
@@ -617,12 +653,39 @@ class GradScaler(torch.amp.GradScaler):
             raise RuntimeError("clip_grad_norm_() is being called after step().")
         norm_type = float(norm_type)
         home = scale.device
+        fold = (
+            fold_into_step
+            and getattr(optimizer, "_mixprec_folds_clip_coef", False)
+            and norm_type > 0
+            and _op_available("check_finite_and_norm_")
+            and not any(p.grad is not None and p.grad.is_sparse for p in params)
+        )
+        deferred = state.get(_DEFERRED_UNSCALE, False)
         total: Optional[Tensor] = None
-        if state["stage"] is OptState.READY and norm_type > 0 and _fused_norm_available():
-            per_device = self._collect_grads(optimizer, False, coalesce_sparse=True)
+        if fold and (state["stage"] is OptState.READY or deferred):
+            # Read-only pass: found_inf and the norm of grad * inv_scale.
+            per_device = self._collect_grads(optimizer, False)
             inv_scale = self._inv_scale()
             flags: dict[torch.device, Tensor] = {}
             norms: list[Tensor] = []
+            with torch.no_grad():
+                for dev, grads in per_device.items():
+                    flag = torch.zeros((), dtype=torch.float32, device=dev)
+                    inv = inv_scale if dev == home else inv_scale.to(dev, non_blocking=True)
+                    norms.append(ops.check_finite_and_norm_(grads, flag, inv, norm_type).to(home))
+                    flags[dev] = flag
+            if not deferred:
+                state["found_inf_per_device"] = self._reduce_found_inf(flags, home)
+                state["stage"] = OptState.UNSCALED
+                state[_DEFERRED_UNSCALE] = True
+            total = self._combine_norms(norms, norm_type, home)
+        elif state["stage"] is OptState.READY and norm_type > 0 and _op_available(
+            "unscale_and_norm_"
+        ):
+            per_device = self._collect_grads(optimizer, False, coalesce_sparse=True)
+            inv_scale = self._inv_scale()
+            flags = {}
+            norms = []
             with torch.no_grad():
                 for dev, grads in per_device.items():
                     flag = torch.zeros((), dtype=torch.float32, device=dev)
@@ -631,12 +694,7 @@ class GradScaler(torch.amp.GradScaler):
                     flags[dev] = flag
             state["found_inf_per_device"] = self._reduce_found_inf(flags, home)
             state["stage"] = OptState.UNSCALED
-            if not norms:
-                total = torch.zeros((), dtype=torch.float32, device=home)
-            elif len(norms) == 1:
-                total = norms[0]
-            else:
-                total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+            total = self._combine_norms(norms, norm_type, home)
         else:
             if state["stage"] is OptState.READY:
                 for p in params:
@@ -651,8 +709,26 @@ class GradScaler(torch.amp.GradScaler):
                     total = torch.zeros((), dtype=torch.float32, device=home)
         if self._process_group is not None:
             total = _all_reduce_norm(total, norm_type, self._process_group)
-        _clip_with_norm(params, max_norm, total)
+        pending: Optional[Tensor] = state.get(_CLIP_COEF)
+        if pending is not None:
+            # An earlier folded clip of this iteration: the grads it would have
+            # produced are the current ones times its coefficient.
+            total = total * pending
+        if fold:
+            coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+            state[_CLIP_COEF] = coef if pending is None else pending * coef
+        else:
+            _clip_with_norm(params, max_norm, total)
         return total
+
+    @staticmethod
+    def _combine_norms(norms: list[Tensor], norm_type: float, home: torch.device) -> Tensor:
+        """The total norm from per-device norms (all on ``home``)."""
+        if not norms:
+            return torch.zeros((), dtype=torch.float32, device=home)
+        if len(norms) == 1:
+            return norms[0]
+        return torch.linalg.vector_norm(torch.stack(norms), norm_type)
 
     # ------------------------------------------------------------------ update
     def update(self, new_scale: Union[float, Tensor, None] = None) -> None:

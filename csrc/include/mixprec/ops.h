@@ -25,6 +25,13 @@ at::Tensor unscale_and_norm_(at::TensorList grads, const at::Tensor& found_inf,
                              const at::Tensor& inv_scale,
                              double norm_type = 2.0);
 
+// Read-only unscale_and_norm_: sets found_inf and returns the norm of
+// grads * inv_scale; the grads are not written.
+at::Tensor check_finite_and_norm_(at::TensorList grads,
+                                  const at::Tensor& found_inf,
+                                  const at::Tensor& inv_scale,
+                                  double norm_type = 2.0);
+
 // torch._amp_update_scale_ semantics. scale: float32, growth_tracker: int32,
 // found_inf: float32; one element each, same device.
 void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker,

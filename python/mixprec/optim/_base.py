@@ -50,6 +50,10 @@ class FusedOptimizer(torch.optim.Optimizer):
     #: GradScaler contract: this optimizer unscales in its own kernel and skips
     #: the step on the device when found_inf is set.
     _step_supports_amp_scaling = True
+    #: mixprec.GradScaler.clip_grad_norm_ contract: step() takes a
+    #: ``clip_coef`` tensor and applies it in the same kernel, so the scaler
+    #: can leave the grads as they are (scaled, unclipped).
+    _mixprec_folds_clip_coef = True
 
     def __init__(self, params: Any, defaults: Dict[str, Any]) -> None:
         self._lr_cache: Dict[Tuple[int, torch.device], Tuple[float, Tensor]] = {}
