@@ -3,6 +3,8 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "common/op_signatures.h"
+
 namespace mixprec {
 namespace {
 
@@ -17,22 +19,18 @@ c10::TypedOperatorHandle<Sig> handle(const char* name) {
 
 void unscale_and_check_(at::TensorList grads, const at::Tensor& found_inf,
                         const at::Tensor& inv_scale) {
-  static auto op = handle<void(at::TensorList, const at::Tensor&,
-                               const at::Tensor&)>("mixprec::unscale_and_check_");
+  static auto op = handle<sig::UnscaleAndCheck>(sig::kUnscaleAndCheck);
   op.call(grads, found_inf, inv_scale);
 }
 
 void check_finite_(at::TensorList tensors, const at::Tensor& found_inf) {
-  static auto op = handle<void(at::TensorList, const at::Tensor&)>(
-      "mixprec::check_finite_");
+  static auto op = handle<sig::CheckFinite>(sig::kCheckFinite);
   op.call(tensors, found_inf);
 }
 
 at::Tensor unscale_and_norm_(at::TensorList grads, const at::Tensor& found_inf,
                              const at::Tensor& inv_scale, double norm_type) {
-  static auto op = handle<at::Tensor(at::TensorList, const at::Tensor&,
-                                     const at::Tensor&, double)>(
-      "mixprec::unscale_and_norm_");
+  static auto op = handle<sig::Norm>(sig::kUnscaleAndNorm);
   return op.call(grads, found_inf, inv_scale, norm_type);
 }
 
@@ -40,18 +38,14 @@ at::Tensor check_finite_and_norm_(at::TensorList grads,
                                   const at::Tensor& found_inf,
                                   const at::Tensor& inv_scale,
                                   double norm_type) {
-  static auto op = handle<at::Tensor(at::TensorList, const at::Tensor&,
-                                     const at::Tensor&, double)>(
-      "mixprec::check_finite_and_norm_");
+  static auto op = handle<sig::Norm>(sig::kCheckFiniteAndNorm);
   return op.call(grads, found_inf, inv_scale, norm_type);
 }
 
 void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker,
                    const at::Tensor& found_inf, double growth_factor,
                    double backoff_factor, int64_t growth_interval) {
-  static auto op =
-      handle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                  double, double, int64_t)>("mixprec::update_scale_");
+  static auto op = handle<sig::UpdateScale>(sig::kUpdateScale);
   op.call(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
           growth_interval);
 }
@@ -63,11 +57,7 @@ void update_scale_ext_(const at::Tensor& scale,
                        double backoff_factor, int64_t growth_interval,
                        std::optional<double> min_scale,
                        std::optional<double> max_scale, int64_t hysteresis) {
-  static auto op =
-      handle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                  const at::Tensor&, double, double, int64_t,
-                  std::optional<double>, std::optional<double>, int64_t)>(
-          "mixprec::update_scale_ext_");
+  static auto op = handle<sig::UpdateScaleExt>(sig::kUpdateScaleExt);
   op.call(scale, growth_tracker, hysteresis_left, found_inf, growth_factor,
           backoff_factor, growth_interval, min_scale, max_scale, hysteresis);
 }
@@ -82,14 +72,7 @@ void fused_adam_(at::TensorList params, at::TensorList grads,
                  const std::optional<at::Tensor>& found_inf,
                  const std::optional<at::Tensor>& clip_coef,
                  bool stochastic_rounding, int64_t seed) {
-  static auto op =
-      handle<void(at::TensorList, at::TensorList, at::TensorList,
-                  at::TensorList, at::TensorList, at::TensorList,
-                  at::TensorList, const at::Tensor&, double, double, double,
-                  double, bool, bool, bool, const std::optional<at::Tensor>&,
-                  const std::optional<at::Tensor>&,
-                  const std::optional<at::Tensor>&, bool, int64_t)>(
-          "mixprec::fused_adam_");
+  static auto op = handle<sig::FusedAdam>(sig::kFusedAdam);
   op.call(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params,
           state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize,
           decoupled_weight_decay, grad_scale, found_inf, clip_coef,
@@ -105,13 +88,7 @@ void fused_sgd_(at::TensorList params, at::TensorList grads,
                 const std::optional<at::Tensor>& found_inf,
                 const std::optional<at::Tensor>& clip_coef,
                 bool stochastic_rounding, int64_t seed) {
-  static auto op =
-      handle<void(at::TensorList, at::TensorList, at::TensorList,
-                  at::TensorList, at::TensorList, const at::Tensor&, double,
-                  double, double, bool, bool, const std::optional<at::Tensor>&,
-                  const std::optional<at::Tensor>&,
-                  const std::optional<at::Tensor>&, bool, int64_t)>(
-          "mixprec::fused_sgd_");
+  static auto op = handle<sig::FusedSgd>(sig::kFusedSgd);
   op.call(params, grads, momentum_buffers, master_params, state_steps, lr,
           weight_decay, momentum, dampening, nesterov, maximize, grad_scale,
           found_inf, clip_coef, stochastic_rounding, seed);

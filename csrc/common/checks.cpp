@@ -47,7 +47,7 @@ void check_grad_list(const char* op, const char* name, at::TensorList tensors,
     TORCH_CHECK(t.device() == device, "mixprec.", op, ": ", name, "[", i,
                 "] is on ", t.device(), " but found_inf is on ", device,
                 "; call the op once per device");
-    if (written) {
+    if (written && !t.is_non_overlapping_and_dense()) {
       TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes,
                   "mixprec.", op, ": ", name, "[", i,
                   "] has internal overlap (e.g. an expanded tensor), so an "

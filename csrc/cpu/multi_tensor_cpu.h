@@ -45,33 +45,41 @@ inline SpanDtype span_dtype(at::ScalarType t) {
 // Tensors as the kernels see them: flat spans over non-overlapping, dense
 // memory. A strided tensor is replaced by a contiguous copy; when the op
 // writes, `copy_back` restores the result into the original afterwards.
+// Dense inputs are not copied or reference-counted here: the caller's tensor
+// list outlives the DenseList, so their data pointers stay valid.
 struct DenseList {
-  std::vector<at::Tensor> dense;
-  // Per dense tensor, resolved once (not per chunk): data pointer, dtype and
-  // element size, so the parallel loop touches no Tensor methods.
+  // Per non-empty tensor, resolved once (not per chunk): data pointer, dtype
+  // and element size, so the parallel loop touches no Tensor methods.
   std::vector<char*> base;
   std::vector<SpanDtype> dtype;
   std::vector<int64_t> esize;
+  std::vector<at::Tensor> owned;  // contiguous copies of strided inputs
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (orig, dense)
   std::vector<WorkItem> items;
   int64_t total = 0;
 
   DenseList(at::TensorList tensors, bool written) {
-    dense.reserve(tensors.size());
+    base.reserve(tensors.size());
+    dtype.reserve(tensors.size());
+    esize.reserve(tensors.size());
+    items.reserve(tensors.size());
     for (const at::Tensor& t : tensors) {
-      if (t.numel() == 0) {
+      const int64_t n = t.numel();
+      if (n == 0) {
         continue;
       }
-      at::Tensor d = t.is_non_overlapping_and_dense() ? t : t.contiguous();
-      if (written && !d.is_same(t)) {
-        copy_back.emplace_back(t, d);
+      const at::Tensor* d = &t;
+      if (!t.is_non_overlapping_and_dense()) {
+        owned.push_back(t.contiguous());
+        d = &owned.back();
+        if (written) {
+          copy_back.emplace_back(t, *d);
+        }
       }
-      const auto idx = static_cast<int32_t>(dense.size());
-      base.push_back(static_cast<char*>(d.data_ptr()));
-      dtype.push_back(span_dtype(d.scalar_type()));
-      esize.push_back(static_cast<int64_t>(d.element_size()));
-      dense.push_back(d);
-      const int64_t n = d.numel();
+      const auto idx = static_cast<int32_t>(base.size());
+      base.push_back(static_cast<char*>(d->data_ptr()));
+      dtype.push_back(span_dtype(d->scalar_type()));
+      esize.push_back(static_cast<int64_t>(d->element_size()));
       for (int64_t b = 0; b < n; b += kCpuChunk) {
         items.push_back({idx, b, std::min(n, b + kCpuChunk)});
       }

@@ -1,11 +1,24 @@
 // The Python extension module mixprec._C. Loading it runs the static
 // registrations of every op (TORCH_LIBRARY / TORCH_LIBRARY_IMPL); the module
-// itself only carries the build configuration as constants.
+// carries the build configuration as constants and the eager fast path of
+// the ops (python/fast_call.h), which mixprec.ops uses outside torch.compile.
 #include <Python.h>
 
+#include "common/op_signatures.h"
 #include "mixprec/build_info.h"
+#include "python/fast_call.h"
 
 namespace {
+
+namespace sig = mixprec::sig;
+using mixprec::python::FastCall;
+
+// fast_<op>(*args): the op with positional arguments, or NotImplemented
+// when the arguments need torch.ops (see fast_call.h).
+template <const char* Name, class Sig>
+PyObject* fast(PyObject* /*self*/, PyObject* args) {
+  return FastCall<Name, Sig>::call(args);
+}
 
 PyObject* cpu_capability(PyObject* /*self*/, PyObject* /*args*/) {
   return PyUnicode_FromString(mixprec::cpu_capability().c_str());
@@ -14,6 +27,22 @@ PyObject* cpu_capability(PyObject* /*self*/, PyObject* /*args*/) {
 PyMethodDef methods[] = {
     {"cpu_capability", cpu_capability, METH_NOARGS,
      "The CPU kernel set chosen for this machine (avx512, avx2 or default)."},
+    {"fast_unscale_and_check_",
+     fast<sig::kUnscaleAndCheck, sig::UnscaleAndCheck>, METH_VARARGS, nullptr},
+    {"fast_check_finite_", fast<sig::kCheckFinite, sig::CheckFinite>,
+     METH_VARARGS, nullptr},
+    {"fast_unscale_and_norm_", fast<sig::kUnscaleAndNorm, sig::Norm>,
+     METH_VARARGS, nullptr},
+    {"fast_check_finite_and_norm_", fast<sig::kCheckFiniteAndNorm, sig::Norm>,
+     METH_VARARGS, nullptr},
+    {"fast_update_scale_", fast<sig::kUpdateScale, sig::UpdateScale>,
+     METH_VARARGS, nullptr},
+    {"fast_update_scale_ext_", fast<sig::kUpdateScaleExt, sig::UpdateScaleExt>,
+     METH_VARARGS, nullptr},
+    {"fast_fused_adam_", fast<sig::kFusedAdam, sig::FusedAdam>, METH_VARARGS,
+     nullptr},
+    {"fast_fused_sgd_", fast<sig::kFusedSgd, sig::FusedSgd>, METH_VARARGS,
+     nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 

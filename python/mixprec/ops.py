@@ -74,10 +74,37 @@ if has_extension():
         return found_inf.new_empty(())
 
 
-def _pick(name: str, device: torch.device) -> Callable[..., Any]:
-    if _compiled_kernels_for(device):
-        return getattr(torch.ops.mixprec, name)
-    return getattr(_reference, name)
+def _fast_entry(name: str) -> Optional[Callable[..., Any]]:
+    from ._extension import _C
+
+    return getattr(_C, "fast_" + name, None) if _C is not None else None
+
+
+# The extension's direct entry per op (mixprec._C.fast_<op>): the same typed
+# dispatcher call as torch.ops.mixprec.<op>, without converting the arguments
+# to IValues -- for a list of N tensors that conversion costs more than the
+# op's own host work. It answers NotImplemented for arguments it does not take
+# (tensor subclasses, TorchFunctionModes, ...), and is skipped while
+# torch.compile traces (dynamo sees torch.ops.mixprec.<op>).
+_FAST: dict[str, Optional[Callable[..., Any]]] = {}
+
+
+def _call(name: str, device: torch.device, *args: Any) -> Any:
+    """Run op ``name`` on ``args`` (all positional) with the kernels for ``device``."""
+    if not _compiled_kernels_for(device):
+        return getattr(_reference, name)(*args)
+    if not torch.compiler.is_compiling():
+        fast = _FAST.get(name, _MISSING)
+        if fast is _MISSING:
+            fast = _FAST[name] = _fast_entry(name)
+        if fast is not None:
+            out = fast(*args)
+            if out is not NotImplemented:
+                return out
+    return getattr(torch.ops.mixprec, name)(*args)
+
+
+_MISSING: Any = object()
 
 
 def unscale_and_check_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
@@ -102,7 +129,7 @@ def unscale_and_check_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Te
     No host sync. One kernel launch per dtype present (more only past ~1,500
     tensors or ~80M elements per dtype) on CUDA; one parallel pass on CPU.
     """
-    _pick("unscale_and_check_", found_inf.device)(grads, found_inf, inv_scale)
+    _call("unscale_and_check_", found_inf.device, grads, found_inf, inv_scale)
 
 
 def unscale_and_norm_(
@@ -125,7 +152,7 @@ def unscale_and_norm_(
         together, as ``torch.nn.utils.clip_grad_norm_`` computes it after
         ``unscale_`` (inf/NaN when a grad held inf/NaN). No host sync.
     """
-    return _pick("unscale_and_norm_", found_inf.device)(grads, found_inf, inv_scale, norm_type)
+    return _call("unscale_and_norm_", found_inf.device, grads, found_inf, inv_scale, norm_type)
 
 
 def check_finite_and_norm_(
@@ -153,7 +180,7 @@ def check_finite_and_norm_(
         0-dim float32 tensor on the grads' device (inf/NaN when a grad held
         inf/NaN). No host sync.
     """
-    return _pick("check_finite_and_norm_", found_inf.device)(grads, found_inf, inv_scale, norm_type)
+    return _call("check_finite_and_norm_", found_inf.device, grads, found_inf, inv_scale, norm_type)
 
 
 def check_finite_(tensors: Sequence[Tensor], found_inf: Tensor) -> None:
@@ -164,7 +191,7 @@ def check_finite_(tensors: Sequence[Tensor], found_inf: Tensor) -> None:
     their own kernel. Same argument rules as :func:`unscale_and_check_`;
     ``found_inf`` is mutated, never cleared. No host sync.
     """
-    _pick("check_finite_", found_inf.device)(tensors, found_inf)
+    _call("check_finite_", found_inf.device, tensors, found_inf)
 
 
 def update_scale_(
@@ -192,8 +219,15 @@ def update_scale_(
 
     Runs on the tensors' device (a one-thread kernel on CUDA); no host sync.
     """
-    _pick("update_scale_", scale.device)(
-        scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval
+    _call(
+        "update_scale_",
+        scale.device,
+        scale,
+        growth_tracker,
+        found_inf,
+        growth_factor,
+        backoff_factor,
+        growth_interval,
     )
 
 
@@ -236,7 +270,9 @@ def update_scale_ext_(
 
     No host sync.
     """
-    _pick("update_scale_ext_", scale.device)(
+    _call(
+        "update_scale_ext_",
+        scale.device,
         scale,
         growth_tracker,
         hysteresis_left,
@@ -321,7 +357,9 @@ def fused_adam_(
     on CUDA; one parallel pass on CPU. Raises ``RuntimeError`` naming the
     argument, before changing anything, on bad input.
     """
-    _pick("fused_adam_", _optim_device(params, lr))(
+    _call(
+        "fused_adam_",
+        _optim_device(params, lr),
         params,
         grads,
         exp_avgs,
@@ -384,7 +422,9 @@ def fused_sgd_(
 
     No host sync.
     """
-    _pick("fused_sgd_", _optim_device(params, lr))(
+    _call(
+        "fused_sgd_",
+        _optim_device(params, lr),
         params,
         grads,
         momentum_buffers,

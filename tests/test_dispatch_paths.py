@@ -1,0 +1,191 @@
+"""How the ops are entered: the eager fast path (mixprec._C.fast_<op>), its fallback to
+torch.ops for arguments it does not take, and the Autograd-key kernels (not differentiable:
+written tensors must not require grad under grad mode; version counters are bumped)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import mixprec
+from conftest import assert_bitwise_equal
+
+if not mixprec.has_extension():
+    pytest.skip("needs the compiled extension", allow_module_level=True)
+
+from mixprec import _C  # noqa: E402
+
+
+def _args(device="cpu"):
+    g = torch.Generator().manual_seed(3)
+    grads = [(torch.randn(n, generator=g) * 8).to(device, dt)
+             for n, dt in ((5000, torch.float32), (70, torch.float16), (33, torch.bfloat16))]
+    return grads, torch.zeros((), device=device), torch.full((), 0.125, device=device)
+
+
+class _Logged(torch.Tensor):
+    """A tensor subclass with __torch_function__: must go through torch.ops."""
+
+    seen: list[str] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(str(func))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class _FnMode(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class _DispatchLog(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_ops_with_one_signature_keep_their_own_fast_entry():
+    # unscale_and_norm_ and check_finite_and_norm_ share a C++ signature; each entry must
+    # still reach its own op (the read-only one must not unscale), in either call order.
+    for first in ("unscale", "check"):
+        grads, found, inv = _args()
+        before = [g.clone() for g in grads]
+        if first == "unscale":
+            _C.fast_unscale_and_norm_([g.clone() for g in grads], found, inv, 2.0)
+        _C.fast_check_finite_and_norm_(grads, found, inv, 2.0)
+        for g, b in zip(grads, before):
+            assert_bitwise_equal(g, b)
+        _C.fast_unscale_and_norm_(grads, found, inv, 2.0)
+        assert_bitwise_equal(grads[0], before[0] * 0.125)
+
+
+def test_fast_entry_runs_plain_arguments_like_torch_ops():
+    a = _args()
+    b = tuple([t.clone() for t in x] if isinstance(x, list) else x.clone() for x in a)
+    assert _C.fast_unscale_and_check_(*a) is None  # ran
+    torch.ops.mixprec.unscale_and_check_(*b)
+    for x, y in zip(a[0] + [a[1]], b[0] + [b[1]]):
+        assert_bitwise_equal(x, y)
+    n1 = _C.fast_unscale_and_norm_(*a, 2.0)
+    n2 = torch.ops.mixprec.unscale_and_norm_(*b, 2.0)
+    assert isinstance(n1, torch.Tensor) and type(n1) is torch.Tensor
+    assert_bitwise_equal(n1, n2)
+    # tuples work as lists do
+    assert _C.fast_check_finite_(tuple(a[0]), a[1]) is None
+
+
+@pytest.mark.parametrize("case", ["subclass_grad", "subclass_found_inf", "count", "type",
+                                  "not_a_list", "int_for_float"])
+def test_fast_entry_declines_what_it_does_not_take(case):
+    grads, found, inv = _args()
+    before = [g.clone() for g in grads]
+    if case == "subclass_grad":
+        args = ([grads[0].as_subclass(_Logged)] + grads[1:], found, inv)
+    elif case == "subclass_found_inf":
+        args = (grads, found.as_subclass(_Logged), inv)
+    elif case == "count":
+        args = (grads, found)
+    elif case == "type":
+        args = (grads, found, 0.5)
+    elif case == "not_a_list":
+        args = (iter(grads), found, inv)
+    else:
+        args = (grads, found, inv, 2)  # norm_type given as int is fine ...
+        assert _C.fast_unscale_and_norm_(*args) is not NotImplemented
+        args = (grads, found, inv, "2")  # ... a string is not
+        assert _C.fast_unscale_and_norm_(*args) is NotImplemented
+        return
+    assert _C.fast_unscale_and_check_(*args) is NotImplemented
+    for g, b in zip(grads, before):
+        assert_bitwise_equal(g, b)  # declined before touching anything
+
+
+def test_subclass_and_function_mode_still_see_the_op_through_the_wrapper():
+    grads, found, inv = _args()
+    _Logged.seen.clear()
+    sub = [g.as_subclass(_Logged) for g in grads]
+    mixprec.ops.unscale_and_check_(sub, found, inv)
+    assert any("unscale_and_check_" in s for s in _Logged.seen)
+    mode = _FnMode()
+    with mode:
+        mixprec.ops.check_finite_(grads, found)
+    assert any("check_finite_" in s for s in mode.seen)
+
+
+def test_dispatch_mode_sees_the_fast_path():
+    grads, found, inv = _args()
+    with _DispatchLog() as log:
+        mixprec.ops.unscale_and_check_(grads, found, inv)
+    assert log.seen == ["mixprec.unscale_and_check_.default"]
+
+
+def test_fast_entry_errors_match_torch_ops():
+    grads, found, inv = _args()
+    bad = torch.zeros((), dtype=torch.float64)
+    with pytest.raises(RuntimeError) as fast:
+        _C.fast_unscale_and_check_(grads, bad, inv)
+    with pytest.raises(RuntimeError) as slow:
+        torch.ops.mixprec.unscale_and_check_(grads, bad, inv)
+    assert str(fast.value) == str(slow.value)
+    assert "found_inf" in str(fast.value)
+
+
+def test_fast_entry_leaves_reference_counts_alone():
+    grads, found, inv = _args()
+    counts = [sys.getrefcount(g) for g in grads] + [sys.getrefcount(found)]
+    for _ in range(50):
+        mixprec.ops.unscale_and_check_(grads, found, inv)
+        mixprec.ops.check_finite_and_norm_(grads, found, inv, 2.0)
+    with pytest.raises(RuntimeError):
+        _C.fast_unscale_and_check_(grads + [torch.ones(2, dtype=torch.int32)], found, inv)
+    assert [sys.getrefcount(g) for g in grads] + [sys.getrefcount(found)] == counts
+
+
+@pytest.mark.parametrize("entry", ["fast", "torch.ops"])
+def test_written_tensor_requiring_grad_is_an_error_under_grad_mode(entry):
+    grads, found, inv = _args()
+    grads[1].requires_grad_(True)
+    before = [g.detach().clone() for g in grads]
+    fn = _C.fast_unscale_and_check_ if entry == "fast" else torch.ops.mixprec.unscale_and_check_
+    with pytest.raises(RuntimeError, match=r"unscale_and_check_: grads\[1\] requires grad"):
+        fn(grads, found, inv)
+    for g, b in zip(grads, before):
+        assert_bitwise_equal(g.detach(), b)
+    with torch.no_grad():  # what GradScaler does
+        fn(grads, found, inv)
+    assert_bitwise_equal(grads[1].detach(), (before[1].float() * 0.125).half())
+    # read-only arguments may require grad; the result does not
+    n = torch.ops.mixprec.check_finite_and_norm_(grads, found, inv, 2.0)
+    assert not n.requires_grad
+
+
+def test_written_tensors_get_their_version_bumped():
+    grads, found, inv = _args()
+    v = [g._version for g in grads] + [found._version, inv._version]
+    mixprec.ops.unscale_and_check_(grads, found, inv)
+    assert [g._version for g in grads] == [x + 1 for x in v[:3]]
+    assert found._version == v[3] + 1 and inv._version == v[4]  # inv_scale is read only
+    v_read = [g._version for g in grads]
+    mixprec.ops.check_finite_(grads, found)
+    assert [g._version for g in grads] == v_read
+    # autograd notices an op that changed a tensor saved for backward
+    w = torch.randn(4, requires_grad=True)
+    saved = torch.randn(4)
+    loss = (w * saved).sum()
+    mixprec.ops.unscale_and_check_([saved], torch.zeros(()), torch.full((), 0.5))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
