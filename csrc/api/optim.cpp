@@ -303,13 +303,9 @@ void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
 }
 
-#define MIXPREC_ADAM_COMMON(Cls, Opts, Decoupled)                              \
-  Cls::Cls(const std::vector<torch::optim::OptimizerParamGroup>& groups,       \
-           Opts defaults)                                                      \
-      : FusedOptimizer(groups, std::make_unique<Opts>(                         \
-                                   adam_check(#Cls, defaults))) {              \
-    check_groups<Opts>(#Cls, *this);                                           \
-  }                                                                            \
+// The members of Adam, AdamW and SGD that differ only in their option and
+// state types.
+#define MIXPREC_OPTIM_COMMON(Cls, Opts, ParamState)                            \
   bool Cls::master_weights() const {                                           \
     for (const auto& g : param_groups()) {                                     \
       if (group_master_weights(g)) return true;                                \
@@ -324,6 +320,22 @@ void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
       const {                                                                  \
     return static_cast<const Opts&>(group.options()).seed();                   \
   }                                                                            \
+  void Cls::save(torch::serialize::OutputArchive& archive) const {             \
+    torch::optim::serialize<ParamState, Opts>(archive, *this);                 \
+  }                                                                            \
+  void Cls::load(torch::serialize::InputArchive& archive) {                    \
+    torch::optim::serialize<ParamState, Opts>(archive, *this);                 \
+    fix_loaded_state();                                                        \
+  }
+
+#define MIXPREC_ADAM_COMMON(Cls, Opts, Decoupled)                              \
+  Cls::Cls(const std::vector<torch::optim::OptimizerParamGroup>& groups,       \
+           Opts defaults)                                                      \
+      : FusedOptimizer(groups, std::make_unique<Opts>(                         \
+                                   adam_check(#Cls, defaults))) {              \
+    check_groups<Opts>(#Cls, *this);                                           \
+  }                                                                            \
+  MIXPREC_OPTIM_COMMON(Cls, Opts, AdamParamState)                              \
   void Cls::add_to_bucket(const at::Tensor& p,                                 \
                           torch::optim::OptimizerParamGroup& group,            \
                           Bucket& b) {                                         \
@@ -359,13 +371,6 @@ void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
                          o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(), \
                          Decoupled, sc.grad_scale, sc.found_inf, sc.clip_coef, \
                          o.stochastic_rounding() && !has_masters, seed);       \
-  }                                                                            \
-  void Cls::save(torch::serialize::OutputArchive& archive) const {             \
-    torch::optim::serialize<AdamParamState, Opts>(archive, *this);             \
-  }                                                                            \
-  void Cls::load(torch::serialize::InputArchive& archive) {                    \
-    torch::optim::serialize<AdamParamState, Opts>(archive, *this);             \
-    fix_loaded_state();                                                        \
   }
 
 MIXPREC_ADAM_COMMON(Adam, AdamOptions, o.decoupled_weight_decay())
@@ -414,7 +419,15 @@ c10::impl::GenericDict any_dict(c10::TypePtr key) {
   return c10::impl::GenericDict(std::move(key), c10::AnyType::get());
 }
 
-// The group entries of the Python classes (their constructor defaults).
+// The group entries of the Python classes (their constructor defaults): torch's
+// own, then mixprec's (these, the last ones of every class).
+template <typename O>
+void mixprec_group_to(const O& o, c10::impl::GenericDict& g) {
+  g.insert("master_weights", o.master_weights());
+  g.insert("stochastic_rounding", o.stochastic_rounding());
+  g.insert("seed", o.seed());
+}
+
 template <typename O>
 void adam_group_to(const O& o, bool decoupled, c10::impl::GenericDict& g) {
   g.insert("lr", o.lr());
@@ -429,9 +442,7 @@ void adam_group_to(const O& o, bool decoupled, c10::impl::GenericDict& g) {
   g.insert("differentiable", false);
   g.insert("fused", c10::IValue());
   g.insert("decoupled_weight_decay", decoupled);
-  g.insert("master_weights", o.master_weights());
-  g.insert("stochastic_rounding", o.stochastic_rounding());
-  g.insert("seed", o.seed());
+  mixprec_group_to(o, g);
 }
 
 void sgd_group_to(const SGDOptions& o, c10::impl::GenericDict& g) {
@@ -445,9 +456,7 @@ void sgd_group_to(const SGDOptions& o, c10::impl::GenericDict& g) {
   g.insert("differentiable", false);
   g.insert("fused", c10::IValue());
   g.insert("capturable", false);
-  g.insert("master_weights", o.master_weights());
-  g.insert("stochastic_rounding", o.stochastic_rounding());
-  g.insert("seed", o.seed());
+  mixprec_group_to(o, g);
 }
 
 double num(const c10::impl::GenericDict& g, const char* key, double dflt) {
@@ -463,6 +472,14 @@ bool flag(const c10::impl::GenericDict& g, const char* key, bool dflt) {
   auto it = g.find(key);
   if (it == g.end() || it->value().isNone()) return dflt;
   return it->value().toScalar().toBool();
+}
+
+// mixprec's entries (mixprec_group_to).
+template <typename O>
+void mixprec_group_from(const c10::impl::GenericDict& g, O& o) {
+  o.master_weights(flag(g, "master_weights", o.master_weights()));
+  o.stochastic_rounding(flag(g, "stochastic_rounding", o.stochastic_rounding()));
+  o.seed(static_cast<int64_t>(num(g, "seed", static_cast<double>(o.seed()))));
 }
 
 template <typename O>
@@ -484,9 +501,7 @@ void adam_group_from(const c10::impl::GenericDict& g, O& o) {
   o.weight_decay(num(g, "weight_decay", o.weight_decay()));
   o.amsgrad(flag(g, "amsgrad", o.amsgrad()));
   o.maximize(flag(g, "maximize", o.maximize()));
-  o.master_weights(flag(g, "master_weights", o.master_weights()));
-  o.stochastic_rounding(flag(g, "stochastic_rounding", o.stochastic_rounding()));
-  o.seed(static_cast<int64_t>(num(g, "seed", static_cast<double>(o.seed()))));
+  mixprec_group_from(g, o);
 }
 
 void sgd_group_from(const c10::impl::GenericDict& g, SGDOptions& o) {
@@ -496,9 +511,7 @@ void sgd_group_from(const c10::impl::GenericDict& g, SGDOptions& o) {
   o.weight_decay(num(g, "weight_decay", o.weight_decay()));
   o.nesterov(flag(g, "nesterov", o.nesterov()));
   o.maximize(flag(g, "maximize", o.maximize()));
-  o.master_weights(flag(g, "master_weights", o.master_weights()));
-  o.stochastic_rounding(flag(g, "stochastic_rounding", o.stochastic_rounding()));
-  o.seed(static_cast<int64_t>(num(g, "seed", static_cast<double>(o.seed()))));
+  mixprec_group_from(g, o);
 }
 
 at::Tensor state_tensor(const c10::impl::GenericDict& s, const char* key) {
@@ -667,21 +680,8 @@ SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups,
   check_groups<SGDOptions>("SGD", *this);
 }
 
-bool SGD::master_weights() const {
-  for (const auto& g : param_groups()) {
-    if (group_master_weights(g)) return true;
-  }
-  return false;
-}
-
-bool SGD::group_master_weights(
-    const torch::optim::OptimizerParamGroup& group) const {
-  return static_cast<const SGDOptions&>(group.options()).master_weights();
-}
-
-int64_t SGD::group_seed(const torch::optim::OptimizerParamGroup& group) const {
-  return static_cast<const SGDOptions&>(group.options()).seed();
-}
+MIXPREC_OPTIM_COMMON(SGD, SGDOptions, SGDParamState)
+#undef MIXPREC_OPTIM_COMMON
 
 void SGD::add_to_bucket(const at::Tensor& p,
                         torch::optim::OptimizerParamGroup& group, Bucket& b) {
@@ -713,15 +713,6 @@ void SGD::run_bucket(Bucket& b, torch::optim::OptimizerParamGroup& group,
                       o.dampening(), o.nesterov(), o.maximize(), sc.grad_scale,
                       sc.found_inf, sc.clip_coef,
                       o.stochastic_rounding() && !has_masters, seed);
-}
-
-void SGD::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
-}
-
-void SGD::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
-  fix_loaded_state();
 }
 
 }  // namespace mixprec::optim

@@ -172,11 +172,25 @@ void check_sgd_hparams(double weight_decay, double momentum, double dampening,
               "momentum ", momentum, ", dampening ", dampening, ")");
 }
 
-FlatSet::FlatSet(const std::vector<at::TensorList>& lists,
-                 const std::vector<bool>& written) {
-  TORCH_INTERNAL_ASSERT(lists.size() == written.size());
+FlatSet::FlatSet(const OptimLists& in) {
+  // params, grads, the states in use, the masters; all but grads written
+  std::vector<at::TensorList> lists{in.params, in.grads};
+  std::vector<bool> written{true, false};
+  for (const auto& state : in.states) {
+    const at::TensorList list = state.second;
+    state_view.push_back(list.empty() ? -1 : static_cast<int>(lists.size()));
+    if (!list.empty()) {
+      lists.push_back(list);
+      written.push_back(true);
+    }
+  }
+  if (!in.master_params.empty()) {
+    master_view = static_cast<int>(lists.size());
+    lists.push_back(in.master_params);
+    written.push_back(true);
+  }
   views.resize(lists.size());
-  const size_t n = lists.empty() ? 0 : lists[0].size();
+  const size_t n = in.params.size();
   for (auto& v : views) {
     v.reserve(n);
   }
@@ -206,6 +220,10 @@ void FlatSet::finish() {
   for (auto& pr : copy_back) {
     pr.first.copy_(pr.second);
   }
+}
+
+bool found_inf_cpu(const std::optional<at::Tensor>& found_inf) {
+  return found_inf.has_value() && found_inf->data_ptr<float>()[0] != 0.0f;
 }
 
 double read_lr_cpu(const at::Tensor& lr) {

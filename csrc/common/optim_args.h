@@ -53,22 +53,85 @@ void check_adam_hparams(double beta1, double beta2, double weight_decay,
 void check_sgd_hparams(double weight_decay, double momentum, double dampening,
                        bool nesterov);
 
+// The argument checks of the fused_adam_ / fused_sgd_ kernels of `backend`
+// (check_optim_args, then the hyper-parameters). They return the call's
+// lists (states: exp_avgs, exp_avg_sqs, max_exp_avg_sqs / momentum_buffers)
+// for FlatSet.
+inline OptimLists check_fused_adam_args(
+    at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+    at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+    at::TensorList master_params, at::TensorList state_steps,
+    const at::Tensor& lr, double beta1, double beta2, double weight_decay,
+    double eps, bool amsgrad, const std::optional<at::Tensor>& grad_scale,
+    const std::optional<at::Tensor>& found_inf,
+    const std::optional<at::Tensor>& clip_coef, bool stochastic_rounding,
+    c10::DeviceType backend) {
+  OptimLists lists{params,
+                   grads,
+                   {{"exp_avgs", exp_avgs},
+                    {"exp_avg_sqs", exp_avg_sqs},
+                    {"max_exp_avg_sqs", max_exp_avg_sqs}},
+                   master_params,
+                   state_steps};
+  check_optim_args("fused_adam_", lists, {true, true, amsgrad},
+                   {&lr, &grad_scale, &found_inf, &clip_coef},
+                   stochastic_rounding, backend);
+  check_adam_hparams(beta1, beta2, weight_decay, eps);
+  return lists;
+}
+
+inline OptimLists check_fused_sgd_args(
+    at::TensorList params, at::TensorList grads,
+    at::TensorList momentum_buffers, at::TensorList master_params,
+    at::TensorList state_steps, const at::Tensor& lr, double weight_decay,
+    double momentum, double dampening, bool nesterov,
+    const std::optional<at::Tensor>& grad_scale,
+    const std::optional<at::Tensor>& found_inf,
+    const std::optional<at::Tensor>& clip_coef, bool stochastic_rounding,
+    c10::DeviceType backend) {
+  OptimLists lists{params,
+                   grads,
+                   {{"momentum_buffers", momentum_buffers}},
+                   master_params,
+                   state_steps};
+  check_optim_args("fused_sgd_", lists, {momentum != 0.0},
+                   {&lr, &grad_scale, &found_inf, &clip_coef},
+                   stochastic_rounding, backend);
+  check_sgd_hparams(weight_decay, momentum, dampening, nesterov);
+  return lists;
+}
+
 // The tensors of one parameter as the kernels see them: flat element spans
 // in which index k of every tensor is the same logical element. When a
 // parameter's tensors are dense with identical strides they are used as they
 // are; otherwise each is replaced by a contiguous copy and the written ones are
 // copied back by finish().
 struct FlatSet {
-  // views[list][i]: list 0 = params, 1 = grads, 2.. = states in order, then
-  // masters (when present). Steps are not flattened.
+  // views[list][i]: list 0 = params, 1 = grads, then each state list in use
+  // (non-empty) in order, then masters (when present). Steps are not
+  // flattened.
   std::vector<std::vector<at::Tensor>> views;
+  // The list in `views` of lists.states[s]; -1 for a state not in use.
+  std::vector<int> state_view;
+  // The list in `views` of the masters; -1 without masters.
+  int master_view = -1;
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (orig, flat)
 
-  // `written[list]` says whether list `list` is written by the op.
-  FlatSet(const std::vector<at::TensorList>& lists,
-          const std::vector<bool>& written);
+  // `lists` as check_optim_args accepted them; every list but grads is
+  // written by the op.
+  explicit FlatSet(const OptimLists& lists);
   void finish();
 };
+
+// The float32 data of an optional one-element scalar; null when not given.
+inline float* scalar_data(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? t->data_ptr<float>() : nullptr;
+}
+
+// Whether found_inf is given and non-zero, read on the host (CPU tensors
+// only): a step with an inf/NaN gradient changes nothing, the step counts
+// included.
+bool found_inf_cpu(const std::optional<at::Tensor>& found_inf);
 
 // Reads a one-element float32/float64 lr tensor on the host (CPU tensors only).
 double read_lr_cpu(const at::Tensor& lr);

@@ -97,6 +97,22 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE float reciprocal_scale(float scale) {
   return static_cast<float>(1.0 / static_cast<double>(scale));
 }
 
+// The coefficients of a call from its one-element grad_scale and clip_coef
+// (null when not given), read where they live: on the host in the CPU
+// kernels, on the device in the CUDA kernels.
+C10_HOST_DEVICE C10_ALWAYS_INLINE GradCoefs make_grad_coefs(
+    const float* grad_scale, const float* clip_coef, bool maximize) {
+  GradCoefs gc{1.0f, 1.0f, grad_scale != nullptr, clip_coef != nullptr,
+               maximize};
+  if (gc.has_scale) {
+    gc.inv_scale = reciprocal_scale(*grad_scale);
+  }
+  if (gc.has_clip) {
+    gc.clip = *clip_coef;
+  }
+  return gc;
+}
+
 template <typename V>
 C10_HOST_DEVICE C10_ALWAYS_INLINE V prepare_grad(V g, const GradCoefs& c) {
   if (c.has_scale) {

@@ -1,7 +1,8 @@
 // Host-side helpers of the CPU fused-optimizer kernels (fused_adam_cpu.cpp,
-// fused_sgd_cpu.cpp): the work list over all parameters and the stochastic-
-// rounding element numbering. The element loops are in
-// fused_optim_span_impl.h, compiled per ISA (fused_optim_span.h).
+// fused_sgd_cpu.cpp): the work list over all parameters, the stochastic-
+// rounding element numbering and the parallel pass over the chunks of the
+// parameters. The element loops are in fused_optim_span_impl.h, compiled per
+// ISA (fused_optim_span.h).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/optim_args.h"
 #include "common/optim_math.h"
 #include "cpu/fused_optim_span.h"
 #include "cpu/multi_tensor_cpu.h"
@@ -71,6 +73,59 @@ inline std::vector<uint32_t> sr_index_bases(const std::vector<at::Tensor>& param
     *count += (params[t].numel() + math::kSrChunk - 1) / math::kSrChunk;
   }
   return bases;
+}
+
+// One chunk of one parameter as the span kernels take it.
+struct ParamSpan {
+  size_t t;                // the parameter (index into the FlatSet's lists)
+  int64_t begin;           // the chunk's first element in the parameter
+  int64_t n;               // elements in the chunk
+  SpanDtype param_dtype;
+  SpanDtype grad_dtype;
+  char* p;                 // param element `begin`
+  const char* g;           // grad element `begin`
+  bool sr;                 // stochastic rounding (asked for, bfloat16 param)
+  uint32_t sr_stream;      // SR stream: the grad dtype's code
+  uint32_t sr_index_base;  // SR index of element `begin`
+
+  // Element `begin` of the float32 list `view` of the FlatSet (a state or
+  // the masters); null for a list not in use (view -1).
+  float* f32(const optim::FlatSet& fs, int view) const {
+    return view >= 0 ? fs.views[view][t].data_ptr<float>() + begin : nullptr;
+  }
+};
+
+// Calls fn(const ParamSpan&) for every chunk of every parameter of `fs`, in
+// parallel (ParamChunks), with the SR element numbering of the CUDA kernels.
+template <typename Fn>
+void for_each_span(const optim::FlatSet& fs, bool stochastic_rounding,
+                   Fn&& fn) {
+  const std::vector<at::Tensor>& P = fs.views[0];
+  const std::vector<at::Tensor>& G = fs.views[1];
+  const std::vector<uint32_t> sr_base =
+      stochastic_rounding ? sr_index_bases(P, G)
+                          : std::vector<uint32_t>(P.size(), 0);
+  ParamChunks chunks(P);
+  chunks.run([&](const WorkItem& it) {
+    const size_t t = static_cast<size_t>(it.tensor);
+    const at::Tensor& pt = P[t];
+    const at::Tensor& gt = G[t];
+    const int64_t b = it.begin;
+    const int64_t psz = static_cast<int64_t>(pt.element_size());
+    const int64_t gsz = static_cast<int64_t>(gt.element_size());
+    const ParamSpan span{
+        t,
+        b,
+        it.end - it.begin,
+        span_dtype(pt.scalar_type()),
+        span_dtype(gt.scalar_type()),
+        static_cast<char*>(pt.data_ptr()) + b * psz,
+        static_cast<const char*>(gt.data_ptr()) + b * gsz,
+        stochastic_rounding && pt.scalar_type() == at::kBFloat16,
+        static_cast<uint32_t>(gt.scalar_type()),
+        sr_base[t] + static_cast<uint32_t>(b)};
+    fn(span);
+  });
 }
 
 }  // namespace cpu

@@ -25,87 +25,47 @@ void fused_sgd_cpu(at::TensorList params, at::TensorList grads,
                    const std::optional<at::Tensor>& found_inf,
                    const std::optional<at::Tensor>& clip_coef,
                    bool stochastic_rounding, int64_t seed) {
-  const char* op = "fused_sgd_";
-  const bool has_mom = momentum != 0.0;
-  optim::OptimLists lists{params,
-                          grads,
-                          {{"momentum_buffers", momentum_buffers}},
-                          master_params,
-                          state_steps};
-  optim::check_optim_args(op, lists, {has_mom},
-                          {&lr, &grad_scale, &found_inf, &clip_coef},
-                          stochastic_rounding, c10::DeviceType::CPU);
-  optim::check_sgd_hparams(weight_decay, momentum, dampening, nesterov);
-  if (params.empty()) {
-    return;
-  }
-  if (found_inf.has_value() && found_inf->data_ptr<float>()[0] != 0.0f) {
+  const optim::OptimLists lists = optim::check_fused_sgd_args(
+      params, grads, momentum_buffers, master_params, state_steps, lr,
+      weight_decay, momentum, dampening, nesterov, grad_scale, found_inf,
+      clip_coef, stochastic_rounding, c10::DeviceType::CPU);
+  if (params.empty() || optim::found_inf_cpu(found_inf)) {
     return;
   }
   const double lr_v = optim::read_lr_cpu(lr);
-  math::GradCoefs gc{1.0f, 1.0f, grad_scale.has_value(), clip_coef.has_value(),
-                     maximize};
-  if (gc.has_scale) {
-    gc.inv_scale = math::reciprocal_scale(grad_scale->data_ptr<float>()[0]);
-  }
-  if (gc.has_clip) {
-    gc.clip = clip_coef->data_ptr<float>()[0];
-  }
+  const math::GradCoefs gc = math::make_grad_coefs(
+      optim::scalar_data(grad_scale), optim::scalar_data(clip_coef), maximize);
   const math::SgdConsts k =
       math::make_sgd_consts(weight_decay, momentum, dampening, nesterov);
   const float neg_lr = static_cast<float>(-lr_v);
-  const bool masters = !master_params.empty();
 
-  std::vector<at::TensorList> flat_in{params, grads};
-  std::vector<bool> written{true, false};
-  const int kBuf = has_mom ? static_cast<int>(flat_in.size()) : -1;
-  if (has_mom) {
-    flat_in.push_back(momentum_buffers);
-    written.push_back(true);
-  }
-  const int kMp = masters ? static_cast<int>(flat_in.size()) : -1;
-  if (masters) {
-    flat_in.push_back(master_params);
-    written.push_back(true);
-  }
-  optim::FlatSet fs(flat_in, written);
-  const auto& P = fs.views[0];
+  optim::FlatSet fs(lists);
+  // The lists of momentum_buffers (-1 without momentum) and master_params (-1
+  // without masters) in fs.
+  const int kBuf = fs.state_view[0];
+  const int kMp = fs.master_view;
 
   const size_t n = params.size();
   std::vector<float> step_before(n);
   for (size_t t = 0; t < n; ++t) {
     step_before[t] = state_steps[t].data_ptr<float>()[0];
   }
-  const std::vector<uint32_t> sr_base =
-      stochastic_rounding ? sr_index_bases(P, fs.views[1])
-                          : std::vector<uint32_t>(n, 0);
 
   const OptimSpanKernels& kernels = optim_span_kernels();
-  ParamChunks chunks(P);
-  chunks.run([&](const WorkItem& it) {
-    const size_t t = static_cast<size_t>(it.tensor);
-    const at::Tensor& pt = P[t];
-    const at::Tensor& gt = fs.views[1][t];
-    const bool sr = stochastic_rounding && pt.scalar_type() == at::kBFloat16;
+  for_each_span(fs, stochastic_rounding, [&](const ParamSpan& s) {
     SgdSpanArgs a{gc,
                   k,
                   neg_lr,
-                  step_before[t] == 0.0f,
-                  sr,
-                  sr ? math::sr_key(static_cast<uint64_t>(seed),
-                                    static_cast<uint32_t>(step_before[t] + 1.0f),
-                                    static_cast<uint32_t>(gt.scalar_type()))
-                     : 0u,
-                  sr_base[t] + static_cast<uint32_t>(it.begin)};
-    const int64_t b = it.begin;
-    float* buf = kBuf >= 0 ? fs.views[kBuf][t].data_ptr<float>() + b : nullptr;
-    float* mp = kMp >= 0 ? fs.views[kMp][t].data_ptr<float>() + b : nullptr;
-    const int64_t psz = static_cast<int64_t>(pt.element_size());
-    const int64_t gsz = static_cast<int64_t>(gt.element_size());
-    kernels.sgd(span_dtype(pt.scalar_type()), span_dtype(gt.scalar_type()),
-                static_cast<char*>(pt.data_ptr()) + b * psz,
-                static_cast<const char*>(gt.data_ptr()) + b * gsz, buf, mp,
-                it.end - it.begin, a);
+                  step_before[s.t] == 0.0f,
+                  s.sr,
+                  s.sr ? math::sr_key(
+                             static_cast<uint64_t>(seed),
+                             static_cast<uint32_t>(step_before[s.t] + 1.0f),
+                             s.sr_stream)
+                       : 0u,
+                  s.sr_index_base};
+    kernels.sgd(s.param_dtype, s.grad_dtype, s.p, s.g, s.f32(fs, kBuf),
+                s.f32(fs, kMp), s.n, a);
   });
   fs.finish();
   for (size_t t = 0; t < n; ++t) {

@@ -1,28 +1,19 @@
-// The span kernels (unscale family and fused optimizers) compiled for AVX512 (at::vec's AVX512 Vectorized types),
-// selected at run time by span_kernels() when the CPU supports it. The target
-// pragma applies to everything below it, so this file must include nothing
-// that other translation units rely on being portable beyond the headers of
-// span_kernels_impl.h and fused_optim_span_impl.h.
+// The span kernels (unscale family and fused optimizers) compiled for AVX512
+// (at::vec's AVX512 Vectorized types), selected at run time by span_kernels()
+// when the CPU supports it. The target pragma applies to everything below it,
+// so this file must include nothing that other translation units rely on
+// being portable beyond the headers of span_kernels_impl.h and
+// fused_optim_span_impl.h. The body is span_kernels_isa.h (shared with
+// span_kernels_avx2.cpp); it defines span_kernels_avx512() and
+// optim_span_kernels_avx512().
 #include "cpu/fused_optim_span.h"
 #include "cpu/span_kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
-
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 // GCC's target pragma enables the instructions but not the ISA macros that
-// at::vec and SLEEF test, so they are defined here for this file only.
-#ifndef __AVX__
-#define __AVX__ 1
-#endif
-#ifndef __AVX2__
-#define __AVX2__ 1
-#endif
-#ifndef __FMA__
-#define __FMA__ 1
-#endif
-#ifndef __F16C__
-#define __F16C__ 1
-#endif
+// at::vec and SLEEF test; span_kernels_isa.h defines AVX2's, these are the
+// AVX512 ones, for this file only.
 #ifndef __AVX512F__
 #define __AVX512F__ 1
 #endif
@@ -37,33 +28,7 @@
 #endif
 #define CPU_CAPABILITY AVX512
 #define CPU_CAPABILITY_AVX512
-#define MIXPREC_SPAN_NS isa_avx512
-#define MIXPREC_OPT_NS opt_avx512
-#include "cpu/fused_optim_span_impl.h"
-#include "cpu/span_kernels_impl.h"
-
-namespace mixprec {
-namespace cpu {
-const SpanKernels* span_kernels_avx512() {
-  return isa_avx512::table("avx512");
-}
-const OptimSpanKernels* optim_span_kernels_avx512() {
-  return opt_avx512::table("avx512");
-}
-}  // namespace cpu
-}  // namespace mixprec
-
-#else
-
-namespace mixprec {
-namespace cpu {
-const SpanKernels* span_kernels_avx512() {
-  return nullptr;
-}
-const OptimSpanKernels* optim_span_kernels_avx512() {
-  return nullptr;
-}
-}  // namespace cpu
-}  // namespace mixprec
-
 #endif
+
+#define MIXPREC_ISA avx512
+#include "cpu/span_kernels_isa.h"

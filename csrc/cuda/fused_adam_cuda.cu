@@ -7,11 +7,9 @@
 
 #include <array>
 #include <optional>
-#include <type_traits>
 #include <vector>
 
 #include "common/optim_args.h"
-#include "common/optim_dispatch.h"
 #include "common/optim_math.h"
 #include "cuda/fused_optim_cuda.cuh"
 
@@ -61,14 +59,8 @@ struct AdamOp {
                           : static_cast<double>(*static_cast<const float*>(a.lr));
     const math::AdamStep st = math::make_adam_step(lr, a.beta1, a.beta2,
                                                    a.weight_decay, step);
-    math::GradCoefs gc{1.0f, 1.0f, a.grad_scale != nullptr,
-                       a.clip_coef != nullptr, a.maximize};
-    if (gc.has_scale) {
-      gc.inv_scale = math::reciprocal_scale(*a.grad_scale);
-    }
-    if (gc.has_clip) {
-      gc.clip = *a.clip_coef;
-    }
+    const math::GradCoefs gc =
+        math::make_grad_coefs(a.grad_scale, a.clip_coef, a.maximize);
     uint32_t key = 0;
     uint32_t base = 0;
     if (a.sr) {
@@ -157,43 +149,24 @@ void fused_adam_cuda(at::TensorList params, at::TensorList grads,
                      const std::optional<at::Tensor>& found_inf,
                      const std::optional<at::Tensor>& clip_coef,
                      bool stochastic_rounding, int64_t seed) {
-  const char* op = "fused_adam_";
-  optim::OptimLists lists{params,
-                          grads,
-                          {{"exp_avgs", exp_avgs},
-                           {"exp_avg_sqs", exp_avg_sqs},
-                           {"max_exp_avg_sqs", max_exp_avg_sqs}},
-                          master_params,
-                          state_steps};
-  optim::check_optim_args(op, lists, {true, true, amsgrad},
-                          {&lr, &grad_scale, &found_inf, &clip_coef},
-                          stochastic_rounding, c10::DeviceType::CUDA);
-  optim::check_adam_hparams(beta1, beta2, weight_decay, eps);
+  const optim::OptimLists lists = optim::check_fused_adam_args(
+      params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params,
+      state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, grad_scale,
+      found_inf, clip_coef, stochastic_rounding, c10::DeviceType::CUDA);
   if (params.empty()) {
     return;
   }
   c10::cuda::OptionalCUDAGuard guard(params[0].device());
   const bool masters = !master_params.empty();
 
-  std::vector<at::TensorList> flat_in{params, grads, exp_avgs, exp_avg_sqs};
-  std::vector<bool> written{true, false, true, true};
-  const int kVmList = amsgrad ? static_cast<int>(flat_in.size()) : -1;
-  if (amsgrad) {
-    flat_in.push_back(max_exp_avg_sqs);
-    written.push_back(true);
-  }
-  const int kMpList = masters ? static_cast<int>(flat_in.size()) : -1;
-  if (masters) {
-    flat_in.push_back(master_params);
-    written.push_back(true);
-  }
-  optim::FlatSet fs(flat_in, written);
+  optim::FlatSet fs(lists);
+  const int kVmList = fs.state_view[2];  // max_exp_avg_sqs (amsgrad)
+  const int kMpList = fs.master_view;
 
   AdamKernelArgs args;
-  args.found_inf = found_inf.has_value() ? found_inf->data_ptr<float>() : nullptr;
-  args.grad_scale =
-      grad_scale.has_value() ? grad_scale->data_ptr<float>() : nullptr;
-  args.clip_coef = clip_coef.has_value() ? clip_coef->data_ptr<float>() : nullptr;
+  args.found_inf = optim::scalar_data(found_inf);
+  args.grad_scale = optim::scalar_data(grad_scale);
+  args.clip_coef = optim::scalar_data(clip_coef);
   args.lr = lr.data_ptr();
   args.lr_double = lr.scalar_type() == at::kDouble;
   args.maximize = maximize;
@@ -204,44 +177,18 @@ void fused_adam_cuda(at::TensorList params, at::TensorList grads,
   args.weight_decay = weight_decay;
   args.seed = static_cast<uint64_t>(seed);
 
-  const auto groups = group_by_dtypes(fs.views[0], fs.views[1]);
-  for (const auto& [dtypes, idx] : groups) {
-    std::array<std::vector<at::Tensor>, kAdamDepth> l;
-    for (size_t i : idx) {
-      const at::Tensor& p = fs.views[0][i];
-      l[kP].push_back(p);
-      l[kG].push_back(fs.views[1][i]);
-      l[kM].push_back(fs.views[2][i]);
-      l[kV].push_back(fs.views[3][i]);
-      l[kVm].push_back(kVmList >= 0 ? fs.views[kVmList][i] : p);
-      l[kMaster].push_back(kMpList >= 0 ? fs.views[kMpList][i] : p);
-      l[kStepSlot].push_back(state_steps[i]);
-    }
-    const auto pdt = static_cast<at::ScalarType>(dtypes.first);
-    const auto gdt = static_cast<at::ScalarType>(dtypes.second);
-    args.sr = stochastic_rounding && pdt == at::kBFloat16;
-    args.stream = static_cast<uint32_t>(gdt);
-    optim::dispatch_param_grad(pdt, gdt, [&](auto* ptag, auto* gtag) {
-      using PT = std::remove_pointer_t<decltype(ptag)>;
-      using GT = std::remove_pointer_t<decltype(gtag)>;
-      auto go = [&](auto master_tag, auto ams_tag) {
-        constexpr bool kMs = decltype(master_tag)::value;
-        constexpr bool kA = decltype(ams_tag)::value;
-        if constexpr (kMs && std::is_same_v<PT, float>) {
-          TORCH_INTERNAL_ASSERT(false, "float32 params have no master");
-        } else {
-          multi_tensor_apply<kAdamDepth>(l, AdamOp<PT, GT, kMs, kA>{}, args);
-        }
-      };
-      using T = std::true_type;
-      using F = std::false_type;
-      if (masters) {
-        amsgrad ? go(T{}, T{}) : go(T{}, F{});
-      } else {
-        amsgrad ? go(F{}, T{}) : go(F{}, F{});
-      }
-    });
-  }
+  apply_by_dtypes<kAdamDepth, AdamOp>(
+      fs, masters, amsgrad, stochastic_rounding, args,
+      [&](size_t i, std::array<std::vector<at::Tensor>, kAdamDepth>& l) {
+        const at::Tensor& p = fs.views[0][i];
+        l[kP].push_back(p);
+        l[kG].push_back(fs.views[1][i]);
+        l[kM].push_back(fs.views[2][i]);
+        l[kV].push_back(fs.views[3][i]);
+        l[kVm].push_back(kVmList >= 0 ? fs.views[kVmList][i] : p);
+        l[kMaster].push_back(kMpList >= 0 ? fs.views[kMpList][i] : p);
+        l[kStepSlot].push_back(state_steps[i]);
+      });
   fs.finish();
   increment_steps(state_steps, args.found_inf);
 }

@@ -2,7 +2,7 @@
 // fused_sgd_cuda.cu): per-element vector loads, rounding of the float result
 // to the param dtype (nearest or stochastic), the device-side step-count
 // increment, and the host-side grouping of parameters by (param dtype, grad
-// dtype).
+// dtype) with the launch of each group's kernel.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,11 +12,14 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "common/optim_args.h"
+#include "common/optim_dispatch.h"
 #include "common/optim_math.h"
 #include "cuda/multi_tensor_apply.cuh"
 
@@ -123,6 +126,50 @@ inline std::map<std::pair<int, int>, std::vector<size_t>> group_by_dtypes(
         .push_back(i);
   }
   return groups;
+}
+
+// One multi_tensor_apply of Op<P, G, kMaster, kOption> per (param dtype, grad
+// dtype) group of the flat params (group_by_dtypes), where kMaster says
+// whether there are master params and kOption whether the optimizer's
+// optional state (amsgrad's max_exp_avg_sqs, SGD's momentum buffers) is in
+// use. add_slots(i, lists) appends the kDepth tensors of param i (an index
+// into fs.views) to `lists`; args.sr and args.stream are set per group.
+template <int kDepth, template <typename, typename, bool, bool> class Op,
+          typename Args, typename AddSlots>
+void apply_by_dtypes(const optim::FlatSet& fs, bool masters, bool option,
+                     bool stochastic_rounding, Args& args,
+                     AddSlots&& add_slots) {
+  const auto groups = group_by_dtypes(fs.views[0], fs.views[1]);
+  for (const auto& [dtypes, idx] : groups) {
+    std::array<std::vector<at::Tensor>, kDepth> l;
+    for (size_t i : idx) {
+      add_slots(i, l);
+    }
+    const auto pdt = static_cast<at::ScalarType>(dtypes.first);
+    const auto gdt = static_cast<at::ScalarType>(dtypes.second);
+    args.sr = stochastic_rounding && pdt == at::kBFloat16;
+    args.stream = static_cast<uint32_t>(gdt);
+    optim::dispatch_param_grad(pdt, gdt, [&](auto* ptag, auto* gtag) {
+      using PT = std::remove_pointer_t<decltype(ptag)>;
+      using GT = std::remove_pointer_t<decltype(gtag)>;
+      auto go = [&](auto master_tag, auto option_tag) {
+        constexpr bool kMs = decltype(master_tag)::value;
+        constexpr bool kOpt = decltype(option_tag)::value;
+        if constexpr (kMs && std::is_same_v<PT, float>) {
+          TORCH_INTERNAL_ASSERT(false, "float32 params have no master");
+        } else {
+          multi_tensor_apply<kDepth>(l, Op<PT, GT, kMs, kOpt>{}, args);
+        }
+      };
+      using T = std::true_type;
+      using F = std::false_type;
+      if (masters) {
+        option ? go(T{}, T{}) : go(T{}, F{});
+      } else {
+        option ? go(F{}, T{}) : go(F{}, F{});
+      }
+    });
+  }
 }
 
 }  // namespace cuda

@@ -16,43 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
+
 namespace {
-
-int g_passed = 0;
-int g_failed = 0;
-
-void check_impl(bool ok, const char* expr, const std::string& what,
-                const char* file, int line) {
-  if (ok) {
-    ++g_passed;
-  } else {
-    ++g_failed;
-    std::printf("FAIL %s:%d: %s%s%s\n", file, line, expr,
-                what.empty() ? "" : " -- ", what.c_str());
-  }
-}
-
-#undef CHECK
-#define CHECK(cond) check_impl(static_cast<bool>(cond), #cond, "", __FILE__, __LINE__)
-#define CHECK_MSG(cond, msg) \
-  check_impl(static_cast<bool>(cond), #cond, (msg), __FILE__, __LINE__)
-
-// Runs `stmt`, expects an exception of type Exc whose message contains
-// `needle` (the Python class's message).
-#define CHECK_THROWS(Exc, stmt, needle)                                        \
-  do {                                                                         \
-    std::string _msg;                                                          \
-    bool _threw = false;                                                       \
-    try {                                                                      \
-      stmt;                                                                    \
-    } catch (const Exc& e) {                                                   \
-      _threw = true;                                                           \
-      _msg = e.what_without_backtrace();                                       \
-    }                                                                          \
-    CHECK_MSG(_threw, std::string("expected " #Exc " from: " #stmt));          \
-    CHECK_MSG(!_threw || _msg.find(needle) != std::string::npos,               \
-              "message does not contain '" + std::string(needle) + "': " + _msg); \
-  } while (0)
 
 const auto kInf = std::numeric_limits<float>::infinity();
 
@@ -568,7 +534,7 @@ int main(int argc, char** argv) {
       argc > 1 ? argv[1] : std::filesystem::temp_directory_path().string();
   std::filesystem::create_directories(dir);
   torch::manual_seed(0);
-  const std::vector<std::pair<const char*, std::function<void()>>> tests = {
+  const mixprec_test::TestList tests = {
       {"scaler basics", test_scaler_basics},
       {"scaler option errors", test_scaler_option_errors},
       {"scaler state machine + skip on inf", test_scaler_state_machine},
@@ -585,16 +551,5 @@ int main(int argc, char** argv) {
       {"optim state_dict (Python layout)", [&] { test_optim_state_dict(dir); }},
       {"AutocastGuard", test_autocast_guard},
   };
-  for (const auto& [name, fn] : tests) {
-    const int failed_before = g_failed;
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      ++g_failed;
-      std::printf("FAIL %s: unexpected exception: %s\n", name, e.what());
-    }
-    std::printf("%s %s\n", g_failed == failed_before ? "ok  " : "FAIL", name);
-  }
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return mixprec_test::run_tests(tests);
 }

@@ -17,43 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
+
 namespace {
-
-int g_passed = 0;
-int g_failed = 0;
-
-void check_impl(bool ok, const char* expr, const std::string& what,
-                const char* file, int line) {
-  if (ok) {
-    ++g_passed;
-  } else {
-    ++g_failed;
-    std::printf("FAIL %s:%d: %s%s%s\n", file, line, expr,
-                what.empty() ? "" : " -- ", what.c_str());
-  }
-}
-
-// c10/util/Logging.h has a glog-style CHECK; this file uses its own.
-#undef CHECK
-#define CHECK(cond) check_impl(static_cast<bool>(cond), #cond, "", __FILE__, __LINE__)
-#define CHECK_MSG(cond, msg) \
-  check_impl(static_cast<bool>(cond), #cond, (msg), __FILE__, __LINE__)
-
-// Runs fn, expects a c10::Error whose message names `needle`.
-#define CHECK_THROWS_NAMING(fn, needle)                                       \
-  do {                                                                        \
-    std::string _msg;                                                         \
-    bool _threw = false;                                                      \
-    try {                                                                     \
-      fn();                                                                   \
-    } catch (const c10::Error& e) {                                           \
-      _threw = true;                                                          \
-      _msg = e.what_without_backtrace();                                      \
-    }                                                                         \
-    CHECK_MSG(_threw, "expected a c10::Error naming " + std::string(needle)); \
-    CHECK_MSG(!_threw || _msg.find(needle) != std::string::npos,              \
-              "message does not name " + std::string(needle) + ": " + _msg);  \
-  } while (0)
 
 // Bitwise equality of two tensors of the same floating dtype (NaN == NaN
 // when the bits agree, -0 != +0).
@@ -273,27 +239,27 @@ void test_bad_inputs() {
   const std::vector<at::Tensor> before = clone_all(g);
   const at::Tensor inv = scalar_f32(0.5);
   at::Tensor found_f64 = at::zeros({1}, at::kDouble);
-  CHECK_THROWS_NAMING([&] { mixprec::unscale_and_check_(g, found_f64, inv); }, "found_inf");
+  CHECK_THROWS(c10::Error, mixprec::unscale_and_check_(g, found_f64, inv), "found_inf");
   at::Tensor found = scalar_f32(0.0);
   at::Tensor inv_2 = at::full({2}, 0.5, at::kFloat);
-  CHECK_THROWS_NAMING([&] { mixprec::unscale_and_check_(g, found, inv_2); }, "inv_scale");
+  CHECK_THROWS(c10::Error, mixprec::unscale_and_check_(g, found, inv_2), "inv_scale");
   std::vector<at::Tensor> with_int = clone_all(g);
   with_int.push_back(at::ones({3}, at::kInt));
-  CHECK_THROWS_NAMING([&] { mixprec::unscale_and_check_(with_int, found, inv); }, "grads[");
+  CHECK_THROWS(c10::Error, mixprec::unscale_and_check_(with_int, found, inv), "grads[");
   bool untouched = found.item<float>() == 0.0f;
   for (size_t i = 0; i < g.size(); ++i) untouched = untouched && bits_equal(g[i], before[i]);
   CHECK_MSG(untouched, "a rejected call modified its inputs");
 
   State s = make_state(4.0, 1);
-  CHECK_THROWS_NAMING([&] { step_ext(s, 0, 0.5, 0.5, 2, std::nullopt, std::nullopt, 1); },
-                      "growth_factor");
-  CHECK_THROWS_NAMING([&] { step_ext(s, 0, 2.0, 1.5, 2, std::nullopt, std::nullopt, 1); },
-                      "backoff_factor");
+  CHECK_THROWS(c10::Error, step_ext(s, 0, 0.5, 0.5, 2, std::nullopt, std::nullopt, 1),
+               "growth_factor");
+  CHECK_THROWS(c10::Error, step_ext(s, 0, 2.0, 1.5, 2, std::nullopt, std::nullopt, 1),
+               "backoff_factor");
   CHECK(s.scale.item<float>() == 4.0f);
   at::Tensor tracker_f = at::zeros({1}, at::kFloat);
   at::Tensor scale = scalar_f32(4.0);
-  CHECK_THROWS_NAMING([&] { mixprec::update_scale_(scale, tracker_f, found, 2.0, 0.5, 2); },
-                      "growth_tracker");
+  CHECK_THROWS(c10::Error, mixprec::update_scale_(scale, tracker_f, found, 2.0, 0.5, 2),
+               "growth_tracker");
 }
 
 void test_build_info() {
@@ -320,7 +286,7 @@ int main() {
   at::manual_seed(seed);
   std::mt19937_64 rng(seed);
 
-  const std::vector<std::pair<const char*, std::function<void()>>> tests = {
+  const mixprec_test::TestList tests = {
       {"unscale_and_check_ vs torch (fp32, fp16)", [&] { test_unscale_vs_torch(rng); }},
       {"unscale_and_check_ bf16 vs float64", test_unscale_bf16},
       {"check_finite_", test_check_finite},
@@ -329,16 +295,5 @@ int main() {
       {"bad inputs", test_bad_inputs},
       {"build_info", test_build_info},
   };
-  for (const auto& [name, fn] : tests) {
-    const int failed_before = g_failed;
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      ++g_failed;
-      std::printf("FAIL %s: unexpected exception: %s\n", name, e.what());
-    }
-    std::printf("%s %s\n", g_failed == failed_before ? "ok  " : "FAIL", name);
-  }
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return mixprec_test::run_tests(tests);
 }
