@@ -408,10 +408,11 @@ bool GradScaler::step_amp_aware(torch::optim::Optimizer& optimizer,
     found_inf = f;
   }
   optim::StepScalars scalars;
-  if (state.stage != OptState::UNSCALED) {
+  if (state.stage != OptState::UNSCALED || state.deferred_unscale) {
     scalars.grad_scale = scale;
   }
   scalars.found_inf = found_inf;
+  scalars.clip_coef = state.clip_coef;
   fused.step_with(scalars);
   state.stage = OptState::STEPPED;
   if (!found_inf) {
@@ -425,7 +426,8 @@ bool GradScaler::step_amp_aware(torch::optim::Optimizer& optimizer,
 
 // ---------------------------------------------------------------- clipping
 at::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer,
-                                       double max_norm, double norm_type) {
+                                       double max_norm, double norm_type,
+                                       bool fold_into_step) {
   std::vector<at::Tensor> params;
   for (const auto& group : optimizer.param_groups()) {
     for (const auto& p : group.params()) params.push_back(p);
@@ -466,8 +468,44 @@ at::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer,
   TORCH_CHECK(state.stage != OptState::STEPPED,
               "clip_grad_norm_() is being called after step().");
   const c10::Device home = scale_.device();
+  const auto combine = [&](const std::vector<at::Tensor>& norms) {
+    if (norms.empty()) {
+      return at::zeros({}, at::TensorOptions(home).dtype(at::kFloat));
+    }
+    if (norms.size() == 1) {
+      return norms[0];
+    }
+    return at::linalg_vector_norm(at::stack(norms), norm_type);
+  };
+  bool any_sparse = false;
+  for (const auto& p : params) {
+    any_sparse = any_sparse || (p.grad().defined() && p.grad().is_sparse());
+  }
+  const bool fold = fold_into_step && norm_type > 0 && !any_sparse &&
+                    dynamic_cast<optim::FusedOptimizer*>(&optimizer) != nullptr;
   at::Tensor total;
-  if (state.stage == OptState::READY && norm_type > 0) {
+  if (fold && (state.stage == OptState::READY || state.deferred_unscale)) {
+    // Read-only pass: found_inf and the norm of grad * inv_scale.
+    auto per_device = collect_grads(optimizer, false);
+    at::Tensor inv = inv_scale();
+    std::vector<std::pair<c10::Device, at::Tensor>> flags;
+    std::vector<at::Tensor> norms;
+    for (const auto& [dev, grads] : per_device) {
+      at::Tensor flag =
+          at::zeros({}, at::TensorOptions(dev).dtype(at::kFloat));
+      at::Tensor inv_dev = dev == home ? inv : inv.to(dev, true);
+      norms.push_back(mixprec::check_finite_and_norm_(grads, flag, inv_dev,
+                                                      norm_type)
+                          .to(home));
+      flags.emplace_back(dev, flag);
+    }
+    if (!state.deferred_unscale) {
+      state.found_inf_per_device = std::move(flags);
+      state.stage = OptState::UNSCALED;
+      state.deferred_unscale = true;
+    }
+    total = combine(norms);
+  } else if (state.stage == OptState::READY && norm_type > 0) {
     auto per_device = collect_grads(optimizer, false, /*coalesce_sparse=*/true);
     at::Tensor inv = inv_scale();
     std::vector<std::pair<c10::Device, at::Tensor>> flags;
@@ -482,13 +520,7 @@ at::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer,
     }
     state.found_inf_per_device = std::move(flags);
     state.stage = OptState::UNSCALED;
-    if (norms.empty()) {
-      total = at::zeros({}, at::TensorOptions(home).dtype(at::kFloat));
-    } else if (norms.size() == 1) {
-      total = norms[0];
-    } else {
-      total = at::linalg_vector_norm(at::stack(norms), norm_type);
-    }
+    total = combine(norms);
   } else {
     if (state.stage == OptState::READY) {
       for (auto& p : params) {
@@ -500,7 +532,19 @@ at::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer,
     }
     total = total_norm(home);
   }
-  clip(total);
+  if (state.clip_coef) {
+    // An earlier folded clip of this iteration: the grads it would have
+    // produced are the current ones times its coefficient.
+    total = total * *state.clip_coef;
+  }
+  if (fold) {
+    at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
+    state.clip_coef =
+        state.clip_coef ? std::optional<at::Tensor>(*state.clip_coef * coef)
+                        : std::optional<at::Tensor>(coef);
+  } else {
+    clip(total);
+  }
   return total;
 }
 

@@ -288,6 +288,49 @@ void test_scaler_clip_grad_norm() {
   s.update();
 }
 
+// A mixprec optimizer: the clip is folded into its step (grads only read),
+// and the result equals the unfolded route within float32 rounding.
+void test_scaler_clip_folded_into_step() {
+  Toy a(torch::kFloat, 32), b(torch::kFloat, 32);
+  b.w.detach().copy_(a.w.detach());
+  b.b.detach().copy_(a.b.detach());
+  mixprec::optim::AdamW oa(a.params(), mixprec::optim::AdamWOptions(1e-2));
+  mixprec::optim::AdamW ob(b.params(), mixprec::optim::AdamWOptions(1e-2));
+  auto sa = cpu_scaler(mixprec::GradScalerOptions().init_scale(128.0));
+  auto sb = cpu_scaler(mixprec::GradScalerOptions().init_scale(128.0));
+  for (int it = 0; it < 4; ++it) {
+    oa.zero_grad();
+    ob.zero_grad();
+    const auto x = torch::randn({9, 4}) * 3;
+    sa.scale(a.loss(x)).backward();
+    sb.scale(b.loss(x)).backward();
+    if (it == 2) {
+      a.w.mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+      b.w.mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+    }
+    const auto grad_before = a.w.grad().clone();
+    const auto ta = sa.clip_grad_norm_(oa, 0.05);
+    const auto tb = sb.clip_grad_norm_(ob, 0.05, 2.0, /*fold_into_step=*/false);
+    CHECK(same(a.w.grad(), grad_before));  // folded: read only
+    CHECK(!same(b.w.grad(), a.w.grad()));  // unfolded: unscaled and clipped
+    CHECK(sa.stage(oa) == mixprec::OptState::UNSCALED);
+    CHECK_THROWS(c10::Error, sa.unscale_(oa), "unscale_() has already been called");
+    if (it != 2) {
+      CHECK_MSG(std::abs(ta.item<double>() - tb.item<double>()) <=
+                    1e-6 * tb.item<double>(),
+                std::to_string(ta.item<double>()) + " vs " +
+                    std::to_string(tb.item<double>()));
+    }
+    CHECK(sa.step(oa) == (it != 2));
+    CHECK(sb.step(ob) == (it != 2));
+    sa.update();
+    sb.update();
+    CHECK(sa.get_scale() == sb.get_scale());
+  }
+  CHECK(torch::allclose(a.w, b.w, 1e-6, 1e-7));
+  CHECK(torch::allclose(a.b, b.b, 1e-6, 1e-7));
+}
+
 void test_scaler_state_dict_roundtrip(const std::string& dir) {
   Toy m(torch::kFloat);
   torch::optim::SGD opt(m.params(), torch::optim::SGDOptions(0.0));
@@ -544,6 +587,7 @@ int main(int argc, char** argv) {
       {"scaler hysteresis/bounds", test_scaler_hysteresis_bounds},
       {"scaler update(new_scale)", test_scaler_update_new_scale},
       {"scaler clip_grad_norm_", test_scaler_clip_grad_norm},
+      {"scaler clip folded into the step", test_scaler_clip_folded_into_step},
       {"scaler state dict + save/load", [&] { test_scaler_state_dict_roundtrip(dir); }},
       {"optim vs torch::optim (fp32)", test_optim_vs_torch},
       {"optim masters + errors", test_optim_masters_and_errors},

@@ -151,6 +151,30 @@ void test_check_finite() {
   }
 }
 
+// The norm ops through the header: unscale_and_norm_ writes, the read-only
+// twin does not, and both return the same norm (float64 reference within
+// 1e-6; inv_scale a power of two, so grad * inv is exact).
+void test_norm_ops() {
+  for (at::ScalarType dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    std::vector<at::Tensor> t = random_grads(dtype);
+    std::vector<at::Tensor> before = clone_all(t);
+    std::vector<at::Tensor> parts;
+    for (const auto& g : t) parts.push_back(g.to(at::kDouble).flatten() * 0.25);
+    const double want = at::cat(parts).norm().item<double>();
+    at::Tensor f1 = scalar_f32(0.0), f2 = scalar_f32(0.0);
+    const at::Tensor n1 = mixprec::check_finite_and_norm_(t, f1, scalar_f32(0.25));
+    bool untouched = true;
+    for (size_t i = 0; i < t.size(); ++i) untouched = untouched && bits_equal(t[i], before[i]);
+    CHECK_MSG(untouched, std::string("check_finite_and_norm_ wrote, ") + c10::toString(dtype));
+    const at::Tensor n2 = mixprec::unscale_and_norm_(t, f2, scalar_f32(0.25));
+    CHECK(bits_equal(n1, n2));
+    CHECK_MSG(std::abs(n1.item<double>() - want) <= 1e-6 * want,
+              std::to_string(n1.item<double>()) + " vs " + std::to_string(want));
+    CHECK(f1.item<float>() == 0.0f && f2.item<float>() == 0.0f);
+    CHECK(!bits_equal(t[5], before[5]));  // unscaled in place
+  }
+}
+
 struct State {
   at::Tensor scale, tracker, hyst, found;
 };
@@ -290,6 +314,7 @@ int main() {
       {"unscale_and_check_ vs torch (fp32, fp16)", [&] { test_unscale_vs_torch(rng); }},
       {"unscale_and_check_ bf16 vs float64", test_unscale_bf16},
       {"check_finite_", test_check_finite},
+      {"unscale_and_norm_ / check_finite_and_norm_", test_norm_ops},
       {"update_scale_", test_update_scale},
       {"update_scale_ext_", test_update_scale_ext},
       {"bad inputs", test_bad_inputs},

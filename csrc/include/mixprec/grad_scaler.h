@@ -123,8 +123,15 @@ class GradScaler {
   // max_norm (torch.nn.utils.clip_grad_norm_'s coefficient). Counts as this
   // iteration's unscale_. Returns the total norm before clipping (float32
   // 0-dim on the scale's device). No host sync.
+  //
+  // With a mixprec::optim optimizer and fold_into_step (the default), the
+  // clip is folded into the optimizer's fused step instead, as in Python:
+  // this call only reads the grads (check_finite_and_norm_), and step() hands
+  // the kernel the scale and the clip coefficient; the grads stay as backward
+  // left them (scaled, unclipped).
   at::Tensor clip_grad_norm_(torch::optim::Optimizer& optimizer,
-                             double max_norm, double norm_type = 2.0);
+                             double max_norm, double norm_type = 2.0,
+                             bool fold_into_step = true);
 
   // Ends the iteration: updates the scale from the recorded inf checks (on
   // the device), or sets it to new_scale. Call once per iteration.
@@ -185,6 +192,10 @@ class GradScaler {
     OptState stage = OptState::READY;
     // in order of first appearance, as the Python dict
     std::vector<std::pair<c10::Device, at::Tensor>> found_inf_per_device;
+    // A folded clip_grad_norm_: the grads still carry the scale, and the
+    // optimizer's step applies clip_coef (on the scale's device).
+    bool deferred_unscale = false;
+    std::optional<at::Tensor> clip_coef;
   };
 
   std::pair<at::Tensor, at::Tensor> check_scale_growth_tracker(
