@@ -468,14 +468,29 @@ at::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer,
   TORCH_CHECK(state.stage != OptState::STEPPED,
               "clip_grad_norm_() is being called after step().");
   const c10::Device home = scale_.device();
-  const auto combine = [&](const std::vector<at::Tensor>& norms) {
-    if (norms.empty()) {
-      return at::zeros({}, at::TensorOptions(home).dtype(at::kFloat));
+  // One norm op call per device with a fresh inf flag: the flags and the
+  // total norm (float32 0-dim on `home`).
+  using NormOp = at::Tensor (*)(at::TensorList, const at::Tensor&,
+                                const at::Tensor&, double);
+  const auto norm_pass = [&](bool coalesce_sparse, NormOp op) {
+    auto per_device = collect_grads(optimizer, false, coalesce_sparse);
+    at::Tensor inv = inv_scale();
+    std::vector<std::pair<c10::Device, at::Tensor>> flags;
+    std::vector<at::Tensor> norms;
+    for (const auto& [dev, grads] : per_device) {
+      at::Tensor flag =
+          at::zeros({}, at::TensorOptions(dev).dtype(at::kFloat));
+      at::Tensor inv_dev = dev == home ? inv : inv.to(dev, true);
+      norms.push_back(op(grads, flag, inv_dev, norm_type).to(home));
+      flags.emplace_back(dev, flag);
     }
-    if (norms.size() == 1) {
-      return norms[0];
-    }
-    return at::linalg_vector_norm(at::stack(norms), norm_type);
+    at::Tensor norm =
+        norms.empty()
+            ? at::zeros({}, at::TensorOptions(home).dtype(at::kFloat))
+        : norms.size() == 1
+            ? norms[0]
+            : at::linalg_vector_norm(at::stack(norms), norm_type);
+    return std::make_pair(std::move(flags), norm);
   };
   bool any_sparse = false;
   for (const auto& p : params) {
@@ -486,41 +501,18 @@ at::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer,
   at::Tensor total;
   if (fold && (state.stage == OptState::READY || state.deferred_unscale)) {
     // Read-only pass: found_inf and the norm of grad * inv_scale.
-    auto per_device = collect_grads(optimizer, false);
-    at::Tensor inv = inv_scale();
-    std::vector<std::pair<c10::Device, at::Tensor>> flags;
-    std::vector<at::Tensor> norms;
-    for (const auto& [dev, grads] : per_device) {
-      at::Tensor flag =
-          at::zeros({}, at::TensorOptions(dev).dtype(at::kFloat));
-      at::Tensor inv_dev = dev == home ? inv : inv.to(dev, true);
-      norms.push_back(mixprec::check_finite_and_norm_(grads, flag, inv_dev,
-                                                      norm_type)
-                          .to(home));
-      flags.emplace_back(dev, flag);
-    }
+    auto [flags, norm] = norm_pass(false, &mixprec::check_finite_and_norm_);
     if (!state.deferred_unscale) {
       state.found_inf_per_device = std::move(flags);
       state.stage = OptState::UNSCALED;
       state.deferred_unscale = true;
     }
-    total = combine(norms);
+    total = norm;
   } else if (state.stage == OptState::READY && norm_type > 0) {
-    auto per_device = collect_grads(optimizer, false, /*coalesce_sparse=*/true);
-    at::Tensor inv = inv_scale();
-    std::vector<std::pair<c10::Device, at::Tensor>> flags;
-    std::vector<at::Tensor> norms;
-    for (const auto& [dev, grads] : per_device) {
-      at::Tensor flag =
-          at::zeros({}, at::TensorOptions(dev).dtype(at::kFloat));
-      at::Tensor inv_dev = dev == home ? inv : inv.to(dev, true);
-      norms.push_back(
-          mixprec::unscale_and_norm_(grads, flag, inv_dev, norm_type).to(home));
-      flags.emplace_back(dev, flag);
-    }
+    auto [flags, norm] = norm_pass(true, &mixprec::unscale_and_norm_);
     state.found_inf_per_device = std::move(flags);
     state.stage = OptState::UNSCALED;
-    total = combine(norms);
+    total = norm;
   } else {
     if (state.stage == OptState::READY) {
       for (auto& p : params) {

@@ -99,14 +99,7 @@ def unscale_and_norm_(
     if not norm_type > 0:
         raise RuntimeError(f"mixprec.{op}: norm_type must be > 0 or inf, got {norm_type}")
     unscale_and_check_(grads, found_inf, inv_scale)
-    norms = [
-        torch.linalg.vector_norm(g.to(_opmath(g.dtype)).double(), norm_type)
-        for g in grads
-        if g.numel() > 0
-    ]
-    if not norms:
-        return torch.zeros((), dtype=torch.float32, device=found_inf.device)
-    return torch.linalg.vector_norm(torch.stack(norms), norm_type).float()
+    return _total_norm([g.to(_opmath(g.dtype)) for g in grads], norm_type, found_inf.device)
 
 
 def check_finite_and_norm_(
@@ -120,15 +113,15 @@ def check_finite_and_norm_(
     if not norm_type > 0:
         raise RuntimeError(f"mixprec.{op}: norm_type must be > 0 or inf, got {norm_type}")
     _any_nonfinite(grads, found_inf)
-    norms = [
-        torch.linalg.vector_norm(
-            (g.to(_opmath(g.dtype)) * inv_scale.to(_opmath(g.dtype))).double(), norm_type
-        )
-        for g in grads
-        if g.numel() > 0
-    ]
+    unscaled = [g.to(_opmath(g.dtype)) * inv_scale.to(_opmath(g.dtype)) for g in grads]
+    return _total_norm(unscaled, norm_type, found_inf.device)
+
+
+def _total_norm(values: Sequence[Tensor], norm_type: float, device: torch.device) -> Tensor:
+    """The norm_type-norm of all ``values`` together, accumulated in float64, as float32."""
+    norms = [torch.linalg.vector_norm(v.double(), norm_type) for v in values if v.numel() > 0]
     if not norms:
-        return torch.zeros((), dtype=torch.float32, device=found_inf.device)
+        return torch.zeros((), dtype=torch.float32, device=device)
     return torch.linalg.vector_norm(torch.stack(norms), norm_type).float()
 
 

@@ -665,36 +665,18 @@ class GradScaler(torch.amp.GradScaler):
         if fold and (state["stage"] is OptState.READY or deferred):
             # Read-only pass: found_inf and the norm of grad * inv_scale.
             per_device = self._collect_grads(optimizer, False)
-            inv_scale = self._inv_scale()
-            flags: dict[torch.device, Tensor] = {}
-            norms: list[Tensor] = []
-            with torch.no_grad():
-                for dev, grads in per_device.items():
-                    flag = torch.zeros((), dtype=torch.float32, device=dev)
-                    inv = inv_scale if dev == home else inv_scale.to(dev, non_blocking=True)
-                    norms.append(ops.check_finite_and_norm_(grads, flag, inv, norm_type).to(home))
-                    flags[dev] = flag
+            flags, total = self._norm_pass(per_device, ops.check_finite_and_norm_, norm_type)
             if not deferred:
                 state["found_inf_per_device"] = self._reduce_found_inf(flags, home)
                 state["stage"] = OptState.UNSCALED
                 state[_DEFERRED_UNSCALE] = True
-            total = self._combine_norms(norms, norm_type, home)
         elif state["stage"] is OptState.READY and norm_type > 0 and _op_available(
             "unscale_and_norm_"
         ):
             per_device = self._collect_grads(optimizer, False, coalesce_sparse=True)
-            inv_scale = self._inv_scale()
-            flags = {}
-            norms = []
-            with torch.no_grad():
-                for dev, grads in per_device.items():
-                    flag = torch.zeros((), dtype=torch.float32, device=dev)
-                    inv = inv_scale if dev == home else inv_scale.to(dev, non_blocking=True)
-                    norms.append(ops.unscale_and_norm_(grads, flag, inv, norm_type).to(home))
-                    flags[dev] = flag
+            flags, total = self._norm_pass(per_device, ops.unscale_and_norm_, norm_type)
             state["found_inf_per_device"] = self._reduce_found_inf(flags, home)
             state["stage"] = OptState.UNSCALED
-            total = self._combine_norms(norms, norm_type, home)
         else:
             if state["stage"] is OptState.READY:
                 for p in params:
@@ -721,14 +703,34 @@ class GradScaler(torch.amp.GradScaler):
             _clip_with_norm(params, max_norm, total)
         return total
 
-    @staticmethod
-    def _combine_norms(norms: list[Tensor], norm_type: float, home: torch.device) -> Tensor:
-        """The total norm from per-device norms (all on ``home``)."""
+    def _norm_pass(
+        self,
+        per_device: dict[torch.device, list[Tensor]],
+        op: Callable[[list[Tensor], Tensor, Tensor, float], Tensor],
+        norm_type: float,
+    ) -> tuple[dict[torch.device, Tensor], Tensor]:
+        """One ``op`` call per device (a norm op of :mod:`mixprec.ops`) with a fresh inf flag.
+
+        Returns the per-device flags and the total norm (float32, 0-dim, on the
+        scale's device). No host sync.
+        """
+        inv_scale = self._inv_scale()
+        home = inv_scale.device
+        flags: dict[torch.device, Tensor] = {}
+        norms: list[Tensor] = []
+        with torch.no_grad():
+            for dev, grads in per_device.items():
+                flag = torch.zeros((), dtype=torch.float32, device=dev)
+                inv = inv_scale if dev == home else inv_scale.to(dev, non_blocking=True)
+                norms.append(op(grads, flag, inv, norm_type).to(home))
+                flags[dev] = flag
         if not norms:
-            return torch.zeros((), dtype=torch.float32, device=home)
-        if len(norms) == 1:
-            return norms[0]
-        return torch.linalg.vector_norm(torch.stack(norms), norm_type)
+            total = torch.zeros((), dtype=torch.float32, device=home)
+        elif len(norms) == 1:
+            total = norms[0]
+        else:
+            total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+        return flags, total
 
     # ------------------------------------------------------------------ update
     def update(self, new_scale: Union[float, Tensor, None] = None) -> None:
