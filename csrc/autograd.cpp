@@ -74,6 +74,22 @@ struct NoGradKernel;
 
 template <const char* Name, class Ret, class... Args>
 struct NoGradKernel<Name, Ret(Args...)> {
+  static Ret fn(Args... args) {
+    if (at::GradMode::is_enabled()) {
+      size_t index = 0;
+      (check_no_grad(index++, args), ...);
+    }
+    if constexpr (std::is_void_v<Ret>) {
+      call_below_autograd(args...);
+      bump_written(args...);
+    } else {
+      Ret out = call_below_autograd(args...);
+      bump_written(args...);
+      return out;
+    }
+  }
+
+ private:
   static const c10::TypedOperatorHandle<Ret(Args...)>& op() {
     static const auto handle = c10::Dispatcher::singleton()
                                    .findSchemaOrThrow(Name, "")
@@ -81,34 +97,24 @@ struct NoGradKernel<Name, Ret(Args...)> {
     return handle;
   }
 
-  static Ret fn(Args... args) {
-    static const std::vector<bool> written = written_arguments(op().schema());
-    TORCH_INTERNAL_ASSERT(written.size() == sizeof...(Args));
-    if (at::GradMode::is_enabled()) {
-      size_t index = 0;
-      (check_no_grad(index++, args), ...);
-    }
-    if constexpr (std::is_void_v<Ret>) {
-      {
-        at::AutoDispatchBelowADInplaceOrView guard;
-        op().call(args...);
-      }
-      bump_written(args...);
-    } else {
-      Ret out = [&] {
-        at::AutoDispatchBelowADInplaceOrView guard;
-        return op().call(args...);
-      }();
-      bump_written(args...);
+  // Per argument: does the schema write it in place?
+  static const std::vector<bool>& written() {
+    static const std::vector<bool> w = [] {
+      std::vector<bool> out = written_arguments(op().schema());
+      TORCH_INTERNAL_ASSERT(out.size() == sizeof...(Args));
       return out;
-    }
+    }();
+    return w;
   }
 
- private:
+  static Ret call_below_autograd(Args... args) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return op().call(args...);
+  }
+
   template <class T>
   static void check_no_grad(size_t index, const T& arg) {
-    static const std::vector<bool> written = written_arguments(op().schema());
-    if (!written[index]) {
+    if (!written()[index]) {
       return;
     }
     for_each_tensor(arg, [&](const at::Tensor& t, int64_t element) {
@@ -122,9 +128,8 @@ struct NoGradKernel<Name, Ret(Args...)> {
   }
 
   static void bump_written(const Args&... args) {
-    static const std::vector<bool> written = written_arguments(op().schema());
     size_t index = 0;
-    (bump(written[index++], args), ...);
+    (bump(written()[index++], args), ...);
   }
 
   template <class T>

@@ -9,6 +9,8 @@
 
 #include <c10/macros/Macros.h>
 
+#include <type_traits>
+
 #ifndef __CUDACC__
 #include <cmath>
 #endif
@@ -80,6 +82,22 @@ C10_HOST_DEVICE inline int norm_kind(double p) {
   if (p == 2.0) return kNormL2;
   if (p > 1.0e308) return kNormInf;
   return kNormP;
+}
+
+// Host side: calls f(std::integral_constant<int, Kind>{}) for `kind` (a
+// NormKind), so a kernel template can be instantiated per kind.
+template <class F>
+decltype(auto) dispatch_norm_kind(int kind, F&& f) {
+  switch (kind) {
+    case kNormL1:
+      return f(std::integral_constant<int, kNormL1>{});
+    case kNormL2:
+      return f(std::integral_constant<int, kNormL2>{});
+    case kNormInf:
+      return f(std::integral_constant<int, kNormInf>{});
+    default:
+      return f(std::integral_constant<int, kNormP>{});
+  }
 }
 
 }  // namespace math

@@ -189,16 +189,10 @@ inline SpanNorm unscale_norm(SpanDtype dtype, int kind, void* p, int64_t n,
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     T* q = static_cast<T*>(p);
-    switch (kind) {
-      case math::kNormL1:
-        return unscale_norm_span<T, math::kNormL1>(q, n, inv, write, norm_type);
-      case math::kNormL2:
-        return unscale_norm_span<T, math::kNormL2>(q, n, inv, write, norm_type);
-      case math::kNormInf:
-        return unscale_norm_span<T, math::kNormInf>(q, n, inv, write, norm_type);
-      default:
-        return unscale_norm_span<T, math::kNormP>(q, n, inv, write, norm_type);
-    }
+    return math::dispatch_norm_kind(kind, [&](auto k) {
+      return unscale_norm_span<T, decltype(k)::value>(q, n, inv, write,
+                                                      norm_type);
+    });
   });
 }
 

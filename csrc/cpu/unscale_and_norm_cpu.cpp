@@ -50,16 +50,10 @@ at::Tensor norm_cpu(const char* op, at::TensorList grads,
                              c10::DeviceType::CPU, /*read_only=*/!in_place);
   checks::check_norm_type(op, norm_type);
   const float inv = inv_scale.data_ptr<float>()[0];
-  switch (math::norm_kind(norm_type)) {
-    case math::kNormL1:
-      return run<math::kNormL1>(grads, found_inf, inv, norm_type, in_place);
-    case math::kNormL2:
-      return run<math::kNormL2>(grads, found_inf, inv, norm_type, in_place);
-    case math::kNormInf:
-      return run<math::kNormInf>(grads, found_inf, inv, norm_type, in_place);
-    default:
-      return run<math::kNormP>(grads, found_inf, inv, norm_type, in_place);
-  }
+  return math::dispatch_norm_kind(math::norm_kind(norm_type), [&](auto kind) {
+    return run<decltype(kind)::value>(grads, found_inf, inv, norm_type,
+                                      in_place);
+  });
 }
 
 at::Tensor unscale_and_norm_cpu(at::TensorList grads,

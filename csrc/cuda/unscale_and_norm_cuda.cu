@@ -75,20 +75,10 @@ at::Tensor norm_cuda(const char* op, at::TensorList grads,
                              c10::DeviceType::CUDA, /*read_only=*/!in_place);
   checks::check_norm_type(op, norm_type);
   c10::cuda::OptionalCUDAGuard guard(found_inf.device());
-  switch (math::norm_kind(norm_type)) {
-    case math::kNormL1:
-      return run<math::kNormL1>(grads, found_inf, inv_scale, norm_type,
-                                in_place);
-    case math::kNormL2:
-      return run<math::kNormL2>(grads, found_inf, inv_scale, norm_type,
-                                in_place);
-    case math::kNormInf:
-      return run<math::kNormInf>(grads, found_inf, inv_scale, norm_type,
-                                 in_place);
-    default:
-      return run<math::kNormP>(grads, found_inf, inv_scale, norm_type,
-                               in_place);
-  }
+  return math::dispatch_norm_kind(math::norm_kind(norm_type), [&](auto kind) {
+    return run<decltype(kind)::value>(grads, found_inf, inv_scale, norm_type,
+                                      in_place);
+  });
 }
 
 at::Tensor unscale_and_norm_cuda(at::TensorList grads,

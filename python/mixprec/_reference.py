@@ -92,12 +92,7 @@ def unscale_and_norm_(
     grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor, norm_type: float = 2.0
 ) -> Tensor:
     """Reference of ``torch.ops.mixprec.unscale_and_norm_`` (norm accumulated in float64)."""
-    op = "unscale_and_norm_"
-    _check_state(op, "found_inf", found_inf, torch.float32, found_inf.device)
-    _check_state(op, "inv_scale", inv_scale, torch.float32, found_inf.device)
-    _check_list(op, "grads", grads, found_inf.device, written=True)
-    if not norm_type > 0:
-        raise RuntimeError(f"mixprec.{op}: norm_type must be > 0 or inf, got {norm_type}")
+    _check_norm_args("unscale_and_norm_", grads, found_inf, inv_scale, norm_type, True)
     unscale_and_check_(grads, found_inf, inv_scale)
     return _total_norm([g.to(_opmath(g.dtype)) for g in grads], norm_type, found_inf.device)
 
@@ -106,15 +101,25 @@ def check_finite_and_norm_(
     grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor, norm_type: float = 2.0
 ) -> Tensor:
     """Reference of ``torch.ops.mixprec.check_finite_and_norm_`` (grads not written)."""
-    op = "check_finite_and_norm_"
-    _check_state(op, "found_inf", found_inf, torch.float32, found_inf.device)
-    _check_state(op, "inv_scale", inv_scale, torch.float32, found_inf.device)
-    _check_list(op, "grads", grads, found_inf.device)
-    if not norm_type > 0:
-        raise RuntimeError(f"mixprec.{op}: norm_type must be > 0 or inf, got {norm_type}")
+    _check_norm_args("check_finite_and_norm_", grads, found_inf, inv_scale, norm_type, False)
     _any_nonfinite(grads, found_inf)
     unscaled = [g.to(_opmath(g.dtype)) * inv_scale.to(_opmath(g.dtype)) for g in grads]
     return _total_norm(unscaled, norm_type, found_inf.device)
+
+
+def _check_norm_args(
+    op: str,
+    grads: Sequence[Tensor],
+    found_inf: Tensor,
+    inv_scale: Tensor,
+    norm_type: float,
+    written: bool,
+) -> None:
+    _check_state(op, "found_inf", found_inf, torch.float32, found_inf.device)
+    _check_state(op, "inv_scale", inv_scale, torch.float32, found_inf.device)
+    _check_list(op, "grads", grads, found_inf.device, written=written)
+    if not norm_type > 0:
+        raise RuntimeError(f"mixprec.{op}: norm_type must be > 0 or inf, got {norm_type}")
 
 
 def _total_norm(values: Sequence[Tensor], norm_type: float, device: torch.device) -> Tensor:

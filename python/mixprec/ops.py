@@ -87,6 +87,7 @@ def _fast_entry(name: str) -> Optional[Callable[..., Any]]:
 # (tensor subclasses, TorchFunctionModes, ...), and is skipped while
 # torch.compile traces (dynamo sees torch.ops.mixprec.<op>).
 _FAST: dict[str, Optional[Callable[..., Any]]] = {}
+_MISSING: Any = object()
 
 
 def _call(name: str, device: torch.device, *args: Any) -> Any:
@@ -102,9 +103,6 @@ def _call(name: str, device: torch.device, *args: Any) -> Any:
             if out is not NotImplemented:
                 return out
     return getattr(torch.ops.mixprec, name)(*args)
-
-
-_MISSING: Any = object()
 
 
 def unscale_and_check_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
