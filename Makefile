@@ -117,5 +117,17 @@ lint: env
 bench: build
 	$(PY) benchmarks/bench_unscale.py
 
+# On a GPU machine without network: build, the test suite, compute-sanitizer memcheck of
+# every op and optimizer, the benchmarks, the C++ tests and example; one summary line per
+# part, logs in build/gpu-check/ (tools/gpu_check.py). Give the interpreter that has torch:
+#   make gpu-check PYTHON=/path/to/python
+# GPU_CHECK_ARGS=--cpu-smoke runs the same driver on CPU at tiny sizes (no GPU needed).
+GPU_CHECK_ARGS ?=
+.PHONY: gpu-check
+gpu-check:
+	@command -v "$(PY)" >/dev/null || { echo "make gpu-check: '$(PY)' not found; give the" \
+	  "interpreter that has torch: make gpu-check PYTHON=/path/to/python" >&2; exit 2; }
+	$(PY) tools/gpu_check.py --python "$(PY)" $(GPU_CHECK_ARGS)
+
 clean:
 	rm -rf build dist python/*.egg-info python/mixprec/_C*.so python/mixprec/_cpp demo_report.png

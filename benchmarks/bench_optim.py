@@ -4,10 +4,10 @@ A step is what a training loop runs after backward: the loss-scaler's
 unscale/inf-check, the optimizer update, and the scale update. Cases:
 
 * ``mixprec AdamW fp16+master`` / ``bf16+master``: 16-bit params and grads,
-  FP32 masters and moments in the optimizer. found_inf from
-  ``mixprec.ops.check_finite_`` (reads the grads once), the update with the
-  unscale folded in (``step(grad_scale=, found_inf=)``), ``update_scale_``.
-  This is the sequence a scaler runs for an optimizer with
+  FP32 masters and moments in the optimizer. The grads carry a loss scale of
+  1024; found_inf from ``mixprec.ops.check_finite_`` (reads the grads once),
+  the update with the unscale folded in (``step(grad_scale=, found_inf=)``),
+  ``update_scale_``. This is the sequence a scaler runs for an optimizer with
   ``_step_supports_amp_scaling``.
 * ``torch AdamW(fused=True) fp32 + GradScaler``: fp32 params/grads under
   ``torch.amp.GradScaler`` (``scaler.step`` + ``scaler.update``).
@@ -18,19 +18,33 @@ unscale/inf-check, the optimizer update, and the scale update. Cases:
 
 Shapes: GPT-2 small (124M parameters) on CUDA. On CPU, by default, the same
 layer shapes with 2 layers and an 8192-token vocabulary (about 21M
-parameters), printed as such; ``--cpu-layers``/``--cpu-vocab`` change that.
+parameters), printed as such; ``--cpu-layers``/``--cpu-vocab``/``--cpu-embd``
+change that. ``--quick``: one layer, width 64, vocabulary 512 on both devices
+(a smoke test).
+
+Verification, once per case and untimed, on the optimizer that is timed (its
+first step): the weights after one step equal a ``torch.optim.AdamW`` step in
+float64 on copies, within the rounding of a float32 step
+(``_common.optimizer_tolerance``); 16-bit params equal their float32 master
+rounded to nearest; the scale is unchanged. For the mixprec cases with a
+scaler, a second step with an inf planted in a grad must change nothing
+(params, masters, moments, step counts) and halve the scale. A failed check
+is an error (the case is not timed; exit status 1). torch cases the installed
+torch cannot run print n/a.
 
 Reported per case: median time (torch.utils.benchmark, blocked_autorange;
 the best of ``--rounds`` rounds interleaved with the other cases),
 ratio to the torch fused case, bytes moved per parameter (the minimum traffic
 of the method: every tensor read or written once per kernel pass it needs),
 the resulting GB/s and its fraction of the copy bandwidth measured in the
-same run (``dst.copy_(src)`` of a large fp32 buffer, read + write counted).
-On CUDA the mixprec step is also run once under
-``torch.cuda.set_sync_debug_mode("error")``: it makes no host sync.
+same run (``_common.copy_bandwidth``, in every timing round, the best kept).
+A GB/s figure above it (beyond a noise margin: 5 % on CUDA, 50 % on CPU) is an
+error, marked !!: the step did not move the bytes it must.
+On CUDA the mixprec steps are also run once under
+``torch.cuda.set_sync_debug_mode("error")``: they make no host sync.
 
 Usage:
-    PYTHONPATH=python python benchmarks/bench_optim.py [--device cpu|cuda|all]
+    PYTHONPATH=python python benchmarks/bench_optim.py [--device cpu|cuda|all] [--quick]
 """
 
 from __future__ import annotations
@@ -38,16 +52,37 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-from typing import Callable, Dict, List, Tuple
+import sys
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
-import torch.utils.benchmark as tbench
 
 import mixprec  # noqa: F401  (loads the kernels)
 import mixprec.optim
+from _common import (
+    NA,
+    CheckFailed,
+    Report,
+    Shape,
+    check_found_inf,
+    check_optimizer_result,
+    check_scalar,
+    check_unchanged,
+    copy_bandwidth,
+    flat64,
+    fmt,
+    gpt2_shapes,
+    numel,
+    plant_inf,
+    ratio,
+    reference_run,
+    restore_planted,
+    run_control,
+    snapshot,
+    sync,
+    time_fn,
+)
 from mixprec import ops
-
-Shape = Tuple[int, ...]
 
 # Bytes moved per parameter, by case (see the module docstring).
 #  mixprec 16-bit + master: check_finite_ reads the grad (2); the update reads
@@ -64,16 +99,13 @@ BYTES = {
     "torch_foreach_scaler": 8 + 84,
     "fp32_plain": 28,
 }
+LR, WEIGHT_DECAY = 1e-4, 1e-2
+# The mixprec cases' grads carry this loss scale (a power of two: scaling and unscaling
+# are exact, so the float64 reference sees the same grads).
+GRAD_SCALE = 1024.0
+REF = "torch AdamW(fused) fp32 + GradScaler"
 
-
-def gpt2_shapes(n_layer: int, vocab: int, n_embd: int = 768, n_ctx: int = 1024) -> List[Shape]:
-    shapes: List[Shape] = [(vocab, n_embd), (n_ctx, n_embd)]
-    for _ in range(n_layer):
-        shapes += [(n_embd,), (n_embd,), (n_embd, 3 * n_embd), (3 * n_embd,),
-                   (n_embd, n_embd), (n_embd,), (n_embd,), (n_embd,),
-                   (n_embd, 4 * n_embd), (4 * n_embd,), (4 * n_embd, n_embd), (n_embd,)]
-    shapes += [(n_embd,), (n_embd,)]
-    return shapes
+Step = Callable[[], None]
 
 
 def make_params(shapes: List[Shape], dtype: torch.dtype,
@@ -88,63 +120,95 @@ def make_params(shapes: List[Shape], dtype: torch.dtype,
     return params
 
 
-def copy_bandwidth(device: str, numel: int) -> float:
-    src = torch.randn(numel, device=device)
-    dst = torch.empty_like(src)
-    t = tbench.Timer("dst.copy_(src)", globals={"dst": dst, "src": src}).blocked_autorange(
-        min_run_time=1.0)
-    return 2 * src.numel() * 4 / t.median / 1e9
+def _reference(params: List[torch.nn.Parameter], grad_scale: float) -> Tuple[torch.Tensor,
+                                                                              torch.Tensor]:
+    """float64 torch.optim.AdamW: one step from the params' current values."""
+    w0 = flat64(params)
+    g = flat64([p.grad for p in params]) / grad_scale
+    return reference_run(torch.optim.AdamW, {"lr": LR, "weight_decay": WEIGHT_DECAY}, w0, [g])
 
 
-def mixprec_case(shapes: List[Shape], dtype: torch.dtype, device: str,
-                 scaler: bool) -> Callable[[], None]:
+def mixprec_case(name: str, shapes: List[Shape], dtype: torch.dtype, device: str,
+                 scaler: bool) -> Tuple[Step, Callable[[], None]]:
+    """(step, verify) of a mixprec case; verify runs the first step."""
     params = make_params(shapes, dtype, device)
-    opt = mixprec.optim.AdamW(params, lr=1e-4)
     grads = [p.grad for p in params]
-    scale = torch.full((1,), 1.0, device=device)
+    opt = mixprec.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+    scale = torch.full((1,), GRAD_SCALE if scaler else 1.0, device=device)
     tracker = torch.zeros(1, dtype=torch.int32, device=device)
     found = torch.zeros(1, device=device)
-    if not scaler:
-        return opt.step
+    if scaler:
+        torch._foreach_mul_(grads, GRAD_SCALE)
 
-    def step() -> None:
+        def step() -> None:
+            found.zero_()
+            ops.check_finite_(grads, found)
+            opt.step(grad_scale=scale, found_inf=found)
+            ops.update_scale_(scale, tracker, found, 2.0, 0.5, 1_000_000)
+    else:
+        step = opt.step  # type: ignore[assignment]
+
+    def verify() -> None:
+        ref, movement = _reference(params, GRAD_SCALE if scaler else 1.0)
+        step()
+        sync(device)
+        masters = ([opt.state[p]["master_param"] for p in params]
+                   if dtype != torch.float32 else [])
+        check_optimizer_result(name, params, masters, ref, movement, 1)
+        if not scaler:
+            return
+        check_found_inf(found, False, f"{name}: clean step")
+        check_scalar(scale, GRAD_SCALE, f"{name}: scale after a clean step")
+        state = [t for p in params for t in opt.state[p].values() if torch.is_tensor(t)]
+        before = snapshot(list(params) + state)
+        planted = plant_inf(grads)
+        try:
+            step()
+            sync(device)
+        finally:
+            restore_planted(planted)
+        check_found_inf(found, True, f"{name}: step with an inf planted")
+        check_unchanged(before, list(params) + state,
+                        f"{name}: step with an inf planted (must be skipped)")
+        check_scalar(scale, GRAD_SCALE * 0.5, f"{name}: scale after a step with an inf")
+        scale.fill_(GRAD_SCALE)
+        tracker.zero_()
         found.zero_()
-        ops.check_finite_(grads, found)
-        opt.step(grad_scale=scale, found_inf=found)
-        ops.update_scale_(scale, tracker, found, 2.0, 0.5, 1_000_000)
 
-    return step
+    return step, verify
 
 
-def torch_case(shapes: List[Shape], device: str, impl: str,
-               scaler: bool) -> Callable[[], None]:
+def torch_case(name: str, shapes: List[Shape], device: str, impl: str,
+               scaler: bool) -> Tuple[Step, Callable[[], None]]:
+    """(step, verify) of a torch control."""
     params = make_params(shapes, torch.float32, device)
     kw = {"fused": True} if impl == "fused" else {"foreach": True}
-    opt = torch.optim.AdamW(params, lr=1e-4, **kw)
+    opt = torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, **kw)
+    sc: Optional[torch.amp.GradScaler] = None
     if not scaler:
-        return opt.step
-    # init_scale 1 keeps the grads unchanged from step to step (no denormals);
-    # the work done is the same for any scale.
-    sc = torch.amp.GradScaler(device, init_scale=1.0, growth_interval=1_000_000)
-    sc.scale(torch.ones((), device=device))  # initialises the scale tensor
+        step = opt.step
+    else:
+        # init_scale 1 keeps the grads unchanged from step to step (the foreach
+        # route unscales them in place); the work done is the same for any scale.
+        sc = torch.amp.GradScaler(device, init_scale=1.0, growth_interval=1_000_000)
+        sc.scale(torch.ones((), device=device))  # initialises the scale tensor
 
-    def step() -> None:
-        sc.step(opt)
-        sc.update()
+        def step() -> None:
+            sc.step(opt)
+            sc.update()
 
-    return step
+    def verify() -> None:
+        ref, movement = _reference(params, 1.0)
+        step()
+        sync(device)
+        check_optimizer_result(name, params, [], ref, movement, 1)
+        if sc is not None and sc.get_scale() != 1.0:
+            raise CheckFailed(f"{name}: scale {sc.get_scale()} after a clean step, expected 1")
+
+    return step, verify  # type: ignore[return-value]
 
 
-def time_it(fn: Callable[[], None], device: str, min_run_time: float) -> float:
-    for _ in range(3):  # warm-up (state creation, caches)
-        fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    timer = tbench.Timer("fn()", globals={"fn": fn})
-    return timer.blocked_autorange(min_run_time=min_run_time).median
-
-
-def check_no_sync(fn: Callable[[], None]) -> str:
+def check_no_sync(fn: Step) -> str:
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -157,78 +221,125 @@ def check_no_sync(fn: Callable[[], None]) -> str:
     return result
 
 
-def run(device: str, shapes: List[Shape], label: str, min_run_time: float,
-        rounds: int) -> None:
-    n = sum(torch.Size(s).numel() for s in shapes)
+def run(device: str, shapes: List[Shape], label: str, min_run_time: float, rounds: int,
+        report: Report) -> None:
+    n = numel(shapes)
     print(f"\n=== {device}: {label}, {n / 1e6:.1f}M parameters in {len(shapes)} tensors ===")
     if device == "cpu":
         print(f"threads: {torch.get_num_threads()}")
     else:
         print(f"GPU: {torch.cuda.get_device_name()}")
-    bw = copy_bandwidth(device, 64 * 2**20 if device == "cuda" else 16 * 2**20)
-    print(f"copy bandwidth (read+write): {bw:.1f} GB/s")
-    cases: List[Tuple[str, str, Callable[[], Callable[[], None]]]] = [
-        ("mixprec AdamW fp16+master, scaler", "mixprec16",
-         lambda: mixprec_case(shapes, torch.float16, device, True)),
-        ("mixprec AdamW bf16+master, scaler", "mixprec16",
-         lambda: mixprec_case(shapes, torch.bfloat16, device, True)),
-        ("torch AdamW(fused) fp32 + GradScaler", "torch_fused_scaler",
-         lambda: torch_case(shapes, device, "fused", True)),
-        ("torch AdamW(foreach) fp32 + GradScaler", "torch_foreach_scaler",
-         lambda: torch_case(shapes, device, "foreach", True)),
-        ("mixprec AdamW fp32, no scaler", "fp32_plain",
-         lambda: mixprec_case(shapes, torch.float32, device, False)),
-        ("torch AdamW(fused) fp32, no scaler", "fp32_plain",
-         lambda: torch_case(shapes, device, "fused", False)),
+    # the bound for passes moving 30 bytes per parameter (15 read, 15 written); measured
+    # again in every timing round, the best kept (the machine's quietest moment)
+    bw = copy_bandwidth(15 * n, device, min_run_time)
+    cases: List[Tuple[str, str, bool, Callable[[str], Tuple[Step, Callable[[], None]]]]] = [
+        ("mixprec AdamW fp16+master, scaler", "mixprec16", False,
+         lambda nm: mixprec_case(nm, shapes, torch.float16, device, True)),
+        ("mixprec AdamW bf16+master, scaler", "mixprec16", False,
+         lambda nm: mixprec_case(nm, shapes, torch.bfloat16, device, True)),
+        (REF, "torch_fused_scaler", True,
+         lambda nm: torch_case(nm, shapes, device, "fused", True)),
+        ("torch AdamW(foreach) fp32 + GradScaler", "torch_foreach_scaler", True,
+         lambda nm: torch_case(nm, shapes, device, "foreach", True)),
+        ("mixprec AdamW fp32, no scaler", "fp32_plain", False,
+         lambda nm: mixprec_case(nm, shapes, torch.float32, device, False)),
+        ("torch AdamW(fused) fp32, no scaler", "fp32_plain", True,
+         lambda nm: torch_case(nm, shapes, device, "fused", False)),
     ]
+    # Build and verify every case (untimed). A torch case torch cannot run is n/a; a
+    # failed verification is an error and leaves the case untimed.
+    fns: Dict[str, Step] = {}
+    status: Dict[str, str] = {}
+    for name, _, is_control, make in cases:
+        def build_and_verify(name: str = name, make=make) -> Step:
+            step, verify = make(name)
+            if not report.verify(name, verify):
+                raise _Unverified()
+            return step
+
+        try:
+            out = run_control(build_and_verify) if is_control else build_and_verify()
+        except _Unverified:
+            status[name] = "VERIFICATION FAILED"
+            continue
+        if isinstance(out, NA):
+            status[name] = f"n/a: {out.reason}"
+            continue
+        fns[name] = out
     # Every case is timed in `rounds` rounds, interleaved with the others, and
     # its best median kept, so background load hits all cases alike.
-    fns = {name: make() for name, _, make in cases}
     times: Dict[str, float] = {}
     for _ in range(rounds):
-        for name, _, _ in cases:
-            t = time_it(fns[name], device, min_run_time)
+        for name, fn in fns.items():
+            t = time_fn(fn, device, min_run_time)
             times[name] = min(t, times.get(name, t))
+        bw = max(bw, copy_bandwidth(15 * n, device, min_run_time))
+    print(f"copy bandwidth (read+write, best of {rounds + 1} measurements): {bw:.1f} GB/s",
+          flush=True)
     print(f"{'case':42s} {'time ms':>9s} {'vs torch fused+scaler':>22s} {'B/param':>8s} "
           f"{'GB/s':>7s} {'of copy':>8s}")
-    for name, kind, _ in cases:
-        fn = fns[name]
+    for name, kind, _, _ in cases:
+        if name not in times:
+            print(f"{name:42s} {status[name]}")
+            continue
         t = times[name]
-        ratio = f"{t / times['torch AdamW(fused) fp32 + GradScaler']:.2f}x"
         gbs = BYTES[kind] * n / t / 1e9
-        print(f"{name:42s} {t * 1e3:9.2f} {ratio:>22s} {BYTES[kind]:8d} {gbs:7.1f} "
-              f"{gbs / bw:7.0%}")
-        if device == "cuda" and name.startswith("mixprec") and "scaler" in name:
-            print(f"{'':42s} {check_no_sync(fn)}")
-    ref = times["torch AdamW(fused) fp32 + GradScaler"]
+        mark = report.check_bandwidth(f"{device}: {name}", gbs, bw, device)
+        r = ratio(t, times.get(REF))
+        print(f"{name:42s} {t * 1e3:9.2f} {fmt(r, '.2f') + ('x' if r else ''):>22s} "
+              f"{BYTES[kind]:8d} {gbs:7.1f} {gbs / bw:7.0%}{mark}")
+        if device == "cuda" and name.startswith("mixprec"):
+            print(f"{'':42s} {check_no_sync(fns[name])}")
     for name in ("mixprec AdamW fp16+master, scaler", "mixprec AdamW bf16+master, scaler"):
-        print(f"ratio {name} / torch fused+scaler: {times[name] / ref:.3f}")
-    plain = times["mixprec AdamW fp32, no scaler"] / times["torch AdamW(fused) fp32, no scaler"]
-    print(f"ratio mixprec fp32 / torch fused fp32 (no scaler): {plain:.3f}")
+        print(f"ratio {name} / torch fused+scaler: "
+              f"{fmt(ratio(times.get(name), times.get(REF)), '.3f')}")
+    plain = ratio(times.get("mixprec AdamW fp32, no scaler"),
+                  times.get("torch AdamW(fused) fp32, no scaler"))
+    print(f"ratio mixprec fp32 / torch fused fp32 (no scaler): {fmt(plain, '.3f')}", flush=True)
 
 
-def main() -> None:
+class _Unverified(Exception):
+    """A case whose verification failed (already reported)."""
+
+
+def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="all", choices=["cpu", "cuda", "all"])
     ap.add_argument("--cpu-layers", type=int, default=2)
     ap.add_argument("--cpu-vocab", type=int, default=8192)
-    ap.add_argument("--min-run-time", type=float, default=1.0)
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    ap.add_argument("--cpu-embd", type=int, default=768)
+    ap.add_argument("--min-run-time", type=float, default=None, help="seconds (default 1.0)")
+    ap.add_argument("--rounds", type=int, default=None, help="default 3 (--quick: 1)")
+    ap.add_argument("--quick", action="store_true",
+                    help="1 layer, width 64, vocab 512 on every device, short timing")
+    ap.add_argument("--bandwidth-tolerance", type=float, default=None,
+                    help="slack over the copy bandwidth before a figure is an error "
+                         "(default: 0.05 on CUDA, 0.5 on CPU; see _common.BANDWIDTH_TOLERANCE)")
+    args = ap.parse_args(argv)
+    min_run_time = args.min_run_time or (0.02 if args.quick else 1.0)
+    rounds = args.rounds or (1 if args.quick else 3)
+    report = Report("bench_optim", args.bandwidth_tolerance)
     print(f"mixprec {mixprec.__version__}, torch {torch.__version__}, "
           f"{platform.processor() or platform.machine()}, "
           f"{datetime.date.today().isoformat()}")
+    quick = (gpt2_shapes(1, 512, 64, 256), "quick: GPT-2 layer shapes, 1 layer, width 64, "
+             "vocab 512, context 256")
     if args.device in ("cpu", "all"):
-        run("cpu", gpt2_shapes(args.cpu_layers, args.cpu_vocab),
+        shapes, label = quick if args.quick else (
+            gpt2_shapes(args.cpu_layers, args.cpu_vocab, args.cpu_embd),
             f"GPT-2-small layer shapes, SMALLER model: {args.cpu_layers} layers, "
-            f"vocab {args.cpu_vocab}", args.min_run_time, args.rounds)
+            f"vocab {args.cpu_vocab}, width {args.cpu_embd}")
+        run("cpu", shapes, label, min_run_time, rounds, report)
     if args.device in ("cuda", "all"):
         if torch.cuda.is_available():
-            run("cuda", gpt2_shapes(12, 50257), "GPT-2 small (124M)", args.min_run_time,
-                args.rounds)
+            shapes, label = quick if args.quick else (gpt2_shapes(), "GPT-2 small (124M)")
+            run("cuda", shapes, label, min_run_time, rounds, report)
+        elif args.device == "cuda":
+            report.fail("--device cuda: no GPU visible")
         else:
             print("\ncuda: no GPU visible, skipped")
+    return report.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

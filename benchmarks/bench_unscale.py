@@ -1,27 +1,50 @@
 """Benchmark: mixprec.ops.unscale_and_check_ vs torch._amp_foreach_non_finite_check_and_unscale_.
 
 Sets: (a) GPT-2 small gradient shapes (148 tensors, 124M elements), (b) 2,000 tensors of
-4,096 elements, (c) one tensor of 2^28 elements; fp32, fp16, bf16 (torch's op has no bf16:
-shown as n/a). Prints time, GB/s (each element read and written once), the ratio
-torch/mixprec (> 1: mixprec faster), the fraction of the copy bandwidth measured in this
-run for the same number of bytes and, on CUDA, kernel launches per call.
+4,096 elements, (c) one tensor of 2^28 elements, (q) a quick set (3 tensors, 263K
+elements); fp32, fp16, bf16. Prints time, GB/s (each element read and written once), the
+ratio torch/mixprec (> 1: mixprec faster), the fraction of the copy bandwidth measured in
+this run for the same number of bytes and, on CUDA, kernel launches per call.
+
+Before timing, every case is verified once (untimed) on the very tensors and callable that
+are timed: the grads become grads * inv_scale (within the rounding of the op) and found_inf
+stays 0; with an inf planted, found_inf becomes 1. Where torch's op cannot run a case (it
+has no bf16 kernel on CUDA) its columns read n/a. A failed verification, or a GB/s figure
+above the copy bandwidth (beyond a noise margin: 5 % on CUDA, 50 % on CPU, see
+_common.BANDWIDTH_TOLERANCE), is an error: marked !!, listed after the table, exit status 1.
 
     python benchmarks/bench_unscale.py [--device cpu|cuda] [--sets a,b,c] [--min-run-time S]
+    python benchmarks/bench_unscale.py --quick      # set q, short timing (a smoke test)
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import List, Optional, Tuple
 
 import torch
 
 import mixprec
-from _common import copy_bandwidth, count_cuda_launches, gpt2_small_shapes, header, time_fn
+from _common import (
+    NA,
+    Report,
+    copy_bandwidth,
+    count_cuda_launches,
+    fmt,
+    gpt2_small_shapes,
+    header,
+    ratio,
+    run_control,
+    time_fn,
+    verify_unscale_fn,
+)
 
 SETS = {
     "a": ("gpt2-small (148 t, 124M)", lambda: gpt2_small_shapes()),
     "b": ("2000 x 4096", lambda: [(4096,)] * 2000),
     "c": ("1 x 2^28", lambda: [(2**28,)]),
+    "q": ("quick (3 t, 263K)", lambda: [(2**18,), (1000,), (3,)]),
 }
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # inv_scale != 1 (so both ops really write) yet close enough to 1 that repeated runs neither
@@ -29,50 +52,83 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 INV_SCALE = 1.0 + 2.0**-20
 
 
-def main() -> None:
+def bench_row(report: Report, notes: List[str], name: str, dname: str,
+              shapes: List[Tuple[int, ...]], device: torch.device, min_run_time: float) -> None:
+    """Verify, time and print one (set, dtype) row."""
+    dtype = DTYPES[dname]
+    label = f"{name} {dname}"
+    grads = [torch.randn(s, device=device).to(dtype) for s in shapes]
+    nbytes = sum(g.numel() * g.element_size() for g in grads)
+    found = torch.zeros((), device=device)
+    inv = torch.full((), INV_SCALE, device=device)
+
+    def ours() -> None:
+        mixprec.ops.unscale_and_check_(grads, found, inv)
+
+    def theirs() -> None:
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+
+    def verify_theirs() -> bool:
+        return report.verify(label, lambda: verify_unscale_fn(theirs, grads, found, inv,
+                                                              "torch's op"))
+
+    # verification, untimed, of the callables timed below (mixprec first: an error there
+    # is mixprec's; torch's control may be n/a)
+    if not report.verify(label, lambda: verify_unscale_fn(ours, grads, found, inv,
+                                                          "mixprec unscale_and_check_")):
+        print(f"{name:<26}{dname:<6}{'VERIFICATION FAILED: not timed':>40}", flush=True)
+        return
+    control = run_control(verify_theirs)
+    if isinstance(control, NA):
+        notes.append(f"n/a ({label}): torch's op -- {control.reason}")
+    torch_ok = control is True
+
+    t_ours = time_fn(ours, device, min_run_time)
+    t_theirs = time_fn(theirs, device, min_run_time) if torch_ok else None
+    copy = copy_bandwidth(nbytes, device, min_run_time)
+    gbs = 2 * nbytes / t_ours / 1e9
+    mark = report.check_bandwidth(f"{label}: mixprec", gbs, copy, device)
+    line = (f"{name:<26}{dname:<6}{t_ours * 1e3:>11.3f}"
+            f"{fmt(t_theirs * 1e3 if t_theirs else None, '.3f', 10)}"
+            f"{fmt(ratio(t_theirs, t_ours), '.2f', 7)}"
+            f"{gbs:>8.1f}{copy:>10.1f}{100 * gbs / copy:>6.0f}%")
+    if device.type == "cuda":
+        lt = count_cuda_launches(theirs) if torch_ok else None
+        line += f"{count_cuda_launches(ours):>8}/{fmt(lt, 'd')}"
+    print(line + mark, flush=True)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--sets", default="a,b,c")
+    ap.add_argument("--sets", default=None, help="comma-separated keys of SETS (default a,b,c)")
     ap.add_argument("--dtypes", default="fp32,fp16,bf16")
-    ap.add_argument("--min-run-time", type=float, default=1.0)
-    args = ap.parse_args()
+    ap.add_argument("--min-run-time", type=float, default=None, help="seconds (default 1.0)")
+    ap.add_argument("--quick", action="store_true",
+                    help="set q and --min-run-time 0.02 unless given: a smoke test")
+    ap.add_argument("--bandwidth-tolerance", type=float, default=None,
+                    help="slack over the copy bandwidth before a figure is an error "
+                         "(default: 0.05 on CUDA, 0.5 on CPU; see _common.BANDWIDTH_TOLERANCE)")
+    args = ap.parse_args(argv)
+    sets = args.sets or ("q" if args.quick else "a,b,c")
+    min_run_time = args.min_run_time or (0.02 if args.quick else 1.0)
     device = torch.device(args.device)
+    report = Report("bench_unscale", args.bandwidth_tolerance)
     print(header("bench_unscale: unscale + inf/NaN check", device))
     cols = (f"{'set':<26}{'dtype':<6}{'mixprec ms':>11}{'torch ms':>10}{'ratio':>7}"
             f"{'GB/s':>8}{'copy GB/s':>10}{'% copy':>7}")
     if device.type == "cuda":
         cols += f"{'launches m/t':>14}"
-    print(cols)
-    for key in args.sets.split(","):
+    print(cols, flush=True)
+    notes: List[str] = []
+    for key in sets.split(","):
         name, shapes_fn = SETS[key]
         for dname in args.dtypes.split(","):
-            dtype = DTYPES[dname]
-            grads = [torch.randn(s, device=device).to(dtype) for s in shapes_fn()]
-            nbytes = sum(g.numel() * g.element_size() for g in grads)
-            found = torch.zeros((), device=device)
-            inv = torch.full((), INV_SCALE, device=device)
-
-            def ours(grads=grads, found=found, inv=inv):
-                mixprec.ops.unscale_and_check_(grads, found, inv)
-
-            def theirs(grads=grads, found=found, inv=inv):
-                torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
-
-            torch_ok = dtype != torch.bfloat16  # torch._amp_* has no bf16 kernel
-            t_ours = time_fn(ours, device, args.min_run_time)
-            t_theirs = time_fn(theirs, device, args.min_run_time) if torch_ok else None
-            copy = copy_bandwidth(nbytes, device, args.min_run_time)
-            gbs = 2 * nbytes / t_ours / 1e9
-            line = (f"{name:<26}{dname:<6}{t_ours * 1e3:>11.3f}"
-                    f"{(f'{t_theirs * 1e3:.3f}' if t_theirs else 'n/a'):>10}"
-                    f"{(f'{t_theirs / t_ours:.2f}' if t_theirs else 'n/a'):>7}"
-                    f"{gbs:>8.1f}{copy:>10.1f}{100 * gbs / copy:>6.0f}%")
-            if device.type == "cuda":
-                lt = count_cuda_launches(theirs) if torch_ok else 0
-                line += f"{count_cuda_launches(ours):>8}/{lt if torch_ok else 'n/a'}"
-            print(line, flush=True)
-            del grads
+            bench_row(report, notes, name, dname, shapes_fn(), device, min_run_time)
+    for n in notes:
+        print(n)
+    return report.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

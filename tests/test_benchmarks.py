@@ -1,0 +1,351 @@
+"""The benchmarks and tools/gpu_workload.py cannot lie: each one verifies the work it
+times, flags figures above the copy bandwidth, prints n/a where torch's control cannot
+run a case, and its exit status says so. Run in-process on CPU, in tiny configurations
+(one torch thread: the checks are about correctness, not speed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Iterator, List
+
+import pytest
+import torch
+
+import mixprec
+
+ROOT = Path(__file__).resolve().parent.parent
+for sub in ("benchmarks", "tools"):
+    if str(ROOT / sub) not in sys.path:
+        sys.path.insert(0, str(ROOT / sub))
+
+import gpu_check  # noqa: E402
+import gpu_workload  # noqa: E402
+
+import _common  # noqa: E402
+import bench_optim  # noqa: E402
+import bench_scaler  # noqa: E402
+import bench_unscale  # noqa: E402
+from _common import NA, CheckFailed  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _noop(*args: object, **kwargs: object) -> None:
+    return None
+
+
+def _raise_not_implemented(*args: object, **kwargs: object) -> None:
+    raise NotImplementedError('"_amp_foreach_non_finite_check_and_unscale_cuda" not '
+                              "implemented for 'BFloat16'")
+
+
+# ---------------------------------------------------------------------------------------------
+# bench_unscale
+
+UNSCALE_QUICK: List[str] = ["--quick", "--device", "cpu"]
+
+
+def test_bench_unscale_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_unscale.main(UNSCALE_QUICK) == 0
+    out = capsys.readouterr().out
+    assert "all results verified" in out
+    assert out.count("quick (3 t, 263K)") == 3  # one row per dtype
+
+
+def test_bench_unscale_catches_an_op_that_does_nothing(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(mixprec.ops, "unscale_and_check_", _noop)
+    assert bench_unscale.main(UNSCALE_QUICK + ["--dtypes", "fp16"]) == 1
+    out = capsys.readouterr().out
+    assert "verification failed" in out and "VERIFICATION FAILED: not timed" in out
+
+
+def test_bench_unscale_catches_a_skipped_tail(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    real = mixprec.ops.unscale_and_check_
+    # every tensor but the last (3 elements of 263K): only the verification can see it
+    monkeypatch.setattr(mixprec.ops, "unscale_and_check_",
+                        lambda grads, found, inv: real(grads[:-1], found, inv))
+    assert bench_unscale.main(UNSCALE_QUICK + ["--dtypes", "fp32"]) == 1
+    assert "3 of 263147 elements off the reference" in capsys.readouterr().out
+
+
+def test_bench_unscale_flags_a_figure_above_the_copy_bandwidth(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(bench_unscale, "copy_bandwidth", lambda *a: 1e-3)
+    assert bench_unscale.main(UNSCALE_QUICK + ["--dtypes", "fp32"]) == 1
+    out = capsys.readouterr().out
+    table, _, errors = out.partition("1 error(s)")
+    assert " !!" in table  # marked in the row, the table printed in full
+    assert "of the copy bandwidth" in errors and "skipped work" in errors
+
+
+def test_bench_unscale_control_without_a_kernel_is_na(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(torch, "_amp_foreach_non_finite_check_and_unscale_",
+                        _raise_not_implemented)
+    assert bench_unscale.main(UNSCALE_QUICK + ["--dtypes", "bf16"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("quick"))
+    assert row.split()[6:8] == ["n/a", "n/a"]  # torch ms, ratio
+    assert "n/a (quick (3 t, 263K) bf16): torch's op -- NotImplementedError" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# bench_optim
+
+OPTIM_QUICK = ["--quick", "--device", "cpu"]
+
+
+def test_bench_optim_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_optim.main(OPTIM_QUICK) == 0
+    out = capsys.readouterr().out
+    assert "all results verified" in out
+    for name in ("mixprec AdamW fp16+master, scaler", "torch AdamW(foreach) fp32 + GradScaler"):
+        assert any(line.startswith(name) and "x " in line for line in out.splitlines())
+
+
+def test_bench_optim_catches_an_optimizer_that_does_nothing(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(mixprec.ops, "fused_adam_", _noop)
+    assert bench_optim.main(OPTIM_QUICK) == 1
+    out = capsys.readouterr().out
+    assert out.count("VERIFICATION FAILED") == 3  # the three mixprec cases
+    assert "master weights vs float64 reference" in out
+
+
+def test_bench_optim_flags_a_figure_above_the_copy_bandwidth(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(bench_optim, "copy_bandwidth", lambda *a: 1e-3)
+    assert bench_optim.main(OPTIM_QUICK) == 1
+    assert capsys.readouterr().out.count(" !!") == 6
+
+
+def test_bench_optim_control_without_a_kernel_is_na(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    real = torch.optim.AdamW
+
+    def adamw(*args: object, fused: object = None, **kwargs: object) -> torch.optim.Optimizer:
+        if fused:
+            raise RuntimeError("`fused=True` is not supported for this device/dtype")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.optim, "AdamW", adamw)
+    assert bench_optim.main(OPTIM_QUICK) == 0
+    out = capsys.readouterr().out
+    assert "torch AdamW(fused) fp32 + GradScaler       n/a: RuntimeError" in out
+    assert "mixprec AdamW fp16+master, scaler / torch fused+scaler: n/a" in out
+    assert "(no scaler): n/a" in out
+    fp16_row = next(line for line in out.splitlines()
+                    if line.startswith("mixprec AdamW fp16+master, scaler"))
+    assert " n/a " in fp16_row  # its ratio to the missing control
+
+
+# ---------------------------------------------------------------------------------------------
+# bench_scaler
+
+SCALER_QUICK = ["--quick", "--device", "cpu", "--specs", "fp32+bf16-mixed"]
+
+
+def test_bench_scaler_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_scaler.main(SCALER_QUICK) == 0
+    out = capsys.readouterr().out
+    assert "all results verified" in out
+    assert sum(line.startswith("cpu    fp32+bf16-mixed") for line in out.splitlines()) == 3
+
+
+def test_bench_scaler_catches_an_unscale_that_does_nothing(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(mixprec.ops, "unscale_and_check_", _noop)
+    assert bench_scaler.main(SCALER_QUICK + ["--cases", "sgd"]) == 1
+    out = capsys.readouterr().out
+    assert "VERIFICATION FAILED" in out and "vs torch's" in out
+
+
+def test_bench_scaler_catches_a_scaler_that_skips_a_step_it_should_take(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def always_inf(tensors: List[torch.Tensor], found: torch.Tensor) -> None:
+        found.fill_(1.0)
+
+    monkeypatch.setattr(mixprec.ops, "check_finite_", always_inf)
+    assert bench_scaler.main(SCALER_QUICK + ["--cases", "adamw-fused"]) == 1
+    assert "VERIFICATION FAILED" in capsys.readouterr().out
+
+
+def test_bench_scaler_torch_without_bf16_is_na(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # what torch's CUDA unscale does with bf16 grads (the crash of the first H100 run)
+    real = torch._amp_foreach_non_finite_check_and_unscale_
+
+    def no_bf16(grads: List[torch.Tensor], found: torch.Tensor, inv: torch.Tensor) -> None:
+        if any(g.dtype == torch.bfloat16 for g in grads):
+            _raise_not_implemented()
+        real(grads, found, inv)
+
+    monkeypatch.setattr(torch, "_amp_foreach_non_finite_check_and_unscale_", no_bf16)
+    assert bench_scaler.main(SCALER_QUICK) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("cpu    fp32+bf16")]
+    assert len(rows) == 3
+    for r in rows:
+        assert r[3] == "n/a" and r[6] == "n/a" and r[7] == "n/a"  # torch us, ratios
+        assert r[8].startswith("n/a/")  # syncs t/m
+    assert "torch's GradScaler -- NotImplementedError" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# the verification helpers on wrong results
+
+
+def test_check_unscaled_tolerance_is_tight() -> None:
+    g = torch.randn(1000).to(torch.float16)
+    exact = (g.float() * 0.3).to(torch.float16)
+    _common.check_unscaled([g], [exact], 0.3, "exact")
+    off = exact.clone()
+    off.view(torch.int16)[17] += 1  # one float16 ulp further from zero
+    with pytest.raises(CheckFailed, match=r"1 of 1000 elements off the reference; worst at \[17\]"):
+        _common.check_unscaled([g], [off], 0.3, "one element one ulp off")
+    with pytest.raises(CheckFailed):
+        _common.check_unscaled([g], [g.clone()], 0.3, "not unscaled")
+
+
+def test_check_optimizer_result_catches_the_h100_master_bug() -> None:
+    """The first H100 run: the fp16 master never moved and the param held the update
+    computed from w = 0."""
+    w0 = [torch.randn(4096) * 0.02]
+    g = [torch.randn(4096) * 1e-3]
+    ref, movement = _common.reference_run(torch.optim.AdamW, {"lr": 1e-3}, _common.flat64(w0),
+                                          [_common.flat64(g)])
+    good_master = [ref.float()]
+    _common.check_optimizer_result("good", [good_master[0].half()], good_master, ref,
+                                   movement, 1)
+    stale_master = [w0[0].clone()]
+    with pytest.raises(CheckFailed, match="master weights vs float64 reference"):
+        _common.check_optimizer_result("bug", [(ref - w0[0].double()).half()], stale_master,
+                                       ref, movement, 1)
+    # a param that is not its master rounded to nearest
+    with pytest.raises(CheckFailed, match="rounded to nearest"):
+        _common.check_optimizer_result("param", [w0[0].half()], good_master, ref, movement, 1)
+
+
+def test_check_stochastic_rounding_catches_no_update() -> None:
+    # steps (1e-3) well below the bfloat16 spacing (2**-7 in [1, 2)): a do-nothing kernel
+    # stays within a spacing of the reference everywhere; only the aggregate sees it
+    n = 20000
+    p0 = [(1.0 + 0.1 * torch.randn(n)).to(torch.bfloat16)]
+    g = [torch.randn(n).clamp(-2, 2)]  # steps <= 2e-3 < 2**-8, the spacing below 1
+    ref, movement = _common.reference_run(torch.optim.SGD, {"lr": 1e-3},
+                                          _common.flat64(p0), [_common.flat64(g)])
+    with pytest.raises(CheckFailed, match=r"moved 0.000 of the reference's way"):
+        _common.check_stochastic_rounding("no-op", p0, [p0[0].clone()], ref, movement, 1)
+    # unbiased rounding of the reference passes
+    lo = ref.to(torch.bfloat16).double()
+    lo = torch.where(lo > ref, lo - _common.spacing(ref, torch.bfloat16), lo)
+    hi = lo + _common.spacing(lo, torch.bfloat16)
+    up = torch.rand(n, dtype=torch.float64) < (ref - lo) / (hi - lo)
+    sr = torch.where(up, hi, lo).to(torch.bfloat16)
+    note = _common.check_stochastic_rounding("sr", p0, [sr], ref, movement, 1)
+    assert note is not None and note.startswith("moved")
+
+
+def test_report_and_run_control() -> None:
+    report = _common.Report("t")
+    assert report.check_bandwidth("ok", 104.0, 100.0, "cuda") == ""
+    assert report.check_bandwidth("bad", 106.0, 100.0, "cuda") == " !!"
+    assert report.check_bandwidth("cpu ok", 140.0, 100.0, "cpu") == ""
+    assert report.check_bandwidth("cpu bad", 151.0, 100.0, "cpu") == " !!"
+    assert len(report.errors) == 2 and report.finish() == 1
+    assert _common.Report("strict", 0.0).check_bandwidth("x", 100.5, 100.0, "cpu") == " !!"
+    assert isinstance(_common.run_control(_raise_not_implemented), NA)
+
+    def unsupported() -> None:
+        raise RuntimeError("\"foo_cuda\" not implemented for 'BFloat16'")
+
+    def real_error() -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    assert str(_common.run_control(unsupported)) == "n/a"
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        _common.run_control(real_error)
+    assert _common.fmt(NA("x"), ".2f", 6) == "   n/a"
+    assert _common.ratio(1.0, NA("x")) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# tools/gpu_workload.py (what `make gpu-check` runs under compute-sanitizer), on CPU
+
+WORKLOAD_QUICK = ["--device", "cpu", "--sets", "odd,gpt2-tiny", "--max-numel", "40000"]
+
+
+def test_gpu_workload_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpu_workload.main(WORKLOAD_QUICK) == 0
+    out = capsys.readouterr().out
+    assert "0 failed" in out
+    for line in ("ok   odd optim.AdamW bf16+sr", "ok   gpt2-tiny optim.SGD fp16+masters",
+                 "ok   gpt2-tiny fused_adam_/fused_sgd_ direct",
+                 "ok   odd bf16 unscale_and_norm_ + check_finite_and_norm_",
+                 "ok   odd mixed dtypes unscale_and_check_",
+                 "ok   update_scale_ / update_scale_ext_"):
+        assert line in out
+
+
+def test_gpu_workload_catches_a_broken_optimizer(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(mixprec.ops, "fused_sgd_", _noop)
+    assert gpu_workload.main(["--device", "cpu", "--sets", "odd"]) == 1
+    out = capsys.readouterr().out
+    assert "4 failed" in out  # SGD in its four configurations
+    assert "FAIL odd optim.SGD fp16+masters" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# tools/gpu_check.py (`make gpu-check`): how it reads the output of its parts
+
+
+def test_gpu_check_reads_pytest_sanitizer_and_ctest_summaries() -> None:
+    out = "....F\nFAILED tests/test_x.py::test_y - AssertionError\n" \
+          "3 failed, 1200 passed, 41 skipped, 2 errors in 98.76s (0:01:38)\n"
+    assert gpu_check.parse_pytest(out) == {"failed": 3, "passed": 1200, "skipped": 41,
+                                           "errors": 2}
+    assert gpu_check.parse_pytest("Segmentation fault\n") == {}
+    assert gpu_check.parse_pytest("22 deselected in 2.31s\n") == {"deselected": 22}
+    assert gpu_check.parse_sanitizer("========= ERROR SUMMARY: 0 errors\n") == 0
+    assert gpu_check.parse_sanitizer("========= ERROR SUMMARY: 12 errors\n") == 12
+    assert gpu_check.parse_sanitizer("killed\n") is None
+    assert gpu_check.parse_workload("gpu_workload: 300 passed, 2 failed, 0 skipped\n") == (
+        300, 2, 0)
+    assert gpu_check.parse_ctest("92% tests passed, 1 tests failed out of 12\n") == (1, 12)
+    ctest = ("100% tests passed, 0 tests failed out of 12\n\nThe following tests did not run:"
+             "\n\t 11 - mixprec_example_twin_cuda_fp16 (Skipped)\n")
+    assert gpu_check.parse_ctest(ctest) == (0, 12)
+    assert gpu_check.ctest_skipped(ctest) == ["mixprec_example_twin_cuda_fp16"]
+
+
+def test_gpu_check_reads_train_mlp() -> None:
+    steps = [f"step {i} loss {1.0 - i / 100:.9e} scale 1024.0" + (" skipped" if i == 7 else "")
+             for i in range(1, 31)]
+    good = "\n".join(steps + ["done: 30 steps, 1 skipped"]) + "\n"
+    assert gpu_check.check_train_mlp(good, 30, 7) == (
+        True, "30 steps, 1 skipped (at [7]), loss 0.99 -> 0.7")
+    # the first H100 run: NaN from step 2 on, 29 of 30 steps skipped
+    h100 = "\n".join(["step 1 loss 9.2e-01 scale 1024.0"]
+                     + [f"step {i} loss nan scale 0.0 skipped" for i in range(2, 31)]
+                     + ["done: 30 steps, 29 skipped"])
+    assert gpu_check.check_train_mlp(h100, 30, 7)[0] is False
+    assert gpu_check.check_train_mlp(good.replace(" skipped\n", "\n", 1), 30, 7)[0] is False
+    assert gpu_check.check_train_mlp("crashed", 30, 7) == (False, "no 'done:' line")
+
+
+def test_gpu_check_stops_at_once_without_a_gpu(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    monkeypatch.setattr(gpu_check, "probe", lambda *a: {"torch": "2.x", "cuda": False})
+    assert gpu_check.main(["--out", str(tmp_path)]) == 2
+    assert "no GPU visible (torch.cuda.is_available() is False" in capsys.readouterr().err
