@@ -1,13 +1,12 @@
-// Shared pieces of the CUDA fused-optimizer kernels (fused_adam_cuda.cu,
-// fused_sgd_cuda.cu): per-element vector loads, rounding of the float result
-// to the param dtype (nearest or stochastic), the device-side step-count
-// increment, and the host-side grouping of parameters by (param dtype, grad
-// dtype) with the launch of each group's kernel.
+// Shared pieces of the CUDA fused-optimizer kernels (fused_adam.h,
+// fused_sgd.h): per-element vector loads, rounding of the float result to the
+// param dtype (nearest or stochastic), the device-side step-count increment,
+// and the host-side grouping of parameters by (param dtype, grad dtype) with
+// the plan of each group. Plain C++, templated on the executor (see
+// launch_plan.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAStream.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -21,7 +20,7 @@
 #include "common/optim_args.h"
 #include "common/optim_dispatch.h"
 #include "common/optim_math.h"
-#include "cuda/multi_tensor_apply.cuh"
+#include "cuda/launch_plan.h"
 
 namespace mixprec {
 namespace cuda {
@@ -33,12 +32,12 @@ static_assert(kChunkSize == math::kSrChunk,
 constexpr int kOptVec = 4;
 
 template <typename T>
-__device__ __forceinline__ bool vec_aligned(const void* p) {
+MIXPREC_HD bool vec_aligned(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * kOptVec) == 0;
 }
 
 template <typename T>
-__device__ __forceinline__ void load_vec(const T* p, int64_t vi, float (&out)[kOptVec]) {
+MIXPREC_HD void load_vec(const T* p, int64_t vi, float (&out)[kOptVec]) {
   const AlignedVector<T, kOptVec> r =
       reinterpret_cast<const AlignedVector<T, kOptVec>*>(p)[vi];
 #pragma unroll
@@ -48,7 +47,7 @@ __device__ __forceinline__ void load_vec(const T* p, int64_t vi, float (&out)[kO
 }
 
 template <typename T>
-__device__ __forceinline__ void store_vec(T* p, int64_t vi, const float (&in)[kOptVec]) {
+MIXPREC_HD void store_vec(T* p, int64_t vi, const float (&in)[kOptVec]) {
   AlignedVector<T, kOptVec> r;
 #pragma unroll
   for (int k = 0; k < kOptVec; ++k) {
@@ -60,8 +59,7 @@ __device__ __forceinline__ void store_vec(T* p, int64_t vi, const float (&in)[kO
 // The float result w rounded to P; bf16 stochastically when `sr`, with the
 // bits of SR element `index`.
 template <typename P>
-__device__ __forceinline__ P round_param(float w, bool sr, uint32_t key,
-                                         uint32_t index) {
+MIXPREC_HD P round_param(float w, bool sr, uint32_t key, uint32_t index) {
   if constexpr (std::is_same_v<P, c10::BFloat16>) {
     if (sr) {
       const uint32_t r = math::sr_bits(key, index) >> 16;
@@ -70,6 +68,22 @@ __device__ __forceinline__ P round_param(float w, bool sr, uint32_t key,
     }
   }
   return static_cast<P>(w);
+}
+
+// The SR element number of element 0 of this block's span: blocks are
+// numbered across the whole plan of one (param dtype, grad dtype) group, one
+// kSrChunk of numbers each (the CPU kernels number the same way).
+template <int Depth>
+MIXPREC_HD uint32_t sr_block_base(const TensorListMeta<Depth>& meta,
+                                  GridPos pos) {
+  return static_cast<uint32_t>((meta.block_offset + pos.block) *
+                               math::kSrChunk);
+}
+
+// The float32 or float64 learning rate, read on the device.
+MIXPREC_HD double read_lr(const void* lr, bool lr_double) {
+  return lr_double ? *static_cast<const double*>(lr)
+                   : static_cast<double>(*static_cast<const float*>(lr));
 }
 
 // state_steps[i] += 1 unless *found_inf != 0, for up to kStepsPerLaunch
@@ -82,22 +96,21 @@ struct StepPtrs {
   int n;
 };
 
-// (A template so that the header can be included by several .cu files.)
-template <int kUnused = 0>
-__global__ void increment_steps_kernel(StepPtrs s, const float* found_inf) {
-  const int i = threadIdx.x;
-  if (i < s.n && (found_inf == nullptr || *found_inf == 0.0f)) {
-    *s.ptr[i] += 1.0f;
+struct IncrementStepsOp {
+  MIXPREC_HD void operator()(NoMeta, GridPos pos, const StepPtrs& s,
+                             const float* found_inf) const {
+    if (pos.thread < s.n && (found_inf == nullptr || *found_inf == 0.0f)) {
+      *s.ptr[pos.thread] += 1.0f;
+    }
   }
-}
+};
 
-inline void increment_steps(at::TensorList steps, const float* found_inf) {
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+template <class Exec>
+void increment_steps(at::TensorList steps, const float* found_inf) {
   StepPtrs s;
   s.n = 0;
   auto launch = [&] {
-    increment_steps_kernel<><<<1, kStepsPerLaunch, 0, stream>>>(s, found_inf);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    Exec::launch_single_block(kStepsPerLaunch, IncrementStepsOp{}, s, found_inf);
     s.n = 0;
   };
   for (const at::Tensor& t : steps) {
@@ -128,20 +141,20 @@ inline std::map<std::pair<int, int>, std::vector<size_t>> group_by_dtypes(
   return groups;
 }
 
-// One multi_tensor_apply of Op<P, G, kMaster, kOption> per (param dtype, grad
-// dtype) group of the flat params (group_by_dtypes), where kMaster says
-// whether there are master params and kOption whether the optimizer's
-// optional state (amsgrad's max_exp_avg_sqs, SGD's momentum buffers) is in
-// use. add_slots(i, lists) appends the kDepth tensors of param i (an index
-// into fs.views) to `lists`; args.sr and args.stream are set per group.
-template <int kDepth, template <typename, typename, bool, bool> class Op,
+// One plan of Op<P, G, kHasMaster, kHasOption> per (param dtype, grad dtype)
+// group of the flat params (group_by_dtypes), where kHasMaster says whether
+// there are master params and kHasOption whether the optimizer's optional
+// state (amsgrad's max_exp_avg_sqs, SGD's momentum buffers) is in use.
+// add_slots(i, lists) appends the Depth tensors of param i (an index into
+// fs.views) to `lists`; args.sr and args.stream are set per group.
+template <class Exec, int Depth, template <typename, typename, bool, bool> class Op,
           typename Args, typename AddSlots>
 void apply_by_dtypes(const optim::FlatSet& fs, bool masters, bool option,
                      bool stochastic_rounding, Args& args,
                      AddSlots&& add_slots) {
   const auto groups = group_by_dtypes(fs.views[0], fs.views[1]);
   for (const auto& [dtypes, idx] : groups) {
-    std::array<std::vector<at::Tensor>, kDepth> l;
+    std::array<std::vector<at::Tensor>, Depth> l;
     for (size_t i : idx) {
       add_slots(i, l);
     }
@@ -150,15 +163,17 @@ void apply_by_dtypes(const optim::FlatSet& fs, bool masters, bool option,
     args.sr = stochastic_rounding && pdt == at::kBFloat16;
     args.stream = static_cast<uint32_t>(gdt);
     optim::dispatch_param_grad(pdt, gdt, [&](auto* ptag, auto* gtag) {
-      using PT = std::remove_pointer_t<decltype(ptag)>;
-      using GT = std::remove_pointer_t<decltype(gtag)>;
+      // (remove_reference: g++ gives the captured parameter's type as a
+      // reference where the nested lambda below names PT.)
+      using PT = std::remove_pointer_t<std::remove_reference_t<decltype(ptag)>>;
+      using GT = std::remove_pointer_t<std::remove_reference_t<decltype(gtag)>>;
       auto go = [&](auto master_tag, auto option_tag) {
         constexpr bool kMs = decltype(master_tag)::value;
         constexpr bool kOpt = decltype(option_tag)::value;
         if constexpr (kMs && std::is_same_v<PT, float>) {
           TORCH_INTERNAL_ASSERT(false, "float32 params have no master");
         } else {
-          multi_tensor_apply<kDepth>(l, Op<PT, GT, kMs, kOpt>{}, args);
+          run_multi_tensor<Exec, Depth>(l, Op<PT, GT, kMs, kOpt>{}, args);
         }
       };
       using T = std::true_type;
