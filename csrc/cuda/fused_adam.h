@@ -205,18 +205,17 @@ void fused_adam_launch(at::TensorList params, at::TensorList grads,
   args.weight_decay = weight_decay;
   args.seed = static_cast<uint64_t>(seed);
 
-  using Lists = std::array<std::vector<at::Tensor>, AdamSlot::kDepth>;
   apply_by_dtypes<Exec, AdamSlot::kDepth, AdamOp>(
       fs, masters, amsgrad, stochastic_rounding, args,
-      [&](size_t i, Lists& l) {
-        const at::Tensor& p = fs.views[0][i];
-        l[AdamSlot::kParam].push_back(p);
-        l[AdamSlot::kGrad].push_back(fs.views[1][i]);
-        l[AdamSlot::kExpAvg].push_back(fs.views[fs.state_view[0]][i]);
-        l[AdamSlot::kExpAvgSq].push_back(fs.views[fs.state_view[1]][i]);
-        l[AdamSlot::kMaxExpAvgSq].push_back(vm_view >= 0 ? fs.views[vm_view][i] : p);
-        l[AdamSlot::kMaster].push_back(master_view >= 0 ? fs.views[master_view][i] : p);
-        l[AdamSlot::kStep].push_back(state_steps[i]);
+      [&](size_t i, void* (&a)[AdamSlot::kDepth]) {
+        void* p = fs.views[0][i]->data_ptr();
+        a[AdamSlot::kParam] = p;
+        a[AdamSlot::kGrad] = fs.views[1][i]->data_ptr();
+        a[AdamSlot::kExpAvg] = fs.views[fs.state_view[0]][i]->data_ptr();
+        a[AdamSlot::kExpAvgSq] = fs.views[fs.state_view[1]][i]->data_ptr();
+        a[AdamSlot::kMaxExpAvgSq] = vm_view >= 0 ? fs.views[vm_view][i]->data_ptr() : p;
+        a[AdamSlot::kMaster] = master_view >= 0 ? fs.views[master_view][i]->data_ptr() : p;
+        a[AdamSlot::kStep] = state_steps[i].data_ptr();
       });
   fs.finish();
   increment_steps<Exec>(state_steps, args.found_inf);

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -125,41 +124,65 @@ void increment_steps(at::TensorList steps, const float* found_inf) {
 }
 
 // Parameter indices grouped by (param dtype, grad dtype), in list order
-// within a group; groups in a fixed order. Empty params are left out (they
-// have no chunks).
-inline std::map<std::pair<int, int>, std::vector<size_t>> group_by_dtypes(
-    const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) {
-  std::map<std::pair<int, int>, std::vector<size_t>> groups;
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (params[i].numel() == 0) {
-      continue;
+// within a group; groups in a fixed order (param dtype, then grad dtype, each
+// as half, float, bfloat16). Empty params are left out (they have no chunks).
+struct DtypePairGroups {
+  static constexpr std::array<at::ScalarType, 3> kDtypes{at::kHalf, at::kFloat,
+                                                         at::kBFloat16};
+  std::array<std::vector<uint32_t>, 9> idx;
+
+  explicit DtypePairGroups(const optim::TensorRefs& params,
+                           const optim::TensorRefs& grads) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i]->numel() == 0) {
+        continue;
+      }
+      std::vector<uint32_t>& g =
+          idx[3 * slot(params[i]->scalar_type()) + slot(grads[i]->scalar_type())];
+      if (g.empty()) {
+        g.reserve(params.size());
+      }
+      g.push_back(static_cast<uint32_t>(i));
     }
-    groups[{static_cast<int>(params[i].scalar_type()),
-            static_cast<int>(grads[i].scalar_type())}]
-        .push_back(i);
   }
-  return groups;
-}
+
+  static int slot(at::ScalarType t) {
+    for (int k = 0; k < 3; ++k) {
+      if (kDtypes[k] == t) {
+        return k;
+      }
+    }
+    TORCH_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a launcher");
+  }
+};
 
 // One plan of Op<P, G, kHasMaster, kHasOption> per (param dtype, grad dtype)
-// group of the flat params (group_by_dtypes), where kHasMaster says whether
+// group of the flat params (DtypePairGroups), where kHasMaster says whether
 // there are master params and kHasOption whether the optimizer's optional
 // state (amsgrad's max_exp_avg_sqs, SGD's momentum buffers) is in use.
-// add_slots(i, lists) appends the Depth tensors of param i (an index into
-// fs.views) to `lists`; args.sr and args.stream are set per group.
+// fill(i, addresses) writes the Depth list addresses of param i (an index
+// into fs.views); args.sr and args.stream are set per group.
 template <class Exec, int Depth, template <typename, typename, bool, bool> class Op,
-          typename Args, typename AddSlots>
+          typename Args, typename Fill>
 void apply_by_dtypes(const optim::FlatSet& fs, bool masters, bool option,
-                     bool stochastic_rounding, Args& args,
-                     AddSlots&& add_slots) {
-  const auto groups = group_by_dtypes(fs.views[0], fs.views[1]);
-  for (const auto& [dtypes, idx] : groups) {
-    std::array<std::vector<at::Tensor>, Depth> l;
-    for (size_t i : idx) {
-      add_slots(i, l);
+                     bool stochastic_rounding, Args& args, Fill&& fill) {
+  const DtypePairGroups groups(fs.views[0], fs.views[1]);
+  PlanList<Depth> entries;
+  for (int k = 0; k < 9; ++k) {
+    const std::vector<uint32_t>& idx = groups.idx[k];
+    if (idx.empty()) {
+      continue;
     }
-    const auto pdt = static_cast<at::ScalarType>(dtypes.first);
-    const auto gdt = static_cast<at::ScalarType>(dtypes.second);
+    entries.clear();
+    entries.reserve(idx.size());
+    for (uint32_t i : idx) {
+      PlanEntry<Depth> e;
+      fill(static_cast<size_t>(i), e.addresses);
+      e.numel = fs.views[0][i]->numel();
+      entries.push_back(e);
+    }
+    const at::ScalarType pdt = DtypePairGroups::kDtypes[k / 3];
+    const at::ScalarType gdt = DtypePairGroups::kDtypes[k % 3];
     args.sr = stochastic_rounding && pdt == at::kBFloat16;
     args.stream = static_cast<uint32_t>(gdt);
     optim::dispatch_param_grad(pdt, gdt, [&](auto* ptag, auto* gtag) {
@@ -173,7 +196,7 @@ void apply_by_dtypes(const optim::FlatSet& fs, bool masters, bool option,
         if constexpr (kMs && std::is_same_v<PT, float>) {
           TORCH_INTERNAL_ASSERT(false, "float32 params have no master");
         } else {
-          run_multi_tensor<Exec, Depth>(l, Op<PT, GT, kMs, kOpt>{}, args);
+          run_multi_tensor<Exec, Depth>(entries, Op<PT, GT, kMs, kOpt>{}, args);
         }
       };
       using T = std::true_type;

@@ -172,16 +172,15 @@ void fused_sgd_launch(at::TensorList params, at::TensorList grads,
   args.k = math::make_sgd_consts(weight_decay, momentum, dampening, nesterov);
   args.seed = static_cast<uint64_t>(seed);
 
-  using Lists = std::array<std::vector<at::Tensor>, SgdSlot::kDepth>;
   apply_by_dtypes<Exec, SgdSlot::kDepth, SgdOp>(
       fs, masters, has_mom, stochastic_rounding, args,
-      [&](size_t i, Lists& l) {
-        const at::Tensor& p = fs.views[0][i];
-        l[SgdSlot::kParam].push_back(p);
-        l[SgdSlot::kGrad].push_back(fs.views[1][i]);
-        l[SgdSlot::kMomentumBuffer].push_back(buf_view >= 0 ? fs.views[buf_view][i] : p);
-        l[SgdSlot::kMaster].push_back(master_view >= 0 ? fs.views[master_view][i] : p);
-        l[SgdSlot::kStep].push_back(state_steps[i]);
+      [&](size_t i, void* (&a)[SgdSlot::kDepth]) {
+        void* p = fs.views[0][i]->data_ptr();
+        a[SgdSlot::kParam] = p;
+        a[SgdSlot::kGrad] = fs.views[1][i]->data_ptr();
+        a[SgdSlot::kMomentumBuffer] = buf_view >= 0 ? fs.views[buf_view][i]->data_ptr() : p;
+        a[SgdSlot::kMaster] = master_view >= 0 ? fs.views[master_view][i]->data_ptr() : p;
+        a[SgdSlot::kStep] = state_steps[i].data_ptr();
       });
   fs.finish();
   increment_steps<Exec>(state_steps, args.found_inf);

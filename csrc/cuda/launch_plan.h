@@ -20,7 +20,6 @@
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 
-#include <array>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -96,20 +95,26 @@ struct alignas(sizeof(T) * N) AlignedVector {
   T val[N];
 };
 
-// Builds the launches over the non-empty tensors of `lists` (all lists the
-// same length; list 0's numel is every list's) and calls
+// One tensor of a plan: its address in each of the Depth lists, and its
+// number of elements (the same in every list). Built by the launchers in one
+// pass over their arguments, without copying or reference-counting tensors.
+template <int Depth>
+struct PlanEntry {
+  void* addresses[Depth];
+  int64_t numel;
+};
+
+template <int Depth>
+using PlanList = std::vector<PlanEntry<Depth>>;
+
+// Builds the launches over the non-empty entries and calls
 // `emit(meta, blocks)` for each, in order. Returns the number of launches.
 // A tensor too long for the blocks left in a launch goes on in the next
 // launch as its tensor 0.
 template <int Depth, typename Emit>
-int plan_multi_tensor(const std::array<std::vector<at::Tensor>, Depth>& lists,
-                      Emit&& emit) {
+int plan_multi_tensor(const PlanList<Depth>& entries, Emit&& emit) {
   using Meta = TensorListMeta<Depth>;
   constexpr int kMaxTensors = Meta::kMaxTensors;
-  const size_t n = lists[0].size();
-  for (int d = 1; d < Depth; ++d) {
-    TORCH_INTERNAL_ASSERT(lists[d].size() == n, "tensor lists differ in length");
-  }
   Meta meta;
   int nt = 0;
   int nb = 0;
@@ -121,13 +126,13 @@ int plan_multi_tensor(const std::array<std::vector<at::Tensor>, Depth>& lists,
     meta.block_offset += nb;
     nb = 0;
   };
-  for (size_t t = 0; t < n; ++t) {
-    const int64_t numel = lists[0][t].numel();
+  for (const PlanEntry<Depth>& e : entries) {
+    const int64_t numel = e.numel;
     if (numel == 0) {
       continue;
     }
     for (int d = 0; d < Depth; ++d) {
-      meta.addresses[d][nt] = lists[d][t].data_ptr();
+      meta.addresses[d][nt] = e.addresses[d];
     }
     meta.numel[nt] = numel;
     ++nt;
@@ -159,13 +164,13 @@ int plan_multi_tensor(const std::array<std::vector<at::Tensor>, Depth>& lists,
   return launches;
 }
 
-// Runs `op(meta, pos, args...)` over every block of the plan of `lists`
+// Runs `op(meta, pos, args...)` over every block of the plan of `entries`
 // with executor Exec (DeviceExec: CUDA kernels; HostExec: the emulated grid).
 template <class Exec, int Depth, typename Op, typename... Args>
-int run_multi_tensor(const std::array<std::vector<at::Tensor>, Depth>& lists,
-                     const Op& op, const Args&... args) {
+int run_multi_tensor(const PlanList<Depth>& entries, const Op& op,
+                     const Args&... args) {
   return plan_multi_tensor<Depth>(
-      lists, [&](const TensorListMeta<Depth>& meta, int blocks) {
+      entries, [&](const TensorListMeta<Depth>& meta, int blocks) {
         Exec::launch(meta, blocks, op, args...);
       });
 }
@@ -174,11 +179,12 @@ int run_multi_tensor(const std::array<std::vector<at::Tensor>, Depth>& lists,
 // increments, the scale update, the final norm).
 struct NoMeta {};
 
-// Number of blocks plan_multi_tensor makes for tensors of these sizes.
-inline int64_t count_blocks(const std::vector<at::Tensor>& tensors) {
+// Number of blocks plan_multi_tensor makes for these entries.
+template <int Depth>
+int64_t count_blocks(const PlanList<Depth>& entries) {
   int64_t blocks = 0;
-  for (const at::Tensor& t : tensors) {
-    blocks += (t.numel() + kChunkSize - 1) / kChunkSize;
+  for (const PlanEntry<Depth>& e : entries) {
+    blocks += (e.numel + kChunkSize - 1) / kChunkSize;
   }
   return blocks;
 }

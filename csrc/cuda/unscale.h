@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
 #include <utility>
 #include <vector>
 
@@ -151,22 +150,58 @@ struct FinishNormOp {
   }
 };
 
-// Non-empty tensors grouped by dtype, as dense tensors (strided ones replaced
-// by contiguous copies, remembered in copy_back when `written`).
+// The non-empty tensors of a list as plan entries grouped by dtype, in one
+// pass: dense tensors by their own address (not copied, not
+// reference-counted: the caller's list outlives the groups), strided ones by a
+// contiguous copy, copied back by finish() when `written`.
 struct DtypeGroups {
-  std::map<at::ScalarType, std::vector<at::Tensor>> groups;
+  // Group order (fixed: it orders the norm partials).
+  static constexpr std::array<at::ScalarType, 4> kDtypes{
+      at::kHalf, at::kFloat, at::kDouble, at::kBFloat16};
+  std::array<PlanList<1>, 4> lists;
+  std::vector<at::Tensor> owned;  // contiguous copies of strided inputs
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (orig, dense)
 
   DtypeGroups(at::TensorList tensors, bool written) {
     for (const at::Tensor& t : tensors) {
-      if (t.numel() == 0) {
+      const int64_t n = t.numel();
+      if (n == 0) {
         continue;
       }
-      at::Tensor d = t.is_non_overlapping_and_dense() ? t : t.contiguous();
-      if (written && !d.is_same(t)) {
-        copy_back.emplace_back(t, d);
+      void* data = nullptr;
+      if (t.is_non_overlapping_and_dense()) {
+        data = t.data_ptr();
+      } else {
+        owned.push_back(t.contiguous());
+        data = owned.back().data_ptr();
+        if (written) {
+          copy_back.emplace_back(t, owned.back());
+        }
       }
-      groups[t.scalar_type()].push_back(std::move(d));
+      PlanList<1>& list = lists[group(t.scalar_type())];
+      if (list.empty()) {
+        list.reserve(tensors.size());
+      }
+      list.push_back(PlanEntry<1>{{data}, n});
+    }
+  }
+
+  static int group(at::ScalarType t) {
+    for (int k = 0; k < 4; ++k) {
+      if (kDtypes[k] == t) {
+        return k;
+      }
+    }
+    TORCH_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a launcher");
+  }
+
+  // f(dtype, entries) for each non-empty group, in group order.
+  template <typename F>
+  void for_each(F&& f) const {
+    for (int k = 0; k < 4; ++k) {
+      if (!lists[k].empty()) {
+        f(kDtypes[k], lists[k]);
+      }
     }
   }
 
@@ -190,12 +225,11 @@ void unscale_and_check_launch(const char* op, at::TensorList tensors,
   DtypeGroups g(tensors, unscale);
   float* found_ptr = found_inf.data_ptr<float>();
   const float* inv_ptr = unscale ? inv_scale->data_ptr<float>() : nullptr;
-  for (auto& [dtype, list] : g.groups) {
+  g.for_each([&](at::ScalarType dtype, const PlanList<1>& list) {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, dtype, "mixprec_unscale_cuda", [&] {
-          const std::array<std::vector<at::Tensor>, 1> lists{list};
           auto go = [&](auto op_fn) {
-            run_multi_tensor<Exec, 1>(lists, op_fn, found_ptr, inv_ptr,
+            run_multi_tensor<Exec, 1>(list, op_fn, found_ptr, inv_ptr,
                                       static_cast<double*>(nullptr), 0.0f);
           };
           if (unscale) {
@@ -204,7 +238,7 @@ void unscale_and_check_launch(const char* op, at::TensorList tensors,
             go(UnscaleOp<scalar_t, false, kNoNorm>{});
           }
         });
-  }
+  });
   g.finish();
 }
 
@@ -217,9 +251,9 @@ at::Tensor norm_launch_kind(at::TensorList grads, const at::Tensor& found_inf,
                             bool in_place) {
   DtypeGroups g(grads, /*written=*/in_place);
   int64_t blocks = 0;
-  for (auto& [dtype, list] : g.groups) {
+  g.for_each([&](at::ScalarType, const PlanList<1>& list) {
     blocks += count_blocks(list);
-  }
+  });
   at::Tensor partials =
       at::empty({std::max<int64_t>(blocks, 1)},
                 found_inf.options().dtype(at::kDouble));
@@ -227,12 +261,11 @@ at::Tensor norm_launch_kind(at::TensorList grads, const at::Tensor& found_inf,
   float* found_ptr = found_inf.data_ptr<float>();
   const float* inv_ptr = inv_scale.data_ptr<float>();
   int64_t offset = 0;
-  for (auto& [dtype, list] : g.groups) {
+  g.for_each([&](at::ScalarType dtype, const PlanList<1>& list) {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, dtype, "mixprec_norm_cuda", [&] {
-          const std::array<std::vector<at::Tensor>, 1> lists{list};
           auto go = [&](auto op_fn) {
-            run_multi_tensor<Exec, 1>(lists, op_fn, found_ptr, inv_ptr,
+            run_multi_tensor<Exec, 1>(list, op_fn, found_ptr, inv_ptr,
                                       part_ptr + offset,
                                       static_cast<float>(norm_type));
           };
@@ -243,7 +276,7 @@ at::Tensor norm_launch_kind(at::TensorList grads, const at::Tensor& found_inf,
           }
         });
     offset += count_blocks(list);
-  }
+  });
   g.finish();
   at::Tensor out = at::empty({}, found_inf.options());
   Exec::launch_single_block(kBlockSize, FinishNormOp<Kind>{},

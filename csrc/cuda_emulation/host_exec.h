@@ -15,6 +15,8 @@
 
 #include <c10/core/DeviceType.h>
 
+#include <atomic>
+#include <cstdint>
 #include <vector>
 
 #include "common/norm_math.h"
@@ -88,6 +90,30 @@ struct HostExec {
   static void launch_single_block(int threads, const Op& op,
                                   const Args&... args) {
     run_block(0, threads, op, cuda::NoMeta{}, args...);
+  }
+};
+
+// The launchers' host work alone (argument checks, flattening, grouping, the
+// plans): launches are counted, not run. For measuring the host cost of the
+// CUDA ops per call and per tensor without a GPU (benchmarks/bench_launch_plan.py).
+struct PlanOnlyExec {
+  static constexpr c10::DeviceType kBackend = c10::DeviceType::CPU;
+  using Guard = NoGuard;
+  // Totals since load, for the benchmark's check that the plans were made.
+  static inline std::atomic<int64_t> launches{0};
+  static inline std::atomic<int64_t> blocks{0};
+
+  template <int Depth, typename Op, typename... Args>
+  static void launch(const cuda::TensorListMeta<Depth>&, int nblocks, const Op&,
+                     const Args&...) {
+    launches.fetch_add(1, std::memory_order_relaxed);
+    blocks.fetch_add(nblocks, std::memory_order_relaxed);
+  }
+
+  template <typename Op, typename... Args>
+  static void launch_single_block(int, const Op&, const Args&...) {
+    launches.fetch_add(1, std::memory_order_relaxed);
+    blocks.fetch_add(1, std::memory_order_relaxed);
   }
 };
 

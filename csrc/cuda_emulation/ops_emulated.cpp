@@ -19,46 +19,71 @@ namespace mixprec {
 namespace cuda_emulation {
 namespace {
 
-void unscale_and_check_emu(at::TensorList grads, const at::Tensor& found_inf,
-                           const at::Tensor& inv_scale) {
-  cuda::unscale_and_check_launch<HostExec>("unscale_and_check_", grads,
-                                           found_inf, &inv_scale);
-}
+// The launchers of the multi-tensor ops with executor Exec, with the CPU
+// kernels' C++ signatures.
+template <class Exec>
+struct Launchers {
+  static void unscale_and_check_(at::TensorList grads,
+                                 const at::Tensor& found_inf,
+                                 const at::Tensor& inv_scale) {
+    cuda::unscale_and_check_launch<Exec>("unscale_and_check_", grads,
+                                         found_inf, &inv_scale);
+  }
+  static void check_finite_(at::TensorList tensors,
+                            const at::Tensor& found_inf) {
+    cuda::unscale_and_check_launch<Exec>("check_finite_", tensors, found_inf,
+                                         nullptr);
+  }
+  static at::Tensor unscale_and_norm_(at::TensorList grads,
+                                      const at::Tensor& found_inf,
+                                      const at::Tensor& inv_scale,
+                                      double norm_type) {
+    return cuda::norm_launch<Exec>("unscale_and_norm_", grads, found_inf,
+                                   inv_scale, norm_type, /*in_place=*/true);
+  }
+  static at::Tensor check_finite_and_norm_(at::TensorList grads,
+                                           const at::Tensor& found_inf,
+                                           const at::Tensor& inv_scale,
+                                           double norm_type) {
+    return cuda::norm_launch<Exec>("check_finite_and_norm_", grads, found_inf,
+                                   inv_scale, norm_type, /*in_place=*/false);
+  }
+};
 
-void check_finite_emu(at::TensorList tensors, const at::Tensor& found_inf) {
-  cuda::unscale_and_check_launch<HostExec>("check_finite_", tensors, found_inf,
-                                           nullptr);
-}
-
-at::Tensor unscale_and_norm_emu(at::TensorList grads,
-                                const at::Tensor& found_inf,
-                                const at::Tensor& inv_scale, double norm_type) {
-  return cuda::norm_launch<HostExec>("unscale_and_norm_", grads, found_inf,
-                                     inv_scale, norm_type, /*in_place=*/true);
-}
-
-at::Tensor check_finite_and_norm_emu(at::TensorList grads,
-                                     const at::Tensor& found_inf,
-                                     const at::Tensor& inv_scale,
-                                     double norm_type) {
-  return cuda::norm_launch<HostExec>("check_finite_and_norm_", grads,
-                                     found_inf, inv_scale, norm_type,
-                                     /*in_place=*/false);
-}
+int64_t planned_blocks() { return PlanOnlyExec::blocks.load(); }
+int64_t planned_launches() { return PlanOnlyExec::launches.load(); }
 
 }  // namespace
 }  // namespace cuda_emulation
 }  // namespace mixprec
 
+// <op>: the CUDA launcher run by HostExec. plan_<op> (multi-tensor ops): its
+// host work only (PlanOnlyExec).
 TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CPU, m) {
   namespace emu = mixprec::cuda_emulation;
+  namespace cu = mixprec::cuda;
   using emu::HostExec;
-  m.impl("unscale_and_check_", &emu::unscale_and_check_emu);
-  m.impl("check_finite_", &emu::check_finite_emu);
-  m.impl("unscale_and_norm_", &emu::unscale_and_norm_emu);
-  m.impl("check_finite_and_norm_", &emu::check_finite_and_norm_emu);
-  m.impl("update_scale_", &mixprec::cuda::update_scale_launch<HostExec>);
-  m.impl("update_scale_ext_", &mixprec::cuda::update_scale_ext_launch<HostExec>);
-  m.impl("fused_adam_", &mixprec::cuda::fused_adam_launch<HostExec>);
-  m.impl("fused_sgd_", &mixprec::cuda::fused_sgd_launch<HostExec>);
+  using emu::PlanOnlyExec;
+  using Run = emu::Launchers<HostExec>;
+  using Plan = emu::Launchers<PlanOnlyExec>;
+  m.impl("unscale_and_check_", &Run::unscale_and_check_);
+  m.impl("check_finite_", &Run::check_finite_);
+  m.impl("unscale_and_norm_", &Run::unscale_and_norm_);
+  m.impl("check_finite_and_norm_", &Run::check_finite_and_norm_);
+  m.impl("update_scale_", &cu::update_scale_launch<HostExec>);
+  m.impl("update_scale_ext_", &cu::update_scale_ext_launch<HostExec>);
+  m.impl("fused_adam_", &cu::fused_adam_launch<HostExec>);
+  m.impl("fused_sgd_", &cu::fused_sgd_launch<HostExec>);
+  m.impl("plan_unscale_and_check_", &Plan::unscale_and_check_);
+  m.impl("plan_check_finite_", &Plan::check_finite_);
+  m.impl("plan_unscale_and_norm_", &Plan::unscale_and_norm_);
+  m.impl("plan_check_finite_and_norm_", &Plan::check_finite_and_norm_);
+  m.impl("plan_fused_adam_", &cu::fused_adam_launch<PlanOnlyExec>);
+  m.impl("plan_fused_sgd_", &cu::fused_sgd_launch<PlanOnlyExec>);
+}
+
+// Counters of PlanOnlyExec (no tensor arguments: a CatchAll kernel).
+TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CompositeExplicitAutograd, m) {
+  m.impl("planned_blocks", &mixprec::cuda_emulation::planned_blocks);
+  m.impl("planned_launches", &mixprec::cuda_emulation::planned_launches);
 }

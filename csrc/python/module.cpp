@@ -20,6 +20,13 @@ PyObject* fast(PyObject* /*self*/, PyObject* args) {
   return FastCall<Name, Sig>::call(args);
 }
 
+// The host work of the CUDA launchers alone (csrc/cuda_emulation,
+// mixprec._cuda_emulation), through the same fast entry as the real ops: for
+// measuring the CUDA path's host cost without a GPU.
+constexpr char kPlanUnscaleAndCheck[] = "mixprec_cuda_emu::plan_unscale_and_check_";
+constexpr char kPlanFusedAdam[] = "mixprec_cuda_emu::plan_fused_adam_";
+constexpr char kPlanFusedSgd[] = "mixprec_cuda_emu::plan_fused_sgd_";
+
 PyObject* cpu_capability(PyObject* /*self*/, PyObject* /*args*/) {
   return PyUnicode_FromString(mixprec::cpu_capability().c_str());
 }
@@ -42,6 +49,12 @@ PyMethodDef methods[] = {
     {"fast_fused_adam_", fast<sig::kFusedAdam, sig::FusedAdam>, METH_VARARGS,
      nullptr},
     {"fast_fused_sgd_", fast<sig::kFusedSgd, sig::FusedSgd>, METH_VARARGS,
+     nullptr},
+    {"emu_plan_unscale_and_check_",
+     fast<kPlanUnscaleAndCheck, sig::UnscaleAndCheck>, METH_VARARGS, nullptr},
+    {"emu_plan_fused_adam_", fast<kPlanFusedAdam, sig::FusedAdam>, METH_VARARGS,
+     nullptr},
+    {"emu_plan_fused_sgd_", fast<kPlanFusedSgd, sig::FusedSgd>, METH_VARARGS,
      nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
