@@ -25,7 +25,7 @@ CPU_ONLY_DIR := build/cpu-only
 PYTEST_ARGS ?=
 
 .PHONY: help env python-env build build-cpu-only demo test test-python test-python-cpu-only \
-        test-cpp lint bench clean
+        test-cpp test-isa lint bench clean
 
 help:
 	@echo "make demo     bootstrap .venv (torch $(TORCH_VERSION)), build, run the demo"
@@ -86,9 +86,30 @@ test-python-cpu-only: build-cpu-only
 	MIXPREC_EXPECT_CUDA_KERNELS=0 PYTHONPATH=$(ROOT)/$(CPU_ONLY_DIR)/pkg \
 	  $(PY) -m pytest tests $(PYTEST_ARGS)
 
+# The CPU kernels are picked by the CPU: mixprec's per ISA (MIXPREC_CPU_CAPABILITY caps
+# them) and torch's, which the references and torch.optim run on (ATEN_CPU_CAPABILITY).
+# test-python covers this machine's; test-isa reruns the suites of the CPU span kernels
+# (fused optimizers, unscale, norms) with both capped to each lower set, so an AVX-512
+# machine also checks AVX2 and the baseline. torch.compile tests are left out: they test
+# graph capture, which no ISA changes, and inductor's on-disk cache (keyed without
+# ATEN_CPU_CAPABILITY) hands back AVX2 code that fails to build under `default`.
+ISA_TESTS := tests/test_optim.py tests/test_unscale.py tests/test_norm.py
+
+test-isa: build
+	@caps=$$($(PY) -c "import torch, mixprec; o = ['default', 'avx2', 'avx512']; \
+	  n = [torch.backends.cpu.get_cpu_capability().lower(), \
+	       mixprec.build_info().get('cpu_capability', 'default')]; \
+	  print(' '.join(o[:max(o.index(c) if c in o else 0 for c in n)]))"); \
+	[ -n "$$caps" ] || echo "test-isa: no CPU kernel set below this machine's"; \
+	for cap in $$caps; do \
+	  echo "== ATEN_CPU_CAPABILITY=$$cap MIXPREC_CPU_CAPABILITY=$$cap"; \
+	  ATEN_CPU_CAPABILITY=$$cap MIXPREC_CPU_CAPABILITY=$$cap $(PY) -m pytest $(ISA_TESTS) \
+	    -q -p no:cacheprovider -k "not cuda and not compile" $(PYTEST_ARGS) || exit 1; \
+	done
+
 -include cmake/cpp.mk
 
-test: test-python test-python-cpu-only test-cpp
+test: test-python test-python-cpu-only test-cpp test-isa
 
 lint: env
 	$(PY) -m ruff check python tests benchmarks examples

@@ -15,6 +15,15 @@ Configuration (printed at build time, recorded in the binary for
   points at (wheels for LibTorch users). ``MIXPREC_CPP_BUILD_DIR`` picks the
   CMake build folder (default build/cmake-bundle; build/cmake reuses the
   build of ``make test-cpp``). Off by default: it compiles the kernels again.
+* The C++ compiler must link the shared libstdc++ into shared objects. Before
+  compiling, the build links a small test object with the compiler that will
+  link ``_C`` (``CXX``, else ``c++``; and the linker setuptools uses) and
+  refuses a compiler that links libstdc++ statically (``-static-libstdc++``,
+  e.g. from a wrapper script): such an extension crashes on any error
+  message with a number in it. The built ``_C`` is checked the same way.
+  ``MIXPREC_ALLOW_STATIC_LIBSTDCXX=1`` turns the refusal into a warning.
+  The compiler (path, ``--version``) and nvcc's version are recorded in the
+  binary (``python -m mixprec.info``).
 
 Sources come from the csrc/ folders by glob; CMakeLists.txt globs the same
 folders (csrc/python/ is the Python module and is built here only).
@@ -23,8 +32,10 @@ folders (csrc/python/ is the Python module and is built here only).
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -38,6 +49,100 @@ DEFAULT_ARCHS = "8.0;9.0+PTX"
 
 def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _load_toolchain_checks():
+    """python/mixprec/_toolchain.py, loaded by path (the package needs torch + _C)."""
+    name = "_mixprec_build_toolchain"
+    spec = importlib.util.spec_from_file_location(
+        name, ROOT / "python" / "mixprec" / "_toolchain.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_toolchain = _load_toolchain_checks()
+
+
+def _c_string(value: str) -> str:
+    """``value`` escaped for a C string literal in the generated header."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _cxx_compiler() -> str:
+    """The compiler torch.utils.cpp_extension compiles the C++ sources with."""
+    return os.environ.get("CXX", "c++")
+
+
+def _nvcc_release(nvcc: str) -> str:
+    """nvcc's "Cuda compilation tools, release X.Y, VX.Y.Z" line, "" if unknown."""
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    release = [line for line in lines if "release" in line]
+    return (release or lines or [""])[-1]
+
+
+def check_cxx_toolchain(compilers: list[str | list[str]], allow: bool | None = None) -> None:
+    """Refuse C++ compilers that link libstdc++ statically into shared objects.
+
+    Each compiler command links a small shared object with ``-shared -fPIC``
+    (plus ``LDFLAGS``) that is then inspected (python/mixprec/_toolchain.py).
+    Exits with the cause and the fix, or only warns when ``allow`` (default:
+    ``MIXPREC_ALLOW_STATIC_LIBSTDCXX=1``). A compiler that cannot build the
+    probe at all, or a non-ELF platform, gets a warning: the real build then
+    reports its own error.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    if allow is None:
+        allow = _flag(_toolchain.OVERRIDE_ENV)
+    seen: set[str] = set()
+    for cxx in compilers:
+        shown = cxx if isinstance(cxx, str) else shlex.join(cxx)
+        if shown in seen:
+            continue
+        seen.add(shown)
+        try:
+            problem = _toolchain.probe_compiler(
+                cxx, work_dir=None, extra_flags=shlex.split(os.environ.get("LDFLAGS", "")))
+        except (RuntimeError, ValueError, OSError) as e:
+            print(f"mixprec: warning: could not check how {shown} links libstdc++: {e}",
+                  flush=True)
+            continue
+        if problem is None:
+            continue
+        message = _toolchain.refusal_message(shown, problem)
+        if not allow:
+            sys.exit(message)
+        print(f"{message}\nmixprec: warning: {_toolchain.OVERRIDE_ENV} is set, building anyway.",
+              flush=True)
+
+
+def check_built_extension(path: str | Path, allow: bool | None = None) -> None:
+    """Refuse (and delete) a built shared object that carries its own libstdc++."""
+    if not sys.platform.startswith("linux") or not Path(path).exists():
+        return
+    if allow is None:
+        allow = _flag(_toolchain.OVERRIDE_ENV)
+    try:
+        problem = _toolchain.inspect_shared_object(path)
+    except (ValueError, OSError) as e:
+        print(f"mixprec: warning: could not inspect {path}: {e}", flush=True)
+        return
+    if problem is None:
+        return
+    message = _toolchain.refusal_message(_cxx_compiler(), problem, built=True)
+    if not allow:
+        Path(path).unlink()
+        sys.exit(f"{message}\nmixprec: removed {path}.")
+    print(f"{message}\nmixprec: warning: {_toolchain.OVERRIDE_ENV} is set, keeping {path}.",
+          flush=True)
 
 
 def _locate_cuda_home() -> None:
@@ -127,12 +232,15 @@ def _extensions() -> tuple[list, dict]:
     else:
         reason = "no CUDA toolkit (nvcc) found; set CUDA_HOME"
     version = _version()
+    cxx_path, cxx_version = _toolchain.compiler_description(_cxx_compiler())
+    nvcc_version = _nvcc_release(nvcc) if with_cuda and nvcc else ""
     print(
         "mixprec build configuration:\n"
         f"  mixprec       {version}\n"
         f"  torch         {torch.__version__} (CUDA {torch_cuda or 'none'})\n"
         f"  CUDA kernels  {'yes' if with_cuda else 'no'} ({reason})\n"
-        f"  nvcc          {nvcc or 'not found'}\n"
+        f"  C++ compiler  {cxx_path} ({cxx_version or 'version unknown'})\n"
+        f"  nvcc          {nvcc or 'not found'}{f' ({nvcc_version})' if nvcc_version else ''}\n"
         f"  archs         {archs or '-'}",
         flush=True,
     )
@@ -146,6 +254,9 @@ def _extensions() -> tuple[list, dict]:
             "MIXPREC_CUDA_VERSION": (torch_cuda or "") if with_cuda else "",
             "MIXPREC_CUDA_ARCHS": archs,
             "MIXPREC_WITH_CUDA_KERNELS": "1" if with_cuda else "0",
+            "MIXPREC_CXX_COMPILER": _c_string(cxx_path),
+            "MIXPREC_CXX_COMPILER_VERSION": _c_string(cxx_version),
+            "MIXPREC_NVCC_VERSION": _c_string(nvcc_version),
         },
     )
     include_dirs = [str(ROOT / "csrc"), str(ROOT / "csrc" / "include"), str(gen_dir)]
@@ -218,6 +329,17 @@ def _single_library_file(dest: Path) -> None:
 
 def _with_cpp_bundle(base: type) -> type:
     class BuildExtWithCpp(base):  # type: ignore[misc, valid-type]
+        def build_extensions(self) -> None:
+            # Before anything is compiled: the compiler of the sources and the
+            # C++ linker setuptools will use (CXX, or the interpreter's CXX).
+            linker = list(getattr(self.compiler, "compiler_cxx", None) or [])
+            check_cxx_toolchain([_cxx_compiler()] + ([linker] if linker else []))
+            super().build_extensions()
+
+        def build_extension(self, ext) -> None:  # noqa: ANN001 (setuptools Extension)
+            super().build_extension(ext)
+            check_built_extension(self.get_ext_fullpath(ext.name))
+
         def run(self) -> None:
             super().run()
             if _flag("MIXPREC_BUNDLE_CPP"):

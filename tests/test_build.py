@@ -103,3 +103,178 @@ except ImportError as e:
     out = _run(code, env={"PYTHONPATH": str(PKG_DIR.parent)})
     assert "ERR" in out.stdout, out.stdout + out.stderr
     assert "0.0.1+other" in out.stdout and "Rebuild" in out.stdout
+
+
+# ---- the C++ toolchain: libstdc++ must be linked as a shared library ---------------------------
+# A compiler (wrapper) that links libstdc++ statically into shared objects builds a _C whose
+# error messages crash the process (g++ 13) or lose their numbers (g++ 12). The build probes
+# the compiler before compiling and refuses; see python/mixprec/_toolchain.py.
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _system_cxx() -> str:
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no g++ / c++ on PATH")
+    return cxx
+
+
+def _static_libstdcxx_wrapper(tmp_path: Path) -> Path:
+    """A compiler wrapper like the GPU image's /opt/gcc/bin/g++: the real g++ plus
+    -static-libstdc++ on every command line."""
+    cxx = _system_cxx()
+    archive = subprocess.run([cxx, "-print-file-name=libstdc++.a"], capture_output=True,
+                             text=True).stdout.strip()
+    if not os.path.isabs(archive):
+        pytest.skip(f"{cxx} has no libstdc++.a to link statically")
+    wrapper = tmp_path / "bin" / "g++"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec "{cxx}" "$@" -static-libstdc++\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="ELF shared objects (Linux) only")
+
+
+@linux_only
+def test_probe_accepts_the_system_compiler():
+    from mixprec import _toolchain
+
+    assert _toolchain.probe_compiler(_system_cxx()) is None
+
+
+@linux_only
+def test_probe_reports_a_wrapper_that_links_libstdcxx_statically(tmp_path):
+    from mixprec import _toolchain
+
+    problem = _toolchain.probe_compiler(str(_static_libstdcxx_wrapper(tmp_path)))
+    assert problem is not None
+    assert "no DT_NEEDED libstdc++.so.6" in problem
+    assert "_ZNSt6locale7classicEv" in problem  # std::locale::classic() is inside the object
+    # the same flag given by hand, not through a wrapper
+    assert _toolchain.probe_compiler([_system_cxx(), "-static-libstdc++"]) is not None
+
+
+@linux_only
+def test_elf_reader_agrees_with_binutils(tmp_path):
+    """The pure-Python ELF reader (no binutils needed at build time) against readelf/nm."""
+    from mixprec import _toolchain
+
+    if not (shutil.which("readelf") and shutil.which("nm")):
+        pytest.skip("binutils (readelf, nm) not installed")
+    so = tmp_path / "probe.so"
+    src = tmp_path / "probe.cpp"
+    src.write_text(_toolchain._PROBE_SOURCE)
+    subprocess.run([_system_cxx(), "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
+    for path in (so, Path(mixprec._extension._C.__file__)):
+        info = _toolchain.read_elf_dynamic(path)
+        dynamic = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True,
+                                 check=True).stdout
+        needed = [line.split("[", 1)[1].rstrip("]") for line in dynamic.splitlines()
+                  if "(NEEDED)" in line]
+        assert info.needed == needed
+        nm = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True,
+                            text=True, check=True).stdout
+        defined = {line.split()[-1].split("@")[0] for line in nm.splitlines() if line.strip()}
+        assert info.defined == defined
+    assert "libstdc++.so.6" in _toolchain.read_elf_dynamic(so).needed
+
+
+@linux_only
+def test_the_loaded_extension_uses_the_shared_libstdcxx():
+    """What the GPU run's _C got wrong: it carried std::ostream::_M_insert<long> itself."""
+    from mixprec import _toolchain
+
+    assert _toolchain.inspect_shared_object(mixprec._extension._C.__file__) is None
+
+
+def _setup_py_copy(tmp_path: Path) -> Path:
+    """setup.py with the files it reads, without any build output, in a scratch tree."""
+    if not (REPO / "setup.py").is_file():
+        pytest.skip("needs the source tree (setup.py)")
+    root = tmp_path / "src"
+    shutil.copytree(REPO / "csrc", root / "csrc")
+    shutil.copytree(REPO / "python", root / "python",
+                    ignore=shutil.ignore_patterns("_C*.so", "_cpp", "__pycache__"))
+    shutil.copy2(REPO / "setup.py", root / "setup.py")
+    return root
+
+
+@linux_only
+def test_setup_py_refuses_a_compiler_that_links_libstdcxx_statically(tmp_path):
+    """The build stops before compiling anything, names the cause, the fix and the override."""
+    wrapper = _static_libstdcxx_wrapper(tmp_path)
+    root = _setup_py_copy(tmp_path)
+    env = {**os.environ, "CXX": str(wrapper), "MIXPREC_FORCE_CPU": "1", "MAX_JOBS": "1"}
+    env.pop("MIXPREC_ALLOW_STATIC_LIBSTDCXX", None)
+    out = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=root,
+                         env=env, capture_output=True, text=True, timeout=600)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert f"the C++ compiler `{wrapper}` links libstdc++ statically" in text
+    assert "CXX=/usr/bin/g++ CC=/usr/bin/gcc" in text
+    assert "MIXPREC_ALLOW_STATIC_LIBSTDCXX=1" in text
+    assert not list(root.rglob("*.o")) and not list(root.rglob("_C*.so"))  # nothing compiled
+
+
+@linux_only
+def test_info_reports_the_toolchain_and_shared_libstdcxx():
+    from mixprec import info
+
+    tools = info.toolchain_info()
+    assert tools["cxx_compiler"], "the extension records no compiler (built before the record?)"
+    assert os.path.isabs(tools["cxx_compiler"].split()[0])
+    assert tools["cxx_compiler_version"]
+    assert bool(tools["nvcc_version"]) is mixprec.has_cuda_kernels()
+    text = subprocess.run([sys.executable, "-m", "mixprec.info"], capture_output=True, text=True,
+                          timeout=300, check=True).stdout
+    fields = {key.strip(): value.strip()
+              for key, value in (line.split(" : ", 1) for line in text.splitlines())}
+    assert fields["cxx_compiler"] == tools["cxx_compiler"]
+    assert fields["cxx_compiler_version"] == tools["cxx_compiler_version"]
+    assert fields["libstdcxx"] == "shared"
+
+
+# ---- mixprec.cmake_prefix_path -----------------------------------------------------------------
+
+def test_cmake_prefix_path_without_cpp_package_raises_with_the_ways_to_get_it(tmp_path,
+                                                                              monkeypatch):
+    from mixprec import _cmake
+
+    prefix = tmp_path / "_cpp"
+    monkeypatch.setattr(_cmake, "_PREFIX", prefix)
+    path = _cmake.MissingCppPackage(prefix)
+    assert path == str(prefix)  # still compares as the path
+    for use in (str, print, lambda p: f"-DCMAKE_PREFIX_PATH={p}", lambda p: p + "/lib",
+                lambda p: "x" + p, lambda p: os.path.join(p, "lib")):
+        with pytest.raises(FileNotFoundError, match="MIXPREC_BUNDLE_CPP=1 pip install") as err:
+            use(path)
+        assert "cmake --install" in str(err.value) and str(prefix) in str(err.value)
+    # once the package exists (built after the import), it is the plain path
+    config = prefix / "lib" / "cmake" / "mixprec" / "mixprecConfig.cmake"
+    config.parent.mkdir(parents=True)
+    config.write_text("# test\n")
+    assert str(path) == str(prefix) and f"{path}" == str(prefix)
+    assert os.path.join(path, "lib") == str(prefix / "lib")
+
+
+def test_cmake_prefix_path_of_this_installation():
+    """Bundled: a plain path with the package files. Not bundled (editable, default install):
+    printing it fails with the instructions instead of printing a folder that does not exist."""
+    from mixprec import _cmake
+
+    code = "import mixprec; print(mixprec.cmake_prefix_path)"
+    out = _run(code)
+    if _cmake.has_cpp_package():
+        assert type(mixprec.cmake_prefix_path) is str
+        assert out.returncode == 0 and Path(out.stdout.strip()).is_dir()
+    else:
+        assert isinstance(mixprec.cmake_prefix_path, _cmake.MissingCppPackage)
+        assert out.returncode != 0 and out.stdout == ""
+        assert "FileNotFoundError" in out.stderr and "MIXPREC_BUNDLE_CPP=1" in out.stderr
+        module = subprocess.run([sys.executable, "-m", "mixprec._cmake"], capture_output=True,
+                                text=True, timeout=300)
+        assert module.returncode == 1 and "MIXPREC_BUNDLE_CPP=1" in module.stderr

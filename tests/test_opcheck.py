@@ -17,32 +17,63 @@ def _grads(device):
     return gs + [torch.randn(300, device=device).half(), torch.randn(9, device=device).bfloat16()]
 
 
-def _samples(device):
-    f = lambda: torch.zeros((), device=device)  # noqa: E731
-    inv = lambda: torch.full((), 0.25, device=device)  # noqa: E731
-    i32 = lambda v: torch.full((), v, dtype=torch.int32, device=device)  # noqa: E731
-    return [
-        (torch.ops.mixprec.unscale_and_check_.default, (_grads(device), f(), inv()), {}),
-        (torch.ops.mixprec.unscale_and_check_.default, ([], f(), inv()), {}),
-        (torch.ops.mixprec.check_finite_.default, (_grads(device), f()), {}),
-        (torch.ops.mixprec.unscale_and_norm_.default, (_grads(device), f(), inv(), 2.0), {}),
-        (torch.ops.mixprec.unscale_and_norm_.default, (_grads(device), f(), inv(),
-                                                       float("inf")), {}),
-        (torch.ops.mixprec.check_finite_and_norm_.default, (_grads(device), f(), inv(), 2.0), {}),
-        (torch.ops.mixprec.check_finite_and_norm_.default, (_grads(device), f(), inv(), 1.5), {}),
-        (torch.ops.mixprec.update_scale_.default,
-         (torch.full((), 8.0, device=device), i32(1), torch.ones((), device=device), 2.0, 0.5, 2),
-         {}),
-        (torch.ops.mixprec.update_scale_ext_.default,
-         (torch.full((), 8.0, device=device), i32(1), i32(2), torch.ones((), device=device), 2.0,
-          0.5, 2), {"min_scale": 1.0, "max_scale": 1024.0, "hysteresis": 2}),
-    ]
+def _f(device):
+    return torch.zeros((), device=device)
 
 
-@pytest.mark.parametrize("index", range(9))
-def test_opcheck(device, index):
-    op, args, kwargs = _samples(device)[index]
-    torch.library.opcheck(op, args, kwargs)
+def _inv(device):
+    return torch.full((), 0.25, device=device)
+
+
+def _i32(device, v):
+    return torch.full((), v, dtype=torch.int32, device=device)
+
+
+# (test id, op, args builder(device) -> (args, kwargs)). One entry per case: each
+# gets its own test id, and none can be left out of the parametrization.
+_SAMPLES = [
+    ("unscale_and_check_", "unscale_and_check_",
+     lambda d: ((_grads(d), _f(d), _inv(d)), {})),
+    ("unscale_and_check_-empty", "unscale_and_check_", lambda d: (([], _f(d), _inv(d)), {})),
+    ("check_finite_", "check_finite_", lambda d: ((_grads(d), _f(d)), {})),
+    ("unscale_and_norm_-p2", "unscale_and_norm_",
+     lambda d: ((_grads(d), _f(d), _inv(d), 2.0), {})),
+    ("unscale_and_norm_-pinf", "unscale_and_norm_",
+     lambda d: ((_grads(d), _f(d), _inv(d), float("inf")), {})),
+    ("check_finite_and_norm_-p2", "check_finite_and_norm_",
+     lambda d: ((_grads(d), _f(d), _inv(d), 2.0), {})),
+    ("check_finite_and_norm_-p1.5", "check_finite_and_norm_",
+     lambda d: ((_grads(d), _f(d), _inv(d), 1.5), {})),
+    ("update_scale_", "update_scale_",
+     lambda d: ((torch.full((), 8.0, device=d), _i32(d, 1), torch.ones((), device=d), 2.0, 0.5,
+                 2), {})),
+    ("update_scale_ext_", "update_scale_ext_",
+     lambda d: ((torch.full((), 8.0, device=d), _i32(d, 1), _i32(d, 2),
+                 torch.ones((), device=d), 2.0, 0.5, 2),
+                {"min_scale": 1.0, "max_scale": 1024.0, "hysteresis": 2})),
+]
+
+
+@pytest.mark.parametrize(("op_name", "build"), [pytest.param(op, build, id=name)
+                                                for name, op, build in _SAMPLES])
+def test_opcheck(device, op_name, build):
+    args, kwargs = build(device)
+    torch.library.opcheck(getattr(torch.ops.mixprec, op_name).default, args, kwargs)
+
+
+# The ops whose opcheck lives elsewhere (tests/test_optim.py).
+_OPCHECKED_ELSEWHERE = {"fused_adam_", "fused_sgd_"}
+
+
+def test_every_op_has_an_opcheck_sample():
+    """A new op registered in csrc/registration.cpp needs a sample here (or in test_optim)."""
+    registered = {name.split("::", 1)[1] for name in torch._C._dispatch_get_all_op_names()
+                  if name.startswith("mixprec::")}
+    sampled = {op for _, op, _ in _SAMPLES}
+    assert registered, "no mixprec op is registered"
+    assert registered == sampled | _OPCHECKED_ELSEWHERE, (
+        f"without an opcheck sample: {sorted(registered - sampled - _OPCHECKED_ELSEWHERE)}; "
+        f"sampled but not registered: {sorted((sampled | _OPCHECKED_ELSEWHERE) - registered)}")
 
 
 def test_torch_compile_fullgraph(device):

@@ -45,5 +45,18 @@ inline constexpr char kUpdateScaleExt[] = "mixprec::update_scale_ext_";
 inline constexpr char kFusedAdam[] = "mixprec::fused_adam_";
 inline constexpr char kFusedSgd[] = "mixprec::fused_sgd_";
 
+// Every op once, as X(name constant, signature alias): the one list of the ops
+// for code that must cover all of them (tests/cpp/test_link_kept.cpp). A new
+// op adds its kXxx constant above and a line here.
+#define MIXPREC_FOR_EACH_OP(X)         \
+  X(kUnscaleAndCheck, UnscaleAndCheck) \
+  X(kCheckFinite, CheckFinite)         \
+  X(kUnscaleAndNorm, Norm)             \
+  X(kCheckFiniteAndNorm, Norm)         \
+  X(kUpdateScale, UpdateScale)         \
+  X(kUpdateScaleExt, UpdateScaleExt)   \
+  X(kFusedAdam, FusedAdam)             \
+  X(kFusedSgd, FusedSgd)
+
 }  // namespace sig
 }  // namespace mixprec

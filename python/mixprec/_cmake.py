@@ -11,25 +11,25 @@ The prefix is ``<package>/_cpp`` (``include/mixprec/*.h``,
 ``lib/libmixprec.so``, ``lib/cmake/mixprec/``). It is filled when the package
 is built with ``MIXPREC_BUNDLE_CPP=1`` (setup.py then also builds and installs
 libmixprec with CMake; wheels are built that way). Without it, build
-libmixprec from the source tree (``cmake --install``) and use that prefix.
+libmixprec from the source tree (``cmake --install``) and use that prefix;
+``cmake_prefix_path`` then raises FileNotFoundError, saying so, when it is
+printed or otherwise used as text.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 __all__ = ["cmake_prefix_path", "has_cpp_package", "cpp_package_config"]
 
-#: The CMake prefix of mixprec's C++ package inside this Python package (a
-#: string, like ``torch.utils.cmake_prefix_path``). See :func:`has_cpp_package`.
-cmake_prefix_path: str = str(Path(__file__).resolve().parent / "_cpp")
+_PREFIX = Path(__file__).resolve().parent / "_cpp"
 
 
 def cpp_package_config() -> Path | None:
     """The bundled ``mixprecConfig.cmake``, or None when this package has none."""
-    root = Path(cmake_prefix_path)
     for libdir in ("lib", "lib64"):
-        config = root / libdir / "cmake" / "mixprec" / "mixprecConfig.cmake"
+        config = _PREFIX / libdir / "cmake" / "mixprec" / "mixprecConfig.cmake"
         if config.is_file():
             return config
     return None
@@ -40,12 +40,70 @@ def has_cpp_package() -> bool:
     return cpp_package_config() is not None
 
 
+def missing_cpp_package_message() -> str:
+    """Why :data:`cmake_prefix_path` is unusable here, and how to get the C++ package."""
+    return (
+        f"mixprec: this installation has no C++ package: {_PREFIX} does not hold "
+        "lib/cmake/mixprec/mixprecConfig.cmake. Editable and default installs do not build "
+        "it. Either reinstall the Python package with it, from the source tree:\n"
+        "  MIXPREC_BUNDLE_CPP=1 pip install --no-build-isolation .\n"
+        "or build and install libmixprec with CMake and use that prefix instead:\n"
+        "  TORCH_CMAKE=$(python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')\n"
+        "  cmake -S . -B build/cmake -DCMAKE_PREFIX_PATH=\"$TORCH_CMAKE\"\n"
+        "  cmake --build build/cmake -j && cmake --install build/cmake --prefix <prefix>\n"
+        "  cmake -DCMAKE_PREFIX_PATH=\"<prefix>;$TORCH_CMAKE\" ..."
+    )
+
+
+class MissingCppPackage(str):
+    """:data:`cmake_prefix_path` of an installation without the C++ package.
+
+    It compares equal to the path, but turning it into text -- ``str()``,
+    ``print``, f-strings, ``%``, ``+``, :func:`os.path.join` -- raises
+    FileNotFoundError saying how to get the C++ package, instead of handing
+    CMake a folder that does not exist. (str methods such as ``.split()``, and
+    :class:`pathlib.Path` on Python >= 3.12, still see the plain path.) Once
+    the package exists (built after the import), it behaves as the plain path.
+    """
+
+    __slots__ = ()
+
+    def _checked(self) -> str:
+        if not has_cpp_package():
+            raise FileNotFoundError(missing_cpp_package_message())
+        return str.__str__(self)
+
+    def __str__(self) -> str:
+        return self._checked()
+
+    def __format__(self, spec: str) -> str:
+        return format(self._checked(), spec)
+
+    def __add__(self, other: Any) -> str:
+        return self._checked() + other
+
+    def __radd__(self, other: Any) -> str:
+        return other + self._checked()
+
+    def __mod__(self, other: Any) -> str:
+        return self._checked() % other
+
+    def __repr__(self) -> str:
+        return f"MissingCppPackage({str.__repr__(self)})"
+
+
+#: The CMake prefix of mixprec's C++ package inside this Python package (a
+#: string, like ``torch.utils.cmake_prefix_path``): ``<package>/_cpp``. Without
+#: the C++ package (editable or default installs) it is a
+#: :class:`MissingCppPackage`, which raises a FileNotFoundError with the ways
+#: to get one when used as text. See :func:`has_cpp_package`.
+cmake_prefix_path: str = str(_PREFIX) if has_cpp_package() else MissingCppPackage(_PREFIX)
+
+
 if __name__ == "__main__":  # python -m mixprec._cmake
     import sys
 
     if not has_cpp_package():
-        print(f"mixprec: no C++ package under {cmake_prefix_path} (build with "
-              "MIXPREC_BUNDLE_CPP=1, or use a CMake install of the repository)",
-              file=sys.stderr)
+        print(missing_cpp_package_message(), file=sys.stderr)
         sys.exit(1)
-    print(cmake_prefix_path)
+    print(_PREFIX)

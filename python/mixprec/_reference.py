@@ -537,7 +537,14 @@ def fused_adam_(
             vhat = vm_new
             max_exp_avg_sqs[i].copy_(vm_new if keep is None
                                      else torch.where(keep, max_exp_avg_sqs[i], vm_new))
-        denom = vhat.sqrt() / bc2_sqrt + eps
+        # The kernels' sqrt is IEEE (correctly rounded) on every ISA. torch's
+        # float32 CPU sqrt goes through MKL VML (HA mode), whose generic code
+        # path (taken e.g. on AMD CPUs) is off by 1 ulp for ~20% of inputs.
+        # sqrt in float64 rounded to float32 is correctly rounded for every
+        # float32 input, even from a float64 sqrt up to 3 ulps off: sqrt(x) of
+        # a float32 x lies at least 4 float64 ulps away from every float32
+        # rounding midpoint (the square of a midpoint needs 49+ bits).
+        denom = vhat.double().sqrt().float() / bc2_sqrt + eps
         w = w + (neg_step * m_new) / denom
         m.copy_(m_new if keep is None else torch.where(keep, m, m_new))
         v.copy_(v_new if keep is None else torch.where(keep, v, v_new))

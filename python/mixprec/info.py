@@ -2,14 +2,74 @@
 
 from __future__ import annotations
 
+import ctypes
 import sys
+from typing import Any
 
+from . import _extension
 from ._extension import build_info
+
+TOOLCHAIN_KEYS = ("cxx_compiler", "cxx_compiler_version", "nvcc_version")
+
+
+def toolchain_info() -> dict[str, str | None]:
+    """The toolchain recorded in the loaded ``mixprec._C``.
+
+    Keys ``cxx_compiler`` (path of the C++ compiler), ``cxx_compiler_version``
+    (first line of its ``--version``) and ``nvcc_version`` (nvcc's release
+    line; None without CUDA kernels). All None without the extension or for a
+    build that predates the record. Read through the C function
+    ``mixprec_build_toolchain`` of the extension (csrc/build_info.cpp).
+    """
+    result: dict[str, str | None] = dict.fromkeys(TOOLCHAIN_KEYS)
+    module = _extension._C
+    path = getattr(module, "__file__", None)
+    if module is None or path is None:
+        return result
+    try:
+        fn = ctypes.CDLL(path).mixprec_build_toolchain
+    except (OSError, AttributeError):
+        return result
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = []
+    for line in (fn() or b"").decode("utf-8", "replace").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key in result:
+            result[key] = value or None
+    return result
+
+
+def libstdcxx_status() -> str | None:
+    """How the loaded ``mixprec._C`` gets libstdc++: "shared", or the problem.
+
+    A ``_C`` that carries its own static copy of libstdc++ crashes (or loses
+    the numbers) on error messages that format integers; the build refuses
+    such compilers, unless MIXPREC_ALLOW_STATIC_LIBSTDCXX=1 was set. None
+    without the extension or on a platform whose binaries are not ELF.
+    """
+    from . import _toolchain
+
+    path = getattr(_extension._C, "__file__", None)
+    if path is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        problem = _toolchain.inspect_shared_object(path)
+    except (OSError, ValueError):
+        return None
+    if problem is None:
+        return "shared"
+    return ("STATIC COPY, error messages with numbers will misbehave; rebuild with "
+            f"CXX=/usr/bin/g++ ({problem})")
+
+
+def full_info() -> dict[str, Any]:
+    """:func:`mixprec.build_info` plus the toolchain and the libstdc++ check."""
+    return {**build_info(), **toolchain_info(), "libstdcxx": libstdcxx_status()}
 
 
 def format_info() -> str:
     """The build information as aligned ``key: value`` lines."""
-    info = build_info()
+    info = full_info()
     width = max(len(k) for k in info)
     lines = []
     for key, value in info.items():

@@ -11,6 +11,9 @@ struct BuildInfo {
   bool cuda_kernels;          // whether CUDA kernels were compiled in
   std::string cuda_version;   // CUDA toolkit version, "" without CUDA kernels
   std::string cuda_archs;     // e.g. "8.0;9.0", "" without CUDA kernels
+  std::string cxx_compiler;   // the C++ compiler (path) the library was built with
+  std::string cxx_compiler_version;  // first line of its `--version`
+  std::string nvcc_version;   // nvcc's "release" line, "" without CUDA kernels
 };
 
 BuildInfo build_info();
