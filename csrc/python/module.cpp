@@ -83,7 +83,13 @@ PyMODINIT_FUNC PyInit__C(void) {
       PyModule_AddStringConstant(m, "cuda_version",
                                  info.cuda_version.c_str()) < 0 ||
       PyModule_AddStringConstant(m, "cuda_archs", info.cuda_archs.c_str()) <
-          0) {
+          0 ||
+      PyModule_AddStringConstant(m, "cxx_compiler",
+                                 info.cxx_compiler.c_str()) < 0 ||
+      PyModule_AddStringConstant(m, "cxx_compiler_version",
+                                 info.cxx_compiler_version.c_str()) < 0 ||
+      PyModule_AddStringConstant(m, "nvcc_version",
+                                 info.nvcc_version.c_str()) < 0) {
     Py_DECREF(m);
     return nullptr;
   }
