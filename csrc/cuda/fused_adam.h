@@ -54,115 +54,37 @@ struct AdamKernelArgs {
   uint32_t stream;  // SR stream: the grad dtype's code
 };
 
-template <typename P, typename G, bool kHasMaster, bool kAmsgrad>
-struct AdamOp {
-  using Meta = TensorListMeta<AdamSlot::kDepth>;
-
-  MIXPREC_HD void operator()(const Meta& meta, GridPos pos,
-                             const AdamKernelArgs& a) const {
-    if (a.found_inf != nullptr && *a.found_inf != 0.0f) {
-      return;
-    }
-    const BlockSpan s = block_span(meta, pos.block);
-    const int t = s.tensor;
-    auto list = [&](int slot) { return meta.addresses[slot][t]; };
-    P* p = static_cast<P*>(list(AdamSlot::kParam)) + s.start;
-    const G* g = static_cast<const G*>(list(AdamSlot::kGrad)) + s.start;
-    float* m = static_cast<float*>(list(AdamSlot::kExpAvg)) + s.start;
-    float* v = static_cast<float*>(list(AdamSlot::kExpAvgSq)) + s.start;
-    float* vm = nullptr;
-    if constexpr (kAmsgrad) {
-      vm = static_cast<float*>(list(AdamSlot::kMaxExpAvgSq)) + s.start;
-    }
-    float* mp = nullptr;
-    if constexpr (kHasMaster) {
-      mp = static_cast<float*>(list(AdamSlot::kMaster)) + s.start;
-    }
-    const float step = *static_cast<const float*>(list(AdamSlot::kStep)) + 1.0f;
-    const math::AdamStep st = math::make_adam_step(
-        read_lr(a.lr, a.lr_double), a.beta1, a.beta2, a.weight_decay, step);
-    const math::GradCoefs gc =
-        math::make_grad_coefs(a.grad_scale, a.clip_coef, a.maximize);
-    uint32_t key = 0;
-    uint32_t base = 0;
-    if (a.sr) {
-      key = math::sr_key(a.seed, static_cast<uint32_t>(step), a.stream);
-      base = sr_block_base(meta, pos);
-    }
-
-    auto update = [&](float& w, float gi, float& mi, float& vi, float& xi) {
-      gi = math::prepare_grad(gi, gc);
-      math::adam_update<kAmsgrad, math::ScalarOps>(w, gi, mi, vi, xi, a.k, st);
-    };
-
-    int64_t nvec = 0;
-    const bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) &&
-                         vec_aligned<float>(m) && vec_aligned<float>(v) &&
-                         (!kAmsgrad || vec_aligned<float>(vm)) &&
-                         (!kHasMaster || vec_aligned<float>(mp));
-    if (aligned) {
-      nvec = s.length / kOptVec;
-      for (int64_t vi = pos.thread; vi < nvec; vi += pos.threads) {
-        float w[kOptVec], gr[kOptVec], mr[kOptVec], vr[kOptVec], xr[kOptVec];
-        if constexpr (kHasMaster) {
-          load_vec(mp, vi, w);
-        } else {
-          load_vec(p, vi, w);
-        }
-        load_vec(g, vi, gr);
-        load_vec(m, vi, mr);
-        load_vec(v, vi, vr);
-        if constexpr (kAmsgrad) {
-          load_vec(vm, vi, xr);
-        }
-#pragma unroll
-        for (int k = 0; k < kOptVec; ++k) {
-          update(w[k], gr[k], mr[k], vr[k], xr[k]);
-        }
-        store_vec(m, vi, mr);
-        store_vec(v, vi, vr);
-        if constexpr (kAmsgrad) {
-          store_vec(vm, vi, xr);
-        }
-        if constexpr (kHasMaster) {
-          store_vec(mp, vi, w);
-        }
-        AlignedVector<P, kOptVec> out;
-#pragma unroll
-        for (int k = 0; k < kOptVec; ++k) {
-          out.val[k] = round_param<P>(
-              w[k], a.sr, key, base + static_cast<uint32_t>(vi * kOptVec + k));
-        }
-        reinterpret_cast<AlignedVector<P, kOptVec>*>(p)[vi] = out;
-      }
-    }
-    for (int64_t i = nvec * kOptVec + pos.thread; i < s.length;
-         i += pos.threads) {
-      float w;
-      if constexpr (kHasMaster) {
-        w = mp[i];
-      } else {
-        w = static_cast<float>(p[i]);
-      }
-      float mi = m[i];
-      float vi = v[i];
-      float xi = 0.0f;
-      if constexpr (kAmsgrad) {
-        xi = vm[i];
-      }
-      update(w, static_cast<float>(g[i]), mi, vi, xi);
-      m[i] = mi;
-      v[i] = vi;
-      if constexpr (kAmsgrad) {
-        vm[i] = xi;
-      }
-      if constexpr (kHasMaster) {
-        mp[i] = w;
-      }
-      p[i] = round_param<P>(w, a.sr, key, base + static_cast<uint32_t>(i));
-    }
+// Adam's part of OptimOp (fused_optim.h): states exp_avg, exp_avg_sq and,
+// with amsgrad, max_exp_avg_sq; torch.optim's update (math::adam_update).
+template <bool kAmsgrad>
+struct AdamRule {
+  using Args = AdamKernelArgs;
+  using Block = math::AdamStep;
+  static constexpr int kDepth = AdamSlot::kDepth;
+  static constexpr int kParam = AdamSlot::kParam;
+  static constexpr int kGrad = AdamSlot::kGrad;
+  static constexpr int kMaster = AdamSlot::kMaster;
+  static constexpr int kStep = AdamSlot::kStep;
+  static constexpr int kStates = 3;
+  MIXPREC_HD static constexpr int state_slot(int k) {
+    return k == 0 ? AdamSlot::kExpAvg
+                  : k == 1 ? AdamSlot::kExpAvgSq : AdamSlot::kMaxExpAvgSq;
+  }
+  MIXPREC_HD static constexpr bool uses_state(int k) { return k < 2 || kAmsgrad; }
+  MIXPREC_HD static Block block(const Args& a, float step_before) {
+    return math::make_adam_step(read_lr(a.lr, a.lr_double), a.beta1, a.beta2,
+                                a.weight_decay, step_before + 1.0f);
+  }
+  MIXPREC_HD static bool loads_states(const Block&) { return true; }
+  MIXPREC_HD static void update(float& w, float g, float (&x)[kStates],
+                                const Args& a, const Block& blk) {
+    math::adam_update<kAmsgrad, math::ScalarOps>(w, g, x[0], x[1], x[2], a.k,
+                                                 blk);
   }
 };
+
+template <typename P, typename G, bool kHasMaster, bool kAmsgrad>
+using AdamOp = OptimOp<P, G, kHasMaster, AdamRule<kAmsgrad>>;
 
 template <class Exec>
 void fused_adam_launch(at::TensorList params, at::TensorList grads,

@@ -123,6 +123,140 @@ void increment_steps(at::TensorList steps, const float* found_inf) {
   }
 }
 
+// The block functor of every fused optimizer: param, grad and (kHasMaster)
+// float32 master, float32 state lists, and the step count, updated element by
+// element in float32 with 16-byte vectors where every list in use is aligned
+// and a scalar tail. Rule supplies what differs between optimizers:
+//   kDepth, slots kParam/kGrad/kMaster/kStep, kStates and state_slot(k),
+//   uses_state(k) (the optional state in use?), Args (the kernel arguments,
+//   with found_inf/grad_scale/clip_coef/maximize/lr/lr_double/sr/seed/stream),
+//   Block block(args, step_before) (the block's constants), loads_states(blk)
+//   (read the states this step?), update(w, g, x[kStates], args, blk).
+// A step with found_inf set changes nothing. Stochastic rounding numbers the
+// elements as sr_block_base says, with key (seed, step_before + 1, stream).
+template <typename P, typename G, bool kHasMaster, class Rule>
+struct OptimOp {
+  static constexpr int kStates = Rule::kStates;
+  using Meta = TensorListMeta<Rule::kDepth>;
+  using Args = typename Rule::Args;
+
+  MIXPREC_HD void operator()(const Meta& meta, GridPos pos, const Args& a) const {
+    if (a.found_inf != nullptr && *a.found_inf != 0.0f) {
+      return;
+    }
+    const BlockSpan s = block_span(meta, pos.block);
+    auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
+    P* p = static_cast<P*>(list(Rule::kParam)) + s.start;
+    const G* g = static_cast<const G*>(list(Rule::kGrad)) + s.start;
+    float* mp = nullptr;
+    if constexpr (kHasMaster) {
+      mp = static_cast<float*>(list(Rule::kMaster)) + s.start;
+    }
+    float* st[kStates];
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      st[k] = Rule::uses_state(k)
+                  ? static_cast<float*>(list(Rule::state_slot(k))) + s.start
+                  : nullptr;
+    }
+    const float step_before = *static_cast<const float*>(list(Rule::kStep));
+    const typename Rule::Block blk = Rule::block(a, step_before);
+    const bool load_states = Rule::loads_states(blk);
+    const math::GradCoefs gc =
+        math::make_grad_coefs(a.grad_scale, a.clip_coef, a.maximize);
+    uint32_t key = 0;
+    uint32_t base = 0;
+    if (a.sr) {
+      key = math::sr_key(a.seed, static_cast<uint32_t>(step_before + 1.0f),
+                         a.stream);
+      base = sr_block_base(meta, pos);
+    }
+
+    bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) &&
+                   (!kHasMaster || vec_aligned<float>(mp));
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      aligned = aligned && (st[k] == nullptr || vec_aligned<float>(st[k]));
+    }
+    int64_t nvec = 0;
+    if (aligned) {
+      nvec = s.length / kOptVec;
+      for (int64_t vi = pos.thread; vi < nvec; vi += pos.threads) {
+        float w[kOptVec], gr[kOptVec], sv[kStates][kOptVec] = {};
+        if constexpr (kHasMaster) {
+          load_vec(mp, vi, w);
+        } else {
+          load_vec(p, vi, w);
+        }
+        load_vec(g, vi, gr);
+#pragma unroll
+        for (int k = 0; k < kStates; ++k) {
+          if (st[k] != nullptr && load_states) {
+            load_vec(st[k], vi, sv[k]);
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < kOptVec; ++e) {
+          float x[kStates];
+#pragma unroll
+          for (int k = 0; k < kStates; ++k) {
+            x[k] = sv[k][e];
+          }
+          Rule::update(w[e], math::prepare_grad(gr[e], gc), x, a, blk);
+#pragma unroll
+          for (int k = 0; k < kStates; ++k) {
+            sv[k][e] = x[k];
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < kStates; ++k) {
+          if (st[k] != nullptr) {
+            store_vec(st[k], vi, sv[k]);
+          }
+        }
+        if constexpr (kHasMaster) {
+          store_vec(mp, vi, w);
+        }
+        AlignedVector<P, kOptVec> out;
+#pragma unroll
+        for (int e = 0; e < kOptVec; ++e) {
+          out.val[e] = round_param<P>(
+              w[e], a.sr, key, base + static_cast<uint32_t>(vi * kOptVec + e));
+        }
+        reinterpret_cast<AlignedVector<P, kOptVec>*>(p)[vi] = out;
+      }
+    }
+    for (int64_t i = nvec * kOptVec + pos.thread; i < s.length;
+         i += pos.threads) {
+      float w;
+      if constexpr (kHasMaster) {
+        w = mp[i];
+      } else {
+        w = static_cast<float>(p[i]);
+      }
+      float x[kStates] = {};
+#pragma unroll
+      for (int k = 0; k < kStates; ++k) {
+        if (st[k] != nullptr && load_states) {
+          x[k] = st[k][i];
+        }
+      }
+      Rule::update(w, math::prepare_grad(static_cast<float>(g[i]), gc), x, a,
+                   blk);
+#pragma unroll
+      for (int k = 0; k < kStates; ++k) {
+        if (st[k] != nullptr) {
+          st[k][i] = x[k];
+        }
+      }
+      if constexpr (kHasMaster) {
+        mp[i] = w;
+      }
+      p[i] = round_param<P>(w, a.sr, key, base + static_cast<uint32_t>(i));
+    }
+  }
+};
+
 // Parameter indices grouped by (param dtype, grad dtype), in list order
 // within a group; groups in a fixed order (param dtype, then grad dtype, each
 // as half, float, bfloat16). Empty params are left out (they have no chunks).

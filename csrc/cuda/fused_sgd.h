@@ -38,104 +38,37 @@ struct SgdKernelArgs {
   uint32_t stream;
 };
 
-template <typename P, typename G, bool kHasMaster, bool kMomentum>
-struct SgdOp {
-  using Meta = TensorListMeta<SgdSlot::kDepth>;
-
-  MIXPREC_HD void operator()(const Meta& meta, GridPos pos,
-                             const SgdKernelArgs& a) const {
-    if (a.found_inf != nullptr && *a.found_inf != 0.0f) {
-      return;
-    }
-    const BlockSpan s = block_span(meta, pos.block);
-    const int t = s.tensor;
-    auto list = [&](int slot) { return meta.addresses[slot][t]; };
-    P* p = static_cast<P*>(list(SgdSlot::kParam)) + s.start;
-    const G* g = static_cast<const G*>(list(SgdSlot::kGrad)) + s.start;
-    float* buf = nullptr;
-    if constexpr (kMomentum) {
-      buf = static_cast<float*>(list(SgdSlot::kMomentumBuffer)) + s.start;
-    }
-    float* mp = nullptr;
-    if constexpr (kHasMaster) {
-      mp = static_cast<float*>(list(SgdSlot::kMaster)) + s.start;
-    }
-    const float step_before = *static_cast<const float*>(list(SgdSlot::kStep));
-    const bool first = step_before == 0.0f;
-    const float neg_lr = static_cast<float>(-read_lr(a.lr, a.lr_double));
-    const math::GradCoefs gc =
-        math::make_grad_coefs(a.grad_scale, a.clip_coef, a.maximize);
-    uint32_t key = 0;
-    uint32_t base = 0;
-    if (a.sr) {
-      key = math::sr_key(a.seed, static_cast<uint32_t>(step_before + 1.0f),
-                         a.stream);
-      base = sr_block_base(meta, pos);
-    }
-
-    int64_t nvec = 0;
-    const bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) &&
-                         (!kMomentum || vec_aligned<float>(buf)) &&
-                         (!kHasMaster || vec_aligned<float>(mp));
-    if (aligned) {
-      nvec = s.length / kOptVec;
-      for (int64_t vi = pos.thread; vi < nvec; vi += pos.threads) {
-        float w[kOptVec], gr[kOptVec], br[kOptVec] = {};
-        if constexpr (kHasMaster) {
-          load_vec(mp, vi, w);
-        } else {
-          load_vec(p, vi, w);
-        }
-        load_vec(g, vi, gr);
-        if constexpr (kMomentum) {
-          if (!first) {
-            load_vec(buf, vi, br);
-          }
-        }
-#pragma unroll
-        for (int k = 0; k < kOptVec; ++k) {
-          math::sgd_update(w[k], math::prepare_grad(gr[k], gc), br[k], a.k,
-                           first, neg_lr);
-        }
-        if constexpr (kMomentum) {
-          store_vec(buf, vi, br);
-        }
-        if constexpr (kHasMaster) {
-          store_vec(mp, vi, w);
-        }
-        AlignedVector<P, kOptVec> out;
-#pragma unroll
-        for (int k = 0; k < kOptVec; ++k) {
-          out.val[k] = round_param<P>(w[k], a.sr, key,
-                                      base + static_cast<uint32_t>(vi * kOptVec + k));
-        }
-        reinterpret_cast<AlignedVector<P, kOptVec>*>(p)[vi] = out;
-      }
-    }
-    for (int64_t i = nvec * kOptVec + pos.thread; i < s.length;
-         i += pos.threads) {
-      float w;
-      if constexpr (kHasMaster) {
-        w = mp[i];
-      } else {
-        w = static_cast<float>(p[i]);
-      }
-      float bi = 0.0f;
-      if constexpr (kMomentum) {
-        bi = first ? 0.0f : buf[i];
-      }
-      math::sgd_update(w, math::prepare_grad(static_cast<float>(g[i]), gc), bi,
-                       a.k, first, neg_lr);
-      if constexpr (kMomentum) {
-        buf[i] = bi;
-      }
-      if constexpr (kHasMaster) {
-        mp[i] = w;
-      }
-      p[i] = round_param<P>(w, a.sr, key, base + static_cast<uint32_t>(i));
-    }
+// SGD's part of OptimOp (fused_optim.h): the momentum buffer when momentum
+// != 0, not read on a param's first real step (step count 0), when the rule
+// initialises it from the grad; torch.optim's update (math::sgd_update).
+template <bool kMomentum>
+struct SgdRule {
+  using Args = SgdKernelArgs;
+  struct Block {
+    bool first;
+    float neg_lr;
+  };
+  static constexpr int kDepth = SgdSlot::kDepth;
+  static constexpr int kParam = SgdSlot::kParam;
+  static constexpr int kGrad = SgdSlot::kGrad;
+  static constexpr int kMaster = SgdSlot::kMaster;
+  static constexpr int kStep = SgdSlot::kStep;
+  static constexpr int kStates = 1;
+  MIXPREC_HD static constexpr int state_slot(int) { return SgdSlot::kMomentumBuffer; }
+  MIXPREC_HD static constexpr bool uses_state(int) { return kMomentum; }
+  MIXPREC_HD static Block block(const Args& a, float step_before) {
+    return Block{step_before == 0.0f,
+                 static_cast<float>(-read_lr(a.lr, a.lr_double))};
+  }
+  MIXPREC_HD static bool loads_states(const Block& blk) { return !blk.first; }
+  MIXPREC_HD static void update(float& w, float g, float (&x)[kStates],
+                                const Args& a, const Block& blk) {
+    math::sgd_update(w, g, x[0], a.k, blk.first, blk.neg_lr);
   }
 };
+
+template <typename P, typename G, bool kHasMaster, bool kMomentum>
+using SgdOp = OptimOp<P, G, kHasMaster, SgdRule<kMomentum>>;
 
 template <class Exec>
 void fused_sgd_launch(at::TensorList params, at::TensorList grads,
