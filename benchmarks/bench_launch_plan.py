@@ -15,8 +15,11 @@ Columns: us per call for n tensors; the last two columns fit
 ``time = fixed + n * per_tensor`` by least squares over n >= 100.
 Controls, same tensors, same run: mixprec's CPU op (host path + a one-element
 kernel per tensor) and torch's ``_amp_foreach_non_finite_check_and_unscale_`` on
-CPU (its foreach host path). Checked once, untimed: the plans cover exactly the
-expected number of blocks.
+CPU (its foreach host path). The second row calls the same plan through
+``torch.ops`` (GIL held, arguments converted to IValues): the fast entry releases
+the GIL, so a launcher that copied tensors Python owns would pay a GIL round trip
+per copy there and be slower than this row. Checked once, untimed: the plans cover
+exactly the expected number of blocks.
 
     python benchmarks/bench_launch_plan.py [--sizes 1,100,1000,2000,4000]
 """
@@ -60,6 +63,7 @@ def _fast(fn: Callable[..., Any]) -> Callable[..., None]:
 
 def _cases(n: int) -> Dict[str, Callable[[], None]]:
     c = _extension._C
+    emu = _cuda_emulation.ops()
     plan_unscale = _fast(c.emu_plan_unscale_and_check_)
     plan_adam = _fast(c.emu_plan_fused_adam_)
     cpu_unscale = _fast(c.fast_unscale_and_check_)
@@ -70,6 +74,8 @@ def _cases(n: int) -> Dict[str, Callable[[], None]]:
     return {
         "unscale_and_check_ CUDA host path (plan only)":
             lambda: plan_unscale(grads, found, inv),
+        "  the same through torch.ops (GIL held)":
+            lambda: emu.plan_unscale_and_check_(grads, found, inv),
         "fused_adam_ fp16+master CUDA host path (plan only)":
             lambda: plan_adam(*adam16),
         "fused_adam_ fp32 CUDA host path (plan only)":

@@ -21,8 +21,8 @@ from typing import Any, Dict, List
 
 import pytest
 import torch
-from conftest import assert_bitwise_equal
 
+from conftest import assert_bitwise_equal
 from mixprec import _cuda_emulation
 
 pytestmark = pytest.mark.skipif(
