@@ -173,8 +173,10 @@ def _version() -> str:
 
 
 def _sources(with_cuda: bool) -> list[str]:
+    # csrc/cuda_emulation/ (the CUDA launchers run on the CPU, for tests) is
+    # built into every variant, CPU-only included, and only into _C.
     patterns = ["csrc/*.cpp", "csrc/common/*.cpp", "csrc/cpu/*.cpp", "csrc/api/*.cpp",
-                "csrc/python/*.cpp"]
+                "csrc/python/*.cpp", "csrc/cuda_emulation/*.cpp"]
     if with_cuda:
         patterns.append("csrc/cuda/*.cu")
     files: list[str] = []

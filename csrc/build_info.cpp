@@ -22,12 +22,3 @@ std::string cpu_capability() {
 
 }  // namespace mixprec
 
-// The toolchain fields of build_info() for `python -m mixprec.info`, read with
-// ctypes (the Python module's attributes are set in csrc/python/module.cpp):
-// "key=value" lines. A plain C symbol, visible despite -fvisibility=hidden.
-extern "C" __attribute__((visibility("default"))) const char*
-mixprec_build_toolchain() {
-  return "cxx_compiler=" MIXPREC_CXX_COMPILER
-         "\ncxx_compiler_version=" MIXPREC_CXX_COMPILER_VERSION
-         "\nnvcc_version=" MIXPREC_NVCC_VERSION "\n";
-}

@@ -204,13 +204,13 @@ FlatSet::FlatSet(const OptimLists& in) {
     for (size_t l = 0; l < lists.size(); ++l) {
       const at::Tensor& t = lists[l][i];
       if (direct) {
-        views[l].push_back(t);
+        views[l].push_back(&t);
       } else {
-        at::Tensor c = t.contiguous();
-        if (written[l] && !c.is_same(t)) {
-          copy_back.emplace_back(t, c);
+        owned.push_back(t.contiguous());
+        if (written[l] && !owned.back().is_same(t)) {
+          copy_back.emplace_back(t, owned.back());
         }
-        views[l].push_back(std::move(c));
+        views[l].push_back(&owned.back());
       }
     }
   }

@@ -10,6 +10,7 @@
 #include <c10/core/DeviceType.h>
 #include <c10/util/ArrayRef.h>
 
+#include <deque>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -101,6 +102,12 @@ inline OptimLists check_fused_sgd_args(
   return lists;
 }
 
+// Tensors by address: the caller's (which outlive the call) or a FlatSet's own
+// copies. Not at::Tensor copies: copying a tensor that Python owns
+// increments its PyObject, which takes the GIL -- per tensor, per list, and
+// the fast entry releases the GIL around the op.
+using TensorRefs = std::vector<const at::Tensor*>;
+
 // The tensors of one parameter as the kernels see them: flat element spans
 // in which index k of every tensor is the same logical element. When a
 // parameter's tensors are dense with identical strides they are used as they
@@ -110,11 +117,12 @@ struct FlatSet {
   // views[list][i]: list 0 = params, 1 = grads, then each state list in use
   // (non-empty) in order, then masters (when present). Steps are not
   // flattened.
-  std::vector<std::vector<at::Tensor>> views;
+  std::vector<TensorRefs> views;
   // The list in `views` of lists.states[s]; -1 for a state not in use.
   std::vector<int> state_view;
   // The list in `views` of the masters; -1 without masters.
   int master_view = -1;
+  std::deque<at::Tensor> owned;  // contiguous copies (stable addresses)
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (orig, flat)
 
   // `lists` as check_optim_args accepted them; every list but grads is

@@ -27,9 +27,9 @@ struct ParamChunks {
   std::vector<WorkItem> items;
   int64_t total = 0;
 
-  explicit ParamChunks(const std::vector<at::Tensor>& params) {
+  explicit ParamChunks(const optim::TensorRefs& params) {
     for (size_t t = 0; t < params.size(); ++t) {
-      const int64_t n = params[t].numel();
+      const int64_t n = params[t]->numel();
       for (int64_t b = 0; b < n; b += kCpuChunk) {
         items.push_back({static_cast<int32_t>(t), b, std::min(n, b + kCpuChunk)});
       }
@@ -52,13 +52,13 @@ struct ParamChunks {
 // SR element-index bases: per parameter, chunk_base * 65536 where chunk_base
 // counts the 65536-element chunks of the earlier params with the same
 // (param dtype, grad dtype), matching the CUDA kernels' block numbering.
-inline std::vector<uint32_t> sr_index_bases(const std::vector<at::Tensor>& params,
-                                            const std::vector<at::Tensor>& grads) {
+inline std::vector<uint32_t> sr_index_bases(const optim::TensorRefs& params,
+                                            const optim::TensorRefs& grads) {
   std::vector<uint32_t> bases(params.size(), 0);
   std::vector<std::pair<std::pair<int, int>, int64_t>> chunks;  // group -> count
   for (size_t t = 0; t < params.size(); ++t) {
-    const std::pair<int, int> group{static_cast<int>(params[t].scalar_type()),
-                                    static_cast<int>(grads[t].scalar_type())};
+    const std::pair<int, int> group{static_cast<int>(params[t]->scalar_type()),
+                                    static_cast<int>(grads[t]->scalar_type())};
     int64_t* count = nullptr;
     for (auto& c : chunks) {
       if (c.first == group) {
@@ -70,7 +70,7 @@ inline std::vector<uint32_t> sr_index_bases(const std::vector<at::Tensor>& param
       count = &chunks.back().second;
     }
     bases[t] = static_cast<uint32_t>(*count * math::kSrChunk);
-    *count += (params[t].numel() + math::kSrChunk - 1) / math::kSrChunk;
+    *count += (params[t]->numel() + math::kSrChunk - 1) / math::kSrChunk;
   }
   return bases;
 }
@@ -91,7 +91,7 @@ struct ParamSpan {
   // Element `begin` of the float32 list `view` of the FlatSet (a state or
   // the masters); null for a list not in use (view -1).
   float* f32(const optim::FlatSet& fs, int view) const {
-    return view >= 0 ? fs.views[view][t].data_ptr<float>() + begin : nullptr;
+    return view >= 0 ? fs.views[view][t]->data_ptr<float>() + begin : nullptr;
   }
 };
 
@@ -100,16 +100,16 @@ struct ParamSpan {
 template <typename Fn>
 void for_each_span(const optim::FlatSet& fs, bool stochastic_rounding,
                    Fn&& fn) {
-  const std::vector<at::Tensor>& P = fs.views[0];
-  const std::vector<at::Tensor>& G = fs.views[1];
+  const optim::TensorRefs& P = fs.views[0];
+  const optim::TensorRefs& G = fs.views[1];
   const std::vector<uint32_t> sr_base =
       stochastic_rounding ? sr_index_bases(P, G)
                           : std::vector<uint32_t>(P.size(), 0);
   ParamChunks chunks(P);
   chunks.run([&](const WorkItem& it) {
     const size_t t = static_cast<size_t>(it.tensor);
-    const at::Tensor& pt = P[t];
-    const at::Tensor& gt = G[t];
+    const at::Tensor& pt = *P[t];
+    const at::Tensor& gt = *G[t];
     const int64_t b = it.begin;
     const int64_t psz = static_cast<int64_t>(pt.element_size());
     const int64_t gsz = static_cast<int64_t>(gt.element_size());

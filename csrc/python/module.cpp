@@ -20,6 +20,13 @@ PyObject* fast(PyObject* /*self*/, PyObject* args) {
   return FastCall<Name, Sig>::call(args);
 }
 
+// The host work of the CUDA launchers alone (csrc/cuda_emulation,
+// mixprec._cuda_emulation), through the same fast entry as the real ops: for
+// measuring the CUDA path's host cost without a GPU.
+constexpr char kPlanUnscaleAndCheck[] = "mixprec_cuda_emu::plan_unscale_and_check_";
+constexpr char kPlanFusedAdam[] = "mixprec_cuda_emu::plan_fused_adam_";
+constexpr char kPlanFusedSgd[] = "mixprec_cuda_emu::plan_fused_sgd_";
+
 PyObject* cpu_capability(PyObject* /*self*/, PyObject* /*args*/) {
   return PyUnicode_FromString(mixprec::cpu_capability().c_str());
 }
@@ -42,6 +49,12 @@ PyMethodDef methods[] = {
     {"fast_fused_adam_", fast<sig::kFusedAdam, sig::FusedAdam>, METH_VARARGS,
      nullptr},
     {"fast_fused_sgd_", fast<sig::kFusedSgd, sig::FusedSgd>, METH_VARARGS,
+     nullptr},
+    {"emu_plan_unscale_and_check_",
+     fast<kPlanUnscaleAndCheck, sig::UnscaleAndCheck>, METH_VARARGS, nullptr},
+    {"emu_plan_fused_adam_", fast<kPlanFusedAdam, sig::FusedAdam>, METH_VARARGS,
+     nullptr},
+    {"emu_plan_fused_sgd_", fast<kPlanFusedSgd, sig::FusedSgd>, METH_VARARGS,
      nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
@@ -70,7 +83,13 @@ PyMODINIT_FUNC PyInit__C(void) {
       PyModule_AddStringConstant(m, "cuda_version",
                                  info.cuda_version.c_str()) < 0 ||
       PyModule_AddStringConstant(m, "cuda_archs", info.cuda_archs.c_str()) <
-          0) {
+          0 ||
+      PyModule_AddStringConstant(m, "cxx_compiler",
+                                 info.cxx_compiler.c_str()) < 0 ||
+      PyModule_AddStringConstant(m, "cxx_compiler_version",
+                                 info.cxx_compiler_version.c_str()) < 0 ||
+      PyModule_AddStringConstant(m, "nvcc_version",
+                                 info.nvcc_version.c_str()) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

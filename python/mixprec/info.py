@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import sys
 from typing import Any
 
@@ -18,25 +17,12 @@ def toolchain_info() -> dict[str, str | None]:
     Keys ``cxx_compiler`` (path of the C++ compiler), ``cxx_compiler_version``
     (first line of its ``--version``) and ``nvcc_version`` (nvcc's release
     line; None without CUDA kernels). All None without the extension or for a
-    build that predates the record. Read through the C function
-    ``mixprec_build_toolchain`` of the extension (csrc/build_info.cpp).
+    build that predates the record (module constants set in
+    csrc/python/module.cpp from csrc/build_info.cpp).
     """
-    result: dict[str, str | None] = dict.fromkeys(TOOLCHAIN_KEYS)
     module = _extension._C
-    path = getattr(module, "__file__", None)
-    if module is None or path is None:
-        return result
-    try:
-        fn = ctypes.CDLL(path).mixprec_build_toolchain
-    except (OSError, AttributeError):
-        return result
-    fn.restype = ctypes.c_char_p
-    fn.argtypes = []
-    for line in (fn() or b"").decode("utf-8", "replace").splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key in result:
-            result[key] = value or None
-    return result
+    return {key: (getattr(module, key, "") or None) if module is not None else None
+            for key in TOOLCHAIN_KEYS}
 
 
 def libstdcxx_status() -> str | None:

@@ -1,0 +1,147 @@
+"""Host cost of the CUDA ops' launchers, measured on the CPU (no GPU needed).
+
+``torch.ops.mixprec_cuda_emu.plan_<op>`` runs everything the CUDA op does on the
+host -- argument checks, flattening, dtype grouping, slot wiring, launch plans --
+and launches nothing (mixprec._cuda_emulation). It is called here through the
+same eager fast entry as the real ops (``mixprec._C.emu_plan_<op>``), under
+``torch.inference_mode()`` (the emulated ops have no Autograd-key kernel; the
+real ops' costs a few ns per written tensor and is left out, also for the
+controls). Timing it over n tensors gives the per-call (fixed) and per-tensor
+host cost of the CUDA path, the cost that dominates many-small-tensor steps on a
+GPU, short of the kernel-launch API calls themselves. Tensors have one element,
+so the CPU-side controls below cost host work only too.
+
+Columns: us per call for n tensors; the last two columns fit
+``time = fixed + n * per_tensor`` by least squares over n >= 100.
+Controls, same tensors, same run: mixprec's CPU op (host path + a one-element
+kernel per tensor) and torch's ``_amp_foreach_non_finite_check_and_unscale_`` on
+CPU (its foreach host path). The second row calls the same plan through
+``torch.ops`` (GIL held, arguments converted to IValues): the fast entry releases
+the GIL, so a launcher that copied tensors Python owns would pay a GIL round trip
+per copy there and be slower than this row. Checked once, untimed: the plans cover
+exactly the expected number of blocks.
+
+    python benchmarks/bench_launch_plan.py [--sizes 1,100,1000,2000,4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+from typing import Any, Callable, Dict, List
+
+import torch
+import torch.utils.benchmark as tb
+
+import mixprec
+from mixprec import _cuda_emulation, _extension
+
+
+def _time_us(fn: Callable[[], None], min_run_time: float) -> float:
+    timer = tb.Timer(stmt="fn()", globals={"fn": fn}, num_threads=1)
+    return timer.blocked_autorange(min_run_time=min_run_time).median * 1e6
+
+
+def _adam_args(n: int, dtype: torch.dtype) -> tuple:
+    params = [torch.randn(1).to(dtype) for _ in range(n)]
+    masters = [p.float() for p in params] if dtype != torch.float32 else []
+    return (params, [torch.randn(1).to(dtype) for _ in range(n)],
+            [torch.zeros(1) for _ in range(n)], [torch.zeros(1) for _ in range(n)], [],
+            masters, [torch.zeros(()) for _ in range(n)], torch.tensor(1e-3),
+            0.9, 0.999, 0.01, 1e-8, False, False, True, torch.ones(1), torch.zeros(1), None,
+            False, 0)
+
+
+def _fast(fn: Callable[..., Any]) -> Callable[..., None]:
+    """A fast-entry function that must not decline its arguments."""
+    def call(*args: Any) -> None:
+        if fn(*args) is NotImplemented:
+            raise SystemExit(f"error: {fn.__name__} declined its arguments")
+    return call
+
+
+def _cases(n: int) -> Dict[str, Callable[[], None]]:
+    c = _extension._C
+    emu = _cuda_emulation.ops()
+    plan_unscale = _fast(c.emu_plan_unscale_and_check_)
+    plan_adam = _fast(c.emu_plan_fused_adam_)
+    cpu_unscale = _fast(c.fast_unscale_and_check_)
+    grads = [torch.randn(1) for _ in range(n)]
+    found, inv = torch.zeros(1), torch.ones(1)  # inv_scale 1: nothing is written
+    adam16 = _adam_args(n, torch.float16)
+    adam32 = _adam_args(n, torch.float32)
+    return {
+        "unscale_and_check_ CUDA host path (plan only)":
+            lambda: plan_unscale(grads, found, inv),
+        "  the same through torch.ops (GIL held)":
+            lambda: emu.plan_unscale_and_check_(grads, found, inv),
+        "fused_adam_ fp16+master CUDA host path (plan only)":
+            lambda: plan_adam(*adam16),
+        "fused_adam_ fp32 CUDA host path (plan only)":
+            lambda: plan_adam(*adam32),
+        "control: mixprec unscale_and_check_ CPU kernel":
+            lambda: cpu_unscale(grads, found, inv),
+        "control: torch _amp_foreach_..._unscale_ on CPU":
+            lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv),
+    }
+
+
+def _check_plans(n: int) -> None:
+    """Untimed: one plan call covers n blocks (one per one-element tensor)."""
+    emu = _cuda_emulation.ops()
+    grads = [torch.randn(1) for _ in range(n)]
+    before = emu.planned_blocks()
+    emu.plan_unscale_and_check_(grads, torch.zeros(1), torch.ones(1))
+    got = emu.planned_blocks() - before
+    if got != n:
+        raise SystemExit(f"error: plan_unscale_and_check_ planned {got} blocks for {n} tensors")
+    before = emu.planned_blocks()
+    emu.plan_fused_adam_(*_adam_args(n, torch.float16))
+    # one block per tensor, plus one step-increment block per 256 tensors
+    want = n + (n + 255) // 256
+    got = emu.planned_blocks() - before
+    if got != want:
+        raise SystemExit(f"error: plan_fused_adam_ planned {got} blocks, want {want}")
+
+
+def _fit(sizes: List[int], times: List[float]) -> tuple[float, float]:
+    pts = [(n, t) for n, t in zip(sizes, times) if n >= 100]
+    if len(pts) < 2:
+        return float("nan"), float("nan")
+    xs = torch.tensor([p[0] for p in pts], dtype=torch.float64)
+    ys = torch.tensor([p[1] for p in pts], dtype=torch.float64)
+    a = torch.stack([torch.ones_like(xs), xs], 1)
+    sol = torch.linalg.lstsq(a, ys.unsqueeze(1)).solution.squeeze(1)
+    return float(sol[0]), float(sol[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,100,1000,2000,4000")
+    parser.add_argument("--min-run-time", type=float, default=0.3)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    torch.set_num_threads(1)
+    print(f"mixprec {mixprec.__version__}, torch {torch.__version__}, "
+          f"{platform.machine()}, CPU capability {mixprec.build_info()['cpu_capability']}, "
+          f"1 thread, {datetime.date.today()}")
+    _check_plans(max(sizes))
+    names = list(_cases(1))
+    table: Dict[str, List[float]] = {name: [] for name in names}
+    with torch.inference_mode():
+        for n in sizes:
+            cases = _cases(n)
+            for name in names:
+                table[name].append(_time_us(cases[name], args.min_run_time))
+    width = max(len(n) for n in names)
+    print("us per call; columns: n one-element fp32 tensors (fp16 params for +master)")
+    print(f"{'case':<{width}} " + " ".join(f"{n:>8}" for n in sizes) + "  fixed us  us/tensor")
+    for name in names:
+        fixed, per = _fit(sizes, table[name])
+        print(f"{name:<{width}} " + " ".join(f"{t:8.1f}" for t in table[name])
+              + f"  {fixed:8.1f}  {per:9.3f}")
+
+
+if __name__ == "__main__":
+    main()

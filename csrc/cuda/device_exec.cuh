@@ -1,0 +1,95 @@
+// DeviceExec: runs the launch plans of csrc/cuda/*.h as CUDA kernels on the
+// current stream of the current device (the launcher holds a device guard).
+// Its twin for CI without a GPU is csrc/cuda_emulation/host_exec.h; both give
+// the functors the same GridPos and the same block-reduction order.
+#pragma once
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include "common/norm_math.h"
+#include "cuda/launch_plan.h"
+
+namespace mixprec {
+namespace cuda {
+
+// Combines (sum, or max for the inf-norm) a per-thread double across the
+// block; the result is valid in thread 0. Fixed shuffle order: deterministic
+// (HostExec::block_reduce replays exactly this order).
+template <int Kind>
+__device__ __forceinline__ double block_reduce(double v) {
+  __shared__ double warp_partials[kBlockSize / 32];
+  for (int offset = 16; offset > 0; offset /= 2) {
+    v = math::combine<Kind, double>(v, __shfl_down_sync(0xffffffffu, v, offset));
+  }
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  if (lane == 0) {
+    warp_partials[warp] = v;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x / 32) ? warp_partials[lane] : 0.0;
+    for (int offset = 16; offset > 0; offset /= 2) {
+      v = math::combine<Kind, double>(v,
+                                      __shfl_down_sync(0xffffffffu, v, offset));
+    }
+  }
+  return v;
+}
+
+// One thread of `op`: its body, and for reducing ops the block's total to
+// thread 0's block_result().
+template <typename Op, typename Where, typename... Args>
+__device__ __forceinline__ void run_thread(const Op& op, const Where& where,
+                                           const Args&... args) {
+  const GridPos pos{static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x),
+                    static_cast<int>(blockDim.x)};
+  if constexpr (ReducesBlock<Op>::value) {
+    const double total = block_reduce<Op::kReduceKind>(op(where, pos, args...));
+    if (threadIdx.x == 0) {
+      op.block_result(where, pos, total, args...);
+    }
+  } else {
+    op(where, pos, args...);
+  }
+}
+
+template <int Depth, typename Op, typename... Args>
+__global__ void __launch_bounds__(kBlockSize)
+    multi_tensor_kernel(TensorListMeta<Depth> meta, Op op, Args... args) {
+  run_thread(op, meta, args...);
+}
+
+template <typename Op, typename... Args>
+__global__ void __launch_bounds__(kBlockSize)
+    single_block_kernel(Op op, Args... args) {
+  run_thread(op, NoMeta{}, args...);
+}
+
+struct DeviceExec {
+  static constexpr c10::DeviceType kBackend = c10::DeviceType::CUDA;
+  using Guard = c10::cuda::OptionalCUDAGuard;
+
+  template <int Depth, typename Op, typename... Args>
+  static void launch(const TensorListMeta<Depth>& meta, int blocks,
+                     const Op& op, const Args&... args) {
+    multi_tensor_kernel<Depth><<<blocks, kBlockSize, 0,
+                                 c10::cuda::getCurrentCUDAStream()>>>(
+        meta, op, args...);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+
+  template <typename Op, typename... Args>
+  static void launch_single_block(int threads, const Op& op,
+                                  const Args&... args) {
+    single_block_kernel<<<1, threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        op, args...);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+};
+
+}  // namespace cuda
+}  // namespace mixprec

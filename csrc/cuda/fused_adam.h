@@ -1,0 +1,147 @@
+// fused_adam_ for the CUDA backend: the block functor and the launcher,
+// templated on the executor (DeviceExec in fused_adam_cuda.cu,
+// cuda_emulation::HostExec in CI). One plan per (param dtype, grad dtype)
+// group, then one block that increments the step counts. Every block reads
+// found_inf on the device and does nothing when it is set, so the step needs
+// no host sync and can be captured in a CUDA graph.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <optional>
+#include <vector>
+
+#include "common/optim_args.h"
+#include "common/optim_math.h"
+#include "cuda/fused_optim.h"
+
+namespace mixprec {
+namespace cuda {
+
+// The lists of TensorListMeta, by slot. Scoped (AdamSlot::kMaster), so that
+// no template parameter or local name can shadow a slot: an unscoped enum
+// once let the functor's `bool kMaster` parameter stand for slot 1 (the
+// grads) and the master weights were read from, and written into, the grad
+// buffer. Unused slots (max_exp_avg_sq without amsgrad, master without
+// masters) hold the param's address and are never dereferenced.
+struct AdamSlot {
+  enum : int {
+    kParam = 0,
+    kGrad,
+    kExpAvg,
+    kExpAvgSq,
+    kMaxExpAvgSq,
+    kMaster,
+    kStep,
+    kDepth
+  };
+};
+
+struct AdamKernelArgs {
+  const float* found_inf;   // may be null
+  const float* grad_scale;  // may be null
+  const float* clip_coef;   // may be null
+  const void* lr;           // float or double, one element
+  bool lr_double;
+  bool maximize;
+  math::AdamConsts k;
+  double beta1;
+  double beta2;
+  double weight_decay;
+  bool sr;
+  uint64_t seed;
+  uint32_t stream;  // SR stream: the grad dtype's code
+};
+
+// Adam's part of OptimOp (fused_optim.h): states exp_avg, exp_avg_sq and,
+// with amsgrad, max_exp_avg_sq; torch.optim's update (math::adam_update).
+template <bool kAmsgrad>
+struct AdamRule {
+  using Args = AdamKernelArgs;
+  using Block = math::AdamStep;
+  static constexpr int kDepth = AdamSlot::kDepth;
+  static constexpr int kParam = AdamSlot::kParam;
+  static constexpr int kGrad = AdamSlot::kGrad;
+  static constexpr int kMaster = AdamSlot::kMaster;
+  static constexpr int kStep = AdamSlot::kStep;
+  static constexpr int kStates = 3;
+  MIXPREC_HD static constexpr int state_slot(int k) {
+    return k == 0 ? AdamSlot::kExpAvg
+                  : k == 1 ? AdamSlot::kExpAvgSq : AdamSlot::kMaxExpAvgSq;
+  }
+  MIXPREC_HD static constexpr bool uses_state(int k) { return k < 2 || kAmsgrad; }
+  MIXPREC_HD static Block block(const Args& a, float step_before) {
+    return math::make_adam_step(read_lr(a.lr, a.lr_double), a.beta1, a.beta2,
+                                a.weight_decay, step_before + 1.0f);
+  }
+  MIXPREC_HD static bool loads_states(const Block&) { return true; }
+  MIXPREC_HD static void update(float& w, float g, float (&x)[kStates],
+                                const Args& a, const Block& blk) {
+    math::adam_update<kAmsgrad, math::ScalarOps>(w, g, x[0], x[1], x[2], a.k,
+                                                 blk);
+  }
+};
+
+template <typename P, typename G, bool kHasMaster, bool kAmsgrad>
+using AdamOp = OptimOp<P, G, kHasMaster, AdamRule<kAmsgrad>>;
+
+template <class Exec>
+void fused_adam_launch(at::TensorList params, at::TensorList grads,
+                       at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                       at::TensorList max_exp_avg_sqs,
+                       at::TensorList master_params,
+                       at::TensorList state_steps, const at::Tensor& lr,
+                       double beta1, double beta2, double weight_decay,
+                       double eps, bool amsgrad, bool maximize,
+                       bool decoupled_weight_decay,
+                       const std::optional<at::Tensor>& grad_scale,
+                       const std::optional<at::Tensor>& found_inf,
+                       const std::optional<at::Tensor>& clip_coef,
+                       bool stochastic_rounding, int64_t seed) {
+  const optim::OptimLists lists = optim::check_fused_adam_args(
+      params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params,
+      state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, grad_scale,
+      found_inf, clip_coef, stochastic_rounding, Exec::kBackend);
+  if (params.empty()) {
+    return;
+  }
+  typename Exec::Guard guard(params[0].device());
+  const bool masters = !master_params.empty();
+
+  optim::FlatSet fs(lists);
+  const int vm_view = fs.state_view[2];  // max_exp_avg_sqs (amsgrad)
+  const int master_view = fs.master_view;
+
+  AdamKernelArgs args;
+  args.found_inf = optim::scalar_data(found_inf);
+  args.grad_scale = optim::scalar_data(grad_scale);
+  args.clip_coef = optim::scalar_data(clip_coef);
+  args.lr = lr.data_ptr();
+  args.lr_double = lr.scalar_type() == at::kDouble;
+  args.maximize = maximize;
+  args.k = math::make_adam_consts(beta1, beta2, weight_decay, eps,
+                                  decoupled_weight_decay);
+  args.beta1 = beta1;
+  args.beta2 = beta2;
+  args.weight_decay = weight_decay;
+  args.seed = static_cast<uint64_t>(seed);
+
+  apply_by_dtypes<Exec, AdamSlot::kDepth, AdamOp>(
+      fs, masters, amsgrad, stochastic_rounding, args,
+      [&](size_t i, void* (&a)[AdamSlot::kDepth]) {
+        void* p = fs.views[0][i]->data_ptr();
+        a[AdamSlot::kParam] = p;
+        a[AdamSlot::kGrad] = fs.views[1][i]->data_ptr();
+        a[AdamSlot::kExpAvg] = fs.views[fs.state_view[0]][i]->data_ptr();
+        a[AdamSlot::kExpAvgSq] = fs.views[fs.state_view[1]][i]->data_ptr();
+        a[AdamSlot::kMaxExpAvgSq] = vm_view >= 0 ? fs.views[vm_view][i]->data_ptr() : p;
+        a[AdamSlot::kMaster] = master_view >= 0 ? fs.views[master_view][i]->data_ptr() : p;
+        a[AdamSlot::kStep] = state_steps[i].data_ptr();
+      });
+  fs.finish();
+  increment_steps<Exec>(state_steps, args.found_inf);
+}
+
+}  // namespace cuda
+}  // namespace mixprec

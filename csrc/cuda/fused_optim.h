@@ -1,0 +1,348 @@
+// Shared pieces of the CUDA fused-optimizer kernels (fused_adam.h,
+// fused_sgd.h): per-element vector loads, rounding of the float result to the
+// param dtype (nearest or stochastic), the device-side step-count increment,
+// and the host-side grouping of parameters by (param dtype, grad dtype) with
+// the plan of each group. Plain C++, templated on the executor (see
+// launch_plan.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <array>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "common/optim_args.h"
+#include "common/optim_dispatch.h"
+#include "common/optim_math.h"
+#include "cuda/launch_plan.h"
+
+namespace mixprec {
+namespace cuda {
+
+static_assert(kChunkSize == math::kSrChunk,
+              "SR element numbering assumes one block per 65536 elements");
+
+// Elements per thread per iteration of the vector path (16 bytes of fp32).
+constexpr int kOptVec = 4;
+
+template <typename T>
+MIXPREC_HD bool vec_aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * kOptVec) == 0;
+}
+
+template <typename T>
+MIXPREC_HD void load_vec(const T* p, int64_t vi, float (&out)[kOptVec]) {
+  const AlignedVector<T, kOptVec> r =
+      reinterpret_cast<const AlignedVector<T, kOptVec>*>(p)[vi];
+#pragma unroll
+  for (int k = 0; k < kOptVec; ++k) {
+    out[k] = static_cast<float>(r.val[k]);
+  }
+}
+
+template <typename T>
+MIXPREC_HD void store_vec(T* p, int64_t vi, const float (&in)[kOptVec]) {
+  AlignedVector<T, kOptVec> r;
+#pragma unroll
+  for (int k = 0; k < kOptVec; ++k) {
+    r.val[k] = static_cast<T>(in[k]);
+  }
+  reinterpret_cast<AlignedVector<T, kOptVec>*>(p)[vi] = r;
+}
+
+// The float result w rounded to P; bf16 stochastically when `sr`, with the
+// bits of SR element `index`.
+template <typename P>
+MIXPREC_HD P round_param(float w, bool sr, uint32_t key, uint32_t index) {
+  if constexpr (std::is_same_v<P, c10::BFloat16>) {
+    if (sr) {
+      const uint32_t r = math::sr_bits(key, index) >> 16;
+      return c10::BFloat16(math::bf16_bits_stochastic(w, r),
+                           c10::BFloat16::from_bits());
+    }
+  }
+  return static_cast<P>(w);
+}
+
+// The SR element number of element 0 of this block's span: blocks are
+// numbered across the whole plan of one (param dtype, grad dtype) group, one
+// kSrChunk of numbers each (the CPU kernels number the same way).
+template <int Depth>
+MIXPREC_HD uint32_t sr_block_base(const TensorListMeta<Depth>& meta,
+                                  GridPos pos) {
+  return static_cast<uint32_t>((meta.block_offset + pos.block) *
+                               math::kSrChunk);
+}
+
+// The float32 or float64 learning rate, read on the device.
+MIXPREC_HD double read_lr(const void* lr, bool lr_double) {
+  return lr_double ? *static_cast<const double*>(lr)
+                   : static_cast<double>(*static_cast<const float*>(lr));
+}
+
+// state_steps[i] += 1 unless *found_inf != 0, for up to kStepsPerLaunch
+// tensors per launch. Runs after the update kernels on the same stream, which
+// read the counts before the increment.
+constexpr int kStepsPerLaunch = 256;
+
+struct StepPtrs {
+  float* ptr[kStepsPerLaunch];
+  int n;
+};
+
+struct IncrementStepsOp {
+  MIXPREC_HD void operator()(NoMeta, GridPos pos, const StepPtrs& s,
+                             const float* found_inf) const {
+    if (pos.thread < s.n && (found_inf == nullptr || *found_inf == 0.0f)) {
+      *s.ptr[pos.thread] += 1.0f;
+    }
+  }
+};
+
+template <class Exec>
+void increment_steps(at::TensorList steps, const float* found_inf) {
+  StepPtrs s;
+  s.n = 0;
+  auto launch = [&] {
+    Exec::launch_single_block(kStepsPerLaunch, IncrementStepsOp{}, s, found_inf);
+    s.n = 0;
+  };
+  for (const at::Tensor& t : steps) {
+    s.ptr[s.n++] = t.data_ptr<float>();
+    if (s.n == kStepsPerLaunch) {
+      launch();
+    }
+  }
+  if (s.n > 0) {
+    launch();
+  }
+}
+
+// The block functor of every fused optimizer: param, grad and (kHasMaster)
+// float32 master, float32 state lists, and the step count, updated element by
+// element in float32 with 16-byte vectors where every list in use is aligned
+// and a scalar tail. Rule supplies what differs between optimizers:
+//   kDepth, slots kParam/kGrad/kMaster/kStep, kStates and state_slot(k),
+//   uses_state(k) (the optional state in use?), Args (the kernel arguments,
+//   with found_inf/grad_scale/clip_coef/maximize/lr/lr_double/sr/seed/stream),
+//   Block block(args, step_before) (the block's constants), loads_states(blk)
+//   (read the states this step?), update(w, g, x[kStates], args, blk).
+// A step with found_inf set changes nothing. Stochastic rounding numbers the
+// elements as sr_block_base says, with key (seed, step_before + 1, stream).
+template <typename P, typename G, bool kHasMaster, class Rule>
+struct OptimOp {
+  static constexpr int kStates = Rule::kStates;
+  using Meta = TensorListMeta<Rule::kDepth>;
+  using Args = typename Rule::Args;
+
+  MIXPREC_HD void operator()(const Meta& meta, GridPos pos, const Args& a) const {
+    if (a.found_inf != nullptr && *a.found_inf != 0.0f) {
+      return;
+    }
+    const BlockSpan s = block_span(meta, pos.block);
+    auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
+    P* p = static_cast<P*>(list(Rule::kParam)) + s.start;
+    const G* g = static_cast<const G*>(list(Rule::kGrad)) + s.start;
+    float* mp = nullptr;
+    if constexpr (kHasMaster) {
+      mp = static_cast<float*>(list(Rule::kMaster)) + s.start;
+    }
+    float* st[kStates];
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      st[k] = Rule::uses_state(k)
+                  ? static_cast<float*>(list(Rule::state_slot(k))) + s.start
+                  : nullptr;
+    }
+    const float step_before = *static_cast<const float*>(list(Rule::kStep));
+    const typename Rule::Block blk = Rule::block(a, step_before);
+    const bool load_states = Rule::loads_states(blk);
+    const math::GradCoefs gc =
+        math::make_grad_coefs(a.grad_scale, a.clip_coef, a.maximize);
+    uint32_t key = 0;
+    uint32_t base = 0;
+    if (a.sr) {
+      key = math::sr_key(a.seed, static_cast<uint32_t>(step_before + 1.0f),
+                         a.stream);
+      base = sr_block_base(meta, pos);
+    }
+
+    bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) &&
+                   (!kHasMaster || vec_aligned<float>(mp));
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      aligned = aligned && (st[k] == nullptr || vec_aligned<float>(st[k]));
+    }
+    int64_t nvec = 0;
+    if (aligned) {
+      nvec = s.length / kOptVec;
+      for (int64_t vi = pos.thread; vi < nvec; vi += pos.threads) {
+        float w[kOptVec], gr[kOptVec], sv[kStates][kOptVec] = {};
+        if constexpr (kHasMaster) {
+          load_vec(mp, vi, w);
+        } else {
+          load_vec(p, vi, w);
+        }
+        load_vec(g, vi, gr);
+#pragma unroll
+        for (int k = 0; k < kStates; ++k) {
+          if (st[k] != nullptr && load_states) {
+            load_vec(st[k], vi, sv[k]);
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < kOptVec; ++e) {
+          float x[kStates];
+#pragma unroll
+          for (int k = 0; k < kStates; ++k) {
+            x[k] = sv[k][e];
+          }
+          Rule::update(w[e], math::prepare_grad(gr[e], gc), x, a, blk);
+#pragma unroll
+          for (int k = 0; k < kStates; ++k) {
+            sv[k][e] = x[k];
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < kStates; ++k) {
+          if (st[k] != nullptr) {
+            store_vec(st[k], vi, sv[k]);
+          }
+        }
+        if constexpr (kHasMaster) {
+          store_vec(mp, vi, w);
+        }
+        AlignedVector<P, kOptVec> out;
+#pragma unroll
+        for (int e = 0; e < kOptVec; ++e) {
+          out.val[e] = round_param<P>(
+              w[e], a.sr, key, base + static_cast<uint32_t>(vi * kOptVec + e));
+        }
+        reinterpret_cast<AlignedVector<P, kOptVec>*>(p)[vi] = out;
+      }
+    }
+    for (int64_t i = nvec * kOptVec + pos.thread; i < s.length;
+         i += pos.threads) {
+      float w;
+      if constexpr (kHasMaster) {
+        w = mp[i];
+      } else {
+        w = static_cast<float>(p[i]);
+      }
+      float x[kStates] = {};
+#pragma unroll
+      for (int k = 0; k < kStates; ++k) {
+        if (st[k] != nullptr && load_states) {
+          x[k] = st[k][i];
+        }
+      }
+      Rule::update(w, math::prepare_grad(static_cast<float>(g[i]), gc), x, a,
+                   blk);
+#pragma unroll
+      for (int k = 0; k < kStates; ++k) {
+        if (st[k] != nullptr) {
+          st[k][i] = x[k];
+        }
+      }
+      if constexpr (kHasMaster) {
+        mp[i] = w;
+      }
+      p[i] = round_param<P>(w, a.sr, key, base + static_cast<uint32_t>(i));
+    }
+  }
+};
+
+// Parameter indices grouped by (param dtype, grad dtype), in list order
+// within a group; groups in a fixed order (param dtype, then grad dtype, each
+// as half, float, bfloat16). Empty params are left out (they have no chunks).
+struct DtypePairGroups {
+  static constexpr std::array<at::ScalarType, 3> kDtypes{at::kHalf, at::kFloat,
+                                                         at::kBFloat16};
+  std::array<std::vector<uint32_t>, 9> idx;
+
+  explicit DtypePairGroups(const optim::TensorRefs& params,
+                           const optim::TensorRefs& grads) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i]->numel() == 0) {
+        continue;
+      }
+      std::vector<uint32_t>& g =
+          idx[3 * slot(params[i]->scalar_type()) + slot(grads[i]->scalar_type())];
+      if (g.empty()) {
+        g.reserve(params.size());
+      }
+      g.push_back(static_cast<uint32_t>(i));
+    }
+  }
+
+  static int slot(at::ScalarType t) {
+    for (int k = 0; k < 3; ++k) {
+      if (kDtypes[k] == t) {
+        return k;
+      }
+    }
+    TORCH_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a launcher");
+  }
+};
+
+// One plan of Op<P, G, kHasMaster, kHasOption> per (param dtype, grad dtype)
+// group of the flat params (DtypePairGroups), where kHasMaster says whether
+// there are master params and kHasOption whether the optimizer's optional
+// state (amsgrad's max_exp_avg_sqs, SGD's momentum buffers) is in use.
+// fill(i, addresses) writes the Depth list addresses of param i (an index
+// into fs.views); args.sr and args.stream are set per group.
+template <class Exec, int Depth, template <typename, typename, bool, bool> class Op,
+          typename Args, typename Fill>
+void apply_by_dtypes(const optim::FlatSet& fs, bool masters, bool option,
+                     bool stochastic_rounding, Args& args, Fill&& fill) {
+  const DtypePairGroups groups(fs.views[0], fs.views[1]);
+  PlanList<Depth> entries;
+  for (int k = 0; k < 9; ++k) {
+    const std::vector<uint32_t>& idx = groups.idx[k];
+    if (idx.empty()) {
+      continue;
+    }
+    entries.clear();
+    entries.reserve(idx.size());
+    for (uint32_t i : idx) {
+      PlanEntry<Depth> e;
+      fill(static_cast<size_t>(i), e.addresses);
+      e.numel = fs.views[0][i]->numel();
+      entries.push_back(e);
+    }
+    const at::ScalarType pdt = DtypePairGroups::kDtypes[k / 3];
+    const at::ScalarType gdt = DtypePairGroups::kDtypes[k % 3];
+    args.sr = stochastic_rounding && pdt == at::kBFloat16;
+    args.stream = static_cast<uint32_t>(gdt);
+    optim::dispatch_param_grad(pdt, gdt, [&](auto* ptag, auto* gtag) {
+      // (remove_reference: g++ gives the captured parameter's type as a
+      // reference where the nested lambda below names PT.)
+      using PT = std::remove_pointer_t<std::remove_reference_t<decltype(ptag)>>;
+      using GT = std::remove_pointer_t<std::remove_reference_t<decltype(gtag)>>;
+      auto go = [&](auto master_tag, auto option_tag) {
+        constexpr bool kMs = decltype(master_tag)::value;
+        constexpr bool kOpt = decltype(option_tag)::value;
+        if constexpr (kMs && std::is_same_v<PT, float>) {
+          TORCH_INTERNAL_ASSERT(false, "float32 params have no master");
+        } else {
+          run_multi_tensor<Exec, Depth>(entries, Op<PT, GT, kMs, kOpt>{}, args);
+        }
+      };
+      using T = std::true_type;
+      using F = std::false_type;
+      if (masters) {
+        option ? go(T{}, T{}) : go(T{}, F{});
+      } else {
+        option ? go(F{}, T{}) : go(F{}, F{});
+      }
+    });
+  }
+}
+
+}  // namespace cuda
+}  // namespace mixprec

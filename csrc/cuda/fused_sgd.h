@@ -1,0 +1,123 @@
+// fused_sgd_ for the CUDA backend: the block functor and the launcher,
+// templated on the executor (DeviceExec in fused_sgd_cuda.cu,
+// cuda_emulation::HostExec in CI). One plan per (param dtype, grad dtype)
+// group, then the step-count increment; found_inf, lr, grad_scale and
+// clip_coef are read on the device (no host sync, graph-capturable).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <optional>
+#include <vector>
+
+#include "common/optim_args.h"
+#include "common/optim_math.h"
+#include "cuda/fused_optim.h"
+
+namespace mixprec {
+namespace cuda {
+
+// The lists of TensorListMeta, by slot; scoped for the reason given at
+// AdamSlot (fused_adam.h). Unused slots (buffer without momentum, master
+// without masters) hold the param's address and are never dereferenced.
+struct SgdSlot {
+  enum : int { kParam = 0, kGrad, kMomentumBuffer, kMaster, kStep, kDepth };
+};
+
+struct SgdKernelArgs {
+  const float* found_inf;
+  const float* grad_scale;
+  const float* clip_coef;
+  const void* lr;
+  bool lr_double;
+  bool maximize;
+  math::SgdConsts k;
+  bool sr;
+  uint64_t seed;
+  uint32_t stream;
+};
+
+// SGD's part of OptimOp (fused_optim.h): the momentum buffer when momentum
+// != 0, not read on a param's first real step (step count 0), when the rule
+// initialises it from the grad; torch.optim's update (math::sgd_update).
+template <bool kMomentum>
+struct SgdRule {
+  using Args = SgdKernelArgs;
+  struct Block {
+    bool first;
+    float neg_lr;
+  };
+  static constexpr int kDepth = SgdSlot::kDepth;
+  static constexpr int kParam = SgdSlot::kParam;
+  static constexpr int kGrad = SgdSlot::kGrad;
+  static constexpr int kMaster = SgdSlot::kMaster;
+  static constexpr int kStep = SgdSlot::kStep;
+  static constexpr int kStates = 1;
+  MIXPREC_HD static constexpr int state_slot(int) { return SgdSlot::kMomentumBuffer; }
+  MIXPREC_HD static constexpr bool uses_state(int) { return kMomentum; }
+  MIXPREC_HD static Block block(const Args& a, float step_before) {
+    return Block{step_before == 0.0f,
+                 static_cast<float>(-read_lr(a.lr, a.lr_double))};
+  }
+  MIXPREC_HD static bool loads_states(const Block& blk) { return !blk.first; }
+  MIXPREC_HD static void update(float& w, float g, float (&x)[kStates],
+                                const Args& a, const Block& blk) {
+    math::sgd_update(w, g, x[0], a.k, blk.first, blk.neg_lr);
+  }
+};
+
+template <typename P, typename G, bool kHasMaster, bool kMomentum>
+using SgdOp = OptimOp<P, G, kHasMaster, SgdRule<kMomentum>>;
+
+template <class Exec>
+void fused_sgd_launch(at::TensorList params, at::TensorList grads,
+                    at::TensorList momentum_buffers,
+                    at::TensorList master_params, at::TensorList state_steps,
+                    const at::Tensor& lr, double weight_decay, double momentum,
+                    double dampening, bool nesterov, bool maximize,
+                    const std::optional<at::Tensor>& grad_scale,
+                    const std::optional<at::Tensor>& found_inf,
+                    const std::optional<at::Tensor>& clip_coef,
+                    bool stochastic_rounding, int64_t seed) {
+  const optim::OptimLists lists = optim::check_fused_sgd_args(
+      params, grads, momentum_buffers, master_params, state_steps, lr,
+      weight_decay, momentum, dampening, nesterov, grad_scale, found_inf,
+      clip_coef, stochastic_rounding, Exec::kBackend);
+  if (params.empty()) {
+    return;
+  }
+  typename Exec::Guard guard(params[0].device());
+  const bool masters = !master_params.empty();
+  const bool has_mom = momentum != 0.0;
+
+  optim::FlatSet fs(lists);
+  const int buf_view = fs.state_view[0];  // momentum_buffers (momentum != 0)
+  const int master_view = fs.master_view;
+
+  SgdKernelArgs args;
+  args.found_inf = optim::scalar_data(found_inf);
+  args.grad_scale = optim::scalar_data(grad_scale);
+  args.clip_coef = optim::scalar_data(clip_coef);
+  args.lr = lr.data_ptr();
+  args.lr_double = lr.scalar_type() == at::kDouble;
+  args.maximize = maximize;
+  args.k = math::make_sgd_consts(weight_decay, momentum, dampening, nesterov);
+  args.seed = static_cast<uint64_t>(seed);
+
+  apply_by_dtypes<Exec, SgdSlot::kDepth, SgdOp>(
+      fs, masters, has_mom, stochastic_rounding, args,
+      [&](size_t i, void* (&a)[SgdSlot::kDepth]) {
+        void* p = fs.views[0][i]->data_ptr();
+        a[SgdSlot::kParam] = p;
+        a[SgdSlot::kGrad] = fs.views[1][i]->data_ptr();
+        a[SgdSlot::kMomentumBuffer] = buf_view >= 0 ? fs.views[buf_view][i]->data_ptr() : p;
+        a[SgdSlot::kMaster] = master_view >= 0 ? fs.views[master_view][i]->data_ptr() : p;
+        a[SgdSlot::kStep] = state_steps[i].data_ptr();
+      });
+  fs.finish();
+  increment_steps<Exec>(state_steps, args.found_inf);
+}
+
+}  // namespace cuda
+}  // namespace mixprec

@@ -1,0 +1,303 @@
+// unscale_and_check_, check_finite_, unscale_and_norm_ and
+// check_finite_and_norm_ for the CUDA backend: the block functors and the
+// launchers, templated on the executor (DeviceExec in the .cu files,
+// cuda_emulation::HostExec in CI). Plain C++, see launch_plan.h.
+#pragma once
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <array>
+#include <utility>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/norm_math.h"
+#include "common/unscale_math.h"
+#include "cuda/launch_plan.h"
+
+namespace mixprec {
+namespace cuda {
+
+constexpr int kNoNorm = -1;
+
+// The per-thread part of one block's chunk: check for inf/NaN, multiply by
+// inv_scale when kUnscale (stored in place when kWrite and inv_scale != 1),
+// and, when Kind != kNoNorm, the thread's norm partial of the unscaled
+// values. For norms the block's total goes to partials[block number].
+template <typename scalar_t, bool kUnscale, int Kind, bool kWrite>
+struct UnscaleOpBase {
+  MIXPREC_HD double run(const TensorListMeta<1>& meta, GridPos pos,
+                        float* found_inf, const float* inv_scale,
+                        float norm_type) const {
+    using opmath_t = at::opmath_type<scalar_t>;
+    constexpr int kVec = 16 / sizeof(scalar_t);
+    using VecT = AlignedVector<scalar_t, kVec>;
+    constexpr bool kNorm = Kind != kNoNorm;
+    constexpr int kAcc = kNorm ? Kind : math::kNormL2;
+
+    const BlockSpan s = block_span(meta, pos.block);
+    scalar_t* p = static_cast<scalar_t*>(meta.addresses[0][s.tensor]) + s.start;
+    opmath_t inv = opmath_t(1);
+    bool write = false;
+    if constexpr (kUnscale) {
+      const float f = *inv_scale;
+      inv = static_cast<opmath_t>(f);
+      write = kWrite && f != 1.0f;  // torch stores nothing when it is 1
+    }
+    const opmath_t pn = static_cast<opmath_t>(norm_type);
+    opmath_t probe = opmath_t(0);
+    opmath_t acc = opmath_t(0);
+    auto visit = [&](scalar_t& x) {
+      const opmath_t v = static_cast<opmath_t>(x);
+      probe += math::nonfinite_probe(v);
+      const opmath_t u = math::unscale(v, inv);
+      if constexpr (kNorm) {
+        acc = math::combine<kAcc>(acc, math::norm_term<kAcc>(u, pn));
+      }
+      x = static_cast<scalar_t>(u);
+    };
+    const int64_t stride = pos.threads;
+    int64_t tail_begin = 0;
+    if (reinterpret_cast<uintptr_t>(p) % 16 == 0) {
+      const int64_t nvec = s.length / kVec;
+      VecT* pv = reinterpret_cast<VecT*>(p);
+      for (int64_t base = pos.thread; base < nvec; base += stride * kILP) {
+        VecT r[kILP];
+#pragma unroll
+        for (int j = 0; j < kILP; ++j) {
+          const int64_t idx = base + j * stride;
+          if (idx < nvec) {
+            r[j] = pv[idx];
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kILP; ++j) {
+          const int64_t idx = base + j * stride;
+          if (idx < nvec) {
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) {
+              visit(r[j].val[k]);
+            }
+            if (write) {
+              pv[idx] = r[j];
+            }
+          }
+        }
+      }
+      tail_begin = nvec * kVec;
+    }
+    for (int64_t i = tail_begin + pos.thread; i < s.length; i += stride) {
+      scalar_t x = p[i];
+      visit(x);
+      if (write) {
+        p[i] = x;
+      }
+    }
+    if (math::is_nan_acc(probe)) {
+      *found_inf = 1.0f;  // every writer stores the same value
+    }
+    return static_cast<double>(acc);
+  }
+};
+
+template <typename scalar_t, bool kUnscale, int Kind, bool kWrite = true>
+struct UnscaleOp : UnscaleOpBase<scalar_t, kUnscale, Kind, kWrite> {
+  static constexpr int kReduceKind = Kind;
+  MIXPREC_HD double operator()(const TensorListMeta<1>& meta, GridPos pos,
+                               float* found_inf, const float* inv_scale,
+                               double* /*partials*/, float norm_type) const {
+    return this->run(meta, pos, found_inf, inv_scale, norm_type);
+  }
+  MIXPREC_HD void block_result(const TensorListMeta<1>& meta, GridPos pos,
+                               double total, float*, const float*,
+                               double* partials, float) const {
+    partials[meta.block_offset + pos.block] = total;
+  }
+};
+
+// Without a norm there is nothing to reduce.
+template <typename scalar_t, bool kUnscale, bool kWrite>
+struct UnscaleOp<scalar_t, kUnscale, kNoNorm, kWrite>
+    : UnscaleOpBase<scalar_t, kUnscale, kNoNorm, kWrite> {
+  MIXPREC_HD void operator()(const TensorListMeta<1>& meta, GridPos pos,
+                             float* found_inf, const float* inv_scale,
+                             double* /*partials*/, float norm_type) const {
+    this->run(meta, pos, found_inf, inv_scale, norm_type);
+  }
+};
+
+// One block: combines the n partials (thread-strided, then block-reduced)
+// and writes the norm.
+template <int Kind>
+struct FinishNormOp {
+  static constexpr int kReduceKind = Kind;
+  MIXPREC_HD double operator()(NoMeta, GridPos pos, const double* partials,
+                               int64_t n, double /*norm_type*/,
+                               float* /*out*/) const {
+    double v = 0.0;  // neutral for sums and for the max of |u|
+    for (int64_t i = pos.thread; i < n; i += pos.threads) {
+      v = math::combine<Kind, double>(v, partials[i]);
+    }
+    return v;
+  }
+  MIXPREC_HD void block_result(NoMeta, GridPos, double total, const double*,
+                               int64_t, double norm_type, float* out) const {
+    *out = static_cast<float>(math::finish<Kind, double>(total, norm_type));
+  }
+};
+
+// The non-empty tensors of a list as plan entries grouped by dtype, in one
+// pass: dense tensors by their own address (not copied, not
+// reference-counted: the caller's list outlives the groups), strided ones by a
+// contiguous copy, copied back by finish() when `written`.
+struct DtypeGroups {
+  // Group order (fixed: it orders the norm partials).
+  static constexpr std::array<at::ScalarType, 4> kDtypes{
+      at::kHalf, at::kFloat, at::kDouble, at::kBFloat16};
+  std::array<PlanList<1>, 4> lists;
+  std::vector<at::Tensor> owned;  // contiguous copies of strided inputs
+  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (orig, dense)
+
+  DtypeGroups(at::TensorList tensors, bool written) {
+    for (const at::Tensor& t : tensors) {
+      const int64_t n = t.numel();
+      if (n == 0) {
+        continue;
+      }
+      void* data = nullptr;
+      if (t.is_non_overlapping_and_dense()) {
+        data = t.data_ptr();
+      } else {
+        owned.push_back(t.contiguous());
+        data = owned.back().data_ptr();
+        if (written) {
+          copy_back.emplace_back(t, owned.back());
+        }
+      }
+      PlanList<1>& list = lists[group(t.scalar_type())];
+      if (list.empty()) {
+        list.reserve(tensors.size());
+      }
+      list.push_back(PlanEntry<1>{{data}, n});
+    }
+  }
+
+  static int group(at::ScalarType t) {
+    for (int k = 0; k < 4; ++k) {
+      if (kDtypes[k] == t) {
+        return k;
+      }
+    }
+    TORCH_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a launcher");
+  }
+
+  // f(dtype, entries) for each non-empty group, in group order.
+  template <typename F>
+  void for_each(F&& f) const {
+    for (int k = 0; k < 4; ++k) {
+      if (!lists[k].empty()) {
+        f(kDtypes[k], lists[k]);
+      }
+    }
+  }
+
+  void finish() {
+    for (auto& pr : copy_back) {
+      pr.first.copy_(pr.second);
+    }
+  }
+};
+
+// unscale_and_check_ (inv_scale given) and check_finite_ (inv_scale null):
+// one plan per dtype present in the list.
+template <class Exec>
+void unscale_and_check_launch(const char* op, at::TensorList tensors,
+                              const at::Tensor& found_inf,
+                              const at::Tensor* inv_scale) {
+  checks::check_unscale_args(op, tensors, found_inf, inv_scale,
+                             Exec::kBackend);
+  const bool unscale = inv_scale != nullptr;
+  typename Exec::Guard guard(found_inf.device());
+  DtypeGroups g(tensors, unscale);
+  float* found_ptr = found_inf.data_ptr<float>();
+  const float* inv_ptr = unscale ? inv_scale->data_ptr<float>() : nullptr;
+  g.for_each([&](at::ScalarType dtype, const PlanList<1>& list) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, dtype, "mixprec_unscale_cuda", [&] {
+          auto go = [&](auto op_fn) {
+            run_multi_tensor<Exec, 1>(list, op_fn, found_ptr, inv_ptr,
+                                      static_cast<double*>(nullptr), 0.0f);
+          };
+          if (unscale) {
+            go(UnscaleOp<scalar_t, true, kNoNorm>{});
+          } else {
+            go(UnscaleOp<scalar_t, false, kNoNorm>{});
+          }
+        });
+  });
+  g.finish();
+}
+
+// unscale_and_norm_ (in_place) and check_finite_and_norm_: the pass writes
+// one norm partial per block; one block then combines the partials in
+// double, in a fixed order (deterministic), and writes the norm.
+template <class Exec, int Kind>
+at::Tensor norm_launch_kind(at::TensorList grads, const at::Tensor& found_inf,
+                            const at::Tensor& inv_scale, double norm_type,
+                            bool in_place) {
+  DtypeGroups g(grads, /*written=*/in_place);
+  int64_t blocks = 0;
+  g.for_each([&](at::ScalarType, const PlanList<1>& list) {
+    blocks += count_blocks(list);
+  });
+  at::Tensor partials =
+      at::empty({std::max<int64_t>(blocks, 1)},
+                found_inf.options().dtype(at::kDouble));
+  double* part_ptr = partials.data_ptr<double>();
+  float* found_ptr = found_inf.data_ptr<float>();
+  const float* inv_ptr = inv_scale.data_ptr<float>();
+  int64_t offset = 0;
+  g.for_each([&](at::ScalarType dtype, const PlanList<1>& list) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, dtype, "mixprec_norm_cuda", [&] {
+          auto go = [&](auto op_fn) {
+            run_multi_tensor<Exec, 1>(list, op_fn, found_ptr, inv_ptr,
+                                      part_ptr + offset,
+                                      static_cast<float>(norm_type));
+          };
+          if (in_place) {
+            go(UnscaleOp<scalar_t, true, Kind>{});
+          } else {
+            go(UnscaleOp<scalar_t, true, Kind, /*kWrite=*/false>{});
+          }
+        });
+    offset += count_blocks(list);
+  });
+  g.finish();
+  at::Tensor out = at::empty({}, found_inf.options());
+  Exec::launch_single_block(kBlockSize, FinishNormOp<Kind>{},
+                            static_cast<const double*>(part_ptr), blocks,
+                            norm_type, out.data_ptr<float>());
+  return out;
+}
+
+template <class Exec>
+at::Tensor norm_launch(const char* op, at::TensorList grads,
+                       const at::Tensor& found_inf, const at::Tensor& inv_scale,
+                       double norm_type, bool in_place) {
+  checks::check_unscale_args(op, grads, found_inf, &inv_scale, Exec::kBackend,
+                             /*read_only=*/!in_place);
+  checks::check_norm_type(op, norm_type);
+  typename Exec::Guard guard(found_inf.device());
+  return math::dispatch_norm_kind(math::norm_kind(norm_type), [&](auto kind) {
+    return norm_launch_kind<Exec, decltype(kind)::value>(
+        grads, found_inf, inv_scale, norm_type, in_place);
+  });
+}
+
+}  // namespace cuda
+}  // namespace mixprec

@@ -1,0 +1,76 @@
+// update_scale_ and update_scale_ext_ for the CUDA backend: the shared scalar
+// rule (common/update_scale_math.h) run by one thread on the device, so the
+// scale never leaves the GPU; launchers templated on the executor (see
+// launch_plan.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "common/checks.h"
+#include "common/update_scale_math.h"
+#include "cuda/launch_plan.h"
+
+namespace mixprec {
+namespace cuda {
+
+struct UpdateScaleOp {
+  MIXPREC_HD void operator()(NoMeta, GridPos, float* scale, int* growth_tracker,
+                             const float* found_inf, double growth_factor,
+                             double backoff_factor, int growth_interval) const {
+    math::update_scale(scale, growth_tracker, *found_inf, growth_factor,
+                       backoff_factor, growth_interval);
+  }
+};
+
+struct UpdateScaleExtOp {
+  MIXPREC_HD void operator()(NoMeta, GridPos, float* scale, int* growth_tracker,
+                             int* hysteresis_left, const float* found_inf,
+                             double growth_factor, double backoff_factor,
+                             int growth_interval, double min_scale,
+                             double max_scale, int hysteresis) const {
+    math::update_scale_ext(scale, growth_tracker, hysteresis_left, *found_inf,
+                           growth_factor, backoff_factor, growth_interval,
+                           min_scale, max_scale, hysteresis);
+  }
+};
+
+template <class Exec>
+void update_scale_launch(const at::Tensor& scale,
+                         const at::Tensor& growth_tracker,
+                         const at::Tensor& found_inf, double growth_factor,
+                         double backoff_factor, int64_t growth_interval) {
+  checks::check_update_scale_args("update_scale_", scale, growth_tracker,
+                                  nullptr, found_inf, growth_interval);
+  typename Exec::Guard guard(scale.device());
+  Exec::launch_single_block(
+      1, UpdateScaleOp{}, scale.data_ptr<float>(), growth_tracker.data_ptr<int>(),
+      static_cast<const float*>(found_inf.data_ptr<float>()), growth_factor,
+      backoff_factor, static_cast<int>(growth_interval));
+}
+
+template <class Exec>
+void update_scale_ext_launch(const at::Tensor& scale,
+                             const at::Tensor& growth_tracker,
+                             const at::Tensor& hysteresis_left,
+                             const at::Tensor& found_inf, double growth_factor,
+                             double backoff_factor, int64_t growth_interval,
+                             std::optional<double> min_scale,
+                             std::optional<double> max_scale,
+                             int64_t hysteresis) {
+  const checks::ScaleBounds b = checks::check_update_scale_ext_args(
+      scale, growth_tracker, hysteresis_left, found_inf, growth_factor,
+      backoff_factor, growth_interval, min_scale, max_scale, hysteresis);
+  typename Exec::Guard guard(scale.device());
+  Exec::launch_single_block(
+      1, UpdateScaleExtOp{}, scale.data_ptr<float>(),
+      growth_tracker.data_ptr<int>(), hysteresis_left.data_ptr<int>(),
+      static_cast<const float*>(found_inf.data_ptr<float>()), growth_factor,
+      backoff_factor, static_cast<int>(growth_interval), b.min_scale,
+      b.max_scale, static_cast<int>(hysteresis));
+}
+
+}  // namespace cuda
+}  // namespace mixprec

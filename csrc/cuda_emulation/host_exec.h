@@ -1,0 +1,121 @@
+// HostExec: the executor of the CUDA launch plans that runs on the CPU, for
+// CI without a GPU. It gets the same TensorListMeta the CUDA kernels would
+// get and runs the same functor bodies once per (block, thread) of the grid,
+// thread after thread; blocks that reduce combine their threads' partials in
+// the order of the device's block_reduce (csrc/cuda/device_exec.cuh), so the
+// results are the device's bit for bit wherever the arithmetic is IEEE
+// (no fused multiply-add contraction differences: the host build of these
+// files uses -ffp-contract=off, like nvcc's default only where written so;
+// see csrc/cuda_emulation/ops_emulated.cpp).
+//
+// Sequential threads are a faithful model of these kernels because none of
+// them communicates between threads except through block_reduce: a kernel
+// that did would be a data race on the device.
+#pragma once
+
+#include <c10/core/DeviceType.h>
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "common/norm_math.h"
+#include "cuda/launch_plan.h"
+
+namespace mixprec {
+namespace cuda_emulation {
+
+using cuda::GridPos;
+using cuda::kBlockSize;
+
+struct NoGuard {
+  explicit NoGuard(const c10::Device&) {}
+};
+
+// Replays block_reduce: a shuffle-down tree within each warp of 32 threads
+// (lane l takes lane l + offset for offset 16, 8, 4, 2, 1; only lane 0's
+// result is used), then the same tree over the warps' results (missing
+// warps read 0).
+template <int Kind>
+double block_reduce(std::vector<double>& v) {
+  const int threads = static_cast<int>(v.size());
+  auto warp_tree = [](double* lane) {
+    for (int offset = 16; offset > 0; offset /= 2) {
+      for (int l = 0; l < offset; ++l) {
+        lane[l] = math::combine<Kind, double>(lane[l], lane[l + offset]);
+      }
+    }
+    return lane[0];
+  };
+  double warps[32] = {};
+  const int nwarps = threads / 32;
+  for (int w = 0; w < nwarps; ++w) {
+    warps[w] = warp_tree(v.data() + 32 * w);
+  }
+  return warp_tree(warps);
+}
+
+struct HostExec {
+  static constexpr c10::DeviceType kBackend = c10::DeviceType::CPU;
+  using Guard = NoGuard;
+
+  template <typename Op, typename Where, typename... Args>
+  static void run_block(int block, int threads, const Op& op,
+                        const Where& where, const Args&... args) {
+    if constexpr (cuda::ReducesBlock<Op>::value) {
+      TORCH_INTERNAL_ASSERT(threads % 32 == 0 && threads <= 1024);
+      std::vector<double> partial(threads);
+      for (int t = 0; t < threads; ++t) {
+        partial[t] = op(where, GridPos{block, t, threads}, args...);
+      }
+      const double total = block_reduce<Op::kReduceKind>(partial);
+      op.block_result(where, GridPos{block, 0, threads}, total, args...);
+    } else {
+      for (int t = 0; t < threads; ++t) {
+        op(where, GridPos{block, t, threads}, args...);
+      }
+    }
+  }
+
+  template <int Depth, typename Op, typename... Args>
+  static void launch(const cuda::TensorListMeta<Depth>& meta, int blocks,
+                     const Op& op, const Args&... args) {
+    TORCH_INTERNAL_ASSERT(blocks > 0 && blocks <= cuda::kMaxBlocks);
+    for (int b = 0; b < blocks; ++b) {
+      run_block(b, kBlockSize, op, meta, args...);
+    }
+  }
+
+  template <typename Op, typename... Args>
+  static void launch_single_block(int threads, const Op& op,
+                                  const Args&... args) {
+    run_block(0, threads, op, cuda::NoMeta{}, args...);
+  }
+};
+
+// The launchers' host work alone (argument checks, flattening, grouping, the
+// plans): launches are counted, not run. For measuring the host cost of the
+// CUDA ops per call and per tensor without a GPU (benchmarks/bench_launch_plan.py).
+struct PlanOnlyExec {
+  static constexpr c10::DeviceType kBackend = c10::DeviceType::CPU;
+  using Guard = NoGuard;
+  // Totals since load, for the benchmark's check that the plans were made.
+  static inline std::atomic<int64_t> launches{0};
+  static inline std::atomic<int64_t> blocks{0};
+
+  template <int Depth, typename Op, typename... Args>
+  static void launch(const cuda::TensorListMeta<Depth>&, int nblocks, const Op&,
+                     const Args&...) {
+    launches.fetch_add(1, std::memory_order_relaxed);
+    blocks.fetch_add(nblocks, std::memory_order_relaxed);
+  }
+
+  template <typename Op, typename... Args>
+  static void launch_single_block(int, const Op&, const Args&...) {
+    launches.fetch_add(1, std::memory_order_relaxed);
+    blocks.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
+}  // namespace cuda_emulation
+}  // namespace mixprec

@@ -1,0 +1,89 @@
+// The CUDA backend's launchers (csrc/cuda/*.h), run by HostExec on CPU
+// tensors: the same argument checks, flattening, dtype grouping, slot wiring,
+// launch plans and functor bodies as the CUDA kernels, over an emulated grid.
+// Registered as the CPU kernels of the private namespace mixprec_cuda_emu,
+// whose schemas python/mixprec/_cuda_emulation.py copies from mixprec's, so
+// that tests call torch.ops.mixprec_cuda_emu.<op> exactly like the real op.
+//
+// A testing aid: nothing in mixprec calls these kernels, and the real ops'
+// dispatch never reaches them.
+#include <torch/library.h>
+
+#include "cuda/fused_adam.h"
+#include "cuda/fused_sgd.h"
+#include "cuda/unscale.h"
+#include "cuda/update_scale.h"
+#include "cuda_emulation/host_exec.h"
+
+namespace mixprec {
+namespace cuda_emulation {
+namespace {
+
+// The launchers of the multi-tensor ops with executor Exec, with the CPU
+// kernels' C++ signatures.
+template <class Exec>
+struct Launchers {
+  static void unscale_and_check_(at::TensorList grads,
+                                 const at::Tensor& found_inf,
+                                 const at::Tensor& inv_scale) {
+    cuda::unscale_and_check_launch<Exec>("unscale_and_check_", grads,
+                                         found_inf, &inv_scale);
+  }
+  static void check_finite_(at::TensorList tensors,
+                            const at::Tensor& found_inf) {
+    cuda::unscale_and_check_launch<Exec>("check_finite_", tensors, found_inf,
+                                         nullptr);
+  }
+  static at::Tensor unscale_and_norm_(at::TensorList grads,
+                                      const at::Tensor& found_inf,
+                                      const at::Tensor& inv_scale,
+                                      double norm_type) {
+    return cuda::norm_launch<Exec>("unscale_and_norm_", grads, found_inf,
+                                   inv_scale, norm_type, /*in_place=*/true);
+  }
+  static at::Tensor check_finite_and_norm_(at::TensorList grads,
+                                           const at::Tensor& found_inf,
+                                           const at::Tensor& inv_scale,
+                                           double norm_type) {
+    return cuda::norm_launch<Exec>("check_finite_and_norm_", grads, found_inf,
+                                   inv_scale, norm_type, /*in_place=*/false);
+  }
+};
+
+int64_t planned_blocks() { return PlanOnlyExec::blocks.load(); }
+int64_t planned_launches() { return PlanOnlyExec::launches.load(); }
+
+}  // namespace
+}  // namespace cuda_emulation
+}  // namespace mixprec
+
+// <op>: the CUDA launcher run by HostExec. plan_<op> (multi-tensor ops): its
+// host work only (PlanOnlyExec).
+TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CPU, m) {
+  namespace emu = mixprec::cuda_emulation;
+  namespace cu = mixprec::cuda;
+  using emu::HostExec;
+  using emu::PlanOnlyExec;
+  using Run = emu::Launchers<HostExec>;
+  using Plan = emu::Launchers<PlanOnlyExec>;
+  m.impl("unscale_and_check_", &Run::unscale_and_check_);
+  m.impl("check_finite_", &Run::check_finite_);
+  m.impl("unscale_and_norm_", &Run::unscale_and_norm_);
+  m.impl("check_finite_and_norm_", &Run::check_finite_and_norm_);
+  m.impl("update_scale_", &cu::update_scale_launch<HostExec>);
+  m.impl("update_scale_ext_", &cu::update_scale_ext_launch<HostExec>);
+  m.impl("fused_adam_", &cu::fused_adam_launch<HostExec>);
+  m.impl("fused_sgd_", &cu::fused_sgd_launch<HostExec>);
+  m.impl("plan_unscale_and_check_", &Plan::unscale_and_check_);
+  m.impl("plan_check_finite_", &Plan::check_finite_);
+  m.impl("plan_unscale_and_norm_", &Plan::unscale_and_norm_);
+  m.impl("plan_check_finite_and_norm_", &Plan::check_finite_and_norm_);
+  m.impl("plan_fused_adam_", &cu::fused_adam_launch<PlanOnlyExec>);
+  m.impl("plan_fused_sgd_", &cu::fused_sgd_launch<PlanOnlyExec>);
+}
+
+// Counters of PlanOnlyExec (no tensor arguments: a CatchAll kernel).
+TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CompositeExplicitAutograd, m) {
+  m.impl("planned_blocks", &mixprec::cuda_emulation::planned_blocks);
+  m.impl("planned_launches", &mixprec::cuda_emulation::planned_launches);
+}
