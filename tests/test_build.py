@@ -210,6 +210,7 @@ def test_setup_py_refuses_a_compiler_that_links_libstdcxx_statically(tmp_path):
     root = _setup_py_copy(tmp_path)
     env = {**os.environ, "CXX": str(wrapper), "MIXPREC_FORCE_CPU": "1", "MAX_JOBS": "1"}
     env.pop("MIXPREC_ALLOW_STATIC_LIBSTDCXX", None)
+    env.pop("MIXPREC_FORCE_CUDA", None)  # CI sets it; the two FORCE switches exclude each other
     out = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=root,
                          env=env, capture_output=True, text=True, timeout=600)
     text = out.stdout + out.stderr
