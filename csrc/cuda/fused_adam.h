@@ -38,20 +38,11 @@ struct AdamSlot {
   };
 };
 
-struct AdamKernelArgs {
-  const float* found_inf;   // may be null
-  const float* grad_scale;  // may be null
-  const float* clip_coef;   // may be null
-  const void* lr;           // float or double, one element
-  bool lr_double;
-  bool maximize;
+struct AdamKernelArgs : OptimKernelArgs {
   math::AdamConsts k;
   double beta1;
   double beta2;
   double weight_decay;
-  bool sr;
-  uint64_t seed;
-  uint32_t stream;  // SR stream: the grad dtype's code
 };
 
 // Adam's part of OptimOp (fused_optim.h): states exp_avg, exp_avg_sq and,
@@ -114,18 +105,12 @@ void fused_adam_launch(at::TensorList params, at::TensorList grads,
   const int master_view = fs.master_view;
 
   AdamKernelArgs args;
-  args.found_inf = optim::scalar_data(found_inf);
-  args.grad_scale = optim::scalar_data(grad_scale);
-  args.clip_coef = optim::scalar_data(clip_coef);
-  args.lr = lr.data_ptr();
-  args.lr_double = lr.scalar_type() == at::kDouble;
-  args.maximize = maximize;
+  args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
   args.k = math::make_adam_consts(beta1, beta2, weight_decay, eps,
                                   decoupled_weight_decay);
   args.beta1 = beta1;
   args.beta2 = beta2;
   args.weight_decay = weight_decay;
-  args.seed = static_cast<uint64_t>(seed);
 
   apply_by_dtypes<Exec, AdamSlot::kDepth, AdamOp>(
       fs, masters, amsgrad, stochastic_rounding, args,

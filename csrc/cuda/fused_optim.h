@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -122,6 +123,37 @@ void increment_steps(at::TensorList steps, const float* found_inf) {
     launch();
   }
 }
+
+// The kernel arguments every optimizer reads the same way (OptimOp uses
+// them); AdamKernelArgs / SgdKernelArgs add their hyper-parameters.
+struct OptimKernelArgs {
+  const float* found_inf;   // may be null
+  const float* grad_scale;  // may be null
+  const float* clip_coef;   // may be null
+  const void* lr;           // float or double, one element
+  bool lr_double;
+  bool maximize;
+  bool sr;          // set per (param dtype, grad dtype) group
+  uint64_t seed;
+  uint32_t stream;  // SR stream: the grad dtype's code, set per group
+
+  // Fills the fields above from a launcher's arguments (host).
+  void set_common(const at::Tensor& lr_t,
+                  const std::optional<at::Tensor>& grad_scale_t,
+                  const std::optional<at::Tensor>& found_inf_t,
+                  const std::optional<at::Tensor>& clip_coef_t, bool maximize_,
+                  int64_t seed_) {
+    found_inf = optim::scalar_data(found_inf_t);
+    grad_scale = optim::scalar_data(grad_scale_t);
+    clip_coef = optim::scalar_data(clip_coef_t);
+    lr = lr_t.data_ptr();
+    lr_double = lr_t.scalar_type() == at::kDouble;
+    maximize = maximize_;
+    sr = false;
+    seed = static_cast<uint64_t>(seed_);
+    stream = 0;
+  }
+};
 
 // The block functor of every fused optimizer: param, grad and (kHasMaster)
 // float32 master, float32 state lists, and the step count, updated element by

@@ -25,17 +25,8 @@ struct SgdSlot {
   enum : int { kParam = 0, kGrad, kMomentumBuffer, kMaster, kStep, kDepth };
 };
 
-struct SgdKernelArgs {
-  const float* found_inf;
-  const float* grad_scale;
-  const float* clip_coef;
-  const void* lr;
-  bool lr_double;
-  bool maximize;
+struct SgdKernelArgs : OptimKernelArgs {
   math::SgdConsts k;
-  bool sr;
-  uint64_t seed;
-  uint32_t stream;
 };
 
 // SGD's part of OptimOp (fused_optim.h): the momentum buffer when momentum
@@ -96,14 +87,8 @@ void fused_sgd_launch(at::TensorList params, at::TensorList grads,
   const int master_view = fs.master_view;
 
   SgdKernelArgs args;
-  args.found_inf = optim::scalar_data(found_inf);
-  args.grad_scale = optim::scalar_data(grad_scale);
-  args.clip_coef = optim::scalar_data(clip_coef);
-  args.lr = lr.data_ptr();
-  args.lr_double = lr.scalar_type() == at::kDouble;
-  args.maximize = maximize;
+  args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
   args.k = math::make_sgd_consts(weight_decay, momentum, dampening, nesterov);
-  args.seed = static_cast<uint64_t>(seed);
 
   apply_by_dtypes<Exec, SgdSlot::kDepth, SgdOp>(
       fs, masters, has_mom, stochastic_rounding, args,
