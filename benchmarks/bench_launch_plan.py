@@ -2,7 +2,7 @@
 
 ``torch.ops.mixprec_cuda_emu.plan_<op>`` runs everything the CUDA op does on the
 host -- argument checks, flattening, dtype grouping, slot wiring, launch plans --
-and launches nothing (mixprec._cuda_emulation). It is called here through the
+and launches nothing (mixprec.ops._cuda_emulation). It is called here through the
 same eager fast entry as the real ops (``mixprec._C.emu_plan_<op>``), under
 ``torch.inference_mode()`` (the emulated ops have no Autograd-key kernel; the
 real ops' costs a few ns per written tensor and is left out, also for the
@@ -35,7 +35,7 @@ import torch
 import torch.utils.benchmark as tb
 
 import mixprec
-from mixprec import _cuda_emulation, _extension
+from mixprec.ops import _cuda_emulation, _extension
 
 
 def _time_us(fn: Callable[[], None], min_run_time: float) -> float:

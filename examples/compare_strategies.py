@@ -42,7 +42,7 @@ def _digits_module() -> Any:
 
 def run_preset(name: str, digits: Any, data: Any, epochs: int, divisor: int, device: str,
                seed: int = 0) -> dict[str, Any]:
-    preset = mixprec.config.PRESETS[name]
+    preset = mixprec.train.config.PRESETS[name]
     window = max(1, preset["scale_window"] // divisor)
     config = mixprec.MixedPrecisionConfig.preset(
         name, precision_level="fp16", scale_window=window, logging_frequency=10**9

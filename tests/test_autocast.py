@@ -10,7 +10,7 @@ from torch import nn
 
 import mixprec
 from conftest import HAS_CUDA
-from mixprec.autocast import PrecisionPolicy, apply_policy, remove_policy, resolve_precision
+from mixprec.amp.autocast import PrecisionPolicy, apply_policy, remove_policy, resolve_precision
 
 
 def _state(device_type: str) -> tuple[bool, torch.dtype, bool]:

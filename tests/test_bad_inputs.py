@@ -11,7 +11,7 @@ import torch
 
 import mixprec
 from conftest import HAS_CUDA, bits
-from mixprec import _reference
+from mixprec.ops import _reference
 
 F32 = torch.float32
 

@@ -1,6 +1,6 @@
 """The CUDA backend's code, run on the CPU (CI has no GPU).
 
-``torch.ops.mixprec_cuda_emu.<op>`` (mixprec._cuda_emulation) runs the CUDA
+``torch.ops.mixprec_cuda_emu.<op>`` (mixprec.ops._cuda_emulation) runs the CUDA
 launcher of <op> -- argument checks, flattening, dtype grouping, slot wiring,
 launch plan, kernel bodies -- over an emulated grid on CPU tensors. These tests
 hold it to the CPU kernels (which every other test holds to torch) and to
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from conftest import assert_bitwise_equal
-from mixprec import _cuda_emulation
+from mixprec.ops import _cuda_emulation
 
 pytestmark = pytest.mark.skipif(
     not _cuda_emulation.available(), reason="needs mixprec._C with the CUDA emulation"

@@ -15,8 +15,8 @@ from torch.amp.grad_scaler import OptState
 import mixprec
 from _scaler_utils import DEVICES, INF, RecordingOptimizer, cuda_only, two_layer
 from mixprec import ops
-from mixprec.grad_scaler import POLICIES
-from mixprec.stats import FOLD_EVERY
+from mixprec.amp.grad_scaler import POLICIES
+from mixprec.amp.stats import FOLD_EVERY
 
 
 def _params(device, dtypes, seed=0):
@@ -467,7 +467,7 @@ def test_norm_combination_is_exact_for_one_device():
 @pytest.mark.parametrize("norm_type", [2.0, INF, 0.0])
 def test_clip_grad_norm_unfused_fallback(monkeypatch, norm_type):
     """Without the fused op (or for norm_type 0) clip_grad_norm_ = unscale_ + torch's norm."""
-    import mixprec.grad_scaler as gs
+    import mixprec.amp.grad_scaler as gs
 
     if norm_type != 0.0:
         monkeypatch.setattr(gs, "_op_available", lambda name: False)

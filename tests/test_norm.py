@@ -8,7 +8,7 @@ import torch
 
 import mixprec
 from conftest import assert_bitwise_equal
-from mixprec import _reference
+from mixprec.ops import _reference
 
 NORMS = [2.0, 1.0, float("inf"), 3.0, 0.5]
 

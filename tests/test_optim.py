@@ -3,7 +3,7 @@
 CPU always; the same tests on CUDA when a GPU is present (skipped otherwise).
 References: torch.optim (foreach=False) for float32 params, a float64
 implementation of the same algorithm for float16/bfloat16 params, and
-mixprec._reference (the pure-PyTorch op) for the kernels.
+mixprec.ops._reference (the pure-PyTorch op) for the kernels.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import torch
 
 import mixprec
 import mixprec.optim
-from mixprec import _reference, ops
+from mixprec import ops
+from mixprec.ops import _reference
 
 CUDA = torch.cuda.is_available() and mixprec.has_cuda_kernels()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="needs a GPU"))]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import mixprec
 from conftest import assert_bitwise_equal, bits
-from mixprec import _reference
+from mixprec.ops import _reference
 
 TORCH_DTYPES = [torch.float32, torch.float16, torch.float64]  # what torch's op accepts
 ALL_DTYPES = TORCH_DTYPES + [torch.bfloat16]

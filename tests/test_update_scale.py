@@ -7,7 +7,7 @@ import torch
 
 import mixprec
 from conftest import assert_bitwise_equal
-from mixprec import _reference
+from mixprec.ops import _reference
 
 
 def state(device: str, scale: float, tracker: int = 0, hyst: int | None = None):

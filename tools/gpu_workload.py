@@ -22,9 +22,9 @@ Per set:
   ``unscale_and_norm_`` / ``check_finite_and_norm_`` (2-norm against float64 within the
   float32 accumulation's bound; inf-norm exact), ``update_scale_`` (bitwise
   ``torch._amp_update_scale_`` over a sequence of steps), ``update_scale_ext_`` (bitwise
-  torch's with hysteresis 1 and no bounds; bitwise ``mixprec._reference`` with
+  torch's with hysteresis 1 and no bounds; bitwise ``mixprec.ops._reference`` with
   hysteresis 2 and bounds), ``fused_adam_`` (AMSGrad, Adam-L2, maximize, clip_coef) and
-  ``fused_sgd_`` (Nesterov) called directly, against ``mixprec._reference`` within the
+  ``fused_sgd_`` (Nesterov) called directly, against ``mixprec.ops._reference`` within the
   rounding of one float32 update (sets of up to 200 tensors: the reference loops over
   tensors in Python);
 * optimizers ``mixprec.optim.AdamW``, ``Adam``, ``SGD`` for float32 params, float16 +
@@ -85,7 +85,7 @@ from _common import (  # noqa: E402
     sync,
     verify_unscale_fn,
 )
-from mixprec import _reference  # noqa: E402
+from mixprec.ops import _reference  # noqa: E402
 
 SETS: Dict[str, Callable[[], List[Shape]]] = {
     "odd": lambda: [(1,), (3,), (4097,), (33, 65), (2**15 + 7,)],
@@ -322,7 +322,7 @@ def check_fused_direct(shapes: Sequence[Shape], device: torch.device,
                        gen: torch.Generator) -> str:
     """fused_adam_ (AMSGrad, Adam-L2, maximize, grad_scale, clip_coef) and fused_sgd_
     (Nesterov) called directly, fp16 params with masters and bf16 grads, against the
-    pure-PyTorch reference ``mixprec._reference`` (:func:`_close_to_reference`); every
+    pure-PyTorch reference ``mixprec.ops._reference`` (:func:`_close_to_reference`); every
     master must move."""
     params = randn(shapes, torch.float16, device, gen)
     inputs = {
@@ -358,7 +358,7 @@ def check_fused_direct(shapes: Sequence[Shape], device: torch.device,
     for k in order:
         for i, (x, y, x0) in enumerate(zip(a[k], b[k], inputs[k])):
             _close_to_reference(x, y, x0, f"fused_sgd_ {k}[{i}]")
-    return "fused_adam_ and fused_sgd_ match mixprec._reference"
+    return "fused_adam_ and fused_sgd_ match mixprec.ops._reference"
 
 
 # ---------------------------------------------------------------------------------------------

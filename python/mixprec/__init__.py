@@ -1,35 +1,53 @@
 """mixprec: fused mixed-precision training ops for PyTorch.
 
-Importing this package loads the compiled kernels (``torch.ops.mixprec.*``);
-see :mod:`mixprec._extension` for what happens when they are missing.
+The subpackages follow the layers of ARCHITECTURE.md:
+
+* :mod:`mixprec.ops`: the fused ops (``torch.ops.mixprec.*``), their pure-PyTorch
+  reference and the loading of the compiled extension ``mixprec._C``;
+* :mod:`mixprec.amp`: :class:`GradScaler`, :class:`autocast`, precision policies;
+* :mod:`mixprec.optim`: the fused master-weight optimizers;
+* :mod:`mixprec.train`: :class:`MixedPrecisionTrainer` and its configuration;
+* :mod:`mixprec.diagnostics`: numerical health checks.
+
+Every public name is importable from ``mixprec`` itself. Importing this package
+loads the compiled kernels; see :mod:`mixprec.ops._extension` for what happens
+when they are missing.
 """
 
 from __future__ import annotations
 
-from . import cuda, ops, optim
+from . import amp, cuda, diagnostics, ops, optim, train
 from ._cmake import cmake_prefix_path
-from ._extension import (
+from ._version import __version__
+from .amp import (
+    DEFAULT_FP32_MODULES,
+    GradScaler,
+    PolicyHandle,
+    PrecisionPolicy,
+    ScalerStats,
+    apply_policy,
+    autocast,
+    is_torch_patched,
+    patch_torch,
+    remove_policy,
+    resolve_precision,
+    unpatch_torch,
+)
+from .diagnostics import HealthReport, check_fp16_safe, compare_precisions, health_report
+from .ops._extension import (
     MixprecExtensionWarning,
     build_info,
     has_cuda_kernels,
     has_extension,
 )
-from ._patch import is_torch_patched, patch_torch, unpatch_torch
-from ._version import __version__
-from .autocast import (
-    DEFAULT_FP32_MODULES,
-    PolicyHandle,
-    PrecisionPolicy,
-    apply_policy,
-    autocast,
-    remove_policy,
-    resolve_precision,
+from .train import (
+    HandlingAction,
+    MixedPrecisionConfig,
+    MixedPrecisionMode,
+    MixedPrecisionTrainer,
+    PrecisionLevel,
+    StepMetrics,
 )
-from .config import HandlingAction, MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
-from .diagnostics import HealthReport, check_fp16_safe, compare_precisions, health_report
-from .grad_scaler import GradScaler
-from .stats import ScalerStats
-from .trainer import MixedPrecisionTrainer, StepMetrics
 
 __all__ = [
     "__version__",
@@ -39,7 +57,10 @@ __all__ = [
     "has_cuda_kernels",
     "has_extension",
     "ops",
+    "amp",
     "optim",
+    "train",
+    "diagnostics",
     "cuda",
     "GradScaler",
     "ScalerStats",

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..grad_scaler import GradScaler as _GradScaler
+from ..amp.grad_scaler import GradScaler as _GradScaler
 
 __all__ = ["GradScaler"]
 

@@ -123,9 +123,7 @@ class _StatsTracker:
         )
         over = found != 0
         counts = torch.stack((over.sum(), (scales > prev).sum(), (scales < prev).sum()))
-        index = torch.arange(
-            self._pending_base, self._pending_base + scales.numel(), device=dev
-        )
+        index = torch.arange(self._pending_base, self._pending_base + scales.numel(), device=dev)
         last = torch.where(over, index, torch.full_like(index, -1)).max()
         if self._counts is None or self._last is None:
             self._counts, self._last = counts, last

@@ -76,9 +76,7 @@ def _fp16_supported(device_type: str) -> bool:
     return device_type in ("cpu", "xpu", "mps", "hpu")
 
 
-def resolve_precision(
-    device_type: str, precision: str
-) -> tuple[Optional[torch.dtype], bool]:
+def resolve_precision(device_type: str, precision: str) -> tuple[Optional[torch.dtype], bool]:
     """Map a precision name to ``(autocast dtype or None, needs_loss_scaling)``.
 
     ``"fp16"`` -> ``(float16, True)``; ``"bf16"`` -> ``(bfloat16, False)``;
@@ -159,8 +157,10 @@ class autocast(torch.autocast):
         if not self._enabled:
             self.precision = "fp32"
         else:
-            self.precision = "fp16" if self.fast_dtype == torch.float16 else (
-                "bf16" if self.fast_dtype == torch.bfloat16 else str(self.fast_dtype)
+            self.precision = (
+                "fp16"
+                if self.fast_dtype == torch.float16
+                else ("bf16" if self.fast_dtype == torch.bfloat16 else str(self.fast_dtype))
             )
         self._saved = threading.local()
 

@@ -42,7 +42,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from .autocast import (
+from ..amp.autocast import (
     DEFAULT_FP32_MODULES,
     PolicyHandle,
     PrecisionPolicy,
@@ -50,8 +50,8 @@ from .autocast import (
     cast_floating,
     resolve_precision,
 )
+from ..amp.grad_scaler import GradScaler
 from .config import HandlingAction, MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
-from .grad_scaler import GradScaler
 
 __all__ = ["MixedPrecisionTrainer", "StepMetrics", "memory_usage"]
 
@@ -118,8 +118,11 @@ class StepMetrics(Mapping[str, Any]):
         v = self._values[key]
         if isinstance(v, Tensor):
             item = v.item()
-            v = bool(item) if v.dtype == torch.bool or key.endswith(
-                ("_detected", "_skipped")) else float(item)
+            v = (
+                bool(item)
+                if v.dtype == torch.bool or key.endswith(("_detected", "_skipped"))
+                else float(item)
+            )
         self._cache[key] = v
         return v
 
@@ -159,7 +162,7 @@ def _batch_size(obj: Any) -> int:
 
 def _to_mixprec_optimizer(opt: torch.optim.Optimizer, master_weights: bool) -> Any:
     """A mixprec optimizer with ``opt``'s param groups and hyper-parameters."""
-    from . import optim as mo
+    from .. import optim as mo
 
     if isinstance(opt, mo.FusedOptimizer):
         for g in opt.param_groups:
@@ -181,8 +184,7 @@ def _to_mixprec_optimizer(opt: torch.optim.Optimizer, master_weights: bool) -> A
         # keep accepted hyper-parameters and keys torch does not define
         # (initial_lr from a scheduler, user tags)
         groups.append(
-            {k: v for k, v in g.items()
-             if k == "params" or k in accepted or k not in opt.defaults}
+            {k: v for k, v in g.items() if k == "params" or k in accepted or k not in opt.defaults}
         )
     defaults["master_weights"] = master_weights
     new = cls(groups, **defaults)
@@ -242,8 +244,9 @@ class MixedPrecisionTrainer:
             )
         self.config.validate()
         if history_size < 16:
-            raise ValueError(f"MixedPrecisionTrainer: history_size must be >= 16, got "
-                             f"{history_size}")
+            raise ValueError(
+                f"MixedPrecisionTrainer: history_size must be >= 16, got {history_size}"
+            )
         self._device_arg = None if device is None else torch.device(device)
         self.history_size = int(history_size)
         self.model: Optional[nn.Module] = None
@@ -423,8 +426,12 @@ class MixedPrecisionTrainer:
             return
         dev = self._device.type
         if cfg.mode is MixedPrecisionMode.MANUAL:
-            policy = PrecisionPolicy(precision=None, restore_input_dtype=True, device_type=dev,
-                                     module_precisions=dict(self._overrides))
+            policy = PrecisionPolicy(
+                precision=None,
+                restore_input_dtype=True,
+                device_type=dev,
+                module_precisions=dict(self._overrides),
+            )
             self._root_precision = _PREC_NAME[self.compute_dtype]
         else:
             if self._root_precision is None or self._root_precision not in _NAME_PREC:
@@ -434,7 +441,8 @@ class MixedPrecisionTrainer:
                 device_type=dev,
                 low_precision_modules=(
                     tuple(cfg.selective_layers)
-                    if cfg.mode is MixedPrecisionMode.SELECTIVE else None
+                    if cfg.mode is MixedPrecisionMode.SELECTIVE
+                    else None
                 ),
                 module_precisions=dict(self._overrides),
             )
@@ -485,8 +493,9 @@ class MixedPrecisionTrainer:
         key = tuple(id(p) for p in params)
         index = self._owner_cache.get(key)
         if index is None:
-            index = torch.tensor([self._param_owner.get(id(p), -1) for p in params],
-                                 device=self._device)
+            index = torch.tensor(
+                [self._param_owner.get(id(p), -1) for p in params], device=self._device
+            )
             self._owner_cache = {key: index}
         bad = (~torch.isfinite(torch.stack(norms).to(self._device))).float()
         keep = index >= 0
@@ -515,24 +524,35 @@ class MixedPrecisionTrainer:
             frac = memory_usage(self._device) / cap
             if frac > cfg.adaptive_threshold:
                 new = _PREC_NAME[self._eventual_dtype]
-                self._decide("<model>", "fp32", new,
-                             f"memory use {frac:.1%} > adaptive_threshold "
-                             f"{cfg.adaptive_threshold:.1%}")
+                self._decide(
+                    "<model>",
+                    "fp32",
+                    new,
+                    f"memory use {frac:.1%} > adaptive_threshold {cfg.adaptive_threshold:.1%}",
+                )
                 self._root_precision = new
                 self.compute_dtype = self._eventual_dtype
                 self._install_policy()
                 return
         rate = overflows / max(steps, 1)
         at_min = (
-            self.loss_scaling and cfg.min_scale is not None and last_scale <= cfg.min_scale
+            self.loss_scaling
+            and cfg.min_scale is not None
+            and last_scale <= cfg.min_scale
             and overflows > 0
         )
         if not (rate > cfg.overflow_threshold or at_min):
             return
-        reason = (f"overflow rate {rate:.0%} > overflow_threshold {cfg.overflow_threshold:.0%}"
-                  if rate > cfg.overflow_threshold else f"scale reached min_scale {cfg.min_scale}")
-        low = [i for i in self._fwd_order
-               if self._current_precision(self._cand_names[i]) in ("fp16", "bf16")]
+        reason = (
+            f"overflow rate {rate:.0%} > overflow_threshold {cfg.overflow_threshold:.0%}"
+            if rate > cfg.overflow_threshold
+            else f"scale reached min_scale {cfg.min_scale}"
+        )
+        low = [
+            i
+            for i in self._fwd_order
+            if self._current_precision(self._cand_names[i]) in ("fp16", "bf16")
+        ]
         target: Optional[int] = None
         for i in low:  # forward origin: first module whose output was non-finite
             if fwd[i] > 0:
@@ -553,26 +573,38 @@ class MixedPrecisionTrainer:
         bf16_ok = resolve_precision(self._device.type, "bf16")[0] is not None and (
             self._device.type != "cuda" or torch.cuda.is_bf16_supported()
         )
-        new = "bf16" if (old == "fp16" and bf16_ok and self.config.mode
-                         is not MixedPrecisionMode.MANUAL) else "fp32"
+        new = (
+            "bf16"
+            if (old == "fp16" and bf16_ok and self.config.mode is not MixedPrecisionMode.MANUAL)
+            else "fp32"
+        )
         self._decide(name, old, new, reason)
         self._overrides[name] = new
         self._install_policy()
 
     def _decide(self, module: str, old: str, new: str, reason: str) -> None:
-        decision = {"step": self.optimizer_steps, "module": module, "from": old, "to": new,
-                    "reason": reason}
+        decision = {
+            "step": self.optimizer_steps,
+            "module": module,
+            "from": old,
+            "to": new,
+            "reason": reason,
+        }
         self.adaptive_decisions.append(decision)
-        logger.warning("adaptive: step %d: %s %s -> %s (%s)", self.optimizer_steps, module,
-                       old, new, reason)
+        logger.warning(
+            "adaptive: step %d: %s %s -> %s (%s)", self.optimizer_steps, module, old, new, reason
+        )
 
     # ------------------------------------------------------------------ stepping
     def _forward_loss(self, data: Any, target: Any) -> Tensor:
         assert self.model is not None and self.criterion is not None
         data = _to_device(data, self._device)
         target = _to_device(target, self._device)
-        if self.config.mode is MixedPrecisionMode.MANUAL and self.compute_dtype is not None \
-                and self.config.enabled:
+        if (
+            self.config.mode is MixedPrecisionMode.MANUAL
+            and self.compute_dtype is not None
+            and self.config.enabled
+        ):
             data = cast_floating(data, self.compute_dtype, only=(torch.float32, torch.float64))
         output = self.model(data)
         with torch.autocast(self._device.type, enabled=False):
@@ -629,12 +661,20 @@ class MixedPrecisionTrainer:
         detached = loss.detach()
         self._step_loss = detached if self._step_loss is None else self._step_loss + detached
         if self._micro < accum:
-            return StepMetrics({
-                "loss": detached, "current_scale": None, "overflow_detected": None,
-                "underflow_detected": None, "nan_detected": None, "step_skipped": None,
-                "grad_norm": None, "memory_usage": memory_usage(self._device),
-                "lr": self._lr(), "optimizer_step": False,
-            })
+            return StepMetrics(
+                {
+                    "loss": detached,
+                    "current_scale": None,
+                    "overflow_detected": None,
+                    "underflow_detected": None,
+                    "nan_detected": None,
+                    "step_skipped": None,
+                    "grad_norm": None,
+                    "memory_usage": memory_usage(self._device),
+                    "lr": self._lr(),
+                    "optimizer_step": False,
+                }
+            )
         return self._optimizer_step()
 
     def flush(self) -> Optional[StepMetrics]:
@@ -709,24 +749,40 @@ class MixedPrecisionTrainer:
             nan = torch.maximum(nan, torch.isnan(grad_norm).float())
         gn = grad_norm.float() if grad_norm is not None else torch.full((), math.nan, device=dev)
         gn_ok = torch.isfinite(gn) & (found == 0)
-        row = torch.stack([
-            step_loss.float().to(dev), scale_after.float().to(dev), found.to(dev),
-            underflow.to(dev), nan.to(dev), torch.where(gn_ok, gn, zero), gn_ok.float(),
-        ])
+        row = torch.stack(
+            [
+                step_loss.float().to(dev),
+                scale_after.float().to(dev),
+                found.to(dev),
+                underflow.to(dev),
+                nan.to(dev),
+                torch.where(gn_ok, gn, zero),
+                gn_ok.float(),
+            ]
+        )
         self._record(row)
         self.optimizer_steps += 1
         self._micro = 0
         self._step_loss = None
         mem = memory_usage(dev)
-        self.peak_memory = max(self.peak_memory, mem if dev.type != "cuda"
-                               else int(torch.cuda.max_memory_allocated(dev)))
-        metrics = StepMetrics({
-            "loss": step_loss, "current_scale": scale_after, "overflow_detected": found > 0,
-            "underflow_detected": underflow > 0, "nan_detected": nan > 0,
-            "step_skipped": found > 0 if enabled else torch.zeros((), dtype=torch.bool),
-            "grad_norm": grad_norm, "memory_usage": mem, "lr": self._lr(),
-            "optimizer_step": True,
-        })
+        self.peak_memory = max(
+            self.peak_memory,
+            mem if dev.type != "cuda" else int(torch.cuda.max_memory_allocated(dev)),
+        )
+        metrics = StepMetrics(
+            {
+                "loss": step_loss,
+                "current_scale": scale_after,
+                "overflow_detected": found > 0,
+                "underflow_detected": underflow > 0,
+                "nan_detected": nan > 0,
+                "step_skipped": found > 0 if enabled else torch.zeros((), dtype=torch.bool),
+                "grad_norm": grad_norm,
+                "memory_usage": mem,
+                "lr": self._lr(),
+                "optimizer_step": True,
+            }
+        )
         if self.optimizer_steps % cfg.logging_frequency == 0:
             self._log_and_adapt()
         return metrics
@@ -797,10 +853,14 @@ class MixedPrecisionTrainer:
         """At a log step: one sync, a log line, handling actions, ADAPTIVE."""
         assert self._totals is not None and self._log_snapshot is not None
         cfg = self.config
-        last = self._rows[-1] if self._rows else (self._hist[-1] if self._hist is not None
-                                                   else None)
-        both = torch.stack([self._totals - self._log_snapshot, last]) if last is not None else \
-            torch.stack([self._totals - self._log_snapshot, self._totals])
+        last = (
+            self._rows[-1] if self._rows else (self._hist[-1] if self._hist is not None else None)
+        )
+        both = (
+            torch.stack([self._totals - self._log_snapshot, last])
+            if last is not None
+            else torch.stack([self._totals - self._log_snapshot, self._totals])
+        )
         window, cur = both.tolist()
         steps = self.optimizer_steps - self._log_step
         self._log_snapshot = self._totals.clone()
@@ -816,19 +876,26 @@ class MixedPrecisionTrainer:
         logger.info(
             "step %d | loss %.4f | scale %g | lr %.3g | grad norm %.3g | overflows %d/%d "
             "| underflows %d | nan %d",
-            self.optimizer_steps, self._last_log["loss"], self._last_log["scale"],
-            float(self._last_log["lr"]), self._last_log["grad_norm"],
-            int(window[_C["overflow"]]), steps, int(window[_C["underflow"]]),
+            self.optimizer_steps,
+            self._last_log["loss"],
+            self._last_log["scale"],
+            float(self._last_log["lr"]),
+            self._last_log["grad_norm"],
+            int(window[_C["overflow"]]),
+            steps,
+            int(window[_C["underflow"]]),
             int(window[_C["nan"]]),
         )
-        for key, col in (("nan_handling", "nan"), ("overflow_handling", "overflow"),
-                         ("underflow_handling", "underflow")):
+        for key, col in (
+            ("nan_handling", "nan"),
+            ("overflow_handling", "overflow"),
+            ("underflow_handling", "underflow"),
+        ):
             n = int(window[_C[col]])
             action = getattr(cfg, key)
             if not n:
                 continue
-            msg = f"{n} of the last {steps} optimizer steps had {col} (step " \
-                  f"{self.optimizer_steps})"
+            msg = f"{n} of the last {steps} optimizer steps had {col} (step {self.optimizer_steps})"
             if action is HandlingAction.RAISE:
                 raise FloatingPointError(f"MixedPrecisionTrainer: {msg}; {key}='raise'")
             if action is HandlingAction.WARN:
@@ -855,8 +922,9 @@ class MixedPrecisionTrainer:
             if _bar is not None:
                 _bar.update(1)
                 if self._last_log and self._last_log.get("step") == self.optimizer_steps:
-                    _bar.set_postfix(loss=f"{self._last_log['loss']:.4f}",
-                                     scale=f"{self._last_log['scale']:g}")
+                    _bar.set_postfix(
+                        loss=f"{self._last_log['loss']:.4f}", scale=f"{self._last_log['scale']:g}"
+                    )
         self.flush()
         self.epochs_done += 1
         steps = self.optimizer_steps - start_steps
@@ -891,8 +959,9 @@ class MixedPrecisionTrainer:
         """
         self._require_setup()
         if num_epochs < 0:
-            raise ValueError(f"MixedPrecisionTrainer.train: num_epochs must be >= 0, got "
-                             f"{num_epochs}")
+            raise ValueError(
+                f"MixedPrecisionTrainer.train: num_epochs must be >= 0, got {num_epochs}"
+            )
         try:
             total = len(loader) * num_epochs  # type: ignore[arg-type]
         except TypeError:
@@ -901,8 +970,13 @@ class MixedPrecisionTrainer:
         if progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=total, desc=f"train ({self._describe()})", unit="batch",
-                       dynamic_ncols=True, leave=True)
+            bar = tqdm(
+                total=total,
+                desc=f"train ({self._describe()})",
+                unit="batch",
+                dynamic_ncols=True,
+                leave=True,
+            )
         history = []
         try:
             for _ in range(num_epochs):
@@ -915,13 +989,19 @@ class MixedPrecisionTrainer:
                     result["val_accuracy"] = ev["accuracy"]
                 result["epoch"] = self.epochs_done
                 history.append(result)
-                extra = (f" | val loss {result['val_loss']:.4f} | val acc "
-                         f"{result['val_accuracy']:.4f}" if val_loader is not None
-                         and result.get("val_accuracy") is not None else "")
+                extra = (
+                    f" | val loss {result['val_loss']:.4f} | val acc {result['val_accuracy']:.4f}"
+                    if val_loader is not None and result.get("val_accuracy") is not None
+                    else ""
+                )
                 logger.info(
                     "epoch %d | loss %.4f | overflow steps %d | avg scale %g | %.2fs%s",
-                    self.epochs_done, result["epoch_loss"], result["overflow_steps"],
-                    result["average_scale"], result["time_s"], extra,
+                    self.epochs_done,
+                    result["epoch_loss"],
+                    result["overflow_steps"],
+                    result["average_scale"],
+                    result["time_s"],
+                    extra,
                 )
                 if bar is not None:
                     bar.set_postfix(epoch=self.epochs_done, loss=f"{result['epoch_loss']:.4f}")
@@ -952,16 +1032,26 @@ class MixedPrecisionTrainer:
             for data, target in loader:
                 data = _to_device(data, self._device)
                 target = _to_device(target, self._device)
-                if self.config.mode is MixedPrecisionMode.MANUAL and self.config.enabled and \
-                        self.compute_dtype is not None:
-                    data = cast_floating(data, self.compute_dtype,
-                                         only=(torch.float32, torch.float64))
+                if (
+                    self.config.mode is MixedPrecisionMode.MANUAL
+                    and self.config.enabled
+                    and self.compute_dtype is not None
+                ):
+                    data = cast_floating(
+                        data, self.compute_dtype, only=(torch.float32, torch.float64)
+                    )
                 out = cast_floating(self.model(data), torch.float32)
                 bs = _batch_size(target)
                 with torch.autocast(self._device.type, enabled=False):
                     loss_sum += self.criterion(out, target).double() * bs
-                if classify and isinstance(out, Tensor) and isinstance(target, Tensor) and \
-                        out.dim() == 2 and not target.is_floating_point() and target.dim() == 1:
+                if (
+                    classify
+                    and isinstance(out, Tensor)
+                    and isinstance(target, Tensor)
+                    and out.dim() == 2
+                    and not target.is_floating_point()
+                    and target.dim() == 1
+                ):
                     correct += (out.argmax(1) == target).sum()
                 else:
                     classify = False
@@ -1071,8 +1161,13 @@ class MixedPrecisionTrainer:
             skipped = h[:, _C["overflow"]] > 0
             ax.plot(s, torch.cumsum(skipped.double(), 0), lw=1, color="tab:red")
             if skipped.any():
-                ax.scatter(s[skipped], torch.cumsum(skipped.double(), 0)[skipped], s=12,
-                           color="tab:red", label="skipped step")
+                ax.scatter(
+                    s[skipped],
+                    torch.cumsum(skipped.double(), 0)[skipped],
+                    s=12,
+                    color="tab:red",
+                    label="skipped step",
+                )
                 ax.legend(loc="lower right")
             ax.set_title("skipped steps (cumulative)")
             ax = axes[1, 1]
@@ -1135,7 +1230,8 @@ class MixedPrecisionTrainer:
             "pending_loss": None if self._step_loss is None else self._step_loss.cpu(),
             "pending_grads": (
                 [None if p.grad is None else p.grad.detach().cpu() for p in self._params()]
-                if self._micro else None
+                if self._micro
+                else None
             ),
         }
         if self.config.mode is MixedPrecisionMode.ADAPTIVE and self.config.enabled:
@@ -1154,8 +1250,10 @@ class MixedPrecisionTrainer:
         assert self.model is not None and self.scaler is not None
         state = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
         if state.get("format") != _STATE_FORMAT:
-            raise ValueError(f"MixedPrecisionTrainer.load_state: unknown format "
-                             f"{state.get('format')!r} in {path}")
+            raise ValueError(
+                f"MixedPrecisionTrainer.load_state: unknown format "
+                f"{state.get('format')!r} in {path}"
+            )
         saved_cfg = state["config"]
         mine = self.config.to_dict()
         diff = sorted(k for k in mine if saved_cfg.get(k) != mine[k])
@@ -1177,8 +1275,11 @@ class MixedPrecisionTrainer:
         self.epochs_done = int(c["epochs_done"])
         self._micro = int(c["micro"])
         self._log_step = int(c["log_step"])
-        self._scaler_offsets = [int(c["scaler_steps"]), int(c["scale_increases"]),
-                                int(c["scale_decreases"])]
+        self._scaler_offsets = [
+            int(c["scaler_steps"]),
+            int(c["scale_increases"]),
+            int(c["scale_decreases"]),
+        ]
         self.peak_memory = int(c["peak_memory"])
         dev = self._device
         if state["totals"] is not None:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .cuda.amp import GradScaler as _CudaGradScaler
+from ..cuda.amp import GradScaler as _CudaGradScaler
 from .grad_scaler import GradScaler
 
 __all__ = ["patch_torch", "unpatch_torch", "is_torch_patched"]

@@ -218,5 +218,3 @@ def compare_precisions(
                 }
             )
     return out
-
-

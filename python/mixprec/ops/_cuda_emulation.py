@@ -26,8 +26,8 @@ from typing import Optional
 
 import torch
 
+from . import __all__ as OP_NAMES
 from . import _extension
-from .ops import __all__ as OP_NAMES
 
 NAMESPACE = "mixprec_cuda_emu"
 # The ops launched over a plan of tensor lists (plan_<op> exists for these).

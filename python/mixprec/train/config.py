@@ -204,8 +204,7 @@ class MixedPrecisionConfig:
         ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(
-                    f"MixedPrecisionConfig.{name}: expected a bool, got "
-                    f"{getattr(self, name)!r}"
+                    f"MixedPrecisionConfig.{name}: expected a bool, got {getattr(self, name)!r}"
                 )
         if self.loss_scaling is not None and not isinstance(self.loss_scaling, bool):
             raise TypeError(
@@ -321,8 +320,9 @@ class MixedPrecisionConfig:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            out[f.name] = v.value if isinstance(v, Enum) else (list(v) if isinstance(
-                v, (list, tuple)) else v)
+            out[f.name] = (
+                v.value if isinstance(v, Enum) else (list(v) if isinstance(v, (list, tuple)) else v)
+            )
         return out
 
     @classmethod

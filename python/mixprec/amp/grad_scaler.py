@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
-from . import ops
+from .. import ops
 from .stats import ScalerStats, _StatsTracker
 
 __all__ = ["GradScaler", "ScalePolicy", "POLICIES", "OptState"]
@@ -134,7 +134,7 @@ def _op_available(name: str) -> bool:
     """Whether ``mixprec.ops.<name>`` runs (compiled, or the reference without an extension)."""
     if not hasattr(ops, name):
         return False
-    from ._extension import has_extension
+    from ..ops._extension import has_extension
 
     return not has_extension() or hasattr(torch.ops.mixprec, name)
 
@@ -670,8 +670,10 @@ class GradScaler(torch.amp.GradScaler):
                 state["found_inf_per_device"] = self._reduce_found_inf(flags, home)
                 state["stage"] = OptState.UNSCALED
                 state[_DEFERRED_UNSCALE] = True
-        elif state["stage"] is OptState.READY and norm_type > 0 and _op_available(
-            "unscale_and_norm_"
+        elif (
+            state["stage"] is OptState.READY
+            and norm_type > 0
+            and _op_available("unscale_and_norm_")
         ):
             per_device = self._collect_grads(optimizer, False, coalesce_sparse=True)
             flags, total = self._norm_pass(per_device, ops.unscale_and_norm_, norm_type)

@@ -45,8 +45,7 @@ def _check_list(
     for i, t in enumerate(tensors):
         if t.layout != torch.strided:
             raise RuntimeError(
-                f"mixprec.{op}: {name}[{i}] must be a dense (strided) tensor, got layout "
-                f"{t.layout}"
+                f"mixprec.{op}: {name}[{i}] must be a dense (strided) tensor, got layout {t.layout}"
             )
         if t.dtype not in _FLOATS:
             raise RuntimeError(
@@ -199,13 +198,15 @@ def update_scale_ext_(
     op = "update_scale_ext_"
     _check_update_args(op, scale, growth_tracker, found_inf, growth_interval, hysteresis_left)
     if not (growth_factor > 1.0 and growth_factor != float("inf")):
-        raise RuntimeError(f"mixprec.{op}: growth_factor must be a finite number > 1, got "
-                           f"{growth_factor}")
+        raise RuntimeError(
+            f"mixprec.{op}: growth_factor must be a finite number > 1, got {growth_factor}"
+        )
     if not 0.0 < backoff_factor < 1.0:
         raise RuntimeError(f"mixprec.{op}: backoff_factor must be in (0, 1), got {backoff_factor}")
     if not 1 <= hysteresis <= 2**31 - 1:
-        raise RuntimeError(f"mixprec.{op}: hysteresis must be a positive 32-bit integer, got "
-                           f"{hysteresis}")
+        raise RuntimeError(
+            f"mixprec.{op}: hysteresis must be a positive 32-bit integer, got {hysteresis}"
+        )
     lo, hi = 0.0, float("inf")
     for name, value in (("min_scale", min_scale), ("max_scale", max_scale)):
         if value is not None and not (0.0 < value < float("inf")):
@@ -230,8 +231,9 @@ def update_scale_ext_(
     grow = at_interval & torch.isfinite(grown64.float())
     grown = torch.clamp(grown64, max=hi).float()
     clean_scale = torch.where(grow, grown, scale)
-    clean_left = torch.where(at_interval, torch.full_like(hysteresis_left, hysteresis),
-                             hysteresis_left)
+    clean_left = torch.where(
+        at_interval, torch.full_like(hysteresis_left, hysteresis), hysteresis_left
+    )
 
     scale.copy_(torch.where(found, overflow_scale, clean_scale))
     growth_tracker.copy_(torch.where(found | at_interval, zero, successful))
@@ -246,8 +248,9 @@ _PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _M32 = 0xFFFFFFFF
 
 
-def _check_optim_scalar(op: str, name: str, t: Tensor, device: torch.device,
-                        allow_double: bool = False) -> None:
+def _check_optim_scalar(
+    op: str, name: str, t: Tensor, device: torch.device, allow_double: bool = False
+) -> None:
     if not isinstance(t, Tensor):
         raise TypeError(f"mixprec.{op}: {name} must be a Tensor, got {type(t).__name__}")
     ok = (torch.float32, torch.float64) if allow_double else (torch.float32,)
@@ -420,8 +423,9 @@ def _sr_bases(params: Sequence[Tensor], grads: Sequence[Tensor]) -> list[int]:
     return bases
 
 
-def _prepare_grad(g: Tensor, grad_scale: Optional[Tensor], clip_coef: Optional[Tensor],
-                  maximize: bool) -> Tensor:
+def _prepare_grad(
+    g: Tensor, grad_scale: Optional[Tensor], clip_coef: Optional[Tensor], maximize: bool
+) -> Tensor:
     g = g.float()
     if grad_scale is not None:
         g = g * (1.0 / grad_scale.reshape(()).double()).float()
@@ -437,8 +441,15 @@ def _f32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32))
 
 
-def _write_param(p: Tensor, w: Tensor, master: Optional[Tensor], keep: Optional[Tensor],
-                 sr: bool, key: Optional[Tensor], base: int) -> None:
+def _write_param(
+    p: Tensor,
+    w: Tensor,
+    master: Optional[Tensor],
+    keep: Optional[Tensor],
+    sr: bool,
+    key: Optional[Tensor],
+    base: int,
+) -> None:
     if master is not None:
         master.copy_(w if keep is None else torch.where(keep, master, w))
     if sr and p.dtype == torch.bfloat16:
@@ -478,10 +489,17 @@ def fused_adam_(
     """
     op = "fused_adam_"
     _check_optim(
-        op, params, grads,
-        [("exp_avgs", exp_avgs, True), ("exp_avg_sqs", exp_avg_sqs, True),
-         ("max_exp_avg_sqs", max_exp_avg_sqs, amsgrad)],
-        master_params, state_steps, lr,
+        op,
+        params,
+        grads,
+        [
+            ("exp_avgs", exp_avgs, True),
+            ("exp_avg_sqs", exp_avg_sqs, True),
+            ("max_exp_avg_sqs", max_exp_avg_sqs, amsgrad),
+        ],
+        master_params,
+        state_steps,
+        lr,
         [("grad_scale", grad_scale), ("found_inf", found_inf), ("clip_coef", clip_coef)],
         stochastic_rounding,
     )
@@ -490,8 +508,9 @@ def fused_adam_(
     if not 0.0 <= beta2 < 1.0:
         raise RuntimeError(f"mixprec.{op}: beta2 must be in [0, 1), got {beta2}")
     if not 0.0 <= weight_decay < float("inf"):
-        raise RuntimeError(f"mixprec.{op}: weight_decay must be a finite number >= 0, got "
-                           f"{weight_decay}")
+        raise RuntimeError(
+            f"mixprec.{op}: weight_decay must be a finite number >= 0, got {weight_decay}"
+        )
     if not 0.0 <= eps < float("inf"):
         raise RuntimeError(f"mixprec.{op}: eps must be a finite number >= 0, got {eps}")
     if len(params) == 0:
@@ -504,8 +523,9 @@ def fused_adam_(
     for i, p in enumerate(params):
         if p.numel() == 0:
             new_step = state_steps[i] + 1
-            state_steps[i].copy_(new_step if keep is None else torch.where(keep, state_steps[i],
-                                                                           new_step))
+            state_steps[i].copy_(
+                new_step if keep is None else torch.where(keep, state_steps[i], new_step)
+            )
             continue
         master = master_params[i] if master_params else None
         step_t = state_steps[i].reshape(()) + 1
@@ -535,8 +555,9 @@ def fused_adam_(
         if amsgrad:
             vm_new = torch.maximum(max_exp_avg_sqs[i], v_new)
             vhat = vm_new
-            max_exp_avg_sqs[i].copy_(vm_new if keep is None
-                                     else torch.where(keep, max_exp_avg_sqs[i], vm_new))
+            max_exp_avg_sqs[i].copy_(
+                vm_new if keep is None else torch.where(keep, max_exp_avg_sqs[i], vm_new)
+            )
         # The kernels' sqrt is IEEE (correctly rounded) on every ISA. torch's
         # float32 CPU sqrt goes through MKL VML (HA mode), whose generic code
         # path (taken e.g. on AMD CPUs) is off by 1 ulp for ~20% of inputs.
@@ -549,12 +570,14 @@ def fused_adam_(
         m.copy_(m_new if keep is None else torch.where(keep, m, m_new))
         v.copy_(v_new if keep is None else torch.where(keep, v, v_new))
         sr = stochastic_rounding and p.dtype == torch.bfloat16
-        key = (_sr_key(seed, step_t.to(torch.int64), _SCALAR_TYPE_CODE[grads[i].dtype])
-               if sr else None)
+        key = (
+            _sr_key(seed, step_t.to(torch.int64), _SCALAR_TYPE_CODE[grads[i].dtype]) if sr else None
+        )
         _write_param(p, w, master, keep, sr, key, bases[i])
         new_step = state_steps[i] + 1
-        state_steps[i].copy_(new_step if keep is None else torch.where(keep, state_steps[i],
-                                                                       new_step))
+        state_steps[i].copy_(
+            new_step if keep is None else torch.where(keep, state_steps[i], new_step)
+        )
 
 
 def fused_sgd_(
@@ -579,20 +602,27 @@ def fused_sgd_(
     op = "fused_sgd_"
     has_mom = momentum != 0.0
     _check_optim(
-        op, params, grads, [("momentum_buffers", momentum_buffers, has_mom)],
-        master_params, state_steps, lr,
+        op,
+        params,
+        grads,
+        [("momentum_buffers", momentum_buffers, has_mom)],
+        master_params,
+        state_steps,
+        lr,
         [("grad_scale", grad_scale), ("found_inf", found_inf), ("clip_coef", clip_coef)],
         stochastic_rounding,
     )
     if not 0.0 <= weight_decay < float("inf"):
-        raise RuntimeError(f"mixprec.{op}: weight_decay must be a finite number >= 0, got "
-                           f"{weight_decay}")
+        raise RuntimeError(
+            f"mixprec.{op}: weight_decay must be a finite number >= 0, got {weight_decay}"
+        )
     if not 0.0 <= momentum < float("inf"):
-        raise RuntimeError(f"mixprec.{op}: momentum must be a finite number >= 0, got "
-                           f"{momentum}")
+        raise RuntimeError(f"mixprec.{op}: momentum must be a finite number >= 0, got {momentum}")
     if nesterov and (momentum <= 0 or dampening != 0):
-        raise RuntimeError(f"mixprec.{op}: nesterov requires momentum > 0 and dampening == 0 "
-                           f"(got momentum {momentum}, dampening {dampening})")
+        raise RuntimeError(
+            f"mixprec.{op}: nesterov requires momentum > 0 and dampening == 0 "
+            f"(got momentum {momentum}, dampening {dampening})"
+        )
     if len(params) == 0:
         return
     keep = None if found_inf is None else found_inf.reshape(()) != 0
@@ -615,9 +645,13 @@ def fused_sgd_(
                 buf.copy_(buf_new if keep is None else torch.where(keep, buf, buf_new))
             w = w + neg_lr * g
             sr = stochastic_rounding and p.dtype == torch.bfloat16
-            key = (_sr_key(seed, (step_before + 1).to(torch.int64),
-                           _SCALAR_TYPE_CODE[grads[i].dtype]) if sr else None)
+            key = (
+                _sr_key(seed, (step_before + 1).to(torch.int64), _SCALAR_TYPE_CODE[grads[i].dtype])
+                if sr
+                else None
+            )
             _write_param(p, w, master, keep, sr, key, bases[i])
         new_step = state_steps[i] + 1
-        state_steps[i].copy_(new_step if keep is None else torch.where(keep, state_steps[i],
-                                                                       new_step))
+        state_steps[i].copy_(
+            new_step if keep is None else torch.where(keep, state_steps[i], new_step)
+        )

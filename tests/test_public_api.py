@@ -1,0 +1,129 @@
+"""The public API: every name users import from ``mixprec`` and its subpackages.
+
+The list is written out here on purpose. A name that disappears, moves without a
+re-export, or appears without being added here fails this test, so a change of the
+public surface is always a deliberate edit of this file.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import mixprec
+
+TOP_LEVEL = {
+    "__version__",
+    "MixprecExtensionWarning",
+    "build_info",
+    "cmake_prefix_path",
+    "has_cuda_kernels",
+    "has_extension",
+    "ops",
+    "amp",
+    "optim",
+    "train",
+    "diagnostics",
+    "cuda",
+    "GradScaler",
+    "ScalerStats",
+    "patch_torch",
+    "unpatch_torch",
+    "is_torch_patched",
+    "autocast",
+    "resolve_precision",
+    "PrecisionPolicy",
+    "PolicyHandle",
+    "apply_policy",
+    "remove_policy",
+    "DEFAULT_FP32_MODULES",
+    "MixedPrecisionConfig",
+    "MixedPrecisionMode",
+    "PrecisionLevel",
+    "HandlingAction",
+    "MixedPrecisionTrainer",
+    "StepMetrics",
+    "check_fp16_safe",
+    "health_report",
+    "HealthReport",
+    "compare_precisions",
+}
+
+# subpackage -> its __all__
+SUBPACKAGES = {
+    "mixprec.ops": {
+        "unscale_and_check_",
+        "check_finite_",
+        "unscale_and_norm_",
+        "check_finite_and_norm_",
+        "update_scale_",
+        "update_scale_ext_",
+        "fused_adam_",
+        "fused_sgd_",
+    },
+    "mixprec.amp": {
+        "GradScaler",
+        "ScalerStats",
+        "autocast",
+        "resolve_precision",
+        "PrecisionPolicy",
+        "PolicyHandle",
+        "apply_policy",
+        "remove_policy",
+        "DEFAULT_FP32_MODULES",
+        "patch_torch",
+        "unpatch_torch",
+        "is_torch_patched",
+    },
+    "mixprec.optim": {"Adam", "AdamW", "SGD", "FusedOptimizer"},
+    "mixprec.train": {
+        "MixedPrecisionConfig",
+        "MixedPrecisionMode",
+        "PrecisionLevel",
+        "HandlingAction",
+        "MixedPrecisionTrainer",
+        "StepMetrics",
+    },
+    "mixprec.diagnostics": {
+        "check_fp16_safe",
+        "health_report",
+        "HealthReport",
+        "ParamHealth",
+        "compare_precisions",
+    },
+    # torch.cuda.amp's names: its GradScaler is a deprecated subclass of mixprec.GradScaler
+    "mixprec.cuda": {"amp"},
+    "mixprec.cuda.amp": {"GradScaler"},
+}
+LAYERS = ("mixprec.ops", "mixprec.amp", "mixprec.optim", "mixprec.train", "mixprec.diagnostics")
+
+
+def test_top_level_all_is_the_public_list() -> None:
+    assert set(mixprec.__all__) == TOP_LEVEL
+    for name in TOP_LEVEL:
+        assert hasattr(mixprec, name), name
+
+
+@pytest.mark.parametrize("module", sorted(SUBPACKAGES))
+def test_subpackage_all_is_the_public_list(module: str) -> None:
+    mod = importlib.import_module(module)
+    assert set(mod.__all__) == SUBPACKAGES[module]
+    for name in SUBPACKAGES[module]:
+        assert getattr(mod, name) is not None, f"{module}.{name}"
+
+
+@pytest.mark.parametrize("name", sorted(TOP_LEVEL - {"__version__"}))
+def test_top_level_names_are_the_subpackages_objects(name: str) -> None:
+    """A name exported at the top and by a subpackage is the same object, not a copy."""
+    obj = getattr(mixprec, name)
+    owners = [m for m in LAYERS if name in SUBPACKAGES[m]]
+    for module in owners:
+        assert getattr(importlib.import_module(module), name) is obj, (module, name)
+
+
+def test_scaler_is_still_a_torch_grad_scaler() -> None:
+    import torch
+
+    assert issubclass(mixprec.GradScaler, torch.amp.GradScaler)
+    assert issubclass(mixprec.cuda.amp.GradScaler, mixprec.GradScaler)
