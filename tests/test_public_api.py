@@ -28,6 +28,8 @@ TOP_LEVEL = {
     "cuda",
     "GradScaler",
     "ScalerStats",
+    "FlatBuffers",
+    "flat_buffers",
     "patch_torch",
     "unpatch_torch",
     "is_torch_patched",
@@ -76,7 +78,7 @@ SUBPACKAGES = {
         "unpatch_torch",
         "is_torch_patched",
     },
-    "mixprec.optim": {"Adam", "AdamW", "SGD", "FusedOptimizer"},
+    "mixprec.optim": {"Adam", "AdamW", "SGD", "FusedOptimizer", "FlatBuffers", "flat_buffers"},
     "mixprec.train": {
         "MixedPrecisionConfig",
         "MixedPrecisionMode",

@@ -40,6 +40,7 @@ from .ops._extension import (
     has_cuda_kernels,
     has_extension,
 )
+from .optim import FlatBuffers, flat_buffers
 from .train import (
     HandlingAction,
     MixedPrecisionConfig,
@@ -64,6 +65,8 @@ __all__ = [
     "cuda",
     "GradScaler",
     "ScalerStats",
+    "FlatBuffers",
+    "flat_buffers",
     "patch_torch",
     "unpatch_torch",
     "is_torch_patched",

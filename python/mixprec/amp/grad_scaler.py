@@ -49,6 +49,7 @@ from torch import Tensor
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
 from .. import ops
+from ..optim import flat as _flat
 from .stats import ScalerStats, _StatsTracker
 
 __all__ = ["GradScaler", "ScalePolicy", "POLICIES", "OptState"]
@@ -364,7 +365,7 @@ class GradScaler(torch.amp.GradScaler):
                     per_device[grad.device] = [grad]
                 else:
                     bucket.append(grad)
-        return per_device
+        return _flat.coalesce_grads(per_device)  # flat-buffer mode: one slice per run
 
     def _reduce_found_inf(
         self, per_device: dict[torch.device, Tensor], home: torch.device

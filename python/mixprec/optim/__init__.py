@@ -6,12 +6,18 @@ grads of any of float32/float16/bfloat16, stochastic rounding for bfloat16
 params without masters, and GradScaler's ``grad_scale``/``found_inf`` read on
 the device (``_step_supports_amp_scaling``): one fused kernel per step, no
 host sync.
+
+:func:`flat_buffers` (module :mod:`mixprec.optim.flat`) lays a model's params and
+grads out in one contiguous buffer per (device, dtype); the optimizers and
+:class:`mixprec.GradScaler` then run one tensor per buffer run instead of one per
+param.
 """
 
 from __future__ import annotations
 
 from ._base import FusedOptimizer
 from .adam import Adam, AdamW
+from .flat import FlatBuffers, flat_buffers
 from .sgd import SGD
 
-__all__ = ["Adam", "AdamW", "SGD", "FusedOptimizer"]
+__all__ = ["Adam", "AdamW", "SGD", "FusedOptimizer", "FlatBuffers", "flat_buffers"]

@@ -26,6 +26,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from . import flat as _flat
+
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -171,6 +173,8 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def _init_state(self, p: Tensor, group: Dict[str, Any]) -> Dict[str, Any]:
         state = self.state[p]
+        if not state and _flat.init_state(self, p, group, state):  # flat-buffer mode
+            return state
         if "step" not in state:
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
         for name in self._state_names(group):
@@ -245,6 +249,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 "found_inf": on("found_inf", found_inf, device),
                 "clip_coef": on("clip_coef", clip_coef, device),
             }
+            bucket = _flat.coalesce_bucket(self, group, bucket)  # flat-buffer mode
             self._run(bucket, group, self._lr_tensor(index, group, device), scalars, seed)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:

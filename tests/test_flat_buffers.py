@@ -1,0 +1,568 @@
+"""Flat-buffer mode (mixprec.optim.flat_buffers): layout, grads kept as views across both
+kinds of zero_grad, results bitwise equal to the per-tensor path, one tensor per buffer run
+in the scaler's and the optimizers' op calls, fallbacks, state_dict both ways,
+torch.compile and DDP."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import tempfile
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import pytest
+import torch
+from torch import nn
+
+import mixprec
+from conftest import assert_bitwise_equal
+from mixprec.optim import flat as flat_mod
+
+MASTER = {torch.float32: False, torch.float16: True, torch.bfloat16: True}
+OPTIMS: Dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adam": lambda ps: mixprec.optim.Adam(ps, lr=1e-2, weight_decay=0.01),
+    "adamw": lambda ps: mixprec.optim.AdamW(ps, lr=1e-2, amsgrad=True),
+    "sgd": lambda ps: mixprec.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True,
+                                        weight_decay=1e-3),
+}
+
+
+class Net(nn.Module):
+    """Several layers, odd sizes (so views are padded), one branch that may be unused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(5, 7)
+        self.b = nn.Linear(7, 3)
+        self.c = nn.Linear(7, 3, bias=False)  # used only when use_c
+        self.n = nn.LayerNorm(3)
+
+    def forward(self, x: torch.Tensor, use_c: bool = True) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        out = self.b(h)
+        if use_c:
+            out = out + self.c(h)
+        return self.n(out)
+
+
+def make(dtype: torch.dtype, device: str = "cpu", seed: int = 0) -> Net:
+    torch.manual_seed(seed)
+    return Net().to(device=device, dtype=dtype)
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> List[Tuple[str, int]]:
+    """Every mixprec op call made through mixprec.ops, with the length of its first list."""
+    log: List[Tuple[str, int]] = []
+    for name in ("fused_adam_", "fused_sgd_", "check_finite_", "unscale_and_check_",
+                 "unscale_and_norm_", "check_finite_and_norm_"):
+        orig = getattr(mixprec.ops, name)
+
+        def wrapped(*args: Any, _orig: Any = orig, _name: str = name, **kw: Any) -> Any:
+            log.append((_name, len(args[0])))
+            return _orig(*args, **kw)
+
+        monkeypatch.setattr(mixprec.ops, name, wrapped)
+    return log
+
+
+def train(model: Net, opt: torch.optim.Optimizer, steps: int, *, set_to_none: bool,
+          scaler: Optional[mixprec.GradScaler] = None, inf_at: Tuple[int, ...] = (),
+          unused_at: Tuple[int, ...] = (), seed: int = 1, device: str = "cpu",
+          clip: Optional[float] = None,
+          between: Optional[Callable[[int], None]] = None) -> List[float]:
+    """Steps with fixed data; an inf in the first and last element of a.weight.grad at
+    the steps in ``inf_at``; branch c unused at the steps in ``unused_at``."""
+    g = torch.Generator().manual_seed(seed)
+    dtype = model.a.weight.dtype
+    losses = []
+    for it in range(steps):
+        opt.zero_grad(set_to_none=set_to_none)
+        x = torch.randn(4, 5, generator=g).to(device=device, dtype=dtype)
+        loss = model(x, use_c=it not in unused_at).float().pow(2).mean()
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if between is not None:
+            between(it)
+        if it in inf_at:
+            w = model.a.weight.grad.view(-1)
+            w[0] = float("inf")
+            w[-1] = float("-inf")
+        if scaler is not None:
+            if clip is not None:
+                scaler.clip_grad_norm_(opt, clip)
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def assert_same(m1: nn.Module, m2: nn.Module, o1: torch.optim.Optimizer,
+                o2: torch.optim.Optimizer) -> None:
+    for p, q in zip(m1.parameters(), m2.parameters()):
+        assert_bitwise_equal(p.detach(), q.detach())
+        s1, s2 = o1.state.get(p, {}), o2.state.get(q, {})
+        assert s1.keys() == s2.keys()
+        for k in s1:
+            if isinstance(s1[k], torch.Tensor):
+                assert_bitwise_equal(s1[k].reshape(s1[k].shape), s2[k])
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout and grads
+
+
+def test_params_become_views_with_their_values() -> None:
+    model = make(torch.float32)
+    before = [p.detach().clone() for p in model.parameters()]
+    ids = [id(p) for p in model.parameters()]
+    fb = mixprec.flat_buffers(model)
+    assert isinstance(fb, mixprec.FlatBuffers) and len(fb) == 1
+    assert [id(p) for p in model.parameters()] == ids  # the same Parameter objects
+    (pbuf, gbuf), = list(fb)
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p, b)
+        assert p.untyped_storage().data_ptr() == pbuf.untyped_storage().data_ptr()
+    # each view starts at a 16-byte boundary; the padding is zero
+    offs = fb._buffers[0].offsets
+    assert all(o % 4 == 0 for o in offs) and pbuf.numel() > sum(p.numel() for p in before)
+    covered = torch.zeros(pbuf.numel(), dtype=torch.bool)
+    for o, e in zip(fb._buffers[0].offsets, fb._buffers[0].ends):
+        covered[o:e] = True
+    assert torch.all(pbuf[~covered] == 0) and torch.all(gbuf[~covered] == 0)
+
+
+def test_one_buffer_per_device_and_dtype_frozen_params_left_out() -> None:
+    model = make(torch.float32)
+    model.b.to(torch.bfloat16)
+    model.n.weight.requires_grad_(False)
+    fb = mixprec.flat_buffers(model)
+    assert len(fb) == 2
+    dtypes = sorted(str(b.dtype) for b in fb._buffers)
+    assert dtypes == ["torch.bfloat16", "torch.float32"]
+    assert all(p is not model.n.weight for p in fb.params)
+    with pytest.raises(ValueError, match="already in a flat buffer"):
+        mixprec.flat_buffers(model)
+
+
+@pytest.mark.parametrize("how", ["optim-none", "optim-zero", "model-none", "flat-zero",
+                                 "assigned"])
+def test_grads_are_views_after_every_backward(how: str) -> None:
+    model = make(torch.float32)
+    fb = mixprec.flat_buffers(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    views = fb._buffers[0].grad_views
+    ref = make(torch.float32)
+    for _it in range(3):
+        if how == "optim-none":
+            opt.zero_grad()  # set_to_none=True: grads become None
+        elif how == "optim-zero":
+            opt.zero_grad(set_to_none=False)
+        elif how == "model-none":
+            model.zero_grad()
+        elif how == "flat-zero":
+            fb.zero_grad()
+        elif how == "assigned":
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+        ref.zero_grad()
+        x = torch.randn(3, 5)
+        model(x).sum().backward()
+        ref(x).sum().backward()
+        for p, q, v in zip(model.parameters(), ref.parameters(), views):
+            assert p.grad is v
+            assert_bitwise_equal(p.grad, q.grad)
+        opt.step()
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), ref.parameters()):
+                q.copy_(p)
+
+
+def test_create_graph_grads_are_left_alone() -> None:
+    model = make(torch.float32)
+    mixprec.flat_buffers(model)
+    model(torch.randn(2, 5)).pow(2).sum().backward(create_graph=True)
+    assert model.a.weight.grad.requires_grad  # autograd's grad, not the view
+    for p in model.parameters():
+        p.grad = None
+
+
+def test_bad_inputs() -> None:
+    x = torch.randn(3, requires_grad=True) * 2
+    with pytest.raises(ValueError, match="dense leaf"):
+        mixprec.flat_buffers([x])
+    with pytest.raises(TypeError):
+        mixprec.flat_buffers([1.0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Bitwise equality with the per-tensor path, and one tensor per buffer
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(OPTIMS))
+def test_bitwise_equal_to_per_tensor_with_scaler(name: str, dtype: torch.dtype,
+                                                 set_to_none: bool, device: str,
+                                                 calls: List[Tuple[str, int]]) -> None:
+    results = []
+    for flat in (False, True):
+        model = make(dtype, device)
+        fb = mixprec.flat_buffers(model) if flat else None
+        opt = OPTIMS[name](model.parameters())
+        scaler = mixprec.GradScaler(device, init_scale=2.0**12)
+        calls.clear()
+        losses = train(model, opt, 5, set_to_none=set_to_none, scaler=scaler, inf_at=(0, 3),
+                       device=device)
+        results.append((model, opt, losses, list(calls), scaler.get_scale()))
+        if fb is not None:
+            assert all(p.grad is v for p, v in zip(model.parameters(),
+                                                   fb._buffers[0].grad_views))
+    (m1, o1, l1, c1, s1), (m2, o2, l2, c2, s2) = results
+    assert l1 == l2 and s1 == s2 == 2.0**12 * 0.5 * 0.5  # two skipped steps
+    assert_same(m1, m2, o1, o2)
+    steps = {float(o2.state[p]["step"]) for p in m2.parameters()}
+    assert steps == {3.0}
+    n = len(list(m1.parameters()))
+    op = "fused_sgd_" if name == "sgd" else "fused_adam_"
+    assert c1 == [("check_finite_", n), (op, n)] * 5
+    assert c2 == [("check_finite_", 1), (op, 1)] * 5  # one tensor: the buffer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_foreign_optimizer_unscale_and_clip(dtype: torch.dtype,
+                                            calls: List[Tuple[str, int]]) -> None:
+    """torch.optim.AdamW through the scaler's unscale_ path; and a folded clip."""
+    out = []
+    for flat in (False, True):
+        model = make(dtype)
+        if flat:
+            mixprec.flat_buffers(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        scaler = mixprec.GradScaler("cpu", init_scale=2.0**8, allow_fp16_grads=True)
+        calls.clear()
+        train(model, opt, 4, set_to_none=True, scaler=scaler, inf_at=(1,))
+        out.append(([p.detach().clone() for p in model.parameters()], list(calls)))
+    for p, q in zip(out[0][0], out[1][0]):
+        assert_bitwise_equal(p, q)
+    assert out[1][1] == [("unscale_and_check_", 1)] * 4
+    # clip: the norm is the same number up to the order of the partial sums
+    norms = []
+    for flat in (False, True):
+        model = make(dtype)
+        if flat:
+            mixprec.flat_buffers(model)
+        opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+        scaler = mixprec.GradScaler("cpu", init_scale=2.0**8)
+        scaler.scale(model(torch.ones(2, 5, dtype=dtype)).float().pow(2).sum()).backward()
+        norms.append(scaler.clip_grad_norm_(opt, 0.5).item())
+    assert norms[0] == pytest.approx(norms[1], rel=1e-6)
+
+
+def test_mixed_dtypes_and_groups_one_call_per_group_and_buffer(
+        calls: List[Tuple[str, int]]) -> None:
+    """bf16 weights with masters and fp32 norms without, in two groups with different
+    hyperparameters (the usual no-decay group): one tensor per (group, buffer)."""
+    results = []
+    for flat in (False, True):
+        model = make(torch.bfloat16)
+        model.n.float()
+        decay = [model.a.weight, model.b.weight, model.c.weight]
+        no_decay = [model.a.bias, model.b.bias, model.n.weight, model.n.bias]
+        groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay,
+                                                           "weight_decay": 0.0, "lr": 3e-3}]
+        if flat:
+            fb = mixprec.flat_buffers(groups)
+            assert len(fb) == 2
+        opt = mixprec.optim.AdamW(groups, lr=1e-2)
+        scaler = mixprec.GradScaler("cpu", init_scale=2.0**8)
+        calls.clear()
+        train(model, opt, 4, set_to_none=False, scaler=scaler, inf_at=(2,))
+        results.append((model, opt, list(calls)))
+    (m1, o1, _), (m2, o2, c2) = results
+    assert_same(m1, m2, o1, o2)
+    # per step: one check over 2 runs (the bf16 buffer, laid out group by group, and the
+    # fp32 norm buffer); group 0: one bf16 run; group 1: a bf16 run (biases, with masters)
+    # and an fp32 run (the norm, without masters: another bucket)
+    assert c2 == [("check_finite_", 2), ("fused_adam_", 1), ("fused_adam_", 1),
+                  ("fused_adam_", 1)] * 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Fallbacks: detection is exact
+
+
+def test_replaced_grad_falls_back_for_that_tensor(calls: List[Tuple[str, int]]) -> None:
+    replaced = []
+
+    def replace(it: int, model: Net) -> None:
+        if it == 1:
+            g = model.b.weight.grad
+            model.b.weight.grad = torch.zeros_like(g)
+            model.b.weight.grad.copy_(g)
+            replaced.append(model.b.weight.grad)
+
+    results = []
+    for flat in (False, True):
+        model = make(torch.float32)
+        if flat:
+            mixprec.flat_buffers(model)
+        opt = mixprec.optim.Adam(model.parameters(), lr=1e-2)
+        scaler = mixprec.GradScaler("cpu", init_scale=2.0**8)
+        calls.clear()
+        train(model, opt, 4, set_to_none=False, scaler=scaler,
+              between=lambda it, m=model: replace(it, m))
+        results.append((model, opt, list(calls)))
+    (m1, o1, _), (m2, o2, c2) = results
+    assert_same(m1, m2, o1, o2)
+    # step 1: b.weight per tensor, the params before and after it as two runs
+    assert c2[2:4] == [("check_finite_", 3), ("fused_adam_", 3)]
+    assert c2[4:] == [("check_finite_", 1), ("fused_adam_", 1)] * 2  # the view is back
+    assert m2.b.weight.grad is not replaced[-1]
+
+
+def test_data_replaced_param_is_not_a_view_any_more(calls: List[Tuple[str, int]]) -> None:
+    model = make(torch.float32)
+    mixprec.flat_buffers(model)
+    opt = mixprec.optim.SGD(model.parameters(), lr=0.1)
+    with torch.no_grad():
+        model.b.weight.data = model.b.weight.data.clone()  # same object, new storage
+    train(model, opt, 2, set_to_none=True)
+    assert ("fused_sgd_", 3) in calls  # a.*, then b.weight alone, then the rest
+
+
+def test_subset_unused_params_and_frozen_params(calls: List[Tuple[str, int]]) -> None:
+    """An optimizer over part of a flat model; a branch without grads at some steps (its
+    step counts must lag); a param frozen later. Bitwise equal to the per-tensor path."""
+
+    def freeze(it: int, model: Net) -> None:
+        if it == 3:
+            model.n.bias.requires_grad_(False)
+            model.n.bias.grad = None
+
+    results = []
+    for flat in (False, True):
+        model = make(torch.float32)
+        if flat:
+            mixprec.flat_buffers(model)
+        ps = [p for n, p in model.named_parameters() if not n.startswith("a.")]
+        opt = mixprec.optim.Adam(ps, lr=1e-2)
+        calls.clear()
+        train(model, opt, 7, set_to_none=True, unused_at=(1, 2),
+              between=lambda it, m=model: freeze(it, m))
+        results.append((model, opt, list(calls)))
+    (m1, o1, _), (m2, o2, c2) = results
+    assert_same(m1, m2, o1, o2)
+    steps = {n: float(o2.state[p]["step"]) for n, p in m2.named_parameters() if p in o2.state}
+    assert steps["c.weight"] == 5.0 and steps["b.weight"] == 7.0 and steps["n.bias"] == 3.0
+    assert "a.weight" not in steps
+    assert c2[0] == ("fused_adam_", 1)  # b.*, c.weight, n.* are adjacent: one run
+    assert all(n <= 3 for _, n in c2)
+
+
+def test_two_optimizers_share_a_model(calls: List[Tuple[str, int]]) -> None:
+    model = make(torch.float32)
+    ref = make(torch.float32)
+    mixprec.flat_buffers(model)
+    opts = []
+    for m in (model, ref):
+        opts.append((mixprec.optim.SGD([m.a.weight, m.a.bias], lr=0.1, momentum=0.5),
+                     mixprec.optim.Adam([m.b.weight, m.b.bias, m.c.weight], lr=1e-2)))
+    for _ in range(3):
+        for m, (o1, o2) in zip((model, ref), opts):
+            m.zero_grad()
+            m(torch.ones(2, 5)).sum().backward()
+            o1.step()
+            o2.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert_bitwise_equal(p.detach(), q.detach())
+    assert ("fused_sgd_", 1) in calls and ("fused_adam_", 1) in calls
+
+
+def test_steps_not_shared_when_a_run_splits() -> None:
+    """A shared step count is held by exactly the params of one op call."""
+    model = make(torch.float32)
+    mixprec.flat_buffers(model)
+    opt = mixprec.optim.Adam(model.parameters(), lr=1e-2)
+    train(model, opt, 1, set_to_none=True)
+    steps = {id(opt.state[p]["step"]) for p in model.parameters()}
+    assert len(steps) == 1
+    train(model, opt, 1, set_to_none=True, unused_at=(0,))
+    by_name = {n: opt.state[p]["step"] for n, p in model.named_parameters()}
+    assert by_name["c.weight"] is not by_name["b.weight"]
+    assert by_name["a.weight"] is by_name["b.bias"]
+    assert float(by_name["c.weight"]) == 1.0 and float(by_name["b.weight"]) == 2.0
+
+
+# ---------------------------------------------------------------------------------------------
+# state_dict: the layout is not part of the checkpoint
+
+
+def _roundtrip(obj: Any) -> Any:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+@pytest.mark.parametrize("saved_flat", [True, False])
+def test_state_dict_loads_across_modes(saved_flat: bool,
+                                       calls: List[Tuple[str, int]]) -> None:
+    def build(flat: bool) -> Tuple[Net, torch.optim.Optimizer]:
+        model = make(torch.bfloat16)
+        if flat:
+            mixprec.flat_buffers(model)
+        return model, mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+
+    # uninterrupted reference: 6 steps, an unused branch at step 1 (unequal step counts)
+    ref, ref_opt = build(False)
+    train(ref, ref_opt, 3, set_to_none=True, unused_at=(1,))
+    src, src_opt = build(saved_flat)
+    train(src, src_opt, 3, set_to_none=True, unused_at=(1,))
+    ckpt = _roundtrip({"model": src.state_dict(), "opt": src_opt.state_dict()})
+    plain = build(False)[1].state_dict()["param_groups"]
+    assert ckpt["opt"]["param_groups"] == plain  # same format
+    dst, dst_opt = build(not saved_flat)
+    dst.load_state_dict(ckpt["model"])
+    dst_opt.load_state_dict(ckpt["opt"])
+    train(ref, ref_opt, 3, set_to_none=True, seed=7)
+    calls.clear()
+    train(dst, dst_opt, 3, set_to_none=True, seed=7)
+    assert_same(ref, dst, ref_opt, dst_opt)
+    if not saved_flat:  # migrated into flat state: c.weight's count differs, so 3 runs
+        assert calls == [("fused_adam_", 3)] * 3
+        for p in dst.parameters():
+            assert dst_opt.state[p]["exp_avg"]._base is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile
+
+
+def test_compiled_model_forward_backward(calls: List[Tuple[str, int]]) -> None:
+    torch._dynamo.reset()
+    results = []
+    for flat in (False, True):
+        model = make(torch.float32)
+        fb = mixprec.flat_buffers(model) if flat else None
+        compiled = torch.compile(model, backend="aot_eager")
+        opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(3)
+        calls.clear()
+        for _ in range(3):
+            opt.zero_grad()
+            compiled(torch.randn(4, 5, generator=g)).pow(2).sum().backward()
+            opt.step()
+        if fb is not None:
+            assert all(p.grad is v for p, v in zip(model.parameters(),
+                                                   fb._buffers[0].grad_views))
+        results.append((model, opt, list(calls)))
+    assert_same(results[0][0], results[1][0], results[0][1], results[1][1])
+    assert results[1][2] == [("fused_adam_", 1)] * 3
+
+
+def test_compiled_optimizer_step_runs_the_detection_eagerly() -> None:
+    """coalesce_bucket is torch.compiler.disable'd: a compiled step graph-breaks around it
+    and gives the eager results."""
+    torch._dynamo.reset()
+    results = []
+    for flat in (False, True):
+        model = make(torch.float32)
+        if flat:
+            mixprec.flat_buffers(model)
+        opt = mixprec.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        step = torch.compile(opt.step, backend="eager")
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.ones(2, 5)).sum().backward()
+            step()
+        results.append((model, opt))
+    assert_same(results[0][0], results[1][0], results[0][1], results[1][1])
+
+
+# ---------------------------------------------------------------------------------------------
+# DDP (two gloo processes on CPU)
+
+WORLD = 2
+
+
+def _ddp_worker(rank: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=WORLD)
+    try:
+        out: Dict[str, Any] = {}
+        for flat in (False, True):
+            model = make(torch.float32)
+            fb = mixprec.flat_buffers(model) if flat else None
+            ddp = DDP(model)
+            opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+            g = torch.Generator().manual_seed(10 + rank)
+            for _ in range(3):
+                opt.zero_grad()
+                ddp(torch.randn(4, 5, generator=g)).pow(2).sum().backward()
+                opt.step()
+            out[f"params{flat}"] = [p.detach().clone() for p in model.parameters()]
+            if fb is not None:
+                out["views"] = all(p.grad is v for p, v in
+                                   zip(model.parameters(), fb._buffers[0].grad_views))
+        try:
+            mixprec.flat_buffers(DDP(make(torch.float32), gradient_as_bucket_view=True))
+            out["refused"] = ""
+        except ValueError as exc:
+            out["refused"] = str(exc)
+        torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="torch.distributed unavailable")
+def test_ddp_gloo_two_ranks() -> None:
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed unavailable")
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_ddp_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
+        r = [torch.load(os.path.join(tmp, f"rank{k}.pt")) for k in range(WORLD)]
+    for k in range(WORLD):
+        assert r[k]["views"]
+        assert "gradient_as_bucket_view" in r[k]["refused"]
+        for p, q in zip(r[k]["paramsFalse"], r[k]["paramsTrue"]):
+            assert_bitwise_equal(p, q)
+    for p, q in zip(r[0]["paramsTrue"], r[1]["paramsTrue"]):  # the ranks agree
+        assert_bitwise_equal(p, q)
+
+
+# ---------------------------------------------------------------------------------------------
+# Internals
+
+
+def test_coalesce_leaves_foreign_and_duplicate_lists_alone() -> None:
+    model = make(torch.float32)
+    fb = mixprec.flat_buffers(model)
+    views = fb._buffers[0].grad_views
+    other = torch.zeros(3)
+    out = flat_mod.coalesce([views[0], other, views[1], views[2]])
+    assert out[0] is other and len(out) == 2 and out[1].dim() == 1
+    assert flat_mod.coalesce([views[0], views[0]]) == [views[0], views[0]]
+    assert flat_mod.coalesce([views[2], views[0]]) == [views[2], views[0]]  # not adjacent
+    whole = flat_mod.coalesce(list(reversed(views)))
+    assert len(whole) == 1 and whole[0].numel() == fb._buffers[0].ends[-1]
+
+
+def test_remove_turns_the_mode_off(calls: List[Tuple[str, int]]) -> None:
+    model = make(torch.float32)
+    fb = mixprec.flat_buffers(model)
+    fb.remove()
+    opt = mixprec.optim.SGD(model.parameters(), lr=0.1)
+    train(model, opt, 2, set_to_none=True)
+    assert calls == [("fused_sgd_", 7)] * 2
+    mixprec.flat_buffers(model)  # can be applied again
+
