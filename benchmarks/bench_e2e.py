@@ -28,8 +28,13 @@ bf16-sr     bf16 params without masters, ``mixprec.optim.AdamW(master_weights=Fa
 
 "torch AdamW" is ``torch.optim.AdamW(fused=True)`` where torch supports it on the device,
 else ``foreach=True`` (the header says which). Every variant also has a flat-buffer row
-(``--flat-buffer``); that mode is not implemented yet (issue 12, item 3), so those rows
-print ``n/a``; :func:`flat_buffer_unavailable` is the one place to wire it in.
+(``--flat-buffer``, ``<variant> +flat``): the same recipe after
+``mixprec.optim.flat_buffers(model)`` (params and grads as views of one buffer per dtype),
+with the grads zeroed by ``FlatBuffers.zero_grad()`` (one fill per buffer; the grads stay
+views and backward accumulates into them) instead of ``zero_grad(set_to_none=True)``.
+mixprec's scaler and optimizers then pass one tensor per buffer to their kernels; torch's
+GradScaler and AdamW still take the per-param views, so for ``fp32`` and ``amp-torch`` only
+the layout and the zeroing change.
 
 Reported per variant: the median step time over ``--steps`` steps after ``--warmup``
 steps (CUDA events around each step; on CPU ``time.perf_counter``), as the median over
@@ -88,7 +93,6 @@ import mixprec
 import mixprec.optim
 
 NA = "n/a"
-FLAT_NA = "n/a (flat-buffer mode not implemented)"
 # Loss-agreement check (see the module docstring for the derivation of the factor).
 LOSS_TOL_FACTOR = 16.0
 LOSS_REL_FLOOR = 1e-3
@@ -199,14 +203,9 @@ REFERENCE, AMP_REFERENCE = "fp32", "amp-torch"
 
 
 def flat_buffer_unavailable(variant: Variant) -> Optional[str]:
-    """Why ``variant`` cannot run in flat-buffer mode, or None when it can.
-
-    The flat-buffer mode (params, grads and optimizer state in one contiguous buffer
-    each) is issue 12, item 3. Once it exists, return None here for the variants it
-    supports and apply it in :func:`build_run` where ``flat_buffer`` is passed.
-    """
+    """Why ``variant`` cannot run in flat-buffer mode, or None when it can (all can)."""
     del variant
-    return FLAT_NA
+    return None
 
 
 @dataclass
@@ -248,9 +247,8 @@ def build_run(variant: Variant, init_model: GPT, data: Tuple[torch.Tensor, torch
               flat_buffer: bool) -> Run:
     """A fresh copy of ``init_model`` on ``device`` in the variant's dtype, its optimizer,
     scaler and one-step function."""
-    if flat_buffer:  # see flat_buffer_unavailable
-        raise NotImplementedError(FLAT_NA)
     model = copy.deepcopy(init_model).to(device=device, dtype=variant.param_dtype)
+    flat = mixprec.optim.flat_buffers(model) if flat_buffer else None
     params = list(model.parameters())
     opt: torch.optim.Optimizer
     if variant.optimizer == "torch":
@@ -274,7 +272,10 @@ def build_run(variant: Variant, init_model: GPT, data: Tuple[torch.Tensor, torch
         return contextlib.nullcontext()
 
     def step() -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
+        if flat is not None:
+            flat.zero_grad()
+        else:
+            opt.zero_grad(set_to_none=True)
         with autocast():
             logits = model(x)
             loss = F.cross_entropy(logits.float().view(-1, vocab), y.view(-1))

@@ -547,6 +547,9 @@ def coalesce_bucket(optimizer: Any, group: Dict[str, Any],
             and buf0.grad_ids[first[1]:first[1] + n] == list(map(id, grads))
             and buf0.grad_ptrs[first[1]:first[1] + n] == list(map(_data_ptr, grads))):
         a = first[1]
+        whole = _whole_bucket(of, buf0, a, bucket, names, has_master)
+        if whole is not None:
+            return whole
         per_buf[id(buf0)] = (buf0, list(zip(range(a, a + n), range(n))))
     else:
         for k, (p, g) in enumerate(zip(params, grads)):
@@ -621,6 +624,34 @@ def coalesce_bucket(optimizer: Any, group: Dict[str, Any],
         if has_master:
             result["master_params"].append(st.slice(_MASTER, a, b))
     return result
+
+
+def _whole_bucket(of: _OptFlat, buf: _Buffer, a: int, bucket: Dict[str, List[Tensor]],
+                  names: List[str], has_master: bool) -> Optional[Dict[str, List[Tensor]]]:
+    """The common case at C speed: the bucket is views a..a+n-1 of one buffer (checked by
+    the caller), its states are this optimizer's flat views and its params hold one step
+    tensor that no other param holds. None when anything differs."""
+    n = len(bucket["params"])
+    b = a + n
+    steps = bucket["state_steps"]
+    step = steps[0]
+    if of.count(step) != n or list(map(id, steps)).count(id(step)) != n:
+        return None
+    st = of.states.get(buf)
+    if st is None:
+        return None
+    for name in names + ([_MASTER] if has_master else []):
+        ids = st.ids.get(name)
+        key = "master_params" if name == _MASTER else name
+        if ids is None or ids[a:b] != list(map(id, bucket[key])):
+            return None
+    out: Dict[str, List[Tensor]] = {
+        "params": [buf.slice(0, a, b)], "grads": [buf.slice(1, a, b)],
+        "master_params": [st.slice(_MASTER, a, b)] if has_master else [],
+        "state_steps": [step]}
+    for name in names:
+        out[name] = [st.slice(name, a, b)]
+    return out
 
 
 def _split_step(optimizer: Any, of: _OptFlat, step: Tensor, ks: List[int],
