@@ -511,6 +511,20 @@ def _ddp_worker(rank: int, init_file: str, out_dir: str) -> None:
             if fb is not None:
                 out["views"] = all(p.grad is v for p, v in
                                    zip(model.parameters(), fb._buffers[0].grad_views))
+        # wrapped afterwards with gradient_as_bucket_view=True (not detectable here): DDP
+        # owns param.grad, every step runs per tensor, the results are still right
+        model = make(torch.float32)
+        fb = mixprec.flat_buffers(model)
+        ddp = DDP(model, gradient_as_bucket_view=True)
+        opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(10 + rank)
+        for _ in range(3):
+            opt.zero_grad(set_to_none=False)
+            ddp(torch.randn(4, 5, generator=g)).pow(2).sum().backward()
+            opt.step()
+        out["bucket_view_params"] = [p.detach().clone() for p in model.parameters()]
+        out["bucket_view_grads_flat"] = any(p.grad is v for p, v in
+                                            zip(model.parameters(), fb._buffers[0].grad_views))
         try:
             mixprec.flat_buffers(DDP(make(torch.float32), gradient_as_bucket_view=True))
             out["refused"] = ""
@@ -534,8 +548,10 @@ def test_ddp_gloo_two_ranks() -> None:
     for k in range(WORLD):
         assert r[k]["views"]
         assert "gradient_as_bucket_view" in r[k]["refused"]
-        for p, q in zip(r[k]["paramsFalse"], r[k]["paramsTrue"]):
+        assert not r[k]["bucket_view_grads_flat"]
+        for p, q, b in zip(r[k]["paramsFalse"], r[k]["paramsTrue"], r[k]["bucket_view_params"]):
             assert_bitwise_equal(p, q)
+            assert_bitwise_equal(p, b)
     for p, q in zip(r[0]["paramsTrue"], r[1]["paramsTrue"]):  # the ranks agree
         assert_bitwise_equal(p, q)
 
