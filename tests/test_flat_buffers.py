@@ -5,6 +5,7 @@ torch.compile and DDP."""
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import sys
@@ -581,4 +582,9 @@ def test_remove_turns_the_mode_off(calls: List[Tuple[str, int]]) -> None:
     train(model, opt, 2, set_to_none=True)
     assert calls == [("fused_sgd_", 7)] * 2
     mixprec.flat_buffers(model)  # can be applied again
+    del fb
+    gc.collect()  # the old buffer's collection leaves the new registration alone
+    calls.clear()
+    train(model, opt, 1, set_to_none=True)
+    assert calls == [("fused_sgd_", 1)]
 

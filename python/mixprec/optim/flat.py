@@ -128,7 +128,8 @@ class _Buffer:
             _GRADS[id(g)] = (ref, i)
             self._hooks.append(p.register_post_accumulate_grad_hook(
                 _restore_hook(g, self.param_ptrs[i], self)))
-        weakref.finalize(self, _unregister, list(self.param_ids), list(self.grad_ids))
+        self._ref = ref
+        weakref.finalize(self, _unregister, list(self.param_ids), list(self.grad_ids), ref)
 
     def slice(self, kind: int, a: int, b: int) -> Tensor:
         """The 1-D slice of the param (kind 0) or grad (kind 1) buffer over views a..b-1."""
@@ -144,14 +145,16 @@ class _Buffer:
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        _unregister(self.param_ids, self.grad_ids)
+        _unregister(self.param_ids, self.grad_ids, self._ref)
 
 
-def _unregister(param_ids: List[int], grad_ids: List[int]) -> None:
-    for i in param_ids:
-        _PARAMS.pop(i, None)
-    for i in grad_ids:
-        _GRADS.pop(i, None)
+def _unregister(param_ids: List[int], grad_ids: List[int], ref: weakref.ref[_Buffer]) -> None:
+    """Drop the registry entries of one buffer (not those a later buffer made since)."""
+    for table, ids in ((_PARAMS, param_ids), (_GRADS, grad_ids)):
+        for i in ids:
+            entry = table.get(i)
+            if entry is not None and entry[0] is ref:
+                del table[i]
 
 
 def _restore_hook(view: Tensor, param_ptr: int, owner: _Buffer) -> Any:
@@ -573,7 +576,7 @@ def coalesce_bucket(optimizer: Any, group: Dict[str, Any],
                 continue
             ks = [k for _, k in run]
             a, b = run[0][0], run[-1][0] + 1
-            stale = False
+            stale = any(of.count(steps[k]) == 0 for k in ks)  # e.g. after load_state_dict
             for key in state_keys:
                 name = _MASTER if key == "master_params" else key
                 ids = st.ids.get(name)
@@ -606,7 +609,8 @@ def coalesce_bucket(optimizer: Any, group: Dict[str, Any],
     for group_entries in by_step.values():
         step = entry_steps[group_entries[0]]
         ks = [k for e in group_entries for k in entries[e]]
-        if of.count(step) != len(ks):
+        held = of.count(step)
+        if held != len(ks) and (held > 0 or len(ks) > 1):  # (not ours, one param: as is)
             step = _split_step(optimizer, of, step, ks, out)
         entry_steps[group_entries[0]] = step
         for e in group_entries[1:]:
