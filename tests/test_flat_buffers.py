@@ -588,3 +588,24 @@ def test_remove_turns_the_mode_off(calls: List[Tuple[str, int]]) -> None:
     train(model, opt, 1, set_to_none=True)
     assert calls == [("fused_sgd_", 1)]
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_padding_stays_zero(dtype: torch.dtype) -> None:
+    """The padding between views is inside every coalesced slice: unscaling, the inf check
+    and the updates (weight decay, maximize, a folded clip) must leave it zero."""
+    model = make(dtype)
+    fb = mixprec.flat_buffers(model)
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-1, weight_decay=0.5, maximize=True)
+    scaler = mixprec.GradScaler("cpu", init_scale=2.0**8)
+    train(model, opt, 4, set_to_none=True, scaler=scaler, inf_at=(1,), clip=0.1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    train(model, sgd, 2, set_to_none=False, scaler=mixprec.GradScaler("cpu"))  # unscale_
+    buf = fb._buffers[0]
+    pad = torch.ones(buf.numel, dtype=torch.bool)
+    for o, e in zip(buf.offsets, buf.ends):
+        pad[o:e] = False
+    assert pad.any()
+    st = opt._mixprec_flat.states[buf]
+    for t in [buf.param_data, buf.grad_data, *st.data.values()]:
+        assert torch.all(t[pad] == 0), t
