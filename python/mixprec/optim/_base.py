@@ -208,8 +208,8 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _step_group(self, index: int, group: Dict[str, Any], grad_scale: Optional[Tensor],
                     found_inf: Optional[Tensor], clip_coef: Optional[Tensor]) -> None:
         names = self._state_names(group)
-        buckets: Dict[Tuple[torch.device, bool], Bucket] = {}
-        for p in group["params"]:
+        buckets: Dict[Tuple[torch.device, bool], Bucket] = _flat.whole_group(self, group)
+        for p in () if buckets else group["params"]:  # flat-buffer mode: no per-param loop
             if p.grad is None:
                 continue
             if p.grad.is_sparse:

@@ -45,6 +45,7 @@ combined over other chunks).
 
 from __future__ import annotations
 
+import operator
 import weakref
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -418,6 +419,7 @@ class _OptFlat:
             weakref.WeakKeyDictionary()
         # id(step) -> [step, number of params whose state["step"] it is]
         self.holders: Dict[int, List[Any]] = {}
+        self.prepared: Optional[Dict[str, List[Tensor]]] = None  # whole_group's bucket
 
     def state_of(self, buf: _Buffer) -> _BufState:
         st = self.states.get(buf)
@@ -532,6 +534,9 @@ def coalesce_bucket(optimizer: Any, group: Dict[str, Any],
     if of is None and not _PARAMS:
         return bucket
     of = _opt_flat(optimizer)
+    if of.prepared is bucket:  # made by whole_group: already one slice
+        of.prepared = None
+        return bucket
     for st in of.states.values():  # a step handed to an op is no longer known to be 0
         st.fresh_step = None
     params = bucket["params"]
@@ -628,6 +633,64 @@ def coalesce_bucket(optimizer: Any, group: Dict[str, Any],
         if has_master:
             result["master_params"].append(st.slice(_MASTER, a, b))
     return result
+
+
+_get_grad = operator.attrgetter("grad")
+_get_step = operator.itemgetter("step")
+_OPTIM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@torch.compiler.disable
+def whole_group(optimizer: Any, group: Dict[str, Any]) -> Dict[Tuple[torch.device, bool],
+                                                              Dict[str, List[Tensor]]]:
+    """The buckets of a param group that is exactly one run of one flat buffer, or ``{}``.
+
+    Lets :class:`mixprec.optim.FusedOptimizer` skip its per-param loop: the params must be
+    views a..a+n-1 of one buffer in order, every grad its view, every state already this
+    optimizer's flat views and every step one tensor held by exactly these params (all
+    checked, mostly at C speed). Anything else: ``{}``, and the per-param path runs
+    (where :func:`coalesce_bucket` still coalesces what it can).
+    """
+    of = optimizer.__dict__.get("_mixprec_flat")
+    params = group["params"]
+    if of is None or not _PARAMS or not params:
+        return {}
+    first = _PARAMS.get(id(params[0]))
+    buf = first[0]() if first is not None else None
+    if buf is None or buf.dtype not in _OPTIM_DTYPES:
+        return {}
+    n = len(params)
+    a = first[1]
+    b = a + n
+    grads = list(map(_get_grad, params))
+    if (buf.param_ids[a:b] != list(map(id, params))
+            or buf.param_ptrs[a:b] != list(map(_data_ptr, params))
+            or buf.grad_ids[a:b] != list(map(id, grads))
+            or buf.grad_ptrs[a:b] != list(map(_data_ptr, grads))):
+        return {}
+    get_state = optimizer.state.get
+    states = list(map(get_state, params))
+    if None in states:
+        return {}
+    try:
+        steps = list(map(_get_step, states))
+        has_master = bool(optimizer._wants_master(params[0], group))
+        names = optimizer._state_names(group)
+        bucket: Dict[str, List[Tensor]] = {"params": params, "grads": grads,
+                                           "master_params": [], "state_steps": steps}
+        for name in names:
+            bucket[name] = list(map(operator.itemgetter(name), states))
+        if has_master:
+            bucket["master_params"] = list(map(operator.itemgetter(_MASTER), states))
+    except KeyError:
+        return {}
+    for st in of.states.values():  # as in coalesce_bucket
+        st.fresh_step = None
+    whole = _whole_bucket(of, buf, a, bucket, names, has_master)
+    if whole is None:
+        return {}
+    of.prepared = whole
+    return {(buf.device, has_master): whole}
 
 
 def _whole_bucket(of: _OptFlat, buf: _Buffer, a: int, bucket: Dict[str, List[Tensor]],
