@@ -122,6 +122,7 @@ def test_params_become_views_with_their_values() -> None:
     fb = mixprec.flat_buffers(model)
     assert isinstance(fb, mixprec.FlatBuffers) and len(fb) == 1
     assert [id(p) for p in model.parameters()] == ids  # the same Parameter objects
+    assert fb.params == list(model.parameters())
     (pbuf, gbuf), = list(fb)
     for p, b in zip(model.parameters(), before):
         assert torch.equal(p, b)
@@ -612,3 +613,17 @@ def test_padding_stays_zero(dtype: torch.dtype) -> None:
     st = opt._mixprec_flat.states[buf]
     for t in [buf.param_data, buf.grad_data, *st.data.values()]:
         assert torch.all(t[pad] == 0), t
+
+
+def test_registry_empties_when_the_model_dies() -> None:
+    """No reference cycle keeps a dead model's buffers registered (the registry being empty
+    is what keeps the hooks traceable by torch.compile(fullgraph=True))."""
+    gc.collect()
+    before = len(flat_mod._PARAMS)
+    model = make(torch.float32)
+    mixprec.flat_buffers(model)
+    opt = mixprec.optim.AdamW(model.parameters())
+    train(model, opt, 2, set_to_none=True)
+    assert len(flat_mod._PARAMS) == before + 7
+    del model, opt
+    assert len(flat_mod._PARAMS) == before  # without gc.collect()

@@ -101,7 +101,10 @@ class _Buffer:
         self.numel = off
         self.device = device
         self.dtype = dtype
-        self.params = params
+        # weak: a param's hook holds this buffer, so a strong list would be a cycle that
+        # keeps the registry filled until the next garbage collection
+        self._param_refs = [weakref.ref(p) for p in params]
+        self.count = len(params)
         self.param_data = torch.zeros(off, dtype=dtype, device=device)
         self.grad_data = torch.zeros(off, dtype=dtype, device=device)
         self.grad_views: List[Tensor] = []
@@ -131,6 +134,20 @@ class _Buffer:
                 _restore_hook(g, self.param_ptrs[i], self)))
         self._ref = ref
         weakref.finalize(self, _unregister, list(self.param_ids), list(self.grad_ids), ref)
+
+    @property
+    def params(self) -> List[Tensor]:
+        """The params still alive, in buffer order."""
+        return [p for p in (r() for r in self._param_refs) if p is not None]
+
+    def pairs(self) -> List[Tuple[Tensor, Tensor]]:
+        """(param, grad view) for the params still alive."""
+        out = []
+        for r, g in zip(self._param_refs, self.grad_views):
+            p = r()
+            if p is not None:
+                out.append((p, g))
+        return out
 
     def slice(self, kind: int, a: int, b: int) -> Tensor:
         """The 1-D slice of the param (kind 0) or grad (kind 1) buffer over views a..b-1."""
@@ -210,11 +227,11 @@ class FlatBuffers:
         """
         for b in self._buffers:
             if set_to_none:
-                for p in b.params:
+                for p, _ in b.pairs():
                     p.grad = None
                 continue
             b.grad_data.zero_()
-            for p, g in zip(b.params, b.grad_views):
+            for p, g in b.pairs():
                 if p.grad is not g:
                     p.grad = g
 
@@ -229,7 +246,7 @@ class FlatBuffers:
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{b.device}/{str(b.dtype).replace('torch.', '')}: "
-                          f"{len(b.params)} params, {b.numel} elements" for b in self._buffers)
+                          f"{b.count} params, {b.numel} elements" for b in self._buffers)
         return f"FlatBuffers({parts})"
 
 
@@ -347,7 +364,6 @@ def _grad_ranges(grads: Sequence[Tensor]) -> Tuple[List[Tuple[_Buffer, int, int]
     return ranges, sorted(rest)
 
 
-@torch.compiler.disable
 def coalesce(grads: List[Tensor]) -> List[Tensor]:
     """``grads`` with every run of adjacent flat-buffer grad views replaced by one slice.
 
@@ -355,8 +371,13 @@ def coalesce(grads: List[Tensor]) -> List[Tensor]:
     views of a run; tensors that are not flat views stay as they are. Used by
     :class:`mixprec.GradScaler` before its unscale / inf-check / norm ops.
     """
-    if len(grads) < 2 or not _GRADS:
+    if len(grads) < 2 or not _GRADS:  # traceable: torch.compile(fullgraph) without flat
         return grads
+    return _coalesce(grads)
+
+
+@torch.compiler.disable
+def _coalesce(grads: List[Tensor]) -> List[Tensor]:
     ranges, rest = _grad_ranges(grads)
     if not ranges:
         return grads
@@ -395,11 +416,12 @@ class _BufState:
         if views is None:
             buf = self.buf
             self.data[name] = torch.zeros(buf.numel, dtype=torch.float32, device=buf.device)
-            views = self.views[name] = [None] * len(buf.params)
-            self.ids[name] = [0] * len(buf.params)
+            views = self.views[name] = [None] * buf.count
+            self.ids[name] = [0] * buf.count
         v = views[i]
         if v is None:
-            v = views[i] = _view_in(self.data[name], self.buf.offsets[i], self.buf.params[i])
+            v = views[i] = _view_in(self.data[name], self.buf.offsets[i],
+                                    self.buf.grad_views[i])
             self.ids[name][i] = id(v)
         return v
 
@@ -458,6 +480,12 @@ def init_state(optimizer: Any, p: Tensor, group: Dict[str, Any], state: Dict[str
     """
     if not _PARAMS:
         return False
+    return _init_state(optimizer, p, group, state)
+
+
+@torch.compiler.disable
+def _init_state(optimizer: Any, p: Tensor, group: Dict[str, Any], state: Dict[str, Any]
+                ) -> bool:
     hit = _lookup(_PARAMS, p, "param_ptrs")
     if hit is None:
         return False
@@ -515,7 +543,6 @@ def _migrate(optimizer: Any, of: _OptFlat, st: _BufState, names: List[str],
             bucket["state_steps"][k] = s
 
 
-@torch.compiler.disable
 def coalesce_bucket(optimizer: Any, group: Dict[str, Any],
                     bucket: Dict[str, List[Tensor]]) -> Dict[str, List[Tensor]]:
     """An optimizer bucket with each run of adjacent flat params replaced by buffer slices.
@@ -530,9 +557,14 @@ def coalesce_bucket(optimizer: Any, group: Dict[str, Any],
     increment is right for all: where a shared step is also held by params outside the
     run, the run gets its own copy (no sync). Everything else stays per tensor.
     """
-    of = optimizer.__dict__.get("_mixprec_flat")
-    if of is None and not _PARAMS:
-        return bucket
+    if not _PARAMS and getattr(optimizer, "_mixprec_flat", None) is None:
+        return bucket  # traceable: torch.compile(fullgraph) without flat buffers
+    return _coalesce_bucket(optimizer, group, bucket)
+
+
+@torch.compiler.disable
+def _coalesce_bucket(optimizer: Any, group: Dict[str, Any],
+                     bucket: Dict[str, List[Tensor]]) -> Dict[str, List[Tensor]]:
     of = _opt_flat(optimizer)
     if of.prepared is bucket:  # made by whole_group: already one slice
         of.prepared = None
@@ -640,7 +672,6 @@ _get_step = operator.itemgetter("step")
 _OPTIM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-@torch.compiler.disable
 def whole_group(optimizer: Any, group: Dict[str, Any]) -> Dict[Tuple[torch.device, bool],
                                                               Dict[str, List[Tensor]]]:
     """The buckets of a param group that is exactly one run of one flat buffer, or ``{}``.
@@ -651,9 +682,17 @@ def whole_group(optimizer: Any, group: Dict[str, Any]) -> Dict[Tuple[torch.devic
     checked, mostly at C speed). Anything else: ``{}``, and the per-param path runs
     (where :func:`coalesce_bucket` still coalesces what it can).
     """
-    of = optimizer.__dict__.get("_mixprec_flat")
+    if not _PARAMS or getattr(optimizer, "_mixprec_flat", None) is None:
+        return {}  # traceable: torch.compile(fullgraph) without flat buffers
+    return _whole_group(optimizer, group)
+
+
+@torch.compiler.disable
+def _whole_group(optimizer: Any, group: Dict[str, Any]
+                 ) -> Dict[Tuple[torch.device, bool], Dict[str, List[Tensor]]]:
+    of = optimizer.__dict__["_mixprec_flat"]
     params = group["params"]
-    if of is None or not _PARAMS or not params:
+    if not params:
         return {}
     first = _PARAMS.get(id(params[0]))
     buf = first[0]() if first is not None else None
