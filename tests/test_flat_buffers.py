@@ -627,3 +627,23 @@ def test_registry_empties_when_the_model_dies() -> None:
     assert len(flat_mod._PARAMS) == before + 7
     del model, opt
     assert len(flat_mod._PARAMS) == before  # without gc.collect()
+
+
+def test_checkpoint_of_flat_optimizer_loads_into_torch_adamw() -> None:
+    """One step tensor per param in the state dict: torch's AdamW keeps a loaded step
+    tensor as it is and increments each param's once."""
+    model = make(torch.float32)
+    mixprec.flat_buffers(model)
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+    train(model, opt, 2, set_to_none=True)
+    shared = {id(opt.state[p]["step"]) for p in model.parameters()}
+    assert len(shared) == 1
+    sd = _roundtrip(opt.state_dict())
+    assert len({id(s["step"]) for s in sd["state"].values()}) == 7
+    assert {id(opt.state[p]["step"]) for p in model.parameters()} == shared  # untouched
+    ref = make(torch.float32)
+    torch_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
+    ref.load_state_dict(model.state_dict())
+    torch_opt.load_state_dict(sd)
+    train(ref, torch_opt, 1, set_to_none=True)
+    assert [float(torch_opt.state[p]["step"]) for p in ref.parameters()] == [3.0] * 7

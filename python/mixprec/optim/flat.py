@@ -468,7 +468,30 @@ def _opt_flat(optimizer: Any) -> _OptFlat:
     of = optimizer.__dict__.get("_mixprec_flat")
     if of is None:
         of = optimizer.__dict__["_mixprec_flat"] = _OptFlat()
+        register = getattr(optimizer, "register_state_dict_post_hook", None)  # torch >= 2.1
+        if register is not None:
+            register(_unshare_steps)
     return of
+
+
+def _unshare_steps(optimizer: Any, state_dict: Dict[str, Any]) -> Dict[str, Any]:
+    """``state_dict`` post-hook: one step tensor per param, as without flat buffers.
+
+    Params stepped together share one step tensor here; torch.optim optimizers that load
+    such a dict keep the tensor as it is and would then increment it once per param.
+    The per-param dicts are copied (they are the optimizer's own ones).
+    """
+    seen: set[int] = set()
+    packed = state_dict["state"]
+    for key, entry in packed.items():
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if not isinstance(step, Tensor):
+            continue
+        if id(step) in seen:
+            packed[key] = {**entry, "step": step.clone()}
+        else:
+            seen.add(id(step))
+    return state_dict
 
 
 def init_state(optimizer: Any, p: Tensor, group: Dict[str, Any], state: Dict[str, Any]) -> bool:
