@@ -11,7 +11,7 @@ from torch import nn
 
 import mixprec
 import mixprec.optim
-from conftest import assert_bitwise_equal
+from _helpers import assert_bitwise_equal
 from mixprec import MixedPrecisionConfig, MixedPrecisionTrainer
 
 
