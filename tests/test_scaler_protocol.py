@@ -17,7 +17,13 @@ import pytest
 import torch
 
 import mixprec
-from _scaler_utils import DEVICES, INF, NAN
+
+INF, NAN = float("inf"), float("nan")
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="needs a CUDA GPU")),
+]
 
 _SCALARS = ("grad_scale", "found_inf", "clip_coef")
 

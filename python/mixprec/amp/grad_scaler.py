@@ -261,16 +261,12 @@ class GradScaler(torch.amp.GradScaler):
         optimizer at call time) and its return value is returned (``None`` when
         the step is skipped). A ``closure`` keyword is rejected while enabled.
 
-        Optimizers with ``_step_supports_amp_scaling = True`` are always
-        stepped and skip the update themselves when ``found_inf`` is set -- no
-        host sync. They get ``grad_scale`` (the scale, or ``None`` if the grads
-        were already unscaled; multiplied by a ``grad_scale`` attribute you set
-        on the optimizer beforehand) and ``found_inf`` (float32 0-dim): mixprec's
-        optimizers as ``step()`` arguments, with ``clip_coef`` when
-        :meth:`clip_grad_norm_` folded a clip (see :mod:`mixprec.amp.protocol`);
-        others (torch's ``fused=True`` ones) as ``optimizer.grad_scale`` and
-        ``optimizer.found_inf`` attributes for the duration of the call, as
-        torch sets them. Others: one host sync to decide the skip, as in torch.
+        Optimizers with ``_step_supports_amp_scaling = True`` are always stepped
+        and skip the update themselves when ``found_inf`` is set, with no host
+        sync; they get ``grad_scale`` (None if already unscaled) and ``found_inf``
+        -- mixprec's as ``step()`` arguments (with ``clip_coef``), others as
+        torch's attributes (:mod:`mixprec.amp.protocol`). Others: one host sync
+        to decide the skip, as in torch.
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
@@ -329,9 +325,8 @@ class GradScaler(torch.amp.GradScaler):
                 optimizer that supports it (mixprec's); ignored for others.
 
         Returns:
-            The total norm before clipping, a float32 0-dim tensor on the
-            scale's device (on a disabled scaler: what torch's
-            ``clip_grad_norm_`` returns).
+            The total norm before clipping, a float32 0-dim tensor on the scale's
+            device (disabled scaler: what torch's ``clip_grad_norm_`` returns).
         """
         return clip_grad_norm(self, optimizer, max_norm, norm_type, fold_into_step)
 
