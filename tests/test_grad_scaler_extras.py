@@ -15,7 +15,7 @@ from torch.amp.grad_scaler import OptState
 import mixprec
 from _helpers import INF, RecordingOptimizer, cuda_only, two_layer
 from mixprec import ops
-from mixprec.amp.grad_scaler import POLICIES
+from mixprec.amp.policies import POLICIES
 from mixprec.amp.stats import FOLD_EVERY
 
 
@@ -461,10 +461,10 @@ def test_norm_combination_is_exact_for_one_device():
 @pytest.mark.parametrize("norm_type", [2.0, INF, 0.0])
 def test_clip_grad_norm_unfused_fallback(monkeypatch, norm_type):
     """Without the fused op (or for norm_type 0) clip_grad_norm_ = unscale_ + torch's norm."""
-    import mixprec.amp.grad_scaler as gs
+    import mixprec.amp.clipping as clipping
 
     if norm_type != 0.0:
-        monkeypatch.setattr(gs, "_op_available", lambda name: False)
+        monkeypatch.setattr(clipping, "_op_available", lambda name: False)
     a, oa, ps_a, norm_a, ps_b, norm_b = _clip_pair("cpu", norm_type, [torch.float32] * 2)
     torch.testing.assert_close(norm_a, norm_b.float(), rtol=1e-6, atol=0)
     for pa, pb in zip(ps_a, ps_b):
@@ -621,13 +621,15 @@ def test_clip_folded_twice_and_opt_out():
 
 
 def test_clip_folded_keeps_a_user_clip_coef():
+    """A clip_coef the user set on a mixprec optimizer is multiplied into the folded one,
+    passed as step()'s argument; the attribute is left as the user set it."""
     ps, opt = _fold_setup("cpu", "SGD", torch.float32, 7)
     opt.clip_coef = torch.full((), 0.5)
     seen = []
     real_step = type(opt).step
 
     def spy(self, *args, **kwargs):
-        seen.append(self.clip_coef.clone())
+        seen.append((kwargs["clip_coef"].clone(), self.clip_coef.clone()))
         return real_step(self, *args, **kwargs)
 
     type(opt).step = spy
@@ -641,5 +643,6 @@ def test_clip_folded_keeps_a_user_clip_coef():
     finally:
         type(opt).step = real_step
     expected = 0.5 * torch.clamp(1.0 / (norm + 1e-6), max=1.0)
-    torch.testing.assert_close(seen[0], expected)
-    assert torch.equal(opt.clip_coef, torch.full((), 0.5))  # restored after the step
+    torch.testing.assert_close(seen[0][0], expected)
+    assert torch.equal(seen[0][1], torch.full((), 0.5))  # not overwritten during the step
+    assert torch.equal(opt.clip_coef, torch.full((), 0.5))
