@@ -17,13 +17,7 @@ import pytest
 import torch
 
 import mixprec
-
-INF, NAN = float("inf"), float("nan")
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                  reason="needs a CUDA GPU")),
-]
+from _helpers import INF, NAN
 
 _SCALARS = ("grad_scale", "found_inf", "clip_coef")
 
@@ -82,7 +76,6 @@ def _attr_names(opt: torch.optim.Optimizer) -> set[str]:
 
 
 # ------------------------------------------------------------------ the direct protocol
-@pytest.mark.parametrize("device", DEVICES)
 def test_mixprec_optimizer_gets_the_scalars_as_arguments(device):
     model = _model(device)
     opt = SpyAdamW(model.parameters(), lr=1e-2)
@@ -205,7 +198,6 @@ def test_clip_is_not_folded_into_a_foreign_optimizer():
     assert opt.calls[-1]["attrs"]["grad_scale"] is None  # unscaled by the clip
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_torch_grad_scaler_drives_a_mixprec_optimizer(device):
     """torch.amp.GradScaler uses the attribute protocol; the result is bitwise that of
     mixprec.GradScaler's direct call."""
@@ -246,7 +238,6 @@ def _trainer_value(scaler: mixprec.GradScaler, opt: torch.optim.Optimizer) -> to
     return (found > 0).float()
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("poison,where", [(None, "first"), (INF, "first"), (-INF, "last"),
                                           (NAN, "first"), (NAN, "last")])
 def test_found_inf_values(device, poison, where):
@@ -265,7 +256,6 @@ def test_found_inf_values(device, poison, where):
     assert s.step_was_skipped == bool(expected)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_found_inf_per_optimizer_and_across_update(device):
     m1, m2, o1, o2 = _two_optimizers(device)
     s = mixprec.GradScaler(device, init_scale=16.0)
@@ -364,7 +354,6 @@ class _SyncCounter:
             monkeypatch.setattr(torch.Tensor, name, counting)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_found_inf_does_not_sync(device, monkeypatch):
     model = _model(device)
     opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
