@@ -540,3 +540,42 @@ def test_setup_required():
         MixedPrecisionTrainer().train_step(torch.zeros(1), torch.zeros(1))
     with pytest.raises(TypeError, match="MixedPrecisionConfig"):
         MixedPrecisionTrainer(config={"mode": "automatic"})  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------ manager, aliases
+def test_trainer_holds_its_manager():
+    trainer = make(MixedPrecisionConfig(mode="manual", precision_level="bf16"))
+    manager = trainer.mixed_precision_manager
+    assert isinstance(manager, mixprec.MixedPrecisionManager)
+    assert manager.model is trainer.model and manager.optimizer is trainer.optimizer
+    assert trainer.scaler is manager.scaler and trainer.policy_handle is manager.policy_handle
+    assert trainer.compute_dtype is manager.compute_dtype is torch.bfloat16
+    assert MixedPrecisionTrainer().mixed_precision_manager is None
+
+
+def test_mixed_precision_aliases(tmp_path):
+    """save_/load_mixed_precision_state and get_mixed_precision_stats are save_state,
+    load_state and stats under the names of the system mixprec replaces."""
+    cfg = MixedPrecisionConfig(precision_level="fp16", scale_window=2)
+    trainer = make(cfg, scheduler=True)
+    for x, y in loader(3):
+        trainer.train_step(x, y)
+    assert trainer.get_mixed_precision_stats() == trainer.stats()
+    trainer.save_mixed_precision_state(tmp_path / "alias.pt")
+    trainer.save_state(tmp_path / "plain.pt")
+    a = torch.load(tmp_path / "alias.pt", weights_only=True)
+    b = torch.load(tmp_path / "plain.pt", weights_only=True)
+    assert a.keys() == b.keys() and a["counters"] == b["counters"]
+    other = make(cfg, scheduler=True, seed=5)
+    other.load_mixed_precision_state(tmp_path / "alias.pt")
+    assert other.get_mixed_precision_stats()["total_steps"] == 3
+    assert other.scaler.get_scale() == trainer.scaler.get_scale()
+    for p, q in zip(trainer.model.parameters(), other.model.parameters()):
+        assert_bitwise_equal(q.detach(), p.detach())
+    with pytest.raises(ValueError, match="config differs"):
+        make(MixedPrecisionConfig(precision_level="fp16")).load_mixed_precision_state(
+            tmp_path / "alias.pt", strict_config=True)
+    for alias, name in (("save_mixed_precision_state", "save_state"),
+                        ("load_mixed_precision_state", "load_state"),
+                        ("get_mixed_precision_stats", "stats")):
+        assert name in getattr(MixedPrecisionTrainer, alias).__doc__

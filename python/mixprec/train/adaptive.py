@@ -195,4 +195,3 @@ class AdaptiveController:
         """Restore saved counts (``fwd_counts`` / ``bwd_counts`` of a checkpoint)."""
         self.fwd_counts = fwd.to(self.manager.device)
         self.bwd_counts = bwd.to(self.manager.device)
-

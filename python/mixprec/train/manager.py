@@ -483,4 +483,3 @@ class MixedPrecisionManager:
     def describe(self) -> str:
         """``"<mode>, <precision>"``, e.g. ``"automatic, fp16"``."""
         return f"{self.mode.value}, {PREC_NAME.get(self.compute_dtype, 'fp32')}"
-

@@ -13,15 +13,19 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 from torch import Tensor
 
 from ..amp.stats import FOLD_EVERY, FoldingLog
 from .config import HandlingAction, MixedPrecisionConfig
+
+if TYPE_CHECKING:
+    from .manager import StepResult
 
 __all__ = ["StepMetrics", "MetricsLog", "COLS", "memory_usage", "log_window", "plot_history"]
 
@@ -108,6 +112,46 @@ class StepMetrics(Mapping[str, Any]):
         return "StepMetrics(" + ", ".join(f"{k}={self[k]!r}" for k in self) + ")"
 
 
+def step_row(
+    step_loss: Tensor, result: StepResult, device: torch.device
+) -> tuple[Tensor, dict[str, Any]]:
+    """The :data:`COLS` row of an optimizer step and the device values of its
+    :class:`StepMetrics` (all but ``memory_usage``, ``lr``, ``optimizer_step``); device
+    work only, no sync.
+
+    ``nan`` is set when the loss or the grad norm is NaN; the grad norm counts
+    (``grad_norm_ok``) when it was computed, is finite and the step was not skipped.
+    """
+    found, grad_norm = result.found_inf, result.grad_norm
+    zero = torch.zeros((), device=device)
+    nan = torch.isnan(step_loss).float()
+    if grad_norm is not None:
+        nan = torch.maximum(nan, torch.isnan(grad_norm).float())
+    gn = grad_norm.float() if grad_norm is not None else torch.full((), math.nan, device=device)
+    gn_ok = torch.isfinite(gn) & (found == 0)
+    row = torch.stack(
+        [
+            step_loss.float().to(device),
+            result.scale.float().to(device),
+            found.to(device),
+            result.underflow.to(device),
+            nan.to(device),
+            torch.where(gn_ok, gn, zero),
+            gn_ok.float(),
+        ]
+    )
+    values = {
+        "loss": step_loss,
+        "current_scale": result.scale,
+        "overflow_detected": found > 0,
+        "underflow_detected": result.underflow > 0,
+        "nan_detected": nan > 0,
+        "step_skipped": found > 0 if result.checked else torch.zeros((), dtype=torch.bool),
+        "grad_norm": grad_norm,
+    }
+    return row, values
+
+
 # ------------------------------------------------------------------------ the log
 class MetricsLog(FoldingLog[Tensor]):
     """One row (:data:`COLS`) per optimizer step, kept on the device.
@@ -171,6 +215,24 @@ class MetricsLog(FoldingLog[Tensor]):
         self.log_snapshot = self.totals.clone()
         self.log_step = self.count
         return window, cur
+
+    def summary(self, steps: int) -> dict[str, Any]:
+        """Over ``steps`` optimizer steps: ``skipped_steps``, ``overflow_rate``,
+        ``underflow_steps``, ``nan_steps``, ``avg_grad_norm`` (over steps where it was
+        computed and finite; NaN if none), ``scale_history`` (``(step, scale)`` pairs
+        of the kept rows). One host sync."""
+        hist_steps, hist = self.history()
+        totals = self.read_totals()
+        scale_hist = hist[:, C["scale"]].tolist() if hist is not None else []
+        gn_count = totals[C["grad_norm_ok"]]
+        return {
+            "skipped_steps": int(totals[C["overflow"]]),
+            "overflow_rate": totals[C["overflow"]] / steps if steps else 0.0,
+            "underflow_steps": int(totals[C["underflow"]]),
+            "nan_steps": int(totals[C["nan"]]),
+            "avg_grad_norm": totals[C["grad_norm"]] / gn_count if gn_count else math.nan,
+            "scale_history": list(zip(hist_steps, scale_hist)),
+        }
 
     def read_totals(self, since: Optional[Tensor] = None) -> list[float]:
         """The totals (minus ``since``) as floats; zeros before the first step. One sync."""
@@ -295,4 +357,3 @@ def plot_history(
     fig.savefig(os.fspath(path), dpi=100)
     plt.close(fig)
     return os.fspath(path)
-

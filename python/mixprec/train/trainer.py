@@ -36,10 +36,8 @@ and :meth:`~MixedPrecisionTrainer.plot` sync once each.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-import time
 from collections.abc import Iterable
 from typing import Any, Callable, Optional, Union
 
@@ -50,50 +48,29 @@ from ..amp.autocast import PolicyHandle, cast_floating
 from ..amp.grad_scaler import GradScaler
 from .checkpoint import STATE_FORMAT, load_trainer_state, save_trainer_state
 from .config import MixedPrecisionConfig, MixedPrecisionMode
+from .loops import (
+    evaluate_model,
+    measured_forward,
+    rebind_scheduler,
+    run_epoch,
+    run_epochs,
+    to_device,
+)
 from .manager import MixedPrecisionManager
-from .metrics import C, COLS, MetricsLog, StepMetrics, log_window, logger, memory_usage, plot_history
+from .metrics import (
+    C,
+    MetricsLog,
+    StepMetrics,
+    log_window,
+    memory_usage,
+    plot_history,
+    step_row,
+)
 from .modes import PREC_NAME
 
 __all__ = ["MixedPrecisionTrainer", "StepMetrics", "memory_usage"]
 
 _STATE_FORMAT = STATE_FORMAT  # the checkpoint format (see .checkpoint)
-
-
-def _to_device(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, Tensor):
-        return obj.to(device, non_blocking=True)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_device(o, device) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    return obj
-
-
-def _batch_size(obj: Any) -> int:
-    if isinstance(obj, Tensor):
-        return int(obj.shape[0]) if obj.dim() else 1
-    if isinstance(obj, (list, tuple)) and obj:
-        return _batch_size(obj[0])
-    if isinstance(obj, dict) and obj:
-        return _batch_size(next(iter(obj.values())))
-    return 1
-
-
-def _rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
-    """Point ``scheduler`` at ``optimizer`` (and mark its step as tracked, as torch does)."""
-    scheduler.optimizer = optimizer
-    step = optimizer.step
-    if hasattr(step, "_wrapped_by_lr_sched"):
-        return
-    func = step.__func__  # type: ignore[attr-defined]
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        optimizer._opt_called = True  # type: ignore[attr-defined]
-        return func.__get__(optimizer, type(optimizer))(*args, **kwargs)
-
-    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-    optimizer.step = wrapper  # type: ignore[method-assign]
 
 
 # ------------------------------------------------------------------------ trainer
@@ -243,7 +220,7 @@ class MixedPrecisionTrainer:
         if scheduler is not None and getattr(scheduler, "optimizer", self.optimizer) is not (
             self.optimizer
         ):
-            _rebind_scheduler(scheduler, self.optimizer)
+            rebind_scheduler(scheduler, self.optimizer)
         self._reset_counters()
         return self
 
@@ -251,8 +228,8 @@ class MixedPrecisionTrainer:
     def _forward_loss(self, data: Any, target: Any) -> Tensor:
         manager = self._manager()
         assert self.model is not None and self.criterion is not None
-        data = _to_device(data, manager.device)
-        target = _to_device(target, manager.device)
+        data = to_device(data, manager.device)
+        target = to_device(target, manager.device)
         with manager.autocast():
             output = self.model(data)
         with torch.autocast(manager.device.type, enabled=False):
@@ -297,7 +274,10 @@ class MixedPrecisionTrainer:
             # memory_efficiency: grads were set to None at the previous step
             self.optimizer.zero_grad(set_to_none=cfg.memory_efficiency)
         if self._measure_activations and cfg.performance_monitoring:
-            loss = self._measured_forward(data, target)
+            loss, self.activation_memory = measured_forward(
+                lambda: self._forward_loss(data, target), self._params()
+            )
+            self._measure_activations = False
         else:
             loss = self._forward_loss(data, target)
         manager.backward(loss / accum if accum > 1 else loss)
@@ -344,23 +324,7 @@ class MixedPrecisionTrainer:
         result = manager.step(self.optimizer)
         if self.scheduler is not None and not manager.step_was_skipped:
             self.scheduler.step()
-        found, grad_norm, zero = result.found_inf, result.grad_norm, torch.zeros((), device=dev)
-        nan = torch.isnan(step_loss).float()
-        if grad_norm is not None:
-            nan = torch.maximum(nan, torch.isnan(grad_norm).float())
-        gn = grad_norm.float() if grad_norm is not None else torch.full((), math.nan, device=dev)
-        gn_ok = torch.isfinite(gn) & (found == 0)
-        row = torch.stack(
-            [
-                step_loss.float().to(dev),
-                result.scale.float().to(dev),
-                found.to(dev),
-                result.underflow.to(dev),
-                nan.to(dev),
-                torch.where(gn_ok, gn, zero),
-                gn_ok.float(),
-            ]
-        )
+        row, values = step_row(step_loss, result, dev)
         self._metrics.record(row)
         self.optimizer_steps += 1
         self._micro = 0
@@ -371,43 +335,11 @@ class MixedPrecisionTrainer:
             mem if dev.type != "cuda" else int(torch.cuda.max_memory_allocated(dev)),
         )
         metrics = StepMetrics(
-            {
-                "loss": step_loss,
-                "current_scale": result.scale,
-                "overflow_detected": found > 0,
-                "underflow_detected": result.underflow > 0,
-                "nan_detected": nan > 0,
-                "step_skipped": (
-                    found > 0 if result.checked else torch.zeros((), dtype=torch.bool)
-                ),
-                "grad_norm": grad_norm,
-                "memory_usage": mem,
-                "lr": self._lr(),
-                "optimizer_step": True,
-            }
+            {**values, "memory_usage": mem, "lr": self._lr(), "optimizer_step": True}
         )
         if self.optimizer_steps % self.config.logging_frequency == 0:
             self._log_and_adapt()
         return metrics
-
-    def _measured_forward(self, data: Any, target: Any) -> Tensor:
-        """Forward while adding up the bytes autograd saves (activation memory)."""
-        seen: dict[int, int] = {}
-
-        def pack(t: Tensor) -> Tensor:
-            try:
-                key = t.untyped_storage().data_ptr()
-                seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
-            except (RuntimeError, NotImplementedError):
-                pass
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = self._forward_loss(data, target)
-        param_ptrs = {p.untyped_storage().data_ptr() for p in self._params()}
-        self.activation_memory = sum(v for k, v in seen.items() if k not in param_ptrs)
-        self._measure_activations = False
-        return loss
 
     # ------------------------------------------------------------------ logging
     def _log_and_adapt(self) -> None:
@@ -437,36 +369,7 @@ class MixedPrecisionTrainer:
         ``average_scale`` and ``optimizer_steps``. One host sync at the end.
         """
         self._require_setup()
-        totals = self._metrics.totals
-        start_totals = None if totals is None else totals.clone()
-        start_steps = self.optimizer_steps
-        batches = 0
-        for data, target in loader:
-            self.train_step(data, target)
-            batches += 1
-            if _bar is not None:
-                _bar.update(1)
-                if self._last_log and self._last_log.get("step") == self.optimizer_steps:
-                    _bar.set_postfix(
-                        loss=f"{self._last_log['loss']:.4f}", scale=f"{self._last_log['scale']:g}"
-                    )
-        self.flush()
-        self.epochs_done += 1
-        steps = self.optimizer_steps - start_steps
-        if steps == 0:
-            vals = [0.0] * len(COLS)
-        else:
-            vals = self._metrics.read_totals(since=start_totals)
-        d = max(steps, 1)
-        return {
-            "epoch_loss": vals[C["loss"]] / d,
-            "num_batches": batches,
-            "optimizer_steps": steps,
-            "overflow_steps": int(vals[C["overflow"]]),
-            "underflow_steps": int(vals[C["underflow"]]),
-            "nan_steps": int(vals[C["nan"]]),
-            "average_scale": vals[C["scale"]] / d,
-        }
+        return run_epoch(self, loader, _bar)
 
     def train(
         self,
@@ -482,59 +385,8 @@ class MixedPrecisionTrainer:
         added (``val_*`` only with ``val_loader``).
         """
         self._require_setup()
-        if num_epochs < 0:
-            raise ValueError(
-                f"MixedPrecisionTrainer.train: num_epochs must be >= 0, got {num_epochs}"
-            )
-        try:
-            total = len(loader) * num_epochs  # type: ignore[arg-type]
-        except TypeError:
-            total = None
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
+        return run_epochs(self, loader, num_epochs, val_loader, progress)
 
-            bar = tqdm(
-                total=total,
-                desc=f"train ({self._describe()})",
-                unit="batch",
-                dynamic_ncols=True,
-                leave=True,
-            )
-        history = []
-        try:
-            for _ in range(num_epochs):
-                t0 = time.perf_counter()
-                result = self.train_epoch(loader, _bar=bar)
-                result["time_s"] = time.perf_counter() - t0
-                if val_loader is not None:
-                    ev = self.evaluate(val_loader)
-                    result["val_loss"] = ev["loss"]
-                    result["val_accuracy"] = ev["accuracy"]
-                result["epoch"] = self.epochs_done
-                history.append(result)
-                extra = (
-                    f" | val loss {result['val_loss']:.4f} | val acc {result['val_accuracy']:.4f}"
-                    if val_loader is not None and result.get("val_accuracy") is not None
-                    else ""
-                )
-                logger.info(
-                    "epoch %d | loss %.4f | overflow steps %d | avg scale %g | %.2fs%s",
-                    self.epochs_done,
-                    result["epoch_loss"],
-                    result["overflow_steps"],
-                    result["average_scale"],
-                    result["time_s"],
-                    extra,
-                )
-                if bar is not None:
-                    bar.set_postfix(epoch=self.epochs_done, loss=f"{result['epoch_loss']:.4f}")
-        finally:
-            if bar is not None:
-                bar.close()
-        return history
-
-    @torch.no_grad()
     def evaluate(self, loader: Iterable[Any]) -> dict[str, Any]:
         """Mean loss (weighted by batch size) and, for class-index targets with
         ``[N, C]`` outputs, accuracy, over ``loader``; in eval mode, with the
@@ -543,43 +395,7 @@ class MixedPrecisionTrainer:
         """
         manager = self._manager()
         assert self.model is not None and self.criterion is not None
-        dev = manager.device
-        was_training = self.model.training
-        self.model.eval()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
-        correct = torch.zeros((), dtype=torch.int64, device=dev)
-        n = 0
-        classify = True
-        try:
-            for data, target in loader:
-                data = _to_device(data, dev)
-                target = _to_device(target, dev)
-                with manager.autocast():
-                    out = self.model(data)
-                out = cast_floating(out, torch.float32)
-                bs = _batch_size(target)
-                with torch.autocast(dev.type, enabled=False):
-                    loss_sum += self.criterion(out, target).double() * bs
-                if (
-                    classify
-                    and isinstance(out, Tensor)
-                    and isinstance(target, Tensor)
-                    and out.dim() == 2
-                    and not target.is_floating_point()
-                    and target.dim() == 1
-                ):
-                    correct += (out.argmax(1) == target).sum()
-                else:
-                    classify = False
-                n += bs
-        finally:
-            self.model.train(was_training)
-        vals = torch.stack([loss_sum, correct.double()]).tolist()
-        return {
-            "loss": vals[0] / max(n, 1),
-            "accuracy": (vals[1] / max(n, 1)) if classify and n else None,
-            "num_samples": n,
-        }
+        return evaluate_model(manager, self.model, self.criterion, loader)
 
     # ------------------------------------------------------------------ reports
     def _describe(self) -> str:
@@ -601,30 +417,21 @@ class MixedPrecisionTrainer:
         ``activation_memory``, ``adaptive_decisions``.
         """
         manager = self._manager()
-        steps, hist = self._history()
-        totals = self._metrics.read_totals()
-        scale_hist = hist[:, C["scale"]].tolist() if hist is not None else []
-        sst = manager.scaler.stats()
         n = self.optimizer_steps
-        gn_count = totals[C["grad_norm_ok"]]
-        return {
-            "total_steps": n,
-            "micro_steps": self.micro_steps,
-            "skipped_steps": int(totals[C["overflow"]]),
-            "overflow_rate": totals[C["overflow"]] / n if n else 0.0,
-            "underflow_steps": int(totals[C["underflow"]]),
-            "nan_steps": int(totals[C["nan"]]),
-            "current_scale": sst.scale if manager.scaler.is_enabled() else 1.0,
-            "avg_grad_norm": totals[C["grad_norm"]] / gn_count if gn_count else math.nan,
-            "scale_increases": sst.scale_increases + self._scaler_offsets[1],
-            "scale_decreases": sst.scale_decreases + self._scaler_offsets[2],
-            "scale_history": list(zip(steps, scale_hist)),
-            "compute_dtype": PREC_NAME.get(self.compute_dtype, "fp32"),
-            "mode": self.mode.value,
-            "peak_memory": self.peak_memory,
-            "activation_memory": self.activation_memory,
-            "adaptive_decisions": [dict(d) for d in self.adaptive_decisions],
-        }
+        out: dict[str, Any] = {"total_steps": n, "micro_steps": self.micro_steps}
+        out.update(self._metrics.summary(n))
+        sst = manager.scaler.stats()
+        out.update(
+            current_scale=sst.scale if manager.scaler.is_enabled() else 1.0,
+            scale_increases=sst.scale_increases + self._scaler_offsets[1],
+            scale_decreases=sst.scale_decreases + self._scaler_offsets[2],
+            compute_dtype=PREC_NAME.get(self.compute_dtype, "fp32"),
+            mode=self.mode.value,
+            peak_memory=self.peak_memory,
+            activation_memory=self.activation_memory,
+            adaptive_decisions=[dict(d) for d in self.adaptive_decisions],
+        )
+        return out
 
     def get_mixed_precision_stats(self) -> dict[str, Any]:
         """Alias of :meth:`stats` (the name used by the system mixprec replaces)."""
