@@ -43,8 +43,8 @@ from .ops._extension import (
 from .train import (
     HandlingAction,
     MixedPrecisionConfig,
-    MixedPrecisionMode,
     MixedPrecisionManager,
+    MixedPrecisionMode,
     MixedPrecisionTrainer,
     PrecisionLevel,
     StepMetrics,
