@@ -143,6 +143,10 @@ class MixedPrecisionTrainer:
         m = self.mixed_precision_manager
         return None if m is None else m.scaler
 
+    @scaler.setter
+    def scaler(self, scaler: GradScaler) -> None:
+        self._manager().scaler = scaler
+
     @property
     def compute_dtype(self) -> Optional[torch.dtype]:
         """The low-precision dtype in use (``None``: float32, or before setup)."""
