@@ -73,8 +73,8 @@ class ScalerStats:
 class FoldingLog(Generic[Row]):
     """Per-step device values, recorded without a host sync and folded in blocks.
 
-    :meth:`append` only keeps a reference to the step's row (0-dim tensors or a
-    1-D tensor, already on the device; they must not be modified afterwards).
+    :meth:`append` only keeps a reference to the step's row (a 1-D tensor, or a
+    tuple of 0-dim tensors, already on the device; not to be modified afterwards).
     Every ``fold_every`` rows, and whenever a reader asks (:meth:`fold`), the
     pending rows are handed to :meth:`_fold_rows` with the index of the first
     one; a subclass reduces them with a few vectorised ops into device-side
