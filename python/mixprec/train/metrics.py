@@ -98,6 +98,16 @@ class StepMetrics(Mapping[str, Any]):
         self._cache[key] = v
         return v
 
+    @classmethod
+    def micro_batch(cls, loss: Tensor, memory: int, lr: Any) -> StepMetrics:
+        """The metrics of a micro-batch that did not end an accumulation (no step)."""
+        values: dict[str, Any] = {"loss": loss}
+        for key in ("current_scale", "overflow_detected", "underflow_detected", "nan_detected"):
+            values[key] = None
+        values.update(step_skipped=None, grad_norm=None, memory_usage=memory, lr=lr)
+        values["optimizer_step"] = False
+        return cls(values)
+
     def tensor(self, key: str) -> Any:
         """The raw value: a 0-dim device tensor for device metrics (no sync)."""
         return self._values[key]
@@ -266,6 +276,19 @@ class MetricsLog(FoldingLog[Tensor]):
 
 
 # ------------------------------------------------------------------------ log steps
+def last_values(step: int, window: list[float], cur: list[float], lr: Any) -> dict[str, Any]:
+    """What a log step reports: ``step``, ``loss``/``scale``/``grad_norm`` of the newest
+    row ``cur`` (grad norm NaN when not counted), ``overflows`` of the ``window``, ``lr``."""
+    return {
+        "step": step,
+        "loss": cur[C["loss"]],
+        "scale": cur[C["scale"]],
+        "overflows": int(window[C["overflow"]]),
+        "grad_norm": cur[C["grad_norm"]] if cur[C["grad_norm_ok"]] else math.nan,
+        "lr": lr,
+    }
+
+
 def log_window(
     config: MixedPrecisionConfig, step: int, steps: int, window: list[float], last: dict[str, Any]
 ) -> None:

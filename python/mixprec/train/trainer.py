@@ -36,7 +36,6 @@ and :meth:`~MixedPrecisionTrainer.plot` sync once each.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable
 from typing import Any, Callable, Optional, Union
@@ -61,6 +60,7 @@ from .metrics import (
     C,
     MetricsLog,
     StepMetrics,
+    last_values,
     log_window,
     memory_usage,
     plot_history,
@@ -290,20 +290,7 @@ class MixedPrecisionTrainer:
         detached = loss.detach()
         self._step_loss = detached if self._step_loss is None else self._step_loss + detached
         if self._micro < accum:
-            return StepMetrics(
-                {
-                    "loss": detached,
-                    "current_scale": None,
-                    "overflow_detected": None,
-                    "underflow_detected": None,
-                    "nan_detected": None,
-                    "step_skipped": None,
-                    "grad_norm": None,
-                    "memory_usage": memory_usage(manager.device),
-                    "lr": self._lr(),
-                    "optimizer_step": False,
-                }
-            )
+            return StepMetrics.micro_batch(detached, memory_usage(manager.device), self._lr())
         return self._optimizer_step()
 
     def flush(self) -> Optional[StepMetrics]:
@@ -352,14 +339,7 @@ class MixedPrecisionTrainer:
         since = self._metrics.log_step
         window, cur = self._metrics.read_window()
         steps = self.optimizer_steps - since
-        self._last_log = {
-            "step": self.optimizer_steps,
-            "loss": cur[C["loss"]],
-            "scale": cur[C["scale"]],
-            "overflows": int(window[C["overflow"]]),
-            "grad_norm": cur[C["grad_norm"]] if cur[C["grad_norm_ok"]] else math.nan,
-            "lr": self._lr(),
-        }
+        self._last_log = last_values(self.optimizer_steps, window, cur, self._lr())
         log_window(self.config, self.optimizer_steps, steps, window, self._last_log)
         manager.adapt(window[C["overflow"]], steps, cur[C["scale"]], self.optimizer_steps)
 
