@@ -10,7 +10,8 @@ from torch import nn
 
 import mixprec
 from _helpers import cuda_only
-from mixprec.amp.autocast import PrecisionPolicy, apply_policy, remove_policy, resolve_precision
+from mixprec.amp.autocast import resolve_precision
+from mixprec.amp.module_policy import PrecisionPolicy, apply_policy, remove_policy
 
 
 def _state(device_type: str) -> tuple[bool, torch.dtype, bool]:

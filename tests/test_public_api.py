@@ -61,6 +61,7 @@ SUBPACKAGES = {
         "MixedPrecisionMode",
         "PrecisionLevel",
         "HandlingAction",
+        "MixedPrecisionManager",
         "MixedPrecisionTrainer",
         "StepMetrics",
     },
