@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 import mixprec
-from conftest import HAS_CUDA
-from mixprec.amp.autocast import PrecisionPolicy, apply_policy, remove_policy, resolve_precision
+from _helpers import cuda_only
+from mixprec.amp.autocast import resolve_precision
+from mixprec.amp.module_policy import PrecisionPolicy, apply_policy, remove_policy
 
 
 def _state(device_type: str) -> tuple[bool, torch.dtype, bool]:
@@ -299,7 +300,7 @@ def test_policy_validation():
     assert PrecisionPolicy(fp32_modules="fc1").fp32_modules == ("fc1",)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@cuda_only
 def test_cuda_auto_policy_matches_capability():
     model = Block().cuda()
     dtypes, _ = _record_outputs(model)

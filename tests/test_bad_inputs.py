@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mixprec
-from conftest import HAS_CUDA, bits
+from _helpers import HAS_CUDA, bits
 from mixprec.ops import _reference
 
 F32 = torch.float32

@@ -22,7 +22,7 @@ from typing import Any, Dict, List
 import pytest
 import torch
 
-from conftest import assert_bitwise_equal
+from _helpers import assert_bitwise_equal
 from mixprec.ops import _cuda_emulation
 
 pytestmark = pytest.mark.skipif(

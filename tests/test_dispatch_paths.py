@@ -12,7 +12,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import mixprec
-from conftest import assert_bitwise_equal
+from _helpers import assert_bitwise_equal
 
 if not mixprec.has_extension():
     pytest.skip("needs the compiled extension", allow_module_level=True)

@@ -19,8 +19,7 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 import mixprec
-from _scaler_utils import (
-    DEVICES,
+from _helpers import (
     HAS_CUDA,
     INF,
     SCALERS,
@@ -106,7 +105,6 @@ def test_cuda_without_cuda_warns_and_disables(scaler_cls):
 
 # ------------------------------------------------------------------ scale()
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 def test_scale_tensor_and_nested(scaler_cls, device):
     s = scaler_cls(device, init_scale=4.0)
     t = torch.full((2,), 3.0, device=device)
@@ -164,7 +162,6 @@ def test_disabled_is_transparent(scaler_cls):
 
 # ------------------------------------------------------------------ state machine
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 def test_state_machine_and_stage_values(scaler_cls, device):
     model, opt, s = _setup(scaler_cls, device)
     _backward(model, s, device)
@@ -262,7 +259,6 @@ def test_non_tensor_param_rejected(scaler_cls):
 
 # ------------------------------------------------------------------ step()
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 def test_step_forwards_args_and_return_value(scaler_cls, device):
     model = two_layer(device)
     opt = RecordingOptimizer(model.parameters())
@@ -305,7 +301,6 @@ def test_step_looks_up_instance_attribute(scaler_cls):
 
 
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 def test_skip_and_scale_sequence(scaler_cls, device):
     model, opt, s = _setup(scaler_cls, device, init_scale=8.0, growth_interval=2)
     before = [p.detach().clone() for p in model.parameters()]
@@ -326,7 +321,6 @@ def test_skip_and_scale_sequence(scaler_cls, device):
 
 # ------------------------------------------------------------------ update(new_scale)
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 def test_update_new_scale(scaler_cls, device):
     model, opt, s = _setup(scaler_cls, device)
     _backward(model, s, device)
@@ -383,7 +377,6 @@ def _advance(s, device, n=3, inf_at=(1,)):
 
 
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 def test_state_dict_keys_and_types(scaler_cls, device):
     s = scaler_cls(device, init_scale=16.0, growth_interval=3)
     _advance(s, device, n=4, inf_at=(0,))
@@ -462,7 +455,6 @@ def test_pickle_disabled(scaler_cls):
 
 # ------------------------------------------------------------------ private hooks
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
 def test_unscale_grads_sparse(scaler_cls, device, dtype):
     s = scaler_cls(device)
@@ -527,7 +519,6 @@ def test_maybe_opt_step(scaler_cls):
 
 # ------------------------------------------------------------------ _step_supports_amp_scaling
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 def test_amp_aware_optimizer_protocol(scaler_cls, device):
     model = two_layer(device)
     opt = RecordingOptimizer(model.parameters(), supports_amp=True)

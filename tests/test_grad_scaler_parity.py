@@ -16,8 +16,7 @@ import pytest
 import torch
 
 import mixprec
-from _scaler_utils import (
-    DEVICES,
+from _helpers import (
     INF,
     SCALERS,
     assert_same_opt_state,
@@ -78,13 +77,11 @@ def _run_basic(device, data, model, opt, scaler, loss_fn, skip_iter, try_scaling
 
 
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 def test_basic_parity_final_scale_512(scaler_cls, device):
     run_scaling_case(scaler_cls, device, _run_basic, unskipped=3, skipped=1)
 
 
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "ctor,kwargs",
     [
@@ -102,7 +99,6 @@ def test_parity_other_optimizers(scaler_cls, device, ctor, kwargs):
 
 
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ctor", [torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD])
 def test_parity_fused_optimizers(scaler_cls, device, ctor):
     """Fused optimizers unscale and skip inside their kernel (_step_supports_amp_scaling)."""
@@ -138,7 +134,6 @@ def _run_accumulation(device, data, model, opt, scaler, loss_fn, skip_iter, try_
 
 
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 def test_parity_gradient_accumulation(scaler_cls, device):
     run_scaling_case(scaler_cls, device, _run_accumulation, unskipped=2, skipped=0, atol=1e-6)
 
@@ -175,13 +170,11 @@ def _make_run_clipping(mode: str) -> Run:
 
 
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["scaled-norm", "unscale"])
 def test_parity_clipping(scaler_cls, device, mode):
     run_scaling_case(scaler_cls, device, _make_run_clipping(mode), 3, 1, atol=1e-5)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_parity_clipping_fused_clip_grad_norm(device):
     run_scaling_case(
         mixprec.GradScaler, device, _make_run_clipping("fused"), 3, 1, atol=1e-6
@@ -214,13 +207,11 @@ def _run_penalty(device, data, model, opt, scaler, loss_fn, skip_iter, try_scali
 
 
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 def test_parity_gradient_penalty(scaler_cls, device):
     run_scaling_case(scaler_cls, device, _run_penalty, 3, 1, atol=1e-6)
 
 
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 def test_parity_two_models_two_optimizers_two_losses(scaler_cls, device):
     for enabled in (True, False):
         c0, s0, oc0, os0, data, loss_fn, skip_iter = scaling_case(device, seed=0)
@@ -260,7 +251,6 @@ def test_parity_two_models_two_optimizers_two_losses(scaler_cls, device):
 
 
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("sparse_dtype", [torch.float32, torch.float64])
 def test_parity_sparse_embedding(scaler_cls, device, sparse_dtype):
     for enabled in (True, False):
@@ -297,7 +287,6 @@ def test_parity_sparse_embedding(scaler_cls, device, sparse_dtype):
 
 
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 def test_parity_fp16_autocast(scaler_cls, device):
     def run(device, data, model, opt, scaler, loss_fn, skip_iter, try_scaling_api):
         for i, (x, y) in enumerate(data):
@@ -320,7 +309,6 @@ def test_parity_fp16_autocast(scaler_cls, device):
 
 
 @pytest.mark.parametrize("scaler_cls", SCALERS)
-@pytest.mark.parametrize("device", DEVICES)
 def test_nan_is_treated_like_inf(scaler_cls, device):
     control, scaling, opt_c, opt_s, data, loss_fn, _ = scaling_case(device)
     scaler = scaler_cls(device, init_scale=128.0, growth_interval=1)

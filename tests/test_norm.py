@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mixprec
-from conftest import assert_bitwise_equal
+from _helpers import assert_bitwise_equal
 from mixprec.ops import _reference
 
 NORMS = [2.0, 1.0, float("inf"), 3.0, 0.5]

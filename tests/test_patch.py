@@ -12,7 +12,7 @@ from torch.amp import GradScaler as EarlyImportedGradScaler
 
 import mixprec
 import mixprec.cuda.amp
-from _scaler_utils import HAS_CUDA, INF, two_layer
+from _helpers import HAS_CUDA, INF, two_layer
 
 
 @pytest.fixture(autouse=True)

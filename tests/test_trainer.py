@@ -11,7 +11,7 @@ from torch import nn
 
 import mixprec
 import mixprec.optim
-from conftest import assert_bitwise_equal
+from _helpers import assert_bitwise_equal
 from mixprec import MixedPrecisionConfig, MixedPrecisionTrainer
 
 
@@ -411,33 +411,61 @@ def test_nan_handling_raise_acts_at_log_step():
 
 
 # ------------------------------------------------------------------------ loops, reports
-def test_train_epoch_train_evaluate_stats_plot_reset(tmp_path, caplog, capsys):
+def _trained_two_epochs(caplog=None):
+    """fp16 trainer, 2 epochs of 6 batches (12 steps) with validation, logging every 3."""
     cfg = MixedPrecisionConfig(precision_level="fp16", logging_frequency=3)
     trainer = make(cfg, scheduler=False)
     train, val = loader(6, seed=1), loader(2, seed=2)
+    if caplog is None:
+        return trainer, trainer.train(train, 2, val_loader=val, progress=True), val
     with caplog.at_level(logging.INFO, logger="mixprec.trainer"):
         hist = trainer.train(train, 2, val_loader=val, progress=True)
+    return trainer, hist, val
+
+
+def test_train_returns_one_history_entry_per_epoch():
+    _, hist, _ = _trained_two_epochs()
     assert len(hist) == 2
     for h in hist:
         assert {"epoch_loss", "num_batches", "overflow_steps", "underflow_steps", "nan_steps",
                 "average_scale", "val_loss", "val_accuracy", "time_s"} <= set(h)
         assert h["num_batches"] == 6 and h["average_scale"] > 1
     assert hist[1]["epoch_loss"] < hist[0]["epoch_loss"]
+
+
+def test_train_logs_every_logging_frequency_steps_and_shows_a_bar(caplog, capsys):
+    _trained_two_epochs(caplog)
     log_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
     assert len(log_lines) == 4  # 12 optimizer steps / logging_frequency 3
     assert "scale 65536" in log_lines[0]
     assert "train (automatic, fp16)" in capsys.readouterr().err  # the tqdm bar
+
+
+def test_evaluate_reports_accuracy_samples_and_loss():
+    trainer, _, val = _trained_two_epochs()
     ev = trainer.evaluate(val)
     assert 0 <= ev["accuracy"] <= 1 and ev["num_samples"] == 32 and ev["loss"] > 0
+
+
+def test_stats_after_training():
+    trainer, _, _ = _trained_two_epochs()
     st = trainer.stats()
     assert {"total_steps", "overflow_rate", "current_scale", "avg_grad_norm",
             "scale_increases", "scale_decreases", "scale_history"} <= set(st)
     assert st["total_steps"] == 12 and st["current_scale"] == 65536.0
     assert len(st["scale_history"]) == 12 and st["scale_history"][0] == (0, 65536.0)
     assert st["avg_grad_norm"] > 0
+
+
+def test_plot_writes_a_png(tmp_path):
+    trainer, _, _ = _trained_two_epochs()
     png = trainer.plot(tmp_path / "report.png")
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_reset_clears_the_statistics_but_keeps_the_scale():
+    trainer, _, _ = _trained_two_epochs()
     trainer.reset()
     st = trainer.stats()
     assert st["total_steps"] == 0 and st["scale_history"] == [] and st["current_scale"] == 65536.0
@@ -540,3 +568,42 @@ def test_setup_required():
         MixedPrecisionTrainer().train_step(torch.zeros(1), torch.zeros(1))
     with pytest.raises(TypeError, match="MixedPrecisionConfig"):
         MixedPrecisionTrainer(config={"mode": "automatic"})  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------ manager, aliases
+def test_trainer_holds_its_manager():
+    trainer = make(MixedPrecisionConfig(mode="manual", precision_level="bf16"))
+    manager = trainer.mixed_precision_manager
+    assert isinstance(manager, mixprec.MixedPrecisionManager)
+    assert manager.model is trainer.model and manager.optimizer is trainer.optimizer
+    assert trainer.scaler is manager.scaler and trainer.policy_handle is manager.policy_handle
+    assert trainer.compute_dtype is manager.compute_dtype is torch.bfloat16
+    assert MixedPrecisionTrainer().mixed_precision_manager is None
+
+
+def test_mixed_precision_aliases(tmp_path):
+    """save_/load_mixed_precision_state and get_mixed_precision_stats are save_state,
+    load_state and stats under the names of the system mixprec replaces."""
+    cfg = MixedPrecisionConfig(precision_level="fp16", scale_window=2)
+    trainer = make(cfg, scheduler=True)
+    for x, y in loader(3):
+        trainer.train_step(x, y)
+    assert trainer.get_mixed_precision_stats() == trainer.stats()
+    trainer.save_mixed_precision_state(tmp_path / "alias.pt")
+    trainer.save_state(tmp_path / "plain.pt")
+    a = torch.load(tmp_path / "alias.pt", weights_only=True)
+    b = torch.load(tmp_path / "plain.pt", weights_only=True)
+    assert a.keys() == b.keys() and a["counters"] == b["counters"]
+    other = make(cfg, scheduler=True, seed=5)
+    other.load_mixed_precision_state(tmp_path / "alias.pt")
+    assert other.get_mixed_precision_stats()["total_steps"] == 3
+    assert other.scaler.get_scale() == trainer.scaler.get_scale()
+    for p, q in zip(trainer.model.parameters(), other.model.parameters()):
+        assert_bitwise_equal(q.detach(), p.detach())
+    with pytest.raises(ValueError, match="config differs"):
+        make(MixedPrecisionConfig(precision_level="fp16")).load_mixed_precision_state(
+            tmp_path / "alias.pt", strict_config=True)
+    for alias, name in (("save_mixed_precision_state", "save_state"),
+                        ("load_mixed_precision_state", "load_state"),
+                        ("get_mixed_precision_stats", "stats")):
+        assert name in getattr(MixedPrecisionTrainer, alias).__doc__

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mixprec
-from conftest import assert_bitwise_equal, bits
+from _helpers import assert_bitwise_equal, bits
 from mixprec.ops import _reference
 
 TORCH_DTYPES = [torch.float32, torch.float16, torch.float64]  # what torch's op accepts

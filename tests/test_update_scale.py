@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mixprec
-from conftest import assert_bitwise_equal
+from _helpers import assert_bitwise_equal
 from mixprec.ops import _reference
 
 

@@ -19,36 +19,16 @@ from __future__ import annotations
 from . import amp, cuda, diagnostics, ops, optim, train
 from ._cmake import cmake_prefix_path
 from ._version import __version__
-from .amp import (
-    DEFAULT_FP32_MODULES,
-    GradScaler,
-    PolicyHandle,
-    PrecisionPolicy,
-    ScalerStats,
-    apply_policy,
-    autocast,
-    is_torch_patched,
-    patch_torch,
-    remove_policy,
-    resolve_precision,
-    unpatch_torch,
-)
+from .amp import *  # noqa: F403  (every name of amp.__all__)
 from .diagnostics import HealthReport, check_fp16_safe, compare_precisions, health_report
+from .optim import FlatBuffers, flat_buffers
 from .ops._extension import (
     MixprecExtensionWarning,
     build_info,
     has_cuda_kernels,
     has_extension,
 )
-from .optim import FlatBuffers, flat_buffers
-from .train import (
-    HandlingAction,
-    MixedPrecisionConfig,
-    MixedPrecisionMode,
-    MixedPrecisionTrainer,
-    PrecisionLevel,
-    StepMetrics,
-)
+from .train import *  # noqa: F403  (every name of train.__all__)
 
 __all__ = [
     "__version__",
@@ -63,26 +43,10 @@ __all__ = [
     "train",
     "diagnostics",
     "cuda",
-    "GradScaler",
-    "ScalerStats",
+    *amp.__all__,
+    *train.__all__,
     "FlatBuffers",
     "flat_buffers",
-    "patch_torch",
-    "unpatch_torch",
-    "is_torch_patched",
-    "autocast",
-    "resolve_precision",
-    "PrecisionPolicy",
-    "PolicyHandle",
-    "apply_policy",
-    "remove_policy",
-    "DEFAULT_FP32_MODULES",
-    "MixedPrecisionConfig",
-    "MixedPrecisionMode",
-    "PrecisionLevel",
-    "HandlingAction",
-    "MixedPrecisionTrainer",
-    "StepMetrics",
     "check_fp16_safe",
     "health_report",
     "HealthReport",

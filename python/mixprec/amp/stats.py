@@ -1,4 +1,4 @@
-"""Loss-scaling statistics counted on the device, read lazily.
+"""Statistics counted on the device, read lazily: :class:`FoldingLog` and the scaler's.
 
 :class:`mixprec.GradScaler` records, at every :meth:`~mixprec.GradScaler.update`,
 whether the iteration overflowed and what the scale became. Nothing is read
@@ -9,20 +9,26 @@ into a handful of device-side counters with a few vectorised ops. Memory is
 therefore bounded (at most ``FOLD_EVERY`` pairs of 0-dim tensors plus four
 counters), the per-update cost is one tiny device copy, and a host sync happens
 only when :meth:`mixprec.GradScaler.stats` is called.
+
+The pending-list-and-fold mechanism is :class:`FoldingLog`; the scaler's tracker
+and the trainer's per-step metrics (:mod:`mixprec.train.metrics`) are both built
+on it, so there is one way to record per-step device values without a sync.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Generic, Optional, TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["ScalerStats", "FOLD_EVERY"]
+__all__ = ["ScalerStats", "FOLD_EVERY", "FoldingLog"]
 
-#: Number of updates kept pending before they are folded into the counters.
+#: Number of rows (scaler: updates) kept pending before they are folded.
 FOLD_EVERY = 64
+
+Row = TypeVar("Row")
 
 
 @dataclass(frozen=True)
@@ -64,31 +70,94 @@ class ScalerStats:
         }
 
 
-class _StatsTracker:
+class FoldingLog(Generic[Row]):
+    """Per-step device values, recorded without a host sync and folded in blocks.
+
+    :meth:`append` only keeps a reference to the step's row (a 1-D tensor, or a
+    tuple of 0-dim tensors, already on the device; not to be modified afterwards).
+    Every ``fold_every`` rows, and whenever a reader asks (:meth:`fold`), the
+    pending rows are handed to :meth:`_fold_rows` with the index of the first
+    one; a subclass reduces them with a few vectorised ops into device-side
+    counters or history. So memory is bounded by ``fold_every`` rows plus what
+    the subclass keeps, appending costs no device work, and nothing is read
+    back to the host here: reading is the subclass's business.
+
+    ``count`` is the number of rows appended so far (a host int, no sync); a
+    restored log sets it so that row indices continue.
+    """
+
+    def __init__(self, fold_every: int = FOLD_EVERY) -> None:
+        if fold_every < 1:
+            raise ValueError(f"FoldingLog: fold_every must be >= 1, got {fold_every}")
+        self.fold_every = int(fold_every)
+        self.count = 0
+        self._pending: list[Row] = []
+        self._pending_base = 0
+
+    @property
+    def pending(self) -> list[Row]:
+        """The rows not folded yet (oldest first); do not modify."""
+        return self._pending
+
+    def append(self, row: Row) -> None:
+        """Record one row (index ``count``); folds when ``fold_every`` are pending."""
+        if not self._pending:
+            self._pending_base = self.count
+        self._pending.append(row)
+        self.count += 1
+        if len(self._pending) >= self.fold_every:
+            self.fold()
+
+    def fold(self) -> None:
+        """Reduce the pending rows (no host sync); a no-op when none are pending."""
+        if not self._pending:
+            return
+        rows, base = self._pending, self._pending_base
+        self._pending = []
+        self._fold_rows(rows, base)
+
+    def _fold_rows(self, rows: list[Row], first_index: int) -> None:
+        """Reduce ``rows`` (indices ``first_index, first_index + 1, ...``)."""
+        raise NotImplementedError
+
+
+class _StatsTracker(FoldingLog[tuple[Optional[Tensor], Tensor]]):
     """Device-side counters behind :meth:`mixprec.GradScaler.stats`.
 
-    Host state: ``steps`` (a Python int, known without a sync) and the values
-    already read back (``_host``). Device state: the pending list and, once
-    something was folded, ``_counts`` (int64 ``[skipped, increases,
+    A :class:`FoldingLog` whose rows are ``(found_inf, scale_after)`` of one
+    update. Host state: ``steps`` (a Python int, known without a sync) and the
+    values already read back (``_host``). Device state: the pending rows and,
+    once something was folded, ``_counts`` (int64 ``[skipped, increases,
     decreases]``) and ``_last`` (int64 0-dim, -1 for none), both on the
     scale's device. Pickles as plain numbers.
     """
 
     def __init__(self) -> None:
-        self.steps = 0
+        super().__init__(FOLD_EVERY)
         # skipped, increases, decreases, last overflow step (-1: none)
         self._host: list[int] = [0, 0, 0, -1]
         self._counts: Optional[Tensor] = None
         self._last: Optional[Tensor] = None
         self._prev_scale: Optional[Tensor] = None
-        self._pending_found: list[Optional[Tensor]] = []
-        self._pending_scale: list[Tensor] = []
-        self._pending_base = 0
+
+    @property
+    def steps(self) -> int:
+        """Updates recorded so far."""
+        return self.count
+
+    @steps.setter
+    def steps(self, value: int) -> None:
+        self.count = int(value)
+
+    @property
+    def _pending_scale(self) -> list[Tensor]:
+        """The scales of the pending updates (oldest first)."""
+        return [scale for _, scale in self._pending]
 
     # -- recording (no host sync) -------------------------------------------------
     def needs_baseline(self) -> bool:
         """True when the scale before the next update must be captured."""
-        return self._prev_scale is None and not self._pending_scale
+        return self._prev_scale is None and not self._pending
 
     def set_baseline(self, scale_before: Tensor) -> None:
         """Give the scale (a 0-dim copy) the next update starts from."""
@@ -98,19 +167,10 @@ class _StatsTracker:
         """Record one update. ``found_inf``: the iteration's combined 0-dim
         float32 flag (``None`` when no inf check ran); ``scale_after``: a 0-dim
         copy of the new scale. Both must stay unmodified afterwards."""
-        if not self._pending_scale:
-            self._pending_base = self.steps
-        self._pending_found.append(found_inf)
-        self._pending_scale.append(scale_after)
-        self.steps += 1
-        if len(self._pending_scale) >= FOLD_EVERY:
-            self.fold()
+        self.append((found_inf, scale_after))
 
-    def fold(self) -> None:
-        """Reduce the pending updates into the device counters (no host sync)."""
-        if not self._pending_scale:
-            return
-        scales = torch.stack(self._pending_scale)
+    def _fold_rows(self, rows: list[tuple[Optional[Tensor], Tensor]], first_index: int) -> None:
+        scales = torch.stack([scale for _, scale in rows])
         dev = scales.device
         if self._prev_scale is None:  # baseline lost (e.g. after load_state_dict)
             prev0 = scales[:1]
@@ -118,12 +178,10 @@ class _StatsTracker:
             prev0 = self._prev_scale.reshape(1).to(dev)
         prev = torch.cat((prev0, scales[:-1]))
         zero = torch.zeros((), dtype=torch.float32, device=dev)
-        found = torch.stack(
-            [zero if f is None else f.reshape(()).to(dev) for f in self._pending_found]
-        )
+        found = torch.stack([zero if f is None else f.reshape(()).to(dev) for f, _ in rows])
         over = found != 0
         counts = torch.stack((over.sum(), (scales > prev).sum(), (scales < prev).sum()))
-        index = torch.arange(self._pending_base, self._pending_base + scales.numel(), device=dev)
+        index = torch.arange(first_index, first_index + scales.numel(), device=dev)
         last = torch.where(over, index, torch.full_like(index, -1)).max()
         if self._counts is None or self._last is None:
             self._counts, self._last = counts, last
@@ -131,8 +189,6 @@ class _StatsTracker:
             self._counts = self._counts + counts
             self._last = torch.maximum(self._last, last)
         self._prev_scale = scales[-1]
-        self._pending_found.clear()
-        self._pending_scale.clear()
 
     def rebaseline(self) -> None:
         """Forget the previous scale (it was changed outside an update)."""

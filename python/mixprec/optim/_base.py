@@ -8,9 +8,11 @@ group. It owns what Adam, AdamW and SGD have in common:
   moments/buffers and, for float16/bfloat16 params of a group with
   ``master_weights=True``, a float32 master copy (``state["master_param"]``);
 * the amp contract (``_step_supports_amp_scaling = True``): ``grad_scale``,
-  ``found_inf`` and ``clip_coef`` come as ``step()`` keyword arguments or as
-  attributes set by a GradScaler (torch's sets ``optimizer.grad_scale`` and
-  ``optimizer.found_inf``), and are read on the device by the kernels;
+  ``found_inf`` and ``clip_coef`` are read on the device by the kernels.
+  :class:`mixprec.GradScaler` passes them as ``step()`` arguments (see
+  :mod:`mixprec.amp.protocol`); ``torch.amp.GradScaler`` sets
+  ``optimizer.grad_scale``/``optimizer.found_inf`` attributes for the call
+  (torch's protocol), which ``step()`` reads when an argument is None;
 * ``lr`` as a device tensor (cached, refreshed only when the group's float lr
   changes), so a step never syncs with the host;
 * ``state_dict``/``load_state_dict`` that keep masters in float32 and accept
@@ -49,13 +51,11 @@ class FusedOptimizer(torch.optim.Optimizer):
     besides step/master) and ``_run(bucket, group, lr, scalars)``.
     """
 
-    #: GradScaler contract: this optimizer unscales in its own kernel and skips
-    #: the step on the device when found_inf is set.
+    #: GradScaler contract (torch's): this optimizer unscales in its own kernel
+    #: and skips the step on the device when found_inf is set. mixprec.GradScaler
+    #: then calls ``step(grad_scale=, found_inf=, clip_coef=)``; with a
+    #: ``clip_coef`` it can fold ``clip_grad_norm_`` into the step.
     _step_supports_amp_scaling = True
-    #: mixprec.GradScaler.clip_grad_norm_ contract: step() takes a
-    #: ``clip_coef`` tensor and applies it in the same kernel, so the scaler
-    #: can leave the grads as they are (scaled, unclipped).
-    _mixprec_folds_clip_coef = True
 
     def __init__(self, params: Any, defaults: Dict[str, Any]) -> None:
         self._lr_cache: Dict[Tuple[int, torch.device], Tuple[float, Tensor]] = {}
@@ -129,13 +129,15 @@ class FusedOptimizer(torch.optim.Optimizer):
                 grad enabled), as in torch.
             grad_scale: one-element float32 tensor, the scale the grads carry
                 (they are multiplied by its float64 reciprocal in the kernel).
-                Defaults to ``self.grad_scale`` if a GradScaler set it.
             found_inf: one-element float32 tensor; when non-zero the step is
                 skipped on the device (params, masters, state and step counts
-                unchanged). Defaults to ``self.found_inf``.
+                unchanged).
             clip_coef: one-element float32 tensor multiplied into the grads
-                (gradient clipping folded into the step). Defaults to
-                ``self.clip_coef``.
+                (gradient clipping folded into the step).
+
+        :class:`mixprec.GradScaler` passes these three; each one left None
+        defaults to the attribute of the same name (``self.grad_scale``...),
+        which is how ``torch.amp.GradScaler`` hands over the first two.
 
         Mutates the params, their masters and state; grads are read only.
         No host sync (the scalars are moved to each param device with
@@ -205,8 +207,11 @@ class FusedOptimizer(torch.optim.Optimizer):
             self._lr_cache[key] = (value, cached[1])
         return cached[1]
 
-    def _step_group(self, index: int, group: Dict[str, Any], grad_scale: Optional[Tensor],
-                    found_inf: Optional[Tensor], clip_coef: Optional[Tensor]) -> None:
+    def _buckets(self, group: Dict[str, Any]) -> Dict[Tuple[torch.device, bool], Bucket]:
+        """The group's params with a grad, as the op's tensor lists per (device, has master).
+
+        Checks the grads and dtypes and creates missing state (:meth:`_init_state`).
+        """
         names = self._state_names(group)
         buckets: Dict[Tuple[torch.device, bool], Bucket] = _flat.whole_group(self, group)
         for p in () if buckets else group["params"]:  # flat-buffer mode: no per-param loop
@@ -233,6 +238,11 @@ class FusedOptimizer(torch.optim.Optimizer):
                 b[n].append(state[n])
             if master is not None:
                 b["master_params"].append(master)
+        return buckets
+
+    def _step_group(self, index: int, group: Dict[str, Any], grad_scale: Optional[Tensor],
+                    found_inf: Optional[Tensor], clip_coef: Optional[Tensor]) -> None:
+        buckets = self._buckets(group)
         moved: Dict[Tuple[str, torch.device], Optional[Tensor]] = {}
 
         def on(name: str, t: Optional[Tensor], device: torch.device) -> Optional[Tensor]:

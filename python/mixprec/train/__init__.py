@@ -1,12 +1,20 @@
-"""The training loop: :class:`MixedPrecisionTrainer` and its configuration.
+"""The training loop: :class:`MixedPrecisionTrainer`, :class:`MixedPrecisionManager` and
+their configuration.
 
 * :mod:`.config`: :class:`MixedPrecisionConfig`, the modes, precision levels and presets;
-* :mod:`.trainer`: :class:`MixedPrecisionTrainer` and :class:`StepMetrics`.
+* :mod:`.manager`: :class:`MixedPrecisionManager`, the per-mode logic for any loop
+  (forward context, ``backward``, ``step``, state, stats);
+* :mod:`.modes`: one strategy object per mode, used by the manager;
+* :mod:`.adaptive`: the ADAPTIVE mode's controller;
+* :mod:`.metrics`: :class:`StepMetrics`, the per-step metrics log, log lines and the plot;
+* :mod:`.checkpoint`: the trainer's checkpoint format;
+* :mod:`.trainer`: :class:`MixedPrecisionTrainer`, the loop built on the manager.
 """
 
 from __future__ import annotations
 
 from .config import HandlingAction, MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
+from .manager import MixedPrecisionManager
 from .trainer import MixedPrecisionTrainer, StepMetrics
 
 __all__ = [
@@ -14,6 +22,7 @@ __all__ = [
     "MixedPrecisionMode",
     "PrecisionLevel",
     "HandlingAction",
+    "MixedPrecisionManager",
     "MixedPrecisionTrainer",
     "StepMetrics",
 ]

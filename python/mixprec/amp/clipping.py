@@ -1,0 +1,152 @@
+"""Gradient clipping of :meth:`mixprec.GradScaler.clip_grad_norm_`: the decision tree.
+
+:func:`clip_grad_norm` picks one of three branches for an optimizer's gradients:
+
+1. **folded** (a mixprec optimizer, ``fold_into_step=True``, a p-norm with
+   ``p > 0``, no sparse grads): one read-only pass,
+   :func:`mixprec.ops.check_finite_and_norm_`, gives the inf flag and the
+   norm of ``grad / scale``. The grads stay scaled and unclipped; the
+   optimizer's step gets ``grad_scale`` and the clip coefficient (kept in the
+   optimizer's :class:`~mixprec.amp.protocol.OptimizerRecord`).
+2. **fused** (from READY otherwise): :func:`mixprec.ops.unscale_and_norm_`
+   unscales, checks and measures in one pass; then an in-place clip
+   (:func:`clip_with_norm`).
+3. **unfused** (``unscale_`` already ran, ``norm_type`` 0, or the op is not
+   available): ``unscale_`` if still needed, torch's norm (:func:`total_norm`)
+   and the in-place clip.
+
+With a ``process_group`` the norm is reduced over the ranks
+(:func:`all_reduce_norm`). No branch syncs with the host.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+from torch import Tensor
+from torch.amp.grad_scaler import OptState
+
+from .. import ops
+from .grads import norm_pass, reduce_found_inf
+from .protocol import record_of, takes_step_scalars
+
+if TYPE_CHECKING:
+    from .grad_scaler import GradScaler
+
+__all__ = ["clip_grad_norm", "total_norm", "clip_with_norm", "all_reduce_norm"]
+
+
+def _op_available(name: str) -> bool:
+    """Whether ``mixprec.ops.<name>`` runs (compiled, or the reference without an extension)."""
+    if not hasattr(ops, name):
+        return False
+    from ..ops._extension import has_extension
+
+    return not has_extension() or hasattr(torch.ops.mixprec, name)
+
+
+def clip_grad_norm(
+    scaler: GradScaler,
+    optimizer: torch.optim.Optimizer,
+    max_norm: float,
+    norm_type: float,
+    fold_into_step: bool,
+) -> Tensor:
+    """The body of :meth:`mixprec.GradScaler.clip_grad_norm_` (see its documentation)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if not scaler._enabled:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+    scale, _ = scaler._check_scale_growth_tracker("clip_grad_norm_")
+    state = scaler._per_optimizer_states[id(optimizer)]
+    if state["stage"] is OptState.STEPPED:
+        raise RuntimeError("clip_grad_norm_() is being called after step().")
+    norm_type = float(norm_type)
+    home = scale.device
+    fold = (
+        fold_into_step
+        and takes_step_scalars(optimizer)
+        and norm_type > 0
+        and _op_available("check_finite_and_norm_")
+        and not any(p.grad is not None and p.grad.is_sparse for p in params)
+    )
+    record = record_of(state)
+    deferred = record.deferred_unscale
+    total: Optional[Tensor] = None
+    if fold and (state["stage"] is OptState.READY or deferred):
+        # Read-only pass: found_inf and the norm of grad * inv_scale.
+        per_device = scaler._collect_grads(optimizer, False)
+        flags, total = norm_pass(
+            per_device, ops.check_finite_and_norm_, scaler._inv_scale(), norm_type
+        )
+        if not deferred:
+            state["found_inf_per_device"] = reduce_found_inf(flags, home, scaler._process_group)
+            state["stage"] = OptState.UNSCALED
+            record.deferred_unscale = True
+    elif state["stage"] is OptState.READY and norm_type > 0 and _op_available("unscale_and_norm_"):
+        per_device = scaler._collect_grads(optimizer, False, coalesce_sparse=True)
+        flags, total = norm_pass(per_device, ops.unscale_and_norm_, scaler._inv_scale(), norm_type)
+        state["found_inf_per_device"] = reduce_found_inf(flags, home, scaler._process_group)
+        state["stage"] = OptState.UNSCALED
+    else:
+        if state["stage"] is OptState.READY:
+            for p in params:
+                if p.grad is not None and p.grad.is_sparse:
+                    p.grad = p.grad.coalesce()
+            scaler.unscale_(optimizer)
+        grads = [p.grad for p in params if p.grad is not None]
+        with torch.no_grad():
+            if grads:
+                total = total_norm(grads, norm_type).to(home, torch.float32)
+            else:
+                total = torch.zeros((), dtype=torch.float32, device=home)
+    if scaler._process_group is not None:
+        total = all_reduce_norm(total, norm_type, scaler._process_group)
+    pending = record.clip_coef
+    if pending is not None:
+        # An earlier folded clip of this iteration: the grads it would have
+        # produced are the current ones times its coefficient.
+        total = total * pending
+    if fold:
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        record.clip_coef = coef if pending is None else pending * coef
+    else:
+        clip_with_norm(params, max_norm, total)
+    return total
+
+
+def total_norm(grads: list[Tensor], norm_type: float) -> Tensor:
+    """torch's total p-norm of ``grads`` (``torch.nn.utils.get_total_norm`` where it exists)."""
+    get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)
+    if get_total_norm is not None:
+        return get_total_norm(grads, norm_type)
+    norms = [torch.linalg.vector_norm(g, norm_type) for g in grads]  # torch < 2.6
+    first = norms[0].device
+    return torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), norm_type)
+
+
+def clip_with_norm(params: list[Tensor], max_norm: float, total: Tensor) -> None:
+    """Scale grads by ``min(1, max_norm / (total + 1e-6))`` as torch's clipping does."""
+    clip = getattr(torch.nn.utils, "clip_grads_with_norm_", None)
+    if clip is not None:
+        clip(params, max_norm, total)
+        return
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch < 2.6
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef.to(p.grad.device))
+
+
+def all_reduce_norm(total: Tensor, norm_type: float, group: Any) -> Tensor:
+    """Combine the ranks' norms of disjoint shards into the norm of the whole."""
+    import torch.distributed as dist
+
+    if math.isinf(norm_type):
+        out = total.clone()
+        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+        return out
+    powered = total.double().pow(norm_type)
+    dist.all_reduce(powered, op=dist.ReduceOp.SUM, group=group)
+    return powered.pow(1.0 / norm_type).float()

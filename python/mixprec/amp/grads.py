@@ -1,0 +1,167 @@
+"""The passes of :class:`mixprec.GradScaler` over an optimizer's gradients.
+
+:func:`collect_grads` groups the gradients by device; each pass then makes one
+fused :mod:`mixprec.ops` call per device, all dtypes together, with a fresh
+0-dim float32 inf flag per device:
+
+* :func:`unscale_and_check` -- :func:`mixprec.ops.unscale_and_check_` (``unscale_``);
+* :func:`check_finite` -- :func:`mixprec.ops.check_finite_`, read only (the
+  inf check of optimizers that unscale in their own step);
+* :func:`norm_pass` -- :func:`mixprec.ops.unscale_and_norm_` or
+  :func:`mixprec.ops.check_finite_and_norm_` (``clip_grad_norm_``).
+
+:func:`reduce_found_inf` all-reduces the flags over a process group. Nothing
+here syncs with the host.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+from .. import ops
+
+__all__ = [
+    "fp16_grads_allowed",
+    "collect_grads", "reduce_found_inf", "unscale_and_check", "check_finite", "norm_pass"]
+
+PerDevice = dict[torch.device, list[Tensor]]
+Flags = dict[torch.device, Tensor]
+
+
+def fp16_grads_allowed(setting: Optional[bool], optimizer: torch.optim.Optimizer) -> bool:
+    """The scaler's ``allow_fp16_grads``, or (None) whether ``optimizer`` keeps float32 masters."""
+    if setting is not None:
+        return setting
+    return (
+        getattr(optimizer, "master_weights", False) is True
+        or getattr(optimizer, "_mixprec_master_weights", False) is True
+    )
+
+
+def collect_grads(
+    optimizer: torch.optim.Optimizer, allow_fp16: bool, coalesce_sparse: bool = False
+) -> PerDevice:
+    """The optimizer's gradients (values of sparse ones) grouped by device.
+
+    ``ValueError("Attempting to unscale FP16 gradients.")`` for a float16
+    gradient unless ``allow_fp16``. Float16 sparse gradients are coalesced
+    first (replacing ``param.grad``), as torch does, since summing duplicate
+    indices can overflow; with ``coalesce_sparse`` every sparse gradient is.
+    """
+    per_device: PerDevice = {}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if not isinstance(param, Tensor):
+                raise AssertionError(
+                    f"expected param to be torch.Tensor, got {type(param).__name__}"
+                )
+            grad = param.grad
+            if grad is None:
+                continue
+            if not allow_fp16 and grad.dtype == torch.float16:
+                raise ValueError("Attempting to unscale FP16 gradients.")
+            if grad.is_sparse:
+                if coalesce_sparse or grad.dtype is torch.float16:
+                    grad = grad.coalesce()
+                    param.grad = grad
+                grad = grad._values()
+            bucket = per_device.get(grad.device)
+            if bucket is None:
+                per_device[grad.device] = [grad]
+            else:
+                bucket.append(grad)
+    return per_device
+
+
+def reduce_found_inf(per_device: Flags, home: torch.device, group: Optional[Any]) -> Flags:
+    """All-reduce the inf flags (max) over the process ``group`` (identity without one).
+
+    With a group, the result is a single flag on ``home`` (zero when this
+    rank has no gradients, so that every rank joins the collective).
+    """
+    if group is None:
+        return per_device
+    import torch.distributed as dist
+
+    flags = list(per_device.values())
+    if not flags:
+        combined = torch.zeros((), dtype=torch.float32, device=home)
+    else:
+        combined = flags[0].to(home)
+        for f in flags[1:]:
+            combined = combined + f.to(home)
+    dist.all_reduce(combined, op=dist.ReduceOp.MAX, group=group)
+    return {home: combined}
+
+
+def unscale_and_check(per_device: PerDevice, inv_scale: Tensor, found_inf: Tensor) -> Flags:
+    """Unscale the grads in place and check them: one ``unscale_and_check_`` per device.
+
+    ``inv_scale``/``found_inf``: float32 0-dim tensors on one device; grads on
+    other devices get copies of them. Unlike torch, the ``found_inf`` passed
+    in is itself used (and set) for the grads on its own device instead of a
+    copy. Returns ``{device: found_inf on that device}``.
+    """
+    home = found_inf.device
+    flags: Flags = {}
+    with torch.no_grad():
+        # copies first, so they all start from the caller's (unset) flag
+        targets = {
+            dev: (
+                (found_inf, inv_scale)
+                if dev == home
+                else (
+                    found_inf.to(dev, non_blocking=True, copy=True),
+                    inv_scale.to(dev, non_blocking=True, copy=True),
+                )
+            )
+            for dev in per_device
+        }
+        for dev, grads in per_device.items():
+            flag, inv = targets[dev]
+            ops.unscale_and_check_(grads, flag, inv)
+            flags[dev] = flag
+    return flags
+
+
+def check_finite(per_device: PerDevice) -> Flags:
+    """Check the grads for inf/NaN without writing them: one ``check_finite_`` per device."""
+    flags: Flags = {}
+    with torch.no_grad():
+        for dev, grads in per_device.items():
+            flag = torch.zeros((), dtype=torch.float32, device=dev)
+            ops.check_finite_(grads, flag)
+            flags[dev] = flag
+    return flags
+
+
+def norm_pass(
+    per_device: PerDevice,
+    op: Callable[[list[Tensor], Tensor, Tensor, float], Tensor],
+    inv_scale: Tensor,
+    norm_type: float,
+) -> tuple[Flags, Tensor]:
+    """One ``op`` call per device (a norm op of :mod:`mixprec.ops`) with a fresh inf flag.
+
+    Returns the per-device flags and the total norm (float32, 0-dim, on
+    ``inv_scale``'s device).
+    """
+    home = inv_scale.device
+    flags: Flags = {}
+    norms: list[Tensor] = []
+    with torch.no_grad():
+        for dev, grads in per_device.items():
+            flag = torch.zeros((), dtype=torch.float32, device=dev)
+            inv = inv_scale if dev == home else inv_scale.to(dev, non_blocking=True)
+            norms.append(op(grads, flag, inv, norm_type).to(home))
+            flags[dev] = flag
+    if not norms:
+        total = torch.zeros((), dtype=torch.float32, device=home)
+    elif len(norms) == 1:
+        total = norms[0]
+    else:
+        total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+    return flags, total

@@ -1,0 +1,363 @@
+"""Precision policies applied to a model: which module runs in which precision.
+
+:class:`PrecisionPolicy` + :func:`apply_policy` decide, per module, which
+precision a model runs in, with forward wrappers over :class:`torch.autocast`
+(no op lists are copied from torch): chosen module types (default:
+normalization layers and losses) or glob names run in float32 with their
+inputs cast up; optionally only chosen modules run in low precision
+(selective); per-module overrides (used by the ADAPTIVE trainer mode); and the
+model's floating outputs are cast to float32. :func:`apply_policy` returns a
+:class:`PolicyHandle` whose :meth:`~PolicyHandle.remove` undoes everything.
+
+Nothing here synchronizes with the device.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch import nn
+
+from .autocast import PRECISIONS, _first_low_dtype, autocast, cast_floating, resolve_precision
+
+__all__ = [
+    "PrecisionPolicy",
+    "PolicyHandle",
+    "apply_policy",
+    "remove_policy",
+    "DEFAULT_FP32_MODULES",
+]
+
+def _norm_types() -> tuple[type[nn.Module], ...]:
+    types: list[type[nn.Module]] = [
+        nn.modules.batchnorm._BatchNorm,
+        nn.modules.instancenorm._InstanceNorm,
+        nn.LayerNorm,
+        nn.GroupNorm,
+        nn.LocalResponseNorm,
+    ]
+    rms = getattr(nn, "RMSNorm", None)  # torch >= 2.4
+    if rms is not None:
+        types.append(rms)
+    return tuple(types)
+
+
+#: Module types kept in float32 by default: normalization layers and losses.
+DEFAULT_FP32_MODULES: tuple[type[nn.Module], ...] = _norm_types() + (nn.modules.loss._Loss,)
+
+
+# ----------------------------------------------------------------------- policy
+ModuleSpec = Union[str, type]
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """Which modules of a model run in which precision.
+
+    Module specs (in ``fp32_modules``, ``low_precision_modules`` and the keys of
+    ``module_precisions``) are glob patterns over qualified module names as
+    :meth:`torch.nn.Module.named_modules` yields them (``"encoder.*.norm"``;
+    ``""`` is the root), a class name (``"Linear"``) or a module class
+    (matched with ``isinstance``).
+
+    Attributes:
+        precision: precision of the model's forward (``"fp16"``, ``"bf16"``,
+            ``"fp32"``, ``"auto"``): the root forward is wrapped in
+            :class:`autocast` with it. ``None``: no root autocast; the policy
+            only adjusts the modules below inside whatever autocast the caller
+            enters.
+        fp32_types: module types that always run in float32 (autocast off,
+            floating inputs cast up). Default :data:`DEFAULT_FP32_MODULES`.
+        fp32_modules: more specs that run in float32.
+        low_precision_modules: selective mode: when not ``None``, *only* these
+            modules run in low precision; the rest of the model runs in
+            float32 (every other leaf module casts its inputs up).
+        module_precisions: per-module overrides ``{spec: precision}`` (e.g.
+            ``{"fc2": "bf16"}``), applied after the rules above; a module
+            promoted to ``"fp32"`` gets its inputs cast up.
+        cast_outputs: cast the model's float16/bfloat16 outputs to float32.
+        restore_input_dtype: float32 islands cast their floating outputs back
+            to the 16-bit dtype their inputs had (needed when the params
+            themselves are 16-bit and no autocast runs, as in the trainer's
+            MANUAL mode).
+        device_type: device type for autocast; ``None``: the device of the
+            model's first parameter or buffer (``"cpu"`` without any).
+    """
+
+    precision: Optional[str] = "auto"
+    fp32_types: tuple[type, ...] = DEFAULT_FP32_MODULES
+    fp32_modules: tuple[ModuleSpec, ...] = ()
+    low_precision_modules: Optional[tuple[ModuleSpec, ...]] = None
+    module_precisions: dict[str, str] = field(default_factory=dict)
+    cast_outputs: bool = True
+    restore_input_dtype: bool = False
+    device_type: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ValueError(
+                f"PrecisionPolicy: precision must be None or one of {PRECISIONS}, "
+                f"got {self.precision!r}"
+            )
+        for spec, prec in self.module_precisions.items():
+            if prec not in PRECISIONS:
+                raise ValueError(
+                    f"PrecisionPolicy: module_precisions[{spec!r}] must be one of "
+                    f"{PRECISIONS}, got {prec!r}"
+                )
+        for name in ("fp32_modules", "low_precision_modules"):
+            value = getattr(self, name)
+            if value is not None and isinstance(value, (str, type)):
+                object.__setattr__(self, name, (value,))  # a single spec
+        if not isinstance(self.fp32_types, tuple):
+            object.__setattr__(self, "fp32_types", tuple(self.fp32_types))
+
+    def with_overrides(self, overrides: dict[str, str]) -> PrecisionPolicy:
+        """A copy with ``overrides`` merged into :attr:`module_precisions`."""
+        merged = dict(self.module_precisions)
+        merged.update(overrides)
+        return replace(self, module_precisions=merged)
+
+
+def _matches(spec: ModuleSpec, name: str, module: nn.Module) -> bool:
+    if isinstance(spec, type):
+        return isinstance(module, spec)
+    return fnmatch.fnmatchcase(name, spec) or type(module).__name__ == spec
+
+
+class _PolicyForward:
+    """The forward installed on a module: runs the original in a context.
+
+    Holds the module (not a closure), so ``copy.deepcopy`` of a model gives a
+    copy whose wrappers call the copy.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        prev: Optional[Callable[..., Any]],
+        ctx: Optional[autocast],
+        cast_inputs_to: Optional[torch.dtype],
+        cast_outputs_to: Optional[torch.dtype],
+        restore_input_dtype: bool,
+    ) -> None:
+        self.module = module
+        self.prev = prev
+        self.ctx = ctx
+        self.cast_inputs_to = cast_inputs_to
+        self.cast_outputs_to = cast_outputs_to
+        self.restore_input_dtype = restore_input_dtype
+
+    def _call_original(self, *args: Any, **kwargs: Any) -> Any:
+        if self.prev is not None:
+            return self.prev(*args, **kwargs)
+        return type(self.module).forward(self.module, *args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        in_dtype = _first_low_dtype((args, kwargs)) if self.restore_input_dtype else None
+        if self.cast_inputs_to is not None:
+            args = cast_floating(args, self.cast_inputs_to)
+            kwargs = cast_floating(kwargs, self.cast_inputs_to)
+        if self.ctx is not None:
+            with self.ctx:
+                out = self._call_original(*args, **kwargs)
+        else:
+            out = self._call_original(*args, **kwargs)
+        if in_dtype is not None:
+            out = cast_floating(out, in_dtype, only=(torch.float32,))
+        elif self.cast_outputs_to is not None:
+            out = cast_floating(out, self.cast_outputs_to)
+        return out
+
+
+class PolicyHandle:
+    """What :func:`apply_policy` installed; :meth:`remove` undoes it.
+
+    Attributes:
+        model: the model the policy was applied to.
+        policy: the policy.
+        precisions: ``{qualified module name: "fp16" | "bf16" | "fp32"}`` for
+            every module that got a wrapper (the root is ``""``), the
+            resolved plan; handy for logs and tests.
+    """
+
+    def __init__(self, model: nn.Module, policy: PrecisionPolicy) -> None:
+        self.model = model
+        self.policy = policy
+        self.precisions: dict[str, str] = {}
+        self._installed: list[tuple[nn.Module, bool, Any]] = []
+        self.removed = False
+
+    def _install(self, module: nn.Module, wrapper: _PolicyForward) -> None:
+        had = "forward" in module.__dict__
+        self._installed.append((module, had, module.__dict__.get("forward")))
+        module.forward = wrapper  # type: ignore[method-assign]
+
+    def remove(self) -> None:
+        """Restore every wrapped module's forward (idempotent)."""
+        for module, had, prev in reversed(self._installed):
+            if had:
+                module.forward = prev  # type: ignore[method-assign]
+            else:
+                module.__dict__.pop("forward", None)
+        self._installed.clear()
+        if getattr(self.model, "_mixprec_policy", None) is self:
+            del self.model._mixprec_policy
+        self.removed = True
+
+    def __enter__(self) -> PolicyHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def _model_device_type(model: nn.Module) -> str:
+    for t in model.parameters():
+        return t.device.type
+    for t in model.buffers():
+        return t.device.type
+    return "cpu"
+
+
+def _precision_of(dtype: Optional[torch.dtype]) -> str:
+    if dtype == torch.float16:
+        return "fp16"
+    if dtype == torch.bfloat16:
+        return "bf16"
+    return "fp32"
+
+
+def apply_policy(model: nn.Module, policy: Optional[PrecisionPolicy] = None) -> PolicyHandle:
+    """Apply ``policy`` to ``model`` by wrapping module forwards; reversible.
+
+    Wrappers are installed as instance ``forward`` attributes (the class
+    ``forward`` is untouched; an existing instance ``forward`` is chained and
+    restored), so hooks, ``state_dict`` and parameter identity are unaffected.
+    What each wrapped module does when called:
+
+    * root (``precision`` not ``None``): runs in ``autocast(device_type,
+      precision=...)``; with ``low_precision_modules`` set, the root runs with
+      autocast *disabled* instead and only the selected modules enable it;
+    * float32 modules: run with autocast disabled, float16/bfloat16 inputs cast
+      to float32 (nested tuples/lists/dicts too);
+    * selective mode: selected modules (and their children) run in autocast
+      with the low dtype and return low-precision outputs; every other leaf
+      module is a float32 module as above (so it accepts those outputs);
+    * overridden modules (``module_precisions``): run in their own autocast;
+    * root output: float16/bfloat16 tensors cast to float32 (``cast_outputs``).
+
+    Args:
+        model: the module (mutated: forwards wrapped; params/buffers untouched).
+        policy: default ``PrecisionPolicy()`` (auto precision, norms and losses
+            in float32, outputs float32).
+
+    Returns:
+        A :class:`PolicyHandle`; ``handle.remove()`` (or leaving ``with
+        apply_policy(...)``) restores the model. A model holds at most one
+        policy: applying a second raises ``RuntimeError``.
+    """
+    if getattr(model, "_mixprec_policy", None) is not None:
+        raise RuntimeError(
+            "apply_policy: this model already has a policy; call handle.remove() (or "
+            "mixprec.remove_policy(model)) first"
+        )
+    policy = policy if policy is not None else PrecisionPolicy()
+    device_type = policy.device_type or _model_device_type(model)
+    handle = PolicyHandle(model, policy)
+    selective = policy.low_precision_modules is not None
+
+    if policy.precision is not None:
+        root_dtype, _ = resolve_precision(device_type, policy.precision)
+    else:
+        root_dtype = None
+    low_dtype = root_dtype
+    if low_dtype is None and policy.precision is None:
+        low_dtype = torch.get_autocast_dtype(device_type)
+
+    def region_for(prec: str) -> autocast:
+        return autocast(device_type, precision=prec)
+
+    # the root
+    root_prec = policy.precision
+    if selective:
+        root_ctx: Optional[autocast] = region_for("fp32")
+        handle.precisions[""] = "fp32"
+    elif root_prec is not None:
+        root_ctx = region_for(root_prec)
+        handle.precisions[""] = root_ctx.precision
+    else:
+        root_ctx = None
+    # below the root, in named_modules order (parents before children)
+    selected: list[str] = []
+    if selective:
+        selected = [
+            name
+            for name, module in model.named_modules()
+            if name and any(_matches(s, name, module) for s in policy.low_precision_modules or ())
+        ]
+
+    def inside_selected(name: str) -> bool:
+        return any(name == s or name.startswith(s + ".") for s in selected)
+
+    for name, module in model.named_modules():
+        if name == "":
+            continue
+        prec: Optional[str] = None
+        if isinstance(module, policy.fp32_types) or any(
+            _matches(s, name, module) for s in policy.fp32_modules
+        ):
+            prec = "fp32"
+        elif selective:
+            if name in selected:
+                prec = _precision_of(low_dtype)
+            elif not inside_selected(name) and next(module.children(), None) is None:
+                # a float32 leaf outside every selected subtree: cast its inputs
+                # up, since they may come from a low-precision module
+                prec = "fp32"
+        for spec, override in policy.module_precisions.items():
+            if _matches(spec, name, module):
+                prec = override
+        if prec is None:
+            continue
+        ctx = region_for(prec)
+        is_fp32 = not ctx._enabled
+        handle.precisions[name] = ctx.precision
+        handle._install(
+            module,
+            _PolicyForward(
+                module,
+                module.__dict__.get("forward"),
+                ctx,
+                cast_inputs_to=torch.float32 if is_fp32 else None,
+                cast_outputs_to=None,
+                restore_input_dtype=is_fp32 and policy.restore_input_dtype,
+            ),
+        )
+    if root_ctx is not None or policy.cast_outputs:
+        handle._install(
+            model,
+            _PolicyForward(
+                model,
+                model.__dict__.get("forward"),
+                root_ctx,
+                cast_inputs_to=None,
+                cast_outputs_to=torch.float32 if policy.cast_outputs else None,
+                restore_input_dtype=False,
+            ),
+        )
+    model._mixprec_policy = handle  # type: ignore[assignment]
+    return handle
+
+
+def remove_policy(model: nn.Module) -> bool:
+    """Remove the policy applied to ``model``, if any; returns whether one was."""
+    handle = getattr(model, "_mixprec_policy", None)
+    if handle is None:
+        return False
+    handle.remove()
+    return True
+

@@ -1,0 +1,176 @@
+"""Loss-scale policies of :class:`mixprec.GradScaler` and the checks of its extra arguments.
+
+A policy is a preset of the constructor's scale arguments that reproduces the
+loss-scale rule of a training system (:data:`POLICIES`). :func:`resolve_options`
+merges a preset with the arguments a user passed and validates the result; the
+scaler stores what it returns. :func:`apply_scale_rule` is the update of the
+scale at the end of an iteration, on the device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+from torch import Tensor
+
+from .. import ops
+
+if TYPE_CHECKING:
+    from .grad_scaler import GradScaler
+
+__all__ = ["ScalePolicy", "POLICIES", "ScalerOptions", "resolve_options", "apply_scale_rule"]
+
+#: torch.amp.GradScaler's defaults: an argument left at them takes the preset's value.
+TORCH_INIT_SCALE = 2.0**16
+TORCH_GROWTH_INTERVAL = 2000
+
+
+@dataclass(frozen=True)
+class ScalePolicy:
+    """The loss-scale rule of a training system, as :class:`~mixprec.GradScaler` presets.
+
+    A preset supplies ``init_scale`` and ``growth_interval`` when the
+    constructor's arguments are left at torch's defaults (``2.0**16`` and
+    ``2000``), and ``hysteresis``/``min_scale``/``max_scale`` when they are
+    left at ``None``; any other value you pass wins. Growth and backoff
+    factors are 2.0 and 0.5 in all three systems.
+    """
+
+    name: str
+    init_scale: float
+    growth_interval: int
+    hysteresis: int
+    min_scale: Optional[float]
+    max_scale: Optional[float]
+
+
+#: The presets. Rules, in terms of :func:`mixprec.ops.update_scale_ext_`:
+#:
+#: ``"torch"`` -- ``torch.amp.GradScaler``: back off by 0.5 on every overflow,
+#: grow by 2 after 2000 clean steps, no bounds, no hysteresis (bitwise
+#: ``torch._amp_update_scale_``).
+#:
+#: ``"deepspeed"`` -- ``deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler``
+#: with DeepSpeed's fp16 config defaults (``initial_scale_power=16``,
+#: ``loss_scale_window=1000``, ``hysteresis=2``, ``min_loss_scale=1``,
+#: ``consecutive_hysteresis=False``): an overflow resets the growth window
+#: (``last_overflow_iter = cur_iter``); while ``cur_hysteresis > 1`` it only
+#: decrements it, otherwise ``scale = max(scale / 2, min_loss_scale)``; after
+#: ``loss_scale_window`` clean iterations the scale doubles and hysteresis is
+#: refilled. Differences: DeepSpeed raises when it would back off below
+#: ``min_loss_scale`` with ``raise_error_at_min_scale`` (that needs a host sync;
+#: here the scale stays at ``min_scale``), and ``consecutive_hysteresis=True``
+#: is not modelled.
+#:
+#: ``"megatron"`` -- ``megatron.core.optimizer.grad_scaler.DynamicGradScaler``
+#: with Megatron-LM's argument defaults (``--initial-loss-scale 2**32``,
+#: ``--min-loss-scale 1``, ``--loss-scale-window 1000``, ``--hysteresis 2``):
+#: on overflow ``growth_tracker = 0``, ``hysteresis_tracker -= 1`` and, if it is
+#: ``<= 0``, ``scale = max(scale * 0.5, min_scale)``; after ``growth_interval``
+#: clean steps ``scale *= 2`` and the hysteresis tracker is refilled.
+#: Difference: a growth whose result would overflow float32 is skipped here.
+POLICIES: dict[str, ScalePolicy] = {
+    "torch": ScalePolicy("torch", 2.0**16, 2000, 1, None, None),
+    "deepspeed": ScalePolicy("deepspeed", 2.0**16, 1000, 2, 1.0, None),
+    "megatron": ScalePolicy("megatron", 2.0**32, 1000, 2, 1.0, None),
+}
+
+
+@dataclass(frozen=True)
+class ScalerOptions:
+    """A policy merged with the constructor's arguments, validated."""
+
+    init_scale: float
+    growth_interval: int
+    hysteresis: int
+    min_scale: Optional[float]
+    max_scale: Optional[float]
+
+    def uses_ext_rule(self) -> bool:
+        """Whether the update needs :func:`mixprec.ops.update_scale_ext_` (hysteresis or bounds)."""
+        return self.hysteresis != 1 or self.min_scale is not None or self.max_scale is not None
+
+
+def resolve_options(
+    policy: str,
+    init_scale: float,
+    growth_interval: int,
+    allow_fp16_grads: Optional[bool],
+    min_scale: Optional[float],
+    max_scale: Optional[float],
+    hysteresis: Optional[int],
+) -> ScalerOptions:
+    """Fill the arguments left at their defaults from ``POLICIES[policy]`` and check them.
+
+    Raises ``ValueError`` for an unknown policy or out-of-range bounds/hysteresis
+    and ``TypeError`` for a non-bool ``allow_fp16_grads``.
+    """
+    if policy not in POLICIES:
+        raise ValueError(
+            f"mixprec.GradScaler: policy must be one of {sorted(POLICIES)}, got {policy!r}"
+        )
+    preset = POLICIES[policy]
+    if init_scale == TORCH_INIT_SCALE:
+        init_scale = preset.init_scale
+    if growth_interval == TORCH_GROWTH_INTERVAL:
+        growth_interval = preset.growth_interval
+    if hysteresis is None:
+        hysteresis = preset.hysteresis
+    if min_scale is None:
+        min_scale = preset.min_scale
+    if max_scale is None:
+        max_scale = preset.max_scale
+    check_extras(allow_fp16_grads, min_scale, max_scale, hysteresis)
+    return ScalerOptions(
+        init_scale=init_scale,
+        growth_interval=growth_interval,
+        hysteresis=int(hysteresis),
+        min_scale=None if min_scale is None else float(min_scale),
+        max_scale=None if max_scale is None else float(max_scale),
+    )
+
+
+def check_extras(
+    allow_fp16_grads: Optional[bool],
+    min_scale: Optional[float],
+    max_scale: Optional[float],
+    hysteresis: int,
+) -> None:
+    """Validate the arguments :class:`~mixprec.GradScaler` adds to torch's."""
+    if allow_fp16_grads is not None and not isinstance(allow_fp16_grads, bool):
+        raise TypeError(
+            "mixprec.GradScaler: allow_fp16_grads must be None, True or False, got "
+            f"{allow_fp16_grads!r}"
+        )
+    if isinstance(hysteresis, bool) or not isinstance(hysteresis, int) or hysteresis < 1:
+        raise ValueError(f"mixprec.GradScaler: hysteresis must be an int >= 1, got {hysteresis!r}")
+    for name, value in (("min_scale", min_scale), ("max_scale", max_scale)):
+        if value is not None and not (0.0 < float(value) < math.inf):
+            raise ValueError(f"mixprec.GradScaler: {name} must be finite and > 0, got {value!r}")
+    if min_scale is not None and max_scale is not None and min_scale > max_scale:
+        raise ValueError(
+            f"mixprec.GradScaler: min_scale ({min_scale}) must not exceed max_scale ({max_scale})"
+        )
+
+
+def apply_scale_rule(scaler: GradScaler, scale: Tensor, tracker: Tensor, found: Tensor) -> None:
+    """Back off or grow ``scale`` from the iteration's summed inf flag ``found``; no host sync.
+
+    torch's rule (:func:`mixprec.ops.update_scale_`, bitwise
+    ``torch._amp_update_scale_``) unless the scaler has hysteresis or bounds
+    (:func:`mixprec.ops.update_scale_ext_`, which needs ``_hysteresis_left``).
+    """
+    if not scaler._uses_ext_rule():
+        ops.update_scale_(
+            scale, tracker, found,
+            scaler._growth_factor, scaler._backoff_factor, scaler._growth_interval,
+        )  # fmt: skip
+        return
+    assert scaler._hysteresis_left is not None
+    ops.update_scale_ext_(
+        scale, tracker, scaler._hysteresis_left, found,
+        scaler._growth_factor, scaler._backoff_factor, scaler._growth_interval,
+        scaler._min_scale, scaler._max_scale, scaler._hysteresis,
+    )  # fmt: skip

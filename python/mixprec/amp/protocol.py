@@ -1,0 +1,335 @@
+"""The scaler <-> optimizer protocol of :class:`mixprec.GradScaler`.
+
+How :meth:`GradScaler.step <mixprec.GradScaler.step>` hands an optimizer that
+skips its own step on the device (``_step_supports_amp_scaling``) the scalars
+of the iteration -- ``grad_scale`` (the scale the gradients still carry),
+``found_inf`` (0-dim float32, non-zero: skip) and ``clip_coef`` (a clip folded
+into the step by :meth:`~mixprec.GradScaler.clip_grad_norm_`):
+
+* **mixprec's optimizers** (:class:`mixprec.optim.FusedOptimizer`: Adam, AdamW,
+  SGD) are called as ``optimizer.step(grad_scale=..., found_inf=...,
+  clip_coef=...)``, as the C++ ``FusedOptimizer::step_with`` is. Nothing is set
+  on the optimizer (:func:`step_direct`).
+* **other optimizers** that set ``_step_supports_amp_scaling`` (torch's
+  ``fused=True`` ones) get torch's protocol: the scaler sets
+  ``optimizer.grad_scale`` and ``optimizer.found_inf`` for the duration of the
+  call and deletes them afterwards (:func:`step_with_attributes`).
+
+It also holds what mixprec keeps per optimizer and iteration besides torch's
+``stage`` and ``found_inf_per_device``: one :class:`OptimizerRecord`, stored
+in ``GradScaler._per_optimizer_states[id(optimizer)]`` under :data:`RECORD_KEY`
+(so that ``update()`` resets it with torch's state), and the
+:class:`IterationRecord` that ``update()`` keeps of the iteration it closed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
+
+import torch
+from torch import Tensor
+from torch.amp.grad_scaler import OptState
+
+from ..optim._base import FusedOptimizer
+
+if TYPE_CHECKING:
+    from .grad_scaler import GradScaler
+
+__all__ = [
+    "RECORD_KEY",
+    "OptimizerRecord",
+    "IterationRecord",
+    "StepScalars",
+    "takes_step_scalars",
+    "step_amp_aware",
+    "step_scalars",
+    "step_direct",
+    "step_with_attributes",
+    "any_found",
+]
+
+#: Key of the :class:`OptimizerRecord` in a per-optimizer state dict.
+RECORD_KEY = "mixprec"
+
+_MISSING: Any = object()
+
+
+@dataclass
+class OptimizerRecord:
+    """mixprec's part of one optimizer's state during one iteration.
+
+    Attributes:
+        deferred_unscale: ``clip_grad_norm_`` folded its clip into the step, so
+            the gradients still carry the scale (the stage is UNSCALED, but
+            the optimizer unscales them in its kernel: it gets ``grad_scale``).
+        clip_coef: the folded clip coefficient (0-dim float32 on the scale's
+            device; the product of all folded clips of the iteration), or None.
+        host_found_inf: whether :meth:`~mixprec.GradScaler.step` found inf/NaN,
+            when it had to sync to decide (ordinary optimizers); else None.
+    """
+
+    deferred_unscale: bool = False
+    clip_coef: Optional[Tensor] = None
+    host_found_inf: Optional[bool] = None
+
+
+def record_of(state: dict[str, Any]) -> OptimizerRecord:
+    """The record of a per-optimizer state dict, created on first use."""
+    record = state.get(RECORD_KEY)
+    if record is None:
+        record = state[RECORD_KEY] = OptimizerRecord()
+    return record
+
+
+def peek_record(state: dict[str, Any]) -> OptimizerRecord:
+    """The record of a state dict, or a default one (not stored) if it has none."""
+    record = state.get(RECORD_KEY)
+    return OptimizerRecord() if record is None else record
+
+
+def was_checked(state: dict[str, Any]) -> bool:
+    """Whether the optimizer of ``state`` took part in the iteration (an inf check or a step)."""
+    return state["stage"] is not OptState.READY or bool(state["found_inf_per_device"])
+
+
+@dataclass
+class IterationRecord:
+    """What :meth:`~mixprec.GradScaler.update` keeps of the iteration it closed.
+
+    Attributes:
+        states: the per-optimizer states of that iteration, by ``id(optimizer)``
+            (their inf flags are the source of ``found_inf()`` after ``update()``).
+        skipped: whether the iteration found inf/NaN, once known on the host
+            (``step_was_skipped`` caches its sync here), else None.
+    """
+
+    states: dict[int, dict[str, Any]]
+    skipped: Optional[bool] = None
+
+
+def any_found(flags: Iterable[Tensor], home: torch.device) -> Tensor:
+    """``1.0`` if any of the inf ``flags`` is set, else ``0.0``: 0-dim float32 on ``home``.
+
+    A fresh tensor (never one of the flags). No host sync.
+    """
+    total: Optional[Tensor] = None
+    for flag in flags:
+        flag = flag.to(home, non_blocking=True)
+        total = flag if total is None else total + flag
+    if total is None:
+        return torch.zeros((), dtype=torch.float32, device=home)
+    return (total > 0).to(torch.float32).reshape(())
+
+
+def close_iteration(states: dict[int, dict[str, Any]], found: Optional[Tensor]) -> IterationRecord:
+    """The record ``update()`` keeps of the iteration whose per-optimizer ``states`` it closes.
+
+    ``found`` is the iteration's summed flag (None: no check ran, not skipped).
+    ``skipped`` is filled in when it is known without a sync: every checked
+    optimizer went through a host-synced ``step()``.
+    """
+    states = dict(states)
+    skipped: Optional[bool] = None
+    if found is None:
+        skipped = False
+    else:
+        checked = [s for s in states.values() if s["found_inf_per_device"]]
+        hosts = [peek_record(s).host_found_inf for s in checked]
+        if checked and all(h is not None for h in hosts):
+            skipped = any(hosts)
+    return IterationRecord(states, skipped)
+
+
+def found_inf(
+    current: dict[int, dict[str, Any]],
+    last: Optional[IterationRecord],
+    optimizer: Optional[torch.optim.Optimizer],
+    home: torch.device,
+) -> Tensor:
+    """The body of :meth:`mixprec.GradScaler.found_inf` (see there). No host sync.
+
+    ``current``: the scaler's per-optimizer states; ``last``: the record of the
+    last completed iteration, answered from while no optimizer of the current
+    one has been checked.
+    """
+    checked = {k: s for k, s in current.items() if was_checked(s)}
+    if checked or last is None:
+        states, window, skipped = checked, "in this iteration", None
+    else:
+        states, window, skipped = last.states, "in the last iteration", last.skipped
+    if optimizer is None:
+        if not states and last is None:
+            raise RuntimeError(
+                "GradScaler.found_inf(): no inf check has run yet; call it after step(), "
+                "unscale_() or clip_grad_norm_(), or after update()."
+            )
+        if skipped is not None:
+            return torch.full((), float(skipped), dtype=torch.float32, device=home)
+        return any_found(
+            (f for s in states.values() for f in s["found_inf_per_device"].values()), home
+        )
+    state = states.get(id(optimizer))
+    if state is None:
+        raise RuntimeError(
+            f"GradScaler.found_inf(): this {type(optimizer).__name__} had no inf check "
+            f"{window}; call found_inf(optimizer) after step(), unscale_() or "
+            "clip_grad_norm_() of it (or after update(), for the iteration update() closed)."
+        )
+    return any_found(state["found_inf_per_device"].values(), home)
+
+
+def takes_step_scalars(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` takes ``grad_scale``/``found_inf``/``clip_coef`` arguments.
+
+    True for mixprec's optimizers while they declare ``_step_supports_amp_scaling``
+    (the C++ twin tests ``dynamic_cast<FusedOptimizer*>``).
+    """
+    return isinstance(optimizer, FusedOptimizer) and bool(
+        getattr(optimizer, "_step_supports_amp_scaling", False)
+    )
+
+
+_STEP_SIG_CACHE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def step_takes_grad_scaler(step: Callable[..., Any]) -> bool:
+    """Whether ``step`` has a ``grad_scaler`` parameter (torch's deprecated protocol; cached)."""
+    key = getattr(step, "__func__", step)
+    try:
+        return _STEP_SIG_CACHE[key]
+    except (KeyError, TypeError):
+        pass
+    has = "grad_scaler" in inspect.signature(step).parameters
+    try:
+        _STEP_SIG_CACHE[key] = has
+    except TypeError:  # not weak-referenceable: just don't cache
+        pass
+    return has
+
+
+@dataclass(frozen=True)
+class StepScalars:
+    """What one amp-aware step receives from the scaler."""
+
+    grad_scale: Optional[Tensor]
+    found_inf: Union[int, Tensor]
+    clip_coef: Optional[Tensor]
+
+
+def step_amp_aware(
+    scaler: GradScaler,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """:meth:`GradScaler.step <mixprec.GradScaler.step>` of an optimizer with
+    ``_step_supports_amp_scaling``: check if needed, step it, mark it STEPPED. No host sync.
+    """
+    direct = takes_step_scalars(optimizer)
+    if not direct and step_takes_grad_scaler(optimizer.step):
+        warnings.warn(
+            "GradScaler is going to stop passing itself as a keyword argument to the passed "
+            "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
+            "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
+            "directly.",
+            FutureWarning,
+            stacklevel=4,
+        )
+        kwargs["grad_scaler"] = scaler
+        retval = optimizer.step(*args, **kwargs)
+        state["stage"] = OptState.STEPPED
+        return retval
+    if state["stage"] is OptState.READY:
+        scaler._check_inf_per_device(optimizer)
+    scale = scaler._get_scale_async()
+    if scale is None:
+        raise AssertionError("_get_scale_async returned None")
+    scalars = step_scalars(optimizer, state, scale, direct)
+    if direct:
+        retval = step_direct(optimizer, scalars, args, kwargs)
+    else:
+        retval = step_with_attributes(optimizer, scalars, args, kwargs)
+    state["stage"] = OptState.STEPPED
+    return retval
+
+
+def step_scalars(
+    optimizer: torch.optim.Optimizer, state: dict[str, Any], scale: Tensor, direct: bool
+) -> StepScalars:
+    """The scalars of ``optimizer``'s step, from its per-optimizer ``state``. No host sync.
+
+    ``grad_scale`` is the scale, or None when ``unscale_`` already ran (and was
+    not a folded clip); a ``grad_scale``/``clip_coef`` the user set on the
+    optimizer beforehand is multiplied in, as torch does for ``grad_scale``.
+    ``found_inf`` is the sum of the per-device flags on the scale's device;
+    when the optimizer has no gradients, a zero tensor for the ``direct``
+    protocol and the int 0 for the attribute one (as torch passes it).
+    """
+    flags = list(state["found_inf_per_device"].values())
+    found_inf: Union[int, Tensor]
+    if not flags:
+        found_inf = torch.zeros((), dtype=torch.float32, device=scale.device) if direct else 0
+    elif len(flags) == 1 and flags[0].device == scale.device:
+        found_inf = flags[0]
+    else:
+        found_inf = flags[0].to(scale.device, non_blocking=True)
+        for f in flags[1:]:
+            found_inf = found_inf + f.to(scale.device, non_blocking=True)
+    record = peek_record(state)
+    preset = getattr(optimizer, "grad_scale", _MISSING)
+    grad_scale: Optional[Tensor]
+    if state["stage"] is OptState.UNSCALED and not record.deferred_unscale:
+        grad_scale = None if preset is _MISSING else preset
+    else:
+        grad_scale = scale if preset is _MISSING else scale * preset
+    clip_coef = record.clip_coef
+    if clip_coef is not None:
+        user_coef = optimizer.__dict__.get("clip_coef")
+        if user_coef is not None:
+            clip_coef = clip_coef * user_coef
+    return StepScalars(grad_scale, found_inf, clip_coef)
+
+
+def step_direct(
+    optimizer: torch.optim.Optimizer,
+    scalars: StepScalars,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """``optimizer.step(*args, grad_scale=, found_inf=, clip_coef=, **kwargs)``: mixprec's protocol.
+
+    Keyword arguments the caller passed to ``scaler.step`` win over the scaler's.
+    """
+    call: dict[str, Any] = {
+        "grad_scale": scalars.grad_scale,
+        "found_inf": scalars.found_inf,
+        "clip_coef": scalars.clip_coef,
+    }
+    call.update(kwargs)
+    return optimizer.step(*args, **call)
+
+
+def step_with_attributes(
+    optimizer: torch.optim.Optimizer,
+    scalars: StepScalars,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """torch's protocol: set ``optimizer.grad_scale``/``found_inf``, step, delete them.
+
+    For optimizers other than mixprec's that declare ``_step_supports_amp_scaling``.
+    The attributes are deleted even when ``step`` raises.
+    """
+    optimizer.grad_scale = scalars.grad_scale  # type: ignore[attr-defined]
+    optimizer.found_inf = scalars.found_inf  # type: ignore[attr-defined]
+    try:
+        return optimizer.step(*args, **kwargs)
+    finally:
+        for name in ("grad_scale", "found_inf"):
+            if name in optimizer.__dict__:
+                delattr(optimizer, name)

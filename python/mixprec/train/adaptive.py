@@ -1,0 +1,197 @@
+"""The ADAPTIVE mode's controller: finds the module that overflows and promotes it.
+
+While training it counts, on the device and without a sync, which modules produced a
+non-finite forward output (a forward hook per module that owns parameters) and whose
+gradients were non-finite (from the per-parameter norms of each step). At an evaluation
+(every ``logging_frequency`` optimizer steps) it reads both counts back and decides:
+
+* memory use above ``adaptive_threshold`` while the model runs in float32: turn low
+  precision on for the whole model;
+* an overflow rate above ``overflow_threshold``, or the scale down at ``min_scale``: promote
+  one low-precision module, fp16 -> bf16 where bfloat16 is supported, else -> fp32. The
+  first module (in forward order) whose output was non-finite, else the one closest to the
+  loss whose gradients were.
+
+Decisions are logged (logger ``mixprec.trainer``) and kept in the manager's
+``adaptive_decisions``; the promotions are its ``overrides``, which are saved and re-applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..amp.autocast import resolve_precision
+from .metrics import memory_capacity, memory_usage
+from .modes import PREC_NAME
+
+if TYPE_CHECKING:
+    from .manager import MixedPrecisionManager
+
+__all__ = ["AdaptiveController"]
+
+logger = logging.getLogger("mixprec.trainer")
+
+
+class AdaptiveController:
+    """Counts non-finite module outputs and gradients; promotes modules at evaluations.
+
+    Args:
+        manager: the :class:`~mixprec.train.manager.MixedPrecisionManager` whose precision
+            plan (``root_precision``, ``overrides``, ``compute_dtype``) it changes.
+
+    Installs one forward hook per module that owns parameters; :meth:`remove` takes
+    them off.
+    """
+
+    def __init__(self, manager: MixedPrecisionManager) -> None:
+        self.manager = manager
+        model = manager.model
+        device = manager.device
+        # candidates: modules owning parameters, in registration order; the
+        # forward order is learned at the first forward
+        self.names: list[str] = []
+        self._index: dict[int, int] = {}
+        for name, module in model.named_modules():
+            if name and any(True for _ in module.parameters(recurse=False)):
+                self._index[id(module)] = len(self.names)
+                self.names.append(name)
+        self.fwd_order: list[int] = []
+        self._fwd_seen: set[int] = set()
+        self._param_owner: dict[int, int] = {}
+        self._hooks: list[Any] = []
+        for module in model.modules():
+            idx = self._index.get(id(module))
+            if idx is None:
+                continue
+            for p in module.parameters(recurse=False):
+                self._param_owner[id(p)] = idx
+            self._hooks.append(module.register_forward_hook(self._make_hook(idx)))
+        self.fwd_counts = torch.zeros(len(self.names), device=device)
+        self.bwd_counts = torch.zeros(len(self.names), device=device)
+        self._owner_cache: dict[tuple[int, ...], Tensor] = {}
+
+    def remove(self) -> None:
+        """Take the forward hooks off the model."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    # -- counting (no host sync) -------------------------------------------------------
+    def _make_hook(self, idx: int) -> Callable[..., None]:
+        def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+            if not module.training:
+                return
+            if idx not in self._fwd_seen:
+                self._fwd_seen.add(idx)
+                self.fwd_order.append(idx)
+            out = output[0] if isinstance(output, (tuple, list)) and output else output
+            if isinstance(out, Tensor) and out.is_floating_point():
+                with torch.no_grad():
+                    self.fwd_counts[idx] += (~torch.isfinite(out)).any().float()
+
+        return hook
+
+    def record_grads(self, params: list[Tensor], norms: list[Tensor]) -> None:
+        """Count the modules whose gradients (per-param ``norms``) are non-finite."""
+        device = self.manager.device
+        key = tuple(id(p) for p in params)
+        index = self._owner_cache.get(key)
+        if index is None:
+            index = torch.tensor([self._param_owner.get(id(p), -1) for p in params], device=device)
+            self._owner_cache = {key: index}
+        bad = (~torch.isfinite(torch.stack(norms).to(device))).float()
+        keep = index >= 0
+        self.bwd_counts.index_add_(0, index.clamp(min=0), bad * keep)
+
+    # -- deciding (one host sync) ------------------------------------------------------
+    def _precision(self, name: str) -> str:
+        m = self.manager
+        if name in m.overrides:
+            return m.overrides[name]
+        handle = m.policy_handle
+        if handle is not None and name in handle.precisions:
+            return handle.precisions[name]
+        return m.root_precision or "fp32"
+
+    def evaluate(self, overflows: float, steps: int, last_scale: float, step: int) -> None:
+        """Decide after a window of ``steps`` optimizer steps, ``overflows`` of which
+        overflowed, ending at optimizer step ``step`` with scale ``last_scale``.
+        Reads and clears the counts (one host sync)."""
+        m = self.manager
+        cfg = m.config
+        fwd = self.fwd_counts.tolist()
+        bwd = self.bwd_counts.tolist()
+        self.fwd_counts.zero_()
+        self.bwd_counts.zero_()
+        # memory pressure: turn low precision on
+        cap = memory_capacity(m.device)
+        if m.root_precision == "fp32" and cap > 0 and m.eventual_dtype is not None:
+            frac = memory_usage(m.device) / cap
+            if frac > cfg.adaptive_threshold:
+                new = PREC_NAME[m.eventual_dtype]
+                self._decide(
+                    step,
+                    "<model>",
+                    "fp32",
+                    new,
+                    f"memory use {frac:.1%} > adaptive_threshold {cfg.adaptive_threshold:.1%}",
+                )
+                m.root_precision = new
+                m.compute_dtype = m.eventual_dtype
+                m.install_policy()
+                return
+        rate = overflows / max(steps, 1)
+        at_min = (
+            m.loss_scaling
+            and cfg.min_scale is not None
+            and last_scale <= cfg.min_scale
+            and overflows > 0
+        )
+        if not (rate > cfg.overflow_threshold or at_min):
+            return
+        reason = (
+            f"overflow rate {rate:.0%} > overflow_threshold {cfg.overflow_threshold:.0%}"
+            if rate > cfg.overflow_threshold
+            else f"scale reached min_scale {cfg.min_scale}"
+        )
+        low = [i for i in self.fwd_order if self._precision(self.names[i]) in ("fp16", "bf16")]
+        target: Optional[int] = None
+        for i in low:  # forward origin: first module whose output was non-finite
+            if fwd[i] > 0:
+                target = i
+                reason += "; its forward output was non-finite"
+                break
+        if target is None:  # backward origin: the overflowing module closest to the loss
+            for i in reversed(low):
+                if bwd[i] > 0:
+                    target = i
+                    reason += "; its gradients were non-finite"
+                    break
+        if target is None:
+            logger.info("adaptive: %s, but no low-precision module overflowed", reason)
+            return
+        name = self.names[target]
+        old = self._precision(name)
+        dev_type = m.device.type
+        bf16_ok = resolve_precision(dev_type, "bf16")[0] is not None and (
+            dev_type != "cuda" or torch.cuda.is_bf16_supported()
+        )
+        new = "bf16" if (old == "fp16" and bf16_ok) else "fp32"
+        self._decide(step, name, old, new, reason)
+        m.overrides[name] = new
+        m.install_policy()
+
+    def _decide(self, step: int, module: str, old: str, new: str, reason: str) -> None:
+        decision = {"step": step, "module": module, "from": old, "to": new, "reason": reason}
+        self.manager.adaptive_decisions.append(decision)
+        logger.warning("adaptive: step %d: %s %s -> %s (%s)", step, module, old, new, reason)
+
+    # -- state ------------------------------------------------------------------------
+    def load_counts(self, fwd: Tensor, bwd: Tensor) -> None:
+        """Restore saved counts (``fwd_counts`` / ``bwd_counts`` of a checkpoint)."""
+        self.fwd_counts = fwd.to(self.manager.device)
+        self.bwd_counts = bwd.to(self.manager.device)

@@ -1,0 +1,224 @@
+"""The trainer's loops and helpers: epochs with a progress bar, evaluation, moving
+batches, measuring activation memory, re-pointing a scheduler."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..amp.autocast import cast_floating
+from .metrics import COLS, C, logger
+
+if TYPE_CHECKING:
+    from .manager import MixedPrecisionManager
+    from .trainer import MixedPrecisionTrainer
+
+__all__ = [
+    "run_epoch",
+    "run_epochs",
+    "evaluate_model",
+    "measured_forward",
+    "to_device",
+    "rebind_scheduler",
+]
+
+
+def to_device(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    return obj
+
+
+def batch_size(obj: Any) -> int:
+    if isinstance(obj, Tensor):
+        return int(obj.shape[0]) if obj.dim() else 1
+    if isinstance(obj, (list, tuple)) and obj:
+        return batch_size(obj[0])
+    if isinstance(obj, dict) and obj:
+        return batch_size(next(iter(obj.values())))
+    return 1
+
+
+def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Point ``scheduler`` at ``optimizer`` (and mark its step as tracked, as torch does)."""
+    scheduler.optimizer = optimizer
+    step = optimizer.step
+    if hasattr(step, "_wrapped_by_lr_sched"):
+        return
+    func = step.__func__  # type: ignore[attr-defined]
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        optimizer._opt_called = True  # type: ignore[attr-defined]
+        return func.__get__(optimizer, type(optimizer))(*args, **kwargs)
+
+    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    optimizer.step = wrapper  # type: ignore[method-assign]
+
+
+def run_epoch(trainer: MixedPrecisionTrainer, loader: Iterable[Any], bar: Any) -> dict[str, Any]:
+    """The body of :meth:`MixedPrecisionTrainer.train_epoch`."""
+    totals = trainer._metrics.totals
+    start_totals = None if totals is None else totals.clone()
+    start_steps = trainer.optimizer_steps
+    batches = 0
+    for data, target in loader:
+        trainer.train_step(data, target)
+        batches += 1
+        if bar is not None:
+            bar.update(1)
+            if trainer._last_log and trainer._last_log.get("step") == trainer.optimizer_steps:
+                bar.set_postfix(
+                    loss=f"{trainer._last_log['loss']:.4f}", scale=f"{trainer._last_log['scale']:g}"
+                )
+    trainer.flush()
+    trainer.epochs_done += 1
+    steps = trainer.optimizer_steps - start_steps
+    if steps == 0:
+        vals = [0.0] * len(COLS)
+    else:
+        vals = trainer._metrics.read_totals(since=start_totals)
+    d = max(steps, 1)
+    return {
+        "epoch_loss": vals[C["loss"]] / d,
+        "num_batches": batches,
+        "optimizer_steps": steps,
+        "overflow_steps": int(vals[C["overflow"]]),
+        "underflow_steps": int(vals[C["underflow"]]),
+        "nan_steps": int(vals[C["nan"]]),
+        "average_scale": vals[C["scale"]] / d,
+    }
+
+
+def run_epochs(
+    trainer: MixedPrecisionTrainer,
+    loader: Iterable[Any],
+    num_epochs: int,
+    val_loader: Optional[Iterable[Any]],
+    progress: bool,
+) -> list[dict[str, Any]]:
+    """The body of :meth:`MixedPrecisionTrainer.train`."""
+    if num_epochs < 0:
+        raise ValueError(f"MixedPrecisionTrainer.train: num_epochs must be >= 0, got {num_epochs}")
+    try:
+        total = len(loader) * num_epochs  # type: ignore[arg-type]
+    except TypeError:
+        total = None
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(
+            total=total,
+            desc=f"train ({trainer._describe()})",
+            unit="batch",
+            dynamic_ncols=True,
+            leave=True,
+        )
+    history = []
+    try:
+        for _ in range(num_epochs):
+            t0 = time.perf_counter()
+            result = trainer.train_epoch(loader, _bar=bar)
+            result["time_s"] = time.perf_counter() - t0
+            if val_loader is not None:
+                ev = trainer.evaluate(val_loader)
+                result["val_loss"] = ev["loss"]
+                result["val_accuracy"] = ev["accuracy"]
+            result["epoch"] = trainer.epochs_done
+            history.append(result)
+            extra = (
+                f" | val loss {result['val_loss']:.4f} | val acc {result['val_accuracy']:.4f}"
+                if val_loader is not None and result.get("val_accuracy") is not None
+                else ""
+            )
+            logger.info(
+                "epoch %d | loss %.4f | overflow steps %d | avg scale %g | %.2fs%s",
+                trainer.epochs_done,
+                result["epoch_loss"],
+                result["overflow_steps"],
+                result["average_scale"],
+                result["time_s"],
+                extra,
+            )
+            if bar is not None:
+                bar.set_postfix(epoch=trainer.epochs_done, loss=f"{result['epoch_loss']:.4f}")
+    finally:
+        if bar is not None:
+            bar.close()
+    return history
+
+
+@torch.no_grad()
+def evaluate_model(
+    manager: MixedPrecisionManager,
+    model: nn.Module,
+    criterion: Callable[..., Tensor],
+    loader: Iterable[Any],
+) -> dict[str, Any]:
+    """The body of :meth:`MixedPrecisionTrainer.evaluate`."""
+    dev = manager.device
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
+    correct = torch.zeros((), dtype=torch.int64, device=dev)
+    n = 0
+    classify = True
+    try:
+        for data, target in loader:
+            data = to_device(data, dev)
+            target = to_device(target, dev)
+            with manager.autocast():
+                out = model(data)
+            out = cast_floating(out, torch.float32)
+            bs = batch_size(target)
+            with torch.autocast(dev.type, enabled=False):
+                loss_sum += criterion(out, target).double() * bs
+            if (
+                classify
+                and isinstance(out, Tensor)
+                and isinstance(target, Tensor)
+                and out.dim() == 2
+                and not target.is_floating_point()
+                and target.dim() == 1
+            ):
+                correct += (out.argmax(1) == target).sum()
+            else:
+                classify = False
+            n += bs
+    finally:
+        model.train(was_training)
+    vals = torch.stack([loss_sum, correct.double()]).tolist()
+    return {
+        "loss": vals[0] / max(n, 1),
+        "accuracy": (vals[1] / max(n, 1)) if classify and n else None,
+        "num_samples": n,
+    }
+
+
+def measured_forward(forward: Callable[[], Tensor], params: list[Tensor]) -> tuple[Tensor, int]:
+    """Run ``forward()`` while adding up the bytes autograd saves for backward, except
+    the ``params``' storages; returns ``(loss, activation bytes)``."""
+    seen: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        try:
+            key = t.untyped_storage().data_ptr()
+            seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
+        except (RuntimeError, NotImplementedError):
+            pass
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = forward()
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    return loss, sum(v for k, v in seen.items() if k not in param_ptrs)

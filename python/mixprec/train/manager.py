@@ -1,0 +1,470 @@
+"""``MixedPrecisionManager``: the per-mode mixed-precision logic, for any training loop.
+
+A hand-written loop::
+
+    manager = mixprec.MixedPrecisionManager(model, optimizer, config)
+    optimizer = manager.optimizer            # MANUAL mode: the converted mixprec optimizer
+    for x, y in loader:
+        optimizer.zero_grad(set_to_none=True)
+        with manager.autocast():
+            loss = criterion(model(x), y)
+        manager.backward(loss)
+        applied = manager.step()             # a StepResult; bool(applied) syncs once
+        if scheduler is not None and not manager.step_was_skipped:
+            scheduler.step()
+    print(manager.stats())
+    torch.save(manager.state_dict(), "mp.pt")
+
+:class:`~mixprec.MixedPrecisionTrainer` is built on it (``trainer.mixed_precision_manager``).
+
+Host syncs: :meth:`~MixedPrecisionManager.autocast` and :meth:`~MixedPrecisionManager.backward`
+never sync. :meth:`~MixedPrecisionManager.step` does not either, except (as
+:meth:`mixprec.GradScaler.step`) with an optimizer that is not a mixprec/fused one: one
+``.item()``; and in ADAPTIVE mode, every ``logging_frequency`` steps, one read for the
+evaluation (when ``adapt_in_step``). ``bool()`` of its result syncs once (cached);
+:attr:`~MixedPrecisionManager.step_was_skipped` syncs once per step unless the scaler
+already did. :meth:`~MixedPrecisionManager.stats` and
+:meth:`~MixedPrecisionManager.state_dict` sync once each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+from ..amp.autocast import cast_floating
+from ..amp.grad_scaler import GradScaler
+from ..amp.module_policy import PolicyHandle, apply_policy
+from .config import MixedPrecisionConfig, MixedPrecisionMode
+from .modes import NAME_PREC, PREC_NAME, ModeStrategy, strategy_for
+
+__all__ = ["MixedPrecisionManager", "StepResult"]
+
+_MANAGER_FORMAT = 1
+
+
+def _underflow_flag(
+    grads: list[Tensor], dtype: Optional[torch.dtype], threshold: float, device: torch.device
+) -> Tensor:
+    """1.0 when the fraction of nonzero scaled grads that flush to zero in ``dtype``
+    (float32 for ``None``) exceeds ``threshold`` (device, no sync)."""
+    fi = torch.finfo(dtype or torch.float32)
+    tiny = fi.tiny * fi.eps / 2  # values at or below this round to zero
+    with torch.no_grad():
+        small, nonzero = [], []
+        for g in grads:
+            a = g.detach().abs()
+            nz = a != 0
+            small.append((nz & (a <= tiny)).sum())
+            nonzero.append(nz.sum())
+        s = torch.stack([t.to(device) for t in small]).sum()
+        n = torch.stack([t.to(device) for t in nonzero]).sum()
+        frac = s.float() / n.clamp(min=1).float()
+        return (frac > threshold).float()
+
+
+class StepResult:
+    """What :meth:`MixedPrecisionManager.step` did; true when the optimizer step was applied.
+
+    ``bool(result)`` reads the flag back: one host sync the first time (cached), none
+    when the scaler is disabled (every step is applied then). The device values, no sync:
+
+    Attributes:
+        applied: 0-dim bool tensor, ``True`` when the step was applied.
+        found_inf: 0-dim float32, 1.0 when the grads held inf/NaN (with a disabled
+            scaler: when the computed grad norm was non-finite; the step ran anyway).
+        scale: the loss scale after the update (1.0 without loss scaling).
+        grad_norm: the unscaled L2 grad norm before clipping (0-dim float32), or
+            ``None`` when neither clipping nor ``performance_monitoring`` computed it.
+        underflow: 1.0 when more than ``underflow_threshold`` of the nonzero scaled
+            grads flush to zero in the compute dtype (0.0 without monitoring).
+        checked: whether an enabled GradScaler checked this step (else never skipped).
+    """
+
+    __slots__ = ("found_inf", "scale", "grad_norm", "underflow", "checked", "_applied", "_host")
+
+    def __init__(
+        self,
+        found_inf: Tensor,
+        scale: Tensor,
+        grad_norm: Optional[Tensor],
+        underflow: Tensor,
+        checked: bool,
+    ) -> None:
+        self.found_inf = found_inf
+        self.scale = scale
+        self.grad_norm = grad_norm
+        self.underflow = underflow
+        self.checked = checked
+        self._applied: Optional[Tensor] = None
+        self._host: Optional[bool] = None if checked else True
+
+    @property
+    def applied(self) -> Tensor:
+        """0-dim bool tensor (no sync)."""
+        if self._applied is None:
+            if self.checked:
+                self._applied = self.found_inf == 0
+            else:
+                self._applied = torch.ones((), dtype=torch.bool, device=self.found_inf.device)
+        return self._applied
+
+    def __bool__(self) -> bool:
+        if self._host is None:
+            self._host = bool(self.applied.item())
+        return self._host
+
+    def __repr__(self) -> str:
+        state = "pending" if self._host is None else str(self._host)
+        return f"StepResult(applied={state})"
+
+
+class MixedPrecisionManager:
+    """Mixed precision for a model and its optimizer, in one of the five modes.
+
+    Construction prepares them for ``config.mode`` (see :class:`MixedPrecisionMode`):
+    puts a precision policy on ``model`` (forward wrappers; AUTOMATIC, SELECTIVE,
+    ADAPTIVE, MANUAL), in MANUAL mode converts the params to float16/bfloat16 (except
+    float32-policy modules such as norms) and replaces a ``torch.optim.SGD/Adam/AdamW``
+    by its mixprec master-weight equivalent (use :attr:`optimizer` afterwards), and
+    makes the :class:`mixprec.GradScaler` (:attr:`scaler`; disabled when not needed).
+
+    Args:
+        model: the model (mutated as described; moved to ``device`` when given).
+        optimizer: its optimizer.
+        config: default ``MixedPrecisionConfig()``.
+        device: the training device; default the device of the model's first param.
+        adapt_in_step: ADAPTIVE: evaluate every ``config.logging_frequency`` steps inside
+            :meth:`step` (one host sync each). The trainer turns it off and calls
+            :meth:`adapt` at its log steps, which sync anyway.
+
+    Attributes:
+        model, optimizer, config, device, scaler, strategy (the mode's
+        :class:`~mixprec.train.modes.ModeStrategy`), compute_dtype (``torch.float16`` /
+        ``bfloat16``, ``None`` for float32), loss_scaling, policy_handle,
+        adaptive (the :class:`~mixprec.train.adaptive.AdaptiveController` or ``None``),
+        adaptive_decisions (list of dicts: step, module, from, to, reason), overrides
+        (``{module: precision}`` ADAPTIVE promotions), steps (calls of :meth:`step`).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: Optional[MixedPrecisionConfig] = None,
+        *,
+        device: Union[str, torch.device, None] = None,
+        adapt_in_step: bool = True,
+    ) -> None:
+        cfg = config if config is not None else MixedPrecisionConfig()
+        if not isinstance(cfg, MixedPrecisionConfig):
+            raise TypeError(
+                f"MixedPrecisionManager: config must be a MixedPrecisionConfig, got "
+                f"{type(cfg).__name__}"
+            )
+        cfg.validate()
+        self.config = cfg
+        if device is not None:
+            self.device = torch.device(device)
+            model.to(self.device)
+        else:
+            p = next(iter(model.parameters()), None)
+            self.device = p.device if p is not None else torch.device("cpu")
+        self.model = model
+        self.strategy: ModeStrategy = strategy_for(cfg)
+        self.compute_dtype = self.strategy.compute_dtype(self.device)
+        self.eventual_dtype = self.strategy.eventual_dtype(self.compute_dtype, self.device)
+        self.adaptive_decisions: list[dict[str, Any]] = []
+        self.overrides: dict[str, str] = {}
+        self.root_precision: Optional[str] = None
+        self.policy_handle: Optional[PolicyHandle] = None
+        self.optimizer: Any = self.strategy.prepare(self, optimizer)
+        self.loss_scaling = self.strategy.loss_scaling(self.eventual_dtype)
+        self._fixed_scale: Optional[float] = None
+        self.scaler = self._make_scaler()
+        self.install_policy()
+        self.adaptive = self.strategy.controller(self)
+        self.adapt_in_step = adapt_in_step
+        self.steps = 0
+        self._window: Optional[Tensor] = None
+        self._window_start = 0
+
+    @property
+    def mode(self) -> MixedPrecisionMode:
+        """The configured mode (an enum member)."""
+        return self.config.mode  # type: ignore[return-value]
+
+    def _make_scaler(self) -> GradScaler:
+        cfg = self.config
+        enabled = self.strategy.uses_scaler()
+        if self.loss_scaling:
+            self._fixed_scale = None if cfg.dynamic_loss_scaling else float(cfg.initial_scale)
+            return GradScaler(
+                self.device.type,
+                init_scale=cfg.initial_scale,
+                growth_factor=cfg.scale_factor,
+                backoff_factor=cfg.backoff_factor,
+                growth_interval=cfg.scale_window,
+                enabled=enabled,
+                min_scale=cfg.min_scale,
+                max_scale=cfg.max_scale,
+                hysteresis=cfg.hysteresis,
+            )
+        # no loss scaling: scale pinned at 1.0, the scaler only checks and skips
+        self._fixed_scale = 1.0
+        return GradScaler(self.device.type, init_scale=1.0, enabled=enabled)
+
+    def reset_scaler(self) -> None:
+        """Replace the scaler by a fresh one (initial scale, no statistics)."""
+        old = self.scaler
+        self.scaler = GradScaler(
+            old._device,
+            init_scale=old._init_scale if not old.is_enabled() else self._initial_scale(),
+            growth_factor=getattr(old, "_growth_factor", 2.0),
+            backoff_factor=getattr(old, "_backoff_factor", 0.5),
+            growth_interval=getattr(old, "_growth_interval", 2000),
+            enabled=old.is_enabled(),
+            min_scale=old.min_scale,
+            max_scale=old.max_scale,
+            hysteresis=old.hysteresis,
+        )
+
+    def _initial_scale(self) -> float:
+        return float(self.config.initial_scale) if self.loss_scaling else 1.0
+
+    def install_policy(self) -> None:
+        """(Re)apply the precision policy for the current plan (root precision, overrides)."""
+        if self.policy_handle is not None:
+            self.policy_handle.remove()
+            self.policy_handle = None
+        policy = self.strategy.policy(self)
+        if policy is not None:
+            self.policy_handle = apply_policy(self.model, policy)
+
+    def close(self) -> None:
+        """Take the policy and the ADAPTIVE hooks off the model (params stay converted)."""
+        if self.policy_handle is not None:
+            self.policy_handle.remove()
+            self.policy_handle = None
+        if self.adaptive is not None:
+            self.adaptive.remove()
+
+    # ------------------------------------------------------------------ the loop
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """The forward context: run the model's forward (and the loss) inside it.
+
+        The precision policy on the model does the per-module work; in MANUAL mode
+        this context also casts the float32/float64 inputs of the model's forward to
+        the 16-bit param dtype (a forward pre-hook on the model while inside). The
+        model's floating outputs come out in float32. No host sync.
+        """
+        dtype = self.strategy.input_dtype(self)
+        if dtype is None:
+            yield
+            return
+
+        def cast(module: nn.Module, args: Any, kwargs: Any) -> Any:
+            only = (torch.float32, torch.float64)
+            return cast_floating(args, dtype, only=only), cast_floating(kwargs, dtype, only=only)
+
+        hook = self.model.register_forward_pre_hook(cast, with_kwargs=True)
+        try:
+            yield
+        finally:
+            hook.remove()
+
+    def backward(self, loss: Tensor) -> None:
+        """``loss.backward()``, the loss multiplied by the scale when loss scaling is on.
+
+        For gradient accumulation pass ``loss / accumulation_steps``. No host sync.
+        """
+        if self.scaler.is_enabled():
+            loss = self.scaler.scale(loss)
+        loss.backward()
+
+    def step(self, optimizer: Optional[torch.optim.Optimizer] = None) -> StepResult:
+        """Unscale, check, (clip,) step the optimizer unless the grads are non-finite,
+        and update the scale; the mode's monitoring on the way. Returns a
+        :class:`StepResult`, true when the step was applied (lazily synced).
+
+        ``optimizer``: default :attr:`optimizer`. Clipping to ``config.max_grad_norm``
+        is fused with the unscale. With ``performance_monitoring`` (and in ADAPTIVE
+        mode) the per-param grad norms and the underflow check run on the device.
+        Host syncs: see the module docstring.
+        """
+        cfg = self.config
+        opt = optimizer if optimizer is not None else self.optimizer
+        scaler = self.scaler
+        dev = self.device
+        params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        grads = [p.grad for p in params]
+        enabled = scaler.is_enabled()
+        scale = scaler._get_scale_async() if enabled else None
+        if scale is None:
+            scale = torch.ones((), device=dev)
+        scale_before = scale.clone()
+        norms: Optional[list[Tensor]] = None
+        adaptive = self.adaptive
+        if grads and (
+            adaptive is not None or (cfg.performance_monitoring and not cfg.max_grad_norm)
+        ):
+            with torch.no_grad():
+                norms = list(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
+        if adaptive is not None and norms is not None:
+            adaptive.record_grads(params, norms)
+        zero = torch.zeros((), device=dev)
+        underflow = zero
+        if cfg.performance_monitoring and grads:
+            underflow = _underflow_flag(grads, self.compute_dtype, cfg.underflow_threshold, dev)
+        grad_norm: Optional[Tensor] = None
+        if cfg.max_grad_norm:
+            if enabled:
+                grad_norm = scaler.clip_grad_norm_(opt, cfg.max_grad_norm)
+            else:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        elif norms is not None:
+            with torch.no_grad():
+                total = torch.linalg.vector_norm(torch.stack([n.to(dev) for n in norms]))
+                grad_norm = total * scale_before.double().reciprocal().float()
+        if enabled:
+            scaler.step(opt)
+            found = scaler.found_inf(opt).to(dev)  # no sync
+            if self._fixed_scale is not None:
+                scaler.update(new_scale=self._fixed_scale)
+            else:
+                scaler.update()
+            scale_after = scaler._get_scale_async()
+            assert scale_after is not None
+        else:
+            opt.step()
+            found = zero if grad_norm is None else (~torch.isfinite(grad_norm)).float()
+            scale_after = torch.ones((), device=dev)
+        self.steps += 1
+        result = StepResult(found, scale_after, grad_norm, underflow, enabled)
+        if adaptive is not None and self.adapt_in_step:
+            self._adapt_window(result)
+        return result
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last :meth:`step` was skipped (``GradScaler.step_was_skipped``;
+        ``False`` with a disabled scaler). One host sync unless the scaler already did."""
+        return self.scaler.is_enabled() and self.scaler.step_was_skipped
+
+    # ------------------------------------------------------------------ ADAPTIVE
+    def _adapt_window(self, result: StepResult) -> None:
+        row = torch.stack([result.found_inf.to(self.device), result.scale.float()])
+        if self._window is None:
+            self._window = torch.zeros(2, device=self.device)
+        self._window[0] += row[0]
+        self._window[1] = row[1]
+        if self.steps % self.config.logging_frequency == 0:
+            overflows, scale = self._window.tolist()
+            self._window.zero_()
+            steps, self._window_start = self.steps - self._window_start, self.steps
+            self.adapt(overflows, steps, scale)
+
+    def adapt(
+        self, overflows: float, steps: int, last_scale: float, step: Optional[int] = None
+    ) -> None:
+        """ADAPTIVE: evaluate a window of ``steps`` optimizer steps, ``overflows`` of
+        which overflowed, that ended with scale ``last_scale`` at optimizer step
+        ``step`` (default :attr:`steps`); may promote a module or turn low precision
+        on. A no-op in the other modes. One host sync."""
+        if self.adaptive is not None:
+            self.adaptive.evaluate(
+                overflows, steps, last_scale, self.steps if step is None else step
+            )
+
+    def restore_plan(
+        self,
+        decisions: list[dict[str, Any]],
+        overrides: dict[str, str],
+        root_precision: Optional[str],
+    ) -> None:
+        """Restore a saved precision plan (ADAPTIVE decisions and promotions) and
+        re-apply the policy."""
+        self.adaptive_decisions = [dict(d) for d in decisions]
+        self.overrides = dict(overrides)
+        if root_precision is not None:
+            self.root_precision = root_precision
+            if self.strategy.dtype_follows_plan:
+                self.compute_dtype = NAME_PREC.get(root_precision, self.compute_dtype)
+        self.install_policy()
+
+    # ------------------------------------------------------------------ state, stats
+    def plan_state(self) -> dict[str, Any]:
+        """The precision plan as saved in checkpoints: ``decisions``, ``overrides``,
+        ``root_precision`` and, in ADAPTIVE mode, ``fwd_counts`` / ``bwd_counts``."""
+        state: dict[str, Any] = {
+            "decisions": [dict(d) for d in self.adaptive_decisions],
+            "overrides": dict(self.overrides),
+            "root_precision": self.root_precision,
+        }
+        if self.adaptive is not None:
+            state["fwd_counts"] = self.adaptive.fwd_counts.cpu()
+            state["bwd_counts"] = self.adaptive.bwd_counts.cpu()
+        return state
+
+    def load_plan_state(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`plan_state`."""
+        self.restore_plan(state["decisions"], state["overrides"], state.get("root_precision"))
+        if "fwd_counts" in state and self.adaptive is not None:
+            self.adaptive.load_counts(state["fwd_counts"], state["bwd_counts"])
+
+    def state_dict(self) -> dict[str, Any]:
+        """``format``, ``scaler`` (the GradScaler's state dict), ``adaptive`` (see
+        :meth:`plan_state`), ``steps`` and ``config``; plain values and CPU tensors, so
+        ``torch.load(weights_only=True)`` reads it. The model's and the optimizer's
+        state dicts are not included (save them as usual). One host sync."""
+        return {
+            "format": _MANAGER_FORMAT,
+            "scaler": self.scaler.state_dict(),
+            "adaptive": self.plan_state(),
+            "steps": self.steps,
+            "config": self.config.to_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (scaler, plan, step count); the config is not
+        changed (the manager keeps its own)."""
+        if state.get("format") != _MANAGER_FORMAT:
+            raise ValueError(
+                f"MixedPrecisionManager.load_state_dict: unknown format {state.get('format')!r}"
+            )
+        if state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        self.load_plan_state(state["adaptive"])
+        self.steps = int(state["steps"])
+        self._window = None
+        self._window_start = self.steps
+
+    def stats(self) -> dict[str, Any]:
+        """``steps`` (calls of :meth:`step`), ``skipped_steps``, ``overflow_rate``,
+        ``current_scale``, ``scale_increases``, ``scale_decreases``,
+        ``last_overflow_step`` (the scaler's, see :class:`mixprec.ScalerStats`),
+        ``loss_scaling``, ``compute_dtype``, ``mode``, ``adaptive_decisions``.
+        One host sync."""
+        sst = self.scaler.stats()
+        return {
+            "steps": self.steps,
+            "skipped_steps": sst.skipped_steps,
+            "overflow_rate": sst.overflow_rate,
+            "current_scale": sst.scale if self.scaler.is_enabled() else 1.0,
+            "scale_increases": sst.scale_increases,
+            "scale_decreases": sst.scale_decreases,
+            "last_overflow_step": sst.last_overflow_step,
+            "loss_scaling": self.loss_scaling,
+            "compute_dtype": PREC_NAME.get(self.compute_dtype, "fp32"),
+            "mode": self.mode.value,
+            "adaptive_decisions": [dict(d) for d in self.adaptive_decisions],
+        }
+
+    def describe(self) -> str:
+        """``"<mode>, <precision>"``, e.g. ``"automatic, fp16"``."""
+        return f"{self.mode.value}, {PREC_NAME.get(self.compute_dtype, 'fp32')}"

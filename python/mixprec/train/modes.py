@@ -1,0 +1,277 @@
+"""One strategy object per :class:`MixedPrecisionMode`: what differs between the modes.
+
+:class:`MixedPrecisionManager <mixprec.train.manager.MixedPrecisionManager>` asks its
+strategy, instead of testing the mode, for:
+
+* the compute dtype at start, and the one loss scaling is decided on (:meth:`compute_dtype`,
+  :meth:`eventual_dtype`, :meth:`loss_scaling`, :meth:`uses_scaler`);
+* preparing model and optimizer (:meth:`prepare`: MANUAL converts params to 16 bits and the
+  optimizer to a mixprec master-weight one);
+* the precision policy put on the model (:meth:`policy`);
+* the dtype the forward's floating inputs are cast to (:meth:`input_dtype`, MANUAL);
+* the ADAPTIVE controller (:meth:`controller`);
+* whether a restored plan changes the compute dtype (:attr:`dtype_follows_plan`).
+
+``config.enabled=False`` selects :class:`Disabled` whatever the mode.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..amp.autocast import resolve_precision
+from ..amp.module_policy import DEFAULT_FP32_MODULES, PrecisionPolicy
+from .config import MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
+
+if TYPE_CHECKING:
+    from .adaptive import AdaptiveController
+    from .manager import MixedPrecisionManager
+
+__all__ = ["ModeStrategy", "strategy_for", "PREC_NAME", "NAME_PREC"]
+
+#: compute dtype <-> precision name (``None`` is float32: no low precision)
+PREC_NAME: dict[Optional[torch.dtype], str] = {
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    None: "fp32",
+}
+NAME_PREC: dict[str, Optional[torch.dtype]] = {v: k for k, v in PREC_NAME.items()}
+
+
+def level_dtype(level: Any, device: torch.device) -> Optional[torch.dtype]:
+    """The low-precision dtype of a :class:`PrecisionLevel` on ``device`` (``None``: fp32)."""
+    if level is PrecisionLevel.FP16:
+        return torch.float16
+    if level is PrecisionLevel.BF16:
+        return torch.bfloat16
+    if level is PrecisionLevel.FP32:
+        return None
+    dtype, _ = resolve_precision(device.type, "auto")
+    return dtype
+
+
+class ModeStrategy:
+    """The default behaviour (AUTOMATIC); each mode overrides what differs."""
+
+    mode: ClassVar[Optional[MixedPrecisionMode]] = MixedPrecisionMode.AUTOMATIC
+    #: a restored precision plan (checkpoint) also sets the compute dtype
+    dtype_follows_plan: ClassVar[bool] = True
+
+    def __init__(self, config: MixedPrecisionConfig) -> None:
+        self.config = config
+
+    # -- dtypes and scaling ------------------------------------------------------------
+    def compute_dtype(self, device: torch.device) -> Optional[torch.dtype]:
+        """The dtype the model computes in at start (``None``: float32)."""
+        return level_dtype(self.config.precision_level, device)
+
+    def eventual_dtype(
+        self, dtype: Optional[torch.dtype], device: torch.device
+    ) -> Optional[torch.dtype]:
+        """The low dtype the run may use at some point (loss scaling is decided on it)."""
+        return dtype
+
+    def loss_scaling(self, eventual: Optional[torch.dtype]) -> bool:
+        """Multiply the loss by the scale: ``config.loss_scaling``, by default for float16."""
+        cfg = self.config
+        if cfg.loss_scaling is not None:
+            return cfg.loss_scaling
+        return eventual == torch.float16
+
+    def uses_scaler(self) -> bool:
+        """Check grads and skip non-finite steps through an enabled GradScaler."""
+        return self.config.gradient_scaling
+
+    # -- model ---------------------------------------------------------------------------
+    def prepare(self, manager: MixedPrecisionManager, optimizer: Any) -> Any:
+        """Adapt model/optimizer to the mode at setup; returns the optimizer to use."""
+        return optimizer
+
+    def policy(self, manager: MixedPrecisionManager) -> Optional[PrecisionPolicy]:
+        """The policy to put on the model (``None``: none); sets ``manager.root_precision``."""
+        if manager.root_precision is None or manager.root_precision not in NAME_PREC:
+            manager.root_precision = PREC_NAME[manager.compute_dtype]
+        return PrecisionPolicy(
+            precision=manager.root_precision,
+            device_type=manager.device.type,
+            low_precision_modules=self.low_precision_modules(),
+            module_precisions=dict(manager.overrides),
+        )
+
+    def low_precision_modules(self) -> Optional[tuple[str, ...]]:
+        """SELECTIVE: the only modules that run in low precision (``None``: all)."""
+        return None
+
+    def input_dtype(self, manager: MixedPrecisionManager) -> Optional[torch.dtype]:
+        """Cast the forward's float32/float64 inputs to this dtype (``None``: leave them)."""
+        return None
+
+    def controller(self, manager: MixedPrecisionManager) -> Optional[AdaptiveController]:
+        """The ADAPTIVE controller, or ``None``."""
+        return None
+
+
+class Automatic(ModeStrategy):
+    """float32 params; the forward in autocast with the default policy."""
+
+
+class Selective(ModeStrategy):
+    """float32 params; only ``config.selective_layers`` run in low precision."""
+
+    mode = MixedPrecisionMode.SELECTIVE
+
+    def low_precision_modules(self) -> Optional[tuple[str, ...]]:
+        return tuple(self.config.selective_layers)
+
+
+class Adaptive(ModeStrategy):
+    """Like AUTOMATIC, with the :class:`~mixprec.train.adaptive.AdaptiveController`."""
+
+    mode = MixedPrecisionMode.ADAPTIVE
+
+    def eventual_dtype(
+        self, dtype: Optional[torch.dtype], device: torch.device
+    ) -> Optional[torch.dtype]:
+        if dtype is not None:
+            return dtype
+        # starts in float32; memory pressure may turn low precision on
+        return resolve_precision(device.type, "auto")[0]
+
+    def controller(self, manager: MixedPrecisionManager) -> Optional[AdaptiveController]:
+        from .adaptive import AdaptiveController
+
+        return AdaptiveController(manager)
+
+
+class Manual(ModeStrategy):
+    """16-bit params (norms stay float32), float32 masters in a mixprec optimizer."""
+
+    mode = MixedPrecisionMode.MANUAL
+    dtype_follows_plan = False
+
+    def prepare(self, manager: MixedPrecisionManager, optimizer: Any) -> Any:
+        dtype = manager.compute_dtype
+        if dtype is None:
+            return optimizer
+        masters = convert_params(manager.model, dtype)
+        new_opt = to_mixprec_optimizer(optimizer, self.config.master_weights)
+        if self.config.master_weights:
+            for group in new_opt.param_groups:
+                for p in group["params"]:
+                    m = masters.get(id(p))
+                    if m is not None and "master_param" not in new_opt.state.get(p, {}):
+                        new_opt.state[p]["master_param"] = m
+        return new_opt
+
+    def policy(self, manager: MixedPrecisionManager) -> Optional[PrecisionPolicy]:
+        manager.root_precision = PREC_NAME[manager.compute_dtype]
+        return PrecisionPolicy(
+            precision=None,
+            restore_input_dtype=True,
+            device_type=manager.device.type,
+            module_precisions=dict(manager.overrides),
+        )
+
+    def input_dtype(self, manager: MixedPrecisionManager) -> Optional[torch.dtype]:
+        return manager.compute_dtype
+
+
+class GradientScaling(ModeStrategy):
+    """float32 compute, dynamic loss scaling only."""
+
+    mode = MixedPrecisionMode.GRADIENT_SCALING
+
+    def compute_dtype(self, device: torch.device) -> Optional[torch.dtype]:
+        return None
+
+    def loss_scaling(self, eventual: Optional[torch.dtype]) -> bool:
+        cfg = self.config
+        return cfg.loss_scaling if cfg.loss_scaling is not None else True
+
+    def policy(self, manager: MixedPrecisionManager) -> Optional[PrecisionPolicy]:
+        manager.root_precision = "fp32"
+        return None
+
+
+class Disabled(GradientScaling):
+    """``config.enabled=False``: plain float32 training, no scaler, no policy."""
+
+    mode = None
+
+    def loss_scaling(self, eventual: Optional[torch.dtype]) -> bool:
+        return False
+
+    def uses_scaler(self) -> bool:
+        return False
+
+
+_STRATEGIES: dict[MixedPrecisionMode, type[ModeStrategy]] = {
+    MixedPrecisionMode.AUTOMATIC: Automatic,
+    MixedPrecisionMode.MANUAL: Manual,
+    MixedPrecisionMode.SELECTIVE: Selective,
+    MixedPrecisionMode.ADAPTIVE: Adaptive,
+    MixedPrecisionMode.GRADIENT_SCALING: GradientScaling,
+}
+
+
+def strategy_for(config: MixedPrecisionConfig) -> ModeStrategy:
+    """The strategy of ``config`` (:class:`Disabled` when ``config.enabled`` is false)."""
+    if not config.enabled:
+        return Disabled(config)
+    return _STRATEGIES[config.mode](config)  # type: ignore[index]
+
+
+# ------------------------------------------------------------------------ MANUAL helpers
+def convert_params(model: nn.Module, dtype: torch.dtype) -> dict[int, Tensor]:
+    """Convert the floating params and buffers of ``model`` to ``dtype``, except in
+    float32-policy modules (norms); returns float32 copies of the converted params,
+    by ``id`` (the masters)."""
+    masters: dict[int, Tensor] = {}
+    for module in model.modules():
+        if isinstance(module, DEFAULT_FP32_MODULES):
+            continue
+        for p in module.parameters(recurse=False):
+            if p.is_floating_point() and p.dtype != dtype:
+                masters[id(p)] = p.detach().to(torch.float32, copy=True)
+                p.data = p.data.to(dtype)
+        for name, b in module.named_buffers(recurse=False):
+            if b is not None and b.is_floating_point():
+                module._buffers[name] = b.to(dtype)
+    return masters
+
+
+def to_mixprec_optimizer(opt: torch.optim.Optimizer, master_weights: bool) -> Any:
+    """A mixprec optimizer with ``opt``'s param groups and hyper-parameters."""
+    from .. import optim as mo
+
+    if isinstance(opt, mo.FusedOptimizer):
+        for g in opt.param_groups:
+            g["master_weights"] = master_weights
+        return opt
+    mapping = {torch.optim.AdamW: mo.AdamW, torch.optim.Adam: mo.Adam, torch.optim.SGD: mo.SGD}
+    cls = mapping.get(type(opt))
+    if cls is None:
+        raise TypeError(
+            f"MixedPrecisionTrainer (MANUAL mode): cannot convert {type(opt).__name__} to a "
+            "mixprec master-weight optimizer; pass torch.optim.SGD/Adam/AdamW or a "
+            "mixprec.optim optimizer"
+        )
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
+    defaults = {k: v for k, v in opt.defaults.items() if k in accepted}
+    defaults.pop("differentiable", None)
+    groups = []
+    for g in opt.param_groups:
+        # keep accepted hyper-parameters and keys torch does not define
+        # (initial_lr from a scheduler, user tags)
+        groups.append(
+            {k: v for k, v in g.items() if k == "params" or k in accepted or k not in opt.defaults}
+        )
+    defaults["master_weights"] = master_weights
+    new = cls(groups, **defaults)
+    if opt.state:
+        new.load_state_dict(opt.state_dict())
+    return new
