@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import mixprec
-from conftest import assert_bitwise_equal
+from _helpers import assert_bitwise_equal
 from mixprec.optim import flat as flat_mod
 
 MASTER = {torch.float32: False, torch.float16: True, torch.bfloat16: True}

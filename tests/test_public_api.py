@@ -77,12 +77,14 @@ SUBPACKAGES = {
     "mixprec.cuda.amp": {"GradScaler"},
 }
 LAYERS = ("mixprec.ops", "mixprec.amp", "mixprec.optim", "mixprec.train", "mixprec.diagnostics")
-# what mixprec re-exports from its layers: all of amp and train, most of diagnostics
+# what mixprec re-exports from its layers: all of amp and train, most of diagnostics, the
+# flat-buffer mode of optim
 TOP_LEVEL = (
     TOP_ONLY
     | SUBPACKAGES["mixprec.amp"]
     | SUBPACKAGES["mixprec.train"]
     | (SUBPACKAGES["mixprec.diagnostics"] - {"ParamHealth"})
+    | {"FlatBuffers", "flat_buffers"}
 )
 
 

@@ -21,13 +21,13 @@ from ._cmake import cmake_prefix_path
 from ._version import __version__
 from .amp import *  # noqa: F403  (every name of amp.__all__)
 from .diagnostics import HealthReport, check_fp16_safe, compare_precisions, health_report
-from .optim import FlatBuffers, flat_buffers
 from .ops._extension import (
     MixprecExtensionWarning,
     build_info,
     has_cuda_kernels,
     has_extension,
 )
+from .optim import FlatBuffers, flat_buffers
 from .train import *  # noqa: F403  (every name of train.__all__)
 
 __all__ = [
