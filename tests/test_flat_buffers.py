@@ -19,6 +19,7 @@ from torch import nn
 import mixprec
 from _helpers import assert_bitwise_equal
 from mixprec.optim import flat as flat_mod
+from mixprec.optim.flat import layout as flat_layout
 
 MASTER = {torch.float32: False, torch.float16: True, torch.bfloat16: True}
 OPTIMS: Dict[str, Callable[..., torch.optim.Optimizer]] = {
@@ -619,14 +620,14 @@ def test_registry_empties_when_the_model_dies() -> None:
     """No reference cycle keeps a dead model's buffers registered (the registry being empty
     is what keeps the hooks traceable by torch.compile(fullgraph=True))."""
     gc.collect()
-    before = len(flat_mod._PARAMS)
+    before = len(flat_layout._PARAMS)
     model = make(torch.float32)
     mixprec.flat_buffers(model)
     opt = mixprec.optim.AdamW(model.parameters())
     train(model, opt, 2, set_to_none=True)
-    assert len(flat_mod._PARAMS) == before + 7
+    assert len(flat_layout._PARAMS) == before + 7
     del model, opt
-    assert len(flat_mod._PARAMS) == before  # without gc.collect()
+    assert len(flat_layout._PARAMS) == before  # without gc.collect()
 
 
 def test_checkpoint_of_flat_optimizer_loads_into_torch_adamw() -> None:

@@ -1,0 +1,97 @@
+"""Detection: the grads handed to the scaler's ops, as one slice per run of flat views.
+
+See :mod:`mixprec.optim.flat` for what counts as a view and why results never depend
+on the detection.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .layout import _GRADS, _Buffer, _data_ptr
+
+
+def _lookup(table: Dict[int, Tuple[weakref.ref[_Buffer], int]], t: Tensor,
+            ptrs_attr: str) -> Optional[Tuple[_Buffer, int]]:
+    entry = table.get(id(t))
+    if entry is None:
+        return None
+    buf = entry[0]()
+    if buf is None or _data_ptr(t) != getattr(buf, ptrs_attr)[entry[1]]:
+        return None
+    return buf, entry[1]
+
+
+def _runs(entries: List[Tuple[int, int]]) -> List[List[Tuple[int, int]]]:
+    """Split ``(index in buffer, position in list)`` pairs into runs of consecutive indices."""
+    entries.sort()
+    runs: List[List[Tuple[int, int]]] = []
+    for e in entries:
+        if runs and runs[-1][-1][0] + 1 == e[0]:
+            runs[-1].append(e)
+        else:
+            runs.append([e])
+    return runs
+
+
+def _grad_ranges(grads: Sequence[Tensor]) -> Tuple[List[Tuple[_Buffer, int, int]], List[int]]:
+    """Runs of flat grad views in ``grads`` and the positions of everything else."""
+    n = len(grads)
+    first = _GRADS.get(id(grads[0]))
+    if first is not None:
+        buf, a = first[0](), first[1]
+        if (buf is not None and buf.grad_ids[a:a + n] == list(map(id, grads))
+                and buf.grad_ptrs[a:a + n] == list(map(_data_ptr, grads))):
+            return [(buf, a, a + n)], []
+    per_buf: Dict[int, Tuple[_Buffer, List[Tuple[int, int]]]] = {}
+    rest: List[int] = []
+    for k, g in enumerate(grads):
+        hit = _lookup(_GRADS, g, "grad_ptrs")
+        if hit is None:
+            rest.append(k)
+        else:
+            per_buf.setdefault(id(hit[0]), (hit[0], []))[1].append((hit[1], k))
+    ranges: List[Tuple[_Buffer, int, int]] = []
+    for buf, entries in per_buf.values():
+        if len({i for i, _ in entries}) != len(entries):
+            return [], list(range(n))  # a grad twice: let the op report it
+        for run in _runs(entries):
+            if len(run) == 1:
+                rest.append(run[0][1])
+            else:
+                ranges.append((buf, run[0][0], run[-1][0] + 1))
+    return ranges, sorted(rest)
+
+
+def coalesce(grads: List[Tensor]) -> List[Tensor]:
+    """``grads`` with every run of adjacent flat-buffer grad views replaced by one slice.
+
+    The result covers exactly the same elements plus the (zero) padding between the
+    views of a run; tensors that are not flat views stay as they are. Used by
+    :class:`mixprec.GradScaler` before its unscale / inf-check / norm ops.
+    """
+    if len(grads) < 2 or not _GRADS:  # traceable: torch.compile(fullgraph) without flat
+        return grads
+    return _coalesce(grads)
+
+
+@torch.compiler.disable
+def _coalesce(grads: List[Tensor]) -> List[Tensor]:
+    ranges, rest = _grad_ranges(grads)
+    if not ranges:
+        return grads
+    return [grads[k] for k in rest] + [buf.slice(1, a, b) for buf, a, b in ranges]
+
+
+def coalesce_grads(per_device: Dict[torch.device, List[Tensor]]
+                   ) -> Dict[torch.device, List[Tensor]]:
+    """:func:`coalesce` for each device's list (the scaler's ``_collect_grads`` result)."""
+    if not _GRADS:
+        return per_device
+    return {dev: coalesce(grads) for dev, grads in per_device.items()}
+
+
