@@ -234,7 +234,14 @@ void run_launches(const Launches<Depth>& launches, const Op& op,
 // the plan, the same tensor: reusing is then correct, and so is rebuilding.
 // Any difference -- another address, shape, stride, dtype or device, a tensor
 // added, removed, reordered or moved to another slot, a changed flag -- makes
-// the keys differ and the plan is rebuilt from scratch.
+// the keys differ and the plan is rebuilt from scratch. (The word sequence
+// parses one way only: list lengths come before the lists and a tensor's tag,
+// which holds its dim, before its sizes and strides; so equal sequences mean
+// equal inputs.) The one-element scalars (found_inf, inv_scale, lr, ...) are
+// not part of a plan: their addresses go to the kernels every call; the key
+// holds their dtype, device, layout and numel, which their checks read.
+// Maintenance rule: a check or a planner that comes to read another property
+// of a tensor must add it to the key (KeyWriter and KeyMatcher).
 //
 // Calls that need contiguous copies (strided tensors) are never stored: the
 // copies get new addresses every call. A plan is stored only once it is
