@@ -21,7 +21,19 @@ the GIL, so a launcher that copied tensors Python owns would pay a GIL round tri
 per copy there and be slower than this row. Checked once, untimed: the plans cover
 exactly the expected number of blocks.
 
-    python benchmarks/bench_launch_plan.py [--sizes 1,100,1000,2000,4000]
+Plan reuse: the launchers keep their last plans per thread and reuse one when a call
+passes the same tensors (same addresses, dtypes, shapes, strides; csrc/cuda/launch_plan.h
+``PlanCache``), as an optimizer and a scaler do step after step. Each plan row is
+timed twice: "plan reused" (the steady state: same tensors every call) and "built
+every call" (reuse switched off with ``_cuda_emulation.set_plan_reuse(False)``: the
+checks, flattening, grouping and planning of every call). Checked once, untimed: the
+reused rows reuse, the others build.
+
+With ``--cpu-time`` the calling thread's CPU time is measured instead of wall time
+(``time.thread_time``; every case runs on the calling thread): on a shared machine whose
+other work steals the cores, it still counts only this work.
+
+    python benchmarks/bench_launch_plan.py [--sizes 1,100,1000,2000,4000] [--cpu-time]
 """
 
 from __future__ import annotations
@@ -29,7 +41,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-from typing import Any, Callable, Dict, List
+import time
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 import torch.utils.benchmark as tb
@@ -38,8 +51,9 @@ import mixprec
 from mixprec.ops import _cuda_emulation, _extension
 
 
-def _time_us(fn: Callable[[], None], min_run_time: float) -> float:
-    timer = tb.Timer(stmt="fn()", globals={"fn": fn}, num_threads=1)
+def _time_us(fn: Callable[[], None], min_run_time: float, cpu_time: bool = False) -> float:
+    clock = time.thread_time if cpu_time else time.perf_counter
+    timer = tb.Timer(stmt="fn()", globals={"fn": fn}, num_threads=1, timer=clock)
     return timer.blocked_autorange(min_run_time=min_run_time).median * 1e6
 
 
@@ -61,7 +75,8 @@ def _fast(fn: Callable[..., Any]) -> Callable[..., None]:
     return call
 
 
-def _cases(n: int) -> Dict[str, Callable[[], None]]:
+def _cases(n: int) -> Dict[str, Tuple[Callable[[], None], bool]]:
+    """name -> (call, whether plan reuse is on while it is timed)."""
     c = _extension._C
     emu = _cuda_emulation.ops()
     plan_unscale = _fast(c.emu_plan_unscale_and_check_)
@@ -72,19 +87,46 @@ def _cases(n: int) -> Dict[str, Callable[[], None]]:
     adam16 = _adam_args(n, torch.float16)
     adam32 = _adam_args(n, torch.float32)
     return {
-        "unscale_and_check_ CUDA host path (plan only)":
-            lambda: plan_unscale(grads, found, inv),
-        "  the same through torch.ops (GIL held)":
-            lambda: emu.plan_unscale_and_check_(grads, found, inv),
-        "fused_adam_ fp16+master CUDA host path (plan only)":
-            lambda: plan_adam(*adam16),
-        "fused_adam_ fp32 CUDA host path (plan only)":
-            lambda: plan_adam(*adam32),
+        "unscale_and_check_ CUDA host path, plan reused":
+            (lambda: plan_unscale(grads, found, inv), True),
+        "unscale_and_check_ CUDA host path, built every call":
+            (lambda: plan_unscale(grads, found, inv), False),
+        "  the same through torch.ops (GIL held), built":
+            (lambda: emu.plan_unscale_and_check_(grads, found, inv), False),
+        "fused_adam_ fp16+master CUDA host path, plan reused":
+            (lambda: plan_adam(*adam16), True),
+        "fused_adam_ fp16+master CUDA host path, built every call":
+            (lambda: plan_adam(*adam16), False),
+        "fused_adam_ fp32 CUDA host path, plan reused":
+            (lambda: plan_adam(*adam32), True),
+        "fused_adam_ fp32 CUDA host path, built every call":
+            (lambda: plan_adam(*adam32), False),
         "control: mixprec unscale_and_check_ CPU kernel":
-            lambda: cpu_unscale(grads, found, inv),
+            (lambda: cpu_unscale(grads, found, inv), True),
         "control: torch _amp_foreach_..._unscale_ on CPU":
-            lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv),
+            (lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv),
+             True),
     }
+
+
+def _check_reuse(n: int) -> None:
+    """Untimed: with reuse on, repeated plan calls reuse; with it off, they build."""
+    grads = [torch.randn(1) for _ in range(n)]
+    adam = _adam_args(n, torch.float16)
+    emu = _cuda_emulation.ops()
+    for reuse in (True, False):
+        _cuda_emulation.set_plan_reuse(reuse)
+        before = _cuda_emulation.plan_cache_stats()
+        for _ in range(3):
+            emu.plan_unscale_and_check_(grads, torch.zeros(1), torch.ones(1))
+            emu.plan_fused_adam_(*adam)
+        after = _cuda_emulation.plan_cache_stats()
+        built, reused = after.builds - before.builds, after.reuses - before.reuses
+        want = (2, 4) if reuse else (6, 0)
+        if (built, reused) != want:
+            raise SystemExit(f"error: plan reuse {reuse}: {built} builds, {reused} reuses, "
+                             f"want {want}")
+    _cuda_emulation.set_plan_reuse(True)
 
 
 def _check_plans(n: int) -> None:
@@ -120,6 +162,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,100,1000,2000,4000")
     parser.add_argument("--min-run-time", type=float, default=0.3)
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time the calling thread's CPU time, not wall time")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     torch.set_num_threads(1)
@@ -127,15 +171,24 @@ def main() -> None:
           f"{platform.machine()}, CPU capability {mixprec.build_info()['cpu_capability']}, "
           f"1 thread, {datetime.date.today()}")
     _check_plans(max(sizes))
+    _check_reuse(max(sizes))
     names = list(_cases(1))
     table: Dict[str, List[float]] = {name: [] for name in names}
-    with torch.inference_mode():
-        for n in sizes:
-            cases = _cases(n)
-            for name in names:
-                table[name].append(_time_us(cases[name], args.min_run_time))
+    previous = _cuda_emulation.set_plan_reuse(True)
+    try:
+        with torch.inference_mode():
+            for n in sizes:
+                cases = _cases(n)
+                for name in names:
+                    fn, reuse = cases[name]
+                    _cuda_emulation.set_plan_reuse(reuse)
+                    table[name].append(_time_us(fn, args.min_run_time, args.cpu_time))
+    finally:
+        _cuda_emulation.set_plan_reuse(previous)
     width = max(len(n) for n in names)
-    print("us per call; columns: n one-element fp32 tensors (fp16 params for +master)")
+    clock = "thread CPU time" if args.cpu_time else "wall time"
+    print(f"us per call ({clock}); columns: n one-element fp32 tensors "
+          "(fp16 params for +master)")
     print(f"{'case':<{width}} " + " ".join(f"{n:>8}" for n in sizes) + "  fixed us  us/tensor")
     for name in names:
         fixed, per = _fit(sizes, table[name])

@@ -90,19 +90,56 @@ void fused_adam_launch(at::TensorList params, at::TensorList grads,
                        const std::optional<at::Tensor>& found_inf,
                        const std::optional<at::Tensor>& clip_coef,
                        bool stochastic_rounding, int64_t seed) {
-  const optim::OptimLists lists = optim::check_fused_adam_args(
-      params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params,
-      state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, grad_scale,
-      found_inf, clip_coef, stochastic_rounding, Exec::kBackend);
-  if (params.empty()) {
-    return;
+  // The plan's key (PlanCache, launch_plan.h): every list and the flags and
+  // scalars that check_optim_args reads; the hyper-parameters are checked
+  // every call.
+  static thread_local PlanCache<OptimPlan<AdamSlot::kDepth>> cache;
+  auto visit = [&](auto& k) {
+    return k.value(amsgrad) && k.value(stochastic_rounding) &&
+           k.list(params) && k.list(grads) && k.list(exp_avgs) &&
+           k.list(exp_avg_sqs) && k.list(max_exp_avg_sqs) &&
+           k.list(master_params) && k.list(state_steps) && k.scalar(lr) &&
+           k.optional_scalar(grad_scale) && k.optional_scalar(found_inf) &&
+           k.optional_scalar(clip_coef);
+  };
+  const OptimPlan<AdamSlot::kDepth>* plan = cache.find(visit);
+  std::optional<optim::OptimLists> lists;
+  if (plan == nullptr) {
+    lists.emplace(optim::check_fused_adam_args(
+        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params,
+        state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, grad_scale,
+        found_inf, clip_coef, stochastic_rounding, Exec::kBackend));
+    if (params.empty()) {
+      return;
+    }
+  } else {
+    optim::check_adam_hparams(beta1, beta2, weight_decay, eps);
   }
   typename Exec::Guard guard(params[0].device());
   const bool masters = !master_params.empty();
 
-  optim::FlatSet fs(lists);
-  const int vm_view = fs.state_view[2];  // max_exp_avg_sqs (amsgrad)
-  const int master_view = fs.master_view;
+  std::optional<optim::FlatSet> fs;
+  if (plan == nullptr) {
+    plan = &cache.build(visit, [&](OptimPlan<AdamSlot::kDepth>& out) {
+      fs.emplace(*lists);
+      const int vm_view = fs->state_view[2];  // max_exp_avg_sqs (amsgrad)
+      const int master_view = fs->master_view;
+      const std::vector<optim::TensorRefs>& v = fs->views;
+      return build_optim_plan<AdamSlot::kDepth>(
+          *fs, state_steps,
+          [&](size_t i, void* (&a)[AdamSlot::kDepth]) {
+            void* p = v[0][i]->data_ptr();
+            a[AdamSlot::kParam] = p;
+            a[AdamSlot::kGrad] = v[1][i]->data_ptr();
+            a[AdamSlot::kExpAvg] = v[fs->state_view[0]][i]->data_ptr();
+            a[AdamSlot::kExpAvgSq] = v[fs->state_view[1]][i]->data_ptr();
+            a[AdamSlot::kMaxExpAvgSq] = vm_view >= 0 ? v[vm_view][i]->data_ptr() : p;
+            a[AdamSlot::kMaster] = master_view >= 0 ? v[master_view][i]->data_ptr() : p;
+            a[AdamSlot::kStep] = state_steps[i].data_ptr();
+          },
+          out);
+    });
+  }
 
   AdamKernelArgs args;
   args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
@@ -112,20 +149,12 @@ void fused_adam_launch(at::TensorList params, at::TensorList grads,
   args.beta2 = beta2;
   args.weight_decay = weight_decay;
 
-  apply_by_dtypes<Exec, AdamSlot::kDepth, AdamOp>(
-      fs, masters, amsgrad, stochastic_rounding, args,
-      [&](size_t i, void* (&a)[AdamSlot::kDepth]) {
-        void* p = fs.views[0][i]->data_ptr();
-        a[AdamSlot::kParam] = p;
-        a[AdamSlot::kGrad] = fs.views[1][i]->data_ptr();
-        a[AdamSlot::kExpAvg] = fs.views[fs.state_view[0]][i]->data_ptr();
-        a[AdamSlot::kExpAvgSq] = fs.views[fs.state_view[1]][i]->data_ptr();
-        a[AdamSlot::kMaxExpAvgSq] = vm_view >= 0 ? fs.views[vm_view][i]->data_ptr() : p;
-        a[AdamSlot::kMaster] = master_view >= 0 ? fs.views[master_view][i]->data_ptr() : p;
-        a[AdamSlot::kStep] = state_steps[i].data_ptr();
-      });
-  fs.finish();
-  increment_steps<Exec>(state_steps, args.found_inf);
+  run_optim_plan<Exec, AdamSlot::kDepth, AdamOp>(*plan, masters, amsgrad,
+                                                 stochastic_rounding, args);
+  if (fs) {
+    fs->finish();
+  }
+  increment_steps<Exec>(plan->steps, args.found_inf);
 }
 
 }  // namespace cuda

@@ -105,22 +105,23 @@ struct IncrementStepsOp {
   }
 };
 
-template <class Exec>
-void increment_steps(at::TensorList steps, const float* found_inf) {
-  StepPtrs s;
-  s.n = 0;
-  auto launch = [&] {
-    Exec::launch_single_block(kStepsPerLaunch, IncrementStepsOp{}, s, found_inf);
-    s.n = 0;
-  };
-  for (const at::Tensor& t : steps) {
-    s.ptr[s.n++] = t.data_ptr<float>();
-    if (s.n == kStepsPerLaunch) {
-      launch();
+// The step-count pointers of `steps`, kStepsPerLaunch per launch.
+inline void plan_steps(at::TensorList steps, std::vector<StepPtrs>& out) {
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (i % kStepsPerLaunch == 0) {
+      out.emplace_back();
+      out.back().n = 0;
     }
+    StepPtrs& s = out.back();
+    s.ptr[s.n++] = steps[i].data_ptr<float>();
   }
-  if (s.n > 0) {
-    launch();
+}
+
+template <class Exec>
+void increment_steps(const std::vector<StepPtrs>& launches,
+                     const float* found_inf) {
+  for (const StepPtrs& s : launches) {
+    Exec::launch_single_block(kStepsPerLaunch, IncrementStepsOp{}, s, found_inf);
   }
 }
 
@@ -322,16 +323,29 @@ struct DtypePairGroups {
   }
 };
 
-// One plan of Op<P, G, kHasMaster, kHasOption> per (param dtype, grad dtype)
-// group of the flat params (DtypePairGroups), where kHasMaster says whether
-// there are master params and kHasOption whether the optimizer's optional
-// state (amsgrad's max_exp_avg_sqs, SGD's momentum buffers) is in use.
+// The plan of one fused-optimizer call: the launches of each (param dtype,
+// grad dtype) group (DtypePairGroups order; empty for a pair not present)
+// and the step-increment launches.
+template <int Depth>
+struct OptimPlan {
+  std::array<Launches<Depth>, 9> groups;
+  std::vector<StepPtrs> steps;
+
+  void clear() {  // (keeps the capacity)
+    for (Launches<Depth>& g : groups) {
+      g.clear();
+    }
+    steps.clear();
+  }
+};
+
+// Builds the plan of the flat params `fs` and their step counts into `out`.
 // fill(i, addresses) writes the Depth list addresses of param i (an index
-// into fs.views); args.sr and args.stream are set per group.
-template <class Exec, int Depth, template <typename, typename, bool, bool> class Op,
-          typename Args, typename Fill>
-void apply_by_dtypes(const optim::FlatSet& fs, bool masters, bool option,
-                     bool stochastic_rounding, Args& args, Fill&& fill) {
+// into fs.views). Returns whether the plan may be stored for reuse: not when
+// fs made contiguous copies, whose addresses change every call.
+template <int Depth, typename Fill>
+bool build_optim_plan(const optim::FlatSet& fs, at::TensorList state_steps,
+                      Fill&& fill, OptimPlan<Depth>& out) {
   const DtypePairGroups groups(fs.views[0], fs.views[1]);
   PlanList<Depth> entries;
   for (int k = 0; k < 9; ++k) {
@@ -346,6 +360,26 @@ void apply_by_dtypes(const optim::FlatSet& fs, bool masters, bool option,
       fill(static_cast<size_t>(i), e.addresses);
       e.numel = fs.views[0][i]->numel();
       entries.push_back(e);
+    }
+    plan_launches(entries, out.groups[k]);
+  }
+  plan_steps(state_steps, out.steps);
+  return fs.owned.empty();
+}
+
+// Runs the groups of `plan` with Op<P, G, kHasMaster, kHasOption> per (param
+// dtype, grad dtype) group, where kHasMaster says whether there are master
+// params and kHasOption whether the optimizer's optional state (amsgrad's
+// max_exp_avg_sqs, SGD's momentum buffers) is in use; args.sr and args.stream
+// are set per group. (The step increments are run by increment_steps.)
+template <class Exec, int Depth, template <typename, typename, bool, bool> class Op,
+          typename Args>
+void run_optim_plan(const OptimPlan<Depth>& plan, bool masters, bool option,
+                    bool stochastic_rounding, Args& args) {
+  for (int k = 0; k < 9; ++k) {
+    const Launches<Depth>& launches = plan.groups[k];
+    if (launches.empty()) {
+      continue;
     }
     const at::ScalarType pdt = DtypePairGroups::kDtypes[k / 3];
     const at::ScalarType gdt = DtypePairGroups::kDtypes[k % 3];
@@ -362,7 +396,7 @@ void apply_by_dtypes(const optim::FlatSet& fs, bool masters, bool option,
         if constexpr (kMs && std::is_same_v<PT, float>) {
           TORCH_INTERNAL_ASSERT(false, "float32 params have no master");
         } else {
-          run_multi_tensor<Exec, Depth>(entries, Op<PT, GT, kMs, kOpt>{}, args);
+          run_launches<Exec, Depth>(launches, Op<PT, GT, kMs, kOpt>{}, args);
         }
       };
       using T = std::true_type;

@@ -71,37 +71,65 @@ void fused_sgd_launch(at::TensorList params, at::TensorList grads,
                     const std::optional<at::Tensor>& found_inf,
                     const std::optional<at::Tensor>& clip_coef,
                     bool stochastic_rounding, int64_t seed) {
-  const optim::OptimLists lists = optim::check_fused_sgd_args(
-      params, grads, momentum_buffers, master_params, state_steps, lr,
-      weight_decay, momentum, dampening, nesterov, grad_scale, found_inf,
-      clip_coef, stochastic_rounding, Exec::kBackend);
-  if (params.empty()) {
-    return;
+  // The plan's key (PlanCache, launch_plan.h): every list and the flags and
+  // scalars that check_optim_args reads; the hyper-parameters are checked
+  // every call.
+  const bool has_mom = momentum != 0.0;
+  static thread_local PlanCache<OptimPlan<SgdSlot::kDepth>> cache;
+  auto visit = [&](auto& k) {
+    return k.value(has_mom) && k.value(stochastic_rounding) &&
+           k.list(params) && k.list(grads) && k.list(momentum_buffers) &&
+           k.list(master_params) && k.list(state_steps) && k.scalar(lr) &&
+           k.optional_scalar(grad_scale) && k.optional_scalar(found_inf) &&
+           k.optional_scalar(clip_coef);
+  };
+  const OptimPlan<SgdSlot::kDepth>* plan = cache.find(visit);
+  std::optional<optim::OptimLists> lists;
+  if (plan == nullptr) {
+    lists.emplace(optim::check_fused_sgd_args(
+        params, grads, momentum_buffers, master_params, state_steps, lr,
+        weight_decay, momentum, dampening, nesterov, grad_scale, found_inf,
+        clip_coef, stochastic_rounding, Exec::kBackend));
+    if (params.empty()) {
+      return;
+    }
+  } else {
+    optim::check_sgd_hparams(weight_decay, momentum, dampening, nesterov);
   }
   typename Exec::Guard guard(params[0].device());
   const bool masters = !master_params.empty();
-  const bool has_mom = momentum != 0.0;
 
-  optim::FlatSet fs(lists);
-  const int buf_view = fs.state_view[0];  // momentum_buffers (momentum != 0)
-  const int master_view = fs.master_view;
+  std::optional<optim::FlatSet> fs;
+  if (plan == nullptr) {
+    plan = &cache.build(visit, [&](OptimPlan<SgdSlot::kDepth>& out) {
+      fs.emplace(*lists);
+      const int buf_view = fs->state_view[0];  // momentum_buffers (momentum != 0)
+      const int master_view = fs->master_view;
+      const std::vector<optim::TensorRefs>& v = fs->views;
+      return build_optim_plan<SgdSlot::kDepth>(
+          *fs, state_steps,
+          [&](size_t i, void* (&a)[SgdSlot::kDepth]) {
+            void* p = v[0][i]->data_ptr();
+            a[SgdSlot::kParam] = p;
+            a[SgdSlot::kGrad] = v[1][i]->data_ptr();
+            a[SgdSlot::kMomentumBuffer] = buf_view >= 0 ? v[buf_view][i]->data_ptr() : p;
+            a[SgdSlot::kMaster] = master_view >= 0 ? v[master_view][i]->data_ptr() : p;
+            a[SgdSlot::kStep] = state_steps[i].data_ptr();
+          },
+          out);
+    });
+  }
 
   SgdKernelArgs args;
   args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
   args.k = math::make_sgd_consts(weight_decay, momentum, dampening, nesterov);
 
-  apply_by_dtypes<Exec, SgdSlot::kDepth, SgdOp>(
-      fs, masters, has_mom, stochastic_rounding, args,
-      [&](size_t i, void* (&a)[SgdSlot::kDepth]) {
-        void* p = fs.views[0][i]->data_ptr();
-        a[SgdSlot::kParam] = p;
-        a[SgdSlot::kGrad] = fs.views[1][i]->data_ptr();
-        a[SgdSlot::kMomentumBuffer] = buf_view >= 0 ? fs.views[buf_view][i]->data_ptr() : p;
-        a[SgdSlot::kMaster] = master_view >= 0 ? fs.views[master_view][i]->data_ptr() : p;
-        a[SgdSlot::kStep] = state_steps[i].data_ptr();
-      });
-  fs.finish();
-  increment_steps<Exec>(state_steps, args.found_inf);
+  run_optim_plan<Exec, SgdSlot::kDepth, SgdOp>(*plan, masters, has_mom,
+                                               stochastic_rounding, args);
+  if (fs) {
+    fs->finish();
+  }
+  increment_steps<Exec>(plan->steps, args.found_inf);
 }
 
 }  // namespace cuda

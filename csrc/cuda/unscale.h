@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -212,25 +213,82 @@ struct DtypeGroups {
   }
 };
 
+// The plan of one call of the unscale family: the launches of each dtype
+// group (DtypeGroups order; empty for a dtype not in the list).
+struct UnscalePlan {
+  std::array<Launches<1>, 4> groups;
+
+  void clear() {
+    for (Launches<1>& g : groups) {
+      g.clear();  // (keeps the capacity)
+    }
+  }
+  // f(dtype, launches) for each non-empty group, in group order.
+  template <typename F>
+  void for_each(F&& f) const {
+    for (int k = 0; k < 4; ++k) {
+      if (!groups[k].empty()) {
+        f(DtypeGroups::kDtypes[k], groups[k]);
+      }
+    }
+  }
+};
+
+// The plan of a call of the unscale family: reused from `cache` when the key
+// matches a stored one (PlanCache, launch_plan.h), else built after the
+// argument checks; then copies of strided tensors live in `copies`, which the
+// caller must finish(). `guard` is set to found_inf's device (after the checks).
+template <class Exec>
+const UnscalePlan& unscale_family_plan(
+    PlanCache<UnscalePlan>& cache, const char* op, at::TensorList tensors,
+    const at::Tensor& found_inf, const at::Tensor* inv_scale, bool read_only,
+    std::optional<typename Exec::Guard>& guard,
+    std::optional<DtypeGroups>& copies) {
+  // The key: everything check_unscale_args and DtypeGroups read (the op
+  // string only names the op in messages).
+  auto visit = [&](auto& k) {
+    return k.value(inv_scale != nullptr) && k.value(read_only) &&
+           k.scalar(found_inf) && (inv_scale == nullptr || k.scalar(*inv_scale)) &&
+           k.list(tensors);
+  };
+  const UnscalePlan* plan = cache.find(visit);
+  if (plan != nullptr) {
+    guard.emplace(found_inf.device());
+    return *plan;
+  }
+  checks::check_unscale_args(op, tensors, found_inf, inv_scale, Exec::kBackend,
+                             read_only);
+  guard.emplace(found_inf.device());
+  return cache.build(visit, [&](UnscalePlan& out) {
+    copies.emplace(tensors, /*written=*/inv_scale != nullptr && !read_only);
+    for (int k = 0; k < 4; ++k) {
+      plan_launches(copies->lists[k], out.groups[k]);
+    }
+    return copies->owned.empty();  // copies have new addresses every call
+  });
+}
+
 // unscale_and_check_ (inv_scale given) and check_finite_ (inv_scale null):
 // one plan per dtype present in the list.
 template <class Exec>
 void unscale_and_check_launch(const char* op, at::TensorList tensors,
                               const at::Tensor& found_inf,
                               const at::Tensor* inv_scale) {
-  checks::check_unscale_args(op, tensors, found_inf, inv_scale,
-                             Exec::kBackend);
+  static thread_local PlanCache<UnscalePlan> cache;
   const bool unscale = inv_scale != nullptr;
-  typename Exec::Guard guard(found_inf.device());
-  DtypeGroups g(tensors, unscale);
+  std::optional<typename Exec::Guard> guard;
+  std::optional<DtypeGroups> copies;
+  const UnscalePlan& plan = unscale_family_plan<Exec>(
+      cache, op, tensors, found_inf, inv_scale, /*read_only=*/false, guard,
+      copies);
   float* found_ptr = found_inf.data_ptr<float>();
   const float* inv_ptr = unscale ? inv_scale->data_ptr<float>() : nullptr;
-  g.for_each([&](at::ScalarType dtype, const PlanList<1>& list) {
+  plan.for_each([&](at::ScalarType dtype, const Launches<1>& launches) {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, dtype, "mixprec_unscale_cuda", [&] {
           auto go = [&](auto op_fn) {
-            run_multi_tensor<Exec, 1>(list, op_fn, found_ptr, inv_ptr,
-                                      static_cast<double*>(nullptr), 0.0f);
+            run_launches<Exec, 1>(launches, op_fn, found_ptr, inv_ptr,
+                                  static_cast<double*>(nullptr), 0.0f);
           };
           if (unscale) {
             go(UnscaleOp<scalar_t, true, kNoNorm>{});
@@ -239,20 +297,21 @@ void unscale_and_check_launch(const char* op, at::TensorList tensors,
           }
         });
   });
-  g.finish();
+  if (copies) {
+    copies->finish();
+  }
 }
 
 // unscale_and_norm_ (in_place) and check_finite_and_norm_: the pass writes
 // one norm partial per block; one block then combines the partials in
 // double, in a fixed order (deterministic), and writes the norm.
 template <class Exec, int Kind>
-at::Tensor norm_launch_kind(at::TensorList grads, const at::Tensor& found_inf,
-                            const at::Tensor& inv_scale, double norm_type,
-                            bool in_place) {
-  DtypeGroups g(grads, /*written=*/in_place);
+at::Tensor norm_run(const UnscalePlan& plan, std::optional<DtypeGroups>& copies,
+                    const at::Tensor& found_inf, const at::Tensor& inv_scale,
+                    double norm_type, bool in_place) {
   int64_t blocks = 0;
-  g.for_each([&](at::ScalarType, const PlanList<1>& list) {
-    blocks += count_blocks(list);
+  plan.for_each([&](at::ScalarType, const Launches<1>& launches) {
+    blocks += count_blocks(launches);
   });
   at::Tensor partials =
       at::empty({std::max<int64_t>(blocks, 1)},
@@ -261,13 +320,13 @@ at::Tensor norm_launch_kind(at::TensorList grads, const at::Tensor& found_inf,
   float* found_ptr = found_inf.data_ptr<float>();
   const float* inv_ptr = inv_scale.data_ptr<float>();
   int64_t offset = 0;
-  g.for_each([&](at::ScalarType dtype, const PlanList<1>& list) {
+  plan.for_each([&](at::ScalarType dtype, const Launches<1>& launches) {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, dtype, "mixprec_norm_cuda", [&] {
           auto go = [&](auto op_fn) {
-            run_multi_tensor<Exec, 1>(list, op_fn, found_ptr, inv_ptr,
-                                      part_ptr + offset,
-                                      static_cast<float>(norm_type));
+            run_launches<Exec, 1>(launches, op_fn, found_ptr, inv_ptr,
+                                  part_ptr + offset,
+                                  static_cast<float>(norm_type));
           };
           if (in_place) {
             go(UnscaleOp<scalar_t, true, Kind>{});
@@ -275,9 +334,11 @@ at::Tensor norm_launch_kind(at::TensorList grads, const at::Tensor& found_inf,
             go(UnscaleOp<scalar_t, true, Kind, /*kWrite=*/false>{});
           }
         });
-    offset += count_blocks(list);
+    offset += count_blocks(launches);
   });
-  g.finish();
+  if (copies) {
+    copies->finish();
+  }
   at::Tensor out = at::empty({}, found_inf.options());
   Exec::launch_single_block(kBlockSize, FinishNormOp<Kind>{},
                             static_cast<const double*>(part_ptr), blocks,
@@ -289,13 +350,16 @@ template <class Exec>
 at::Tensor norm_launch(const char* op, at::TensorList grads,
                        const at::Tensor& found_inf, const at::Tensor& inv_scale,
                        double norm_type, bool in_place) {
-  checks::check_unscale_args(op, grads, found_inf, &inv_scale, Exec::kBackend,
-                             /*read_only=*/!in_place);
-  checks::check_norm_type(op, norm_type);
-  typename Exec::Guard guard(found_inf.device());
+  static thread_local PlanCache<UnscalePlan> cache;
+  std::optional<typename Exec::Guard> guard;
+  std::optional<DtypeGroups> copies;
+  const UnscalePlan& plan = unscale_family_plan<Exec>(
+      cache, op, grads, found_inf, &inv_scale, /*read_only=*/!in_place, guard,
+      copies);
+  checks::check_norm_type(op, norm_type);  // not in the key: every call
   return math::dispatch_norm_kind(math::norm_kind(norm_type), [&](auto kind) {
-    return norm_launch_kind<Exec, decltype(kind)::value>(
-        grads, found_inf, inv_scale, norm_type, in_place);
+    return norm_run<Exec, decltype(kind)::value>(plan, copies, found_inf,
+                                                 inv_scale, norm_type, in_place);
   });
 }
 

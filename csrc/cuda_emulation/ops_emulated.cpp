@@ -9,6 +9,8 @@
 // dispatch never reaches them.
 #include <torch/library.h>
 
+#include <vector>
+
 #include "cuda/fused_adam.h"
 #include "cuda/fused_sgd.h"
 #include "cuda/unscale.h"
@@ -53,6 +55,19 @@ struct Launchers {
 int64_t planned_blocks() { return PlanOnlyExec::blocks.load(); }
 int64_t planned_launches() { return PlanOnlyExec::launches.load(); }
 
+// Plan reuse (cuda::PlanReuse, launch_plan.h): the counters of every CUDA
+// launcher in this process (emulated, plan-only and, in a CUDA build, the
+// real ones), the switch, and clearing every thread's stored plans.
+std::vector<int64_t> plan_cache_stats() {
+  using cuda::PlanReuse;
+  return {PlanReuse::builds.load(), PlanReuse::reuses.load(),
+          PlanReuse::uncacheable.load()};
+}
+bool set_plan_reuse(bool enabled) {
+  return cuda::PlanReuse::enabled.exchange(enabled);
+}
+void clear_plan_cache() { cuda::PlanReuse::clear(); }
+
 }  // namespace
 }  // namespace cuda_emulation
 }  // namespace mixprec
@@ -82,8 +97,12 @@ TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CPU, m) {
   m.impl("plan_fused_sgd_", &cu::fused_sgd_launch<PlanOnlyExec>);
 }
 
-// Counters of PlanOnlyExec (no tensor arguments: a CatchAll kernel).
+// Counters of PlanOnlyExec and of plan reuse (no tensor arguments: a
+// CatchAll kernel).
 TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CompositeExplicitAutograd, m) {
   m.impl("planned_blocks", &mixprec::cuda_emulation::planned_blocks);
   m.impl("planned_launches", &mixprec::cuda_emulation::planned_launches);
+  m.impl("plan_cache_stats", &mixprec::cuda_emulation::plan_cache_stats);
+  m.impl("set_plan_reuse", &mixprec::cuda_emulation::set_plan_reuse);
+  m.impl("clear_plan_cache", &mixprec::cuda_emulation::clear_plan_cache);
 }

@@ -1,0 +1,815 @@
+"""Plan reuse across steps in the CUDA launchers, run by the CUDA emulation on the CPU.
+
+The CUDA launchers keep their last few launch plans per thread (``PlanCache`` in
+csrc/cuda/launch_plan.h) and reuse one when a call's key -- the data pointer,
+dtype, device, layout, sizes and strides of every tensor of every list, the list
+lengths, the flags and the scalars' kinds -- equals a stored key; then they skip the
+per-tensor checks, the flattening, the grouping and the planning. These tests run the
+emulated launchers (``mixprec._cuda_emulation``) and prove:
+
+- identical calls reuse (the counters say so) and give the CPU kernel's results;
+- every kind of change is seen: a tensor replaced (another address), the same address
+  with another size, dtype or strides, tensors added, removed or reordered, a tensor
+  moved to another slot, a flag or an option changed; each gives the CPU kernel's
+  result (or its error) afterwards, and the counters show a rebuild;
+- a tensor freed and another allocated at the same address with the same shape gives
+  the right result whether the plan is reused or rebuilt;
+- the scalars (found_inf, inv_scale, lr, ...) are read every call, never taken from a
+  stored plan;
+- the cache holds a bounded number of plans, per thread, and can be switched off.
+
+A random sequence of such changes (hypothesis) checks the same properties together.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import assert_bitwise_equal
+from mixprec import _cuda_emulation
+
+pytestmark = pytest.mark.skipif(
+    not _cuda_emulation.available(), reason="needs mixprec._C with the CUDA emulation"
+)
+
+CAP = 64  # capacity of the buffers the tensors view (room for resizes in place)
+ENTRIES = 4  # PlanCache::kEntries
+
+
+def emu() -> Any:
+    return _cuda_emulation.ops()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Any:
+    previous = _cuda_emulation.set_plan_reuse(True)
+    _cuda_emulation.clear_plan_cache()
+    yield
+    _cuda_emulation.set_plan_reuse(previous)
+
+
+class Counter:
+    """Plan builds and reuses since the last ``take()``."""
+
+    def __init__(self) -> None:
+        self._last = _cuda_emulation.plan_cache_stats()
+
+    def take(self) -> Tuple[int, int]:
+        now = _cuda_emulation.plan_cache_stats()
+        delta = (now.builds - self._last.builds, now.reuses - self._last.reuses)
+        self._last = now
+        return delta
+
+
+def _ulps(x: torch.Tensor, y: torch.Tensor) -> int:
+    """Largest distance in units in the last place between two same-dtype tensors."""
+    assert x.dtype == y.dtype and x.shape == y.shape
+    if x.numel() == 0:
+        return 0
+    ints = {4: torch.int32, 2: torch.int16}[x.element_size()]
+    bx = x.contiguous().view(ints).long()
+    by = y.contiguous().view(ints).long()
+    sign = {4: 1 << 31, 2: 1 << 15}[x.element_size()]
+    bx = torch.where(bx < 0, -(bx + sign), bx)
+    by = torch.where(by < 0, -(by + sign), by)
+    return int((bx - by).abs().max())
+
+
+def _view(buf: torch.Tensor, dtype: torch.dtype, n: int, stride: int = 1) -> torch.Tensor:
+    """n elements of `dtype` at the start of `buf` (the same data pointer for any n,
+    dtype or stride)."""
+    flat = buf.view(dtype)
+    return flat[: n * stride : stride] if stride > 1 else flat[:n]
+
+
+def _fill(t: torch.Tensor, gen: torch.Generator, positive: bool = False) -> None:
+    v = torch.rand(t.shape, generator=gen) if positive else torch.randn(t.shape, generator=gen)
+    t.copy_(v)
+
+
+# ---------------------------------------------------------------------------
+# The optimizer state, kept twice: `emu` (run by the emulated CUDA launcher) and
+# `cpu` (the CPU kernel), each tensor a view of its own buffer, same values.
+
+LISTS = ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "master_params",
+         "state_steps")
+
+
+class OptState:
+    """fused_adam_ / fused_sgd_ arguments as views of per-tensor buffers, twice."""
+
+    def __init__(self, sizes: List[int], pdt: torch.dtype, gdt: torch.dtype, masters: bool,
+                 amsgrad: bool, seed: int = 0) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+        self.pdt, self.masters, self.amsgrad = pdt, masters, amsgrad
+        self.sides: Dict[str, Dict[str, List[torch.Tensor]]] = {"emu": {}, "cpu": {}}
+        self.bufs: Dict[str, Dict[str, List[torch.Tensor]]] = {"emu": {}, "cpu": {}}
+        for side in self.sides:
+            for name in LISTS:
+                self.sides[side][name] = []
+                self.bufs[side][name] = []
+        for n in sizes:
+            self.append(n, gdt)
+
+    def used(self, name: str) -> bool:
+        return {"max_exp_avg_sqs": self.amsgrad, "master_params": self.masters}.get(name, True)
+
+    def dtype_of(self, name: str, gdt: torch.dtype) -> torch.dtype:
+        return {"params": self.pdt, "grads": gdt}.get(name, torch.float32)
+
+    def append(self, n: int, gdt: torch.dtype) -> None:
+        for name in LISTS:
+            if not self.used(name):
+                continue
+            shape_n = 1 if name == "state_steps" else n
+            dtype = self.dtype_of(name, gdt)
+            for side in ("emu", "cpu"):
+                buf = torch.zeros(CAP)  # float32: room for CAP elements of any dtype
+                self.bufs[side][name].append(buf)
+                t = _view(buf, dtype, shape_n)
+                if name == "state_steps":
+                    t = t.view(())
+                self.sides[side][name].append(t)
+        self.refill(len(self.sides["emu"]["params"]) - 1)
+
+    def refill(self, i: int) -> None:
+        """Fresh, equal values for param i on both sides."""
+        for name in LISTS:
+            if not self.used(name):
+                continue
+            a = self.sides["emu"][name][i]
+            if name == "state_steps":
+                a.fill_(float(torch.randint(0, 4, (), generator=self.gen)))
+            else:
+                _fill(a, self.gen, positive=name in ("exp_avg_sqs", "max_exp_avg_sqs"))
+            if name == "master_params":  # the param is its master, rounded
+                self.sides["emu"]["params"][i].copy_(a)
+            self.sides["cpu"][name][i].copy_(a)
+        if self.masters:
+            self.sides["cpu"]["params"][i].copy_(self.sides["emu"]["params"][i])
+
+    def lists(self, side: str) -> List[List[torch.Tensor]]:
+        d = self.sides[side]
+        return [d[name] if self.used(name) else [] for name in LISTS]
+
+    def sync(self) -> None:
+        """cpu := emu (each step starts from equal values)."""
+        for name in LISTS:
+            for a, b in zip(self.sides["emu"][name], self.sides["cpu"][name]):
+                b.copy_(a)
+
+    def check_equal(self, ulps: int = 1) -> None:
+        """Equal results, and nothing written past any tensor's last element."""
+        for name in LISTS:
+            sides = zip(self.sides["emu"][name], self.sides["cpu"][name],
+                        self.bufs["emu"][name], self.bufs["cpu"][name])
+            for i, (a, b, buf_a, buf_b) in enumerate(sides):
+                assert a.dtype == b.dtype and a.shape == b.shape, (name, i)
+                assert _ulps(a, b) <= ulps, (name, i)
+                # the bytes of the buffer beyond the view: untouched on both sides
+                end = 0
+                if a.numel() > 0:
+                    last = sum((n - 1) * st for n, st in zip(a.shape, a.stride()))
+                    end = (a.storage_offset() + last + 1) * a.element_size()
+                assert torch.equal(buf_a.view(torch.uint8)[end:], buf_b.view(torch.uint8)[end:])
+
+
+def adam(fn: Callable[..., Any], lists: List[List[torch.Tensor]], amsgrad: bool,
+         skip: bool = False, lr: float = 1e-2, sr: bool = False, beta1: float = 0.9,
+         found_inf: Optional[torch.Tensor] = None) -> None:
+    """fn (an emulated or a CPU fused_adam_) with grad_scale 64, clip_coef 0.75."""
+    found = torch.full((1,), float(skip)) if found_inf is None else found_inf
+    fn(*lists, torch.tensor(lr), beta1, 0.999, 0.01, 1e-8, amsgrad, False, True,
+       torch.full((1,), 64.0), found, torch.full((1,), 0.75), sr, 7)
+
+
+def adam_call(s: OptState, side: str, skip: bool = False, lr: float = 1e-2,
+              sr: bool = False) -> None:
+    fn = emu().fused_adam_ if side == "emu" else torch.ops.mixprec.fused_adam_
+    adam(fn, s.lists(side), s.amsgrad, skip=skip, lr=lr, sr=sr)
+
+
+def sgd_call(s: OptState, side: str, momentum: float = 0.9) -> None:
+    fn = emu().fused_sgd_ if side == "emu" else torch.ops.mixprec.fused_sgd_
+    lists = s.lists(side)
+    fn(lists[0], lists[1], lists[2] if momentum else [], lists[5], lists[6],
+       torch.tensor(0.05, dtype=torch.float64), 1e-2, momentum, 0.0, False, False,
+       torch.full((1,), 4.0), torch.zeros(1), None, False, 0)
+
+
+def step_both(s: OptState, call: Callable[..., None] = adam_call, **kw: Any) -> None:
+    """One step on both sides, then the comparison and the sync."""
+    call(s, "emu", **kw)
+    call(s, "cpu", **kw)
+    s.check_equal()
+    s.sync()
+
+
+# ---------------------------------------------------------------------------
+# Identical calls reuse.
+
+@pytest.mark.parametrize("pdt,gdt,masters,amsgrad", [
+    (torch.float32, torch.float32, False, False),
+    (torch.float16, torch.float16, True, True),
+    (torch.bfloat16, torch.float32, True, False),
+])
+def test_adam_identical_calls_reuse(pdt: torch.dtype, gdt: torch.dtype, masters: bool,
+                                    amsgrad: bool) -> None:
+    s = OptState([5, 17, 0, 33], pdt, gdt, masters, amsgrad)
+    c = Counter()
+    step_both(s)
+    assert c.take() == (1, 0)
+    for _ in range(3):
+        step_both(s)
+        assert c.take() == (0, 1)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_sgd_identical_calls_reuse_and_momentum_is_part_of_the_key(momentum: float) -> None:
+    s = OptState([5, 17, 33], torch.float16, torch.float16, True, False)
+    c = Counter()
+    step_both(s, sgd_call, momentum=momentum)
+    step_both(s, sgd_call, momentum=momentum)
+    assert c.take() == (1, 1)
+    # momentum on <-> off changes the lists the launcher reads: a new plan
+    step_both(s, sgd_call, momentum=0.5 if momentum == 0.0 else 0.0)
+    assert c.take() == (1, 0)
+
+
+def _unscale_ops() -> List[Tuple[str, Callable[..., Any], Callable[..., Any]]]:
+    """(name, emulated call, CPU call) for the unscale family, over (grads, found, inv)."""
+    e, m = emu(), torch.ops.mixprec
+    return [
+        ("unscale_and_check_", lambda g, f, i: e.unscale_and_check_(g, f, i),
+         lambda g, f, i: m.unscale_and_check_(g, f, i)),
+        ("check_finite_", lambda g, f, i: e.check_finite_(g, f),
+         lambda g, f, i: m.check_finite_(g, f)),
+        ("unscale_and_norm_", lambda g, f, i: e.unscale_and_norm_(g, f, i, 2.0),
+         lambda g, f, i: m.unscale_and_norm_(g, f, i, 2.0)),
+        ("check_finite_and_norm_", lambda g, f, i: e.check_finite_and_norm_(g, f, i, 1.0),
+         lambda g, f, i: m.check_finite_and_norm_(g, f, i, 1.0)),
+    ]
+
+
+def _unscale_both(op: Tuple[str, Callable[..., Any], Callable[..., Any]],
+                  grads: List[torch.Tensor], inv: float = 0.5,
+                  found_init: float = 0.0) -> None:
+    """The emulated op on `grads`, the CPU kernel on clones: equal bits, norms equal."""
+    _, emu_fn, cpu_fn = op
+    clones = [g.clone() for g in grads]
+    fe, fc = torch.full((1,), found_init), torch.full((1,), found_init)
+    inv_t = torch.full((1,), inv)
+    re = emu_fn(grads, fe, inv_t)
+    rc = cpu_fn(clones, fc, inv_t)
+    assert fe.item() == fc.item()
+    for a, b in zip(grads, clones):
+        assert_bitwise_equal(a, b)
+    if re is not None:
+        torch.testing.assert_close(re, rc, rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize("which", range(4))
+def test_unscale_family_identical_calls_reuse(which: int) -> None:
+    op = _unscale_ops()[which]
+    grads = [torch.randn(n) for n in (3, 40, 0, 17)] + [torch.randn(9).half()]
+    c = Counter()
+    _unscale_both(op, grads)
+    assert c.take() == (1, 0)
+    for _ in range(3):
+        _unscale_both(op, grads, inv=0.25)
+        assert c.take() == (0, 1)
+    # float64 check of the last unscale (the writing ops)
+    if op[0] in ("unscale_and_check_", "unscale_and_norm_"):
+        g = [torch.randn(7, dtype=torch.float64)]
+        want = g[0] * 0.125
+        emu().unscale_and_check_(g, torch.zeros(1), torch.full((1,), 0.125))
+        assert_bitwise_equal(g[0], want)
+
+
+def test_plan_only_launchers_reuse_too() -> None:
+    grads = [torch.randn(4) for _ in range(10)]
+    c = Counter()
+    blocks = emu().planned_blocks()
+    for _ in range(3):
+        emu().plan_unscale_and_check_(grads, torch.zeros(1), torch.ones(1))
+    assert c.take() == (1, 2)
+    assert emu().planned_blocks() - blocks == 30  # a reused plan covers the same blocks
+
+
+# ---------------------------------------------------------------------------
+# Each kind of change is seen (optimizer).
+
+def _change_replace(s: OptState) -> None:
+    # exp_avgs[1] replaced by a copy elsewhere (another address, same values)
+    for side in ("emu", "cpu"):
+        s.sides[side]["exp_avgs"][1] = s.sides[side]["exp_avgs"][1].clone()
+
+
+def _change_size_same_address(s: OptState) -> None:
+    # param 1 (every list) grows from 17 to 29 elements in place: same data pointers
+    for side in ("emu", "cpu"):
+        for name in LISTS:
+            if s.used(name) and name != "state_steps":
+                old = s.sides[side][name][1]
+                new = _view(s.bufs[side][name][1], old.dtype, 29)
+                assert new.data_ptr() == old.data_ptr()
+                s.sides[side][name][1] = new
+    s.refill(1)
+
+
+def _change_shrink_same_address(s: OptState) -> None:
+    for side in ("emu", "cpu"):
+        for name in LISTS:
+            if s.used(name) and name != "state_steps":
+                old = s.sides[side][name][2]
+                s.sides[side][name][2] = _view(s.bufs[side][name][2], old.dtype, 3)
+    s.refill(2)
+
+
+def _change_grad_dtype_same_address(s: OptState) -> None:
+    # grads[0]: float32 -> bfloat16 at the same address, same numel
+    for side in ("emu", "cpu"):
+        old = s.sides[side]["grads"][0]
+        new = _view(s.bufs[side]["grads"][0], torch.bfloat16, old.numel())
+        assert new.data_ptr() == old.data_ptr() and new.dtype != old.dtype
+        s.sides[side]["grads"][0] = new
+    s.refill(0)
+
+
+def _change_add(s: OptState) -> None:
+    s.append(11, torch.float32)
+
+
+def _change_remove(s: OptState) -> None:
+    for side in ("emu", "cpu"):
+        for name in LISTS:
+            if s.used(name):
+                del s.sides[side][name][0]
+                del s.bufs[side][name][0]
+
+
+def _change_reorder(s: OptState) -> None:
+    for side in ("emu", "cpu"):
+        for name in LISTS:
+            if s.used(name):
+                lst, bufs = s.sides[side][name], s.bufs[side][name]
+                lst[0], lst[2] = lst[2], lst[0]
+                bufs[0], bufs[2] = bufs[2], bufs[0]
+
+
+def _change_swap_slots(s: OptState) -> None:
+    # exp_avgs[1] and exp_avg_sqs[1] trade places (same shapes and dtype)
+    for side in ("emu", "cpu"):
+        d, b = s.sides[side], s.bufs[side]
+        d["exp_avgs"][1], d["exp_avg_sqs"][1] = d["exp_avg_sqs"][1], d["exp_avgs"][1]
+        b["exp_avgs"][1], b["exp_avg_sqs"][1] = b["exp_avg_sqs"][1], b["exp_avgs"][1]
+    s.refill(1)
+
+
+def _change_strided_same_address(s: OptState) -> None:
+    # param 1 (every list): 17 elements with stride 2, same data pointers, same sizes
+    for side in ("emu", "cpu"):
+        for name in LISTS:
+            if s.used(name) and name != "state_steps":
+                old = s.sides[side][name][1]
+                new = _view(s.bufs[side][name][1], old.dtype, old.numel(), stride=2)
+                assert new.data_ptr() == old.data_ptr() and new.shape == old.shape
+                s.sides[side][name][1] = new
+    s.refill(1)
+
+
+def _change_steps_swapped(s: OptState) -> None:
+    for side in ("emu", "cpu"):
+        d = s.sides[side]["state_steps"]
+        d[0], d[3] = d[3], d[0]
+
+
+CHANGES: Dict[str, Callable[[OptState], None]] = {
+    "replace": _change_replace,
+    "grow-same-address": _change_size_same_address,
+    "shrink-same-address": _change_shrink_same_address,
+    "dtype-same-address": _change_grad_dtype_same_address,
+    "add": _change_add,
+    "remove": _change_remove,
+    "reorder": _change_reorder,
+    "swap-slots": _change_swap_slots,
+    "strided-same-address": _change_strided_same_address,
+    "steps-swapped": _change_steps_swapped,
+}
+
+
+@pytest.mark.parametrize("masters", [False, True])
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_adam_change_is_never_missed(change: str, masters: bool) -> None:
+    pdt = torch.float16 if masters else torch.float32
+    s = OptState([5, 17, 9, 33], pdt, torch.float32, masters, amsgrad=True)
+    c = Counter()
+    step_both(s)
+    step_both(s)
+    assert c.take() == (1, 1)
+    CHANGES[change](s)
+    step_both(s)
+    assert c.take() == (1, 0), "the change must rebuild the plan"
+    step_both(s)  # and the new plan is stored, unless it needs copies (strided)
+    assert c.take() == ((1, 0) if change == "strided-same-address" else (0, 1))
+
+
+def test_strided_calls_are_never_stored() -> None:
+    s = OptState([5, 17], torch.float32, torch.float32, False, amsgrad=False)
+    _change_strided_same_address(s)
+    before = _cuda_emulation.plan_cache_stats()
+    for _ in range(3):
+        step_both(s)
+    after = _cuda_emulation.plan_cache_stats()
+    assert (after.builds - before.builds, after.reuses - before.reuses,
+            after.uncacheable - before.uncacheable) == (3, 0, 3)
+
+
+@pytest.mark.parametrize("flag", ["amsgrad", "masters", "stochastic_rounding"])
+def test_adam_flags_are_part_of_the_key(flag: str) -> None:
+    if flag == "amsgrad":
+        s = OptState([5, 17], torch.float32, torch.float32, False, amsgrad=True)
+        step_both(s)
+        # the same tensors, amsgrad off: max_exp_avg_sqs must now be empty
+        c = Counter()
+        s.amsgrad = False
+        step_both(s)
+        assert c.take() == (1, 0)
+    elif flag == "masters":
+        s = OptState([5, 17], torch.bfloat16, torch.float32, True, amsgrad=False)
+        step_both(s)
+        c = Counter()
+        s.masters = False  # bf16 params updated in place
+        step_both(s)
+        assert c.take() == (1, 0)
+    else:
+        s = OptState([5, 60], torch.bfloat16, torch.float32, False, amsgrad=False)
+        step_both(s, sr=False)
+        c = Counter()
+        step_both(s, sr=True)
+        assert c.take() == (1, 0)
+        step_both(s, sr=True)
+        assert c.take() == (0, 1)
+
+
+def test_scalars_are_read_every_call() -> None:
+    # lr, found_inf and the rest are not part of the plan: a reused plan reads them
+    s = OptState([5, 17, 33], torch.float16, torch.float16, True, amsgrad=False)
+    step_both(s)
+    c = Counter()
+    before = {k: [t.clone() for t in v] for k, v in s.sides["emu"].items()}
+    step_both(s, skip=True)  # found_inf set: nothing changes, step counts included
+    for k, v in s.sides["emu"].items():
+        for x, y in zip(v, before[k]):
+            assert_bitwise_equal(x, y)
+    step_both(s, lr=0.5)
+    assert c.take() == (0, 2)
+
+
+# ---------------------------------------------------------------------------
+# Freed and reallocated.
+
+def test_freed_and_reallocated_same_shape_is_correct_either_way() -> None:
+    op = _unscale_ops()[0]
+    c = Counter()
+    last_ptrs: Optional[List[int]] = None
+    for _ in range(20):
+        # (the allocator may or may not hand the same addresses back; both are checked)
+        grads = [torch.randn(40), torch.randn(40).half()]
+        ptrs = [g.data_ptr() for g in grads]
+        _unscale_both(op, grads)
+        built, reused = c.take()
+        if ptrs == last_ptrs:
+            assert (built, reused) == (0, 1)  # the same key: reusing is correct
+        else:
+            assert built + reused == 1
+        last_ptrs = ptrs
+        del grads
+
+
+def test_freed_and_reallocated_other_dtype_at_same_address() -> None:
+    # a float32 buffer and a bfloat16 one at the same address (views of one storage),
+    # each a fresh tensor object: the key sees the dtype
+    op = _unscale_ops()[0]
+    storage = torch.zeros(32)
+    c = Counter()
+    _unscale_both(op, [storage[:16].normal_()])
+    g = storage.view(torch.bfloat16)[:16]
+    g.normal_()
+    _unscale_both(op, [g])
+    assert c.take() == (2, 0)
+
+
+# ---------------------------------------------------------------------------
+# The unscale family: each kind of change.
+
+def test_unscale_changes_are_never_missed() -> None:
+    ops = _unscale_ops()
+    buf = torch.zeros(CAP)
+    base = [buf[:10], torch.randn(20), torch.randn(5).half()]
+    for op in ops:
+        _cuda_emulation.clear_plan_cache()
+        c = Counter()
+        variants = {
+            "base": base,
+            "grow-same-address": [buf[:30], base[1], base[2]],
+            "strided-same-address": [buf[:40:4], base[1], base[2]],
+            "dtype-same-address": [buf.view(torch.float16)[:10], base[1], base[2]],
+            "add": base + [torch.randn(3)],
+            "remove": base[1:],
+            "reorder": [base[1], base[0], base[2]],
+            "replace": [buf[:10].clone(), base[1], base[2]],
+            "empty": [],
+        }
+        for name, grads in variants.items():
+            for g in grads:
+                _fill(g, torch.Generator().manual_seed(1))
+            _unscale_both(op, grads)
+            assert c.take() == (1, 0), (op[0], name)
+            _unscale_both(op, grads)
+            assert c.take() == ((1, 0) if name == "strided-same-address" else (0, 1)), (
+                op[0], name)
+
+
+def test_unscale_and_check_and_check_finite_do_not_share_a_plan_by_mistake() -> None:
+    grads = [torch.randn(8), torch.randn(8)]
+    grads[1][3] = float("inf")
+    c = Counter()
+    f = torch.zeros(1)
+    emu().check_finite_(grads, f)
+    assert f.item() == 1.0
+    before = [g.clone() for g in grads]
+    f.zero_()
+    emu().unscale_and_check_(grads, f, torch.full((1,), 0.5))
+    assert c.take() == (2, 0)
+    assert f.item() == 1.0
+    assert_bitwise_equal(grads[0], before[0] * 0.5)
+
+
+# ---------------------------------------------------------------------------
+# Errors after a stored plan: the checks of a changed call still run.
+
+def test_bad_input_after_a_stored_plan_still_raises_the_cpu_error() -> None:
+    s = OptState([6, 12], torch.float32, torch.float32, False, amsgrad=False)
+    step_both(s)
+    step_both(s)
+
+    def both_raise(change: Callable[[List[List[torch.Tensor]]], None]) -> str:
+        """The stored lists with `change` applied: both kernels raise the same error."""
+        msgs = []
+        for side, fn in (("emu", emu().fused_adam_), ("cpu", torch.ops.mixprec.fused_adam_)):
+            lists = [list(x) for x in s.lists(side)]
+            change(lists)
+            with pytest.raises(RuntimeError) as err:
+                adam(fn, lists, False)
+            msgs.append(str(err.value).splitlines()[0])
+        assert msgs[0] == msgs[1]
+        return msgs[0]
+
+    def reshaped_grad(lists: List[List[torch.Tensor]]) -> None:
+        lists[1][1] = lists[1][1].view(3, 4)  # same address and numel, another shape
+
+    def half_state(lists: List[List[torch.Tensor]]) -> None:
+        t = lists[2][0]
+        lists[2][0] = t.view(torch.float16)[: t.numel()]  # same address, float16
+
+    def expanded_param(lists: List[List[torch.Tensor]]) -> None:
+        lists[0][0] = lists[0][0][:1].expand(6)  # same address, stride 0
+
+    def amsgrad_list(lists: List[List[torch.Tensor]]) -> None:
+        lists[4] = [t.clone() for t in lists[3]]  # max_exp_avg_sqs without amsgrad
+
+    assert "grads[1]" in both_raise(reshaped_grad)
+    assert "exp_avgs[0]" in both_raise(half_state)
+    assert "params[0]" in both_raise(expanded_param)
+    assert "max_exp_avg_sqs" in both_raise(amsgrad_list)
+    c = Counter()
+    # a bad hyper-parameter (not in the key) with the stored tensors: the plan is
+    # found, and the check still runs
+    with pytest.raises(RuntimeError, match="beta1"):
+        adam(emu().fused_adam_, s.lists("emu"), False, beta1=1.5)
+    assert c.take() == (0, 1)
+    # a bad scalar with the stored tensors: found_inf of two elements
+    with pytest.raises(RuntimeError, match="found_inf"):
+        adam(emu().fused_adam_, s.lists("emu"), False, found_inf=torch.zeros(2))
+    assert c.take() == (0, 0)  # another key: checked, rejected, nothing built
+    # nothing was modified, and the good call still reuses its plan
+    step_both(s)
+    assert c.take() == (0, 1)
+
+
+def test_bad_norm_type_after_a_stored_plan_still_raises() -> None:
+    grads = [torch.randn(8)]
+    emu().unscale_and_norm_(grads, torch.zeros(1), torch.ones(1), 2.0)
+    with pytest.raises(RuntimeError, match="norm_type"):
+        emu().unscale_and_norm_(grads, torch.zeros(1), torch.ones(1), -1.0)
+    with pytest.raises(RuntimeError, match="found_inf"):
+        emu().unscale_and_norm_(grads, torch.zeros(1, dtype=torch.float64), torch.ones(1), 2.0)
+    with pytest.raises(RuntimeError, match="grads"):
+        emu().unscale_and_norm_(grads + [torch.ones(2, dtype=torch.int32)], torch.zeros(1),
+                                torch.ones(1), 2.0)
+
+
+# ---------------------------------------------------------------------------
+# Bounded, per thread, switchable.
+
+def test_cache_holds_a_bounded_number_of_plans() -> None:
+    op = _unscale_ops()[0]
+    sets = [[torch.randn(4 + k)] for k in range(ENTRIES + 1)]
+    c = Counter()
+    for _ in range(2):  # as many sets as entries, cycled: all stored
+        for g in sets[:ENTRIES]:
+            _unscale_both(op, g)
+    assert c.take() == (ENTRIES, ENTRIES)
+    _cuda_emulation.clear_plan_cache()
+    for _ in range(2):  # one set more, cycled: the least recently used goes, every time
+        for g in sets:
+            _unscale_both(op, g)
+    assert c.take() == (2 * (ENTRIES + 1), 0)
+
+
+def test_two_param_groups_alternating_both_reuse() -> None:
+    a = OptState([5, 17], torch.float32, torch.float32, False, amsgrad=False, seed=1)
+    b = OptState([9, 3, 12], torch.float16, torch.float16, True, amsgrad=False, seed=2)
+    step_both(a)
+    step_both(b)
+    c = Counter()
+    for _ in range(3):
+        step_both(a)
+        step_both(b)
+    assert c.take() == (0, 6)
+
+
+def test_each_thread_has_its_own_plans() -> None:
+    grads = [torch.randn(8)]
+    emu().check_finite_(grads, torch.zeros(1))
+    c = Counter()
+    seen: List[Tuple[int, int]] = []
+
+    def other() -> None:
+        inner = Counter()
+        emu().check_finite_(grads, torch.zeros(1))
+        emu().check_finite_(grads, torch.zeros(1))
+        seen.append(inner.take())
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen == [(1, 1)]  # built in the new thread, not taken from this one's
+    emu().check_finite_(grads, torch.zeros(1))
+    assert c.take() == (1, 2)
+
+
+def test_reuse_can_be_switched_off_and_cleared() -> None:
+    grads = [torch.randn(8)]
+    emu().check_finite_(grads, torch.zeros(1))
+    c = Counter()
+    assert _cuda_emulation.set_plan_reuse(False) is True
+    for _ in range(2):
+        emu().check_finite_(grads, torch.zeros(1))
+    assert c.take() == (2, 0)
+    assert _cuda_emulation.set_plan_reuse(True) is False
+    emu().check_finite_(grads, torch.zeros(1))  # the plan stored before is still valid
+    assert c.take() == (0, 1)
+    _cuda_emulation.clear_plan_cache()
+    emu().check_finite_(grads, torch.zeros(1))
+    assert c.take() == (1, 0)
+
+
+# ---------------------------------------------------------------------------
+# Random sequences of changes.
+
+MUTATIONS = ["none", "none", "replace", "grow", "dtype", "add", "remove", "reorder",
+             "swap-slots", "strided", "contiguous", "realloc", "skip", "lr"]
+
+
+def _mutate(s: OptState, kind: str, i: int, n: int) -> Dict[str, Any]:
+    """Applies one change to both sides; returns the call's keyword arguments."""
+    count = len(s.sides["emu"]["params"])
+    i = i % max(count, 1)
+    tensors = [name for name in LISTS if s.used(name) and name != "state_steps"]
+    if kind == "replace" and count:
+        name = tensors[n % len(tensors)]
+        for side in ("emu", "cpu"):
+            s.sides[side][name][i] = s.sides[side][name][i].clone()
+    elif kind in ("grow", "strided", "contiguous") and count:
+        numel = 1 + n % 30
+        stride = 2 if kind == "strided" else 1
+        for side in ("emu", "cpu"):
+            for name in tensors:
+                old = s.sides[side][name][i]
+                s.sides[side][name][i] = _view(s.bufs[side][name][i], old.dtype,
+                                               numel if kind != "contiguous" else old.numel(),
+                                               stride)
+        s.refill(i)
+    elif kind == "dtype" and count:
+        dtype = (torch.float32, torch.float16, torch.bfloat16)[n % 3]
+        for side in ("emu", "cpu"):
+            old = s.sides[side]["grads"][i]
+            s.sides[side]["grads"][i] = _view(s.bufs[side]["grads"][i], dtype, old.numel())
+        s.refill(i)
+    elif kind == "add" and count < 6:
+        s.append(n % 40, (torch.float32, torch.float16)[n % 2])
+    elif kind == "remove" and count > 1:
+        for side in ("emu", "cpu"):
+            for name in LISTS:
+                if s.used(name):
+                    del s.sides[side][name][i]
+                    del s.bufs[side][name][i]
+    elif kind == "reorder" and count > 1:
+        j = (i + 1 + n) % count
+        for side in ("emu", "cpu"):
+            for name in LISTS:
+                if s.used(name):
+                    for d in (s.sides[side], s.bufs[side]):
+                        d[name][i], d[name][j] = d[name][j], d[name][i]
+    elif kind == "swap-slots" and count:
+        for side in ("emu", "cpu"):
+            for d in (s.sides[side], s.bufs[side]):
+                d["exp_avgs"][i], d["exp_avg_sqs"][i] = d["exp_avg_sqs"][i], d["exp_avgs"][i]
+        s.refill(i)
+    elif kind == "realloc" and count:
+        for side in ("emu", "cpu"):
+            for name in tensors:
+                old = s.sides[side][name][i]
+                shape, dtype, stride = old.shape, old.dtype, old.stride()
+                del old  # free the tensor and its buffer, then allocate anew
+                s.sides[side][name][i] = s.bufs[side][name][i] = torch.empty(0)
+                s.bufs[side][name][i] = torch.zeros(CAP)
+                s.sides[side][name][i] = torch.as_strided(
+                    s.bufs[side][name][i].view(dtype), shape, stride)
+        s.refill(i)
+    return {"skip": kind == "skip", "lr": 0.3 if kind == "lr" else 1e-2}
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    config=st.sampled_from([
+        (torch.float32, False, False), (torch.float16, True, True),
+        (torch.bfloat16, True, False), (torch.bfloat16, False, True),
+    ]),
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4),
+    steps=st.lists(st.tuples(st.sampled_from(MUTATIONS), st.integers(0, 5),
+                             st.integers(0, 100)), min_size=1, max_size=8),
+)
+def test_random_changes_match_the_cpu_kernel(
+        config: Tuple[torch.dtype, bool, bool], sizes: List[int],
+        steps: List[Tuple[str, int, int]]) -> None:
+    pdt, masters, amsgrad = config
+    s = OptState(sizes, pdt, torch.float32, masters, amsgrad)
+    step_both(s)
+    last_cacheable = not any(
+        not t.is_contiguous() for v in s.sides["emu"].values() for t in v)
+    for kind, i, n in steps:
+        kw = _mutate(s, kind, i, n)
+        c = Counter()
+        step_both(s, **kw)
+        built, reused = c.take()
+        assert built + reused == 1
+        if kind in ("none", "skip", "lr") and last_cacheable:
+            assert reused == 1, "an unchanged call must reuse its plan"
+        last_cacheable = all(
+            t.is_contiguous() for v in s.sides["emu"].values() for t in v)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    shapes=st.lists(st.tuples(st.integers(0, 30), st.sampled_from([1, 2]),
+                              st.sampled_from(["f32", "f16", "bf16", "f64"])),
+                    min_size=0, max_size=5),
+    which=st.integers(0, 3),
+    changes=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 30), st.sampled_from([1, 2]),
+                               st.sampled_from(["f32", "f16", "bf16", "f64"])),
+                     max_size=4),
+)
+def test_random_unscale_lists_match_the_cpu_kernel(
+        shapes: List[Tuple[int, int, str]], which: int,
+        changes: List[Tuple[int, int, int, str]]) -> None:
+    dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+              "f64": torch.float64}
+    bufs = [torch.zeros(CAP, dtype=torch.float64) for _ in range(6)]
+    op = _unscale_ops()[which]
+
+    def make(k: int, n: int, stride: int, dt: str) -> torch.Tensor:
+        t = _view(bufs[k], dtypes[dt], n, stride)
+        _fill(t, torch.Generator().manual_seed(k + 10 * n))
+        return t
+
+    grads = [make(k, n, s, d) for k, (n, s, d) in enumerate(shapes)]
+    _unscale_both(op, grads)
+    for k, n, stride, dt in changes:
+        if k < len(grads):
+            grads[k] = make(k, n, stride, dt)  # same address, another view
+        c = Counter()
+        for g in grads:
+            _fill(g, torch.Generator().manual_seed(3))
+        _unscale_both(op, grads)
+        assert sum(c.take()) == 1
