@@ -1,7 +1,7 @@
 // Vectorized CPU span kernels behind unscale_and_check_, check_finite_ and
 // unscale_and_norm_. Math in opmath (float for fp16/bf16), one rounding back.
 //
-// Included once per instruction set by span_kernels_<isa>.cpp, which defines
+// Included once per instruction set by span_kernels_isa.h, which defines
 // MIXPREC_SPAN_NS (and, for an ISA, CPU_CAPABILITY so at::vec picks its
 // intrinsics) first; everything lands in mixprec::cpu::MIXPREC_SPAN_NS.
 #ifndef MIXPREC_SPAN_NS
@@ -194,11 +194,6 @@ inline SpanNorm unscale_norm(SpanDtype dtype, int kind, void* p, int64_t n,
                                                       norm_type);
     });
   });
-}
-
-inline const SpanKernels* table(const char* name) {
-  static const SpanKernels kernels{&unscale_check, &unscale_norm, name};
-  return &kernels;
 }
 
 }  // namespace MIXPREC_SPAN_NS
