@@ -12,6 +12,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <utility>
@@ -50,13 +51,12 @@ struct WorkList {
   }
 
   // Calls fn(const WorkItem&) on every item, in parallel when there is
-  // enough work.
+  // enough work (see claim_items).
   template <typename Fn>
   void for_each(Fn&& fn) const {
-    at::parallel_for(0, size(), grain(), [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        fn(items[i]);
-      }
+    claim_items([&](const WorkItem& it) {
+      fn(it);
+      return false;
     });
   }
 
@@ -64,11 +64,41 @@ struct WorkList {
   // returns whether any call returned true.
   template <typename Fn>
   bool any(Fn&& fn) const {
+    return claim_items(fn);
+  }
+
+ private:
+  // Below two chunks of work a thread hand-off costs more than it saves: the
+  // items run on the calling thread. Else one worker per thread of torch's
+  // pool claims the next unclaimed item until none is left (an atomic
+  // counter), instead of each thread taking a fixed share. On a quiet machine
+  // the two come to the same; where other processes compete for the cores
+  // (a shared VM, a data loader), a thread that is descheduled holds up the
+  // call by at most the item it is on, not by the rest of its share, which
+  // the other threads take over. Which thread runs an item changes nothing in
+  // the results: each item's work is independent, and the callers combine
+  // per-item results in item order (WorkList::index).
+  template <typename Fn>
+  bool claim_items(Fn&& fn) const {
+    const int64_t n = static_cast<int64_t>(items.size());
+    if (total < 2 * kCpuChunk || n < 2 || at::get_num_threads() < 2 ||
+        at::in_parallel_region()) {
+      bool found = false;
+      for (int64_t i = 0; i < n; ++i) {
+        found |= fn(items[i]);
+      }
+      return found;
+    }
+    const int64_t workers = std::min<int64_t>(at::get_num_threads(), n);
+    std::atomic<int64_t> next{0};
     std::atomic<bool> found{false};
-    at::parallel_for(0, size(), grain(), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
       bool local = false;
-      for (int64_t i = begin; i < end; ++i) {
-        local |= fn(items[i]);
+      for (int64_t w = begin; w < end; ++w) {
+        for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
+             i = next.fetch_add(1, std::memory_order_relaxed)) {
+          local |= fn(items[i]);
+        }
       }
       if (local) {
         found.store(true, std::memory_order_relaxed);
@@ -76,11 +106,6 @@ struct WorkList {
     });
     return found.load();
   }
-
- private:
-  int64_t size() const { return static_cast<int64_t>(items.size()); }
-  // Below two chunks of work a thread hand-off costs more than it saves.
-  int64_t grain() const { return total < 2 * kCpuChunk ? size() + 1 : 1; }
 };
 
 inline SpanDtype span_dtype(at::ScalarType t) {
