@@ -8,10 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Callable, List
 
 import pytest
+import torch
 
 import mixprec
+import mixprec.optim
 
 ORDER = ["default", "avx2", "avx512"]
 NATIVE = mixprec.build_info().get("cpu_capability", "default") if mixprec.has_extension() \
@@ -58,3 +61,87 @@ def test_every_cpu_isa_gives_the_same_bits() -> None:
         assert used == cap
         digests[cap] = digest
     assert len(set(digests.values())) == 1, digests
+
+
+# The CPU kernels split their work into chunks that the threads of torch's pool claim as
+# they go, so which thread runs which chunk changes from call to call. The results must
+# not: every chunk processed exactly once, norms combined in chunk order.
+THREAD_COUNTS = [1, 2, 3]
+# several tensors of more than one 32768-element chunk, odd sizes for the tails
+SIZES = [70001, 1, 65536, 131073, 3, 40000]
+
+
+def _with_threads(n: int, fn: Callable[[], List[torch.Tensor]]) -> List[torch.Tensor]:
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.skipif(not mixprec.has_extension(), reason="needs the compiled extension")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unscale_and_norm_same_bits_for_every_thread_count(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(1)
+    base = [torch.randn(n, generator=gen).to(dtype) for n in SIZES]
+    inv = torch.full((), 0.3)
+
+    def run() -> List[torch.Tensor]:
+        g = [t.clone() for t in base]
+        found = torch.zeros(())
+        mixprec.ops.unscale_and_check_(g, found, inv)
+        g2 = [t.clone() for t in base]
+        found2 = torch.zeros(())
+        norm = mixprec.ops.unscale_and_norm_(g2, found2, inv, 2.0)
+        return g + g2 + [found, found2, norm]
+
+    results = {n: _with_threads(n, run) for n in THREAD_COUNTS}
+    # each element scaled exactly once (a chunk run twice or skipped would differ)
+    for got, t in zip(results[1][:len(SIZES)], base):
+        assert torch.equal(got, (t.float() * inv).to(dtype))
+    assert float(results[1][-3]) == 0.0
+    for n in THREAD_COUNTS[1:]:
+        for a, b in zip(results[1], results[n]):
+            assert torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8)), n
+
+
+@pytest.mark.skipif(not mixprec.has_extension(), reason="needs the compiled extension")
+def test_inf_found_in_any_chunk_for_every_thread_count() -> None:
+    for where in range(len(SIZES)):
+        g = [torch.ones(n) for n in SIZES]
+        g[where].view(-1)[-1] = float("inf")
+
+        def run(grads: List[torch.Tensor] = g) -> List[torch.Tensor]:
+            found = torch.zeros(())
+            mixprec.ops.unscale_and_check_(grads, found, torch.full((), 0.5))
+            return [found]
+
+        for n in THREAD_COUNTS:
+            g[where].view(-1)[-1] = float("inf")
+            assert float(_with_threads(n, run)[0]) == 1.0, (where, n)
+
+
+@pytest.mark.skipif(not mixprec.has_extension(), reason="needs the compiled extension")
+def test_fused_adam_same_bits_for_every_thread_count() -> None:
+    gen = torch.Generator().manual_seed(2)
+    p0 = [torch.randn(n, generator=gen).to(torch.bfloat16) for n in SIZES]
+    grads = [torch.randn(n, generator=gen).to(torch.bfloat16) for n in SIZES]
+
+    def run() -> List[torch.Tensor]:
+        ps = [torch.nn.Parameter(p.clone()) for p in p0]
+        opt = mixprec.optim.AdamW(ps, lr=1e-2, master_weights=False, stochastic_rounding=True,
+                                  seed=5)
+        for p, g in zip(ps, grads):
+            p.grad = g.clone()
+        opt.step()
+        opt.step()
+        out = [p.detach() for p in ps]
+        for p in ps:
+            out += [v for v in opt.state[p].values() if isinstance(v, torch.Tensor)]
+        return out
+
+    results = {n: _with_threads(n, run) for n in THREAD_COUNTS}
+    for n in THREAD_COUNTS[1:]:
+        for a, b in zip(results[1], results[n]):
+            assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), n

@@ -303,79 +303,124 @@ void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
 }
 
-// The members of Adam, AdamW and SGD that differ only in their option and
-// state types.
-#define MIXPREC_OPTIM_COMMON(Cls, Opts, ParamState)                            \
-  bool Cls::master_weights() const {                                           \
-    for (const auto& g : param_groups()) {                                     \
-      if (group_master_weights(g)) return true;                                \
-    }                                                                          \
-    return false;                                                              \
-  }                                                                            \
-  bool Cls::group_master_weights(                                              \
-      const torch::optim::OptimizerParamGroup& group) const {                  \
-    return static_cast<const Opts&>(group.options()).master_weights();         \
-  }                                                                            \
-  int64_t Cls::group_seed(const torch::optim::OptimizerParamGroup& group)      \
-      const {                                                                  \
-    return static_cast<const Opts&>(group.options()).seed();                   \
-  }                                                                            \
-  void Cls::save(torch::serialize::OutputArchive& archive) const {             \
-    torch::optim::serialize<ParamState, Opts>(archive, *this);                 \
-  }                                                                            \
-  void Cls::load(torch::serialize::InputArchive& archive) {                    \
-    torch::optim::serialize<ParamState, Opts>(archive, *this);                 \
-    fix_loaded_state();                                                        \
-  }
+// The members of the Adam template and SGD that differ only in their option
+// and state types.
+namespace {
 
-#define MIXPREC_ADAM_COMMON(Cls, Opts, Decoupled)                              \
-  Cls::Cls(const std::vector<torch::optim::OptimizerParamGroup>& groups,       \
-           Opts defaults)                                                      \
-      : FusedOptimizer(groups, std::make_unique<Opts>(                         \
-                                   adam_check(#Cls, defaults))) {              \
-    check_groups<Opts>(#Cls, *this);                                           \
-  }                                                                            \
-  MIXPREC_OPTIM_COMMON(Cls, Opts, AdamParamState)                              \
-  void Cls::add_to_bucket(const at::Tensor& p,                                 \
-                          torch::optim::OptimizerParamGroup& group,            \
-                          Bucket& b) {                                         \
-    const auto& o = static_cast<const Opts&>(group.options());                 \
-    auto& slot = state()[p.unsafeGetTensorImpl()];                             \
-    if (!slot) slot = std::make_unique<AdamParamState>();                      \
-    auto& s = static_cast<AdamParamState&>(*slot);                             \
-    if (!s.step().defined()) s.step(step_zero(p));                             \
-    if (!s.exp_avg().defined()) s.exp_avg(zeros_f32_like(p));                  \
-    if (!s.exp_avg_sq().defined()) s.exp_avg_sq(zeros_f32_like(p));            \
-    if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {                        \
-      s.max_exp_avg_sq(zeros_f32_like(p));                                     \
-    }                                                                          \
-    const bool master = wants_master(p, group);                                \
-    if (master && !s.master_param().defined()) {                               \
-      s.master_param(p.detach().to(at::kFloat, false, true));                  \
-    }                                                                          \
-    b.params.push_back(p);                                                     \
-    b.grads.push_back(p.grad());                                               \
-    b.state_steps.push_back(s.step());                                         \
-    b.buf0.push_back(s.exp_avg());                                             \
-    b.buf1.push_back(s.exp_avg_sq());                                          \
-    if (o.amsgrad()) b.buf2.push_back(s.max_exp_avg_sq());                     \
-    if (master) b.master_params.push_back(s.master_param());                   \
-  }                                                                            \
-  void Cls::run_bucket(Bucket& b, torch::optim::OptimizerParamGroup& group,    \
-                       const at::Tensor& lr, const StepScalars& sc,            \
-                       int64_t seed, bool has_masters) {                       \
-    const auto& o = static_cast<const Opts&>(group.options());                 \
-    mixprec::fused_adam_(b.params, b.grads, b.buf0, b.buf1, b.buf2,            \
-                         b.master_params, b.state_steps, lr,                   \
-                         std::get<0>(o.betas()), std::get<1>(o.betas()),       \
-                         o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(), \
-                         Decoupled, sc.grad_scale, sc.found_inf, sc.clip_coef, \
-                         o.stochastic_rounding() && !has_masters, seed);       \
+template <typename Opts>
+bool any_group_master_weights(const torch::optim::Optimizer& opt) {
+  for (const auto& g : opt.param_groups()) {
+    if (static_cast<const Opts&>(g.options()).master_weights()) return true;
   }
+  return false;
+}
 
-MIXPREC_ADAM_COMMON(Adam, AdamOptions, o.decoupled_weight_decay())
-MIXPREC_ADAM_COMMON(AdamW, AdamWOptions, true)
-#undef MIXPREC_ADAM_COMMON
+// What differs between Adam and AdamW beyond the option type.
+template <typename Opts>
+struct AdamTraits;
+
+template <>
+struct AdamTraits<AdamOptions> {
+  static constexpr const char* kName = "Adam";
+  static bool decoupled(const AdamOptions& o) {
+    return o.decoupled_weight_decay();
+  }
+};
+
+template <>
+struct AdamTraits<AdamWOptions> {
+  static constexpr const char* kName = "AdamW";
+  static bool decoupled(const AdamWOptions&) { return true; }
+};
+
+}  // namespace
+
+template <typename Options>
+AdamBase<Options>::AdamBase(
+    const std::vector<torch::optim::OptimizerParamGroup>& groups,
+    Options defaults)
+    : FusedOptimizer(groups, std::make_unique<Options>(adam_check(
+                                 AdamTraits<Options>::kName, defaults))) {
+  check_groups<Options>(AdamTraits<Options>::kName, *this);
+}
+
+template <typename Options>
+const char* AdamBase<Options>::name() const {
+  return AdamTraits<Options>::kName;
+}
+
+template <typename Options>
+bool AdamBase<Options>::master_weights() const {
+  return any_group_master_weights<Options>(*this);
+}
+
+template <typename Options>
+bool AdamBase<Options>::group_master_weights(
+    const torch::optim::OptimizerParamGroup& group) const {
+  return static_cast<const Options&>(group.options()).master_weights();
+}
+
+template <typename Options>
+int64_t AdamBase<Options>::group_seed(
+    const torch::optim::OptimizerParamGroup& group) const {
+  return static_cast<const Options&>(group.options()).seed();
+}
+
+template <typename Options>
+void AdamBase<Options>::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<AdamParamState, Options>(archive, *this);
+}
+
+template <typename Options>
+void AdamBase<Options>::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<AdamParamState, Options>(archive, *this);
+  fix_loaded_state();
+}
+
+template <typename Options>
+void AdamBase<Options>::add_to_bucket(const at::Tensor& p,
+                                      torch::optim::OptimizerParamGroup& group,
+                                      Bucket& b) {
+  const auto& o = static_cast<const Options&>(group.options());
+  auto& slot = state()[p.unsafeGetTensorImpl()];
+  if (!slot) slot = std::make_unique<AdamParamState>();
+  auto& s = static_cast<AdamParamState&>(*slot);
+  if (!s.step().defined()) s.step(step_zero(p));
+  if (!s.exp_avg().defined()) s.exp_avg(zeros_f32_like(p));
+  if (!s.exp_avg_sq().defined()) s.exp_avg_sq(zeros_f32_like(p));
+  if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
+    s.max_exp_avg_sq(zeros_f32_like(p));
+  }
+  const bool master = wants_master(p, group);
+  if (master && !s.master_param().defined()) {
+    s.master_param(p.detach().to(at::kFloat, false, true));
+  }
+  b.params.push_back(p);
+  b.grads.push_back(p.grad());
+  b.state_steps.push_back(s.step());
+  b.buf0.push_back(s.exp_avg());
+  b.buf1.push_back(s.exp_avg_sq());
+  if (o.amsgrad()) b.buf2.push_back(s.max_exp_avg_sq());
+  if (master) b.master_params.push_back(s.master_param());
+}
+
+template <typename Options>
+void AdamBase<Options>::run_bucket(Bucket& b,
+                                   torch::optim::OptimizerParamGroup& group,
+                                   const at::Tensor& lr, const StepScalars& sc,
+                                   int64_t seed, bool has_masters) {
+  const auto& o = static_cast<const Options&>(group.options());
+  mixprec::fused_adam_(b.params, b.grads, b.buf0, b.buf1, b.buf2,
+                       b.master_params, b.state_steps, lr,
+                       std::get<0>(o.betas()), std::get<1>(o.betas()),
+                       o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(),
+                       AdamTraits<Options>::decoupled(o), sc.grad_scale,
+                       sc.found_inf, sc.clip_coef,
+                       o.stochastic_rounding() && !has_masters, seed);
+}
+
+template class AdamBase<AdamOptions>;
+template class AdamBase<AdamWOptions>;
 
 void FusedOptimizer::fix_loaded_state() {
   lr_cache_.clear();
@@ -680,8 +725,27 @@ SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups,
   check_groups<SGDOptions>("SGD", *this);
 }
 
-MIXPREC_OPTIM_COMMON(SGD, SGDOptions, SGDParamState)
-#undef MIXPREC_OPTIM_COMMON
+bool SGD::master_weights() const {
+  return any_group_master_weights<SGDOptions>(*this);
+}
+
+bool SGD::group_master_weights(
+    const torch::optim::OptimizerParamGroup& group) const {
+  return static_cast<const SGDOptions&>(group.options()).master_weights();
+}
+
+int64_t SGD::group_seed(const torch::optim::OptimizerParamGroup& group) const {
+  return static_cast<const SGDOptions&>(group.options()).seed();
+}
+
+void SGD::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+}
+
+void SGD::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+  fix_loaded_state();
+}
 
 void SGD::add_to_bucket(const at::Tensor& p,
                         torch::optim::OptimizerParamGroup& group, Bucket& b) {

@@ -57,7 +57,7 @@ void fused_adam_cpu(at::TensorList params, at::TensorList grads,
                                     static_cast<double>(step_after[t]));
   }
 
-  const OptimSpanKernels& kernels = optim_span_kernels();
+  const SpanKernels& kernels = span_kernels();
   for_each_span(fs, stochastic_rounding, [&](const ParamSpan& s) {
     AdamSpanArgs a{gc,
                    k,

@@ -1,8 +1,8 @@
 // Host-side helpers of the CPU fused-optimizer kernels (fused_adam_cpu.cpp,
-// fused_sgd_cpu.cpp): the work list over all parameters, the stochastic-
-// rounding element numbering and the parallel pass over the chunks of the
-// parameters. The element loops are in fused_optim_span_impl.h, compiled per
-// ISA (fused_optim_span.h).
+// fused_sgd_cpu.cpp): the stochastic-rounding element numbering and the
+// parallel pass over the chunks of the parameters (a WorkList,
+// multi_tensor_cpu.h). The element loops are in fused_optim_span_impl.h,
+// compiled per ISA into the table of span_kernels.h.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -13,41 +13,13 @@
 
 #include "common/optim_args.h"
 #include "common/optim_math.h"
-#include "cpu/fused_optim_span.h"
 #include "cpu/multi_tensor_cpu.h"
+#include "cpu/span_kernels.h"
 
 namespace mixprec {
 namespace cpu {
 
 // span_dtype(ScalarType) comes from multi_tensor_cpu.h.
-
-// Work list over all parameters: chunks of kCpuChunk elements, each tagged
-// with its parameter, processed by at::parallel_for.
-struct ParamChunks {
-  std::vector<WorkItem> items;
-  int64_t total = 0;
-
-  explicit ParamChunks(const optim::TensorRefs& params) {
-    for (size_t t = 0; t < params.size(); ++t) {
-      const int64_t n = params[t]->numel();
-      for (int64_t b = 0; b < n; b += kCpuChunk) {
-        items.push_back({static_cast<int32_t>(t), b, std::min(n, b + kCpuChunk)});
-      }
-      total += n;
-    }
-  }
-
-  template <typename Fn>
-  void run(Fn fn) const {
-    const int64_t n = static_cast<int64_t>(items.size());
-    const int64_t grain = total < 2 * kCpuChunk ? n + 1 : 1;
-    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        fn(items[i]);
-      }
-    });
-  }
-};
 
 // SR element-index bases: per parameter, chunk_base * 65536 where chunk_base
 // counts the 65536-element chunks of the earlier params with the same
@@ -96,7 +68,8 @@ struct ParamSpan {
 };
 
 // Calls fn(const ParamSpan&) for every chunk of every parameter of `fs`, in
-// parallel (ParamChunks), with the SR element numbering of the CUDA kernels.
+// parallel (a WorkList over the params), with the SR element numbering of the
+// CUDA kernels.
 template <typename Fn>
 void for_each_span(const optim::FlatSet& fs, bool stochastic_rounding,
                    Fn&& fn) {
@@ -105,8 +78,11 @@ void for_each_span(const optim::FlatSet& fs, bool stochastic_rounding,
   const std::vector<uint32_t> sr_base =
       stochastic_rounding ? sr_index_bases(P, G)
                           : std::vector<uint32_t>(P.size(), 0);
-  ParamChunks chunks(P);
-  chunks.run([&](const WorkItem& it) {
+  WorkList work;
+  for (size_t t = 0; t < P.size(); ++t) {
+    work.add(static_cast<int32_t>(t), P[t]->numel());
+  }
+  work.for_each([&](const WorkItem& it) {
     const size_t t = static_cast<size_t>(it.tensor);
     const at::Tensor& pt = *P[t];
     const at::Tensor& gt = *G[t];

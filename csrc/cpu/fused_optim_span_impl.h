@@ -3,11 +3,13 @@
 // and bfloat16 spans as pairs of float vectors, rounding back to the param
 // dtype (nearest or stochastic), and a scalar tail running the same math.
 //
-// Included once per instruction set by fused_optim_span_<isa>.cpp, which
-// defines MIXPREC_OPT_NS (and, for an ISA, CPU_CAPABILITY so at::vec picks its
-// intrinsics) first; everything lands in mixprec::cpu::MIXPREC_OPT_NS.
-#ifndef MIXPREC_OPT_NS
-#error "define MIXPREC_OPT_NS before including fused_optim_span_impl.h"
+// Included once per instruction set by span_kernels_isa.h, which defines
+// MIXPREC_SPAN_NS (and, for an ISA, CPU_CAPABILITY so at::vec picks its
+// intrinsics) first; everything lands in mixprec::cpu::MIXPREC_SPAN_NS, next
+// to the unscale loops of span_kernels_impl.h, and both fill that ISA's
+// SpanKernels table (span_kernels.h).
+#ifndef MIXPREC_SPAN_NS
+#error "define MIXPREC_SPAN_NS before including fused_optim_span_impl.h"
 #endif
 
 #include <ATen/cpu/vec/functional.h>
@@ -20,11 +22,11 @@
 #include <type_traits>
 
 #include "common/optim_math.h"
-#include "cpu/fused_optim_span.h"
+#include "cpu/span_kernels.h"
 
 namespace mixprec {
 namespace cpu {
-namespace MIXPREC_OPT_NS {
+namespace MIXPREC_SPAN_NS {
 
 using FVec = at::vec::Vectorized<float>;
 
@@ -272,11 +274,6 @@ inline void sgd(SpanDtype pd, SpanDtype gd, void* p, const void* g, float* buf,
   });
 }
 
-inline const OptimSpanKernels* table(const char* name) {
-  static const OptimSpanKernels kernels{&adam, &sgd, name};
-  return &kernels;
-}
-
-}  // namespace MIXPREC_OPT_NS
+}  // namespace MIXPREC_SPAN_NS
 }  // namespace cpu
 }  // namespace mixprec

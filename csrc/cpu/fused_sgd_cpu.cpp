@@ -51,7 +51,7 @@ void fused_sgd_cpu(at::TensorList params, at::TensorList grads,
     step_before[t] = state_steps[t].data_ptr<float>()[0];
   }
 
-  const OptimSpanKernels& kernels = optim_span_kernels();
+  const SpanKernels& kernels = span_kernels();
   for_each_span(fs, stochastic_rounding, [&](const ParamSpan& s) {
     SgdSpanArgs a{gc,
                   k,

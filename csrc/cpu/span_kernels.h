@@ -1,16 +1,24 @@
-// Runtime CPU-capability dispatch for the vectorized span kernels.
+// The CPU kernel table: every vectorized span loop of the CPU backend
+// (unscale / inf-check, unscale + norm, the Adam and SGD element loops), one
+// table per instruction set, and the one selector that picks the table.
 //
-// The span kernels (span_kernels_impl.h) are compiled once per instruction set
-// (span_kernels_default.cpp, _avx2.cpp, _avx512.cpp — the way ATen compiles its
-// own CPU kernels per CPU_CAPABILITY), and the best table this CPU supports is
-// picked at first use. MIXPREC_CPU_CAPABILITY=default|avx2|avx512 (or torch's
-// ATEN_CPU_CAPABILITY) caps the choice, e.g. to test the portable path.
+// The loops (span_kernels_impl.h, fused_optim_span_impl.h) are compiled once
+// per instruction set, the way ATen compiles its own CPU kernels per
+// CPU_CAPABILITY: span_kernels_default.cpp (the baseline), _avx2.cpp and
+// _avx512.cpp, all through span_kernels_isa.h, each defining
+// span_kernels_<isa>(). span_kernels() (span_kernels.cpp) picks the best table
+// this CPU supports at first use; MIXPREC_CPU_CAPABILITY=default|avx2|avx512
+// (else torch's ATEN_CPU_CAPABILITY) caps the choice, e.g. to test the
+// portable path. Every ISA computes the same bits: the builds use
+// -ffp-contract=off, so no product is fused into an FMA.
 //
-// The tables take raw pointers so the per-ISA translation units include no
+// The table takes raw pointers so the per-ISA translation units include no
 // ATen tensor code.
 #pragma once
 
 #include <cstdint>
+
+#include "common/optim_math.h"
 
 namespace mixprec {
 namespace cpu {
@@ -22,6 +30,27 @@ struct SpanNorm {
   double partial;  // sum of |u|^p, or max |u| for p = inf
 };
 
+// Scalars of one Adam span.
+struct AdamSpanArgs {
+  math::GradCoefs gc;
+  math::AdamConsts k;
+  math::AdamStep s;
+  bool sr;              // stochastic rounding (bf16 params only)
+  uint32_t key;         // SR key of (seed, step, stream)
+  uint32_t index_base;  // SR index of element 0 of the span
+};
+
+// Scalars of one SGD span.
+struct SgdSpanArgs {
+  math::GradCoefs gc;
+  math::SgdConsts k;
+  float neg_lr;
+  bool first;  // the param's first real step (buffer starts from the grad)
+  bool sr;
+  uint32_t key;
+  uint32_t index_base;
+};
+
 struct SpanKernels {
   // Checks p[0, n) for inf/NaN and, when `write`, multiplies by inv_scale in
   // place. Returns whether a non-finite input value was seen.
@@ -31,7 +60,15 @@ struct SpanKernels {
   // unscaled values.
   SpanNorm (*unscale_norm)(SpanDtype dtype, int kind, void* p, int64_t n,
                            float inv_scale, bool write, double norm_type);
-  const char* name;
+  // Adam/AdamW over elements [0, n) of one param span. `master` null: the
+  // param is the working copy; `vm` null unless amsgrad.
+  void (*adam)(SpanDtype param, SpanDtype grad, void* p, const void* g,
+               float* m, float* v, float* vm, float* master, int64_t n,
+               const AdamSpanArgs& a);
+  // SGD over [0, n); `buf` null unless momentum != 0, `master` as above.
+  void (*sgd)(SpanDtype param, SpanDtype grad, void* p, const void* g,
+              float* buf, float* master, int64_t n, const SgdSpanArgs& a);
+  const char* name;  // "default", "avx2" or "avx512"
 };
 
 // The table for this CPU (chosen once, thread-safe).

@@ -4,9 +4,7 @@
 // so this file must include nothing that other translation units rely on
 // being portable beyond the headers of span_kernels_impl.h and
 // fused_optim_span_impl.h. The body is span_kernels_isa.h (shared with
-// span_kernels_avx2.cpp); it defines span_kernels_avx512() and
-// optim_span_kernels_avx512().
-#include "cpu/fused_optim_span.h"
+// the other ISAs' files); it defines span_kernels_avx512().
 #include "cpu/span_kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

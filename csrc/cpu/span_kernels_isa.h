@@ -1,19 +1,21 @@
-// The body of the per-ISA translation units span_kernels_avx2.cpp and
-// span_kernels_avx512.cpp: the span kernels (span_kernels_impl.h) and the
-// fused-optimizer element loops (fused_optim_span_impl.h) compiled for one
-// instruction set, and the two functions that hand out their tables,
-// span_kernels_<isa>() and optim_span_kernels_<isa>() (span_kernels.h,
-// fused_optim_span.h). On other targets those functions return nullptr.
+// The body of the per-ISA translation units span_kernels_default.cpp,
+// span_kernels_avx2.cpp and span_kernels_avx512.cpp: every span loop of the
+// CPU backend (span_kernels_impl.h: unscale and norm; fused_optim_span_impl.h:
+// the fused-optimizer element loops) compiled for one instruction set, and
+// span_kernels_<isa>(), which hands out that set's SpanKernels table
+// (span_kernels.h). A new loop is a new table field, filled in here once.
 //
-// The including file names the ISA (MIXPREC_ISA, e.g. avx2) and, on x86-64
-// GCC/Clang, has already set its `#pragma GCC target`, CPU_CAPABILITY and the
-// ISA macros beyond AVX2's; everything it compiles is below its pragma.
+// The including file names the ISA (MIXPREC_ISA: default, avx2, avx512). For
+// an x86 ISA it has already set, on x86-64 GCC/Clang, its `#pragma GCC
+// target`, CPU_CAPABILITY and the ISA macros beyond AVX2's; everything it
+// compiles is below its pragma. The baseline also defines
+// MIXPREC_ISA_PORTABLE: it is compiled on every target, with at::vec's
+// DEFAULT implementation; an x86 ISA elsewhere yields nullptr.
 // Included once per such file: no include guard.
 #ifndef MIXPREC_ISA
 #error "define MIXPREC_ISA before including span_kernels_isa.h"
 #endif
 
-#include "cpu/fused_optim_span.h"
 #include "cpu/span_kernels.h"
 
 #define MIXPREC_ISA_CAT_(a, b) a##b
@@ -21,8 +23,9 @@
 #define MIXPREC_ISA_STR_(a) #a
 #define MIXPREC_ISA_STR(a) MIXPREC_ISA_STR_(a)
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(MIXPREC_ISA_PORTABLE) || (defined(__x86_64__) && defined(__GNUC__))
 
+#ifndef MIXPREC_ISA_PORTABLE
 #ifndef CPU_CAPABILITY
 #error "span_kernels_isa.h: set the target pragma and CPU_CAPABILITY first"
 #endif
@@ -41,18 +44,20 @@
 #ifndef __F16C__
 #define __F16C__ 1
 #endif
+#endif  // !MIXPREC_ISA_PORTABLE
+
 #define MIXPREC_SPAN_NS MIXPREC_ISA_CAT(isa_, MIXPREC_ISA)
-#define MIXPREC_OPT_NS MIXPREC_ISA_CAT(opt_, MIXPREC_ISA)
 #include "cpu/fused_optim_span_impl.h"
 #include "cpu/span_kernels_impl.h"
 
 namespace mixprec {
 namespace cpu {
 const SpanKernels* MIXPREC_ISA_CAT(span_kernels_, MIXPREC_ISA)() {
-  return MIXPREC_SPAN_NS::table(MIXPREC_ISA_STR(MIXPREC_ISA));
-}
-const OptimSpanKernels* MIXPREC_ISA_CAT(optim_span_kernels_, MIXPREC_ISA)() {
-  return MIXPREC_OPT_NS::table(MIXPREC_ISA_STR(MIXPREC_ISA));
+  static const SpanKernels table{
+      &MIXPREC_SPAN_NS::unscale_check, &MIXPREC_SPAN_NS::unscale_norm,
+      &MIXPREC_SPAN_NS::adam, &MIXPREC_SPAN_NS::sgd,
+      MIXPREC_ISA_STR(MIXPREC_ISA)};
+  return &table;
 }
 }  // namespace cpu
 }  // namespace mixprec
@@ -62,9 +67,6 @@ const OptimSpanKernels* MIXPREC_ISA_CAT(optim_span_kernels_, MIXPREC_ISA)() {
 namespace mixprec {
 namespace cpu {
 const SpanKernels* MIXPREC_ISA_CAT(span_kernels_, MIXPREC_ISA)() {
-  return nullptr;
-}
-const OptimSpanKernels* MIXPREC_ISA_CAT(optim_span_kernels_, MIXPREC_ISA)() {
   return nullptr;
 }
 }  // namespace cpu

@@ -17,13 +17,12 @@ void run(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
   const float inv = inv_scale != nullptr ? inv_scale->data_ptr<float>()[0] : 1.f;
   // Skip the write when inv_scale == 1: torch stores the value unchanged.
   const bool write = inv_scale != nullptr && inv != 1.0f;
-  DenseList list(tensors, write);
+  DenseTensors list(tensors, write);
   const SpanKernels& k = span_kernels();
-  const bool found =
-      parallel_any(list.items, list.total, [&](const WorkItem& it) {
-        return k.unscale_check(list.dtype[it.tensor], list.ptr(it),
-                               it.end - it.begin, inv, write);
-      });
+  const bool found = list.work.any([&](const WorkItem& it) {
+    return k.unscale_check(list.dtype[it.tensor], list.ptr(it),
+                           it.end - it.begin, inv, write);
+  });
   list.finish();
   if (found) {
     found_inf.data_ptr<float>()[0] = 1.0f;

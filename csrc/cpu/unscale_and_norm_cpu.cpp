@@ -18,17 +18,15 @@ template <int Kind>
 at::Tensor run(at::TensorList grads, const at::Tensor& found_inf, float inv,
                double norm_type, bool in_place) {
   const bool write = in_place && inv != 1.0f;
-  DenseList list(grads, write);
-  std::vector<double> partials(list.items.size(), 0.0);
+  DenseTensors list(grads, write);
+  std::vector<double> partials(list.work.items.size(), 0.0);
   const SpanKernels& k = span_kernels();
-  const bool found =
-      parallel_any(list.items, list.total, [&](const WorkItem& it) {
-        const SpanNorm r =
-            k.unscale_norm(list.dtype[it.tensor], Kind, list.ptr(it),
-                           it.end - it.begin, inv, write, norm_type);
-        partials[&it - list.items.data()] = r.partial;
-        return r.found;
-      });
+  const bool found = list.work.any([&](const WorkItem& it) {
+    const SpanNorm r = k.unscale_norm(list.dtype[it.tensor], Kind, list.ptr(it),
+                                      it.end - it.begin, inv, write, norm_type);
+    partials[list.work.index(it)] = r.partial;
+    return r.found;
+  });
   list.finish();
   if (found) {
     found_inf.data_ptr<float>()[0] = 1.0f;

@@ -14,7 +14,7 @@
 //     optimizer.zero_grad();
 //     at::Tensor loss;
 //     {
-//       mixprec::AutocastGuard autocast(torch::kCUDA, torch::kHalf);
+//       mixprec::AutocastGuard autocast(torch::kCUDA, torch::kHalf);  // autocast_guard.h
 //       loss = loss_fn(model->forward(x), y);
 //     }
 //     scaler.scale(loss).backward();
@@ -243,25 +243,6 @@ class GradScaler {
   // last completed iteration: host answer, or a device flag to read lazily
   std::optional<bool> last_found_host_;
   at::Tensor last_found_device_;
-};
-
-// RAII autocast region for C++ (what `with torch.autocast(device, dtype)`
-// does in Python): enables autocast for `device` with `dtype`, and on exit
-// restores the previous state and clears the cast cache when the outermost
-// region ends.
-class AutocastGuard {
- public:
-  AutocastGuard(c10::DeviceType device, c10::ScalarType dtype,
-                bool enabled = true, bool cache_enabled = true);
-  ~AutocastGuard();
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  c10::DeviceType device_;
-  bool prev_enabled_;
-  c10::ScalarType prev_dtype_;
-  bool prev_cache_enabled_;
 };
 
 }  // namespace mixprec

@@ -1,7 +1,8 @@
 // Umbrella header of the mixprec C++ API: the ops (dispatcher calls), the
-// build information, GradScaler (+ AutocastGuard) and the fused optimizers.
+// build information, GradScaler, AutocastGuard and the fused optimizers.
 #pragma once
 
+#include "mixprec/autocast_guard.h"
 #include "mixprec/build_info.h"
 #include "mixprec/grad_scaler.h"
 #include "mixprec/ops.h"

@@ -186,14 +186,19 @@ struct AdamParamState
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
-// Adam (decoupled_weight_decay selects AdamW's decay), one fused kernel.
-class Adam : public FusedOptimizer {
+// Adam and AdamW: one implementation over their option types, as the Python
+// classes share one (mixprec.optim.AdamW subclasses Adam). Construct Adam or
+// AdamW, not this; Options is AdamOptions or AdamWOptions (instantiated in
+// the library for those two only).
+template <typename Options>
+class AdamBase : public FusedOptimizer {
  public:
-  explicit Adam(const std::vector<torch::optim::OptimizerParamGroup>& groups,
-                AdamOptions defaults = {});
-  explicit Adam(std::vector<at::Tensor> params, AdamOptions defaults = {})
-      : Adam({torch::optim::OptimizerParamGroup(std::move(params))},
-             std::move(defaults)) {}
+  explicit AdamBase(
+      const std::vector<torch::optim::OptimizerParamGroup>& groups,
+      Options defaults = {});
+  explicit AdamBase(std::vector<at::Tensor> params, Options defaults = {})
+      : AdamBase({torch::optim::OptimizerParamGroup(std::move(params))},
+                 std::move(defaults)) {}
 
   bool master_weights() const override;
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -210,34 +215,24 @@ class Adam : public FusedOptimizer {
       const torch::optim::OptimizerParamGroup& group) const override;
   int64_t group_seed(
       const torch::optim::OptimizerParamGroup& group) const override;
-  const char* name() const override { return "Adam"; }
+  const char* name() const override;
+};
+
+extern template class AdamBase<AdamOptions>;
+extern template class AdamBase<AdamWOptions>;
+
+// Adam (decoupled_weight_decay selects AdamW's decay), one fused kernel.
+//   Adam(groups, AdamOptions defaults = {}), Adam(params, defaults)
+class Adam : public AdamBase<AdamOptions> {
+ public:
+  using AdamBase<AdamOptions>::AdamBase;
 };
 
 // AdamW: decoupled weight decay (default 1e-2), one fused kernel.
-class AdamW : public FusedOptimizer {
+//   AdamW(groups, AdamWOptions defaults = {}), AdamW(params, defaults)
+class AdamW : public AdamBase<AdamWOptions> {
  public:
-  explicit AdamW(const std::vector<torch::optim::OptimizerParamGroup>& groups,
-                 AdamWOptions defaults = {});
-  explicit AdamW(std::vector<at::Tensor> params, AdamWOptions defaults = {})
-      : AdamW({torch::optim::OptimizerParamGroup(std::move(params))},
-              std::move(defaults)) {}
-
-  bool master_weights() const override;
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
-
- protected:
-  void add_to_bucket(const at::Tensor& p,
-                     torch::optim::OptimizerParamGroup& group,
-                     Bucket& bucket) override;
-  void run_bucket(Bucket& bucket, torch::optim::OptimizerParamGroup& group,
-                  const at::Tensor& lr, const StepScalars& scalars,
-                  int64_t seed, bool has_masters) override;
-  bool group_master_weights(
-      const torch::optim::OptimizerParamGroup& group) const override;
-  int64_t group_seed(
-      const torch::optim::OptimizerParamGroup& group) const override;
-  const char* name() const override { return "AdamW"; }
+  using AdamBase<AdamWOptions>::AdamBase;
 };
 
 // ------------------------------------------------------------------ SGD
