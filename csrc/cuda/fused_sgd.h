@@ -62,19 +62,12 @@ template <typename P, typename G, bool kHasMaster, bool kMomentum>
 using SgdOp = OptimOp<P, G, kHasMaster, SgdRule<kMomentum>>;
 
 template <class Exec>
-void fused_sgd_launch(at::TensorList params, at::TensorList grads,
-                    at::TensorList momentum_buffers,
-                    at::TensorList master_params, at::TensorList state_steps,
-                    const at::Tensor& lr, double weight_decay, double momentum,
-                    double dampening, bool nesterov, bool maximize,
-                    const std::optional<at::Tensor>& grad_scale,
-                    const std::optional<at::Tensor>& found_inf,
-                    const std::optional<at::Tensor>& clip_coef,
-                    bool stochastic_rounding, int64_t seed) {
-  const optim::OptimLists lists = optim::check_fused_sgd_args(
-      params, grads, momentum_buffers, master_params, state_steps, lr,
-      weight_decay, momentum, dampening, nesterov, grad_scale, found_inf,
-      clip_coef, stochastic_rounding, Exec::kBackend);
+void fused_sgd_launch(const OpArgs<&fused_sgd_>& op_args) {
+  const optim::OptimLists lists =
+      optim::check_fused_sgd_args(op_args, Exec::kBackend);
+  MIXPREC_BIND(op_args, params, master_params, state_steps, lr, weight_decay,
+               momentum, dampening, nesterov, maximize, grad_scale, found_inf,
+               clip_coef, stochastic_rounding, seed)
   if (params.empty()) {
     return;
   }
