@@ -21,7 +21,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/library.h>
 
-#include "common/op_signatures.h"
+#include "common/op_table.h"
 
 #include <optional>
 #include <string>
@@ -146,20 +146,10 @@ struct NoGradKernel<Name, Ret(Args...)> {
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, Autograd, m) {
-  using mixprec::NoGradKernel;
-  namespace sig = mixprec::sig;
-  m.impl("unscale_and_check_",
-         &NoGradKernel<sig::kUnscaleAndCheck, sig::UnscaleAndCheck>::fn);
-  m.impl("check_finite_",
-         &NoGradKernel<sig::kCheckFinite, sig::CheckFinite>::fn);
-  m.impl("unscale_and_norm_",
-         &NoGradKernel<sig::kUnscaleAndNorm, sig::Norm>::fn);
-  m.impl("check_finite_and_norm_",
-         &NoGradKernel<sig::kCheckFiniteAndNorm, sig::Norm>::fn);
-  m.impl("update_scale_",
-         &NoGradKernel<sig::kUpdateScale, sig::UpdateScale>::fn);
-  m.impl("update_scale_ext_",
-         &NoGradKernel<sig::kUpdateScaleExt, sig::UpdateScaleExt>::fn);
-  m.impl("fused_adam_", &NoGradKernel<sig::kFusedAdam, sig::FusedAdam>::fn);
-  m.impl("fused_sgd_", &NoGradKernel<sig::kFusedSgd, sig::FusedSgd>::fn);
+#define MIXPREC_AUTOGRAD_IMPL_(op)                            \
+  m.impl(#op, &::mixprec::NoGradKernel<                       \
+                  ::mixprec::OpInfo<&::mixprec::op>::kName,   \
+                  ::mixprec::OpSig<&::mixprec::op>>::fn);
+  MIXPREC_FOR_EACH_OP(MIXPREC_AUTOGRAD_IMPL_)
+#undef MIXPREC_AUTOGRAD_IMPL_
 }

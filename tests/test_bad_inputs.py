@@ -60,6 +60,33 @@ def _update_ext(device, growth=2.0, backoff=0.5, hyst_t=None, hysteresis=1, min_
                                  min_scale, max_scale, hysteresis)
 
 
+def _adam(device, **changes):
+    shapes = (100, (3, 4))
+    params = [torch.randn(s, device=device) for s in shapes]
+    d = {"params": params, "grads": [torch.randn_like(p) for p in params],
+         "exp_avgs": [torch.zeros_like(p) for p in params],
+         "exp_avg_sqs": [torch.zeros_like(p) for p in params], "max_exp_avg_sqs": [],
+         "master_params": [], "state_steps": [torch.zeros((), device=device) for _ in params],
+         "lr": torch.tensor(1e-3, device=device), "beta1": 0.9, "beta2": 0.999,
+         "weight_decay": 0.0, "eps": 1e-8, "amsgrad": False, "maximize": False,
+         "decoupled_weight_decay": True, "grad_scale": None, "found_inf": None,
+         "clip_coef": None, "stochastic_rounding": False, "seed": 0}
+    d.update({k: v(d) if callable(v) else v for k, v in changes.items()})
+    return "fused_adam_", tuple(d.values())
+
+
+def _sgd(device, **changes):
+    params = [torch.randn(50, device=device), torch.randn(2, 3, device=device)]
+    d = {"params": params, "grads": [torch.randn_like(p) for p in params],
+         "momentum_buffers": [torch.zeros_like(p) for p in params], "master_params": [],
+         "state_steps": [torch.zeros((), device=device) for _ in params],
+         "lr": torch.tensor(0.1, device=device), "weight_decay": 0.0, "momentum": 0.9,
+         "dampening": 0.0, "nesterov": False, "maximize": False, "grad_scale": None,
+         "found_inf": None, "clip_coef": None, "stochastic_rounding": False, "seed": 0}
+    d.update({k: v(d) if callable(v) else v for k, v in changes.items()})
+    return "fused_sgd_", tuple(d.values())
+
+
 # (id, builder(device) -> (op name, args), substring the message must contain)
 CASES: list[tuple[str, Callable, str]] = [
     ("found_inf_dtype", lambda d: _unscale(d, found=torch.zeros((), dtype=torch.float64,
@@ -109,6 +136,20 @@ CASES: list[tuple[str, Callable, str]] = [
     ("ext_min_scale_negative", lambda d: _update_ext(d, min_scale=-1.0), "min_scale"),
     ("ext_max_scale_inf", lambda d: _update_ext(d, max_scale=float("inf")), "max_scale"),
     ("ext_min_above_max", lambda d: _update_ext(d, min_scale=8.0, max_scale=2.0), "min_scale"),
+    ("adam_beta1_one", lambda d: _adam(d, beta1=1.0), "beta1"),
+    ("adam_exp_avgs_short", lambda d: _adam(d, exp_avgs=lambda a: a["exp_avgs"][:1]),
+     "exp_avgs"),
+    ("adam_lr_shape", lambda d: _adam(d, lr=torch.ones(2, device=d)), "lr"),
+    ("adam_grad_shape", lambda d: _adam(d, grads=lambda a: [a["grads"][0],
+                                                            a["grads"][1].reshape(-1)]),
+     "grads[1]"),
+    ("sgd_nesterov_without_momentum", lambda d: _sgd(d, nesterov=True, momentum=0.0,
+                                                     momentum_buffers=[]), "nesterov"),
+    ("sgd_buffers_short", lambda d: _sgd(d, momentum_buffers=lambda a:
+                                         a["momentum_buffers"][:1]), "momentum_buffers"),
+    ("sgd_step_dtype", lambda d: _sgd(d, state_steps=lambda a: [a["state_steps"][0].long(),
+                                                                a["state_steps"][1]]),
+     "state_steps[0]"),
 ]
 
 if HAS_CUDA:
@@ -153,3 +194,14 @@ def test_bad_input_rejected_and_nothing_modified(device, impl, case):
     assert "mixprec" in message, message
     for old, new in zip(before, _snapshot(args)):
         assert torch.equal(bits(old), bits(new))
+
+
+def test_every_op_has_a_bad_input_case():
+    """Every op of the table (csrc/common/op_table.h, _C.op_names) needs a case here."""
+    if not mixprec.has_extension():
+        pytest.skip("the op table comes from the compiled extension")
+    from mixprec import _C
+
+    covered = {build("cpu")[0] for _, build, _ in CASES}
+    missing = set(_C.op_names) - covered
+    assert not missing, f"ops without a bad-input case: {sorted(missing)}"

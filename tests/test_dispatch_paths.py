@@ -18,6 +18,7 @@ if not mixprec.has_extension():
     pytest.skip("needs the compiled extension", allow_module_level=True)
 
 from mixprec import _C  # noqa: E402
+from test_opcheck import sample  # noqa: E402
 
 
 def _args(device="cpu"):
@@ -189,3 +190,53 @@ def test_written_tensors_get_their_version_bumped():
     mixprec.ops.unscale_and_check_([saved], torch.zeros(()), torch.full((), 0.5))
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def _positional(op, args, kwargs):
+    """The sample's arguments as the fast entry takes them: all positional."""
+    schema = getattr(torch.ops.mixprec, op).default._schema
+    rest = [kwargs[a.name] if a.name in kwargs else a.default_value
+            for a in schema.arguments[len(args):]]
+    return schema, [*args, *rest]
+
+
+def _clone(args):
+    return [[t.clone() for t in a] if isinstance(a, list)
+            else a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _tensors(values):
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from _tensors(v)
+
+
+@pytest.mark.parametrize("op", list(_C.op_names))
+def test_every_op_fast_entry_matches_torch_ops(op):
+    # Every op of the table has a fast entry that runs (does not decline) plain arguments
+    # and leaves every argument and the result as torch.ops does.
+    _, args = _positional(op, *sample(op)("cpu"))
+    fast_args, ops_args = _clone(args), _clone(args)
+    out_fast = getattr(_C, f"fast_{op}")(*fast_args)
+    assert out_fast is not NotImplemented
+    out_ops = getattr(torch.ops.mixprec, op)(*ops_args)
+    for a, b in zip(_tensors([out_fast, *fast_args]), _tensors([out_ops, *ops_args])):
+        assert_bitwise_equal(a, b)
+
+
+@pytest.mark.parametrize("op", list(_C.op_names))
+def test_every_op_has_the_no_grad_autograd_kernel(op):
+    # The first written floating-point argument requiring grad is refused, by name.
+    schema, args = _positional(op, *sample(op)("cpu"))
+    for i, a in enumerate(schema.arguments):
+        t = args[i][0] if isinstance(args[i], list) and args[i] else args[i]
+        if (a.alias_info is not None and a.alias_info.is_write
+                and isinstance(t, torch.Tensor) and t.is_floating_point()):
+            t.requires_grad_(True)
+            break
+    else:
+        pytest.fail(f"{op} writes no floating-point tensor of its sample")
+    with pytest.raises(RuntimeError, match=rf"mixprec\.{op}: {a.name}.* requires grad"):
+        getattr(torch.ops.mixprec, op)(*args)

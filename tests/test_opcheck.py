@@ -7,9 +7,12 @@ import torch
 
 import mixprec
 from _helpers import assert_bitwise_equal
+from mixprec.ops import _reference
 
 if not mixprec.has_extension():
     pytest.skip("opcheck needs the compiled extension", allow_module_level=True)
+
+from mixprec import _C  # noqa: E402
 
 
 def _grads(device):
@@ -29,9 +32,43 @@ def _i32(device, v):
     return torch.full((), v, dtype=torch.int32, device=device)
 
 
+def _optim_lists(device, n_states, masters):
+    """params (bf16, fp16, fp32), grads, n_states float32 state lists, masters, steps."""
+    shapes = (7, (3, 5), 1)
+    dtypes = (torch.bfloat16, torch.float16, torch.float32)
+    params = [torch.randn(s, device=device).to(dt) for s, dt in zip(shapes, dtypes)]
+    grads = [torch.randn(s, device=device).half() for s in shapes]
+    states = [[torch.rand(s, device=device) for s in shapes] for _ in range(n_states)]
+    master = ([p.float() if p.dtype != torch.float32 else None for p in params]
+              if masters else [])
+    if masters:  # one master per 16-bit param: drop the float32 one (and its state rows)
+        keep = [i for i, m in enumerate(master) if m is not None]
+        params, grads = [params[i] for i in keep], [grads[i] for i in keep]
+        states = [[st[i] for i in keep] for st in states]
+        master = [master[i] for i in keep]
+    steps = [torch.full((), 3.0, device=device) for _ in params]
+    return params, grads, states, master, steps
+
+
+def _adam(device):
+    params, grads, (m, v, vmax), masters, steps = _optim_lists(device, 3, True)
+    return ((params, grads, m, v, vmax, masters, steps, torch.tensor(1e-3, device=device),
+             0.9, 0.999, 0.01, 1e-8, True, False, True, torch.full((1,), 2.0, device=device),
+             torch.zeros(1, device=device), None, False, 0), {})
+
+
+def _sgd(device):
+    params, grads, (buf,), _, steps = _optim_lists(device, 1, False)
+    params = [p.to(torch.bfloat16) for p in params]
+    return ((params, grads, buf, [], steps, torch.tensor(0.1, device=device), 0.0, 0.9, 0.0,
+             True, False, None, None, None),
+            {"stochastic_rounding": True, "seed": 7})
+
+
 # (test id, op, args builder(device) -> (args, kwargs)). One entry per case: each
-# gets its own test id, and none can be left out of the parametrization.
-_SAMPLES = [
+# gets its own test id, and none can be left out of the parametrization. The first
+# entry of each op is also its sample in tests/test_dispatch_paths.py.
+SAMPLES = [
     ("unscale_and_check_", "unscale_and_check_",
      lambda d: ((_grads(d), _f(d), _inv(d)), {})),
     ("unscale_and_check_-empty", "unscale_and_check_", lambda d: (([], _f(d), _inv(d)), {})),
@@ -51,29 +88,45 @@ _SAMPLES = [
      lambda d: ((torch.full((), 8.0, device=d), _i32(d, 1), _i32(d, 2),
                  torch.ones((), device=d), 2.0, 0.5, 2),
                 {"min_scale": 1.0, "max_scale": 1024.0, "hysteresis": 2})),
+    ("fused_adam_-masters-amsgrad", "fused_adam_", _adam),
+    ("fused_sgd_-nesterov-sr", "fused_sgd_", _sgd),
 ]
 
 
+def sample(op):
+    """The first sample of `op`: a builder(device) -> (args, kwargs)."""
+    return next(build for _, name, build in SAMPLES if name == op)
+
+
 @pytest.mark.parametrize(("op_name", "build"), [pytest.param(op, build, id=name)
-                                                for name, op, build in _SAMPLES])
+                                                for name, op, build in SAMPLES])
 def test_opcheck(device, op_name, build):
     args, kwargs = build(device)
     torch.library.opcheck(getattr(torch.ops.mixprec, op_name).default, args, kwargs)
 
 
-# The ops whose opcheck lives elsewhere (tests/test_optim.py).
-_OPCHECKED_ELSEWHERE = {"fused_adam_", "fused_sgd_"}
-
-
 def test_every_op_has_an_opcheck_sample():
-    """A new op registered in csrc/registration.cpp needs a sample here (or in test_optim)."""
+    """Every op of the table (csrc/common/op_table.h, exported as _C.op_names) needs a sample."""
+    sampled = {op for _, op, _ in SAMPLES}
+    assert set(_C.op_names) == sampled, (
+        f"without an opcheck sample: {sorted(set(_C.op_names) - sampled)}; "
+        f"sampled but not in the op table: {sorted(sampled - set(_C.op_names))}")
+
+
+def test_op_table_is_every_registered_op_with_every_entry():
+    """The one list of the ops: what is registered, wrapped and given kernels."""
+    table = list(_C.op_names)
+    assert table and len(set(table)) == len(table)
     registered = {name.split("::", 1)[1] for name in torch._C._dispatch_get_all_op_names()
                   if name.startswith("mixprec::")}
-    sampled = {op for _, op, _ in _SAMPLES}
-    assert registered, "no mixprec op is registered"
-    assert registered == sampled | _OPCHECKED_ELSEWHERE, (
-        f"without an opcheck sample: {sorted(registered - sampled - _OPCHECKED_ELSEWHERE)}; "
-        f"sampled but not registered: {sorted((sampled | _OPCHECKED_ELSEWHERE) - registered)}")
+    assert registered == set(table)
+    assert set(mixprec.ops.__all__) == set(table)
+    keys = ["CPU", "Autograd"] + (["CUDA"] if _C.cuda_kernels else [])
+    for op in table:
+        assert callable(getattr(_C, f"fast_{op}")), op
+        assert callable(getattr(_reference, op)), op
+        for key in keys:
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"mixprec::{op}", key), (op, key)
 
 
 def test_torch_compile_fullgraph(device):

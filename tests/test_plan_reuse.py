@@ -31,7 +31,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_bitwise_equal
+from _helpers import assert_bitwise_equal
 from mixprec import _cuda_emulation
 
 pytestmark = pytest.mark.skipif(

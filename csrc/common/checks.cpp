@@ -82,11 +82,10 @@ void check_update_scale_args(const char* op, const at::Tensor& scale,
 }
 
 ScaleBounds check_update_scale_ext_args(
-    const at::Tensor& scale, const at::Tensor& growth_tracker,
-    const at::Tensor& hysteresis_left, const at::Tensor& found_inf,
-    double growth_factor, double backoff_factor, int64_t growth_interval,
-    std::optional<double> min_scale, std::optional<double> max_scale,
-    int64_t hysteresis) {
+    const OpArgs<&update_scale_ext_>& a) {
+  MIXPREC_BIND(a, scale, growth_tracker, hysteresis_left, found_inf,
+               growth_factor, backoff_factor, growth_interval, min_scale,
+               max_scale, hysteresis)
   const char* op = "update_scale_ext_";
   check_update_scale_args(op, scale, growth_tracker, &hysteresis_left,
                           found_inf, growth_interval);

@@ -10,6 +10,8 @@
 #include <optional>
 #include <string>
 
+#include "common/op_table.h"
+
 namespace mixprec {
 namespace checks {
 
@@ -56,11 +58,7 @@ struct ScaleBounds {
 // update_scale_ext_: the above plus growth_factor > 1, 0 < backoff_factor < 1,
 // hysteresis >= 1, 0 < min_scale <= max_scale (both finite when given).
 ScaleBounds check_update_scale_ext_args(
-    const at::Tensor& scale, const at::Tensor& growth_tracker,
-    const at::Tensor& hysteresis_left, const at::Tensor& found_inf,
-    double growth_factor, double backoff_factor, int64_t growth_interval,
-    std::optional<double> min_scale, std::optional<double> max_scale,
-    int64_t hysteresis);
+    const OpArgs<&update_scale_ext_>& a);
 
 }  // namespace checks
 }  // namespace mixprec

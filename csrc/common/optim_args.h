@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/op_table.h"
+
 namespace mixprec {
 namespace optim {
 
@@ -58,15 +60,11 @@ void check_sgd_hparams(double weight_decay, double momentum, double dampening,
 // (check_optim_args, then the hyper-parameters). They return the call's
 // lists (states: exp_avgs, exp_avg_sqs, max_exp_avg_sqs / momentum_buffers)
 // for FlatSet.
-inline OptimLists check_fused_adam_args(
-    at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-    at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-    at::TensorList master_params, at::TensorList state_steps,
-    const at::Tensor& lr, double beta1, double beta2, double weight_decay,
-    double eps, bool amsgrad, const std::optional<at::Tensor>& grad_scale,
-    const std::optional<at::Tensor>& found_inf,
-    const std::optional<at::Tensor>& clip_coef, bool stochastic_rounding,
-    c10::DeviceType backend) {
+inline OptimLists check_fused_adam_args(const OpArgs<&fused_adam_>& a,
+                                        c10::DeviceType backend) {
+  MIXPREC_BIND(a, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+               master_params, state_steps, lr, beta1, beta2, weight_decay, eps,
+               amsgrad, grad_scale, found_inf, clip_coef, stochastic_rounding)
   OptimLists lists{params,
                    grads,
                    {{"exp_avgs", exp_avgs},
@@ -81,15 +79,11 @@ inline OptimLists check_fused_adam_args(
   return lists;
 }
 
-inline OptimLists check_fused_sgd_args(
-    at::TensorList params, at::TensorList grads,
-    at::TensorList momentum_buffers, at::TensorList master_params,
-    at::TensorList state_steps, const at::Tensor& lr, double weight_decay,
-    double momentum, double dampening, bool nesterov,
-    const std::optional<at::Tensor>& grad_scale,
-    const std::optional<at::Tensor>& found_inf,
-    const std::optional<at::Tensor>& clip_coef, bool stochastic_rounding,
-    c10::DeviceType backend) {
+inline OptimLists check_fused_sgd_args(const OpArgs<&fused_sgd_>& a,
+                                       c10::DeviceType backend) {
+  MIXPREC_BIND(a, params, grads, momentum_buffers, master_params, state_steps,
+               lr, weight_decay, momentum, dampening, nesterov, grad_scale,
+               found_inf, clip_coef, stochastic_rounding)
   OptimLists lists{params,
                    grads,
                    {{"momentum_buffers", momentum_buffers}},

@@ -16,21 +16,12 @@ namespace mixprec {
 namespace cpu {
 namespace {
 
-void fused_adam_cpu(at::TensorList params, at::TensorList grads,
-                    at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                    at::TensorList max_exp_avg_sqs,
-                    at::TensorList master_params, at::TensorList state_steps,
-                    const at::Tensor& lr, double beta1, double beta2,
-                    double weight_decay, double eps, bool amsgrad,
-                    bool maximize, bool decoupled_weight_decay,
-                    const std::optional<at::Tensor>& grad_scale,
-                    const std::optional<at::Tensor>& found_inf,
-                    const std::optional<at::Tensor>& clip_coef,
-                    bool stochastic_rounding, int64_t seed) {
-  const optim::OptimLists lists = optim::check_fused_adam_args(
-      params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params,
-      state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, grad_scale,
-      found_inf, clip_coef, stochastic_rounding, c10::DeviceType::CPU);
+void fused_adam_cpu(const OpArgs<&fused_adam_>& args) {
+  const optim::OptimLists lists =
+      optim::check_fused_adam_args(args, c10::DeviceType::CPU);
+  MIXPREC_BIND(args, params, state_steps, lr, beta1, beta2, weight_decay, eps,
+               maximize, decoupled_weight_decay, grad_scale, found_inf,
+               clip_coef, stochastic_rounding, seed)
   if (params.empty() || optim::found_inf_cpu(found_inf)) {
     return;
   }
@@ -82,11 +73,11 @@ void fused_adam_cpu(at::TensorList params, at::TensorList grads,
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
-  m.impl("fused_adam_", &mixprec::cpu::fused_adam_cpu);
+  MIXPREC_IMPL(m, fused_adam_, &mixprec::cpu::fused_adam_cpu);
 }
 
 // A sparse grad routes the call here; the argument checks then reject it with
 // a message naming the grad (instead of a missing-kernel error).
 TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
-  m.impl("fused_adam_", &mixprec::cpu::fused_adam_cpu);
+  MIXPREC_IMPL(m, fused_adam_, &mixprec::cpu::fused_adam_cpu);
 }

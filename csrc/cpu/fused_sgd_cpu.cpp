@@ -16,19 +16,12 @@ namespace mixprec {
 namespace cpu {
 namespace {
 
-void fused_sgd_cpu(at::TensorList params, at::TensorList grads,
-                   at::TensorList momentum_buffers,
-                   at::TensorList master_params, at::TensorList state_steps,
-                   const at::Tensor& lr, double weight_decay, double momentum,
-                   double dampening, bool nesterov, bool maximize,
-                   const std::optional<at::Tensor>& grad_scale,
-                   const std::optional<at::Tensor>& found_inf,
-                   const std::optional<at::Tensor>& clip_coef,
-                   bool stochastic_rounding, int64_t seed) {
-  const optim::OptimLists lists = optim::check_fused_sgd_args(
-      params, grads, momentum_buffers, master_params, state_steps, lr,
-      weight_decay, momentum, dampening, nesterov, grad_scale, found_inf,
-      clip_coef, stochastic_rounding, c10::DeviceType::CPU);
+void fused_sgd_cpu(const OpArgs<&fused_sgd_>& args) {
+  const optim::OptimLists lists =
+      optim::check_fused_sgd_args(args, c10::DeviceType::CPU);
+  MIXPREC_BIND(args, params, state_steps, lr, weight_decay, momentum,
+               dampening, nesterov, maximize, grad_scale, found_inf, clip_coef,
+               stochastic_rounding, seed)
   if (params.empty() || optim::found_inf_cpu(found_inf)) {
     return;
   }
@@ -78,11 +71,11 @@ void fused_sgd_cpu(at::TensorList params, at::TensorList grads,
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
-  m.impl("fused_sgd_", &mixprec::cpu::fused_sgd_cpu);
+  MIXPREC_IMPL(m, fused_sgd_, &mixprec::cpu::fused_sgd_cpu);
 }
 
 // A sparse grad routes the call here; the argument checks then reject it with
 // a message naming the grad (instead of a missing-kernel error).
 TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
-  m.impl("fused_sgd_", &mixprec::cpu::fused_sgd_cpu);
+  MIXPREC_IMPL(m, fused_sgd_, &mixprec::cpu::fused_sgd_cpu);
 }

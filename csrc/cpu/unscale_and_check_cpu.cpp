@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "common/checks.h"
+#include "common/op_table.h"
 #include "cpu/multi_tensor_cpu.h"
 #include "cpu/span_kernels.h"
 
@@ -29,13 +30,14 @@ void run(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
   }
 }
 
-void unscale_and_check_cpu(at::TensorList grads, const at::Tensor& found_inf,
-                           const at::Tensor& inv_scale) {
-  run("unscale_and_check_", grads, found_inf, &inv_scale);
+void unscale_and_check_cpu(const OpArgs<&unscale_and_check_>& a) {
+  run("unscale_and_check_", MIXPREC_ARG(a, grads), MIXPREC_ARG(a, found_inf),
+      &MIXPREC_ARG(a, inv_scale));
 }
 
-void check_finite_cpu(at::TensorList tensors, const at::Tensor& found_inf) {
-  run("check_finite_", tensors, found_inf, nullptr);
+void check_finite_cpu(const OpArgs<&check_finite_>& a) {
+  run("check_finite_", MIXPREC_ARG(a, tensors), MIXPREC_ARG(a, found_inf),
+      nullptr);
 }
 
 }  // namespace
@@ -43,13 +45,13 @@ void check_finite_cpu(at::TensorList tensors, const at::Tensor& found_inf) {
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
-  m.impl("unscale_and_check_", &mixprec::cpu::unscale_and_check_cpu);
-  m.impl("check_finite_", &mixprec::cpu::check_finite_cpu);
+  MIXPREC_IMPL(m, unscale_and_check_, &mixprec::cpu::unscale_and_check_cpu);
+  MIXPREC_IMPL(m, check_finite_, &mixprec::cpu::check_finite_cpu);
 }
 
 // Sparse tensors reach these kernels through the SparseCPU key; the
 // kernel's argument checks then reject them with a message naming the tensor.
 TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
-  m.impl("unscale_and_check_", &mixprec::cpu::unscale_and_check_cpu);
-  m.impl("check_finite_", &mixprec::cpu::check_finite_cpu);
+  MIXPREC_IMPL(m, unscale_and_check_, &mixprec::cpu::unscale_and_check_cpu);
+  MIXPREC_IMPL(m, check_finite_, &mixprec::cpu::check_finite_cpu);
 }

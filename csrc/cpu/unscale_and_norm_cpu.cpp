@@ -7,6 +7,7 @@
 
 #include "common/checks.h"
 #include "common/norm_math.h"
+#include "common/op_table.h"
 #include "cpu/multi_tensor_cpu.h"
 #include "cpu/span_kernels.h"
 
@@ -54,18 +55,14 @@ at::Tensor norm_cpu(const char* op, at::TensorList grads,
   });
 }
 
-at::Tensor unscale_and_norm_cpu(at::TensorList grads,
-                                const at::Tensor& found_inf,
-                                const at::Tensor& inv_scale,
-                                double norm_type) {
+at::Tensor unscale_and_norm_cpu(const OpArgs<&unscale_and_norm_>& a) {
+  MIXPREC_BIND(a, grads, found_inf, inv_scale, norm_type)
   return norm_cpu("unscale_and_norm_", grads, found_inf, inv_scale, norm_type,
                   /*in_place=*/true);
 }
 
-at::Tensor check_finite_and_norm_cpu(at::TensorList grads,
-                                     const at::Tensor& found_inf,
-                                     const at::Tensor& inv_scale,
-                                     double norm_type) {
+at::Tensor check_finite_and_norm_cpu(const OpArgs<&check_finite_and_norm_>& a) {
+  MIXPREC_BIND(a, grads, found_inf, inv_scale, norm_type)
   return norm_cpu("check_finite_and_norm_", grads, found_inf, inv_scale,
                   norm_type, /*in_place=*/false);
 }
@@ -75,13 +72,15 @@ at::Tensor check_finite_and_norm_cpu(at::TensorList grads,
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
-  m.impl("unscale_and_norm_", &mixprec::cpu::unscale_and_norm_cpu);
-  m.impl("check_finite_and_norm_", &mixprec::cpu::check_finite_and_norm_cpu);
+  MIXPREC_IMPL(m, unscale_and_norm_, &mixprec::cpu::unscale_and_norm_cpu);
+  MIXPREC_IMPL(m, check_finite_and_norm_,
+               &mixprec::cpu::check_finite_and_norm_cpu);
 }
 
 // Sparse tensors reach these kernels through the SparseCPU key; the
 // kernel's argument checks then reject them with a message naming the tensor.
 TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
-  m.impl("unscale_and_norm_", &mixprec::cpu::unscale_and_norm_cpu);
-  m.impl("check_finite_and_norm_", &mixprec::cpu::check_finite_and_norm_cpu);
+  MIXPREC_IMPL(m, unscale_and_norm_, &mixprec::cpu::unscale_and_norm_cpu);
+  MIXPREC_IMPL(m, check_finite_and_norm_,
+               &mixprec::cpu::check_finite_and_norm_cpu);
 }

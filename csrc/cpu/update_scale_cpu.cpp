@@ -3,15 +3,16 @@
 #include <torch/library.h>
 
 #include "common/checks.h"
+#include "common/op_table.h"
 #include "common/update_scale_math.h"
 
 namespace mixprec {
 namespace cpu {
 namespace {
 
-void update_scale_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                      const at::Tensor& found_inf, double growth_factor,
-                      double backoff_factor, int64_t growth_interval) {
+void update_scale_cpu(const OpArgs<&update_scale_>& a) {
+  MIXPREC_BIND(a, scale, growth_tracker, found_inf, growth_factor,
+               backoff_factor, growth_interval)
   checks::check_update_scale_args("update_scale_", scale, growth_tracker, nullptr,
                           found_inf, growth_interval);
   math::update_scale(scale.data_ptr<float>(), growth_tracker.data_ptr<int>(),
@@ -19,16 +20,10 @@ void update_scale_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
                      backoff_factor, static_cast<int>(growth_interval));
 }
 
-void update_scale_ext_cpu(const at::Tensor& scale,
-                          const at::Tensor& growth_tracker,
-                          const at::Tensor& hysteresis_left,
-                          const at::Tensor& found_inf, double growth_factor,
-                          double backoff_factor, int64_t growth_interval,
-                          std::optional<double> min_scale,
-                          std::optional<double> max_scale, int64_t hysteresis) {
-  const checks::ScaleBounds b = checks::check_update_scale_ext_args(
-      scale, growth_tracker, hysteresis_left, found_inf, growth_factor,
-      backoff_factor, growth_interval, min_scale, max_scale, hysteresis);
+void update_scale_ext_cpu(const OpArgs<&update_scale_ext_>& a) {
+  const checks::ScaleBounds b = checks::check_update_scale_ext_args(a);
+  MIXPREC_BIND(a, scale, growth_tracker, hysteresis_left, found_inf,
+               growth_factor, backoff_factor, growth_interval, hysteresis)
   math::update_scale_ext(
       scale.data_ptr<float>(), growth_tracker.data_ptr<int>(),
       hysteresis_left.data_ptr<int>(), found_inf.data_ptr<float>()[0],
@@ -41,6 +36,6 @@ void update_scale_ext_cpu(const at::Tensor& scale,
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
-  m.impl("update_scale_", &mixprec::cpu::update_scale_cpu);
-  m.impl("update_scale_ext_", &mixprec::cpu::update_scale_ext_cpu);
+  MIXPREC_IMPL(m, update_scale_, &mixprec::cpu::update_scale_cpu);
+  MIXPREC_IMPL(m, update_scale_ext_, &mixprec::cpu::update_scale_ext_cpu);
 }

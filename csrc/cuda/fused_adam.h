@@ -78,18 +78,11 @@ template <typename P, typename G, bool kHasMaster, bool kAmsgrad>
 using AdamOp = OptimOp<P, G, kHasMaster, AdamRule<kAmsgrad>>;
 
 template <class Exec>
-void fused_adam_launch(at::TensorList params, at::TensorList grads,
-                       at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                       at::TensorList max_exp_avg_sqs,
-                       at::TensorList master_params,
-                       at::TensorList state_steps, const at::Tensor& lr,
-                       double beta1, double beta2, double weight_decay,
-                       double eps, bool amsgrad, bool maximize,
-                       bool decoupled_weight_decay,
-                       const std::optional<at::Tensor>& grad_scale,
-                       const std::optional<at::Tensor>& found_inf,
-                       const std::optional<at::Tensor>& clip_coef,
-                       bool stochastic_rounding, int64_t seed) {
+void fused_adam_launch(const OpArgs<&fused_adam_>& op_args) {
+  MIXPREC_BIND(op_args, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+               master_params, state_steps, lr, beta1, beta2, weight_decay, eps,
+               amsgrad, maximize, decoupled_weight_decay, grad_scale,
+               found_inf, clip_coef, stochastic_rounding, seed)
   // The plan's key (PlanCache, launch_plan.h): every list and the flags and
   // scalars that check_optim_args reads; the hyper-parameters are checked
   // every call.
@@ -105,10 +98,7 @@ void fused_adam_launch(at::TensorList params, at::TensorList grads,
   const OptimPlan<AdamSlot::kDepth>* plan = cache.find(visit);
   std::optional<optim::OptimLists> lists;
   if (plan == nullptr) {
-    lists.emplace(optim::check_fused_adam_args(
-        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params,
-        state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, grad_scale,
-        found_inf, clip_coef, stochastic_rounding, Exec::kBackend));
+    lists.emplace(optim::check_fused_adam_args(op_args, Exec::kBackend));
     if (params.empty()) {
       return;
     }

@@ -15,11 +15,11 @@ constexpr auto fused_adam_cuda = &fused_adam_launch<DeviceExec>;
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
-  m.impl("fused_adam_", mixprec::cuda::fused_adam_cuda);
+  MIXPREC_IMPL(m, fused_adam_, mixprec::cuda::fused_adam_cuda);
 }
 
 // A sparse grad routes the call here; the argument checks then reject it with
 // a message naming the grad (instead of a missing-kernel error).
 TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
-  m.impl("fused_adam_", mixprec::cuda::fused_adam_cuda);
+  MIXPREC_IMPL(m, fused_adam_, mixprec::cuda::fused_adam_cuda);
 }

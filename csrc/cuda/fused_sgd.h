@@ -62,15 +62,11 @@ template <typename P, typename G, bool kHasMaster, bool kMomentum>
 using SgdOp = OptimOp<P, G, kHasMaster, SgdRule<kMomentum>>;
 
 template <class Exec>
-void fused_sgd_launch(at::TensorList params, at::TensorList grads,
-                    at::TensorList momentum_buffers,
-                    at::TensorList master_params, at::TensorList state_steps,
-                    const at::Tensor& lr, double weight_decay, double momentum,
-                    double dampening, bool nesterov, bool maximize,
-                    const std::optional<at::Tensor>& grad_scale,
-                    const std::optional<at::Tensor>& found_inf,
-                    const std::optional<at::Tensor>& clip_coef,
-                    bool stochastic_rounding, int64_t seed) {
+void fused_sgd_launch(const OpArgs<&fused_sgd_>& op_args) {
+  MIXPREC_BIND(op_args, params, grads, momentum_buffers, master_params,
+               state_steps, lr, weight_decay, momentum, dampening, nesterov,
+               maximize, grad_scale, found_inf, clip_coef, stochastic_rounding,
+               seed)
   // The plan's key (PlanCache, launch_plan.h): every list and the flags and
   // scalars that check_optim_args reads; the hyper-parameters are checked
   // every call.
@@ -86,10 +82,7 @@ void fused_sgd_launch(at::TensorList params, at::TensorList grads,
   const OptimPlan<SgdSlot::kDepth>* plan = cache.find(visit);
   std::optional<optim::OptimLists> lists;
   if (plan == nullptr) {
-    lists.emplace(optim::check_fused_sgd_args(
-        params, grads, momentum_buffers, master_params, state_steps, lr,
-        weight_decay, momentum, dampening, nesterov, grad_scale, found_inf,
-        clip_coef, stochastic_rounding, Exec::kBackend));
+    lists.emplace(optim::check_fused_sgd_args(op_args, Exec::kBackend));
     if (params.empty()) {
       return;
     }

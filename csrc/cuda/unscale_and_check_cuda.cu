@@ -10,15 +10,15 @@ namespace mixprec {
 namespace cuda {
 namespace {
 
-void unscale_and_check_cuda(at::TensorList grads, const at::Tensor& found_inf,
-                            const at::Tensor& inv_scale) {
-  unscale_and_check_launch<DeviceExec>("unscale_and_check_", grads, found_inf,
-                                       &inv_scale);
+void unscale_and_check_cuda(const OpArgs<&unscale_and_check_>& a) {
+  unscale_and_check_launch<DeviceExec>(
+      "unscale_and_check_", MIXPREC_ARG(a, grads), MIXPREC_ARG(a, found_inf),
+      &MIXPREC_ARG(a, inv_scale));
 }
 
-void check_finite_cuda(at::TensorList tensors, const at::Tensor& found_inf) {
-  unscale_and_check_launch<DeviceExec>("check_finite_", tensors, found_inf,
-                                       nullptr);
+void check_finite_cuda(const OpArgs<&check_finite_>& a) {
+  unscale_and_check_launch<DeviceExec>("check_finite_", MIXPREC_ARG(a, tensors),
+                                       MIXPREC_ARG(a, found_inf), nullptr);
 }
 
 }  // namespace
@@ -26,13 +26,13 @@ void check_finite_cuda(at::TensorList tensors, const at::Tensor& found_inf) {
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
-  m.impl("unscale_and_check_", &mixprec::cuda::unscale_and_check_cuda);
-  m.impl("check_finite_", &mixprec::cuda::check_finite_cuda);
+  MIXPREC_IMPL(m, unscale_and_check_, &mixprec::cuda::unscale_and_check_cuda);
+  MIXPREC_IMPL(m, check_finite_, &mixprec::cuda::check_finite_cuda);
 }
 
 // Sparse tensors reach these kernels through the SparseCUDA key; the
 // kernel's argument checks then reject them with a message naming the tensor.
 TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
-  m.impl("unscale_and_check_", &mixprec::cuda::unscale_and_check_cuda);
-  m.impl("check_finite_", &mixprec::cuda::check_finite_cuda);
+  MIXPREC_IMPL(m, unscale_and_check_, &mixprec::cuda::unscale_and_check_cuda);
+  MIXPREC_IMPL(m, check_finite_, &mixprec::cuda::check_finite_cuda);
 }

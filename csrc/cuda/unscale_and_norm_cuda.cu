@@ -11,18 +11,15 @@ namespace mixprec {
 namespace cuda {
 namespace {
 
-at::Tensor unscale_and_norm_cuda(at::TensorList grads,
-                                 const at::Tensor& found_inf,
-                                 const at::Tensor& inv_scale,
-                                 double norm_type) {
+at::Tensor unscale_and_norm_cuda(const OpArgs<&unscale_and_norm_>& a) {
+  MIXPREC_BIND(a, grads, found_inf, inv_scale, norm_type)
   return norm_launch<DeviceExec>("unscale_and_norm_", grads, found_inf,
                                  inv_scale, norm_type, /*in_place=*/true);
 }
 
-at::Tensor check_finite_and_norm_cuda(at::TensorList grads,
-                                      const at::Tensor& found_inf,
-                                      const at::Tensor& inv_scale,
-                                      double norm_type) {
+at::Tensor check_finite_and_norm_cuda(
+    const OpArgs<&check_finite_and_norm_>& a) {
+  MIXPREC_BIND(a, grads, found_inf, inv_scale, norm_type)
   return norm_launch<DeviceExec>("check_finite_and_norm_", grads, found_inf,
                                  inv_scale, norm_type, /*in_place=*/false);
 }
@@ -32,15 +29,15 @@ at::Tensor check_finite_and_norm_cuda(at::TensorList grads,
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
-  m.impl("unscale_and_norm_", &mixprec::cuda::unscale_and_norm_cuda);
-  m.impl("check_finite_and_norm_",
-         &mixprec::cuda::check_finite_and_norm_cuda);
+  MIXPREC_IMPL(m, unscale_and_norm_, &mixprec::cuda::unscale_and_norm_cuda);
+  MIXPREC_IMPL(m, check_finite_and_norm_,
+               &mixprec::cuda::check_finite_and_norm_cuda);
 }
 
 // Sparse tensors reach these kernels through the SparseCUDA key; the
 // kernel's argument checks then reject them with a message naming the tensor.
 TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
-  m.impl("unscale_and_norm_", &mixprec::cuda::unscale_and_norm_cuda);
-  m.impl("check_finite_and_norm_",
-         &mixprec::cuda::check_finite_and_norm_cuda);
+  MIXPREC_IMPL(m, unscale_and_norm_, &mixprec::cuda::unscale_and_norm_cuda);
+  MIXPREC_IMPL(m, check_finite_and_norm_,
+               &mixprec::cuda::check_finite_and_norm_cuda);
 }

@@ -38,10 +38,9 @@ struct UpdateScaleExtOp {
 };
 
 template <class Exec>
-void update_scale_launch(const at::Tensor& scale,
-                         const at::Tensor& growth_tracker,
-                         const at::Tensor& found_inf, double growth_factor,
-                         double backoff_factor, int64_t growth_interval) {
+void update_scale_launch(const OpArgs<&update_scale_>& a) {
+  MIXPREC_BIND(a, scale, growth_tracker, found_inf, growth_factor,
+               backoff_factor, growth_interval)
   checks::check_update_scale_args("update_scale_", scale, growth_tracker,
                                   nullptr, found_inf, growth_interval);
   typename Exec::Guard guard(scale.device());
@@ -52,17 +51,10 @@ void update_scale_launch(const at::Tensor& scale,
 }
 
 template <class Exec>
-void update_scale_ext_launch(const at::Tensor& scale,
-                             const at::Tensor& growth_tracker,
-                             const at::Tensor& hysteresis_left,
-                             const at::Tensor& found_inf, double growth_factor,
-                             double backoff_factor, int64_t growth_interval,
-                             std::optional<double> min_scale,
-                             std::optional<double> max_scale,
-                             int64_t hysteresis) {
-  const checks::ScaleBounds b = checks::check_update_scale_ext_args(
-      scale, growth_tracker, hysteresis_left, found_inf, growth_factor,
-      backoff_factor, growth_interval, min_scale, max_scale, hysteresis);
+void update_scale_ext_launch(const OpArgs<&update_scale_ext_>& a) {
+  const checks::ScaleBounds b = checks::check_update_scale_ext_args(a);
+  MIXPREC_BIND(a, scale, growth_tracker, hysteresis_left, found_inf,
+               growth_factor, backoff_factor, growth_interval, hysteresis)
   typename Exec::Guard guard(scale.device());
   Exec::launch_single_block(
       1, UpdateScaleExtOp{}, scale.data_ptr<float>(),

@@ -16,6 +16,6 @@ constexpr auto update_scale_ext_cuda = &update_scale_ext_launch<DeviceExec>;
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
-  m.impl("update_scale_", mixprec::cuda::update_scale_cuda);
-  m.impl("update_scale_ext_", mixprec::cuda::update_scale_ext_cuda);
+  MIXPREC_IMPL(m, update_scale_, mixprec::cuda::update_scale_cuda);
+  MIXPREC_IMPL(m, update_scale_ext_, mixprec::cuda::update_scale_ext_cuda);
 }

@@ -85,16 +85,16 @@ TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CPU, m) {
   m.impl("check_finite_", &Run::check_finite_);
   m.impl("unscale_and_norm_", &Run::unscale_and_norm_);
   m.impl("check_finite_and_norm_", &Run::check_finite_and_norm_);
-  m.impl("update_scale_", &cu::update_scale_launch<HostExec>);
-  m.impl("update_scale_ext_", &cu::update_scale_ext_launch<HostExec>);
-  m.impl("fused_adam_", &cu::fused_adam_launch<HostExec>);
-  m.impl("fused_sgd_", &cu::fused_sgd_launch<HostExec>);
+  MIXPREC_IMPL(m, update_scale_, &cu::update_scale_launch<HostExec>);
+  MIXPREC_IMPL(m, update_scale_ext_, &cu::update_scale_ext_launch<HostExec>);
+  MIXPREC_IMPL(m, fused_adam_, &cu::fused_adam_launch<HostExec>);
+  MIXPREC_IMPL(m, fused_sgd_, &cu::fused_sgd_launch<HostExec>);
   m.impl("plan_unscale_and_check_", &Plan::unscale_and_check_);
   m.impl("plan_check_finite_", &Plan::check_finite_);
   m.impl("plan_unscale_and_norm_", &Plan::unscale_and_norm_);
   m.impl("plan_check_finite_and_norm_", &Plan::check_finite_and_norm_);
-  m.impl("plan_fused_adam_", &cu::fused_adam_launch<PlanOnlyExec>);
-  m.impl("plan_fused_sgd_", &cu::fused_sgd_launch<PlanOnlyExec>);
+  m.impl("plan_fused_adam_", mixprec::kernel<&mixprec::fused_adam_, &cu::fused_adam_launch<PlanOnlyExec>>);
+  m.impl("plan_fused_sgd_", mixprec::kernel<&mixprec::fused_sgd_, &cu::fused_sgd_launch<PlanOnlyExec>>);
 }
 
 // Counters of PlanOnlyExec and of plan reuse (no tensor arguments: a

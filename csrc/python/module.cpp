@@ -4,13 +4,16 @@
 // the ops (python/fast_call.h), which mixprec.ops uses outside torch.compile.
 #include <Python.h>
 
-#include "common/op_signatures.h"
+#include "common/op_table.h"
 #include "mixprec/build_info.h"
 #include "python/fast_call.h"
 
+#include <iterator>
+
 namespace {
 
-namespace sig = mixprec::sig;
+using mixprec::OpInfo;
+using mixprec::OpSig;
 using mixprec::python::FastCall;
 
 // fast_<op>(*args): the op with positional arguments, or NotImplemented
@@ -34,28 +37,18 @@ PyObject* cpu_capability(PyObject* /*self*/, PyObject* /*args*/) {
 PyMethodDef methods[] = {
     {"cpu_capability", cpu_capability, METH_NOARGS,
      "The CPU kernel set chosen for this machine (avx512, avx2 or default)."},
-    {"fast_unscale_and_check_",
-     fast<sig::kUnscaleAndCheck, sig::UnscaleAndCheck>, METH_VARARGS, nullptr},
-    {"fast_check_finite_", fast<sig::kCheckFinite, sig::CheckFinite>,
-     METH_VARARGS, nullptr},
-    {"fast_unscale_and_norm_", fast<sig::kUnscaleAndNorm, sig::Norm>,
-     METH_VARARGS, nullptr},
-    {"fast_check_finite_and_norm_", fast<sig::kCheckFiniteAndNorm, sig::Norm>,
-     METH_VARARGS, nullptr},
-    {"fast_update_scale_", fast<sig::kUpdateScale, sig::UpdateScale>,
-     METH_VARARGS, nullptr},
-    {"fast_update_scale_ext_", fast<sig::kUpdateScaleExt, sig::UpdateScaleExt>,
-     METH_VARARGS, nullptr},
-    {"fast_fused_adam_", fast<sig::kFusedAdam, sig::FusedAdam>, METH_VARARGS,
-     nullptr},
-    {"fast_fused_sgd_", fast<sig::kFusedSgd, sig::FusedSgd>, METH_VARARGS,
-     nullptr},
+#define MIXPREC_FAST_ENTRY_(op)                                         \
+  {"fast_" #op, fast<OpInfo<&mixprec::op>::kName, OpSig<&mixprec::op>>,  \
+   METH_VARARGS, nullptr},
+    MIXPREC_FOR_EACH_OP(MIXPREC_FAST_ENTRY_)
+#undef MIXPREC_FAST_ENTRY_
     {"emu_plan_unscale_and_check_",
-     fast<kPlanUnscaleAndCheck, sig::UnscaleAndCheck>, METH_VARARGS, nullptr},
-    {"emu_plan_fused_adam_", fast<kPlanFusedAdam, sig::FusedAdam>, METH_VARARGS,
-     nullptr},
-    {"emu_plan_fused_sgd_", fast<kPlanFusedSgd, sig::FusedSgd>, METH_VARARGS,
-     nullptr},
+     fast<kPlanUnscaleAndCheck, OpSig<&mixprec::unscale_and_check_>>,
+     METH_VARARGS, nullptr},
+    {"emu_plan_fused_adam_", fast<kPlanFusedAdam, OpSig<&mixprec::fused_adam_>>,
+     METH_VARARGS, nullptr},
+    {"emu_plan_fused_sgd_", fast<kPlanFusedSgd, OpSig<&mixprec::fused_sgd_>>,
+     METH_VARARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -90,6 +83,26 @@ PyMODINIT_FUNC PyInit__C(void) {
                                  info.cxx_compiler_version.c_str()) < 0 ||
       PyModule_AddStringConstant(m, "nvcc_version",
                                  info.nvcc_version.c_str()) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  // op_names: every op of MIXPREC_FOR_EACH_OP, in table order (the tests
+  // take their list of the ops from it).
+#define MIXPREC_OP_NAME_(op) #op,
+  static const char* const op_names[] = {MIXPREC_FOR_EACH_OP(MIXPREC_OP_NAME_)};
+#undef MIXPREC_OP_NAME_
+  const Py_ssize_t n = static_cast<Py_ssize_t>(std::size(op_names));
+  PyObject* names = PyTuple_New(n);
+  for (Py_ssize_t i = 0; names != nullptr && i < n; ++i) {
+    PyObject* name = PyUnicode_FromString(op_names[i]);
+    if (name == nullptr) {
+      Py_CLEAR(names);
+      break;
+    }
+    PyTuple_SET_ITEM(names, i, name);
+  }
+  if (names == nullptr || PyModule_AddObject(m, "op_names", names) < 0) {
+    Py_XDECREF(names);
     Py_DECREF(m);
     return nullptr;
   }

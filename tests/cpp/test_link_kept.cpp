@@ -2,8 +2,8 @@
 // registered, i.e. libmixprec must stay on the link line (--no-as-needed on the
 // exported target) and its static registrations must run at load.
 //
-// The ops come from MIXPREC_FOR_EACH_OP (csrc/common/op_signatures.h, header
-// only: constants, no libmixprec symbol), and the list is checked against the
+// The ops come from MIXPREC_FOR_EACH_OP (csrc/common/op_table.h; only the
+// names are used, no libmixprec symbol), and the list is checked against the
 // dispatcher both ways, so an op added to the library but not to the list
 // fails here too.
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -12,11 +12,11 @@
 #include <set>
 #include <string>
 
-#include "common/op_signatures.h"
+#include "common/op_table.h"
 
 namespace {
 
-#define MIXPREC_LINK_KEPT_NAME(name, signature) mixprec::sig::name,
+#define MIXPREC_LINK_KEPT_NAME(op) "mixprec::" #op,
 constexpr const char* kOps[] = {MIXPREC_FOR_EACH_OP(MIXPREC_LINK_KEPT_NAME)};
 #undef MIXPREC_LINK_KEPT_NAME
 
