@@ -5,7 +5,7 @@ csrc/cuda/launch_plan.h) and reuse one when a call's key -- the data pointer,
 dtype, device, layout, sizes and strides of every tensor of every list, the list
 lengths, the flags and the scalars' kinds -- equals a stored key; then they skip the
 per-tensor checks, the flattening, the grouping and the planning. These tests run the
-emulated launchers (``mixprec._cuda_emulation``) and prove:
+emulated launchers (``mixprec.ops._cuda_emulation``) and prove:
 
 - identical calls reuse (the counters say so) and give the CPU kernel's results;
 - every kind of change is seen: a tensor replaced (another address), the same address
@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _helpers import assert_bitwise_equal
-from mixprec import _cuda_emulation
+from mixprec.ops import _cuda_emulation
 
 pytestmark = pytest.mark.skipif(
     not _cuda_emulation.available(), reason="needs mixprec._C with the CUDA emulation"

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "common/op_table.h"
 #include "common/norm_math.h"
 #include "common/unscale_math.h"
 #include "cuda/launch_plan.h"
@@ -361,6 +362,36 @@ at::Tensor norm_launch(const char* op, at::TensorList grads,
     return norm_run<Exec, decltype(kind)::value>(plan, copies, found_inf,
                                                  inv_scale, norm_type, in_place);
   });
+}
+
+// The four ops' kernels, as launchers of executor Exec taking the op's
+// arguments (OpArgs): the CUDA build registers them with DeviceExec, the host
+// emulation with HostExec and PlanOnlyExec.
+template <class Exec>
+void unscale_and_check_op(const OpArgs<&unscale_and_check_>& a) {
+  unscale_and_check_launch<Exec>("unscale_and_check_", MIXPREC_ARG(a, grads),
+                                 MIXPREC_ARG(a, found_inf),
+                                 &MIXPREC_ARG(a, inv_scale));
+}
+
+template <class Exec>
+void check_finite_op(const OpArgs<&check_finite_>& a) {
+  unscale_and_check_launch<Exec>("check_finite_", MIXPREC_ARG(a, tensors),
+                                 MIXPREC_ARG(a, found_inf), nullptr);
+}
+
+template <class Exec>
+at::Tensor unscale_and_norm_op(const OpArgs<&unscale_and_norm_>& a) {
+  MIXPREC_BIND(a, grads, found_inf, inv_scale, norm_type)
+  return norm_launch<Exec>("unscale_and_norm_", grads, found_inf, inv_scale,
+                           norm_type, /*in_place=*/true);
+}
+
+template <class Exec>
+at::Tensor check_finite_and_norm_op(const OpArgs<&check_finite_and_norm_>& a) {
+  MIXPREC_BIND(a, grads, found_inf, inv_scale, norm_type)
+  return norm_launch<Exec>("check_finite_and_norm_", grads, found_inf,
+                           inv_scale, norm_type, /*in_place=*/false);
 }
 
 }  // namespace cuda

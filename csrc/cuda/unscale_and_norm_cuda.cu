@@ -7,37 +7,22 @@
 #include "cuda/device_exec.cuh"
 #include "cuda/unscale.h"
 
-namespace mixprec {
-namespace cuda {
+// The kernels are unscale.h's op launchers with the CUDA executor.
 namespace {
-
-at::Tensor unscale_and_norm_cuda(const OpArgs<&unscale_and_norm_>& a) {
-  MIXPREC_BIND(a, grads, found_inf, inv_scale, norm_type)
-  return norm_launch<DeviceExec>("unscale_and_norm_", grads, found_inf,
-                                 inv_scale, norm_type, /*in_place=*/true);
-}
-
-at::Tensor check_finite_and_norm_cuda(
-    const OpArgs<&check_finite_and_norm_>& a) {
-  MIXPREC_BIND(a, grads, found_inf, inv_scale, norm_type)
-  return norm_launch<DeviceExec>("check_finite_and_norm_", grads, found_inf,
-                                 inv_scale, norm_type, /*in_place=*/false);
-}
-
+namespace cu = mixprec::cuda;
+using cu::DeviceExec;
 }  // namespace
-}  // namespace cuda
-}  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
-  MIXPREC_IMPL(m, unscale_and_norm_, &mixprec::cuda::unscale_and_norm_cuda);
+  MIXPREC_IMPL(m, unscale_and_norm_, &cu::unscale_and_norm_op<DeviceExec>);
   MIXPREC_IMPL(m, check_finite_and_norm_,
-               &mixprec::cuda::check_finite_and_norm_cuda);
+               &cu::check_finite_and_norm_op<DeviceExec>);
 }
 
 // Sparse tensors reach these kernels through the SparseCUDA key; the
 // kernel's argument checks then reject them with a message naming the tensor.
 TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
-  MIXPREC_IMPL(m, unscale_and_norm_, &mixprec::cuda::unscale_and_norm_cuda);
+  MIXPREC_IMPL(m, unscale_and_norm_, &cu::unscale_and_norm_op<DeviceExec>);
   MIXPREC_IMPL(m, check_finite_and_norm_,
-               &mixprec::cuda::check_finite_and_norm_cuda);
+               &cu::check_finite_and_norm_op<DeviceExec>);
 }

@@ -21,37 +21,6 @@ namespace mixprec {
 namespace cuda_emulation {
 namespace {
 
-// The launchers of the multi-tensor ops with executor Exec, with the CPU
-// kernels' C++ signatures.
-template <class Exec>
-struct Launchers {
-  static void unscale_and_check_(at::TensorList grads,
-                                 const at::Tensor& found_inf,
-                                 const at::Tensor& inv_scale) {
-    cuda::unscale_and_check_launch<Exec>("unscale_and_check_", grads,
-                                         found_inf, &inv_scale);
-  }
-  static void check_finite_(at::TensorList tensors,
-                            const at::Tensor& found_inf) {
-    cuda::unscale_and_check_launch<Exec>("check_finite_", tensors, found_inf,
-                                         nullptr);
-  }
-  static at::Tensor unscale_and_norm_(at::TensorList grads,
-                                      const at::Tensor& found_inf,
-                                      const at::Tensor& inv_scale,
-                                      double norm_type) {
-    return cuda::norm_launch<Exec>("unscale_and_norm_", grads, found_inf,
-                                   inv_scale, norm_type, /*in_place=*/true);
-  }
-  static at::Tensor check_finite_and_norm_(at::TensorList grads,
-                                           const at::Tensor& found_inf,
-                                           const at::Tensor& inv_scale,
-                                           double norm_type) {
-    return cuda::norm_launch<Exec>("check_finite_and_norm_", grads, found_inf,
-                                   inv_scale, norm_type, /*in_place=*/false);
-  }
-};
-
 int64_t planned_blocks() { return PlanOnlyExec::blocks.load(); }
 int64_t planned_launches() { return PlanOnlyExec::launches.load(); }
 
@@ -79,22 +48,31 @@ TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CPU, m) {
   namespace cu = mixprec::cuda;
   using emu::HostExec;
   using emu::PlanOnlyExec;
-  using Run = emu::Launchers<HostExec>;
-  using Plan = emu::Launchers<PlanOnlyExec>;
-  m.impl("unscale_and_check_", &Run::unscale_and_check_);
-  m.impl("check_finite_", &Run::check_finite_);
-  m.impl("unscale_and_norm_", &Run::unscale_and_norm_);
-  m.impl("check_finite_and_norm_", &Run::check_finite_and_norm_);
+  MIXPREC_IMPL(m, unscale_and_check_, &cu::unscale_and_check_op<HostExec>);
+  MIXPREC_IMPL(m, check_finite_, &cu::check_finite_op<HostExec>);
+  MIXPREC_IMPL(m, unscale_and_norm_, &cu::unscale_and_norm_op<HostExec>);
+  MIXPREC_IMPL(m, check_finite_and_norm_,
+               &cu::check_finite_and_norm_op<HostExec>);
   MIXPREC_IMPL(m, update_scale_, &cu::update_scale_launch<HostExec>);
   MIXPREC_IMPL(m, update_scale_ext_, &cu::update_scale_ext_launch<HostExec>);
   MIXPREC_IMPL(m, fused_adam_, &cu::fused_adam_launch<HostExec>);
   MIXPREC_IMPL(m, fused_sgd_, &cu::fused_sgd_launch<HostExec>);
-  m.impl("plan_unscale_and_check_", &Plan::unscale_and_check_);
-  m.impl("plan_check_finite_", &Plan::check_finite_);
-  m.impl("plan_unscale_and_norm_", &Plan::unscale_and_norm_);
-  m.impl("plan_check_finite_and_norm_", &Plan::check_finite_and_norm_);
-  m.impl("plan_fused_adam_", mixprec::kernel<&mixprec::fused_adam_, &cu::fused_adam_launch<PlanOnlyExec>>);
-  m.impl("plan_fused_sgd_", mixprec::kernel<&mixprec::fused_sgd_, &cu::fused_sgd_launch<PlanOnlyExec>>);
+  using mixprec::kernel;
+  m.impl("plan_unscale_and_check_",
+         kernel<&mixprec::unscale_and_check_,
+                &cu::unscale_and_check_op<PlanOnlyExec>>);
+  m.impl("plan_check_finite_",
+         kernel<&mixprec::check_finite_, &cu::check_finite_op<PlanOnlyExec>>);
+  m.impl("plan_unscale_and_norm_",
+         kernel<&mixprec::unscale_and_norm_,
+                &cu::unscale_and_norm_op<PlanOnlyExec>>);
+  m.impl("plan_check_finite_and_norm_",
+         kernel<&mixprec::check_finite_and_norm_,
+                &cu::check_finite_and_norm_op<PlanOnlyExec>>);
+  m.impl("plan_fused_adam_",
+         kernel<&mixprec::fused_adam_, &cu::fused_adam_launch<PlanOnlyExec>>);
+  m.impl("plan_fused_sgd_",
+         kernel<&mixprec::fused_sgd_, &cu::fused_sgd_launch<PlanOnlyExec>>);
 }
 
 // Counters of PlanOnlyExec and of plan reuse (no tensor arguments: a

@@ -423,7 +423,7 @@ class GradScaler(torch.amp.GradScaler):
         return last.skipped
 
     def stats(self) -> ScalerStats:
-        """Counters since construction (see :class:`mixprec.stats.ScalerStats`).
+        """Counters since construction (see :class:`mixprec.amp.stats.ScalerStats`).
 
         Counted on the device at every :meth:`update` (no sync there); this
         call reads them back: one host sync. Zeros on a disabled scaler.

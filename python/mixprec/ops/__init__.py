@@ -10,7 +10,7 @@ and leaves every tensor unchanged.
 
 When the compiled extension is missing, or has no kernel for the tensors'
 device (a CPU-only build given CUDA tensors), the op runs the pure-PyTorch
-reference in :mod:`mixprec._reference` instead: same results, slower, and a
+reference in :mod:`mixprec.ops._reference` instead: same results, slower, and a
 warning the first time.
 """
 
