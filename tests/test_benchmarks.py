@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Iterator, List
+from typing import Callable, Iterator, List
 
 import pytest
 import torch
@@ -41,6 +41,14 @@ def _noop(*args: object, **kwargs: object) -> None:
     return None
 
 
+def _fails_with_noop(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                     op: str, main: Callable[[List[str]], int], argv: List[str]) -> str:
+    """Run ``main(argv)`` with ``mixprec.ops.<op>`` doing nothing: it must fail; its stdout."""
+    monkeypatch.setattr(mixprec.ops, op, _noop)
+    assert main(argv) == 1
+    return capsys.readouterr().out
+
+
 def _raise_not_implemented(*args: object, **kwargs: object) -> None:
     raise NotImplementedError('"_amp_foreach_non_finite_check_and_unscale_cuda" not '
                               "implemented for 'BFloat16'")
@@ -61,9 +69,8 @@ def test_bench_unscale_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_bench_unscale_catches_an_op_that_does_nothing(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(mixprec.ops, "unscale_and_check_", _noop)
-    assert bench_unscale.main(UNSCALE_QUICK + ["--dtypes", "fp16"]) == 1
-    out = capsys.readouterr().out
+    out = _fails_with_noop(monkeypatch, capsys, "unscale_and_check_", bench_unscale.main,
+                           UNSCALE_QUICK + ["--dtypes", "fp16"])
     assert "verification failed" in out and "VERIFICATION FAILED: not timed" in out
 
 
@@ -114,9 +121,7 @@ def test_bench_optim_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_bench_optim_catches_an_optimizer_that_does_nothing(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(mixprec.ops, "fused_adam_", _noop)
-    assert bench_optim.main(OPTIM_QUICK) == 1
-    out = capsys.readouterr().out
+    out = _fails_with_noop(monkeypatch, capsys, "fused_adam_", bench_optim.main, OPTIM_QUICK)
     assert out.count("VERIFICATION FAILED") == 3  # the three mixprec cases
     assert "master weights vs float64 reference" in out
 
@@ -163,9 +168,8 @@ def test_bench_scaler_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_bench_scaler_catches_an_unscale_that_does_nothing(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(mixprec.ops, "unscale_and_check_", _noop)
-    assert bench_scaler.main(SCALER_QUICK + ["--cases", "sgd"]) == 1
-    out = capsys.readouterr().out
+    out = _fails_with_noop(monkeypatch, capsys, "unscale_and_check_", bench_scaler.main,
+                           SCALER_QUICK + ["--cases", "sgd"])
     assert "VERIFICATION FAILED" in out and "vs torch's" in out
 
 
@@ -298,9 +302,8 @@ def test_gpu_workload_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_gpu_workload_catches_a_broken_optimizer(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(mixprec.ops, "fused_sgd_", _noop)
-    assert gpu_workload.main(["--device", "cpu", "--sets", "odd"]) == 1
-    out = capsys.readouterr().out
+    out = _fails_with_noop(monkeypatch, capsys, "fused_sgd_", gpu_workload.main,
+                           ["--device", "cpu", "--sets", "odd"])
     assert "4 failed" in out  # SGD in its four configurations
     assert "FAIL odd optim.SGD fp16+masters" in out
 

@@ -48,9 +48,13 @@ class Net(nn.Module):
         return self.n(out)
 
 
-def make(dtype: torch.dtype, device: str = "cpu", seed: int = 0) -> Net:
+def make(dtype: torch.dtype, device: str = "cpu", seed: int = 0, flat: bool = False) -> Net:
+    """A seeded :class:`Net`; with ``flat``, its parameters moved into flat buffers."""
     torch.manual_seed(seed)
-    return Net().to(device=device, dtype=dtype)
+    model = Net().to(device=device, dtype=dtype)
+    if flat:
+        mixprec.flat_buffers(model)
+    return model
 
 
 @pytest.fixture
@@ -243,9 +247,7 @@ def test_foreign_optimizer_unscale_and_clip(dtype: torch.dtype,
     """torch.optim.AdamW through the scaler's unscale_ path; and a folded clip."""
     out = []
     for flat in (False, True):
-        model = make(dtype)
-        if flat:
-            mixprec.flat_buffers(model)
+        model = make(dtype, flat=flat)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         scaler = mixprec.GradScaler("cpu", init_scale=2.0**8, allow_fp16_grads=True)
         calls.clear()
@@ -257,9 +259,7 @@ def test_foreign_optimizer_unscale_and_clip(dtype: torch.dtype,
     # clip: the norm is the same number up to the order of the partial sums
     norms = []
     for flat in (False, True):
-        model = make(dtype)
-        if flat:
-            mixprec.flat_buffers(model)
+        model = make(dtype, flat=flat)
         opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
         scaler = mixprec.GradScaler("cpu", init_scale=2.0**8)
         scaler.scale(model(torch.ones(2, 5, dtype=dtype)).float().pow(2).sum()).backward()
@@ -312,9 +312,7 @@ def test_replaced_grad_falls_back_for_that_tensor(calls: List[Tuple[str, int]]) 
 
     results = []
     for flat in (False, True):
-        model = make(torch.float32)
-        if flat:
-            mixprec.flat_buffers(model)
+        model = make(torch.float32, flat=flat)
         opt = mixprec.optim.Adam(model.parameters(), lr=1e-2)
         scaler = mixprec.GradScaler("cpu", init_scale=2.0**8)
         calls.clear()
@@ -350,9 +348,7 @@ def test_subset_unused_params_and_frozen_params(calls: List[Tuple[str, int]]) ->
 
     results = []
     for flat in (False, True):
-        model = make(torch.float32)
-        if flat:
-            mixprec.flat_buffers(model)
+        model = make(torch.float32, flat=flat)
         ps = [p for n, p in model.named_parameters() if not n.startswith("a.")]
         opt = mixprec.optim.Adam(ps, lr=1e-2)
         calls.clear()
@@ -417,9 +413,7 @@ def _roundtrip(obj: Any) -> Any:
 def test_state_dict_loads_across_modes(saved_flat: bool,
                                        calls: List[Tuple[str, int]]) -> None:
     def build(flat: bool) -> Tuple[Net, torch.optim.Optimizer]:
-        model = make(torch.bfloat16)
-        if flat:
-            mixprec.flat_buffers(model)
+        model = make(torch.bfloat16, flat=flat)
         return model, mixprec.optim.AdamW(model.parameters(), lr=1e-2)
 
     # uninterrupted reference: 6 steps, an unused branch at step 1 (unequal step counts)
@@ -475,9 +469,7 @@ def test_compiled_optimizer_step_runs_the_detection_eagerly() -> None:
     torch._dynamo.reset()
     results = []
     for flat in (False, True):
-        model = make(torch.float32)
-        if flat:
-            mixprec.flat_buffers(model)
+        model = make(torch.float32, flat=flat)
         opt = mixprec.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         step = torch.compile(opt.step, backend="eager")
         for _ in range(2):
