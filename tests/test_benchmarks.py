@@ -41,12 +41,20 @@ def _noop(*args: object, **kwargs: object) -> None:
     return None
 
 
-def _fails_with_noop(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-                     op: str, main: Callable[[List[str]], int], argv: List[str]) -> str:
-    """Run ``main(argv)`` with ``mixprec.ops.<op>`` doing nothing: it must fail; its stdout."""
-    monkeypatch.setattr(mixprec.ops, op, _noop)
-    assert main(argv) == 1
-    return capsys.readouterr().out
+NoopRun = Callable[[str, Callable[[List[str]], int], List[str]], str]
+
+
+@pytest.fixture
+def fails_with_noop(monkeypatch: pytest.MonkeyPatch,
+                    capsys: pytest.CaptureFixture[str]) -> NoopRun:
+    """``run(op, main, argv)``: ``main(argv)`` with ``mixprec.ops.<op>`` doing nothing must
+    fail (exit 1); returns its stdout."""
+    def run(op: str, main: Callable[[List[str]], int], argv: List[str]) -> str:
+        monkeypatch.setattr(mixprec.ops, op, _noop)
+        assert main(argv) == 1
+        return capsys.readouterr().out
+
+    return run
 
 
 def _raise_not_implemented(*args: object, **kwargs: object) -> None:
@@ -67,10 +75,9 @@ def test_bench_unscale_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.count("quick (3 t, 263K)") == 3  # one row per dtype
 
 
-def test_bench_unscale_catches_an_op_that_does_nothing(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    out = _fails_with_noop(monkeypatch, capsys, "unscale_and_check_", bench_unscale.main,
-                           UNSCALE_QUICK + ["--dtypes", "fp16"])
+def test_bench_unscale_catches_an_op_that_does_nothing(fails_with_noop: NoopRun) -> None:
+    out = fails_with_noop("unscale_and_check_", bench_unscale.main,
+                          UNSCALE_QUICK + ["--dtypes", "fp16"])
     assert "verification failed" in out and "VERIFICATION FAILED: not timed" in out
 
 
@@ -119,9 +126,8 @@ def test_bench_optim_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
         assert any(line.startswith(name) and "x " in line for line in out.splitlines())
 
 
-def test_bench_optim_catches_an_optimizer_that_does_nothing(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    out = _fails_with_noop(monkeypatch, capsys, "fused_adam_", bench_optim.main, OPTIM_QUICK)
+def test_bench_optim_catches_an_optimizer_that_does_nothing(fails_with_noop: NoopRun) -> None:
+    out = fails_with_noop("fused_adam_", bench_optim.main, OPTIM_QUICK)
     assert out.count("VERIFICATION FAILED") == 3  # the three mixprec cases
     assert "master weights vs float64 reference" in out
 
@@ -166,10 +172,9 @@ def test_bench_scaler_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert sum(line.startswith("cpu    fp32+bf16-mixed") for line in out.splitlines()) == 3
 
 
-def test_bench_scaler_catches_an_unscale_that_does_nothing(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    out = _fails_with_noop(monkeypatch, capsys, "unscale_and_check_", bench_scaler.main,
-                           SCALER_QUICK + ["--cases", "sgd"])
+def test_bench_scaler_catches_an_unscale_that_does_nothing(fails_with_noop: NoopRun) -> None:
+    out = fails_with_noop("unscale_and_check_", bench_scaler.main,
+                          SCALER_QUICK + ["--cases", "sgd"])
     assert "VERIFICATION FAILED" in out and "vs torch's" in out
 
 
@@ -300,10 +305,8 @@ def test_gpu_workload_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
         assert line in out
 
 
-def test_gpu_workload_catches_a_broken_optimizer(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    out = _fails_with_noop(monkeypatch, capsys, "fused_sgd_", gpu_workload.main,
-                           ["--device", "cpu", "--sets", "odd"])
+def test_gpu_workload_catches_a_broken_optimizer(fails_with_noop: NoopRun) -> None:
+    out = fails_with_noop("fused_sgd_", gpu_workload.main, ["--device", "cpu", "--sets", "odd"])
     assert "4 failed" in out  # SGD in its four configurations
     assert "FAIL odd optim.SGD fp16+masters" in out
 

@@ -188,8 +188,7 @@ def test_grads_are_views_after_every_backward(how: str) -> None:
 
 
 def test_create_graph_grads_are_left_alone() -> None:
-    model = make(torch.float32)
-    mixprec.flat_buffers(model)
+    model = make(torch.float32, flat=True)
     model(torch.randn(2, 5)).pow(2).sum().backward(create_graph=True)
     assert model.a.weight.grad.requires_grad  # autograd's grad, not the view
     for p in model.parameters():
@@ -328,8 +327,7 @@ def test_replaced_grad_falls_back_for_that_tensor(calls: List[Tuple[str, int]]) 
 
 
 def test_data_replaced_param_is_not_a_view_any_more(calls: List[Tuple[str, int]]) -> None:
-    model = make(torch.float32)
-    mixprec.flat_buffers(model)
+    model = make(torch.float32, flat=True)
     opt = mixprec.optim.SGD(model.parameters(), lr=0.1)
     with torch.no_grad():
         model.b.weight.data = model.b.weight.data.clone()  # same object, new storage
@@ -385,8 +383,7 @@ def test_two_optimizers_share_a_model(calls: List[Tuple[str, int]]) -> None:
 
 def test_steps_not_shared_when_a_run_splits() -> None:
     """A shared step count is held by exactly the params of one op call."""
-    model = make(torch.float32)
-    mixprec.flat_buffers(model)
+    model = make(torch.float32, flat=True)
     opt = mixprec.optim.Adam(model.parameters(), lr=1e-2)
     train(model, opt, 1, set_to_none=True)
     steps = {id(opt.state[p]["step"]) for p in model.parameters()}
@@ -613,8 +610,7 @@ def test_registry_empties_when_the_model_dies() -> None:
     is what keeps the hooks traceable by torch.compile(fullgraph=True))."""
     gc.collect()
     before = len(flat_layout._PARAMS)
-    model = make(torch.float32)
-    mixprec.flat_buffers(model)
+    model = make(torch.float32, flat=True)
     opt = mixprec.optim.AdamW(model.parameters())
     train(model, opt, 2, set_to_none=True)
     assert len(flat_layout._PARAMS) == before + 7
@@ -625,8 +621,7 @@ def test_registry_empties_when_the_model_dies() -> None:
 def test_checkpoint_of_flat_optimizer_loads_into_torch_adamw() -> None:
     """One step tensor per param in the state dict: torch's AdamW keeps a loaded step
     tensor as it is and increments each param's once."""
-    model = make(torch.float32)
-    mixprec.flat_buffers(model)
+    model = make(torch.float32, flat=True)
     opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
     train(model, opt, 2, set_to_none=True)
     shared = {id(opt.state[p]["step"]) for p in model.parameters()}

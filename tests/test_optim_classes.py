@@ -68,6 +68,15 @@ def _same_grads(src: List[torch.Tensor], dst: List[torch.Tensor],
         b.grad = a.grad.clone()
 
 
+def _step_both(a: torch.optim.Optimizer, b: torch.optim.Optimizer, src: List[torch.Tensor],
+               dst: List[torch.Tensor], gen: torch.Generator, steps: int) -> None:
+    """``steps`` steps of both optimizers on the same fresh grads (see :func:`_same_grads`)."""
+    for _ in range(steps):
+        _same_grads(src, dst, gen)
+        a.step()
+        b.step()
+
+
 def _assert_matches(ours: Iterable[torch.Tensor], ref: Iterable[torch.Tensor]) -> None:
     """Every tensor within 1e-6 relative error of its reference."""
     for a, b in zip(ours, ref):
@@ -360,10 +369,7 @@ def test_load_torch_state_dict(device: str, name: str) -> None:
     ours_p = [torch.nn.Parameter(p.detach().clone()) for p in torch_p]
     ours = getattr(mixprec.optim, name)(ours_p, **kw)
     ours.load_state_dict(copy.deepcopy(ref.state_dict()))
-    for _ in range(4):
-        _same_grads(torch_p, ours_p, gen)
-        ref.step()
-        ours.step()
+    _step_both(ref, ours, torch_p, ours_p, gen, 4)
     _assert_matches(ours_p, torch_p)
 
 
@@ -630,10 +636,7 @@ def test_adamw_matches_torch_multi_chunk(device: str) -> None:
     torch_p = [torch.nn.Parameter(p.detach().clone()) for p in ours_p]
     ours = mixprec.optim.AdamW(ours_p, lr=1e-3, amsgrad=True)
     ref = torch.optim.AdamW(torch_p, lr=1e-3, amsgrad=True, foreach=False)
-    for _ in range(10):
-        _same_grads(ours_p, torch_p, gen)
-        ours.step()
-        ref.step()
+    _step_both(ours, ref, ours_p, torch_p, gen, 10)
     _assert_matches(ours_p, torch_p)
 
 
