@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from _helpers import assert_bitwise_equal
 from _helpers import ulps as ulp_distance
-from mixprec import _cuda_emulation
+from mixprec.ops import _cuda_emulation
 
 pytestmark = pytest.mark.skipif(
     not _cuda_emulation.available(), reason="needs mixprec._C with the CUDA emulation"
