@@ -16,11 +16,14 @@ benchmark from printing a figure for work that did not happen:
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
 import datetime
 import platform
 import re
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+import warnings
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.utils.benchmark as tbench
@@ -122,6 +125,32 @@ def header(title: str, device: Union[str, torch.device]) -> str:
     return (f"# {title}\n# date {datetime.date.today()} | device {device.type}: {dev} | torch "
             f"{torch.__version__} | mixprec {mixprec.__version__} (CUDA kernels: "
             f"{mixprec.has_cuda_kernels()})")
+
+
+@contextlib.contextmanager
+def count_cuda_syncs(device: Union[str, torch.device]) -> Iterator[List[int]]:
+    """Counts the host syncs CUDA's sync debug mode reports inside the block (CUDA only):
+    ``box[0]`` of the yielded ``box`` once the block has ended."""
+    box = [0]
+    torch.cuda.synchronize(device)
+    torch.cuda.set_sync_debug_mode("warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield box
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    box[0] = sum("synchroniz" in str(w.message) for w in caught)
+
+
+def add_timing_args(ap: argparse.ArgumentParser, quick_help: str) -> None:
+    """``--min-run-time``, ``--quick`` and ``--bandwidth-tolerance``, as the verified
+    kernel benchmarks take them (``--quick``'s effect is the caller's: ``quick_help``)."""
+    ap.add_argument("--min-run-time", type=float, default=None, help="seconds (default 1.0)")
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--bandwidth-tolerance", type=float, default=None,
+                    help="slack over the copy bandwidth before a figure is an error "
+                         "(default: 0.05 on CUDA, 0.5 on CPU; see _common.BANDWIDTH_TOLERANCE)")
 
 
 def count_cuda_launches(fn: Callable[[], object]) -> int:

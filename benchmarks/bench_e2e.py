@@ -81,9 +81,8 @@ import shlex
 import statistics
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -91,6 +90,7 @@ from torch import nn
 
 import mixprec
 import mixprec.optim
+from _common import count_cuda_syncs
 
 NA = "n/a"
 # Loss-agreement check (see the module docstring for the derivation of the factor).
@@ -295,19 +295,6 @@ def build_run(variant: Variant, init_model: GPT, data: Tuple[torch.Tensor, torch
 # Measuring
 
 
-@contextlib.contextmanager
-def count_syncs(device: torch.device) -> Iterator[List[int]]:
-    """Counts the host syncs CUDA's sync debug mode reports inside the block (CUDA only)."""
-    box = [0]
-    torch.cuda.synchronize(device)
-    torch.cuda.set_sync_debug_mode("warn")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            yield box
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    box[0] = sum("synchroniz" in str(w.message) for w in caught)
 
 
 @dataclass
@@ -353,7 +340,7 @@ def measure(run: Run, device: torch.device, warmup: int, steps: int,
     syncs: Optional[int] = None
     for i in range(warmup):
         if cuda and i == warmup - 1:
-            with count_syncs(device) as box:
+            with count_cuda_syncs(device) as box:
                 loss = run.step()
             syncs = box[0]
         else:

@@ -64,6 +64,7 @@ from _common import (
     CheckFailed,
     Report,
     Shape,
+    add_timing_args,
     check_found_inf,
     check_optimizer_result,
     check_scalar,
@@ -308,13 +309,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--cpu-layers", type=int, default=2)
     ap.add_argument("--cpu-vocab", type=int, default=8192)
     ap.add_argument("--cpu-embd", type=int, default=768)
-    ap.add_argument("--min-run-time", type=float, default=None, help="seconds (default 1.0)")
     ap.add_argument("--rounds", type=int, default=None, help="default 3 (--quick: 1)")
-    ap.add_argument("--quick", action="store_true",
-                    help="1 layer, width 64, vocab 512 on every device, short timing")
-    ap.add_argument("--bandwidth-tolerance", type=float, default=None,
-                    help="slack over the copy bandwidth before a figure is an error "
-                         "(default: 0.05 on CUDA, 0.5 on CPU; see _common.BANDWIDTH_TOLERANCE)")
+    add_timing_args(ap, "1 layer, width 64, vocab 512 on every device, short timing")
     args = ap.parse_args(argv)
     min_run_time = args.min_run_time or (0.02 if args.quick else 1.0)
     rounds = args.rounds or (1 if args.quick else 3)

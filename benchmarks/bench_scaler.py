@@ -42,7 +42,6 @@ import dataclasses
 import functools
 import platform
 import sys
-import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -54,6 +53,7 @@ from _common import (
     Report,
     check_equal,
     check_unchanged,
+    count_cuda_syncs,
     fmt,
     plant_inf,
     ratio,
@@ -194,15 +194,9 @@ def verify(label: str, ours: Iteration, theirs: object, device: str, spec: str, 
 def count_host_reads(device: str):
     counter = {"n": 0}
     if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("warn")
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            try:
-                yield counter
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        counter["n"] = sum("synchroniz" in str(x.message) for x in w)
+        with count_cuda_syncs(device) as box:
+            yield counter
+        counter["n"] = box[0]
         return
     originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
 

@@ -29,6 +29,7 @@ import mixprec
 from _common import (
     NA,
     Report,
+    add_timing_args,
     copy_bandwidth,
     count_cuda_launches,
     fmt,
@@ -103,12 +104,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--sets", default=None, help="comma-separated keys of SETS (default a,b,c)")
     ap.add_argument("--dtypes", default="fp32,fp16,bf16")
-    ap.add_argument("--min-run-time", type=float, default=None, help="seconds (default 1.0)")
-    ap.add_argument("--quick", action="store_true",
-                    help="set q and --min-run-time 0.02 unless given: a smoke test")
-    ap.add_argument("--bandwidth-tolerance", type=float, default=None,
-                    help="slack over the copy bandwidth before a figure is an error "
-                         "(default: 0.05 on CUDA, 0.5 on CPU; see _common.BANDWIDTH_TOLERANCE)")
+    add_timing_args(ap, "set q and --min-run-time 0.02 unless given: a smoke test")
     args = ap.parse_args(argv)
     sets = args.sets or ("q" if args.quick else "a,b,c")
     min_run_time = args.min_run_time or (0.02 if args.quick else 1.0)

@@ -7,15 +7,21 @@
   where there is no GPU. On a machine with a GPU they always run, and
   conftest.py makes them fail when the build has no CUDA kernels, unless the
   run is the CPU-only build's (``MIXPREC_EXPECT_CUDA_KERNELS=0``).
-* Bits: :func:`bits`, :func:`assert_bitwise_equal`.
+* Bits: :func:`bits`, :func:`assert_bitwise_equal`, :func:`ulps`.
+* Setup: :func:`torch_threads` (a thread count for a block), :func:`load_module`
+  (a Python file that is not a package module, e.g. an example).
 * GradScaler: :data:`SCALERS` (mixprec's and torch's as a control),
   :func:`two_layer`, :func:`scaling_case`, :class:`RecordingOptimizer`, ...
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any, Callable, List, Optional, TypeVar
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Iterator, List, Optional, TypeVar
 
 import pytest
 import torch
@@ -240,3 +246,38 @@ def assert_within_one_ulp(x: torch.Tensor, y: torch.Tensor) -> None:
     bits_x = x.contiguous().view(ints).long()
     bits_y = y.contiguous().view(ints).long()
     assert int((bits_x - bits_y).abs().max()) <= 1
+
+
+def ulps(x: torch.Tensor, y: torch.Tensor) -> int:
+    """Largest distance in units in the last place between two same-dtype tensors."""
+    assert x.dtype == y.dtype and x.shape == y.shape
+    if x.numel() == 0:
+        return 0
+    ints = {4: torch.int32, 2: torch.int16}[x.element_size()]
+    bx = x.contiguous().view(ints).long()
+    by = y.contiguous().view(ints).long()
+    # map sign-magnitude bit patterns onto a monotonic integer line
+    sign = {4: 1 << 31, 2: 1 << 15}[x.element_size()]
+    bx = torch.where(bx < 0, -(bx + sign), bx)
+    by = torch.where(by < 0, -(by + sign), by)
+    return int((bx - by).abs().max())
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with torch's intra-op thread count set to ``n``, restored after."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def load_module(name: str, path: Path) -> ModuleType:
+    """Import the Python file ``path`` as a fresh module called ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

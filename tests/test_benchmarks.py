@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Iterator, List
+from typing import Callable, Iterator, List
 
 import pytest
 import torch
@@ -41,6 +41,22 @@ def _noop(*args: object, **kwargs: object) -> None:
     return None
 
 
+NoopRun = Callable[[str, Callable[[List[str]], int], List[str]], str]
+
+
+@pytest.fixture
+def fails_with_noop(monkeypatch: pytest.MonkeyPatch,
+                    capsys: pytest.CaptureFixture[str]) -> NoopRun:
+    """``run(op, main, argv)``: ``main(argv)`` with ``mixprec.ops.<op>`` doing nothing must
+    fail (exit 1); returns its stdout."""
+    def run(op: str, main: Callable[[List[str]], int], argv: List[str]) -> str:
+        monkeypatch.setattr(mixprec.ops, op, _noop)
+        assert main(argv) == 1
+        return capsys.readouterr().out
+
+    return run
+
+
 def _raise_not_implemented(*args: object, **kwargs: object) -> None:
     raise NotImplementedError('"_amp_foreach_non_finite_check_and_unscale_cuda" not '
                               "implemented for 'BFloat16'")
@@ -59,11 +75,9 @@ def test_bench_unscale_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.count("quick (3 t, 263K)") == 3  # one row per dtype
 
 
-def test_bench_unscale_catches_an_op_that_does_nothing(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(mixprec.ops, "unscale_and_check_", _noop)
-    assert bench_unscale.main(UNSCALE_QUICK + ["--dtypes", "fp16"]) == 1
-    out = capsys.readouterr().out
+def test_bench_unscale_catches_an_op_that_does_nothing(fails_with_noop: NoopRun) -> None:
+    out = fails_with_noop("unscale_and_check_", bench_unscale.main,
+                          UNSCALE_QUICK + ["--dtypes", "fp16"])
     assert "verification failed" in out and "VERIFICATION FAILED: not timed" in out
 
 
@@ -112,11 +126,8 @@ def test_bench_optim_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
         assert any(line.startswith(name) and "x " in line for line in out.splitlines())
 
 
-def test_bench_optim_catches_an_optimizer_that_does_nothing(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(mixprec.ops, "fused_adam_", _noop)
-    assert bench_optim.main(OPTIM_QUICK) == 1
-    out = capsys.readouterr().out
+def test_bench_optim_catches_an_optimizer_that_does_nothing(fails_with_noop: NoopRun) -> None:
+    out = fails_with_noop("fused_adam_", bench_optim.main, OPTIM_QUICK)
     assert out.count("VERIFICATION FAILED") == 3  # the three mixprec cases
     assert "master weights vs float64 reference" in out
 
@@ -161,11 +172,9 @@ def test_bench_scaler_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert sum(line.startswith("cpu    fp32+bf16-mixed") for line in out.splitlines()) == 3
 
 
-def test_bench_scaler_catches_an_unscale_that_does_nothing(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(mixprec.ops, "unscale_and_check_", _noop)
-    assert bench_scaler.main(SCALER_QUICK + ["--cases", "sgd"]) == 1
-    out = capsys.readouterr().out
+def test_bench_scaler_catches_an_unscale_that_does_nothing(fails_with_noop: NoopRun) -> None:
+    out = fails_with_noop("unscale_and_check_", bench_scaler.main,
+                          SCALER_QUICK + ["--cases", "sgd"])
     assert "VERIFICATION FAILED" in out and "vs torch's" in out
 
 
@@ -296,11 +305,8 @@ def test_gpu_workload_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
         assert line in out
 
 
-def test_gpu_workload_catches_a_broken_optimizer(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(mixprec.ops, "fused_sgd_", _noop)
-    assert gpu_workload.main(["--device", "cpu", "--sets", "odd"]) == 1
-    out = capsys.readouterr().out
+def test_gpu_workload_catches_a_broken_optimizer(fails_with_noop: NoopRun) -> None:
+    out = fails_with_noop("fused_sgd_", gpu_workload.main, ["--device", "cpu", "--sets", "odd"])
     assert "4 failed" in out  # SGD in its four configurations
     assert "FAIL odd optim.SGD fp16+masters" in out
 

@@ -22,7 +22,7 @@ from typing import Any, Dict, List
 import pytest
 import torch
 
-from _helpers import assert_bitwise_equal
+from _helpers import assert_bitwise_equal, ulps
 from mixprec.ops import _cuda_emulation
 
 pytestmark = pytest.mark.skipif(
@@ -39,21 +39,6 @@ MAX_TENSORS = {depth: (32000 - MAX_BLOCKS * 6 - 64) // (8 * (depth + 1)) for dep
 
 def emu() -> Any:
     return _cuda_emulation.ops()
-
-
-def _ulps(x: torch.Tensor, y: torch.Tensor) -> int:
-    """Largest distance in units in the last place between two same-dtype tensors."""
-    assert x.dtype == y.dtype and x.shape == y.shape
-    if x.numel() == 0:
-        return 0
-    ints = {4: torch.int32, 2: torch.int16}[x.element_size()]
-    bx = x.contiguous().view(ints).long()
-    by = y.contiguous().view(ints).long()
-    # map sign-magnitude bit patterns onto a monotonic integer line
-    sign = {4: 1 << 31, 2: 1 << 15}[x.element_size()]
-    bx = torch.where(bx < 0, -(bx + sign), bx)
-    by = torch.where(by < 0, -(by + sign), by)
-    return int((bx - by).abs().max())
 
 
 def _misaligned(n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -189,7 +174,7 @@ def test_norms_match_cpu_kernel(dtype: torch.dtype, norm_type: float, case: str)
         for n in (na, nb):
             assert n.dtype == torch.float32 and n.shape == ()
             assert abs(n.item() - ref) <= 2.0 ** -23 * abs(ref) * 1.01 + 1e-30, (n, ref)
-        assert _ulps(na, nb) <= 1
+        assert ulps(na, nb) <= 1
 
 
 def test_norm_with_nonfinite_reports_it() -> None:
@@ -342,7 +327,7 @@ def test_fused_adam_vs_float64_and_cpu_kernel(pdt: torch.dtype, gdt: torch.dtype
         # the CUDA code and the CPU kernel evaluate the same float32 formula
         for k in d:
             if k != "state_steps" and d[k]:
-                assert _ulps(a[k][i], b[k][i]) <= 1, (k, i)
+                assert ulps(a[k][i], b[k][i]) <= 1, (k, i)
         assert a["state_steps"][i].item() == d["state_steps"][i].item() + 1
 
 
@@ -356,7 +341,7 @@ def test_fused_adam_layouts(layout: str, pdt: torch.dtype, masters: bool) -> Non
     torch.ops.mixprec.fused_adam_(*b.values(), *_adam_scalars(True, True))
     for k in d:
         for x, y, orig in zip(a[k], b[k], d[k]):
-            assert _ulps(x, y) <= 1, k
+            assert ulps(x, y) <= 1, k
             # (max_exp_avg_sqs keeps its value where it exceeds the new exp_avg_sq)
             if orig.numel() > 0 and k not in ("grads", "state_steps", "max_exp_avg_sqs"):
                 assert not torch.equal(x, orig), f"{k} not written"
@@ -377,7 +362,7 @@ def test_fused_adam_mixed_dtypes_many_tensors_and_skip() -> None:
     torch.ops.mixprec.fused_adam_(*b.values(), *_adam_scalars(False, True))
     for k in d:
         for x, y in zip(a[k], b[k]):
-            assert _ulps(x, y) <= 1, k
+            assert ulps(x, y) <= 1, k
     for p, mp in zip(a["params"], a["master_params"]):
         assert_bitwise_equal(p, mp.to(p.dtype))
     # found_inf set: nothing changes, step counts included
@@ -434,7 +419,7 @@ def test_fused_sgd_vs_cpu_kernel(pdt: torch.dtype, gdt: torch.dtype, masters: bo
     torch.ops.mixprec.fused_sgd_(*b, *scal)
     for la, lb in zip(a, b):
         for x, y in zip(la, lb):
-            assert _ulps(x, y) <= 1
+            assert ulps(x, y) <= 1
     if masters:
         for i, (p, mp) in enumerate(zip(a[0], a[3])):
             assert_bitwise_equal(p, mp.to(pdt))

@@ -48,9 +48,13 @@ class Net(nn.Module):
         return self.n(out)
 
 
-def make(dtype: torch.dtype, device: str = "cpu", seed: int = 0) -> Net:
+def make(dtype: torch.dtype, device: str = "cpu", seed: int = 0, flat: bool = False) -> Net:
+    """A seeded :class:`Net`; with ``flat``, its parameters moved into flat buffers."""
     torch.manual_seed(seed)
-    return Net().to(device=device, dtype=dtype)
+    model = Net().to(device=device, dtype=dtype)
+    if flat:
+        mixprec.flat_buffers(model)
+    return model
 
 
 @pytest.fixture
@@ -184,8 +188,7 @@ def test_grads_are_views_after_every_backward(how: str) -> None:
 
 
 def test_create_graph_grads_are_left_alone() -> None:
-    model = make(torch.float32)
-    mixprec.flat_buffers(model)
+    model = make(torch.float32, flat=True)
     model(torch.randn(2, 5)).pow(2).sum().backward(create_graph=True)
     assert model.a.weight.grad.requires_grad  # autograd's grad, not the view
     for p in model.parameters():
@@ -243,9 +246,7 @@ def test_foreign_optimizer_unscale_and_clip(dtype: torch.dtype,
     """torch.optim.AdamW through the scaler's unscale_ path; and a folded clip."""
     out = []
     for flat in (False, True):
-        model = make(dtype)
-        if flat:
-            mixprec.flat_buffers(model)
+        model = make(dtype, flat=flat)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         scaler = mixprec.GradScaler("cpu", init_scale=2.0**8, allow_fp16_grads=True)
         calls.clear()
@@ -257,9 +258,7 @@ def test_foreign_optimizer_unscale_and_clip(dtype: torch.dtype,
     # clip: the norm is the same number up to the order of the partial sums
     norms = []
     for flat in (False, True):
-        model = make(dtype)
-        if flat:
-            mixprec.flat_buffers(model)
+        model = make(dtype, flat=flat)
         opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
         scaler = mixprec.GradScaler("cpu", init_scale=2.0**8)
         scaler.scale(model(torch.ones(2, 5, dtype=dtype)).float().pow(2).sum()).backward()
@@ -312,9 +311,7 @@ def test_replaced_grad_falls_back_for_that_tensor(calls: List[Tuple[str, int]]) 
 
     results = []
     for flat in (False, True):
-        model = make(torch.float32)
-        if flat:
-            mixprec.flat_buffers(model)
+        model = make(torch.float32, flat=flat)
         opt = mixprec.optim.Adam(model.parameters(), lr=1e-2)
         scaler = mixprec.GradScaler("cpu", init_scale=2.0**8)
         calls.clear()
@@ -330,8 +327,7 @@ def test_replaced_grad_falls_back_for_that_tensor(calls: List[Tuple[str, int]]) 
 
 
 def test_data_replaced_param_is_not_a_view_any_more(calls: List[Tuple[str, int]]) -> None:
-    model = make(torch.float32)
-    mixprec.flat_buffers(model)
+    model = make(torch.float32, flat=True)
     opt = mixprec.optim.SGD(model.parameters(), lr=0.1)
     with torch.no_grad():
         model.b.weight.data = model.b.weight.data.clone()  # same object, new storage
@@ -350,9 +346,7 @@ def test_subset_unused_params_and_frozen_params(calls: List[Tuple[str, int]]) ->
 
     results = []
     for flat in (False, True):
-        model = make(torch.float32)
-        if flat:
-            mixprec.flat_buffers(model)
+        model = make(torch.float32, flat=flat)
         ps = [p for n, p in model.named_parameters() if not n.startswith("a.")]
         opt = mixprec.optim.Adam(ps, lr=1e-2)
         calls.clear()
@@ -389,8 +383,7 @@ def test_two_optimizers_share_a_model(calls: List[Tuple[str, int]]) -> None:
 
 def test_steps_not_shared_when_a_run_splits() -> None:
     """A shared step count is held by exactly the params of one op call."""
-    model = make(torch.float32)
-    mixprec.flat_buffers(model)
+    model = make(torch.float32, flat=True)
     opt = mixprec.optim.Adam(model.parameters(), lr=1e-2)
     train(model, opt, 1, set_to_none=True)
     steps = {id(opt.state[p]["step"]) for p in model.parameters()}
@@ -417,9 +410,7 @@ def _roundtrip(obj: Any) -> Any:
 def test_state_dict_loads_across_modes(saved_flat: bool,
                                        calls: List[Tuple[str, int]]) -> None:
     def build(flat: bool) -> Tuple[Net, torch.optim.Optimizer]:
-        model = make(torch.bfloat16)
-        if flat:
-            mixprec.flat_buffers(model)
+        model = make(torch.bfloat16, flat=flat)
         return model, mixprec.optim.AdamW(model.parameters(), lr=1e-2)
 
     # uninterrupted reference: 6 steps, an unused branch at step 1 (unequal step counts)
@@ -475,9 +466,7 @@ def test_compiled_optimizer_step_runs_the_detection_eagerly() -> None:
     torch._dynamo.reset()
     results = []
     for flat in (False, True):
-        model = make(torch.float32)
-        if flat:
-            mixprec.flat_buffers(model)
+        model = make(torch.float32, flat=flat)
         opt = mixprec.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         step = torch.compile(opt.step, backend="eager")
         for _ in range(2):
@@ -621,8 +610,7 @@ def test_registry_empties_when_the_model_dies() -> None:
     is what keeps the hooks traceable by torch.compile(fullgraph=True))."""
     gc.collect()
     before = len(flat_layout._PARAMS)
-    model = make(torch.float32)
-    mixprec.flat_buffers(model)
+    model = make(torch.float32, flat=True)
     opt = mixprec.optim.AdamW(model.parameters())
     train(model, opt, 2, set_to_none=True)
     assert len(flat_layout._PARAMS) == before + 7
@@ -633,8 +621,7 @@ def test_registry_empties_when_the_model_dies() -> None:
 def test_checkpoint_of_flat_optimizer_loads_into_torch_adamw() -> None:
     """One step tensor per param in the state dict: torch's AdamW keeps a loaded step
     tensor as it is and increments each param's once."""
-    model = make(torch.float32)
-    mixprec.flat_buffers(model)
+    model = make(torch.float32, flat=True)
     opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
     train(model, opt, 2, set_to_none=True)
     shared = {id(opt.state[p]["step"]) for p in model.parameters()}

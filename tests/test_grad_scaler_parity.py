@@ -61,19 +61,28 @@ def _inject(model: torch.nn.Module, i: int, skip_iter: int, scaler: Any) -> None
             model[1].weight.grad.fill_(INF)
 
 
+def _backward_and_step(
+    loss: torch.Tensor, model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: Any,
+    i: int, skip_iter: int, try_scaling_api: bool,
+) -> None:
+    """One step's backward and step: scaled, with inf injected at ``skip_iter``, on the
+    scaling run; plain, skipping the step the scaling run skips, on the control run."""
+    if try_scaling_api:
+        scaler.scale(loss).backward()
+        _inject(model, i, skip_iter, scaler)
+        scaler.step(opt)
+        scaler.update()
+    else:
+        loss.backward()
+        if not scaler.is_enabled() or i != skip_iter:
+            opt.step()
+
+
 def _run_basic(device, data, model, opt, scaler, loss_fn, skip_iter, try_scaling_api):
     for i, (x, y) in enumerate(data):
         opt.zero_grad()
         loss = loss_fn(model(x), y)
-        if try_scaling_api:
-            scaler.scale(loss).backward()
-            _inject(model, i, skip_iter, scaler)
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            if not scaler.is_enabled() or i != skip_iter:
-                opt.step()
+        _backward_and_step(loss, model, opt, scaler, i, skip_iter, try_scaling_api)
 
 
 @pytest.mark.parametrize("scaler_cls", SCALERS)
@@ -195,15 +204,7 @@ def _run_penalty(device, data, model, opt, scaler, loss_fn, skip_iter, try_scali
             grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
         penalty = torch.stack([g.pow(2).sum() for g in grads]).sum().sqrt()
         loss = loss + penalty
-        if try_scaling_api:
-            scaler.scale(loss).backward()
-            _inject(model, i, skip_iter, scaler)
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            if not scaler.is_enabled() or i != skip_iter:
-                opt.step()
+        _backward_and_step(loss, model, opt, scaler, i, skip_iter, try_scaling_api)
 
 
 @pytest.mark.parametrize("scaler_cls", SCALERS)
@@ -295,15 +296,7 @@ def test_parity_fp16_autocast(scaler_cls, device):
                 out = model(x)
                 assert out.dtype == torch.float16
                 loss = loss_fn(out.float(), y)
-            if try_scaling_api:
-                scaler.scale(loss).backward()
-                _inject(model, i, skip_iter, scaler)
-                scaler.step(opt)
-                scaler.update()
-            else:
-                loss.backward()
-                if not scaler.is_enabled() or i != skip_iter:
-                    opt.step()
+            _backward_and_step(loss, model, opt, scaler, i, skip_iter, try_scaling_api)
 
     run_scaling_case(scaler_cls, device, run, 3, 1, atol=1e-3)
 

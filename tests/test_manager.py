@@ -10,17 +10,15 @@ from torch import nn
 
 import mixprec
 import mixprec.optim
-from _helpers import assert_bitwise_equal
+from _helpers import assert_bitwise_equal, torch_threads
 from mixprec import MixedPrecisionConfig, MixedPrecisionManager, MixedPrecisionTrainer
 from mixprec.train.manager import StepResult
 
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with torch_threads(1):
+        yield
 
 
 class Net(nn.Module):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import io
 import itertools
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import pytest
 import torch
@@ -59,6 +59,30 @@ def _run_pair(make_ours: Callable, make_torch: Callable, device: str, steps: int
     return ours_p, torch_p
 
 
+
+def _same_grads(src: List[torch.Tensor], dst: List[torch.Tensor],
+                gen: torch.Generator) -> None:
+    """Fresh grads on ``src`` (drawn from ``gen``), copied onto ``dst``."""
+    set_grads(src, gen)
+    for a, b in zip(src, dst):
+        b.grad = a.grad.clone()
+
+
+def _step_both(a: torch.optim.Optimizer, b: torch.optim.Optimizer, src: List[torch.Tensor],
+               dst: List[torch.Tensor], gen: torch.Generator, steps: int) -> None:
+    """``steps`` steps of both optimizers on the same fresh grads (see :func:`_same_grads`)."""
+    for _ in range(steps):
+        _same_grads(src, dst, gen)
+        a.step()
+        b.step()
+
+
+def _assert_matches(ours: Iterable[torch.Tensor], ref: Iterable[torch.Tensor]) -> None:
+    """Every tensor within 1e-6 relative error of its reference."""
+    for a, b in zip(ours, ref):
+        assert rel_err(a, b) <= 1e-6
+
+
 @pytest.mark.parametrize("name,amsgrad,maximize,wd", ADAM_CASES)
 def test_adam_matches_torch_fp32(device: str, name: str, amsgrad: bool, maximize: bool,
                                  wd: float) -> None:
@@ -67,8 +91,7 @@ def test_adam_matches_torch_fp32(device: str, name: str, amsgrad: bool, maximize
     ours_cls, torch_cls = getattr(mixprec.optim, name), getattr(torch.optim, name)
     ours_p, torch_p = _run_pair(lambda ps: ours_cls(ps, **kw),
                                 lambda ps: torch_cls(ps, foreach=False, **kw), device)
-    for a, b in zip(ours_p, torch_p):
-        assert rel_err(a, b) <= 1e-6
+    _assert_matches(ours_p, torch_p)
 
 
 def test_adam_default_betas_large_weight_lerp(device: str) -> None:
@@ -77,8 +100,7 @@ def test_adam_default_betas_large_weight_lerp(device: str) -> None:
     ours_p, torch_p = _run_pair(lambda ps: mixprec.optim.AdamW(ps, **kw),
                                 lambda ps: torch.optim.AdamW(ps, foreach=False, **kw),
                                 device)
-    for a, b in zip(ours_p, torch_p):
-        assert rel_err(a, b) <= 1e-6
+    _assert_matches(ours_p, torch_p)
 
 
 @pytest.mark.parametrize("momentum,dampening,nesterov,wd,maximize", SGD_CASES)
@@ -88,8 +110,7 @@ def test_sgd_matches_torch_fp32(device: str, momentum: float, dampening: float,
                               nesterov=nesterov, weight_decay=wd, maximize=maximize)
     ours_p, torch_p = _run_pair(lambda ps: mixprec.optim.SGD(ps, **kw),
                                 lambda ps: torch.optim.SGD(ps, foreach=False, **kw), device)
-    for a, b in zip(ours_p, torch_p):
-        assert rel_err(a, b) <= 1e-6
+    _assert_matches(ours_p, torch_p)
 
 
 @pytest.mark.parametrize("grad_dtype", LOW)
@@ -98,8 +119,7 @@ def test_fp32_params_low_precision_grads(device: str, grad_dtype: torch.dtype) -
     ours_p, torch_p = _run_pair(lambda ps: mixprec.optim.AdamW(ps, lr=1e-3),
                                 lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=False),
                                 device, steps=20, grad_dtype=grad_dtype)
-    for a, b in zip(ours_p, torch_p):
-        assert rel_err(a, b) <= 1e-6
+    _assert_matches(ours_p, torch_p)
 
 
 # ---------------------------------------------------------------------------
@@ -240,13 +260,10 @@ def test_skipped_first_sgd_step_then_real_step_matches_torch(device: str) -> Non
     set_grads(ours_p, gen)
     ours.step(found_inf=torch.ones(1, device=device))  # skipped: buffer stays "first"
     for _ in range(3):
-        set_grads(ours_p, gen)
-        for a, b in zip(ours_p, torch_p):
-            b.grad = a.grad.clone()
+        _same_grads(ours_p, torch_p, gen)
         ours.step(found_inf=torch.zeros(1, device=device))
         ref.step()
-    for a, b in zip(ours_p, torch_p):
-        assert rel_err(a, b) <= 1e-6
+    _assert_matches(ours_p, torch_p)
 
 
 # ---------------------------------------------------------------------------
@@ -273,8 +290,7 @@ def test_torch_grad_scaler_control(device: str) -> None:
             sc.step(opt)
             sc.update()
         assert sc_a.get_scale() == sc_b.get_scale()
-    for a, b in zip(model_a.parameters(), model_b.parameters()):
-        assert rel_err(a, b) <= 1e-6
+    _assert_matches(model_a.parameters(), model_b.parameters())
     assert not hasattr(opt_a, "found_inf")
 
 
@@ -291,8 +307,7 @@ def test_clip_coef_folded(device: str) -> None:
             b.grad = a.grad * (1.0 / torch.tensor(64.0, dtype=torch.float64)).float() * coef
         ours.step(grad_scale=torch.full((1,), 64.0, device=device), clip_coef=coef.reshape(1))
         ref.step()
-    for a, b in zip(ours_p, torch_p):
-        assert rel_err(a, b) <= 1e-6
+    _assert_matches(ours_p, torch_p)
 
 
 # ---------------------------------------------------------------------------
@@ -354,14 +369,8 @@ def test_load_torch_state_dict(device: str, name: str) -> None:
     ours_p = [torch.nn.Parameter(p.detach().clone()) for p in torch_p]
     ours = getattr(mixprec.optim, name)(ours_p, **kw)
     ours.load_state_dict(copy.deepcopy(ref.state_dict()))
-    for _ in range(4):
-        set_grads(torch_p, gen)
-        for a, b in zip(ours_p, torch_p):
-            a.grad = b.grad.clone()
-        ref.step()
-        ours.step()
-    for a, b in zip(ours_p, torch_p):
-        assert rel_err(a, b) <= 1e-6
+    _step_both(ref, ours, torch_p, ours_p, gen, 4)
+    _assert_matches(ours_p, torch_p)
 
 
 def test_load_torch_state_dict_builds_masters(device: str) -> None:
@@ -545,15 +554,12 @@ def test_lr_changes_and_tensor_lr(device: str) -> None:
     ref = torch.optim.Adam(torch_p, lr=1e-2, foreach=False)
     sched = torch.optim.lr_scheduler.StepLR(ref, step_size=1, gamma=0.5)
     for _ in range(4):
-        set_grads(ours_p, gen)
-        for a, b in zip(ours_p, torch_p):
-            b.grad = a.grad.clone()
+        _same_grads(ours_p, torch_p, gen)
         ours.step()
         ref.step()
         sched.step()
         lr_t.mul_(0.5)  # in-place: the optimizer reads it on the device
-    for a, b in zip(ours_p, torch_p):
-        assert rel_err(a, b) <= 1e-6
+    _assert_matches(ours_p, torch_p)
     # float lr changed by a scheduler
     opt = mixprec.optim.SGD(ours_p, lr=1.0)
     s2 = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
@@ -630,14 +636,8 @@ def test_adamw_matches_torch_multi_chunk(device: str) -> None:
     torch_p = [torch.nn.Parameter(p.detach().clone()) for p in ours_p]
     ours = mixprec.optim.AdamW(ours_p, lr=1e-3, amsgrad=True)
     ref = torch.optim.AdamW(torch_p, lr=1e-3, amsgrad=True, foreach=False)
-    for _ in range(10):
-        set_grads(ours_p, gen)
-        for a, b in zip(ours_p, torch_p):
-            b.grad = a.grad.clone()
-        ours.step()
-        ref.step()
-    for a, b in zip(ours_p, torch_p):
-        assert rel_err(a, b) <= 1e-6
+    _step_both(ours, ref, ours_p, torch_p, gen, 10)
+    _assert_matches(ours_p, torch_p)
 
 
 def test_mixprec_grad_scaler_fp16_grads(device: str) -> None:

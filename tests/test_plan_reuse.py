@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _helpers import assert_bitwise_equal
+from _helpers import ulps as ulp_distance
 from mixprec.ops import _cuda_emulation
 
 pytestmark = pytest.mark.skipif(
@@ -65,20 +66,6 @@ class Counter:
         delta = (now.builds - self._last.builds, now.reuses - self._last.reuses)
         self._last = now
         return delta
-
-
-def _ulps(x: torch.Tensor, y: torch.Tensor) -> int:
-    """Largest distance in units in the last place between two same-dtype tensors."""
-    assert x.dtype == y.dtype and x.shape == y.shape
-    if x.numel() == 0:
-        return 0
-    ints = {4: torch.int32, 2: torch.int16}[x.element_size()]
-    bx = x.contiguous().view(ints).long()
-    by = y.contiguous().view(ints).long()
-    sign = {4: 1 << 31, 2: 1 << 15}[x.element_size()]
-    bx = torch.where(bx < 0, -(bx + sign), bx)
-    by = torch.where(by < 0, -(by + sign), by)
-    return int((bx - by).abs().max())
 
 
 def _view(buf: torch.Tensor, dtype: torch.dtype, n: int, stride: int = 1) -> torch.Tensor:
@@ -171,7 +158,7 @@ class OptState:
                         self.bufs["emu"][name], self.bufs["cpu"][name])
             for i, (a, b, buf_a, buf_b) in enumerate(sides):
                 assert a.dtype == b.dtype and a.shape == b.shape, (name, i)
-                assert _ulps(a, b) <= ulps, (name, i)
+                assert ulp_distance(a, b) <= ulps, (name, i)
                 # the bytes of the buffer beyond the view: untouched on both sides
                 end = 0
                 if a.numel() > 0:

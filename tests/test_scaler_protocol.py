@@ -71,6 +71,14 @@ def _backward(model: torch.nn.Module, scaler: Any, device: str, poison: Any = No
             params[-1].grad.view(-1)[-1] = poison
 
 
+def _cpu_case(
+    opt_cls: type = mixprec.optim.AdamW, **scaler_kwargs: Any
+) -> tuple[torch.nn.Module, Any, mixprec.GradScaler]:
+    """A CPU model, an ``opt_cls`` (lr 1e-2) over it, and a CPU scaler."""
+    model = _model("cpu")
+    return model, opt_cls(model.parameters(), lr=1e-2), mixprec.GradScaler("cpu", **scaler_kwargs)
+
+
 def _attr_names(opt: torch.optim.Optimizer) -> set[str]:
     return set(vars(opt))
 
@@ -129,9 +137,7 @@ def test_mixprec_optimizer_gets_the_scalars_as_arguments(device):
 
 def test_mixprec_optimizer_without_grads_is_stepped():
     """No grads: found_inf is a zero tensor (not torch's int 0, which the step rejects)."""
-    model = _model("cpu")
-    opt = SpyAdamW(model.parameters(), lr=1e-2)
-    s = mixprec.GradScaler("cpu")
+    model, opt, s = _cpu_case(SpyAdamW)
     s.scale(torch.ones(()))
     s.step(opt)
     assert torch.equal(opt.calls[-1]["kwargs"]["found_inf"], torch.zeros(()))
@@ -139,9 +145,7 @@ def test_mixprec_optimizer_without_grads_is_stepped():
 
 
 def test_user_kwargs_win_over_the_scalers():
-    model = _model("cpu")
-    opt = SpyAdamW(model.parameters(), lr=1e-2)
-    s = mixprec.GradScaler("cpu", init_scale=8.0)
+    model, opt, s = _cpu_case(SpyAdamW, init_scale=8.0)
     _backward(model, s, "cpu")
     mine = torch.full((), 4.0)
     s.step(opt, grad_scale=mine)
@@ -149,9 +153,7 @@ def test_user_kwargs_win_over_the_scalers():
 
 
 def test_step_error_leaves_no_attribute():
-    model = _model("cpu")
-    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
-    s = mixprec.GradScaler("cpu")
+    model, opt, s = _cpu_case()
     _backward(model, s, "cpu")
     names = _attr_names(opt)
     with pytest.raises(TypeError):
@@ -188,9 +190,7 @@ def test_foreign_fused_optimizer_gets_attributes():
 
 
 def test_clip_is_not_folded_into_a_foreign_optimizer():
-    model = _model("cpu")
-    opt = SpyFusedTorchAdamW(model.parameters(), lr=1e-2)
-    s = mixprec.GradScaler("cpu", init_scale=32.0)
+    model, opt, s = _cpu_case(SpyFusedTorchAdamW, init_scale=32.0)
     _backward(model, s, "cpu")
     s.clip_grad_norm_(opt, 1e-3)
     s.step(opt)
@@ -298,9 +298,7 @@ def test_found_inf_per_optimizer_and_across_update(device):
 
 @pytest.mark.parametrize("fold", [True, False])
 def test_found_inf_after_clip_grad_norm(fold):
-    model = _model("cpu")
-    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
-    s = mixprec.GradScaler("cpu")
+    model, opt, s = _cpu_case()
     _backward(model, s, "cpu", poison=INF, where="last")
     s.clip_grad_norm_(opt, 1.0, fold_into_step=fold)
     assert s.found_inf(opt).item() == 1.0
@@ -309,9 +307,7 @@ def test_found_inf_after_clip_grad_norm(fold):
 
 
 def test_found_inf_after_update_with_new_scale():
-    model = _model("cpu")
-    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
-    s = mixprec.GradScaler("cpu")
+    model, opt, s = _cpu_case()
     _backward(model, s, "cpu", poison=INF)
     s.step(opt)
     s.update(new_scale=8.0)
@@ -322,18 +318,14 @@ def test_found_inf_after_update_with_new_scale():
 
 
 def test_found_inf_on_a_disabled_scaler():
-    model = _model("cpu")
-    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
-    s = mixprec.GradScaler("cpu", enabled=False)
+    model, opt, s = _cpu_case(enabled=False)
     out = s.found_inf(opt)
     assert torch.equal(out, torch.zeros(())) and out.dtype == torch.float32
     assert out.device.type == "cpu" and torch.equal(s.found_inf(), torch.zeros(()))
 
 
 def test_found_inf_survives_pickling():
-    model = _model("cpu")
-    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
-    s = mixprec.GradScaler("cpu")
+    model, opt, s = _cpu_case()
     _backward(model, s, "cpu", poison=INF)
     s.step(opt)
     s.update()
@@ -383,9 +375,7 @@ def test_found_inf_does_not_sync(device, monkeypatch):
 def test_record_is_typed_and_reset_by_update():
     from mixprec.amp.protocol import RECORD_KEY, OptimizerRecord
 
-    model = _model("cpu")
-    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
-    s = mixprec.GradScaler("cpu")
+    model, opt, s = _cpu_case()
     _backward(model, s, "cpu")
     s.clip_grad_norm_(opt, 1e-3)
     record = s._per_optimizer_states[id(opt)][RECORD_KEY]

@@ -7,25 +7,19 @@ and its parameters after training on from there in ``trainer_<case>_expected.pt`
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
-from _helpers import assert_bitwise_equal
+from _helpers import assert_bitwise_equal, load_module, torch_threads
 
 DATA = Path(__file__).resolve().parent / "data"
 CASES = ("automatic_fp16", "manual_bf16", "adaptive_fp16")
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location(
-        "make_trainer_checkpoints", DATA / "make_trainer_checkpoints.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("make_trainer_checkpoints", DATA / "make_trainer_checkpoints.py")
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +29,8 @@ def gen():
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with torch_threads(1):
+        yield
 
 
 def _assert_same(a, b, where: str) -> None:

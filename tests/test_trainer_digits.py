@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
+
+from _helpers import load_module, torch_threads
 
 pytest.importorskip("sklearn", reason="the digits data set ships with scikit-learn")
 
@@ -14,19 +15,13 @@ _DEMO = Path(__file__).resolve().parents[1] / "examples" / "train_digits.py"
 
 
 def _load_demo():
-    spec = importlib.util.spec_from_file_location("train_digits_demo", _DEMO)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("train_digits_demo", _DEMO)
 
 
 @pytest.fixture(scope="module")
 def demo():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield _load_demo()
-    torch.set_num_threads(n)
+    with torch_threads(1):
+        yield _load_demo()
 
 
 @pytest.fixture(scope="module")

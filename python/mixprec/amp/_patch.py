@@ -27,46 +27,21 @@ state on exit::
 from __future__ import annotations
 
 import inspect
-import warnings
 from types import TracebackType
 from typing import Any, Callable, Optional
 
 import torch
 
 from ..cuda.amp import GradScaler as _CudaGradScaler
+from ._legacy import DeviceScaler
 from .grad_scaler import GradScaler
 
 __all__ = ["patch_torch", "unpatch_torch", "is_torch_patched"]
 
-_CPU_DEPRECATION = (
-    "`torch.cpu.amp.GradScaler(args...)` is deprecated. "
-    "Please use `torch.amp.GradScaler('cpu', args...)` instead."
-)
-
-
-class _CpuGradScaler(GradScaler, torch.cpu.amp.GradScaler):
+class _CpuGradScaler(DeviceScaler, torch.cpu.amp.GradScaler):
     """mixprec's scaler with ``torch.cpu.amp.GradScaler``'s argument order."""
 
-    def __init__(
-        self,
-        init_scale: float = 2.0**16,
-        growth_factor: float = 2.0,
-        backoff_factor: float = 0.5,
-        growth_interval: int = 2000,
-        enabled: bool = True,
-        **extras: Any,
-    ) -> None:
-        warnings.warn(_CPU_DEPRECATION, FutureWarning, stacklevel=2)
-        GradScaler.__init__(
-            self,
-            "cpu",
-            init_scale=init_scale,
-            growth_factor=growth_factor,
-            backoff_factor=backoff_factor,
-            growth_interval=growth_interval,
-            enabled=enabled,
-            **extras,
-        )
+    _device = "cpu"
 
 
 def _targets() -> list[tuple[type, type]]:

@@ -27,6 +27,7 @@ from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
 from ..optim import flat as _flat
 from . import grads, protocol
+from ._pickling import complete_state
 from .clipping import clip_grad_norm
 from .policies import POLICIES, ScalePolicy, apply_scale_rule, resolve_options
 from .protocol import IterationRecord, record_of
@@ -483,24 +484,5 @@ class GradScaler(torch.amp.GradScaler):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Also accepts the state of a torch.amp.GradScaler (unpickled as
-        # mixprec's under patch_torch()): fill in mixprec's attributes.
-        defaults: dict[str, Any] = {
-            "_policy": "torch",
-            "_allow_fp16_grads": None,
-            "_min_scale": None,
-            "_max_scale": None,
-            "_hysteresis": 1,
-            "_process_group": None,
-            "_init_hysteresis_left": 1,
-            "_hysteresis_left": None,
-        }
-        # pickles of earlier versions kept the last iteration's answer as a bool
-        old_last = state.pop("_mp_last_found", None)
-        state.pop("_mp_host_found", None)
-        if "_mp_last" not in state:
-            state["_mp_last"] = None if old_last is None else IterationRecord({}, bool(old_last))
-        for key, value in defaults.items():
-            state.setdefault(key, value)
-        if "_mp_stats" not in state:
-            state["_mp_stats"] = _StatsTracker()
-        self.__dict__.update(state)
+        # mixprec's under patch_torch()) and older mixprec pickles.
+        self.__dict__.update(complete_state(state))

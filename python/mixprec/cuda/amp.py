@@ -9,22 +9,14 @@ same ``FutureWarning`` (scripts that filter torch's warning filter this one).
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 import torch
 
-from ..amp.grad_scaler import GradScaler as _GradScaler
+from ..amp._legacy import DeviceScaler
 
 __all__ = ["GradScaler"]
 
-_DEPRECATION = (
-    "`torch.cuda.amp.GradScaler(args...)` is deprecated. "
-    "Please use `torch.amp.GradScaler('cuda', args...)` instead."
-)
 
-
-class GradScaler(_GradScaler, torch.cuda.amp.GradScaler):
+class GradScaler(DeviceScaler, torch.cuda.amp.GradScaler):
     """``torch.cuda.amp.GradScaler(init_scale, growth_factor, backoff_factor,
     growth_interval, enabled)`` backed by :class:`mixprec.GradScaler`.
 
@@ -35,25 +27,4 @@ class GradScaler(_GradScaler, torch.cuda.amp.GradScaler):
     ``UserWarning`` and disables itself, as torch's class does.
     """
 
-    def __init__(
-        self,
-        init_scale: float = 2.0**16,
-        growth_factor: float = 2.0,
-        backoff_factor: float = 0.5,
-        growth_interval: int = 2000,
-        enabled: bool = True,
-        **extras: Any,
-    ) -> None:
-        warnings.warn(_DEPRECATION, FutureWarning, stacklevel=2)
-        _GradScaler.__init__(
-            self,
-            "cuda",
-            init_scale=init_scale,
-            growth_factor=growth_factor,
-            backoff_factor=backoff_factor,
-            growth_interval=growth_interval,
-            enabled=enabled,
-            **extras,
-        )
-
-
+    _device = "cuda"

@@ -15,53 +15,18 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+from ._checks import (
+    _check_finite_nonneg,
+    _check_list,
+    _check_norm_args,
+    _check_optim,
+    _check_state,
+    _check_update_args,
+)
 
 
 def _opmath(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _check_state(op: str, name: str, t: Tensor, dtype: torch.dtype, device: torch.device) -> None:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"mixprec.{op}: {name} must be a Tensor, got {type(t).__name__}")
-    if t.layout != torch.strided:
-        raise RuntimeError(f"mixprec.{op}: {name} must be a dense (strided) tensor, got {t.layout}")
-    if t.dtype != dtype:
-        raise RuntimeError(f"mixprec.{op}: {name} must be a {dtype} tensor, got {t.dtype}")
-    if t.numel() != 1:
-        raise RuntimeError(
-            f"mixprec.{op}: {name} must be a one-element tensor, got shape {list(t.shape)}"
-        )
-    if t.device != device:
-        raise RuntimeError(
-            f"mixprec.{op}: {name} must be on {device} (the device of found_inf), got {t.device}"
-        )
-
-
-def _check_list(
-    op: str, name: str, tensors: Sequence[Tensor], device: torch.device, written: bool = False
-) -> None:
-    for i, t in enumerate(tensors):
-        if t.layout != torch.strided:
-            raise RuntimeError(
-                f"mixprec.{op}: {name}[{i}] must be a dense (strided) tensor, got layout {t.layout}"
-            )
-        if t.dtype not in _FLOATS:
-            raise RuntimeError(
-                f"mixprec.{op}: {name}[{i}] must be float32, float16, bfloat16 or float64, "
-                f"got {t.dtype}"
-            )
-        if t.device != device:
-            raise RuntimeError(
-                f"mixprec.{op}: {name}[{i}] is on {t.device} but found_inf is on {device}; "
-                "call the op once per device"
-            )
-        if written and torch._debug_has_internal_overlap(t) == 1:
-            raise RuntimeError(
-                f"mixprec.{op}: {name}[{i}] has internal overlap (e.g. an expanded tensor), so an "
-                "in-place write would touch an element more than once"
-            )
 
 
 def _any_nonfinite(tensors: Sequence[Tensor], found_inf: Tensor) -> None:
@@ -106,21 +71,6 @@ def check_finite_and_norm_(
     return _total_norm(unscaled, norm_type, found_inf.device)
 
 
-def _check_norm_args(
-    op: str,
-    grads: Sequence[Tensor],
-    found_inf: Tensor,
-    inv_scale: Tensor,
-    norm_type: float,
-    written: bool,
-) -> None:
-    _check_state(op, "found_inf", found_inf, torch.float32, found_inf.device)
-    _check_state(op, "inv_scale", inv_scale, torch.float32, found_inf.device)
-    _check_list(op, "grads", grads, found_inf.device, written=written)
-    if not norm_type > 0:
-        raise RuntimeError(f"mixprec.{op}: norm_type must be > 0 or inf, got {norm_type}")
-
-
 def _total_norm(values: Sequence[Tensor], norm_type: float, device: torch.device) -> Tensor:
     """The norm_type-norm of all ``values`` together, accumulated in float64, as float32."""
     norms = [torch.linalg.vector_norm(v.double(), norm_type) for v in values if v.numel() > 0]
@@ -135,27 +85,6 @@ def check_finite_(tensors: Sequence[Tensor], found_inf: Tensor) -> None:
     _check_state(op, "found_inf", found_inf, torch.float32, found_inf.device)
     _check_list(op, "tensors", tensors, found_inf.device)
     _any_nonfinite(tensors, found_inf)
-
-
-def _check_update_args(
-    op: str,
-    scale: Tensor,
-    growth_tracker: Tensor,
-    found_inf: Tensor,
-    growth_interval: int,
-    hysteresis_left: Optional[Tensor] = None,
-) -> None:
-    dev = scale.device
-    _check_state(op, "scale", scale, torch.float32, dev)
-    _check_state(op, "growth_tracker", growth_tracker, torch.int32, dev)
-    if hysteresis_left is not None:
-        _check_state(op, "hysteresis_left", hysteresis_left, torch.int32, dev)
-    _check_state(op, "found_inf", found_inf, torch.float32, dev)
-    if not 1 <= growth_interval <= 2**31 - 1:
-        raise RuntimeError(
-            f"mixprec.{op}: growth_interval must be a positive 32-bit integer, got "
-            f"{growth_interval}"
-        )
 
 
 def update_scale_(
@@ -244,131 +173,7 @@ def update_scale_ext_(
 # Fused optimizers. Same element math as csrc/common/optim_math.h, one torch op
 # per float32 operation so every intermediate is rounded as in the kernels.
 
-_PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _M32 = 0xFFFFFFFF
-
-
-def _check_optim_scalar(
-    op: str, name: str, t: Tensor, device: torch.device, allow_double: bool = False
-) -> None:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"mixprec.{op}: {name} must be a Tensor, got {type(t).__name__}")
-    ok = (torch.float32, torch.float64) if allow_double else (torch.float32,)
-    if t.layout != torch.strided:
-        raise RuntimeError(f"mixprec.{op}: {name} must be a dense (strided) tensor, got {t.layout}")
-    if t.dtype not in ok:
-        kinds = "float32 or float64" if allow_double else "float32"
-        raise RuntimeError(f"mixprec.{op}: {name} must be a {kinds} tensor, got {t.dtype}")
-    if t.numel() != 1:
-        raise RuntimeError(
-            f"mixprec.{op}: {name} must be a one-element tensor, got shape {list(t.shape)}"
-        )
-    if t.device != device:
-        raise RuntimeError(
-            f"mixprec.{op}: {name} must be on {device} (the device of params), got {t.device}"
-        )
-
-
-def _check_optim(
-    op: str,
-    params: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    states: Sequence[tuple[str, Sequence[Tensor], bool]],
-    master_params: Sequence[Tensor],
-    state_steps: Sequence[Tensor],
-    lr: Tensor,
-    scalars: Sequence[tuple[str, Optional[Tensor]]],
-    stochastic_rounding: bool,
-) -> None:
-    n = len(params)
-    if len(grads) != n:
-        raise RuntimeError(f"mixprec.{op}: grads has {len(grads)} tensors but params has {n}")
-    for name, lst, required in states:
-        want = n if required else 0
-        if len(lst) != want:
-            raise RuntimeError(f"mixprec.{op}: {name} must have {want} tensors, got {len(lst)}")
-    if len(master_params) not in (0, n):
-        raise RuntimeError(
-            f"mixprec.{op}: master_params must be empty or have one tensor per param ({n}), "
-            f"got {len(master_params)}"
-        )
-    if len(state_steps) != n:
-        raise RuntimeError(
-            f"mixprec.{op}: state_steps has {len(state_steps)} tensors but params has {n}"
-        )
-    if stochastic_rounding and len(master_params) > 0:
-        raise RuntimeError(
-            f"mixprec.{op}: stochastic_rounding applies to bfloat16 params updated in place; "
-            "it cannot be combined with master_params"
-        )
-    device = params[0].device if n > 0 else lr.device
-    _check_optim_scalar(op, "lr", lr, device, allow_double=True)
-    for name, t in scalars:
-        if t is not None:
-            _check_optim_scalar(op, name, t, device)
-
-    def member(name: str, i: int, t: Tensor, p: Tensor, written: bool = True) -> None:
-        if t.layout != torch.strided:
-            raise RuntimeError(
-                f"mixprec.{op}: {name}[{i}] must be a dense (strided) tensor, got layout "
-                f"{t.layout}; sparse gradients are not supported"
-            )
-        if t.device != device:
-            raise RuntimeError(
-                f"mixprec.{op}: {name}[{i}] is on {t.device} but params[0] is on {device}; "
-                "call the op once per device"
-            )
-        if written and torch._debug_has_internal_overlap(t) == 1:
-            raise RuntimeError(
-                f"mixprec.{op}: {name}[{i}] has internal overlap (e.g. an expanded tensor), so an "
-                "in-place write would touch an element more than once"
-            )
-        if t.shape != p.shape:
-            raise RuntimeError(
-                f"mixprec.{op}: {name}[{i}] has shape {list(t.shape)} but params[{i}] has shape "
-                f"{list(p.shape)}"
-            )
-
-    for i, p in enumerate(params):
-        if p.dtype not in _PARAM_DTYPES:
-            raise RuntimeError(
-                f"mixprec.{op}: params[{i}] must be float32, float16 or bfloat16, got {p.dtype}"
-            )
-        member("params", i, p, p)
-        member("grads", i, grads[i], p, written=False)
-        if grads[i].dtype not in _PARAM_DTYPES:
-            raise RuntimeError(
-                f"mixprec.{op}: grads[{i}] must be float32, float16 or bfloat16, got "
-                f"{grads[i].dtype}"
-            )
-        for name, lst, _ in states:
-            if len(lst) == 0:
-                continue
-            member(name, i, lst[i], p)
-            if lst[i].dtype != torch.float32:
-                raise RuntimeError(f"mixprec.{op}: {name}[{i}] must be float32, got {lst[i].dtype}")
-        if master_params:
-            member("master_params", i, master_params[i], p)
-            if master_params[i].dtype != torch.float32:
-                raise RuntimeError(
-                    f"mixprec.{op}: master_params[{i}] must be float32, got "
-                    f"{master_params[i].dtype}"
-                )
-            if p.dtype == torch.float32:
-                raise RuntimeError(
-                    f"mixprec.{op}: params[{i}] is float32 and needs no master copy; pass "
-                    "float32 params in a call without master_params"
-                )
-        st = state_steps[i]
-        if st.dtype != torch.float32 or st.numel() != 1 or st.layout != torch.strided:
-            raise RuntimeError(
-                f"mixprec.{op}: state_steps[{i}] must be a one-element float32 tensor, got "
-                f"{st.dtype} of shape {list(st.shape)}"
-            )
-        if st.device != device:
-            raise RuntimeError(
-                f"mixprec.{op}: state_steps[{i}] is on {st.device} but params[0] is on {device}"
-            )
 
 
 def _mul32(x: Tensor, c: int) -> Tensor:
@@ -441,23 +246,35 @@ def _f32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32))
 
 
+def _store(dst: Tensor, new: Tensor, keep: Optional[Tensor]) -> None:
+    """``dst = new``, unless ``keep`` (the step's found_inf != 0) holds."""
+    dst.copy_(new if keep is None else torch.where(keep, dst, new))
+
+
+def _keep(found_inf: Optional[Tensor]) -> Optional[Tensor]:
+    return None if found_inf is None else found_inf.reshape(()) != 0
+
+
 def _write_param(
     p: Tensor,
     w: Tensor,
     master: Optional[Tensor],
     keep: Optional[Tensor],
-    sr: bool,
-    key: Optional[Tensor],
+    stochastic_rounding: bool,
+    seed: int,
+    step: Tensor,
+    grad_dtype: torch.dtype,
     base: int,
 ) -> None:
+    """Store the new float32 weights ``w`` of step ``step`` (0-dim) in the master and the param."""
     if master is not None:
-        master.copy_(w if keep is None else torch.where(keep, master, w))
-    if sr and p.dtype == torch.bfloat16:
-        assert key is not None
+        _store(master, w, keep)
+    if stochastic_rounding and p.dtype == torch.bfloat16:
+        key = _sr_key(seed, step.to(torch.int64), _SCALAR_TYPE_CODE[grad_dtype])
         new = _bf16_stochastic(w, key, base)
     else:
         new = w.to(p.dtype)
-    p.copy_(new if keep is None else torch.where(keep, p, new))
+    _store(p, new, keep)
 
 
 def fused_adam_(
@@ -507,25 +324,18 @@ def fused_adam_(
         raise RuntimeError(f"mixprec.{op}: beta1 must be in [0, 1), got {beta1}")
     if not 0.0 <= beta2 < 1.0:
         raise RuntimeError(f"mixprec.{op}: beta2 must be in [0, 1), got {beta2}")
-    if not 0.0 <= weight_decay < float("inf"):
-        raise RuntimeError(
-            f"mixprec.{op}: weight_decay must be a finite number >= 0, got {weight_decay}"
-        )
-    if not 0.0 <= eps < float("inf"):
-        raise RuntimeError(f"mixprec.{op}: eps must be a finite number >= 0, got {eps}")
+    _check_finite_nonneg(op, "weight_decay", weight_decay)
+    _check_finite_nonneg(op, "eps", eps)
     if len(params) == 0:
         return
-    keep = None if found_inf is None else found_inf.reshape(()) != 0
+    keep = _keep(found_inf)
     lr64 = lr.reshape(()).double()
     w1 = _f32(1.0 - beta1)
     w1_rest = _f32(1.0 - w1)
     bases = _sr_bases(params, grads) if stochastic_rounding else [0] * len(params)
     for i, p in enumerate(params):
         if p.numel() == 0:
-            new_step = state_steps[i] + 1
-            state_steps[i].copy_(
-                new_step if keep is None else torch.where(keep, state_steps[i], new_step)
-            )
+            _store(state_steps[i], state_steps[i] + 1, keep)
             continue
         master = master_params[i] if master_params else None
         step_t = state_steps[i].reshape(()) + 1
@@ -555,9 +365,7 @@ def fused_adam_(
         if amsgrad:
             vm_new = torch.maximum(max_exp_avg_sqs[i], v_new)
             vhat = vm_new
-            max_exp_avg_sqs[i].copy_(
-                vm_new if keep is None else torch.where(keep, max_exp_avg_sqs[i], vm_new)
-            )
+            _store(max_exp_avg_sqs[i], vm_new, keep)
         # The kernels' sqrt is IEEE (correctly rounded) on every ISA. torch's
         # float32 CPU sqrt goes through MKL VML (HA mode), whose generic code
         # path (taken e.g. on AMD CPUs) is off by 1 ulp for ~20% of inputs.
@@ -567,17 +375,12 @@ def fused_adam_(
         # rounding midpoint (the square of a midpoint needs 49+ bits).
         denom = vhat.double().sqrt().float() / bc2_sqrt + eps
         w = w + (neg_step * m_new) / denom
-        m.copy_(m_new if keep is None else torch.where(keep, m, m_new))
-        v.copy_(v_new if keep is None else torch.where(keep, v, v_new))
-        sr = stochastic_rounding and p.dtype == torch.bfloat16
-        key = (
-            _sr_key(seed, step_t.to(torch.int64), _SCALAR_TYPE_CODE[grads[i].dtype]) if sr else None
+        _store(m, m_new, keep)
+        _store(v, v_new, keep)
+        _write_param(
+            p, w, master, keep, stochastic_rounding, seed, step_t, grads[i].dtype, bases[i]
         )
-        _write_param(p, w, master, keep, sr, key, bases[i])
-        new_step = state_steps[i] + 1
-        state_steps[i].copy_(
-            new_step if keep is None else torch.where(keep, state_steps[i], new_step)
-        )
+        _store(state_steps[i], state_steps[i] + 1, keep)
 
 
 def fused_sgd_(
@@ -612,12 +415,8 @@ def fused_sgd_(
         [("grad_scale", grad_scale), ("found_inf", found_inf), ("clip_coef", clip_coef)],
         stochastic_rounding,
     )
-    if not 0.0 <= weight_decay < float("inf"):
-        raise RuntimeError(
-            f"mixprec.{op}: weight_decay must be a finite number >= 0, got {weight_decay}"
-        )
-    if not 0.0 <= momentum < float("inf"):
-        raise RuntimeError(f"mixprec.{op}: momentum must be a finite number >= 0, got {momentum}")
+    _check_finite_nonneg(op, "weight_decay", weight_decay)
+    _check_finite_nonneg(op, "momentum", momentum)
     if nesterov and (momentum <= 0 or dampening != 0):
         raise RuntimeError(
             f"mixprec.{op}: nesterov requires momentum > 0 and dampening == 0 "
@@ -625,7 +424,7 @@ def fused_sgd_(
         )
     if len(params) == 0:
         return
-    keep = None if found_inf is None else found_inf.reshape(()) != 0
+    keep = _keep(found_inf)
     neg_lr = (-lr.reshape(()).double()).float()
     bases = _sr_bases(params, grads) if stochastic_rounding else [0] * len(params)
     for i, p in enumerate(params):
@@ -642,16 +441,10 @@ def fused_sgd_(
                 later = later + (1.0 - dampening) * g
                 buf_new = torch.where(step_before == 0, g, later)
                 g = g + momentum * buf_new if nesterov else buf_new
-                buf.copy_(buf_new if keep is None else torch.where(keep, buf, buf_new))
+                _store(buf, buf_new, keep)
             w = w + neg_lr * g
-            sr = stochastic_rounding and p.dtype == torch.bfloat16
-            key = (
-                _sr_key(seed, (step_before + 1).to(torch.int64), _SCALAR_TYPE_CODE[grads[i].dtype])
-                if sr
-                else None
+            _write_param(
+                p, w, master, keep, stochastic_rounding, seed, step_before + 1, grads[i].dtype,
+                bases[i],
             )
-            _write_param(p, w, master, keep, sr, key, bases[i])
-        new_step = state_steps[i] + 1
-        state_steps[i].copy_(
-            new_step if keep is None else torch.where(keep, state_steps[i], new_step)
-        )
+        _store(state_steps[i], state_steps[i] + 1, keep)
