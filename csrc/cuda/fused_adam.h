@@ -95,56 +95,36 @@ void fused_adam_launch(const OpArgs<&fused_adam_>& op_args) {
            k.optional_scalar(grad_scale) && k.optional_scalar(found_inf) &&
            k.optional_scalar(clip_coef);
   };
-  const OptimPlan<AdamSlot::kDepth>* plan = cache.find(visit);
-  std::optional<optim::OptimLists> lists;
-  if (plan == nullptr) {
-    lists.emplace(optim::check_fused_adam_args(op_args, Exec::kBackend));
-    if (params.empty()) {
-      return;
-    }
-  } else {
-    optim::check_adam_hparams(beta1, beta2, weight_decay, eps);
-  }
-  typename Exec::Guard guard(params[0].device());
-  const bool masters = !master_params.empty();
-
-  std::optional<optim::FlatSet> fs;
-  if (plan == nullptr) {
-    plan = &cache.build(visit, [&](OptimPlan<AdamSlot::kDepth>& out) {
-      fs.emplace(*lists);
-      const int vm_view = fs->state_view[2];  // max_exp_avg_sqs (amsgrad)
-      const int master_view = fs->master_view;
-      const std::vector<optim::TensorRefs>& v = fs->views;
-      return build_optim_plan<AdamSlot::kDepth>(
-          *fs, state_steps,
-          [&](size_t i, void* (&a)[AdamSlot::kDepth]) {
-            void* p = v[0][i]->data_ptr();
-            a[AdamSlot::kParam] = p;
-            a[AdamSlot::kGrad] = v[1][i]->data_ptr();
-            a[AdamSlot::kExpAvg] = v[fs->state_view[0]][i]->data_ptr();
-            a[AdamSlot::kExpAvgSq] = v[fs->state_view[1]][i]->data_ptr();
-            a[AdamSlot::kMaxExpAvgSq] = vm_view >= 0 ? v[vm_view][i]->data_ptr() : p;
-            a[AdamSlot::kMaster] = master_view >= 0 ? v[master_view][i]->data_ptr() : p;
-            a[AdamSlot::kStep] = state_steps[i].data_ptr();
-          },
-          out);
-    });
-  }
-
-  AdamKernelArgs args;
-  args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
-  args.k = math::make_adam_consts(beta1, beta2, weight_decay, eps,
-                                  decoupled_weight_decay);
-  args.beta1 = beta1;
-  args.beta2 = beta2;
-  args.weight_decay = weight_decay;
-
-  run_optim_plan<Exec, AdamSlot::kDepth, AdamOp>(*plan, masters, amsgrad,
-                                                 stochastic_rounding, args);
-  if (fs) {
-    fs->finish();
-  }
-  increment_steps<Exec>(plan->steps, args.found_inf);
+  auto fill = [&](const optim::FlatSet& fs, size_t i,
+                  void* (&a)[AdamSlot::kDepth]) {
+    const std::vector<optim::TensorRefs>& v = fs.views;
+    const int vm_view = fs.state_view[2];  // max_exp_avg_sqs (amsgrad)
+    void* p = v[0][i]->data_ptr();
+    a[AdamSlot::kParam] = p;
+    a[AdamSlot::kGrad] = v[1][i]->data_ptr();
+    a[AdamSlot::kExpAvg] = v[fs.state_view[0]][i]->data_ptr();
+    a[AdamSlot::kExpAvgSq] = v[fs.state_view[1]][i]->data_ptr();
+    a[AdamSlot::kMaxExpAvgSq] = vm_view >= 0 ? v[vm_view][i]->data_ptr() : p;
+    a[AdamSlot::kMaster] =
+        fs.master_view >= 0 ? v[fs.master_view][i]->data_ptr() : p;
+    a[AdamSlot::kStep] = state_steps[i].data_ptr();
+  };
+  auto make_args = [&] {
+    AdamKernelArgs args;
+    args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
+    args.k = math::make_adam_consts(beta1, beta2, weight_decay, eps,
+                                    decoupled_weight_decay);
+    args.beta1 = beta1;
+    args.beta2 = beta2;
+    args.weight_decay = weight_decay;
+    return args;
+  };
+  launch_optim<Exec, AdamSlot::kDepth, AdamOp>(
+      cache, visit,
+      [&] { return optim::check_fused_adam_args(op_args, Exec::kBackend); },
+      [&] { optim::check_adam_hparams(beta1, beta2, weight_decay, eps); },
+      fill, make_args, params, master_params, state_steps, amsgrad,
+      stochastic_rounding);
 }
 
 }  // namespace cuda

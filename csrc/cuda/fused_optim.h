@@ -410,5 +410,56 @@ void run_optim_plan(const OptimPlan<Depth>& plan, bool masters, bool option,
   }
 }
 
+// What every fused-optimizer launcher does around its own parts (the key,
+// the checks, the slot wiring, the kernel arguments):
+// - look the call up in `cache` by `visit` (PlanCache, launch_plan.h);
+// - on a miss, run the full argument checks (`check_all`, returning the
+//   lists); on a hit, only the hyper-parameter checks (`check_hparams`);
+// - on a miss, build the plan from the FlatSet of the lists, `fill(fs, i,
+//   addresses)` wiring param i's slots, and store it when it may be reused;
+// - run Op over the plan with the kernel arguments `make_args()` (made after
+//   the checks, so a bad argument gets the checks' message), then increment
+//   the step counts unless found_inf.
+template <class Exec, int Depth, template <typename, typename, bool, bool> class Op,
+          class Visit, class CheckAll, class CheckHparams, class Fill,
+          class MakeArgs>
+void launch_optim(PlanCache<OptimPlan<Depth>>& cache, const Visit& visit,
+                  const CheckAll& check_all, const CheckHparams& check_hparams,
+                  const Fill& fill, const MakeArgs& make_args,
+                  at::TensorList params, at::TensorList master_params,
+                  at::TensorList state_steps, bool option,
+                  bool stochastic_rounding) {
+  const OptimPlan<Depth>* plan = cache.find(visit);
+  std::optional<optim::OptimLists> lists;
+  if (plan == nullptr) {
+    lists.emplace(check_all());
+    if (params.empty()) {
+      return;
+    }
+  } else {
+    check_hparams();
+  }
+  typename Exec::Guard guard(params[0].device());
+  const bool masters = !master_params.empty();
+
+  std::optional<optim::FlatSet> fs;
+  if (plan == nullptr) {
+    plan = &cache.build(visit, [&](OptimPlan<Depth>& out) {
+      fs.emplace(*lists);
+      return build_optim_plan<Depth>(
+          *fs, state_steps,
+          [&](size_t i, void* (&a)[Depth]) { fill(*fs, i, a); }, out);
+    });
+  }
+
+  auto args = make_args();
+  run_optim_plan<Exec, Depth, Op>(*plan, masters, option, stochastic_rounding,
+                                  args);
+  if (fs) {
+    fs->finish();
+  }
+  increment_steps<Exec>(plan->steps, args.found_inf);
+}
+
 }  // namespace cuda
 }  // namespace mixprec

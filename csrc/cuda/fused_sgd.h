@@ -79,50 +79,30 @@ void fused_sgd_launch(const OpArgs<&fused_sgd_>& op_args) {
            k.optional_scalar(grad_scale) && k.optional_scalar(found_inf) &&
            k.optional_scalar(clip_coef);
   };
-  const OptimPlan<SgdSlot::kDepth>* plan = cache.find(visit);
-  std::optional<optim::OptimLists> lists;
-  if (plan == nullptr) {
-    lists.emplace(optim::check_fused_sgd_args(op_args, Exec::kBackend));
-    if (params.empty()) {
-      return;
-    }
-  } else {
-    optim::check_sgd_hparams(weight_decay, momentum, dampening, nesterov);
-  }
-  typename Exec::Guard guard(params[0].device());
-  const bool masters = !master_params.empty();
-
-  std::optional<optim::FlatSet> fs;
-  if (plan == nullptr) {
-    plan = &cache.build(visit, [&](OptimPlan<SgdSlot::kDepth>& out) {
-      fs.emplace(*lists);
-      const int buf_view = fs->state_view[0];  // momentum_buffers (momentum != 0)
-      const int master_view = fs->master_view;
-      const std::vector<optim::TensorRefs>& v = fs->views;
-      return build_optim_plan<SgdSlot::kDepth>(
-          *fs, state_steps,
-          [&](size_t i, void* (&a)[SgdSlot::kDepth]) {
-            void* p = v[0][i]->data_ptr();
-            a[SgdSlot::kParam] = p;
-            a[SgdSlot::kGrad] = v[1][i]->data_ptr();
-            a[SgdSlot::kMomentumBuffer] = buf_view >= 0 ? v[buf_view][i]->data_ptr() : p;
-            a[SgdSlot::kMaster] = master_view >= 0 ? v[master_view][i]->data_ptr() : p;
-            a[SgdSlot::kStep] = state_steps[i].data_ptr();
-          },
-          out);
-    });
-  }
-
-  SgdKernelArgs args;
-  args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
-  args.k = math::make_sgd_consts(weight_decay, momentum, dampening, nesterov);
-
-  run_optim_plan<Exec, SgdSlot::kDepth, SgdOp>(*plan, masters, has_mom,
-                                               stochastic_rounding, args);
-  if (fs) {
-    fs->finish();
-  }
-  increment_steps<Exec>(plan->steps, args.found_inf);
+  auto fill = [&](const optim::FlatSet& fs, size_t i,
+                  void* (&a)[SgdSlot::kDepth]) {
+    const std::vector<optim::TensorRefs>& v = fs.views;
+    const int buf_view = fs.state_view[0];  // momentum_buffers (momentum != 0)
+    void* p = v[0][i]->data_ptr();
+    a[SgdSlot::kParam] = p;
+    a[SgdSlot::kGrad] = v[1][i]->data_ptr();
+    a[SgdSlot::kMomentumBuffer] = buf_view >= 0 ? v[buf_view][i]->data_ptr() : p;
+    a[SgdSlot::kMaster] =
+        fs.master_view >= 0 ? v[fs.master_view][i]->data_ptr() : p;
+    a[SgdSlot::kStep] = state_steps[i].data_ptr();
+  };
+  auto make_args = [&] {
+    SgdKernelArgs args;
+    args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
+    args.k = math::make_sgd_consts(weight_decay, momentum, dampening, nesterov);
+    return args;
+  };
+  launch_optim<Exec, SgdSlot::kDepth, SgdOp>(
+      cache, visit,
+      [&] { return optim::check_fused_sgd_args(op_args, Exec::kBackend); },
+      [&] { optim::check_sgd_hparams(weight_decay, momentum, dampening, nesterov); },
+      fill, make_args, params, master_params, state_steps, has_mom,
+      stochastic_rounding);
 }
 
 }  // namespace cuda
