@@ -187,6 +187,8 @@ def test_grads_are_views_after_every_backward(how: str) -> None:
                 q.copy_(p)
 
 
+# torch warns that create_graph=True makes a param <-> grad reference cycle: expected here.
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True:UserWarning")
 def test_create_graph_grads_are_left_alone() -> None:
     model = make(torch.float32, flat=True)
     model(torch.randn(2, 5)).pow(2).sum().backward(create_graph=True)
