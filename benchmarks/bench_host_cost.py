@@ -1,0 +1,231 @@
+"""Host cost per call of the scaler op and of one optimizer step, mixprec vs torch, on a GPU.
+
+For ``n`` tensors of ``--numel`` elements (default 1,024: the kernels' own work is a few
+microseconds even at 4,000 tensors, so a call costs what the host spends issuing it),
+each case is called ``--calls`` times back to back without a sync, then the device is
+synchronised; the figure is the wall time per call (the median of ``--rounds`` such
+blocks). While the GPU keeps up, that is the host cost of one call. The last columns fit
+``time = fixed + n * per_tensor`` by least squares over n >= 100.
+
+Cases (fp32 unless named):
+
+=====================  ==============================================================
+unscale mixprec.ops    ``mixprec.ops.unscale_and_check_`` (the eager fast entry)
+unscale torch.ops      ``torch.ops.mixprec.unscale_and_check_`` (the dispatcher)
+unscale torch          ``torch._amp_foreach_non_finite_check_and_unscale_``
+adamw mixprec          ``mixprec.optim.AdamW.step()``, fp32 params
+adamw torch fused      ``torch.optim.AdamW(fused=True).step()``, fp32 params
+adamw mixprec fp16+m   ``mixprec.optim.AdamW.step(grad_scale=, found_inf=)``, fp16
+                       params with fp32 masters (the unscale folded in)
+iter mixprec           ``mixprec.GradScaler``: ``step(AdamW)`` + ``update()`` (fp32)
+iter torch             ``torch.amp.GradScaler``: ``step(AdamW fused)`` + ``update()``
+iter mixprec flat      ``iter mixprec`` after ``mixprec.optim.flat_buffers(params)``
+=====================  ==============================================================
+
+Checked once, untimed, on the very objects that are timed: the unscale cases multiply
+the grads by ``inv_scale`` and find a planted inf; every optimizer case moves every
+param; the scaler iterations report 0 host syncs (CUDA's sync debug mode) and leave the
+scale unchanged. A failed check is an error (exit status 1).
+
+    python benchmarks/bench_host_cost.py [--sizes 10,100,1000,2000,4000] [--numel 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+import mixprec
+from _common import (
+    CheckFailed,
+    count_cuda_syncs,
+    header,
+    sync,
+    verify_unscale_fn,
+)
+
+Case = Tuple[Callable[[], None], Callable[[], None]]  # (timed call, untimed check)
+
+
+def _params(n: int, numel: int, dtype: torch.dtype, device: str) -> List[torch.nn.Parameter]:
+    out = []
+    for _ in range(n):
+        p = torch.nn.Parameter(torch.randn(numel, device=device).to(dtype))
+        p.grad = torch.randn(numel, device=device).to(dtype)
+        out.append(p)
+    return out
+
+
+def _moves(params: List[torch.nn.Parameter], step: Callable[[], None], what: str) -> None:
+    before = [p.detach().clone() for p in params]
+    step()
+    still = sum(bool(torch.equal(a, p.detach())) for a, p in zip(before, params))
+    if still:
+        raise CheckFailed(f"{what}: {still} of {len(params)} params did not move")
+
+
+def _no_syncs(step: Callable[[], None], device: str, what: str) -> None:
+    if torch.device(device).type != "cuda":
+        return
+    step()  # state created outside the count
+    with count_cuda_syncs(device) as box:
+        step()
+    if box[0]:
+        raise CheckFailed(f"{what}: {box[0]} host syncs per step (expected 0)")
+
+
+def cases(n: int, numel: int, device: str) -> Dict[str, Case]:
+    """The timed callables for ``n`` tensors, each with its untimed check."""
+    out: Dict[str, Case] = {}
+    grads = [torch.randn(numel, device=device) for _ in range(n)]
+    found_inf = torch.zeros((), device=device)
+    inv = torch.ones((), device=device)  # 1.0: repeated calls leave the grads as they are
+
+    def unscale(fn: Callable[..., None]) -> Case:
+        def call() -> None:
+            fn(grads, found_inf, inv)
+        return call, lambda: verify_unscale_fn(call, grads, found_inf, inv, "unscale")
+
+    out["unscale mixprec.ops"] = unscale(mixprec.ops.unscale_and_check_)
+    out["unscale torch.ops"] = unscale(torch.ops.mixprec.unscale_and_check_)
+    out["unscale torch"] = unscale(torch._amp_foreach_non_finite_check_and_unscale_)
+
+    def optim(opt_fn: Callable[[List[torch.nn.Parameter]], torch.optim.Optimizer],
+              dtype: torch.dtype, what: str, **step_kwargs: torch.Tensor) -> Case:
+        params = _params(n, numel, dtype, device)
+        opt = opt_fn(params)
+
+        def call() -> None:
+            opt.step(**step_kwargs)
+        return call, lambda: _moves(params, call, what)
+
+    out["adamw mixprec"] = optim(lambda p: mixprec.optim.AdamW(p, lr=1e-3), torch.float32,
+                                 "adamw mixprec")
+    out["adamw torch fused"] = optim(lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True),
+                                     torch.float32, "adamw torch fused")
+    scale = torch.full((), 1024.0, device=device)
+    no_inf = torch.zeros((), device=device)
+    out["adamw mixprec fp16+m"] = optim(lambda p: mixprec.optim.AdamW(p, lr=1e-3),
+                                        torch.float16, "adamw mixprec fp16+m",
+                                        grad_scale=scale, found_inf=no_inf)
+
+    def iteration(scaler: object, opt_fn: Callable[[List[torch.nn.Parameter]],
+                                                   torch.optim.Optimizer],
+                  flat: bool, what: str) -> Case:
+        params = _params(n, numel, torch.float32, device)
+        if flat:
+            mixprec.optim.flat_buffers(params)  # params and grads become views
+        opt = opt_fn(params)
+        scaler.scale(torch.ones((), device=device))  # type: ignore[attr-defined]
+
+        def call() -> None:
+            scaler.step(opt)  # type: ignore[attr-defined]
+            scaler.update()  # type: ignore[attr-defined]
+
+        def check() -> None:
+            s0 = float(scaler.get_scale())  # type: ignore[attr-defined]
+            _moves(params, call, what)
+            _no_syncs(call, device, what)
+            if float(scaler.get_scale()) != s0:  # type: ignore[attr-defined]
+                raise CheckFailed(f"{what}: the scale changed without an overflow")
+        return call, check
+
+    out["iter mixprec"] = iteration(mixprec.GradScaler(device, init_scale=1.0),
+                                    lambda p: mixprec.optim.AdamW(p, lr=1e-3), False,
+                                    "iter mixprec")
+    out["iter torch"] = iteration(torch.amp.GradScaler(device, init_scale=1.0),
+                                  lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True), False,
+                                  "iter torch")
+    out["iter mixprec flat"] = iteration(mixprec.GradScaler(device, init_scale=1.0),
+                                         lambda p: mixprec.optim.AdamW(p, lr=1e-3), True,
+                                         "iter mixprec flat")
+    return out
+
+
+def per_call_us(fn: Callable[[], None], device: str, calls: int, rounds: int) -> float:
+    """Median over ``rounds`` blocks of wall microseconds per call, ``calls`` calls issued
+    back to back and one sync per block."""
+    fn()
+    sync(device)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(times)
+
+
+def fit(sizes: List[int], times: List[float]) -> Tuple[float, float]:
+    """Least-squares ``fixed + n * per_tensor`` over the sizes >= 100."""
+    pts = [(n, t) for n, t in zip(sizes, times) if n >= 100]
+    if len(pts) < 2:
+        return float("nan"), float("nan")
+    mn = sum(n for n, _ in pts) / len(pts)
+    mt = sum(t for _, t in pts) / len(pts)
+    per = (sum((n - mn) * (t - mt) for n, t in pts)
+           / sum((n - mn) ** 2 for n, _ in pts))
+    return mt - per * mn, per
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--sizes", default="10,100,1000,2000,4000")
+    ap.add_argument("--numel", type=int, default=1024)
+    ap.add_argument("--calls", type=int, default=50, help="calls per timed block")
+    ap.add_argument("--rounds", type=int, default=15, help="timed blocks per figure")
+    ap.add_argument("--cases", default=None, help="comma-separated case names (default all)")
+    args = ap.parse_args(argv)
+    if args.device != "cuda" or not torch.cuda.is_available():
+        print("bench_host_cost: needs a CUDA device (the figure is the host cost of "
+              "issuing GPU work); on CPU see bench_launch_plan.py", file=sys.stderr)
+        return 2
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(header(f"bench_host_cost: wall us per call, {args.numel}-element fp32 tensors, "
+                 f"{args.calls} calls per block, median of {args.rounds} blocks", args.device))
+    table: Dict[str, List[float]] = {}
+    failed: List[str] = []
+    for n in sizes:
+        for name, (call, check) in cases(n, args.numel, args.device).items():
+            if args.cases and name not in args.cases.split(","):
+                continue
+            try:
+                check()
+            except CheckFailed as exc:
+                failed.append(f"n={n} {name}: {exc}")
+                table.setdefault(name, []).append(float("nan"))
+                continue
+            table.setdefault(name, []).append(per_call_us(call, args.device, args.calls,
+                                                          args.rounds))
+        torch.cuda.empty_cache()
+    width = max(len(k) for k in table)
+    print(f"{'case':<{width}} " + " ".join(f"{n:>9}" for n in sizes)
+          + "  fixed us  us/tensor")
+    for name, times in table.items():
+        fixed, per = fit(sizes, times)
+        print(f"{name:<{width}} " + " ".join(f"{t:>9.1f}" for t in times)
+              + f"  {fixed:>8.2f}  {per:>9.4f}")
+    ref = table.get("unscale torch")
+    for name in ("unscale mixprec.ops", "unscale torch.ops"):
+        if ref and name in table:
+            print(f"ratio {name} / unscale torch: "
+                  + " ".join(f"{a / b:.2f}" for a, b in zip(table[name], ref)))
+    for a, b in (("adamw mixprec", "adamw torch fused"), ("iter mixprec", "iter torch"),
+                 ("iter mixprec flat", "iter torch")):
+        if a in table and b in table:
+            print(f"ratio {a} / {b}: "
+                  + " ".join(f"{x / y:.2f}" for x, y in zip(table[a], table[b])))
+    for line in failed:
+        print(f"!! {line}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
