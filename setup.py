@@ -172,6 +172,26 @@ def _version() -> str:
     return match.group(1)
 
 
+def _openmp_flags(cxx_version: str) -> list[str]:
+    """``-fopenmp`` where torch runs ``at::parallel_for`` on OpenMP and the compiler is GCC.
+
+    ``at::parallel_for`` is a header template: compiled without the flag, every loop of
+    the CPU kernels runs on the calling thread, whatever ``torch.set_num_threads`` says.
+    GCC's runtime is the one torch's Linux builds use (the link names ``libgomp.so.1``,
+    which resolves to the copy torch has already loaded: one thread pool); another
+    compiler's OpenMP runtime would be a second pool, so it gets no flag and serial loops.
+    """
+    import torch
+
+    config = Path(torch.__file__).parent / "include" / "ATen" / "Config.h"
+    try:
+        omp = "#define AT_PARALLEL_OPENMP 1" in config.read_text()
+    except OSError:
+        omp = False
+    gcc = sys.platform.startswith("linux") and "clang" not in cxx_version.lower()
+    return ["-fopenmp"] if omp and gcc else []
+
+
 def _sources(with_cuda: bool) -> list[str]:
     # csrc/cuda_emulation/ (the CUDA launchers run on the CPU, for tests) is
     # built into every variant, CPU-only included, and only into _C.
@@ -241,7 +261,8 @@ def _extensions() -> tuple[list, dict]:
         f"  CUDA kernels  {'yes' if with_cuda else 'no'} ({reason})\n"
         f"  C++ compiler  {cxx_path} ({cxx_version or 'version unknown'})\n"
         f"  nvcc          {nvcc or 'not found'}{f' ({nvcc_version})' if nvcc_version else ''}\n"
-        f"  archs         {archs or '-'}",
+        f"  archs         {archs or '-'}\n"
+        f"  CPU threads   {'OpenMP (-fopenmp)' if _openmp_flags(cxx_version) else 'serial loops'}",
         flush=True,
     )
 
@@ -261,8 +282,10 @@ def _extensions() -> tuple[list, dict]:
     )
     include_dirs = [str(ROOT / "csrc"), str(ROOT / "csrc" / "include"), str(gen_dir)]
     cxx_flags = ["-O3", "-fvisibility=hidden", "-ffp-contract=off"]
+    openmp = _openmp_flags(cxx_version)
+    cxx_flags += openmp
     ext_cls = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension
-    kwargs: dict = {"extra_compile_args": {"cxx": cxx_flags}}
+    kwargs: dict = {"extra_compile_args": {"cxx": cxx_flags}, "extra_link_args": openmp}
     if with_cuda:
         kwargs["extra_compile_args"]["nvcc"] = ["-O3", "-lineinfo", "--fmad=false"]
     ext = ext_cls(

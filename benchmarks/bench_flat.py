@@ -43,14 +43,10 @@ def _time_us(fn: Callable[[], None], min_run_time: float) -> float:
 def _setup(n: int, numel: int, dtype: torch.dtype, flat: bool
            ) -> Tuple[List[torch.nn.Parameter], mixprec.optim.AdamW, mixprec.GradScaler]:
     params = [torch.nn.Parameter(torch.randn(numel).to(dtype)) for _ in range(n)]
-    if flat:
-        mixprec.optim.flat_buffers(params)
     for p in params:
         p.grad = torch.randn(numel).to(dtype)
-    if flat:  # the hook puts grads into the views after a backward; here, by hand
-        for p, g in zip(params, flat_mod._PARAMS[id(params[0])][0]().grad_views):
-            g.copy_(p.grad)
-            p.grad = g
+    if flat:  # params and grads (their values kept) become views of the buffers
+        mixprec.optim.flat_buffers(params)
     opt = mixprec.optim.AdamW(params, lr=1e-3)
     scaler = mixprec.GradScaler("cpu", init_scale=1.0)
     scaler.scale(torch.ones(()))  # creates the scale

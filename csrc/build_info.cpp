@@ -1,5 +1,9 @@
 #include "mixprec/build_info.h"
 
+#include <ATen/Parallel.h>
+
+#include <atomic>
+
 #include "cpu/span_kernels.h"
 #include "mixprec_build_config.h"
 
@@ -18,6 +22,16 @@ BuildInfo build_info() {
 
 std::string cpu_capability() {
   return cpu::span_kernels().name;
+}
+
+int cpu_kernel_threads() {
+  // One item per thread: each thread of the team runs one chunk, a serial
+  // at::parallel_for runs one chunk of all.
+  std::atomic<int> chunks{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    chunks.fetch_add(1, std::memory_order_relaxed);
+  });
+  return chunks.load();
 }
 
 }  // namespace mixprec

@@ -39,6 +39,31 @@ def require_below_native(cap: str) -> None:
         pytest.skip(f"{cap} is not below this machine's {native}")
 
 
+def test_cpu_kernels_run_on_torchs_threads() -> None:
+    """The CPU kernels' ``at::parallel_for`` runs on torch's thread pool: the extension is
+    compiled for torch's OpenMP (setup.py ``_openmp_flags``), so with 2 threads its loops
+    run in 2 chunks, with 1 in 1. Compiled without ``-fopenmp`` they would run serially
+    (1 chunk) whatever ``torch.set_num_threads`` says, as every build before did."""
+    if not mixprec.has_extension():
+        pytest.skip("needs the compiled extension")
+    import torch
+
+    from mixprec.ops._extension import _C
+
+    config = (Path(torch.__file__).parent / "include" / "ATen" / "Config.h").read_text()
+    clang = "clang" in str(getattr(_C, "cxx_compiler_version", "")).lower()
+    parallel = ("#define AT_PARALLEL_OPENMP 1" in config and not clang) \
+        or "#define AT_PARALLEL_NATIVE 1" in config
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert _C.cpu_kernel_threads() == (2 if parallel else 1)
+        torch.set_num_threads(1)
+        assert _C.cpu_kernel_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("cap", ORDER[:-1])
 def test_op_suite_with_capability(cap: str) -> None:
     require_below_native(cap)

@@ -34,9 +34,16 @@ PyObject* cpu_capability(PyObject* /*self*/, PyObject* /*args*/) {
   return PyUnicode_FromString(mixprec::cpu_capability().c_str());
 }
 
+PyObject* cpu_kernel_threads(PyObject* /*self*/, PyObject* /*args*/) {
+  return PyLong_FromLong(mixprec::cpu_kernel_threads());
+}
+
 PyMethodDef methods[] = {
     {"cpu_capability", cpu_capability, METH_NOARGS,
      "The CPU kernel set chosen for this machine (avx512, avx2 or default)."},
+    {"cpu_kernel_threads", cpu_kernel_threads, METH_NOARGS,
+     "How many threads the CPU kernels' loops run on now (1 when built without "
+     "torch's parallel backend)."},
 #define MIXPREC_FAST_ENTRY_(op)                                         \
   {"fast_" #op, fast<OpInfo<&mixprec::op>::kName, OpSig<&mixprec::op>>,  \
    METH_VARARGS, nullptr},

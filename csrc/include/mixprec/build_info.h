@@ -22,4 +22,10 @@ BuildInfo build_info();
 // "default" (capped by MIXPREC_CPU_CAPABILITY / ATEN_CPU_CAPABILITY).
 std::string cpu_capability();
 
+// How many threads the CPU kernels' loops run on now: at::get_num_threads()
+// where the library was compiled for torch's parallel backend (with OpenMP,
+// -fopenmp: at::parallel_for is a header template that runs serially in code
+// compiled without it), else 1.
+int cpu_kernel_threads();
+
 }  // namespace mixprec

@@ -82,23 +82,34 @@ def _fast_entry(name: str) -> Optional[Callable[..., Any]]:
 # op's own host work. It answers NotImplemented for arguments it does not take
 # (tensor subclasses, TorchFunctionModes, ...), and is skipped while
 # torch.compile traces (dynamo sees torch.ops.mixprec.<op>).
-_FAST: dict[str, Optional[Callable[..., Any]]] = {}
-_MISSING: Any = object()
+_Route = tuple[Optional[Callable[..., Any]], Callable[..., Any]]
+#: (op, device) -> (fast entry or None, the op otherwise): the extension's state is fixed
+#: at import, so the route is decided once per device (keyed by the device itself:
+#: ``device.type`` costs more than the whole lookup; the first call on a device without
+#: kernels warns).
+_ROUTES: dict[tuple[str, torch.device], _Route] = {}
+
+
+def _route(name: str, device: torch.device) -> _Route:
+    key = (name, device)
+    route = _ROUTES.get(key)
+    if route is None:
+        if _compiled_kernels_for(device):
+            route = (_fast_entry(name), getattr(torch.ops.mixprec, name))
+        else:
+            route = (None, getattr(_reference, name))
+        _ROUTES[key] = route
+    return route
 
 
 def _call(name: str, device: torch.device, *args: Any) -> Any:
     """Run op ``name`` on ``args`` (all positional) with the kernels for ``device``."""
-    if not _compiled_kernels_for(device):
-        return getattr(_reference, name)(*args)
-    if not torch.compiler.is_compiling():
-        fast = _FAST.get(name, _MISSING)
-        if fast is _MISSING:
-            fast = _FAST[name] = _fast_entry(name)
-        if fast is not None:
-            out = fast(*args)
-            if out is not NotImplemented:
-                return out
-    return getattr(torch.ops.mixprec, name)(*args)
+    fast, op = _route(name, device)
+    if fast is not None and not torch.compiler.is_compiling():
+        out = fast(*args)
+        if out is not NotImplemented:
+            return out
+    return op(*args)
 
 
 def unscale_and_check_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:

@@ -21,8 +21,10 @@ group. It owns what Adam, AdamW and SGD have in common:
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from itertools import chain
+import operator
+from itertools import chain, repeat
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -34,6 +36,33 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 Bucket = Dict[str, List[Tensor]]
+BucketKey = Tuple[torch.device, bool]
+
+_get_grad = operator.attrgetter("grad")
+_get_layout = operator.attrgetter("layout")
+_data_ptr = Tensor.data_ptr
+#: bucket list -> the state key its tensors come from
+_STATE_KEY = {"state_steps": "step", "master_params": "master_param"}
+
+
+@dataclasses.dataclass
+class _GroupPlan:
+    """The op's tensor lists of one param group as :meth:`FusedOptimizer._buckets` built
+    them, and everything they were built from, so that a later step with the same params,
+    the same state tensors and grads in the same places reuses them (the grads are read
+    afresh every step). See :meth:`FusedOptimizer._reuse`."""
+
+    group: Dict[str, Any]
+    state: Any  # the optimizer's ``state`` mapping itself
+    names: List[str]
+    master_weights: Any
+    param_ids: List[int]
+    param_ptrs: List[int]
+    no_grad: List[bool]  # per param: grad was None
+    states: List[Any]  # per param: its state dict, or None
+    # per bucket: (key, lists without "grads", positions in the group (None: all, in
+    # order), their state dicts)
+    buckets: List[Tuple[BucketKey, Bucket, Optional[List[int]], List[Dict[str, Any]]]]
 
 
 def _check_nonneg(cls: str, name: str, value: Any) -> None:
@@ -59,6 +88,7 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Any, defaults: Dict[str, Any]) -> None:
         self._lr_cache: Dict[Tuple[int, torch.device], Tuple[float, Tensor]] = {}
+        self._plans: Dict[int, _GroupPlan] = {}
         super().__init__(params, defaults)
 
     # -- hooks for subclasses -------------------------------------------------
@@ -85,10 +115,16 @@ class FusedOptimizer(torch.optim.Optimizer):
         super().__setstate__(state)
         if not hasattr(self, "_lr_cache"):
             self._lr_cache = {}
+        self._plans = {}
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 if key != "params":
                     group.setdefault(key, value)
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """As :meth:`torch.optim.Optimizer.add_param_group`."""
+        self.__dict__.get("_plans", {}).clear()
+        super().add_param_group(param_group)
 
     def _wants_master(self, p: Tensor, group: Dict[str, Any]) -> bool:
         return bool(group.get("master_weights", True)) and p.dtype in _LOW_PRECISION
@@ -207,14 +243,25 @@ class FusedOptimizer(torch.optim.Optimizer):
             self._lr_cache[key] = (value, cached[1])
         return cached[1]
 
-    def _buckets(self, group: Dict[str, Any]) -> Dict[Tuple[torch.device, bool], Bucket]:
+    def _buckets(self, index: int, group: Dict[str, Any]) -> Dict[BucketKey, Bucket]:
         """The group's params with a grad, as the op's tensor lists per (device, has master).
 
-        Checks the grads and dtypes and creates missing state (:meth:`_init_state`).
+        The lists of the last step are reused when :meth:`_reuse` finds nothing changed;
+        else they are built here: the grads and dtypes are checked and missing state is
+        created (:meth:`_init_state`).
         """
+        buckets: Dict[BucketKey, Bucket] = _flat.whole_group(self, group)
+        if buckets:  # flat-buffer mode: no per-param loop
+            return buckets
+        compiling = torch.compiler.is_compiling()
+        if not compiling:
+            reused = self._reuse(index, group)
+            if reused is not None:
+                return reused
         names = self._state_names(group)
-        buckets: Dict[Tuple[torch.device, bool], Bucket] = _flat.whole_group(self, group)
-        for p in () if buckets else group["params"]:  # flat-buffer mode: no per-param loop
+        positions: Dict[BucketKey, List[int]] = {}
+        dicts: Dict[BucketKey, List[Dict[str, Any]]] = {}
+        for k, p in enumerate(group["params"]):
             if p.grad is None:
                 continue
             if p.grad.is_sparse:
@@ -228,9 +275,9 @@ class FusedOptimizer(torch.optim.Optimizer):
                 )
             state = self._init_state(p, group)
             master = state.get("master_param") if self._wants_master(p, group) else None
-            b = buckets.setdefault((p.device, master is not None),
-                                   {"params": [], "grads": [], "master_params": [],
-                                    "state_steps": [], **{n: [] for n in names}})
+            key = (p.device, master is not None)
+            b = buckets.setdefault(key, {"params": [], "grads": [], "master_params": [],
+                                         "state_steps": [], **{n: [] for n in names}})
             b["params"].append(p)
             b["grads"].append(p.grad)
             b["state_steps"].append(state["step"])
@@ -238,11 +285,75 @@ class FusedOptimizer(torch.optim.Optimizer):
                 b[n].append(state[n])
             if master is not None:
                 b["master_params"].append(master)
+            positions.setdefault(key, []).append(k)
+            dicts.setdefault(key, []).append(state)
+        if not compiling:
+            self._remember(index, group, names, buckets, positions, dicts)
         return buckets
+
+    def _remember(self, index: int, group: Dict[str, Any], names: List[str],
+                  buckets: Dict[BucketKey, Bucket], positions: Dict[BucketKey, List[int]],
+                  dicts: Dict[BucketKey, List[Dict[str, Any]]]) -> None:
+        params = group["params"]
+        grads = list(map(_get_grad, params))
+        self._plans[index] = _GroupPlan(
+            group=group, state=self.state, names=list(names),
+            master_weights=group.get("master_weights", True),
+            param_ids=list(map(id, params)), param_ptrs=list(map(_data_ptr, params)),
+            no_grad=list(map(operator.is_, grads, repeat(None))),
+            states=list(map(self.state.get, params)),
+            buckets=[(key, {n: v for n, v in b.items() if n != "grads"},
+                      None if len(positions[key]) == len(params) else positions[key],
+                      dicts[key]) for key, b in buckets.items()])
+
+    def _reuse(self, index: int, group: Dict[str, Any]) -> Optional[Dict[BucketKey, Bucket]]:
+        """Last step's lists with this step's grads, or None when anything they were built
+        from changed.
+
+        Checked every step, at C speed (``map`` over the params): the same group, state
+        mapping, state names and ``master_weights``; the same param objects with the same
+        data pointers (so the same dtype, device and storage: a replaced ``.data`` misses);
+        a grad exactly where there was one, each dense; the same state dict per param; and
+        every state tensor (moments, step count, master) the very tensor listed. Anything
+        else returns None and the lists are rebuilt. Tensors changed in place keep their
+        identity and are read afresh by the kernels; sizes, dtypes and devices of grads
+        are checked by the op.
+        """
+        plan = self._plans.get(index)
+        if plan is None or plan.group is not group or plan.state is not self.state:
+            return None
+        params = group["params"]
+        if (plan.master_weights != group.get("master_weights", True)
+                or plan.param_ids != list(map(id, params))
+                or plan.param_ptrs != list(map(_data_ptr, params))):
+            return None
+        grads = list(map(_get_grad, params))
+        if plan.no_grad != list(map(operator.is_, grads, repeat(None))):
+            return None
+        if plan.names != self._state_names(group):
+            return None
+        if not all(map(operator.is_, map(self.state.get, params), plan.states)):
+            return None
+        out: Dict[BucketKey, Bucket] = {}
+        for key, lists, ks, dicts in plan.buckets:
+            for name, tensors in lists.items():
+                if name == "params" or not tensors:  # (no masters: an empty list)
+                    continue
+                getter = operator.itemgetter(_STATE_KEY.get(name, name))
+                try:
+                    if not all(map(operator.is_, map(getter, dicts), tensors)):
+                        return None
+                except KeyError:
+                    return None
+            bucket_grads = grads if ks is None else [grads[k] for k in ks]
+            if set(map(_get_layout, bucket_grads)) - {torch.strided}:
+                return None  # a sparse grad: the build reports it
+            out[key] = {**lists, "grads": bucket_grads}
+        return out
 
     def _step_group(self, index: int, group: Dict[str, Any], grad_scale: Optional[Tensor],
                     found_inf: Optional[Tensor], clip_coef: Optional[Tensor]) -> None:
-        buckets = self._buckets(group)
+        buckets = self._buckets(index, group)
         moved: Dict[Tuple[str, torch.device], Optional[Tensor]] = {}
 
         def on(name: str, t: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
@@ -277,6 +388,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         saved_groups = state_dict["param_groups"]
         super().load_state_dict(state_dict)
         self._lr_cache = {}
+        self._plans = {}
         id_map = dict(zip(chain.from_iterable(g["params"] for g in saved_groups),
                           chain.from_iterable(g["params"] for g in self.param_groups)))
         group_of = {id(p): g for g in self.param_groups for p in g["params"]}

@@ -1,0 +1,360 @@
+"""The optimizers' tensor lists are reused across steps only while nothing they were built
+from changed (``FusedOptimizer._reuse``), and the scaler's grad collection takes its
+C-speed path only for what the per-param loop would give the same answer for.
+
+Each case runs two optimizers on identical params side by side: one as shipped (reuse
+on) and a twin whose ``_reuse`` always answers None (the lists rebuilt every step, the
+path every step took before reuse existed). Between step 1 and step 2 the same change is
+made to both; after step 2 (and step 3, unchanged) the params and the whole optimizer
+state must be bitwise equal, and the reuse must have happened exactly where it is
+allowed. Any change the check missed would make the shipped optimizer update stale
+tensors, and these comparisons fail.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Dict, List, Optional
+
+import pytest
+import torch
+
+import mixprec
+from _helpers import all_bitwise_equal
+from mixprec.amp import grads as grads_mod
+
+Params = List[torch.nn.Parameter]
+Change = Callable[[torch.optim.Optimizer, Params, torch.Generator], None]
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float32)
+SHAPES = ((5, 3), (7,), (2, 2, 2), (0,))
+
+
+def _randn(shape: Any, gen: torch.Generator, device: str) -> torch.Tensor:
+    return torch.randn(shape, generator=gen).to(device)
+
+
+def _setup(device: str, seed: int) -> Params:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(_randn(s, gen, device).to(dt)) for s, dt in zip(SHAPES, DTYPES)]
+
+
+def _set_grads(params: Params, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = _randn(p.shape, gen, str(p.device)).to(p.dtype)
+
+
+class Spy:
+    """Counts the steps whose lists were reused."""
+
+    def __init__(self, opt: mixprec.optim.FusedOptimizer) -> None:
+        self.hits = 0
+        inner = opt._reuse
+
+        def reuse(index: int, group: Dict[str, Any]) -> Optional[Any]:
+            out = inner(index, group)
+            self.hits += out is not None
+            return out
+        opt._reuse = reuse  # type: ignore[method-assign]
+
+
+def _pair(make: Callable[[Params], mixprec.optim.FusedOptimizer], device: str):
+    a, b = _setup(device, 0), _setup(device, 0)
+    oa, ob = make(a), make(b)
+    ob._reuse = lambda index, group: None  # type: ignore[method-assign]
+    return a, oa, b, ob
+
+
+def _state_tensors(opt: torch.optim.Optimizer, params: Params) -> List[torch.Tensor]:
+    out = []
+    for p in params:
+        st = opt.state.get(p, {})
+        out += [st[k] for k in sorted(st) if isinstance(st[k], torch.Tensor)]
+    return out
+
+
+def _assert_same(a: Params, oa: torch.optim.Optimizer, b: Params,
+                 ob: torch.optim.Optimizer) -> None:
+    assert all_bitwise_equal([p.detach() for p in a], [p.detach() for p in b])
+    assert all_bitwise_equal(_state_tensors(oa, a), _state_tensors(ob, b))
+
+
+def _params_of(opt: torch.optim.Optimizer) -> Params:
+    return [p for g in opt.param_groups for p in g["params"]]
+
+
+# -- the changes made between two steps -------------------------------------------------
+
+
+def _nothing(opt: Any, params: Params, gen: torch.Generator) -> None:
+    pass
+
+
+def _state_in_place(opt: Any, params: Params, gen: torch.Generator) -> None:
+    for p in params:
+        for t in opt.state[p].values():
+            if isinstance(t, torch.Tensor) and t.numel():
+                t.mul_(0.5)
+
+
+def _first_state_name(opt: Any) -> str:
+    return "momentum_buffer" if isinstance(opt, mixprec.optim.SGD) else "exp_avg"
+
+
+def _state_tensor_replaced(opt: Any, params: Params, gen: torch.Generator) -> None:
+    name = _first_state_name(opt)
+    st = opt.state[params[0]]
+    st[name] = st[name] * 2 + 1
+
+
+def _step_replaced(opt: Any, params: Params, gen: torch.Generator) -> None:
+    opt.state[params[0]]["step"] = torch.full((), 40.0, device=params[0].device)
+
+
+def _master_replaced(opt: Any, params: Params, gen: torch.Generator) -> None:
+    st = opt.state[params[1]]  # the float16 param
+    st["master_param"] = st["master_param"] + 0.25
+
+
+def _state_dict_replaced(opt: Any, params: Params, gen: torch.Generator) -> None:
+    p = params[2]
+    opt.state[p] = {k: (v * 3 if isinstance(v, torch.Tensor) and k != "step" else v.clone())
+                    for k, v in opt.state[p].items()}
+
+
+def _state_cleared(opt: Any, params: Params, gen: torch.Generator) -> None:
+    opt.state.clear()
+
+
+def _one_state_deleted(opt: Any, params: Params, gen: torch.Generator) -> None:
+    del opt.state[params[0]]
+
+
+def _data_replaced(opt: Any, params: Params, gen: torch.Generator) -> None:
+    params[0].data = params[0].data.clone() + 1
+
+
+def _dtype_changed(opt: Any, params: Params, gen: torch.Generator) -> None:
+    p = params[0]  # float32 -> bfloat16: from now on it needs a master
+    p.data = p.data.to(torch.bfloat16)
+    p.grad = None
+
+
+def _grad_none(opt: Any, params: Params, gen: torch.Generator) -> None:
+    params[1].grad = None
+
+
+def _param_appended(opt: Any, params: Params, gen: torch.Generator) -> None:
+    p = torch.nn.Parameter(_randn((4,), gen, str(params[0].device)))
+    opt.param_groups[0]["params"].append(p)
+
+
+def _param_removed(opt: Any, params: Params, gen: torch.Generator) -> None:
+    opt.param_groups[0]["params"].pop(2)
+
+
+def _params_reordered(opt: Any, params: Params, gen: torch.Generator) -> None:
+    ps = opt.param_groups[0]["params"]
+    ps[0], ps[2] = ps[2], ps[0]
+
+
+def _group_added(opt: Any, params: Params, gen: torch.Generator) -> None:
+    p = torch.nn.Parameter(_randn((3, 3), gen, str(params[0].device)).half())
+    opt.add_param_group({"params": [p]})
+
+
+def _master_weights_off(opt: Any, params: Params, gen: torch.Generator) -> None:
+    opt.param_groups[0]["master_weights"] = False
+
+
+def _amsgrad_on(opt: Any, params: Params, gen: torch.Generator) -> None:
+    opt.param_groups[0]["amsgrad"] = True
+
+
+def _momentum_on(opt: Any, params: Params, gen: torch.Generator) -> None:
+    opt.param_groups[0]["momentum"] = 0.9
+
+
+def _state_dict_loaded(opt: Any, params: Params, gen: torch.Generator) -> None:
+    sd = copy.deepcopy(opt.state_dict())
+    for st in sd["state"].values():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor) and k != "step":
+                v.add_(0.125)
+    opt.load_state_dict(sd)
+
+
+COMMON: Dict[str, Change] = {
+    "nothing": _nothing,
+    "state changed in place": _state_in_place,
+    "state tensor replaced": _state_tensor_replaced,
+    "step count replaced": _step_replaced,
+    "master replaced": _master_replaced,
+    "state dict replaced": _state_dict_replaced,
+    "state cleared": _state_cleared,
+    "one state deleted": _one_state_deleted,
+    "param data replaced": _data_replaced,
+    "param dtype changed": _dtype_changed,
+    "a grad set to None": _grad_none,
+    "param appended": _param_appended,
+    "param removed": _param_removed,
+    "params reordered": _params_reordered,
+    "param group added": _group_added,
+    "master_weights switched off": _master_weights_off,
+    "state dict loaded": _state_dict_loaded,
+}
+# the changes after which the lists may (must) be reused
+REUSED = {"nothing", "state changed in place"}
+
+OPTIMIZERS: Dict[str, Callable[[Params], mixprec.optim.FusedOptimizer]] = {
+    "AdamW": lambda ps: mixprec.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+    "Adam amsgrad": lambda ps: mixprec.optim.Adam(ps, lr=1e-2, amsgrad=True),
+    "SGD momentum": lambda ps: mixprec.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True),
+}
+EXTRA: Dict[str, Dict[str, Change]] = {
+    "AdamW": {"amsgrad switched on": _amsgrad_on},
+    "SGD momentum": {},
+    "Adam amsgrad": {},
+}
+SGD_PLAIN: Dict[str, Change] = {"momentum switched on": _momentum_on}
+
+CASES = [(o, c, f) for o in OPTIMIZERS for c, f in {**COMMON, **EXTRA[o]}.items()]
+
+
+@pytest.mark.parametrize("opt_name,change_name,change", CASES,
+                         ids=[f"{o}-{c}" for o, c, _ in CASES])
+def test_a_change_is_never_missed(device: str, opt_name: str, change_name: str,
+                                  change: Change) -> None:
+    a, oa, b, ob = _pair(OPTIMIZERS[opt_name], device)
+    spy = Spy(oa)
+    for seed in (1, 2):  # the second step may reuse step 1's lists
+        _set_grads(a, seed)
+        _set_grads(b, seed)
+        oa.step()
+        ob.step()
+    _assert_same(a, oa, b, ob)
+    assert spy.hits == 1
+    change(oa, a, torch.Generator().manual_seed(7))
+    change(ob, b, torch.Generator().manual_seed(7))
+    spy.hits = 0
+    for seed in (3, 4):
+        for pa, pb in zip(_params_of(oa), _params_of(ob)):
+            if pa.grad is not None or seed == 4 or change_name != "a grad set to None":
+                g = torch.Generator().manual_seed(seed * 1000 + pa.numel())
+                gr = _randn(pa.shape, g, device)
+                pa.grad, pb.grad = gr.to(pa.dtype), gr.clone().to(pb.dtype)
+        oa.step()
+        ob.step()
+        _assert_same(_params_of(oa), oa, _params_of(ob), ob)
+    groups = len(oa.param_groups)
+    if change_name in REUSED:
+        assert spy.hits == 2 * groups, "an unchanged group must reuse its lists"
+    else:
+        # the step right after the change rebuilt (at least for the changed group)
+        assert spy.hits < 2 * groups, f"{change_name}: the stale lists were reused"
+
+
+def test_sgd_momentum_switched_on(device: str) -> None:
+    a, oa, b, ob = _pair(lambda ps: mixprec.optim.SGD(ps, lr=1e-2), device)
+    for seed in (1, 2):
+        _set_grads(a, seed)
+        _set_grads(b, seed)
+        oa.step()
+        ob.step()
+    for opt, ps in ((oa, a), (ob, b)):
+        SGD_PLAIN["momentum switched on"](opt, ps, torch.Generator())
+    for seed in (3, 4):
+        _set_grads(a, seed)
+        _set_grads(b, seed)
+        oa.step()
+        ob.step()
+    _assert_same(a, oa, b, ob)
+    assert "momentum_buffer" in oa.state[a[0]]
+
+
+def test_new_grad_objects_every_step_still_reuse(device: str) -> None:
+    """``zero_grad(set_to_none=True)`` gives new grad tensors each step: the lists are
+    reused and the new grads read."""
+    a, oa, b, ob = _pair(OPTIMIZERS["AdamW"], device)
+    spy = Spy(oa)
+    for seed in range(1, 6):
+        oa.zero_grad(set_to_none=True)
+        ob.zero_grad(set_to_none=True)
+        _set_grads(a, seed)
+        _set_grads(b, seed)
+        oa.step()
+        ob.step()
+        _assert_same(a, oa, b, ob)
+    assert spy.hits == 4
+
+
+def test_sparse_grad_after_reuse_is_refused(device: str) -> None:
+    a, oa, _, _ = _pair(OPTIMIZERS["AdamW"], device)
+    for seed in (1, 2):
+        _set_grads(a, seed)
+        oa.step()
+    before = [p.detach().clone() for p in a]
+    a[0].grad = a[0].grad.to_sparse()
+    with pytest.raises(RuntimeError, match="sparse gradients"):
+        oa.step()
+    assert all_bitwise_equal([p.detach() for p in a], before)
+
+
+def test_no_reuse_while_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torch.compile the lists are built in the traced code, never taken from (or
+    stored in) the cache, which dynamo could not guard."""
+    a, oa, _, _ = _pair(OPTIMIZERS["AdamW"], "cpu")
+    _set_grads(a, 1)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    oa.step()
+    oa.step()
+    assert oa._plans == {}
+
+
+# -- the scaler's grad collection ---------------------------------------------------------
+
+
+def _collect(opt: torch.optim.Optimizer, allow_fp16: bool, loop: bool,
+             monkeypatch: pytest.MonkeyPatch) -> Dict[torch.device, List[Any]]:
+    with monkeypatch.context() as m:
+        if loop:
+            m.setattr(grads_mod, "_dense_one_device", lambda params, allow: None)
+        per_device = grads_mod.collect_grads(opt, allow_fp16)
+    return {d: [(g.data_ptr(), tuple(g.shape), g.dtype) for g in gs]
+            for d, gs in per_device.items()}
+
+
+GROUPS: Dict[str, Callable[[str], List[Dict[str, Any]]]] = {
+    "dense fp32": lambda dev: [{"params": _setup(dev, 1)[:1] + _setup(dev, 2)[3:]}],
+    "mixed dtypes": lambda dev: [{"params": _setup(dev, 1)}],
+    "some grads None": lambda dev: [{"params": _setup(dev, 1)}, {"params": _setup(dev, 2)}],
+    "empty group": lambda dev: [{"params": []}, {"params": _setup(dev, 3)}],
+    "sparse grad": lambda dev: [{"params": _setup(dev, 4)}],
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROUPS))
+@pytest.mark.parametrize("allow_fp16", [True, False])
+def test_collect_grads_fast_path_equals_the_loop(device: str, name: str, allow_fp16: bool,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    groups = GROUPS[name](device)
+    for i, g in enumerate(groups):
+        _set_grads(g["params"], i)
+    if name == "some grads None":
+        groups[0]["params"][1].grad = None
+        groups[1]["params"][0].grad = None
+    if name == "sparse grad":
+        p = groups[0]["params"][0]
+        p.grad = p.grad.to_sparse()
+    opt = torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(1))]}], lr=0.1)
+    opt.param_groups = groups
+    outcomes = []
+    for loop in (False, True):
+        try:
+            outcomes.append(_collect(opt, allow_fp16, loop, monkeypatch))
+        except ValueError as exc:
+            outcomes.append(str(exc))
+    assert outcomes[0] == outcomes[1]
+    if name == "mixed dtypes" and not allow_fp16:
+        assert outcomes[0] == "Attempting to unscale FP16 gradients."
