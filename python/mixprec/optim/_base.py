@@ -39,7 +39,6 @@ Bucket = Dict[str, List[Tensor]]
 BucketKey = Tuple[torch.device, bool]
 
 _get_grad = operator.attrgetter("grad")
-_get_layout = operator.attrgetter("layout")
 _data_ptr = Tensor.data_ptr
 #: bucket list -> the state key its tensors come from
 _STATE_KEY = {"state_steps": "step", "master_params": "master_param"}
@@ -313,11 +312,11 @@ class FusedOptimizer(torch.optim.Optimizer):
         Checked every step, at C speed (``map`` over the params): the same group, state
         mapping, state names and ``master_weights``; the same param objects with the same
         data pointers (so the same dtype, device and storage: a replaced ``.data`` misses);
-        a grad exactly where there was one, each dense; the same state dict per param; and
-        every state tensor (moments, step count, master) the very tensor listed. Anything
-        else returns None and the lists are rebuilt. Tensors changed in place keep their
-        identity and are read afresh by the kernels; sizes, dtypes and devices of grads
-        are checked by the op.
+        a grad exactly where there was one; the same state dict per param; and every state
+        tensor (moments, step count, master) the very tensor listed. Anything else returns
+        None and the lists are rebuilt. Tensors changed in place keep their identity and
+        are read afresh by the kernels; the grads' layout (a sparse one is refused, naming
+        it), sizes, dtypes and devices are checked by the op before it writes anything.
         """
         plan = self._plans.get(index)
         if plan is None or plan.group is not group or plan.state is not self.state:
@@ -346,8 +345,6 @@ class FusedOptimizer(torch.optim.Optimizer):
                 except KeyError:
                     return None
             bucket_grads = grads if ks is None else [grads[k] for k in ks]
-            if set(map(_get_layout, bucket_grads)) - {torch.strided}:
-                return None  # a sparse grad: the build reports it
             out[key] = {**lists, "grads": bucket_grads}
         return out
 
