@@ -620,6 +620,35 @@ def test_clip_folded_twice_and_opt_out():
         torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("order", ["folded, then opt-out", "opt-out, then folded"])
+def test_clip_folded_and_opt_out_in_one_iteration(order: str):
+    """A folded clip leaves the grads scaled with its coefficient pending; a later
+    ``fold_into_step=False`` clip in the same iteration must measure and clip the grads the
+    step would see (unscaled, the first clip applied), as torch's ``unscale_`` + two
+    ``clip_grad_norm_`` calls do, and the step must not unscale or clip them again."""
+    ps_a, opt_a = _fold_setup("cpu", "SGD", torch.float32, 5)
+    ps_c, opt_c = _fold_setup("cpu", "SGD", torch.float32, 5)
+    gen = torch.Generator().manual_seed(8)
+    _scaled_grads(ps_a, gen, 64.0)
+    for p, r in zip(ps_a, ps_c):
+        r.grad = p.grad.clone()
+    sa, sc = (mixprec.GradScaler("cpu", init_scale=64.0) for _ in range(2))
+    for s in (sa, sc):
+        s.scale(torch.ones(()))
+    folds = (True, False) if order.startswith("folded") else (False, True)
+    na = [sa.clip_grad_norm_(opt_a, m, fold_into_step=f) for m, f in zip((4.0, 1.0), folds)]
+    sc.unscale_(opt_c)
+    nc = [torch.nn.utils.clip_grad_norm_(ps_c, m) for m in (4.0, 1.0)]
+    assert nc[0].item() > 4.0 and nc[1].item() > 1.0  # both clips are active
+    for x, z in zip(na, nc):
+        torch.testing.assert_close(x, z, rtol=1e-6, atol=0)
+    for s, opt in ((sa, opt_a), (sc, opt_c)):
+        s.step(opt)
+        s.update()
+    for a, c in zip(ps_a, ps_c):
+        torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-7)
+
+
 def test_clip_folded_keeps_a_user_clip_coef():
     """A clip_coef the user set on a mixprec optimizer is multiplied into the folded one,
     passed as step()'s argument; the attribute is left as the user set it."""

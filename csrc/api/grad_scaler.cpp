@@ -497,6 +497,24 @@ at::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer,
   }
   const bool fold = fold_into_step && norm_type > 0 && !any_sparse &&
                     dynamic_cast<optim::FusedOptimizer*>(&optimizer) != nullptr;
+  if (state.deferred_unscale && !fold) {
+    // An earlier folded clip of this iteration left the grads scaled, its
+    // coefficient pending: apply both now, so that this clip measures and
+    // clips the grads the step would see, and the step then neither
+    // unscales nor clips them again. The folded pass's inf flags stay valid.
+    at::Tensor factor = inv_scale();
+    if (state.clip_coef) {
+      factor = factor * *state.clip_coef;
+    }
+    for (const auto& [dev, grads] : collect_grads(optimizer, false)) {
+      const at::Tensor f = dev == home ? factor : factor.to(dev, true);
+      for (const auto& g : grads) {
+        g.mul_(f);
+      }
+    }
+    state.deferred_unscale = false;
+    state.clip_coef.reset();
+  }
   at::Tensor total;
   if (fold && (state.stage == OptState::READY || state.deferred_unscale)) {
     // Read-only pass: found_inf and the norm of grad * inv_scale.

@@ -331,6 +331,36 @@ void test_scaler_clip_folded_into_step() {
   CHECK(torch::allclose(a.b, b.b, 1e-6, 1e-7));
 }
 
+// A folded clip, then an opt-out clip in the same iteration: the second one
+// measures and clips the grads the step would see (unscaled, first clip
+// applied), as unscale_ + two torch clips do.
+void test_scaler_clip_folded_then_opt_out() {
+  Toy a(torch::kFloat, 32), ref(torch::kFloat, 32);
+  ref.w.detach().copy_(a.w.detach());
+  ref.b.detach().copy_(a.b.detach());
+  mixprec::optim::SGD oa(a.params(), mixprec::optim::SGDOptions(0.1));
+  torch::optim::SGD oref(ref.params(), torch::optim::SGDOptions(0.1));
+  auto s = cpu_scaler(mixprec::GradScalerOptions().init_scale(128.0));
+  const auto x = torch::randn({9, 4}) * 3;
+  s.scale(a.loss(x)).backward();
+  ref.loss(x).backward();
+  const auto t1 = s.clip_grad_norm_(oa, 0.2);
+  const auto t2 = s.clip_grad_norm_(oa, 0.05, 2.0, /*fold_into_step=*/false);
+  const double w1 = torch::nn::utils::clip_grad_norm_(ref.params(), 0.2);
+  const double w2 = torch::nn::utils::clip_grad_norm_(ref.params(), 0.05);
+  CHECK(w1 > 0.2 && w2 > 0.05);  // both clips are active
+  CHECK_MSG(std::abs(t1.item<double>() - w1) <= 1e-5 * w1,
+            std::to_string(t1.item<double>()) + " vs " + std::to_string(w1));
+  CHECK_MSG(std::abs(t2.item<double>() - w2) <= 1e-5 * w2,
+            std::to_string(t2.item<double>()) + " vs " + std::to_string(w2));
+  CHECK(torch::allclose(a.w.grad(), ref.w.grad(), 1e-5, 1e-7));
+  CHECK(s.step(oa));
+  oref.step();
+  s.update();
+  CHECK(torch::allclose(a.w, ref.w, 1e-5, 1e-7));
+  CHECK(torch::allclose(a.b, ref.b, 1e-5, 1e-7));
+}
+
 void test_scaler_state_dict_roundtrip(const std::string& dir) {
   Toy m(torch::kFloat);
   torch::optim::SGD opt(m.params(), torch::optim::SGDOptions(0.0));
@@ -604,6 +634,7 @@ int main(int argc, char** argv) {
       {"scaler update(new_scale)", test_scaler_update_new_scale},
       {"scaler clip_grad_norm_", test_scaler_clip_grad_norm},
       {"scaler clip folded into the step", test_scaler_clip_folded_into_step},
+      {"scaler clip folded, then opted out", test_scaler_clip_folded_then_opt_out},
       {"scaler state dict + save/load", [&] { test_scaler_state_dict_roundtrip(dir); }},
       {"optim vs torch::optim (fp32)", test_optim_vs_torch},
       {"optim masters + errors", test_optim_masters_and_errors},

@@ -73,6 +73,12 @@ def clip_grad_norm(
     )
     record = record_of(state)
     deferred = record.deferred_unscale
+    if deferred and not fold:
+        # An earlier folded clip of this iteration left the grads scaled, its coefficient
+        # pending: apply both now, so that this clip measures and clips the grads the step
+        # would see, and the step then neither unscales nor clips them again.
+        _apply_deferred(scaler, optimizer, record)
+        deferred = False
     total: Optional[Tensor] = None
     if fold and (state["stage"] is OptState.READY or deferred):
         # Read-only pass: found_inf and the norm of grad * inv_scale.
@@ -114,6 +120,22 @@ def clip_grad_norm(
     else:
         clip_with_norm(params, max_norm, total)
     return total
+
+
+def _apply_deferred(scaler: GradScaler, optimizer: torch.optim.Optimizer,
+                    record: Any) -> None:
+    """Multiply the grads by ``inv_scale`` times the pending clip coefficient, in place,
+    and clear the record's deferral (the inf flags of the folded pass stay valid: scaling
+    by a finite positive factor keeps every finite value finite, up to an overflow that
+    unscaling cannot produce). No host sync."""
+    factor = scaler._inv_scale()
+    if record.clip_coef is not None:
+        factor = factor * record.clip_coef
+    with torch.no_grad():
+        for device, grads in scaler._collect_grads(optimizer, False).items():
+            torch._foreach_mul_(grads, factor.to(device, non_blocking=True))
+    record.deferred_unscale = False
+    record.clip_coef = None
 
 
 def total_norm(grads: list[Tensor], norm_type: float) -> Tensor:
