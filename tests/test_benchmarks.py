@@ -23,6 +23,7 @@ import gpu_check  # noqa: E402
 import gpu_workload  # noqa: E402
 
 import _common  # noqa: E402
+import bench_host_cost  # noqa: E402
 import bench_optim  # noqa: E402
 import bench_scaler  # noqa: E402
 import bench_unscale  # noqa: E402
@@ -211,6 +212,25 @@ def test_bench_scaler_torch_without_bf16_is_na(
 
 # ---------------------------------------------------------------------------------------------
 # the verification helpers on wrong results
+
+
+def test_bench_host_cost_checks_pass_and_catch_work_not_done(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_host_cost times CUDA only, but its cases and their checks are device-generic:
+    on CPU every check passes, an unscale or an optimizer step that does nothing fails
+    its check, and the fit recovers a line."""
+    for call, check in bench_host_cost.cases(3, 8, "cpu").values():
+        check()
+        call()
+    monkeypatch.setattr(mixprec.ops, "unscale_and_check_", _noop)
+    monkeypatch.setattr(mixprec.optim.AdamW, "step", _noop)
+    cases = bench_host_cost.cases(3, 8, "cpu")
+    for name in ("unscale mixprec.ops", "adamw mixprec", "iter mixprec", "iter mixprec flat"):
+        with pytest.raises(CheckFailed):
+            cases[name][1]()
+    fixed, per = bench_host_cost.fit([10, 100, 1000], [7.0, 16.0, 106.0])
+    assert fixed == pytest.approx(6.0) and per == pytest.approx(0.1)
+    assert bench_host_cost.main(["--device", "cpu"]) == 2  # times CUDA only
 
 
 def test_check_unscaled_tolerance_is_tight() -> None:
