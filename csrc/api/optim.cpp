@@ -101,6 +101,25 @@ bool FusedOptimizer::wants_master(
   return group_master_weights(group) && is_low_precision(p.scalar_type());
 }
 
+template <class State>
+State& FusedOptimizer::bucket_param(const at::Tensor& p,
+                                    torch::optim::OptimizerParamGroup& group,
+                                    Bucket& b) {
+  auto& slot = state()[p.unsafeGetTensorImpl()];
+  if (!slot) slot = std::make_unique<State>();
+  auto& s = static_cast<State&>(*slot);
+  if (!s.step().defined()) s.step(step_zero(p));
+  const bool master = wants_master(p, group);
+  if (master && !s.master_param().defined()) {
+    s.master_param(p.detach().to(at::kFloat, false, true));
+  }
+  b.params.push_back(p);
+  b.grads.push_back(p.grad());
+  b.state_steps.push_back(s.step());
+  if (master) b.master_params.push_back(s.master_param());
+  return s;
+}
+
 at::Tensor FusedOptimizer::lr_tensor(
     size_t index, const torch::optim::OptimizerParamGroup& group,
     c10::Device device) {
@@ -382,26 +401,15 @@ void AdamBase<Options>::add_to_bucket(const at::Tensor& p,
                                       torch::optim::OptimizerParamGroup& group,
                                       Bucket& b) {
   const auto& o = static_cast<const Options&>(group.options());
-  auto& slot = state()[p.unsafeGetTensorImpl()];
-  if (!slot) slot = std::make_unique<AdamParamState>();
-  auto& s = static_cast<AdamParamState&>(*slot);
-  if (!s.step().defined()) s.step(step_zero(p));
+  auto& s = bucket_param<AdamParamState>(p, group, b);
   if (!s.exp_avg().defined()) s.exp_avg(zeros_f32_like(p));
   if (!s.exp_avg_sq().defined()) s.exp_avg_sq(zeros_f32_like(p));
   if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
     s.max_exp_avg_sq(zeros_f32_like(p));
   }
-  const bool master = wants_master(p, group);
-  if (master && !s.master_param().defined()) {
-    s.master_param(p.detach().to(at::kFloat, false, true));
-  }
-  b.params.push_back(p);
-  b.grads.push_back(p.grad());
-  b.state_steps.push_back(s.step());
   b.buf0.push_back(s.exp_avg());
   b.buf1.push_back(s.exp_avg_sq());
   if (o.amsgrad()) b.buf2.push_back(s.max_exp_avg_sq());
-  if (master) b.master_params.push_back(s.master_param());
 }
 
 template <typename Options>
@@ -750,22 +758,11 @@ void SGD::load(torch::serialize::InputArchive& archive) {
 void SGD::add_to_bucket(const at::Tensor& p,
                         torch::optim::OptimizerParamGroup& group, Bucket& b) {
   const auto& o = static_cast<const SGDOptions&>(group.options());
-  auto& slot = state()[p.unsafeGetTensorImpl()];
-  if (!slot) slot = std::make_unique<SGDParamState>();
-  auto& s = static_cast<SGDParamState&>(*slot);
-  if (!s.step().defined()) s.step(step_zero(p));
+  auto& s = bucket_param<SGDParamState>(p, group, b);
   if (o.momentum() != 0 && !s.momentum_buffer().defined()) {
     s.momentum_buffer(zeros_f32_like(p));
   }
-  const bool master = wants_master(p, group);
-  if (master && !s.master_param().defined()) {
-    s.master_param(p.detach().to(at::kFloat, false, true));
-  }
-  b.params.push_back(p);
-  b.grads.push_back(p.grad());
-  b.state_steps.push_back(s.step());
   if (o.momentum() != 0) b.buf0.push_back(s.momentum_buffer());
-  if (master) b.master_params.push_back(s.master_param());
 }
 
 void SGD::run_bucket(Bucket& b, torch::optim::OptimizerParamGroup& group,

@@ -113,6 +113,14 @@ class FusedOptimizer : public torch::optim::Optimizer {
 
   bool wants_master(const at::Tensor& p,
                     const torch::optim::OptimizerParamGroup& group) const;
+  // The part of add_to_bucket every optimizer shares: p's state (created as
+  // a State where missing) with its step count and, where the group wants
+  // one, its master copy; appends p, its grad, step and master to `bucket`.
+  // Returns the state for the subclass's own buffers (defined in optim.cpp).
+  template <class State>
+  State& bucket_param(const at::Tensor& p,
+                      torch::optim::OptimizerParamGroup& group,
+                      Bucket& bucket);
   // After torch::load: state tensors to the param's device, float32.
   void fix_loaded_state();
 
