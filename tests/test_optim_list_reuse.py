@@ -80,6 +80,21 @@ def _assert_same(a: Params, oa: torch.optim.Optimizer, b: Params,
     assert all_bitwise_equal(_state_tensors(oa, a), _state_tensors(ob, b))
 
 
+def _steps(a: Params, oa: Any, b: Params, ob: Any, seeds: Any,
+           set_to_none: bool = False) -> None:
+    """Both optimizers: (zero_grad(set_to_none=True),) the same fresh grads, a step, and the
+    same params and state after it; once per seed."""
+    for seed in seeds:
+        if set_to_none:
+            oa.zero_grad(set_to_none=True)
+            ob.zero_grad(set_to_none=True)
+        _set_grads(a, seed)
+        _set_grads(b, seed)
+        oa.step()
+        ob.step()
+        _assert_same(a, oa, b, ob)
+
+
 def _params_of(opt: torch.optim.Optimizer) -> Params:
     return [p for g in opt.param_groups for p in g["params"]]
 
@@ -228,12 +243,7 @@ def test_a_change_is_never_missed(device: str, opt_name: str, change_name: str,
                                   change: Change) -> None:
     a, oa, b, ob = _pair(OPTIMIZERS[opt_name], device)
     spy = Spy(oa)
-    for seed in (1, 2):  # the second step may reuse step 1's lists
-        _set_grads(a, seed)
-        _set_grads(b, seed)
-        oa.step()
-        ob.step()
-    _assert_same(a, oa, b, ob)
+    _steps(a, oa, b, ob, (1, 2))  # the second step may reuse step 1's lists
     assert spy.hits == 1
     change(oa, a, torch.Generator().manual_seed(7))
     change(ob, b, torch.Generator().manual_seed(7))
@@ -257,19 +267,10 @@ def test_a_change_is_never_missed(device: str, opt_name: str, change_name: str,
 
 def test_sgd_momentum_switched_on(device: str) -> None:
     a, oa, b, ob = _pair(lambda ps: mixprec.optim.SGD(ps, lr=1e-2), device)
-    for seed in (1, 2):
-        _set_grads(a, seed)
-        _set_grads(b, seed)
-        oa.step()
-        ob.step()
+    _steps(a, oa, b, ob, (1, 2))
     for opt, ps in ((oa, a), (ob, b)):
         SGD_PLAIN["momentum switched on"](opt, ps, torch.Generator())
-    for seed in (3, 4):
-        _set_grads(a, seed)
-        _set_grads(b, seed)
-        oa.step()
-        ob.step()
-    _assert_same(a, oa, b, ob)
+    _steps(a, oa, b, ob, (3, 4))
     assert "momentum_buffer" in oa.state[a[0]]
 
 
@@ -278,14 +279,7 @@ def test_new_grad_objects_every_step_still_reuse(device: str) -> None:
     reused and the new grads read."""
     a, oa, b, ob = _pair(OPTIMIZERS["AdamW"], device)
     spy = Spy(oa)
-    for seed in range(1, 6):
-        oa.zero_grad(set_to_none=True)
-        ob.zero_grad(set_to_none=True)
-        _set_grads(a, seed)
-        _set_grads(b, seed)
-        oa.step()
-        ob.step()
-        _assert_same(a, oa, b, ob)
+    _steps(a, oa, b, ob, range(1, 6), set_to_none=True)
     assert spy.hits == 4
 
 
