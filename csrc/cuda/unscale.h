@@ -39,7 +39,7 @@ struct UnscaleOpBase {
     constexpr int kVec = 16 / sizeof(scalar_t);
     using VecT = AlignedVector<scalar_t, kVec>;
     constexpr bool kNorm = Kind != kNoNorm;
-    constexpr int kAcc = kNorm ? Kind : math::kNormL2;
+    [[maybe_unused]] constexpr int kAcc = kNorm ? Kind : math::kNormL2;
 
     const BlockSpan s = block_span(meta, pos.block);
     scalar_t* p = static_cast<scalar_t*>(meta.addresses[0][s.tensor]) + s.start;
