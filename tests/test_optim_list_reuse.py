@@ -169,6 +169,13 @@ def _param_removed(opt: Any, params: Params, gen: torch.Generator) -> None:
     opt.param_groups[0]["params"].pop(2)
 
 
+def _param_object_replaced(opt: Any, params: Params, gen: torch.Generator) -> None:
+    # another Parameter over the same storage: same data pointer, new object, no state
+    ps = opt.param_groups[0]["params"]
+    ps[0] = torch.nn.Parameter(ps[0].data)
+    ps[0].grad = params[0].grad
+
+
 def _params_reordered(opt: Any, params: Params, gen: torch.Generator) -> None:
     ps = opt.param_groups[0]["params"]
     ps[0], ps[2] = ps[2], ps[0]
@@ -215,6 +222,7 @@ COMMON: Dict[str, Change] = {
     "param appended": _param_appended,
     "param removed": _param_removed,
     "params reordered": _params_reordered,
+    "param object replaced, same storage": _param_object_replaced,
     "param group added": _group_added,
     "master_weights switched off": _master_weights_off,
     "state dict loaded": _state_dict_loaded,

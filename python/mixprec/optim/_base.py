@@ -55,7 +55,6 @@ class _GroupPlan:
     state: Any  # the optimizer's ``state`` mapping itself
     names: List[str]
     master_weights: Any
-    param_ids: List[int]
     param_ptrs: List[int]
     no_grad: List[bool]  # per param: grad was None
     states: List[Any]  # per param: its state dict, or None
@@ -298,7 +297,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         self._plans[index] = _GroupPlan(
             group=group, state=self.state, names=list(names),
             master_weights=group.get("master_weights", True),
-            param_ids=list(map(id, params)), param_ptrs=list(map(_data_ptr, params)),
+            param_ptrs=list(map(_data_ptr, params)),
             no_grad=list(map(operator.is_, grads, repeat(None))),
             states=list(map(self.state.get, params)),
             buckets=[(key, {n: v for n, v in b.items() if n != "grads"},
@@ -310,10 +309,14 @@ class FusedOptimizer(torch.optim.Optimizer):
         from changed.
 
         Checked every step, at C speed (``map`` over the params): the same group, state
-        mapping, state names and ``master_weights``; the same param objects with the same
-        data pointers (so the same dtype, device and storage: a replaced ``.data`` misses);
-        a grad exactly where there was one; the same state dict per param; and every state
-        tensor (moments, step count, master) the very tensor listed. Anything else returns
+        mapping, state names and ``master_weights``; the same data pointer per param (so the
+        same dtype, device and storage: a replaced ``.data``, an added, removed or moved
+        param misses); a grad exactly where there was one; the same state dict per param
+        (another param object has none, or another); and every state tensor (moments, step
+        count, master) the very tensor listed. A param object replaced by one over the same
+        storage that was given the same state dict passes, and is then stepped right: the
+        listed object writes the same memory, and the grads are read from the group's
+        params. Anything else returns
         None and the lists are rebuilt. Tensors changed in place keep their identity and
         are read afresh by the kernels; the grads' layout (a sparse one is refused, naming
         it), sizes, dtypes and devices are checked by the op before it writes anything.
@@ -323,7 +326,6 @@ class FusedOptimizer(torch.optim.Optimizer):
             return None
         params = group["params"]
         if (plan.master_weights != group.get("master_weights", True)
-                or plan.param_ids != list(map(id, params))
                 or plan.param_ptrs != list(map(_data_ptr, params))):
             return None
         grads = list(map(_get_grad, params))
