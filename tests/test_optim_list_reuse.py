@@ -291,6 +291,21 @@ def test_new_grad_objects_every_step_still_reuse(device: str) -> None:
     assert spy.hits == 4
 
 
+def test_a_removed_group_releases_its_lists() -> None:
+    """The stored lists of a param group that was removed from ``param_groups`` are dropped
+    at the next step (they would keep its state tensors alive)."""
+    a, oa, _, _ = _pair(OPTIMIZERS["AdamW"], "cpu")
+    extra = torch.nn.Parameter(torch.randn(3, 3))
+    oa.add_param_group({"params": [extra]})
+    extra.grad = torch.randn(3, 3)
+    _set_grads(a, 1)
+    oa.step()
+    assert sorted(oa._plans) == [0, 1]
+    oa.param_groups.pop()
+    oa.step()
+    assert sorted(oa._plans) == [0]
+
+
 def test_sparse_grad_after_reuse_is_refused(device: str) -> None:
     a, oa, _, _ = _pair(OPTIMIZERS["AdamW"], device)
     for seed in (1, 2):

@@ -201,6 +201,8 @@ class FusedOptimizer(torch.optim.Optimizer):
                     f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}"
                     f"{' of shape ' + str(list(t.shape)) if isinstance(t, Tensor) else ''}"
                 )
+        if len(self._plans) > len(self.param_groups):  # groups were removed: drop theirs
+            self._plans = {i: p for i, p in self._plans.items() if i < len(self.param_groups)}
         for index, group in enumerate(self.param_groups):
             self._step_group(index, group, grad_scale, found_inf, clip_coef)
         return loss
@@ -316,10 +318,10 @@ class FusedOptimizer(torch.optim.Optimizer):
         count, master) the very tensor listed. A param object replaced by one over the same
         storage that was given the same state dict passes, and is then stepped right: the
         listed object writes the same memory, and the grads are read from the group's
-        params. Anything else returns
-        None and the lists are rebuilt. Tensors changed in place keep their identity and
-        are read afresh by the kernels; the grads' layout (a sparse one is refused, naming
-        it), sizes, dtypes and devices are checked by the op before it writes anything.
+        params. Anything else returns None and the lists are rebuilt. Tensors changed in
+        place keep their identity and are read afresh by the kernels; the grads' layout (a
+        sparse one is refused, naming it), sizes, dtypes and devices are checked by the op
+        before it writes anything.
         """
         plan = self._plans.get(index)
         if plan is None or plan.group is not group or plan.state is not self.state:
