@@ -104,8 +104,13 @@ def _route(name: str, device: torch.device) -> _Route:
 
 def _call(name: str, device: torch.device, *args: Any) -> Any:
     """Run op ``name`` on ``args`` (all positional) with the kernels for ``device``."""
+    if torch.compiler.is_compiling():
+        # what dynamo traces: no extension module, no cache (it would guard on both)
+        if not _compiled_kernels_for(device):
+            return getattr(_reference, name)(*args)
+        return getattr(torch.ops.mixprec, name)(*args)
     fast, op = _route(name, device)
-    if fast is not None and not torch.compiler.is_compiling():
+    if fast is not None:
         out = fast(*args)
         if out is not NotImplemented:
             return out
