@@ -76,6 +76,8 @@ def coalesce(grads: List[Tensor]) -> List[Tensor]:
     """
     if len(grads) < 2 or not _GRADS:  # traceable: torch.compile(fullgraph) without flat
         return grads
+    if _GRADS.keys().isdisjoint(map(id, grads)):  # no flat view among them (C speed)
+        return grads
     return _coalesce(grads)
 
 

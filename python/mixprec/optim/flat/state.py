@@ -200,8 +200,12 @@ def coalesce_bucket(optimizer: Any, group: Dict[str, Any],
     increment is right for all: where a shared step is also held by params outside the
     run, the run gets its own copy (no sync). Everything else stays per tensor.
     """
-    if not _PARAMS and getattr(optimizer, "_mixprec_flat", None) is None:
-        return bucket  # traceable: torch.compile(fullgraph) without flat buffers
+    if getattr(optimizer, "_mixprec_flat", None) is None and (
+            not _PARAMS  # traceable: torch.compile(fullgraph) without flat buffers
+            or _PARAMS.keys().isdisjoint(map(id, bucket["params"]))):
+        # no flat state and none of these params laid out flat (flat buffers of other
+        # models do not cost this optimizer a per-param pass)
+        return bucket
     return _coalesce_bucket(optimizer, group, bucket)
 
 
