@@ -82,6 +82,19 @@ def time_fn(fn: Callable[[], object], device: Union[str, torch.device],
     return measure(fn, device, min_run_time).median
 
 
+def fit_fixed_per_tensor(sizes: Sequence[int], times: Sequence[float],
+                         min_n: int = 100) -> Tuple[float, float]:
+    """Least-squares ``time = fixed + n * per_tensor`` over the sizes ``>= min_n``: the fixed
+    and the per-tensor host cost of a call (NaNs with fewer than two such points)."""
+    pts = [(n, t) for n, t in zip(sizes, times) if n >= min_n]
+    if len(pts) < 2:
+        return float("nan"), float("nan")
+    mn = sum(n for n, _ in pts) / len(pts)
+    mt = sum(t for _, t in pts) / len(pts)
+    per = sum((n - mn) * (t - mt) for n, t in pts) / sum((n - mn) ** 2 for n, _ in pts)
+    return mt - per * mn, per
+
+
 #: Largest buffer the memory-bound measurement allocates (both regimes, cache or DRAM,
 #: are reached well below it).
 MAX_BOUND_BUFFER = 256 * 2**20

@@ -44,6 +44,7 @@ import mixprec
 from _common import (
     CheckFailed,
     count_cuda_syncs,
+    fit_fixed_per_tensor,
     header,
     sync,
     verify_unscale_fn,
@@ -162,18 +163,6 @@ def per_call_us(fn: Callable[[], None], device: str, calls: int, rounds: int) ->
     return statistics.median(times)
 
 
-def fit(sizes: List[int], times: List[float]) -> Tuple[float, float]:
-    """Least-squares ``fixed + n * per_tensor`` over the sizes >= 100."""
-    pts = [(n, t) for n, t in zip(sizes, times) if n >= 100]
-    if len(pts) < 2:
-        return float("nan"), float("nan")
-    mn = sum(n for n, _ in pts) / len(pts)
-    mt = sum(t for _, t in pts) / len(pts)
-    per = (sum((n - mn) * (t - mt) for n, t in pts)
-           / sum((n - mn) ** 2 for n, _ in pts))
-    return mt - per * mn, per
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -209,7 +198,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"{'case':<{width}} " + " ".join(f"{n:>9}" for n in sizes)
           + "  fixed us  us/tensor")
     for name, times in table.items():
-        fixed, per = fit(sizes, times)
+        fixed, per = fit_fixed_per_tensor(sizes, times)
         print(f"{name:<{width}} " + " ".join(f"{t:>9.1f}" for t in times)
               + f"  {fixed:>8.2f}  {per:>9.4f}")
     ref = table.get("unscale torch")

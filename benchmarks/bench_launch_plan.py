@@ -48,6 +48,7 @@ import torch
 import torch.utils.benchmark as tb
 
 import mixprec
+from _common import fit_fixed_per_tensor
 from mixprec.ops import _cuda_emulation, _extension
 
 
@@ -147,17 +148,6 @@ def _check_plans(n: int) -> None:
         raise SystemExit(f"error: plan_fused_adam_ planned {got} blocks, want {want}")
 
 
-def _fit(sizes: List[int], times: List[float]) -> tuple[float, float]:
-    pts = [(n, t) for n, t in zip(sizes, times) if n >= 100]
-    if len(pts) < 2:
-        return float("nan"), float("nan")
-    xs = torch.tensor([p[0] for p in pts], dtype=torch.float64)
-    ys = torch.tensor([p[1] for p in pts], dtype=torch.float64)
-    a = torch.stack([torch.ones_like(xs), xs], 1)
-    sol = torch.linalg.lstsq(a, ys.unsqueeze(1)).solution.squeeze(1)
-    return float(sol[0]), float(sol[1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,100,1000,2000,4000")
@@ -191,7 +181,7 @@ def main() -> None:
           "(fp16 params for +master)")
     print(f"{'case':<{width}} " + " ".join(f"{n:>8}" for n in sizes) + "  fixed us  us/tensor")
     for name in names:
-        fixed, per = _fit(sizes, table[name])
+        fixed, per = fit_fixed_per_tensor(sizes, table[name])
         print(f"{name:<{width}} " + " ".join(f"{t:8.1f}" for t in table[name])
               + f"  {fixed:8.1f}  {per:9.3f}")
 

@@ -228,7 +228,7 @@ def test_bench_host_cost_checks_pass_and_catch_work_not_done(
     for name in ("unscale mixprec.ops", "adamw mixprec", "iter mixprec", "iter mixprec flat"):
         with pytest.raises(CheckFailed):
             cases[name][1]()
-    fixed, per = bench_host_cost.fit([10, 100, 1000], [7.0, 16.0, 106.0])
+    fixed, per = _common.fit_fixed_per_tensor([10, 100, 1000], [7.0, 16.0, 106.0])
     assert fixed == pytest.approx(6.0) and per == pytest.approx(0.1)
     assert bench_host_cost.main(["--device", "cpu"]) == 2  # times CUDA only
 
