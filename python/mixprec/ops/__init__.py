@@ -90,15 +90,20 @@ _Route = tuple[Optional[Callable[..., Any]], Callable[..., Any]]
 _ROUTES: dict[tuple[str, torch.device], _Route] = {}
 
 
+def _op_for(name: str, device: torch.device) -> Callable[..., Any]:
+    """``torch.ops.mixprec.<name>`` where the build has kernels for ``device``, else the
+    pure-PyTorch reference (warning once per device type)."""
+    if _compiled_kernels_for(device):
+        return getattr(torch.ops.mixprec, name)
+    return getattr(_reference, name)
+
+
 def _route(name: str, device: torch.device) -> _Route:
     key = (name, device)
     route = _ROUTES.get(key)
     if route is None:
-        if _compiled_kernels_for(device):
-            route = (_fast_entry(name), getattr(torch.ops.mixprec, name))
-        else:
-            route = (None, getattr(_reference, name))
-        _ROUTES[key] = route
+        fast = _fast_entry(name) if _compiled_kernels_for(device) else None
+        route = _ROUTES[key] = (fast, _op_for(name, device))
     return route
 
 
@@ -106,9 +111,7 @@ def _call(name: str, device: torch.device, *args: Any) -> Any:
     """Run op ``name`` on ``args`` (all positional) with the kernels for ``device``."""
     if torch.compiler.is_compiling():
         # what dynamo traces: no extension module, no cache (it would guard on both)
-        if not _compiled_kernels_for(device):
-            return getattr(_reference, name)(*args)
-        return getattr(torch.ops.mixprec, name)(*args)
+        return _op_for(name, device)(*args)
     fast, op = _route(name, device)
     if fast is not None:
         out = fast(*args)
