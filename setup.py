@@ -254,6 +254,7 @@ def _extensions() -> tuple[list, dict]:
     version = _version()
     cxx_path, cxx_version = _toolchain.compiler_description(_cxx_compiler())
     nvcc_version = _nvcc_release(nvcc) if with_cuda and nvcc else ""
+    openmp = _openmp_flags(cxx_version)
     print(
         "mixprec build configuration:\n"
         f"  mixprec       {version}\n"
@@ -262,7 +263,7 @@ def _extensions() -> tuple[list, dict]:
         f"  C++ compiler  {cxx_path} ({cxx_version or 'version unknown'})\n"
         f"  nvcc          {nvcc or 'not found'}{f' ({nvcc_version})' if nvcc_version else ''}\n"
         f"  archs         {archs or '-'}\n"
-        f"  CPU threads   {'OpenMP (-fopenmp)' if _openmp_flags(cxx_version) else 'serial loops'}",
+        f"  CPU threads   {'OpenMP (-fopenmp)' if openmp else 'serial loops'}",
         flush=True,
     )
 
@@ -282,7 +283,6 @@ def _extensions() -> tuple[list, dict]:
     )
     include_dirs = [str(ROOT / "csrc"), str(ROOT / "csrc" / "include"), str(gen_dir)]
     cxx_flags = ["-O3", "-fvisibility=hidden", "-ffp-contract=off"]
-    openmp = _openmp_flags(cxx_version)
     cxx_flags += openmp
     ext_cls = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension
     kwargs: dict = {"extra_compile_args": {"cxx": cxx_flags}, "extra_link_args": openmp}

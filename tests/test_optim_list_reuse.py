@@ -240,7 +240,6 @@ EXTRA: Dict[str, Dict[str, Change]] = {
     "SGD momentum": {},
     "Adam amsgrad": {},
 }
-SGD_PLAIN: Dict[str, Change] = {"momentum switched on": _momentum_on}
 
 CASES = [(o, c, f) for o in OPTIMIZERS for c, f in {**COMMON, **EXTRA[o]}.items()]
 
@@ -277,7 +276,7 @@ def test_sgd_momentum_switched_on(device: str) -> None:
     a, oa, b, ob = _pair(lambda ps: mixprec.optim.SGD(ps, lr=1e-2), device)
     _steps(a, oa, b, ob, (1, 2))
     for opt, ps in ((oa, a), (ob, b)):
-        SGD_PLAIN["momentum switched on"](opt, ps, torch.Generator())
+        _momentum_on(opt, ps, torch.Generator())
     _steps(a, oa, b, ob, (3, 4))
     assert "momentum_buffer" in oa.state[a[0]]
 
