@@ -32,9 +32,12 @@ pytestmark = pytest.mark.skipif(
 LOW = (torch.float16, torch.bfloat16)
 ALL = (torch.float32, torch.float16, torch.bfloat16)
 CHUNK = 65536          # elements per block (launch_plan.h kChunkSize)
-MAX_BLOCKS = 1280      # blocks per launch (kMaxBlocks, CUDA >= 12.1 tables)
-# kMaxTensors = (32000 - 1280 * 6 - 64) // (8 * (depth + 1)), launch_plan.h
+MAX_BLOCKS = 2560      # blocks per launch (kMaxBlocks, CUDA >= 12.1 tables)
+# kMaxTensors = (32000 - 2560 * 6 - 64) // (8 * (depth + 1)), launch_plan.h
 MAX_TENSORS = {depth: (32000 - MAX_BLOCKS * 6 - 64) // (8 * (depth + 1)) for depth in (1, 5, 7)}
+# The small table (SmallTensorListMeta): a launch with at most this many blocks (and
+# so tensors) is launched with a 4 KB kernel argument instead of the 32 KB one.
+SMALL = {depth: (4000 - 64) // (6 + 8 * (depth + 1)) for depth in (1, 7)}  # 178, 56
 
 
 def emu() -> Any:
@@ -63,7 +66,13 @@ UNSCALE_SHAPES = {
     "tails": [(1,), (7,), (15,), (17,), (4096 + 3,)],
     "multi-chunk": [(CHUNK + 5,), (3 * CHUNK,), (2,)],
     "many": [(5,)] * (MAX_TENSORS[1] + 7),
+    # the largest launch the small table holds, and one tensor or one block more
+    "small-full": [(5,)] * SMALL[1],
+    "small+1-tensor": [(5,)] * (SMALL[1] + 1),
 }
+# one block more than the small table holds (planned only: the bitwise tests
+# above run the large table over "many" and the launch-splitting tests)
+SMALL_PLUS_BLOCK = [(CHUNK * (SMALL[1] - 2),), (CHUNK + 1,), (3,)]
 
 
 def _grads(shapes: List[tuple], dtype: torch.dtype, layout: str) -> List[torch.Tensor]:
@@ -145,6 +154,33 @@ def test_unscale_tensor_split_across_launches() -> None:
         if case == "clean":
             for x, e in zip(a, expected):
                 assert torch.equal(x, e.half())
+
+
+@pytest.mark.parametrize("case,small,large", [
+    ("small-full", 1, 0), ("small+1-tensor", 0, 1), ("small+1-block", 0, 1),
+    ("tails", 1, 0), ("many", 1, 1),  # "many": a full large launch, then 7 tensors
+])
+def test_small_table_chosen_when_the_launch_fits(case: str, small: int, large: int) -> None:
+    # A launch that fits the small table is launched with it (4 KB of kernel
+    # arguments, not 32 KB); one tensor or one block more takes the large table.
+    # (The results of both are held to the CPU kernel by the bitwise tests above.)
+    shapes = SMALL_PLUS_BLOCK if case == "small+1-block" else UNSCALE_SHAPES[case]
+    grads = _grads(shapes, torch.float32, "dense")
+    launches, smalls = emu().planned_launches(), emu().planned_small_launches()
+    emu().plan_unscale_and_check_(grads, torch.zeros(1), torch.ones(1))
+    got_small = emu().planned_small_launches() - smalls
+    assert (got_small, emu().planned_launches() - launches - got_small) == (small, large)
+
+
+def test_small_table_in_optimizer_plans() -> None:
+    # depth 7 (Adam, amsgrad, masters): SMALL[7] tensors in one small launch,
+    # one more in one large launch (and the step-increment launch each)
+    for n, small in ((SMALL[7], 1), (SMALL[7] + 1, 0)):
+        d = _adam_inputs(torch.float16, torch.float16, True, True, [(3,)] * n)
+        launches, smalls = emu().planned_launches(), emu().planned_small_launches()
+        emu().plan_fused_adam_(*d.values(), *_adam_scalars(True, True))
+        assert emu().planned_small_launches() - smalls == small
+        assert emu().planned_launches() - launches == 2
 
 
 # ---------------------------------------------------------------------------
@@ -375,16 +411,29 @@ def test_fused_adam_mixed_dtypes_many_tensors_and_skip() -> None:
 
 def test_fused_adam_tensor_split_across_launches() -> None:
     # bf16 params with masters; one tensor crosses the launch boundary at
-    # MAX_BLOCKS chunks: both halves must be updated from their masters.
+    # MAX_BLOCKS chunks: both halves must be updated from their masters. (Adam is
+    # elementwise, so the float64 reference is taken on windows around the
+    # boundary and at both ends; every element is checked against its master.)
     sizes = [3 * CHUNK + 1, (MAX_BLOCKS - 1) * CHUNK + 77]
     d = _adam_inputs(torch.bfloat16, torch.bfloat16, True, False, [(n,) for n in sizes])
-    a = _clone(d)
-    emu().fused_adam_(*a.values(), *_adam_scalars(False, True))
-    ref = _adam_float64(d, True, False, True)
-    for i in range(len(sizes)):
-        lr_step = 1e-2 / (1 - 0.9 ** (d["state_steps"][i].item() + 1))
-        _close_to_float64(a["master_params"][i], ref["w"][i], ref["w"][i].abs() + 3 * lr_step, 16)
-        assert_bitwise_equal(a["params"][i], a["master_params"][i].to(torch.bfloat16))
+    boundary = (MAX_BLOCKS - 4) * CHUNK  # first element of launch 2 in tensor 1
+    windows = [(0, 0, 300), (1, 0, 300), (1, boundary - 300, boundary + 300),
+               (1, sizes[1] - 300, sizes[1])]
+    part = {k: [v[i][lo:hi].clone() if v[i].numel() > 1 else v[i].clone()
+                for i, lo, hi in windows] if v else [] for k, v in d.items()}
+    ref = _adam_float64(part, True, False, True)
+    masters_before = [m.clone() for m in d["master_params"]]
+    emu().fused_adam_(*d.values(), *_adam_scalars(False, True))
+    for j, (i, lo, hi) in enumerate(windows):
+        lr_step = 1e-2 / (1 - 0.9 ** (part["state_steps"][j].item() + 1))
+        _close_to_float64(d["master_params"][i][lo:hi], ref["w"][j],
+                          ref["w"][j].abs() + 3 * lr_step, 16)
+    for i, n in enumerate(sizes):
+        assert_bitwise_equal(d["params"][i], d["master_params"][i].to(torch.bfloat16))
+        # every chunk (block) wrote its masters
+        moved = d["master_params"][i] != masters_before[i]
+        full = n // CHUNK * CHUNK
+        assert bool(moved[:full].view(-1, CHUNK).any(dim=1).all()) and bool(moved[full:].any())
 
 
 def test_stochastic_rounding_equals_cpu_kernel() -> None:

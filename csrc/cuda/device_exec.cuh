@@ -57,9 +57,9 @@ __device__ __forceinline__ void run_thread(const Op& op, const Where& where,
   }
 }
 
-template <int Depth, typename Op, typename... Args>
+template <class Meta, typename Op, typename... Args>
 __global__ void __launch_bounds__(kBlockSize)
-    multi_tensor_kernel(TensorListMeta<Depth> meta, Op op, Args... args) {
+    multi_tensor_kernel(Meta meta, Op op, Args... args) {
   run_thread(op, meta, args...);
 }
 
@@ -73,10 +73,11 @@ struct DeviceExec {
   static constexpr c10::DeviceType kBackend = c10::DeviceType::CUDA;
   using Guard = c10::cuda::OptionalCUDAGuard;
 
-  template <int Depth, typename Op, typename... Args>
-  static void launch(const TensorListMeta<Depth>& meta, int blocks,
-                     const Op& op, const Args&... args) {
-    multi_tensor_kernel<Depth><<<blocks, kBlockSize, 0,
+  // Meta: a TensorListMeta or SmallTensorListMeta (launch_plan.h).
+  template <class Meta, typename Op, typename... Args>
+  static void launch(const Meta& meta, int blocks, const Op& op,
+                     const Args&... args) {
+    multi_tensor_kernel<Meta><<<blocks, kBlockSize, 0,
                                  c10::cuda::getCurrentCUDAStream()>>>(
         meta, op, args...);
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -73,8 +73,8 @@ MIXPREC_HD P round_param(float w, bool sr, uint32_t key, uint32_t index) {
 // The SR element number of element 0 of this block's span: blocks are
 // numbered across the whole plan of one (param dtype, grad dtype) group, one
 // kSrChunk of numbers each (the CPU kernels number the same way).
-template <int Depth>
-MIXPREC_HD uint32_t sr_block_base(const TensorListMeta<Depth>& meta,
+template <class Meta>
+MIXPREC_HD uint32_t sr_block_base(const Meta& meta,
                                   GridPos pos) {
   return static_cast<uint32_t>((meta.block_offset + pos.block) *
                                math::kSrChunk);
@@ -170,9 +170,10 @@ struct OptimKernelArgs {
 template <typename P, typename G, bool kHasMaster, class Rule>
 struct OptimOp {
   static constexpr int kStates = Rule::kStates;
-  using Meta = TensorListMeta<Rule::kDepth>;
   using Args = typename Rule::Args;
 
+  // Meta: TensorListMeta<Rule::kDepth> or its SmallTensorListMeta.
+  template <class Meta>
   MIXPREC_HD void operator()(const Meta& meta, GridPos pos, const Args& a) const {
     if (a.found_inf != nullptr && *a.found_inf != 0.0f) {
       return;

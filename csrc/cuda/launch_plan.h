@@ -14,12 +14,21 @@
 // (the classic limit is 4,096); the tables are sized for whichever toolkit
 // builds the kernels. The host emulation uses the large tables, those of the
 // toolkits the project builds with.
+//
+// Two table sizes. The driver copies the whole argument at every launch, and
+// that costs host time: on an H100 host an empty kernel took 3.7 us to launch
+// with 8 bytes of arguments, 4.2 us with 4 KB and 8.0 us with 32 KB
+// (benchmarks/RESULTS.md, 2026-11-23). So a launch whose tensors and blocks
+// fit the small table (SmallTensorListMeta, under 4 KB) is launched with it,
+// and only bigger launches pay for the large one; the planner fills the large
+// table and copies a launch that fits into the small one (Launch::small).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -47,17 +56,25 @@ constexpr int kParamBytes = 3900;
 constexpr int kMaxBlocks = 320;
 #else
 constexpr int kParamBytes = 32000;
-constexpr int kMaxBlocks = 1280;
+// 2,560 blocks: GPT-2 small's 124M fp32 grads in one launch, not two (the
+// second launch's tail cost 2.7 % of the bandwidth on an H100).
+constexpr int kMaxBlocks = 2560;
 #endif
+// The small table (see above); the same as the large one on old toolkits.
+constexpr int kSmallParamBytes = kParamBytes < 4000 ? kParamBytes : 4000;
+constexpr bool kHasSmallTable = kSmallParamBytes < kParamBytes;
 
 // Depth = number of tensor lists walked together (1 for unscale; the
 // optimizers walk param, grad, master, moments and step together). List d's
 // tensor t is addresses[d][t]; every list's tensor t has numel[t] elements
-// (the step slot, one element per tensor, is only read at offset 0).
-template <int Depth>
-struct TensorListMeta {
+// (the step slot, one element per tensor, is only read at offset 0). Bytes
+// and Blocks size the table (kernel-argument bytes, blocks per launch).
+template <int Depth, int Bytes, int Blocks>
+struct TensorListTable {
+  static constexpr int kBytes = Bytes;
+  static constexpr int kMaxBlocks = Blocks;
   static constexpr int kMaxTensors =
-      (kParamBytes - kMaxBlocks * 6 - 64) / (8 * (Depth + 1));
+      (Bytes - Blocks * 6 - 64) / (8 * (Depth + 1));
   static_assert(kMaxTensors > 0 && kMaxTensors < 65536, "bad table size");
 
   void* addresses[Depth][kMaxTensors];
@@ -69,6 +86,18 @@ struct TensorListMeta {
   // reduction partials, stochastic-rounding element numbers).
   int64_t block_offset;
 };
+
+template <int Depth>
+using TensorListMeta = TensorListTable<Depth, kParamBytes, kMaxBlocks>;
+// The small table holds as many blocks as tensors (every tensor takes at least
+// one block): 178 at depth 1, 56 at depth 7.
+constexpr int small_table_blocks(int depth) {
+  return kHasSmallTable ? (kSmallParamBytes - 64) / (6 + 8 * (depth + 1))
+                        : kMaxBlocks;
+}
+template <int Depth>
+using SmallTensorListMeta =
+    TensorListTable<Depth, kSmallParamBytes, small_table_blocks(Depth)>;
 
 // The position of one thread in a launch: blockIdx.x, threadIdx.x and
 // blockDim.x on the device, the emulated grid's loop indices on the host.
@@ -85,8 +114,8 @@ struct BlockSpan {
   int64_t length;
 };
 
-template <int Depth>
-MIXPREC_HD BlockSpan block_span(const TensorListMeta<Depth>& m, int block) {
+template <class Meta>
+MIXPREC_HD BlockSpan block_span(const Meta& m, int block) {
   const int t = m.block_to_tensor[block];
   const int64_t start = static_cast<int64_t>(m.block_to_chunk[block]) * kChunkSize;
   const int64_t rest = m.numel[t] - start;
@@ -110,14 +139,35 @@ struct PlanEntry {
 template <int Depth>
 using PlanList = std::vector<PlanEntry<Depth>>;
 
-// One launch of a plan: the kernel argument and its number of blocks.
-// (The empty constructor leaves the 32 KB table uninitialized: the planner
-// writes every entry a launch reads.)
+// One launch of a plan: the kernel argument and its number of blocks; when
+// its tensors and blocks fit the small table, also a copy of it there, which
+// is what gets launched (small). (The empty constructor leaves the tables
+// uninitialized: the planner writes every entry a launch reads.)
 template <int Depth>
 struct Launch {
   Launch() {}
   TensorListMeta<Depth> meta;
-  int blocks;
+  int blocks = 0;
+  int tensors = 0;  // entries of meta in use
+  bool small = false;
+  SmallTensorListMeta<Depth> small_meta;
+
+  // Copies meta into small_meta when it fits.
+  void shrink() {
+    using Small = SmallTensorListMeta<Depth>;
+    if (!kHasSmallTable || tensors > Small::kMaxTensors ||
+        blocks > Small::kMaxBlocks) {
+      return;
+    }
+    for (int d = 0; d < Depth; ++d) {
+      std::copy_n(meta.addresses[d], tensors, small_meta.addresses[d]);
+    }
+    std::copy_n(meta.numel, tensors, small_meta.numel);
+    std::copy_n(meta.block_to_tensor, blocks, small_meta.block_to_tensor);
+    std::copy_n(meta.block_to_chunk, blocks, small_meta.block_to_chunk);
+    small_meta.block_offset = meta.block_offset;
+    small = true;
+  }
 };
 
 template <int Depth>
@@ -138,6 +188,11 @@ void plan_launches(const PlanList<Depth>& entries, Launches<Depth>& out) {
     out.emplace_back();
     meta = &out.back().meta;
     meta->block_offset = offset;
+  };
+  auto close = [&](Launch<Depth>& l) {  // nb blocks over nt tensors
+    l.blocks = nb;
+    l.tensors = nt;
+    l.shrink();
   };
   for (const PlanEntry<Depth>& e : entries) {
     const int64_t numel = e.numel;
@@ -161,7 +216,7 @@ void plan_launches(const PlanList<Depth>& entries, Launches<Depth>& out) {
       ++nb;
       const bool last_chunk = c == chunks - 1;
       if (nb == kMaxBlocks || (nt == kMaxTensors && last_chunk)) {
-        out.back().blocks = nb;
+        close(out.back());
         offset += nb;
         nb = 0;
         if (last_chunk) {
@@ -181,7 +236,7 @@ void plan_launches(const PlanList<Depth>& entries, Launches<Depth>& out) {
     }
   }
   if (nb > 0) {
-    out.back().blocks = nb;
+    close(out.back());
   }
 }
 
@@ -201,6 +256,12 @@ template <class Exec, int Depth, typename Op, typename... Args>
 void run_launches(const Launches<Depth>& launches, const Op& op,
                   const Args&... args) {
   for (const Launch<Depth>& l : launches) {
+    if constexpr (kHasSmallTable) {
+      if (l.small) {
+        Exec::launch(l.small_meta, l.blocks, op, args...);
+        continue;
+      }
+    }
     Exec::launch(l.meta, l.blocks, op, args...);
   }
 }

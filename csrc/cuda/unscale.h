@@ -32,7 +32,8 @@ constexpr int kNoNorm = -1;
 // values. For norms the block's total goes to partials[block number].
 template <typename scalar_t, bool kUnscale, int Kind, bool kWrite>
 struct UnscaleOpBase {
-  MIXPREC_HD double run(const TensorListMeta<1>& meta, GridPos pos,
+  template <class Meta>  // TensorListMeta<1> or SmallTensorListMeta<1>
+  MIXPREC_HD double run(const Meta& meta, GridPos pos,
                         float* found_inf, const float* inv_scale,
                         float norm_type) const {
     using opmath_t = at::opmath_type<scalar_t>;
@@ -109,12 +110,14 @@ struct UnscaleOpBase {
 template <typename scalar_t, bool kUnscale, int Kind, bool kWrite = true>
 struct UnscaleOp : UnscaleOpBase<scalar_t, kUnscale, Kind, kWrite> {
   static constexpr int kReduceKind = Kind;
-  MIXPREC_HD double operator()(const TensorListMeta<1>& meta, GridPos pos,
+  template <class Meta>
+  MIXPREC_HD double operator()(const Meta& meta, GridPos pos,
                                float* found_inf, const float* inv_scale,
                                double* /*partials*/, float norm_type) const {
     return this->run(meta, pos, found_inf, inv_scale, norm_type);
   }
-  MIXPREC_HD void block_result(const TensorListMeta<1>& meta, GridPos pos,
+  template <class Meta>
+  MIXPREC_HD void block_result(const Meta& meta, GridPos pos,
                                double total, float*, const float*,
                                double* partials, float) const {
     partials[meta.block_offset + pos.block] = total;
@@ -125,7 +128,8 @@ struct UnscaleOp : UnscaleOpBase<scalar_t, kUnscale, Kind, kWrite> {
 template <typename scalar_t, bool kUnscale, bool kWrite>
 struct UnscaleOp<scalar_t, kUnscale, kNoNorm, kWrite>
     : UnscaleOpBase<scalar_t, kUnscale, kNoNorm, kWrite> {
-  MIXPREC_HD void operator()(const TensorListMeta<1>& meta, GridPos pos,
+  template <class Meta>
+  MIXPREC_HD void operator()(const Meta& meta, GridPos pos,
                              float* found_inf, const float* inv_scale,
                              double* /*partials*/, float norm_type) const {
     this->run(meta, pos, found_inf, inv_scale, norm_type);

@@ -77,10 +77,11 @@ struct HostExec {
     }
   }
 
-  template <int Depth, typename Op, typename... Args>
-  static void launch(const cuda::TensorListMeta<Depth>& meta, int blocks,
-                     const Op& op, const Args&... args) {
-    TORCH_INTERNAL_ASSERT(blocks > 0 && blocks <= cuda::kMaxBlocks);
+  // Meta: a TensorListMeta or SmallTensorListMeta (launch_plan.h).
+  template <class Meta, typename Op, typename... Args>
+  static void launch(const Meta& meta, int blocks, const Op& op,
+                     const Args&... args) {
+    TORCH_INTERNAL_ASSERT(blocks > 0 && blocks <= Meta::kMaxBlocks);
     for (int b = 0; b < blocks; ++b) {
       run_block(b, kBlockSize, op, meta, args...);
     }
@@ -102,12 +103,18 @@ struct PlanOnlyExec {
   // Totals since load, for the benchmark's check that the plans were made.
   static inline std::atomic<int64_t> launches{0};
   static inline std::atomic<int64_t> blocks{0};
+  // Multi-tensor launches made with the small table (SmallTensorListMeta).
+  static inline std::atomic<int64_t> small_launches{0};
 
-  template <int Depth, typename Op, typename... Args>
-  static void launch(const cuda::TensorListMeta<Depth>&, int nblocks, const Op&,
-                     const Args&...) {
+  template <class Meta, typename Op, typename... Args>
+  static void launch(const Meta&, int nblocks, const Op&, const Args&...) {
+    TORCH_INTERNAL_ASSERT(nblocks > 0 && nblocks <= Meta::kMaxBlocks);
     launches.fetch_add(1, std::memory_order_relaxed);
     blocks.fetch_add(nblocks, std::memory_order_relaxed);
+    if constexpr (cuda::kHasSmallTable &&
+                  Meta::kBytes == cuda::kSmallParamBytes) {
+      small_launches.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 
   template <typename Op, typename... Args>

@@ -23,6 +23,9 @@ namespace {
 
 int64_t planned_blocks() { return PlanOnlyExec::blocks.load(); }
 int64_t planned_launches() { return PlanOnlyExec::launches.load(); }
+int64_t planned_small_launches() {
+  return PlanOnlyExec::small_launches.load();
+}
 
 // Plan reuse (cuda::PlanReuse, launch_plan.h): the counters of every CUDA
 // launcher in this process (emulated, plan-only and, in a CUDA build, the
@@ -80,6 +83,8 @@ TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CPU, m) {
 TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CompositeExplicitAutograd, m) {
   m.impl("planned_blocks", &mixprec::cuda_emulation::planned_blocks);
   m.impl("planned_launches", &mixprec::cuda_emulation::planned_launches);
+  m.impl("planned_small_launches",
+         &mixprec::cuda_emulation::planned_small_launches);
   m.impl("plan_cache_stats", &mixprec::cuda_emulation::plan_cache_stats);
   m.impl("set_plan_reuse", &mixprec::cuda_emulation::set_plan_reuse);
   m.impl("clear_plan_cache", &mixprec::cuda_emulation::clear_plan_cache);

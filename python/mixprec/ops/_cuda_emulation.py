@@ -14,7 +14,9 @@ on CUDA tensors (up to device libm rounding in p-norms; see host_exec.h).
 ``ops().plan_<op>`` (the multi-tensor ops) does the launcher's host work only --
 checks, flattening, grouping, launch plans -- and launches nothing; with
 ``planned_blocks()`` / ``planned_launches()`` (totals since load) it measures the
-host cost of the CUDA ops without a GPU (benchmarks/bench_launch_plan.py).
+host cost of the CUDA ops without a GPU (benchmarks/bench_launch_plan.py);
+``planned_small_launches()`` counts the launches that fit the small kernel-argument
+table (``SmallTensorListMeta``), which launch faster.
 
 The CUDA launchers reuse their launch plan when a call passes the same tensors as a
 recent one (``PlanCache`` in csrc/cuda/launch_plan.h). ``plan_cache_stats()`` counts
@@ -64,6 +66,7 @@ def _define() -> None:
                 lib.define("plan_" + schema.split("::", 1)[1])
         lib.define("planned_blocks() -> int")
         lib.define("planned_launches() -> int")
+        lib.define("planned_small_launches() -> int")
         lib.define("plan_cache_stats() -> int[]")
         lib.define("set_plan_reuse(bool enabled) -> bool")
         lib.define("clear_plan_cache() -> ()")
