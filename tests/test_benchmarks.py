@@ -5,6 +5,8 @@ run a case, and its exit status says so. Run in-process on CPU, in tiny configur
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Iterator, List
@@ -375,3 +377,13 @@ def test_gpu_check_stops_at_once_without_a_gpu(
     monkeypatch.setattr(gpu_check, "probe", lambda *a: {"torch": "2.x", "cuda": False})
     assert gpu_check.main(["--out", str(tmp_path)]) == 2
     assert "no GPU visible (torch.cuda.is_available() is False" in capsys.readouterr().err
+
+
+def test_gpu_check_runs_an_absolute_interpreter(tmp_path: Path) -> None:
+    # ctest runs the interpreter from its own folders: a bare "python3" there is taken
+    # as a path and not found (the C++ interop tests were "Not Run" on the H100)
+    args = argparse.Namespace(python="python3", cpu_smoke=True, inplace=False,
+                              jobs=1, cxx=None, cc=None, out=str(tmp_path), skip=[], budget=[],
+                              max_numel=2**26, pytest_args=[])
+    check = gpu_check.Check(args)
+    assert os.path.isabs(check.py) and os.path.isfile(check.py), check.py

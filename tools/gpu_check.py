@@ -270,7 +270,9 @@ class Check:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.smoke: bool = args.cpu_smoke
-        self.py: str = args.python
+        # absolute: CMake's tests run the interpreter from their own folders, where a bare
+        # "python3" is looked up as a path and not found (ctest "Not Run")
+        self.py: str = os.path.abspath(shutil.which(args.python) or args.python)
         self.out = (ROOT / args.out).resolve()
         self.out.mkdir(parents=True, exist_ok=True)
         self.jobs: int = args.jobs
