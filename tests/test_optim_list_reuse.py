@@ -374,3 +374,105 @@ def test_collect_grads_fast_path_equals_the_loop(device: str, name: str, allow_f
     assert outcomes[0] == outcomes[1]
     if name == "mixed dtypes" and not allow_fp16:
         assert outcomes[0] == "Attempting to unscale FP16 gradients."
+
+
+# ---------------------------------------------------------------------------
+# The snapshots and checks behind _reuse (csrc/python/list_watch.h), one change at a time.
+
+_WATCH = mixprec.optim._base._WATCH
+needs_watch = pytest.mark.skipif(_WATCH is None, reason="needs mixprec._C")
+
+
+def _watched() -> List[torch.nn.Parameter]:
+    ps = [torch.nn.Parameter(torch.randn(4)), torch.nn.Parameter(torch.randn(2, 3).half()),
+          torch.nn.Parameter(torch.randn(3))]
+    ps[0].grad = torch.randn(4)
+    ps[1].grad = torch.randn(2, 3).half()
+    return ps
+
+
+def _retype(ps: Params) -> None:
+    ps[2].data = ps[2].data.double()
+
+
+def _resize(ps: Params) -> None:
+    ps[2].data = torch.randn(2)
+
+
+def _replace_param(ps: Params) -> None:
+    ps[1] = torch.nn.Parameter(ps[1].detach())  # same storage, another object
+
+
+PARAM_CHANGES: Dict[str, Callable[[Params], None]] = {
+    "data replaced": lambda ps: setattr(ps[0], "data", torch.randn(4)),
+    "data retyped": _retype,
+    "data resized": _resize,
+    "grad added": lambda ps: setattr(ps[2], "grad", torch.randn(3)),
+    "grad removed": lambda ps: setattr(ps[0], "grad", None),
+    "param replaced": _replace_param,
+    "param appended": lambda ps: ps.append(torch.nn.Parameter(torch.randn(1))),
+    "param removed": lambda ps: ps.pop(),
+    "params reordered": lambda ps: ps.reverse(),
+}
+
+
+@needs_watch
+@pytest.mark.parametrize("change", list(PARAM_CHANGES))
+def test_params_watch_sees_each_change(change: str) -> None:
+    ps = _watched()
+    snap = _WATCH.watch_params(ps)
+    grads = _WATCH.params_grads(ps, snap)
+    assert grads[0] is ps[0].grad and grads[1] is ps[1].grad and grads[2] is None
+    ps[0].grad = torch.randn(4)  # a new grad object: still the same lists
+    ps[0].data.add_(1.0)  # changed in place: the same
+    assert _WATCH.params_grads(ps, snap)[0] is ps[0].grad
+    PARAM_CHANGES[change](ps)
+    assert _WATCH.params_grads(ps, snap) is None
+
+
+@needs_watch
+def test_params_watch_refuses_tensor_subclasses() -> None:
+    class Sub(torch.Tensor):
+        pass
+
+    ps = _watched() + [torch.randn(3).as_subclass(Sub)]
+    assert _WATCH.watch_params(ps) is None
+    with pytest.raises(TypeError):
+        _WATCH.params_grads(ps, "not a snapshot")
+
+
+ITEM_CHANGES: Dict[str, Callable[[List[Dict[str, Any]]], None]] = {
+    "value replaced": lambda ds: ds[0].__setitem__("exp_avg", torch.zeros(3)),
+    "key added": lambda ds: ds[1].__setitem__("extra", 1),
+    "key removed": lambda ds: ds[1].pop("step"),
+    "reordered": lambda ds: ds[0].__setitem__("step", ds[0].pop("step")),
+    "equal key, other object": lambda ds: ds[0].__setitem__(
+        "".join(["exp", "_avg"]), ds[0].pop("exp_avg")),
+    "dict cleared": lambda ds: ds[1].clear(),
+}
+
+
+@needs_watch
+@pytest.mark.parametrize("change", list(ITEM_CHANGES))
+def test_items_watch_sees_each_change(change: str) -> None:
+    ds = [{"step": torch.zeros(()), "exp_avg": torch.randn(3)}, {"step": torch.zeros(())}]
+    snap = _WATCH.watch_items(ds)
+    ds[0]["exp_avg"].add_(1.0)  # changed in place: the same
+    assert _WATCH.items_unchanged(ds, snap)
+    ITEM_CHANGES[change](ds)
+    assert not _WATCH.items_unchanged(ds, snap)
+    assert not _WATCH.items_unchanged(ds[:1], snap)  # another list of dicts
+    assert _WATCH.watch_items([{}, 3]) is None
+
+
+def test_state_mapping_change_drops_every_plan(device: str) -> None:
+    """A param's state dict replaced in ``optimizer.state`` (checked once per step for the
+    whole mapping): every group rebuilds, and both optimizers agree."""
+    a, oa, b, ob = _pair(OPTIMIZERS["AdamW"], device)
+    spy = Spy(oa)
+    _steps(a, oa, b, ob, (1, 2))
+    for opt, ps in ((oa, a), (ob, b)):
+        opt.state[ps[0]] = copy.deepcopy(opt.state[ps[0]])
+    spy.hits = 0
+    _steps(a, oa, b, ob, (3, 4))
+    assert spy.hits == 1  # step 3 rebuilt, step 4 reused

@@ -1,12 +1,14 @@
 // The Python extension module mixprec._C. Loading it runs the static
 // registrations of every op (TORCH_LIBRARY / TORCH_LIBRARY_IMPL); the module
-// carries the build configuration as constants and the eager fast path of
-// the ops (python/fast_call.h), which mixprec.ops uses outside torch.compile.
+// carries the build configuration as constants, the eager fast path of
+// the ops (python/fast_call.h), which mixprec.ops uses outside torch.compile,
+// and the checks behind the optimizers' list reuse (python/list_watch.h).
 #include <Python.h>
 
 #include "common/op_table.h"
 #include "mixprec/build_info.h"
 #include "python/fast_call.h"
+#include "python/list_watch.h"
 
 #include <iterator>
 
@@ -49,6 +51,18 @@ PyMethodDef methods[] = {
    METH_VARARGS, nullptr},
     MIXPREC_FOR_EACH_OP(MIXPREC_FAST_ENTRY_)
 #undef MIXPREC_FAST_ENTRY_
+    {"watch_params", mixprec::python::watch_params, METH_O,
+     "watch_params(params) -> snapshot of the params (objects, data pointers, "
+     "numel, dtype, device, grad present), or None for a tensor subclass."},
+    {"params_grads", mixprec::python::params_grads, METH_VARARGS,
+     "params_grads(params, snapshot) -> the params' grads (None where absent) "
+     "when nothing the snapshot holds changed, else None."},
+    {"watch_items", mixprec::python::watch_items, METH_O,
+     "watch_items(dicts) -> snapshot of the dicts' keys and values, or None "
+     "when an item is not a dict."},
+    {"items_unchanged", mixprec::python::items_unchanged, METH_VARARGS,
+     "items_unchanged(dicts, snapshot) -> whether the dicts hold the very same "
+     "keys and values, in the same order."},
     {"emu_plan_unscale_and_check_",
      fast<kPlanUnscaleAndCheck, OpSig<&mixprec::unscale_and_check_>>,
      METH_VARARGS, nullptr},

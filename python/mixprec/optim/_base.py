@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
-from itertools import chain, repeat
+from itertools import chain
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
+from ..ops._extension import _C
 from . import flat as _flat
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -38,29 +38,29 @@ _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 Bucket = Dict[str, List[Tensor]]
 BucketKey = Tuple[torch.device, bool]
 
-_get_grad = operator.attrgetter("grad")
-_data_ptr = Tensor.data_ptr
-#: bucket list -> the state key its tensors come from
-_STATE_KEY = {"state_steps": "step", "master_params": "master_param"}
+#: The snapshots and one-pass checks of the list reuse (csrc/python/list_watch.h); without
+#: the extension the lists are built every step.
+_WATCH = _C if _C is not None and hasattr(_C, "params_grads") else None
+Snapshot = Tuple[Tuple[Any, ...], bytes]
 
 
 @dataclasses.dataclass
 class _GroupPlan:
     """The op's tensor lists of one param group as :meth:`FusedOptimizer._buckets` built
-    them, and everything they were built from, so that a later step with the same params,
-    the same state tensors and grads in the same places reuses them (the grads are read
-    afresh every step). See :meth:`FusedOptimizer._reuse`."""
+    them, and snapshots of everything they were built from, so that a later step with the
+    same params, the same state tensors and grads in the same places reuses them (the
+    grads are read afresh every step). See :meth:`FusedOptimizer._reuse`."""
 
     group: Dict[str, Any]
     state: Any  # the optimizer's ``state`` mapping itself
     names: List[str]
     master_weights: Any
-    param_ptrs: List[int]
-    no_grad: List[bool]  # per param: grad was None
-    states: List[Any]  # per param: its state dict, or None
+    params: Snapshot  # _C.watch_params(group["params"])
+    dicts: List[Dict[str, Any]]  # the state dicts the lists were read from
+    items: Snapshot  # _C.watch_items(dicts)
     # per bucket: (key, lists without "grads", positions in the group (None: all, in
-    # order), their state dicts)
-    buckets: List[Tuple[BucketKey, Bucket, Optional[List[int]], List[Dict[str, Any]]]]
+    # order))
+    buckets: List[Tuple[BucketKey, Bucket, Optional[List[int]]]]
 
 
 def _check_nonneg(cls: str, name: str, value: Any) -> None:
@@ -87,6 +87,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, defaults: Dict[str, Any]) -> None:
         self._lr_cache: Dict[Tuple[int, torch.device], Tuple[float, Tensor]] = {}
         self._plans: Dict[int, _GroupPlan] = {}
+        self._state_items: Optional[Snapshot] = None  # _C.watch_items([self.state])
         super().__init__(params, defaults)
 
     # -- hooks for subclasses -------------------------------------------------
@@ -114,6 +115,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         if not hasattr(self, "_lr_cache"):
             self._lr_cache = {}
         self._plans = {}
+        self._state_items = None
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 if key != "params":
@@ -203,8 +205,19 @@ class FusedOptimizer(torch.optim.Optimizer):
                 )
         if len(self._plans) > len(self.param_groups):  # groups were removed: drop theirs
             self._plans = {i: p for i, p in self._plans.items() if i < len(self.param_groups)}
+        # Every plan assumes self.state maps each param to the dict it was built from: one
+        # pass over the mapping per step proves it (any entry added, removed or replaced
+        # drops every plan), and the snapshot is retaken after a step that built lists.
+        # (Nothing is stored while torch.compile traces: _buckets builds every time.)
+        eager = not torch.compiler.is_compiling()
+        if eager and self._plans and not (
+                self._state_items is not None and _WATCH is not None
+                and _WATCH.items_unchanged((self.state,), self._state_items)):
+            self._plans = {}
         for index, group in enumerate(self.param_groups):
             self._step_group(index, group, grad_scale, found_inf, clip_coef)
+        if eager and self._plans and self._state_items is None:
+            self._state_items = _WATCH.watch_items((self.state,))
         return loss
 
     # -- internals ------------------------------------------------------------
@@ -295,62 +308,46 @@ class FusedOptimizer(torch.optim.Optimizer):
                   buckets: Dict[BucketKey, Bucket], positions: Dict[BucketKey, List[int]],
                   dicts: Dict[BucketKey, List[Dict[str, Any]]]) -> None:
         params = group["params"]
-        grads = list(map(_get_grad, params))
+        snap = _WATCH.watch_params(params) if _WATCH is not None else None
+        if snap is None:  # no extension, or a tensor subclass among the params
+            return
+        all_dicts = [d for key in buckets for d in dicts[key]]
         self._plans[index] = _GroupPlan(
             group=group, state=self.state, names=list(names),
-            master_weights=group.get("master_weights", True),
-            param_ptrs=list(map(_data_ptr, params)),
-            no_grad=list(map(operator.is_, grads, repeat(None))),
-            states=list(map(self.state.get, params)),
+            master_weights=group.get("master_weights", True), params=snap,
+            dicts=all_dicts, items=_WATCH.watch_items(all_dicts),
             buckets=[(key, {n: v for n, v in b.items() if n != "grads"},
-                      None if len(positions[key]) == len(params) else positions[key],
-                      dicts[key]) for key, b in buckets.items()])
+                      None if len(positions[key]) == len(params) else positions[key])
+                     for key, b in buckets.items()])
+        self._state_items = None  # retaken at the end of the step
 
     def _reuse(self, index: int, group: Dict[str, Any]) -> Optional[Dict[BucketKey, Bucket]]:
         """Last step's lists with this step's grads, or None when anything they were built
         from changed.
 
-        Checked every step, at C speed (``map`` over the params): the same group, state
-        mapping, state names and ``master_weights``; the same data pointer per param (so the
-        same dtype, device and storage: a replaced ``.data``, an added, removed or moved
-        param misses); a grad exactly where there was one; the same state dict per param
-        (another param object has none, or another); and every state tensor (moments, step
-        count, master) the very tensor listed. A param object replaced by one over the same
-        storage that was given the same state dict passes, and is then stepped right: the
-        listed object writes the same memory, and the grads are read from the group's
-        params. Anything else returns None and the lists are rebuilt. Tensors changed in
-        place keep their identity and are read afresh by the kernels; the grads' layout (a
+        Checked every step, each in one pass at C speed (``csrc/python/list_watch.h``):
+        the same group, state mapping, state names and ``master_weights``; every param the
+        very object listed, with the same data pointer, numel, dtype and device (a
+        replaced ``.data``, an added, removed, moved or replaced param misses) and a grad
+        exactly where there was one; the optimizer's ``state`` mapping holding the same
+        keys and values as after the last step that built lists (checked once per step in
+        :meth:`step`: so each param still has its state dict); and each of those state
+        dicts holding the very same keys and tensors (moments, step count, master).
+        Anything else returns None and the lists are rebuilt. Tensors changed in place
+        keep their identity and are read afresh by the kernels; the grads' layout (a
         sparse one is refused, naming it), sizes, dtypes and devices are checked by the op
         before it writes anything.
         """
         plan = self._plans.get(index)
-        if plan is None or plan.group is not group or plan.state is not self.state:
+        if (plan is None or plan.group is not group or plan.state is not self.state
+                or plan.master_weights != group.get("master_weights", True)):
             return None
-        params = group["params"]
-        if (plan.master_weights != group.get("master_weights", True)
-                or plan.param_ptrs != list(map(_data_ptr, params))):
+        grads = _WATCH.params_grads(group["params"], plan.params)
+        if (grads is None or plan.names != self._state_names(group)
+                or not _WATCH.items_unchanged(plan.dicts, plan.items)):
             return None
-        grads = list(map(_get_grad, params))
-        if plan.no_grad != list(map(operator.is_, grads, repeat(None))):
-            return None
-        if plan.names != self._state_names(group):
-            return None
-        if not all(map(operator.is_, map(self.state.get, params), plan.states)):
-            return None
-        out: Dict[BucketKey, Bucket] = {}
-        for key, lists, ks, dicts in plan.buckets:
-            for name, tensors in lists.items():
-                if name == "params" or not tensors:  # (no masters: an empty list)
-                    continue
-                getter = operator.itemgetter(_STATE_KEY.get(name, name))
-                try:
-                    if not all(map(operator.is_, map(getter, dicts), tensors)):
-                        return None
-                except KeyError:
-                    return None
-            bucket_grads = grads if ks is None else [grads[k] for k in ks]
-            out[key] = {**lists, "grads": bucket_grads}
-        return out
+        return {key: {**lists, "grads": grads if ks is None else [grads[k] for k in ks]}
+                for key, lists, ks in plan.buckets}
 
     def _step_group(self, index: int, group: Dict[str, Any], grad_scale: Optional[Tensor],
                     found_inf: Optional[Tensor], clip_coef: Optional[Tensor]) -> None:
