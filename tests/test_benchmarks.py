@@ -350,6 +350,8 @@ def test_gpu_check_reads_pytest_sanitizer_and_ctest_summaries() -> None:
     assert gpu_check.parse_workload("gpu_workload: 300 passed, 2 failed, 0 skipped\n") == (
         300, 2, 0)
     assert gpu_check.parse_ctest("92% tests passed, 1 tests failed out of 12\n") == (1, 12)
+    # ctest on the H100 machine, nothing failed
+    assert gpu_check.parse_ctest("100% tests passed out of 12\n\nTotal Test time") == (0, 12)
     ctest = ("100% tests passed, 0 tests failed out of 12\n\nThe following tests did not run:"
              "\n\t 11 - mixprec_example_twin_cuda_fp16 (Skipped)\n")
     assert gpu_check.parse_ctest(ctest) == (0, 12)

@@ -115,9 +115,10 @@ def parse_workload(text: str) -> Optional[Tuple[int, int, int]]:
 
 
 def parse_ctest(text: str) -> Optional[Tuple[int, int]]:
-    """(failed, total) from ctest's "N% tests passed, F tests failed out of T"."""
-    m = re.findall(r"tests passed, (\d+) tests? failed out of (\d+)", text)
-    return (int(m[-1][0]), int(m[-1][1])) if m else None
+    """(failed, total) from ctest's "N% tests passed, F tests failed out of T" (or, when
+    none failed, newer ctest's "100% tests passed out of T")."""
+    m = re.findall(r"tests passed(?:, (\d+) tests? failed)? out of (\d+)", text)
+    return (int(m[-1][0] or 0), int(m[-1][1])) if m else None
 
 
 def ctest_skipped(text: str) -> List[str]:
