@@ -637,3 +637,68 @@ def test_checkpoint_of_flat_optimizer_loads_into_torch_adamw() -> None:
     torch_opt.load_state_dict(sd)
     train(ref, torch_opt, 1, set_to_none=True)
     assert [float(torch_opt.state[p]["step"]) for p in ref.parameters()] == [3.0] * 7
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole-group bucket is kept across steps (FusedOptimizer._reuse) and the scaler's answer
+# too (detect._coalesce): one C pass per step, and any change is seen.
+
+def _replace_grad(model: Net) -> None:
+    g = model.b.weight.grad
+    model.b.weight.grad = g.clone()  # not the view any more
+
+
+def _replace_data(model: Net) -> None:
+    with torch.no_grad():
+        model.b.weight.data = model.b.weight.data.clone()
+
+
+def _replace_state(model: Net, opt: torch.optim.Optimizer, fb: Any) -> None:
+    st = opt.state[model.b.weight]
+    opt.state[model.b.weight] = {k: (v.clone() if k != "step" else v) for k, v in st.items()}
+
+
+FLAT_CHANGES: Dict[str, Callable[[Net, torch.optim.Optimizer, Any], None]] = {
+    "nothing": lambda m, o, fb: None,
+    "grad replaced": lambda m, o, fb: _replace_grad(m),
+    "data replaced": lambda m, o, fb: _replace_data(m),
+    "buffer removed": lambda m, o, fb: fb.remove() if fb is not None else None,
+    "state dict replaced": _replace_state,
+    "moment replaced": lambda m, o, fb: o.state[m.a.bias].__setitem__(
+        "exp_avg", o.state[m.a.bias]["exp_avg"].clone()),
+}
+
+
+def _spy(inner: Callable[..., Any], hits: List[bool]) -> Callable[..., Any]:
+    def reuse(index: int, group: Dict[str, Any]) -> Any:
+        out = inner(index, group)
+        hits.append(out is not None)
+        return out
+    return reuse
+
+
+@pytest.mark.parametrize("change", list(FLAT_CHANGES))
+def test_kept_whole_bucket_sees_each_change(calls: List[Tuple[str, int]], change: str) -> None:
+    results = []
+    for flat in (False, True):
+        model = make(torch.float32)
+        fb = mixprec.flat_buffers(model) if flat else None
+        opt = mixprec.optim.Adam(model.parameters(), lr=1e-2)
+        scaler = mixprec.GradScaler("cpu", init_scale=2.0**8)
+        hits: List[bool] = []
+        opt._reuse = _spy(opt._reuse, hits)  # type: ignore[method-assign]
+        calls.clear()
+        train(model, opt, 6, set_to_none=False, scaler=scaler,
+              between=lambda it, m=model, o=opt, f=fb: FLAT_CHANGES[change](m, o, f)
+              if it == 4 else None)
+        results.append((model, opt, list(calls), hits))
+    (m1, o1, _, _), (m2, o2, c2, hits) = results
+    assert_same(m1, m2, o1, o2)  # bitwise: nothing stale was stepped
+    assert c2[:8] == [("check_finite_", 1), ("fused_adam_", 1)] * 4  # one slice each
+    assert hits[:4] == [False, False, True, True]  # kept from step 2 on
+    if change == "nothing":
+        assert c2[8:] == [("check_finite_", 1), ("fused_adam_", 1)] * 2 and all(hits[2:])
+    else:
+        assert not hits[4]  # the step after the change built its lists again
+        if change in ("grad replaced", "data replaced", "buffer removed"):
+            assert c2[9] != ("fused_adam_", 1)  # and no longer one slice

@@ -331,6 +331,10 @@ def test_no_reuse_while_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- the scaler's grad collection ---------------------------------------------------------
 
 
+class _MyParam(torch.nn.Parameter):
+    pass
+
+
 def _collect(opt: torch.optim.Optimizer, allow_fp16: bool, loop: bool,
              monkeypatch: pytest.MonkeyPatch) -> Dict[torch.device, List[Any]]:
     with monkeypatch.context() as m:
@@ -347,6 +351,8 @@ GROUPS: Dict[str, Callable[[str], List[Dict[str, Any]]]] = {
     "some grads None": lambda dev: [{"params": _setup(dev, 1)}, {"params": _setup(dev, 2)}],
     "empty group": lambda dev: [{"params": []}, {"params": _setup(dev, 3)}],
     "sparse grad": lambda dev: [{"params": _setup(dev, 4)}],
+    "a Parameter subclass": lambda dev: [{"params": _setup(dev, 5)[:2] + [_MyParam(
+        torch.randn(3, device=dev))]}],
 }
 
 
@@ -420,14 +426,14 @@ PARAM_CHANGES: Dict[str, Callable[[Params], None]] = {
 @pytest.mark.parametrize("change", list(PARAM_CHANGES))
 def test_params_watch_sees_each_change(change: str) -> None:
     ps = _watched()
-    snap = _WATCH.watch_params(ps)
-    grads = _WATCH.params_grads(ps, snap)
+    snap = _WATCH.watch_tensors(ps, False)
+    grads = _WATCH.tensors_grads(ps, snap, True)
     assert grads[0] is ps[0].grad and grads[1] is ps[1].grad and grads[2] is None
     ps[0].grad = torch.randn(4)  # a new grad object: still the same lists
     ps[0].data.add_(1.0)  # changed in place: the same
-    assert _WATCH.params_grads(ps, snap)[0] is ps[0].grad
+    assert _WATCH.tensors_grads(ps, snap, True)[0] is ps[0].grad
     PARAM_CHANGES[change](ps)
-    assert _WATCH.params_grads(ps, snap) is None
+    assert _WATCH.tensors_grads(ps, snap, True) is None
 
 
 @needs_watch
@@ -436,9 +442,9 @@ def test_params_watch_refuses_tensor_subclasses() -> None:
         pass
 
     ps = _watched() + [torch.randn(3).as_subclass(Sub)]
-    assert _WATCH.watch_params(ps) is None
+    assert _WATCH.watch_tensors(ps, False) is None
     with pytest.raises(TypeError):
-        _WATCH.params_grads(ps, "not a snapshot")
+        _WATCH.tensors_grads(ps, "not a snapshot", True)
 
 
 ITEM_CHANGES: Dict[str, Callable[[List[Dict[str, Any]]], None]] = {
@@ -476,3 +482,26 @@ def test_state_mapping_change_drops_every_plan(device: str) -> None:
     spy.hits = 0
     _steps(a, oa, b, ob, (3, 4))
     assert spy.hits == 1  # step 3 rebuilt, step 4 reused
+
+
+@needs_watch
+@pytest.mark.parametrize("change", ["nothing", "grad replaced", "grad data replaced",
+                                    "grad removed", "grad added"])
+def test_params_watch_with_grads_sees_grad_changes(change: str) -> None:
+    """Snapshots taken with_grads (flat-buffer mode: the grads are kept views) also hold
+    each grad object and its data pointer."""
+    ps = _watched()
+    snap = _WATCH.watch_tensors(ps, True)
+    ps[0].grad.add_(1.0)  # changed in place: the same
+    if change == "grad replaced":
+        ps[0].grad = ps[0].grad.clone()
+    elif change == "grad data replaced":
+        ps[1].grad.data = ps[1].grad.data.clone()
+    elif change == "grad removed":
+        ps[1].grad = None
+    elif change == "grad added":
+        ps[2].grad = torch.randn(3)
+    same = _WATCH.tensors_grads(ps, snap, False)
+    assert same is (True if change == "nothing" else None)
+    grads = _WATCH.tensors_grads(ps, snap, True)
+    assert (grads is not None) == (change == "nothing")

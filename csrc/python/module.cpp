@@ -51,12 +51,16 @@ PyMethodDef methods[] = {
    METH_VARARGS, nullptr},
     MIXPREC_FOR_EACH_OP(MIXPREC_FAST_ENTRY_)
 #undef MIXPREC_FAST_ENTRY_
-    {"watch_params", mixprec::python::watch_params, METH_O,
-     "watch_params(params) -> snapshot of the params (objects, data pointers, "
-     "numel, dtype, device, grad present), or None for a tensor subclass."},
-    {"params_grads", mixprec::python::params_grads, METH_VARARGS,
-     "params_grads(params, snapshot) -> the params' grads (None where absent) "
+    {"watch_tensors", mixprec::python::watch_tensors, METH_VARARGS,
+     "watch_tensors(tensors, with_grads) -> snapshot of the tensors (objects, "
+     "data pointers, numel, dtype, device, grad present; with_grads: the grad "
+     "objects and their data pointers), or None for a tensor subclass."},
+    {"tensors_grads", mixprec::python::tensors_grads, METH_VARARGS,
+     "tensors_grads(tensors, snapshot) -> the tensors' grads (None where absent) "
      "when nothing the snapshot holds changed, else None."},
+    {"dense_grads", mixprec::python::dense_grads, METH_VARARGS,
+     "dense_grads(params, allow_fp16) -> the params' grads (those not None) when "
+     "all are dense, on one device and allowed, else None."},
     {"watch_items", mixprec::python::watch_items, METH_O,
      "watch_items(dicts) -> snapshot of the dicts' keys and values, or None "
      "when an item is not a dict."},

@@ -16,13 +16,13 @@ here syncs with the host.
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .. import ops
+from ..ops._extension import WATCH as _WATCH
 
 __all__ = [
     "fp16_grads_allowed",
@@ -88,29 +88,18 @@ def collect_grads(
     return per_device
 
 
-_get_grad = operator.attrgetter("grad")
-_get_layout = operator.attrgetter("layout")
-_get_dtype = operator.attrgetter("dtype")
-_get_device = operator.attrgetter("device")
-
-
 def _dense_one_device(params: List[Any], allow_fp16: bool
                       ) -> Optional[Tuple[Optional[torch.device], List[Tensor]]]:
-    """``(device, grads)`` of a param group whose grads are all dense, on one device and
-    allowed (no float16 unless ``allow_fp16``), found with ``map`` at C speed; None
-    for anything else (the per-param loop then handles it, errors included)."""
-    if torch.compiler.is_compiling() or not all(
-            issubclass(t, Tensor) for t in set(map(type, params))):
+    """``(device, grads)`` of a param group of plain tensors whose grads are all dense, on
+    one device and allowed (no float16 unless ``allow_fp16``), found in one C pass
+    (``_C.dense_grads``, csrc/python/list_watch.h); None for anything else (the per-param
+    loop then handles it, errors included), and while torch.compile traces."""
+    if _WATCH is None or torch.compiler.is_compiling():
         return None
-    grads = [g for g in map(_get_grad, params) if g is not None]
-    if not grads:
-        return None, grads
-    devices = set(map(_get_device, grads))
-    if len(devices) != 1 or set(map(_get_layout, grads)) != {torch.strided}:
+    grads = _WATCH.dense_grads(params, allow_fp16)
+    if grads is None:
         return None
-    if not allow_fp16 and torch.float16 in set(map(_get_dtype, grads)):
-        return None
-    return devices.pop(), grads
+    return (grads[0].device if grads else None), grads
 
 
 def reduce_found_inf(per_device: Flags, home: torch.device, group: Optional[Any]) -> Flags:

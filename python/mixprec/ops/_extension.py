@@ -72,6 +72,10 @@ def _load() -> Optional[ModuleType]:
 
 
 _C: Optional[ModuleType] = _load()
+#: The snapshots and one-pass checks (``watch_tensors``/``tensors_grads``,
+#: ``watch_items``/``items_unchanged``, csrc/python/list_watch.h) behind the reuse of
+#: tensor lists across steps; None without the extension (lists built every step).
+WATCH: Optional[ModuleType] = _C if _C is not None and hasattr(_C, "tensors_grads") else None
 
 
 def has_extension() -> bool:

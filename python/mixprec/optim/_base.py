@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..ops._extension import _C
+from ..ops._extension import WATCH as _WATCH
 from . import flat as _flat
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -38,9 +38,6 @@ _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 Bucket = Dict[str, List[Tensor]]
 BucketKey = Tuple[torch.device, bool]
 
-#: The snapshots and one-pass checks of the list reuse (csrc/python/list_watch.h); without
-#: the extension the lists are built every step.
-_WATCH = _C if _C is not None and hasattr(_C, "params_grads") else None
 Snapshot = Tuple[Tuple[Any, ...], bytes]
 
 
@@ -55,12 +52,14 @@ class _GroupPlan:
     state: Any  # the optimizer's ``state`` mapping itself
     names: List[str]
     master_weights: Any
-    params: Snapshot  # _C.watch_params(group["params"])
+    params: Snapshot  # _C.watch_tensors(group["params"], whole)
     dicts: List[Dict[str, Any]]  # the state dicts the lists were read from
     items: Snapshot  # _C.watch_items(dicts)
     # per bucket: (key, lists without "grads", positions in the group (None: all, in
-    # order))
+    # order)); whole: the group is one run of a flat buffer and the one bucket is
+    # flat.whole_group's, grads included (their views are then watched too)
     buckets: List[Tuple[BucketKey, Bucket, Optional[List[int]]]]
+    whole: bool = False
 
 
 def _check_nonneg(cls: str, name: str, value: Any) -> None:
@@ -263,14 +262,16 @@ class FusedOptimizer(torch.optim.Optimizer):
         else they are built here: the grads and dtypes are checked and missing state is
         created (:meth:`_init_state`).
         """
-        buckets: Dict[BucketKey, Bucket] = _flat.whole_group(self, group)
-        if buckets:  # flat-buffer mode: no per-param loop
-            return buckets
         compiling = torch.compiler.is_compiling()
         if not compiling:
             reused = self._reuse(index, group)
             if reused is not None:
                 return reused
+        buckets: Dict[BucketKey, Bucket] = _flat.whole_group(self, group)
+        if buckets:  # flat-buffer mode: no per-param loop
+            if not compiling:
+                self._remember_whole(index, group, buckets)
+            return buckets
         names = self._state_names(group)
         positions: Dict[BucketKey, List[int]] = {}
         dicts: Dict[BucketKey, List[Dict[str, Any]]] = {}
@@ -300,7 +301,8 @@ class FusedOptimizer(torch.optim.Optimizer):
                 b["master_params"].append(master)
             positions.setdefault(key, []).append(k)
             dicts.setdefault(key, []).append(state)
-        if not compiling:
+        # (not kept where flat params are: flat.whole_group may take the group next step)
+        if not compiling and not _flat.any_flat(group["params"]):
             self._remember(index, group, names, buckets, positions, dicts)
         return buckets
 
@@ -308,7 +310,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                   buckets: Dict[BucketKey, Bucket], positions: Dict[BucketKey, List[int]],
                   dicts: Dict[BucketKey, List[Dict[str, Any]]]) -> None:
         params = group["params"]
-        snap = _WATCH.watch_params(params) if _WATCH is not None else None
+        snap = _WATCH.watch_tensors(params, False) if _WATCH is not None else None
         if snap is None:  # no extension, or a tensor subclass among the params
             return
         all_dicts = [d for key in buckets for d in dicts[key]]
@@ -320,6 +322,22 @@ class FusedOptimizer(torch.optim.Optimizer):
                       None if len(positions[key]) == len(params) else positions[key])
                      for key, b in buckets.items()])
         self._state_items = None  # retaken at the end of the step
+
+    def _remember_whole(self, index: int, group: Dict[str, Any],
+                        buckets: Dict[BucketKey, Bucket]) -> None:
+        """Keep flat.whole_group's one-slice bucket, watching the params and their grad
+        views (identity and data pointer) and the params' state dicts."""
+        params = group["params"]
+        snap = _WATCH.watch_tensors(params, True) if _WATCH is not None else None
+        if snap is None:
+            return
+        dicts = list(map(self.state.get, params))  # (whole_group found every one)
+        self._plans[index] = _GroupPlan(
+            group=group, state=self.state, names=list(self._state_names(group)),
+            master_weights=group.get("master_weights", True), params=snap, dicts=dicts,
+            items=_WATCH.watch_items(dicts),
+            buckets=[(key, bucket, None) for key, bucket in buckets.items()], whole=True)
+        self._state_items = None
 
     def _reuse(self, index: int, group: Dict[str, Any]) -> Optional[Dict[BucketKey, Bucket]]:
         """Last step's lists with this step's grads, or None when anything they were built
@@ -333,6 +351,9 @@ class FusedOptimizer(torch.optim.Optimizer):
         keys and values as after the last step that built lists (checked once per step in
         :meth:`step`: so each param still has its state dict); and each of those state
         dicts holding the very same keys and tensors (moments, step count, master).
+        For a group that was one run of a flat buffer (``whole``), also every grad the
+        very view object with its data pointer, and the run's step tensor still held by
+        exactly its params (:func:`mixprec.optim.flat.reuse_whole`).
         Anything else returns None and the lists are rebuilt. Tensors changed in place
         keep their identity and are read afresh by the kernels; the grads' layout (a
         sparse one is refused, naming it), sizes, dtypes and devices are checked by the op
@@ -342,10 +363,14 @@ class FusedOptimizer(torch.optim.Optimizer):
         if (plan is None or plan.group is not group or plan.state is not self.state
                 or plan.master_weights != group.get("master_weights", True)):
             return None
-        grads = _WATCH.params_grads(group["params"], plan.params)
+        grads = _WATCH.tensors_grads(group["params"], plan.params, not plan.whole)
         if (grads is None or plan.names != self._state_names(group)
                 or not _WATCH.items_unchanged(plan.dicts, plan.items)):
             return None
+        if plan.whole:
+            key, bucket, _ = plan.buckets[0]
+            ok = _flat.reuse_whole(self, group["params"], bucket)
+            return {key: bucket} if ok else None
         return {key: {**lists, "grads": grads if ks is None else [grads[k] for k in ks]}
                 for key, lists, ks in plan.buckets}
 

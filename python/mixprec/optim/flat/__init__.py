@@ -49,8 +49,10 @@ from __future__ import annotations
 from .detect import coalesce as coalesce
 from .detect import coalesce_grads as coalesce_grads
 from .layout import FlatBuffers, flat_buffers
+from .state import any_flat as any_flat
 from .state import coalesce_bucket as coalesce_bucket
 from .state import init_state as init_state
+from .state import reuse_whole as reuse_whole
 from .state import whole_group as whole_group
 
 __all__ = ["FlatBuffers", "flat_buffers"]

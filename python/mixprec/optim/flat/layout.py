@@ -7,7 +7,7 @@ See :mod:`mixprec.optim.flat` for the mode as a whole.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Iterable, Iterator, List, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +22,9 @@ _data_ptr = Tensor.data_ptr
 # the objects, so an id cannot be reused.
 _PARAMS: Dict[int, Tuple[weakref.ref[_Buffer], int]] = {}
 _GRADS: Dict[int, Tuple[weakref.ref[_Buffer], int]] = {}
+#: [number of changes to the registry]: a buffer laid out or unregistered (answers kept
+#: from before a change are not reused)
+REGISTRY = [0]
 
 
 def _dense_strides(t: Tensor) -> bool:
@@ -70,6 +73,9 @@ class _Buffer:
         self.grad_views: List[Tensor] = []
         self._hooks: List[Any] = []
         self._slices: Dict[Tuple[int, int, int], Tensor] = {}
+        # detect._coalesce's last all-flat answer for grad lists starting in this buffer:
+        # (snapshot of the list, the slices)
+        self.coalesced: Optional[Tuple[Any, List[Tensor], int]] = None  # (..., REGISTRY[0])
         self.removed = False
         with torch.no_grad():
             for p, o in zip(params, self.offsets):
@@ -87,6 +93,7 @@ class _Buffer:
         self.grad_ids = [id(g) for g in self.grad_views]
         self.grad_ptrs = [_data_ptr(g) for g in self.grad_views]
         ref = weakref.ref(self)
+        REGISTRY[0] += 1
         for i, (p, g) in enumerate(zip(params, self.grad_views)):
             _PARAMS[id(p)] = (ref, i)
             _GRADS[id(g)] = (ref, i)
@@ -128,6 +135,7 @@ class _Buffer:
 
 def _unregister(param_ids: List[int], grad_ids: List[int], ref: weakref.ref[_Buffer]) -> None:
     """Drop the registry entries of one buffer (not those a later buffer made since)."""
+    REGISTRY[0] += 1
     for table, ids in ((_PARAMS, param_ids), (_GRADS, grad_ids)):
         for i in ids:
             entry = table.get(i)

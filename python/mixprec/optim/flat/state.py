@@ -379,6 +379,32 @@ def _whole_group(optimizer: Any, group: Dict[str, Any]
     return {(buf.device, has_master): whole}
 
 
+def any_flat(params: List[Tensor]) -> bool:
+    """Whether any of ``params`` is laid out in a flat buffer (a set test at C speed)."""
+    return bool(_PARAMS) and not _PARAMS.keys().isdisjoint(map(id, params))
+
+
+def reuse_whole(optimizer: Any, params: List[Tensor], bucket: Dict[str, List[Tensor]]) -> bool:
+    """Hand :func:`whole_group`'s bucket of an earlier step for ``params`` to this step.
+
+    The caller (:meth:`mixprec.optim.FusedOptimizer._reuse`) has proved the params, their
+    grad views and their state dicts unchanged; checked here: their buffer is still
+    registered (not removed) and the run's shared step still held by exactly these
+    params. Then as :func:`whole_group` does: no step is known to be 0 any more, and
+    :func:`coalesce_bucket` passes the bucket through.
+    """
+    of = optimizer.__dict__.get("_mixprec_flat")
+    entry = _PARAMS.get(id(params[0])) if params else None
+    buf = entry[0]() if entry is not None else None
+    if (of is None or buf is None or buf.removed
+            or of.count(bucket["state_steps"][0]) != len(params)):
+        return False
+    for st in of.states.values():
+        st.fresh_step = None
+    of.prepared = bucket
+    return True
+
+
 def _whole_bucket(of: _OptFlat, buf: _Buffer, a: int, bucket: Dict[str, List[Tensor]],
                   names: List[str], has_master: bool) -> Optional[Dict[str, List[Tensor]]]:
     """The common case at C speed: the bucket is views a..a+n-1 of one buffer (checked by
