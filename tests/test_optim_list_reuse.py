@@ -505,3 +505,21 @@ def test_params_watch_with_grads_sees_grad_changes(change: str) -> None:
     assert same is (True if change == "nothing" else None)
     grads = _WATCH.tensors_grads(ps, snap, True)
     assert (grads is not None) == (change == "nothing")
+
+
+@needs_watch
+def test_dense_grads_refuses_two_devices_sparse_and_fp16() -> None:
+    """``_C.dense_grads``: None (the per-param loop decides) for grads on two devices, a
+    sparse grad, or a float16 grad when not allowed; the grads themselves otherwise."""
+    ps = [torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(2).half()),
+          torch.nn.Parameter(torch.randn(4))]
+    ps[0].grad, ps[1].grad = torch.randn(3), torch.randn(2).half()
+    got = _WATCH.dense_grads(ps, True)
+    assert len(got) == 2 and got[0] is ps[0].grad and got[1] is ps[1].grad
+    assert _WATCH.dense_grads(ps, False) is None  # float16 not allowed
+    meta = torch.nn.Parameter(torch.empty(5, device="meta"))
+    meta.grad = torch.empty(5, device="meta")
+    assert _WATCH.dense_grads(ps + [meta], True) is None  # two devices
+    ps[2].grad = torch.randn(4).to_sparse()
+    assert _WATCH.dense_grads(ps, True) is None
+    assert _WATCH.dense_grads([], True) == []

@@ -94,7 +94,7 @@ def _dense_one_device(params: List[Any], allow_fp16: bool
     one device and allowed (no float16 unless ``allow_fp16``), found in one C pass
     (``_C.dense_grads``, csrc/python/list_watch.h); None for anything else (the per-param
     loop then handles it, errors included), and while torch.compile traces."""
-    if _WATCH is None or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _WATCH is None:
         return None
     grads = _WATCH.dense_grads(params, allow_fp16)
     if grads is None:
