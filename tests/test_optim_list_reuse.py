@@ -523,3 +523,25 @@ def test_dense_grads_refuses_two_devices_sparse_and_fp16() -> None:
     ps[2].grad = torch.randn(4).to_sparse()
     assert _WATCH.dense_grads(ps, True) is None
     assert _WATCH.dense_grads([], True) == []
+
+
+@needs_watch
+def test_watch_functions_leak_no_references() -> None:
+    """The C checks hand back new references only in what they return: repeated calls
+    leave every object's reference count as it was."""
+    import sys
+
+    ps = _watched()
+    ds = [{"step": torch.zeros(()), "exp_avg": torch.randn(3)}]
+    snaps = (_WATCH.watch_tensors(ps, False), _WATCH.watch_tensors(ps, True),
+             _WATCH.watch_items(ds))
+    objs = ps + [p.grad for p in ps if p.grad is not None] + list(ds[0].values()) + ds
+    before = [sys.getrefcount(o) for o in objs]
+    for _ in range(100):
+        _WATCH.tensors_grads(ps, snaps[0], True)
+        _WATCH.tensors_grads(ps, snaps[1], False)
+        _WATCH.tensors_grads(ps[:1], snaps[0], True)  # a miss
+        _WATCH.dense_grads(ps, True)
+        _WATCH.dense_grads(ps, False)  # a miss (float16)
+        _WATCH.items_unchanged(ds, snaps[2])
+    assert [sys.getrefcount(o) for o in objs] == before

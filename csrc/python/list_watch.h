@@ -1,16 +1,19 @@
-// Snapshots and one-pass checks behind the optimizers' list reuse
-// (FusedOptimizer._reuse, python/mixprec/optim/_base.py): whether a param
-// group's params, their grads and their state dicts are what they were when
-// the op's tensor lists were built. Plain CPython, one pass at C speed, no
-// tensor reference counts touched except the grads handed back.
+// Snapshots and one-pass checks behind the reuse of tensor lists across steps
+// (FusedOptimizer._reuse in python/mixprec/optim/_base.py, the flat-buffer
+// mode's kept slices in optim/flat/detect.py) and the scaler's grad
+// collection (amp/grads.py): whether a group's params, their grads and their
+// state dicts are what they were when the lists were built. Plain CPython,
+// one pass at C speed, no tensor reference counts touched except the grads
+// handed back.
 //
 // Soundness: a snapshot holds strong references to every object whose
-// identity it compares (params, dict keys and values), so none of them can be
-// freed and another object take its address: equal pointers mean the same
-// objects.
+// identity it compares (tensors, grads, dict keys and values), so none of
+// them can be freed and another object take its address: equal pointers mean
+// the same objects.
 #pragma once
 
 #include <Python.h>
+#include <pybind11/pybind11.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
@@ -18,7 +21,30 @@
 #include <optional>
 
 namespace mixprec {
-namespace python {
+// (hidden, as pybind11's own namespace: these hold pybind11 objects, and
+// nothing here is exported from the module's shared object)
+namespace __attribute__((visibility("hidden"))) python {
+
+namespace py = pybind11;
+
+// The items of a Python sequence (PySequence_Fast), released on scope exit.
+class FastSeq {
+ public:
+  FastSeq(PyObject* o, const char* what)
+      : seq_(py::reinterpret_steal<py::object>(PySequence_Fast(o, what))) {}
+  bool ok() const { return static_cast<bool>(seq_); }
+  Py_ssize_t size() const { return PySequence_Fast_GET_SIZE(seq_.ptr()); }
+  PyObject* operator[](Py_ssize_t i) const {
+    return PySequence_Fast_ITEMS(seq_.ptr())[i];
+  }
+
+ private:
+  py::object seq_;
+};
+
+// A new reference handed to Python (None when `o` is empty: an error is set).
+inline PyObject* give(py::object o) { return o.release().ptr(); }
+inline PyObject* none() { return give(py::none()); }
 
 // What a tensor's place in a list depends on besides its identity: data
 // pointer, numel, dtype, device, whether it has a grad, and (snapshots taken
@@ -64,18 +90,18 @@ inline bool tensor_record(PyObject* o, bool with_grad, TensorRecord& r) {
   return true;
 }
 
-// The grad of a tensor as a Python object (None when it has none); a new
-// reference, or null with the error set.
-inline PyObject* grad_object(PyObject* o) {
+// The grad of tensor o as a Python object (None when it has none); empty with
+// the error set on failure.
+inline py::object grad_object(PyObject* o) {
   const at::Tensor& g = THPVariable_Unpack(o).grad();
   if (!g.defined()) {
-    Py_RETURN_NONE;
+    return py::none();
   }
-  return THPVariable_Wrap(g);
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(g));
 }
 
-// Whether tensor o's grad is the Python object `stored` (None: no grad). The
-// grad's existing Python object, if any, is found without creating one.
+// Whether tensor o's grad is the Python object `stored` (None: no grad),
+// compared by TensorImpl, so no Python object is made for the grad.
 inline bool same_grad(PyObject* o, PyObject* stored) {
   const at::Tensor& g = THPVariable_Unpack(o).grad();
   if (!g.defined()) {
@@ -95,42 +121,33 @@ inline PyObject* watch_tensors(PyObject* /*self*/, PyObject* args) {
   if (!PyArg_ParseTuple(args, "Op:watch_tensors", &tensors, &with_grads)) {
     return nullptr;
   }
-  PyObject* seq = PySequence_Fast(tensors, "watch_tensors: a sequence of tensors");
-  if (seq == nullptr) {
+  const FastSeq seq(tensors, "watch_tensors: a sequence of tensors");
+  if (!seq.ok()) {
     return nullptr;
   }
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  PyObject** items = PySequence_Fast_ITEMS(seq);
-  PyObject* objs = PyTuple_New(with_grads ? 2 * n : n);
-  PyObject* recs = PyBytes_FromStringAndSize(
-      nullptr, static_cast<Py_ssize_t>(n * sizeof(TensorRecord)));
-  auto give_up = [&](PyObject* result) {
-    Py_XDECREF(objs);
-    Py_XDECREF(recs);
-    Py_DECREF(seq);
-    return result;
-  };
-  if (objs == nullptr || recs == nullptr) {
-    return give_up(nullptr);
+  const Py_ssize_t n = seq.size();
+  auto objs = py::reinterpret_steal<py::object>(PyTuple_New(with_grads ? 2 * n : n));
+  auto recs = py::reinterpret_steal<py::object>(PyBytes_FromStringAndSize(
+      nullptr, static_cast<Py_ssize_t>(n * sizeof(TensorRecord))));
+  if (!objs || !recs) {
+    return nullptr;
   }
-  auto* out = reinterpret_cast<TensorRecord*>(PyBytes_AS_STRING(recs));
+  auto* out = reinterpret_cast<TensorRecord*>(PyBytes_AS_STRING(recs.ptr()));
   for (Py_ssize_t i = 0; i < n; ++i) {
-    if (!tensor_record(items[i], with_grads != 0, out[i])) {
-      Py_INCREF(Py_None);
-      return give_up(Py_None);
+    if (!tensor_record(seq[i], with_grads != 0, out[i])) {
+      return none();
     }
-    Py_INCREF(items[i]);
-    PyTuple_SET_ITEM(objs, i, items[i]);
+    Py_INCREF(seq[i]);
+    PyTuple_SET_ITEM(objs.ptr(), i, seq[i]);
     if (with_grads) {
-      PyObject* g = grad_object(items[i]);
-      if (g == nullptr) {
-        return give_up(nullptr);
+      py::object g = grad_object(seq[i]);
+      if (!g) {
+        return nullptr;
       }
-      PyTuple_SET_ITEM(objs, n + i, g);
+      PyTuple_SET_ITEM(objs.ptr(), n + i, g.release().ptr());
     }
   }
-  Py_DECREF(seq);
-  return Py_BuildValue("(NN)", objs, recs);
+  return give(py::make_tuple(objs, recs));
 }
 
 // tensors_grads(tensors, snapshot, want_grads) -> when every tensor is the
@@ -146,45 +163,39 @@ inline PyObject* tensors_grads(PyObject* /*self*/, PyObject* args) {
                         &objs, &PyBytes_Type, &recs, &want_grads)) {
     return nullptr;
   }
-  PyObject* seq = PySequence_Fast(tensors, "tensors_grads: a sequence of tensors");
-  if (seq == nullptr) {
+  const FastSeq seq(tensors, "tensors_grads: a sequence of tensors");
+  if (!seq.ok()) {
     return nullptr;
   }
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  const Py_ssize_t n = seq.size();
   const Py_ssize_t stored = PyTuple_GET_SIZE(objs);
   const bool with_grads = stored == 2 * n && n > 0;
   if ((stored != n && !with_grads) ||
       PyBytes_GET_SIZE(recs) != static_cast<Py_ssize_t>(n * sizeof(TensorRecord))) {
-    Py_DECREF(seq);
-    Py_RETURN_NONE;
+    return none();
   }
-  PyObject** items = PySequence_Fast_ITEMS(seq);
   const auto* want = reinterpret_cast<const TensorRecord*>(PyBytes_AS_STRING(recs));
   for (Py_ssize_t i = 0; i < n; ++i) {
     TensorRecord r;
-    if (items[i] != PyTuple_GET_ITEM(objs, i) ||
-        !tensor_record(items[i], with_grads, r) ||
+    if (seq[i] != PyTuple_GET_ITEM(objs, i) ||
+        !tensor_record(seq[i], with_grads, r) ||
         std::memcmp(&r, &want[i], sizeof r) != 0 ||
-        (with_grads && !same_grad(items[i], PyTuple_GET_ITEM(objs, n + i)))) {
-      Py_DECREF(seq);
-      Py_RETURN_NONE;
+        (with_grads && !same_grad(seq[i], PyTuple_GET_ITEM(objs, n + i)))) {
+      return none();
     }
   }
   if (!want_grads) {
-    Py_DECREF(seq);
-    Py_RETURN_TRUE;
+    return give(py::bool_(true));
   }
-  PyObject* grads = PyList_New(n);
-  for (Py_ssize_t i = 0; grads != nullptr && i < n; ++i) {
-    PyObject* g = grad_object(items[i]);
-    if (g == nullptr) {
-      Py_CLEAR(grads);
-      break;
+  auto grads = py::reinterpret_steal<py::object>(PyList_New(n));
+  for (Py_ssize_t i = 0; grads && i < n; ++i) {
+    py::object g = grad_object(seq[i]);
+    if (!g) {
+      return nullptr;
     }
-    PyList_SET_ITEM(grads, i, g);
+    PyList_SET_ITEM(grads.ptr(), i, g.release().ptr());
   }
-  Py_DECREF(seq);
-  return grads;
+  return give(std::move(grads));
 }
 
 // dense_grads(params, allow_fp16) -> the grads of the params that have one,
@@ -197,21 +208,20 @@ inline PyObject* dense_grads(PyObject* /*self*/, PyObject* args) {
   if (!PyArg_ParseTuple(args, "Op:dense_grads", &params, &allow_fp16)) {
     return nullptr;
   }
-  PyObject* seq = PySequence_Fast(params, "dense_grads: a sequence of tensors");
-  if (seq == nullptr) {
+  const FastSeq seq(params, "dense_grads: a sequence of tensors");
+  if (!seq.ok()) {
     return nullptr;
   }
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  PyObject** items = PySequence_Fast_ITEMS(seq);
-  PyObject* out = PyList_New(0);
+  auto out = py::reinterpret_steal<py::object>(PyList_New(0));
+  if (!out) {
+    return nullptr;
+  }
   std::optional<c10::Device> device;
-  for (Py_ssize_t i = 0; out != nullptr && i < n; ++i) {
-    if (!THPVariable_CheckExact(items[i])) {
-      Py_CLEAR(out);
-      Py_DECREF(seq);
-      Py_RETURN_NONE;
+  for (Py_ssize_t i = 0; i < seq.size(); ++i) {
+    if (!THPVariable_CheckExact(seq[i])) {
+      return none();
     }
-    const at::Tensor& g = THPVariable_Unpack(items[i]).grad();
+    const at::Tensor& g = THPVariable_Unpack(seq[i]).grad();
     if (!g.defined()) {
       continue;
     }
@@ -220,64 +230,52 @@ inline PyObject* dense_grads(PyObject* /*self*/, PyObject* args) {
     }
     if (g.layout() != c10::kStrided || g.device() != *device ||
         (!allow_fp16 && g.scalar_type() == at::kHalf)) {
-      Py_CLEAR(out);
-      Py_DECREF(seq);
-      Py_RETURN_NONE;
+      return none();
     }
-    PyObject* o = THPVariable_Wrap(g);
-    if (o == nullptr || PyList_Append(out, o) < 0) {
-      Py_XDECREF(o);
-      Py_CLEAR(out);
-      break;
+    py::object o = grad_object(seq[i]);
+    if (!o || PyList_Append(out.ptr(), o.ptr()) < 0) {
+      return nullptr;
     }
-    Py_DECREF(o);
   }
-  Py_DECREF(seq);
-  return out;
+  return give(std::move(out));
 }
 
 // watch_items(dicts) -> (tuple of every dict's keys and values in order,
 // bytes of the dicts' sizes), or None when an item is not a dict.
 inline PyObject* watch_items(PyObject* /*self*/, PyObject* dicts) {
-  PyObject* seq = PySequence_Fast(dicts, "watch_items: dicts must be a sequence");
-  if (seq == nullptr) {
+  const FastSeq seq(dicts, "watch_items: a sequence of dicts");
+  if (!seq.ok()) {
     return nullptr;
   }
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  PyObject** items = PySequence_Fast_ITEMS(seq);
+  const Py_ssize_t n = seq.size();
   Py_ssize_t total = 0;
   for (Py_ssize_t i = 0; i < n; ++i) {
-    if (!PyDict_Check(items[i])) {
-      Py_DECREF(seq);
-      Py_RETURN_NONE;
+    if (!PyDict_Check(seq[i])) {
+      return none();
     }
-    total += 2 * PyDict_GET_SIZE(items[i]);
+    total += 2 * PyDict_GET_SIZE(seq[i]);
   }
-  PyObject* objs = PyTuple_New(total);
-  PyObject* sizes = PyBytes_FromStringAndSize(
-      nullptr, static_cast<Py_ssize_t>(n * sizeof(Py_ssize_t)));
-  if (objs == nullptr || sizes == nullptr) {
-    Py_XDECREF(objs);
-    Py_XDECREF(sizes);
-    Py_DECREF(seq);
+  auto objs = py::reinterpret_steal<py::object>(PyTuple_New(total));
+  auto sizes = py::reinterpret_steal<py::object>(PyBytes_FromStringAndSize(
+      nullptr, static_cast<Py_ssize_t>(n * sizeof(Py_ssize_t))));
+  if (!objs || !sizes) {
     return nullptr;
   }
-  auto* size_out = reinterpret_cast<Py_ssize_t*>(PyBytes_AS_STRING(sizes));
+  auto* size_out = reinterpret_cast<Py_ssize_t*>(PyBytes_AS_STRING(sizes.ptr()));
   Py_ssize_t j = 0;
   for (Py_ssize_t i = 0; i < n; ++i) {
-    size_out[i] = PyDict_GET_SIZE(items[i]);
+    size_out[i] = PyDict_GET_SIZE(seq[i]);
     Py_ssize_t pos = 0;
     PyObject* k = nullptr;
     PyObject* v = nullptr;
-    while (PyDict_Next(items[i], &pos, &k, &v)) {
+    while (PyDict_Next(seq[i], &pos, &k, &v)) {
       Py_INCREF(k);
       Py_INCREF(v);
-      PyTuple_SET_ITEM(objs, j++, k);
-      PyTuple_SET_ITEM(objs, j++, v);
+      PyTuple_SET_ITEM(objs.ptr(), j++, k);
+      PyTuple_SET_ITEM(objs.ptr(), j++, v);
     }
   }
-  Py_DECREF(seq);
-  return Py_BuildValue("(NN)", objs, sizes);
+  return give(py::make_tuple(objs, sizes));
 }
 
 // items_unchanged(dicts, snapshot) -> whether every dict holds exactly the
@@ -290,19 +288,18 @@ inline PyObject* items_unchanged(PyObject* /*self*/, PyObject* args) {
                         &objs, &PyBytes_Type, &sizes)) {
     return nullptr;
   }
-  PyObject* seq = PySequence_Fast(dicts, "items_unchanged: dicts must be a sequence");
-  if (seq == nullptr) {
+  const FastSeq seq(dicts, "items_unchanged: a sequence of dicts");
+  if (!seq.ok()) {
     return nullptr;
   }
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  PyObject** items = PySequence_Fast_ITEMS(seq);
+  const Py_ssize_t n = seq.size();
   bool same = PyBytes_GET_SIZE(sizes) ==
               static_cast<Py_ssize_t>(n * sizeof(Py_ssize_t));
   const auto* want = reinterpret_cast<const Py_ssize_t*>(PyBytes_AS_STRING(sizes));
   const Py_ssize_t total = PyTuple_GET_SIZE(objs);
   Py_ssize_t j = 0;
   for (Py_ssize_t i = 0; same && i < n; ++i) {
-    if (!PyDict_Check(items[i]) || PyDict_GET_SIZE(items[i]) != want[i] ||
+    if (!PyDict_Check(seq[i]) || PyDict_GET_SIZE(seq[i]) != want[i] ||
         j + 2 * want[i] > total) {
       same = false;
       break;
@@ -310,12 +307,11 @@ inline PyObject* items_unchanged(PyObject* /*self*/, PyObject* args) {
     Py_ssize_t pos = 0;
     PyObject* k = nullptr;
     PyObject* v = nullptr;
-    while (same && PyDict_Next(items[i], &pos, &k, &v)) {
+    while (same && PyDict_Next(seq[i], &pos, &k, &v)) {
       same = k == PyTuple_GET_ITEM(objs, j) && v == PyTuple_GET_ITEM(objs, j + 1);
       j += 2;
     }
   }
-  Py_DECREF(seq);
   return PyBool_FromLong(same && j == total);
 }
 
