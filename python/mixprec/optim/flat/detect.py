@@ -77,8 +77,8 @@ def coalesce(grads: List[Tensor]) -> List[Tensor]:
     """
     if len(grads) < 2 or not _GRADS:  # traceable: torch.compile(fullgraph) without flat
         return grads
-    if _GRADS.keys().isdisjoint(map(id, grads)):  # no flat view among them (C speed)
-        return grads
+    if id(grads[0]) not in _GRADS and _GRADS.keys().isdisjoint(map(id, grads)):
+        return grads  # no flat view among them (a set test at C speed)
     return _coalesce(grads)
 
 
