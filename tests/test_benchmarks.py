@@ -386,6 +386,19 @@ def test_gpu_check_runs_an_absolute_interpreter(tmp_path: Path) -> None:
     # as a path and not found (the C++ interop tests were "Not Run" on the H100)
     args = argparse.Namespace(python="python3", cpu_smoke=True, inplace=False,
                               jobs=1, cxx=None, cc=None, out=str(tmp_path), skip=[], budget=[],
-                              max_numel=2**26, pytest_args=[])
+                              max_numel=2**26, sanitizer_sets="", pytest_args=[])
     check = gpu_check.Check(args)
     assert os.path.isabs(check.py) and os.path.isfile(check.py), check.py
+
+
+def test_gpu_check_sanitizer_sets_reach_the_workload() -> None:
+    # the workload runs in pieces: `--sanitizer-sets` names the gpu_workload sets
+    args = argparse.Namespace(max_numel=2**26, sanitizer_sets="2^26,gpt2-small")
+    cuda = gpu_check.workload_args(args, "cuda")
+    assert cuda[:3] == ["tools/gpu_workload.py", "--device", "cuda"]
+    assert cuda[cuda.index("--sets") + 1] == "2^26,gpt2-small"
+    assert cuda[cuda.index("--max-numel") + 1] == str(2**26)
+    for name in "2^26,gpt2-small".split(","):
+        assert name in gpu_workload.SETS
+    args.sanitizer_sets = ""
+    assert "--sets" not in gpu_check.workload_args(args, "cpu")

@@ -265,6 +265,17 @@ def git_commit() -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+def workload_args(args: argparse.Namespace, device: str) -> List[str]:
+    """tools/gpu_workload.py and its arguments: on CUDA up to ``--max-numel``, on CPU
+    (``--cpu-smoke``) small; only the ``--sanitizer-sets`` when given."""
+    out = ["tools/gpu_workload.py", "--device", device]
+    out += (["--max-numel", str(args.max_numel)] if device == "cuda"
+            else ["--max-numel", "40000", "--max-total", "200000"])
+    if args.sanitizer_sets:
+        out += ["--sets", args.sanitizer_sets]
+    return out
+
+
 class Check:
     """The driver: the parts, in order, with their limits."""
 
@@ -422,8 +433,7 @@ class Check:
                 env = dict(self.env, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
                 cmd = [sanitizer, "--tool", "memcheck", "--error-exitcode", "99",
                        "--leak-check", "no", "--print-limit", "20", self.py,
-                       "tools/gpu_workload.py", "--device", "cuda",
-                       "--max-numel", str(self.args.max_numel)]
+                       *workload_args(self.args, "cuda")]
                 job = Job(cmd, self.out / "sanitizer.log", env, limit)
                 self.running.append(job)
                 jobs["sanitizer"] = job
@@ -431,8 +441,7 @@ class Check:
             self.results["sanitizer"].figure = "no GPU (--cpu-smoke)"
             # the workload itself still runs, on CPU and small, without the sanitizer
             jobs["workload"] = self.start(
-                "workload", [self.py, "tools/gpu_workload.py", "--device", "cpu",
-                             "--max-numel", "40000", "--max-total", "200000"], limit)
+                "workload", [self.py, *workload_args(self.args, "cpu")], limit)
         if "cpp" not in self.args.skip:
             cpp_dir = self.out.relative_to(ROOT) if self.out.is_relative_to(ROOT) else self.out
             cmd = ["make", "cpp-tests-build", f"PYTHON={self.py}",
@@ -617,6 +626,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help=f"override a limit; parts: {', '.join(BUDGET)}")
     ap.add_argument("--max-numel", type=int, default=2**26,
                     help="largest tensor of the sanitizer workload (default 2^26)")
+    ap.add_argument("--sanitizer-sets", default="",
+                    help="comma-separated gpu_workload sets for the sanitizer (default all; "
+                         "the whole workload does not fit one 10-minute call, see README)")
     ap.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[],
                     help="extra pytest arguments (last on the line)")
     args = ap.parse_args(argv)
