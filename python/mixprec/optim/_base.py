@@ -309,34 +309,34 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _remember(self, index: int, group: Dict[str, Any], names: List[str],
                   buckets: Dict[BucketKey, Bucket], positions: Dict[BucketKey, List[int]],
                   dicts: Dict[BucketKey, List[Dict[str, Any]]]) -> None:
-        params = group["params"]
-        snap = _WATCH.watch_tensors(params, False) if _WATCH is not None else None
-        if snap is None:  # no extension, or a tensor subclass among the params
-            return
-        all_dicts = [d for key in buckets for d in dicts[key]]
-        self._plans[index] = _GroupPlan(
-            group=group, state=self.state, names=list(names),
-            master_weights=group.get("master_weights", True), params=snap,
-            dicts=all_dicts, items=_WATCH.watch_items(all_dicts),
-            buckets=[(key, {n: v for n, v in b.items() if n != "grads"},
-                      None if len(positions[key]) == len(params) else positions[key])
-                     for key, b in buckets.items()])
-        self._state_items = None  # retaken at the end of the step
+        """Keep the per-param lists (without grads, read afresh every step)."""
+        n = len(group["params"])
+        self._keep(index, group, names, False, [d for key in buckets for d in dicts[key]],
+                   [(key, {k: v for k, v in b.items() if k != "grads"},
+                     None if len(positions[key]) == n else positions[key])
+                    for key, b in buckets.items()])
 
     def _remember_whole(self, index: int, group: Dict[str, Any],
                         buckets: Dict[BucketKey, Bucket]) -> None:
-        """Keep flat.whole_group's one-slice bucket, watching the params and their grad
-        views (identity and data pointer) and the params' state dicts."""
-        params = group["params"]
-        snap = _WATCH.watch_tensors(params, True) if _WATCH is not None else None
-        if snap is None:
+        """Keep flat.whole_group's one-slice bucket (grads included: their views are
+        watched too)."""
+        self._keep(index, group, self._state_names(group), True,
+                   list(map(self.state.get, group["params"])),  # (whole_group found each)
+                   [(key, bucket, None) for key, bucket in buckets.items()])
+
+    def _keep(self, index: int, group: Dict[str, Any], names: List[str], whole: bool,
+              dicts: List[Dict[str, Any]],
+              buckets: List[Tuple[BucketKey, Bucket, Optional[List[int]]]]) -> None:
+        """Store a group's lists with snapshots of the params (and, ``whole``, their grads)
+        and of the state dicts they were read from; the state mapping's snapshot is
+        retaken at the end of the step."""
+        snap = _WATCH.watch_tensors(group["params"], whole) if _WATCH is not None else None
+        if snap is None:  # no extension, or a tensor subclass among the params
             return
-        dicts = list(map(self.state.get, params))  # (whole_group found every one)
         self._plans[index] = _GroupPlan(
-            group=group, state=self.state, names=list(self._state_names(group)),
+            group=group, state=self.state, names=list(names),
             master_weights=group.get("master_weights", True), params=snap, dicts=dicts,
-            items=_WATCH.watch_items(dicts),
-            buckets=[(key, bucket, None) for key, bucket in buckets.items()], whole=True)
+            items=_WATCH.watch_items(dicts), buckets=buckets, whole=whole)
         self._state_items = None
 
     def _reuse(self, index: int, group: Dict[str, Any]) -> Optional[Dict[BucketKey, Bucket]]:

@@ -79,6 +79,11 @@ class _OptFlat:
             if entry[1] <= 0:
                 del self.holders[id(step)]
 
+    def forget_fresh_steps(self) -> None:
+        """A step handed to an op is no longer known to be 0."""
+        for st in self.states.values():
+            st.fresh_step = None
+
     def count(self, step: Tensor) -> int:
         entry = self.holders.get(id(step))
         return entry[1] if entry is not None and entry[0] is step else 0
@@ -186,6 +191,11 @@ def _migrate(optimizer: Any, of: _OptFlat, st: _BufState, names: List[str],
             bucket["state_steps"][k] = s
 
 
+def any_flat(params: List[Tensor]) -> bool:
+    """Whether any of ``params`` is laid out in a flat buffer (a set test at C speed)."""
+    return bool(_PARAMS) and not _PARAMS.keys().isdisjoint(map(id, params))
+
+
 def coalesce_bucket(optimizer: Any, group: Dict[str, Any],
                     bucket: Dict[str, List[Tensor]]) -> Dict[str, List[Tensor]]:
     """An optimizer bucket with each run of adjacent flat params replaced by buffer slices.
@@ -200,11 +210,10 @@ def coalesce_bucket(optimizer: Any, group: Dict[str, Any],
     increment is right for all: where a shared step is also held by params outside the
     run, the run gets its own copy (no sync). Everything else stays per tensor.
     """
-    if getattr(optimizer, "_mixprec_flat", None) is None and (
-            not _PARAMS  # traceable: torch.compile(fullgraph) without flat buffers
-            or _PARAMS.keys().isdisjoint(map(id, bucket["params"]))):
+    if getattr(optimizer, "_mixprec_flat", None) is None and not any_flat(bucket["params"]):
         # no flat state and none of these params laid out flat (flat buffers of other
-        # models do not cost this optimizer a per-param pass)
+        # models do not cost this optimizer a per-param pass; traceable by
+        # torch.compile(fullgraph) without flat buffers)
         return bucket
     return _coalesce_bucket(optimizer, group, bucket)
 
@@ -216,8 +225,7 @@ def _coalesce_bucket(optimizer: Any, group: Dict[str, Any],
     if of.prepared is bucket:  # made by whole_group: already one slice
         of.prepared = None
         return bucket
-    for st in of.states.values():  # a step handed to an op is no longer known to be 0
-        st.fresh_step = None
+    of.forget_fresh_steps()
     params = bucket["params"]
     if not params:
         return bucket
@@ -370,18 +378,12 @@ def _whole_group(optimizer: Any, group: Dict[str, Any]
             bucket["master_params"] = list(map(operator.itemgetter(_MASTER), states))
     except KeyError:
         return {}
-    for st in of.states.values():  # as in coalesce_bucket
-        st.fresh_step = None
+    of.forget_fresh_steps()
     whole = _whole_bucket(of, buf, a, bucket, names, has_master)
     if whole is None:
         return {}
     of.prepared = whole
     return {(buf.device, has_master): whole}
-
-
-def any_flat(params: List[Tensor]) -> bool:
-    """Whether any of ``params`` is laid out in a flat buffer (a set test at C speed)."""
-    return bool(_PARAMS) and not _PARAMS.keys().isdisjoint(map(id, params))
 
 
 def reuse_whole(optimizer: Any, params: List[Tensor], bucket: Dict[str, List[Tensor]]) -> bool:
@@ -399,8 +401,7 @@ def reuse_whole(optimizer: Any, params: List[Tensor], bucket: Dict[str, List[Ten
     if (of is None or buf is None or buf.removed
             or of.count(bucket["state_steps"][0]) != len(params)):
         return False
-    for st in of.states.values():
-        st.fresh_step = None
+    of.forget_fresh_steps()
     of.prepared = bucket
     return True
 
