@@ -15,6 +15,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import pytest
 import torch
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 import mixprec
 import mixprec.optim
@@ -586,6 +590,145 @@ def test_closure_and_return_value() -> None:
     loss = opt.step(closure)
     assert float(loss.detach()) == 5.0
     torch.testing.assert_close(p.detach(), torch.tensor([0.8, -1.6]))
+
+
+# step() skips torch's profile_hook_step wrapper where it would do nothing
+# (optim/_base.py _lean_step): hooks, the profiler and grad mode must see it as they
+# see torch's optimizers.
+
+
+def _hook_log(opt_cls: Callable[..., torch.optim.Optimizer], register: str
+              ) -> List[Any]:
+    """The (pre/post, optimizer class, args[0] is the optimizer, the other args, kwargs)
+    calls of a step hook registered with
+    ``register`` ("instance" or "global"), for one step(closure=None, ...)."""
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    p.grad = torch.tensor([0.5, 0.25])
+    opt = opt_cls([p], lr=0.1)
+    log: List[Any] = []
+
+    def pre(o: Any, args: Any, kwargs: Any) -> None:  # args: (self, *step's args)
+        log.append(("pre", type(o).__name__, args[0] is o, args[1:], dict(kwargs)))
+
+    def post(o: Any, args: Any, kwargs: Any) -> None:
+        log.append(("post", type(o).__name__, args[0] is o, args[1:], dict(kwargs)))
+
+    if register == "instance":
+        handles = [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
+    else:
+        handles = [register_optimizer_step_pre_hook(pre),
+                   register_optimizer_step_post_hook(post)]
+    try:
+        opt.step(None)
+    finally:
+        for h in handles:
+            h.remove()
+    opt.step()  # hooks removed: not called
+    return log
+
+
+@pytest.mark.parametrize("register", ["instance", "global"])
+def test_step_hooks_called_as_torch_calls_them(register: str) -> None:
+    ours = _hook_log(mixprec.optim.SGD, register)
+    ref = _hook_log(torch.optim.SGD, register)
+    assert [(w, s, a, k) for w, _, s, a, k in ours] == [(w, s, a, k) for w, _, s, a, k in ref]
+    assert [(w, s, a) for w, _, s, a, _ in ours] == [("pre", True, (None,)),
+                                                     ("post", True, (None,))]
+    assert {c for _, c, *_ in ours} == {"SGD"}
+
+
+def test_step_pre_hook_replaces_arguments() -> None:
+    """A pre hook may return new (args, kwargs): here it skips the step via found_inf."""
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    p.grad = torch.tensor([0.5, 0.25])
+    opt = mixprec.optim.AdamW([p], lr=0.1)
+    skip = torch.ones((), dtype=torch.float32)
+    handle = opt.register_step_pre_hook(lambda o, a, k: (a, {**k, "found_inf": skip}))
+    opt.step()
+    assert torch.equal(p.detach(), torch.tensor([1.0, -2.0]))
+    handle.remove()
+    opt.step()
+    assert not torch.equal(p.detach(), torch.tensor([1.0, -2.0]))
+
+
+def test_step_record_function_only_when_observed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No record_function block on a plain step; torch's (one, labelled as torch labels
+    it) once a hook is registered."""
+    names: List[str] = []
+    real = torch.autograd.profiler.record_function
+
+    def counting(name: str, *args: Any) -> Any:
+        names.append(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(torch.autograd.profiler, "record_function", counting)
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    p.grad = torch.tensor([0.5, 0.25])
+    opt = mixprec.optim.AdamW([p], lr=0.1)
+    opt.step()
+    assert names == []
+    handle = opt.register_step_post_hook(lambda *a: None)
+    opt.step()
+    handle.remove()
+    assert names == ["Optimizer.step#AdamW.step"]
+    assert type(opt).step.hooked  # torch does not wrap it again
+
+
+def test_step_seen_by_the_profiler() -> None:
+    ps = [torch.nn.Parameter(torch.tensor([1.0, -2.0])) for _ in range(2)]
+    for p in ps:
+        p.grad = torch.tensor([0.5, 0.25])
+    opt, ref = mixprec.optim.Adam([ps[0]], lr=0.1), mixprec.optim.Adam([ps[1]], lr=0.1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        opt.step()
+    ref.step()
+    assert "Optimizer.step#Adam.step" in {e.name for e in prof.events()}
+    assert torch.equal(ps[0], ps[1]) and not torch.equal(ps[0], torch.tensor([1.0, -2.0]))
+
+
+@pytest.mark.parametrize("grad_enabled", [True, False])
+def test_step_grad_mode_restored(grad_enabled: bool) -> None:
+    """The step runs without grad (its op writes params that require grad), the closure
+    with grad, and the caller's mode comes back, also when the step raises."""
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = mixprec.optim.AdamW([p], lr=0.1)
+    seen: List[bool] = []
+
+    def closure() -> torch.Tensor:
+        seen.append(torch.is_grad_enabled())
+        opt.zero_grad()
+        loss = (p ** 2).sum()
+        loss.backward()
+        return loss
+
+    with torch.set_grad_enabled(grad_enabled):
+        opt.step(closure)
+        assert torch.is_grad_enabled() is grad_enabled
+        with pytest.raises(RuntimeError, match="grad_scale"):
+            opt.step(grad_scale=torch.ones(2))
+        assert torch.is_grad_enabled() is grad_enabled
+    assert seen == [True]
+    assert p.grad is not None and not torch.equal(p.detach(), torch.tensor([1.0, -2.0]))
+
+
+def test_subclass_overriding_step_gets_torchs_wrapper() -> None:
+    """A user subclass's own step is wrapped by torch as usual; its hooks run once."""
+
+    class Counting(mixprec.optim.SGD):
+        calls = 0
+
+        def step(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            type(self).calls += 1
+            return super().step(*args, **kwargs)
+
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    p.grad = torch.tensor([0.5, 0.25])
+    opt = Counting([p], lr=0.1)
+    log: List[str] = []
+    opt.register_step_pre_hook(lambda *a: log.append("pre"))
+    opt.step()
+    assert Counting.calls == 1 and log == ["pre"]
+    torch.testing.assert_close(p.detach(), torch.tensor([0.95, -2.025]))
 
 
 @cuda_only

@@ -22,12 +22,14 @@ group. It owns what Adam, AdamW and SGD have in common:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from itertools import chain
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
 from ..ops._extension import WATCH as _WATCH
 from . import flat as _flat
@@ -60,6 +62,53 @@ class _GroupPlan:
     # flat.whole_group's, grads included (their views are then watched too)
     buckets: List[Tuple[BucketKey, Bucket, Optional[List[int]]]]
     whole: bool = False
+
+
+def _profiling() -> bool:
+    """Whether a torch profiler is recording (the python flag torch's own compiled code
+    reads, or the C profiler state of this thread)."""
+    return bool(torch.autograd.profiler._is_profiler_enabled
+                or torch._C._autograd._profiler_enabled())
+
+
+def _lean_step(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` as torch's :meth:`torch.optim.Optimizer.profile_hook_step` wraps it,
+    without that wrapper's cost where it does nothing.
+
+    torch wraps every optimizer class's ``step`` in a ``record_function`` block that runs
+    the step pre/post hooks; on an idle profiler that block alone costs about as much as
+    a whole mixprec step over ten tensors. Here ``func`` runs under ``torch.no_grad()``,
+    and only through torch's own wrapper (the same hooks, the same profiler label
+    ``Optimizer.step#<class>.step``) when a step hook is registered (global or on this
+    optimizer), a profiler is recording, or torch.compile traces. Marked ``hooked`` so
+    that :class:`torch.optim.Optimizer` does not wrap it again. A subclass that overrides
+    ``step`` gets torch's wrapper around its own as usual, and its ``super().step()``
+    runs hooks no second time.
+    """
+    torchs = torch.optim.Optimizer.profile_hook_step(torch.no_grad()(func))
+
+    @functools.wraps(func)
+    def step(self: FusedOptimizer, *args: Any, **kwargs: Any) -> Any:
+        compiling = torch.compiler.is_compiling()
+        if type(self).step is step and (
+                compiling or self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks
+                or _global_optimizer_pre_hooks or _global_optimizer_post_hooks
+                or _profiling()):
+            return torchs(self, *args, **kwargs)
+        # (a subclass's own step, which torch has wrapped, calls this one through super():
+        # its hooks have run there)
+        if compiling:
+            with torch.no_grad():
+                return func(self, *args, **kwargs)
+        grad_was = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            return func(self, *args, **kwargs)
+        finally:
+            torch._C._set_grad_enabled(grad_was)
+
+    step.hooked = True  # type: ignore[attr-defined]
+    return step
 
 
 def _check_nonneg(cls: str, name: str, value: Any) -> None:
@@ -149,7 +198,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                     out.append(p)
         return out
 
-    @torch.no_grad()
+    @_lean_step
     def step(  # type: ignore[override]
         self,
         closure: Optional[Callable[[], Any]] = None,
@@ -173,6 +222,9 @@ class FusedOptimizer(torch.optim.Optimizer):
         :class:`mixprec.GradScaler` passes these three; each one left None
         defaults to the attribute of the same name (``self.grad_scale``...),
         which is how ``torch.amp.GradScaler`` hands over the first two.
+
+        Runs under ``torch.no_grad()``; step hooks and the profiler see it as they see
+        any torch optimizer's step (:func:`_lean_step`).
 
         Mutates the params, their masters and state; grads are read only.
         No host sync (the scalars are moved to each param device with
