@@ -702,3 +702,112 @@ def test_kept_whole_bucket_sees_each_change(calls: List[Tuple[str, int]], change
         assert not hits[4]  # the step after the change built its lists again
         if change in ("grad replaced", "data replaced", "buffer removed"):
             assert c2[9] != ("fused_adam_", 1)  # and no longer one slice
+
+
+# The scaler's grads of an all-flat optimizer are kept too (detect.kept_grads): one C pass
+# over the params per step instead of collect_grads + coalesce. Each change below must
+# give exactly what a fresh collection gives.
+
+def _shrink_grad(model: Net) -> None:
+    g = model.b.weight.grad
+    g.data = g.data.view(-1)[:3]  # the same view object and data pointer, fewer elements
+
+
+def _drop_param(model: Net, opt: torch.optim.Optimizer) -> None:
+    params = opt.param_groups[0]["params"]
+    params[:] = [p for p in params if p is not model.b.bias]
+
+
+# change -> (what it does, whether the grads are still all flat views after it)
+SCALER_CHANGES: Dict[str, Tuple[Callable[[Net, torch.optim.Optimizer, Any], None], bool]] = {
+    "nothing": (lambda m, o, fb: None, True),
+    "grad replaced": (lambda m, o, fb: _replace_grad(m), False),
+    "grad set to None": (lambda m, o, fb: setattr(m.n.bias, "grad", None), True),
+    "grad shrunk in place": (lambda m, o, fb: _shrink_grad(m), True),
+    "data replaced": (lambda m, o, fb: _replace_data(m), True),
+    "buffer removed": (lambda m, o, fb: fb.remove(), False),
+    "another model laid out": (lambda m, o, fb: mixprec.flat_buffers(make(torch.float32)),
+                               True),
+    "param group added": (lambda m, o, fb: o.add_param_group(
+        {"params": [nn.Parameter(torch.ones(2))]}), True),
+    "param removed from its group": (lambda m, o, fb: _drop_param(m, o), True),
+}
+
+
+def _described(per_device: Dict[torch.device, List[torch.Tensor]]) -> Dict[Any, Any]:
+    return {dev: [(t.data_ptr(), t.numel(), t.dtype, t.shape) for t in ts]
+            for dev, ts in per_device.items()}
+
+
+@pytest.mark.parametrize("change", list(SCALER_CHANGES))
+def test_scaler_kept_grads_see_each_change(monkeypatch: pytest.MonkeyPatch, change: str
+                                           ) -> None:
+    from mixprec.amp import grads as amp_grads
+    from mixprec.optim.flat import detect
+
+    model = make(torch.float32)
+    fb = mixprec.flat_buffers(model)
+    # (torch's optimizer: the scaler allows fp16 grads for mixprec's, whatever is asked)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = mixprec.GradScaler("cpu")
+    hits: List[bool] = []
+    inner = detect.kept_grads
+
+    def spy(optimizer: Any, allow_fp16: bool) -> Any:
+        out = inner(optimizer, allow_fp16)
+        hits.append(out is not None)
+        return out
+
+    monkeypatch.setattr(flat_mod, "kept_grads", spy)
+    train(model, opt, 1, set_to_none=False)
+    first = scaler._collect_grads(opt, False)
+    assert [len(v) for v in first.values()] == [1]  # one slice of the grad buffer
+    first[next(iter(first))].append(torch.ones(1))  # the caller's copy, not the kept one
+    again = scaler._collect_grads(opt, False)
+    assert hits == [False, True] and _described(again) != _described(first)
+    apply, still_flat = SCALER_CHANGES[change]
+    apply(model, opt, fb)
+    got = scaler._collect_grads(opt, False)
+    want = flat_mod.coalesce_grads(amp_grads.collect_grads(opt, False))
+    assert _described(got) == _described(want)
+    assert hits[2] is (change == "nothing")
+    assert _described(scaler._collect_grads(opt, False)) == _described(want)
+    assert hits[3] is still_flat  # kept again from the new answer where it is all flat
+    assert _described(scaler._collect_grads(opt, True)) == _described(want)
+    assert not hits[4]  # allow_fp16 is part of the key
+
+
+def test_scaler_kept_grads_only_when_all_flat() -> None:
+    """A param outside the buffers (a grad replaced) keeps nothing: the scaler's answer is
+    then per tensor and built each step."""
+    from mixprec.optim.flat import detect
+
+    model = make(torch.float32)
+    mixprec.flat_buffers(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = mixprec.GradScaler("cpu")
+    train(model, opt, 1, set_to_none=False)
+    scaler._collect_grads(opt, False)
+    assert detect.kept_grads(opt, False) is not None
+    _replace_grad(model)
+    out = scaler._collect_grads(opt, False)
+    assert len(next(iter(out.values()))) > 1
+    assert detect.kept_grads(opt, False) is None
+    assert opt not in detect._KEPT
+
+
+def test_scaler_kept_grads_with_an_unhashable_optimizer() -> None:
+    """An optimizer class with __eq__ and no __hash__ keeps nothing and still works."""
+
+    class Unhashable(torch.optim.SGD):
+        def __eq__(self, other: object) -> bool:
+            return self is other
+
+    assert Unhashable.__hash__ is None
+    model = make(torch.float32)
+    mixprec.flat_buffers(model)
+    opt = Unhashable(model.parameters(), lr=1e-2)
+    scaler = mixprec.GradScaler("cpu")
+    losses = train(model, opt, 3, set_to_none=False, scaler=scaler)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert [len(v) for v in scaler._collect_grads(opt, False).values()] == [1]

@@ -486,10 +486,11 @@ def test_state_mapping_change_drops_every_plan(device: str) -> None:
 
 @needs_watch
 @pytest.mark.parametrize("change", ["nothing", "grad replaced", "grad data replaced",
-                                    "grad removed", "grad added"])
+                                    "grad removed", "grad added", "grad shrunk in place",
+                                    "grad dtype changed in place"])
 def test_params_watch_with_grads_sees_grad_changes(change: str) -> None:
     """Snapshots taken with_grads (flat-buffer mode: the grads are kept views) also hold
-    each grad object and its data pointer."""
+    each grad object and its data pointer, numel, dtype and device."""
     ps = _watched()
     snap = _WATCH.watch_tensors(ps, True)
     ps[0].grad.add_(1.0)  # changed in place: the same
@@ -501,6 +502,10 @@ def test_params_watch_with_grads_sees_grad_changes(change: str) -> None:
         ps[1].grad = None
     elif change == "grad added":
         ps[2].grad = torch.randn(3)
+    elif change == "grad shrunk in place":  # the same object and data pointer
+        ps[1].grad.data = ps[1].grad.data[:1]
+    elif change == "grad dtype changed in place":
+        ps[1].grad.data = ps[1].grad.data.view(torch.int16)
     same = _WATCH.tensors_grads(ps, snap, False)
     assert same is (True if change == "nothing" else None)
     grads = _WATCH.tensors_grads(ps, snap, True)

@@ -48,13 +48,24 @@ inline PyObject* none() { return give(py::none()); }
 
 // What a tensor's place in a list depends on besides its identity: data
 // pointer, numel, dtype, device, whether it has a grad, and (snapshots taken
-// with_grads) the grad's data pointer.
+// with_grads) the grad's data pointer, numel, dtype and device.
 struct TensorRecord {
   const void* data;
   int64_t numel;
   int64_t kind;
   const void* grad_data;
+  int64_t grad_numel;
+  int64_t grad_kind;
 };
+
+// dtype, device type and index of a tensor, in one word
+inline int64_t kind_of(c10::TensorImpl* impl) {
+  const c10::Device d = impl->device();
+  return static_cast<int64_t>(static_cast<uint8_t>(
+             c10::typeMetaToScalarType(impl->dtype()))) |
+         static_cast<int64_t>(static_cast<uint8_t>(d.type())) << 8 |
+         static_cast<int64_t>(static_cast<uint8_t>(d.index() + 1)) << 16;
+}
 
 inline const void* data_of(c10::TensorImpl* impl) {
   const void* base = impl->unsafe_storage().data();
@@ -78,15 +89,19 @@ inline bool tensor_record(PyObject* o, bool with_grad, TensorRecord& r) {
       (with_grad && g.defined() && !g.unsafeGetTensorImpl()->has_storage())) {
     return false;
   }
-  const c10::Device d = impl->device();
   r.data = data_of(impl);
   r.numel = impl->numel();
-  r.kind = static_cast<int64_t>(static_cast<uint8_t>(
-               c10::typeMetaToScalarType(impl->dtype()))) |
-           static_cast<int64_t>(static_cast<uint8_t>(d.type())) << 8 |
-           static_cast<int64_t>(static_cast<uint8_t>(d.index() + 1)) << 16 |
-           static_cast<int64_t>(g.defined()) << 24;
-  r.grad_data = with_grad && g.defined() ? data_of(g.unsafeGetTensorImpl()) : nullptr;
+  r.kind = kind_of(impl) | static_cast<int64_t>(g.defined()) << 24;
+  if (with_grad && g.defined()) {
+    c10::TensorImpl* gi = g.unsafeGetTensorImpl();
+    r.grad_data = data_of(gi);
+    r.grad_numel = gi->numel();
+    r.grad_kind = kind_of(gi);
+  } else {
+    r.grad_data = nullptr;
+    r.grad_numel = 0;
+    r.grad_kind = 0;
+  }
   return true;
 }
 

@@ -199,10 +199,17 @@ class GradScaler(torch.amp.GradScaler):
     def _collect_grads(
         self, optimizer: torch.optim.Optimizer, allow_fp16: bool, coalesce_sparse: bool = False
     ) -> dict[torch.device, list[Tensor]]:
-        """The optimizer's gradients by device (:func:`mixprec.amp.grads.collect_grads`)."""
+        """The optimizer's gradients by device (:func:`mixprec.amp.grads.collect_grads`);
+        in the flat-buffer mode one slice per run of flat grad views, found in one pass
+        per step when the same params keep the same grads (``flat.kept_grads``)."""
         allow_fp16 = allow_fp16 or grads.fp16_grads_allowed(self._allow_fp16_grads, optimizer)
+        kept = _flat.kept_grads(optimizer, allow_fp16)
+        if kept is not None:
+            return kept
         per_device = grads.collect_grads(optimizer, allow_fp16, coalesce_sparse)
-        return _flat.coalesce_grads(per_device)  # flat-buffer mode: one slice per run
+        coalesced = _flat.coalesce_grads(per_device)
+        _flat.keep_grads(optimizer, allow_fp16, per_device, coalesced)
+        return coalesced
 
     def _unscale_grads_(
         self,

@@ -6,8 +6,9 @@ on the detection.
 
 from __future__ import annotations
 
+import operator
 import weakref
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -92,15 +93,25 @@ def _coalesce(grads: List[Tensor]) -> List[Tensor]:
     kept = owner.coalesced if owner is not None else None
     if (kept is not None and kept[2] == REGISTRY[0]
             and _WATCH.tensors_grads(grads, kept[0], False) is not None):
-        return kept[1]
+        return list(kept[1])  # (the caller's list)
     ranges, rest = _grad_ranges(grads)
     if not ranges:
         return grads
     out = [grads[k] for k in rest] + [buf.slice(1, a, b) for buf, a, b in ranges]
     if owner is not None and not rest and _WATCH is not None:
         snap = _WATCH.watch_tensors(grads, False)
-        owner.coalesced = (snap, out, REGISTRY[0]) if snap is not None else None
+        owner.coalesced = (snap, list(out), REGISTRY[0]) if snap is not None else None
     return out
+
+
+def _all_flat(grads: List[Tensor], coalesced: List[Tensor]) -> bool:
+    """Whether ``coalesced`` is :func:`_coalesce`'s all-flat answer for ``grads`` (kept on
+    the buffer of the first grad: the very same slices)."""
+    first = _GRADS.get(id(grads[0])) if grads else None
+    owner = first[0]() if first is not None else None
+    kept = owner.coalesced if owner is not None else None
+    return (kept is not None and kept[2] == REGISTRY[0] and len(kept[1]) == len(coalesced)
+            and all(map(operator.is_, kept[1], coalesced)))
 
 
 def coalesce_grads(per_device: Dict[torch.device, List[Tensor]]
@@ -109,5 +120,62 @@ def coalesce_grads(per_device: Dict[torch.device, List[Tensor]]
     if not _GRADS:
         return per_device
     return {dev: coalesce(grads) for dev, grads in per_device.items()}
+
+
+PerDevice = Dict[torch.device, List[Tensor]]
+
+#: optimizer -> (its param group dicts, a snapshot of each group's params with their
+#: grads, allow_fp16, REGISTRY[0], the scaler's grads per device): the last answer of
+#: GradScaler._collect_grads in which every grad went into a flat slice.
+_Kept = Tuple[Tuple[Any, ...], List[Any], bool, int, PerDevice]
+_KEPT: weakref.WeakKeyDictionary[Any, _Kept] = weakref.WeakKeyDictionary()
+
+
+def kept_grads(optimizer: Any, allow_fp16: bool) -> Optional[PerDevice]:
+    """The scaler's grads of ``optimizer`` as :func:`keep_grads` kept them, when nothing
+    they were found from changed; else None.
+
+    One C pass per param group (``_C.tensors_grads``, csrc/python/list_watch.h) proves
+    that the groups are the same dicts holding the very same params (data pointer,
+    numel, dtype, device), each with the very same grad object (None where there was
+    none) with the same data pointer, numel, dtype and device, and no buffer was laid
+    out or removed since. ``collect_grads`` + ``coalesce_grads`` would then find the
+    same grads and the same flat slices; this replaces their two passes with one.
+    """
+    if not _GRADS or torch.compiler.is_compiling():
+        return None
+    try:
+        kept = _KEPT.get(optimizer)
+    except TypeError:  # an optimizer that cannot be weakly referenced or hashed
+        return None
+    if kept is None or kept[2] != allow_fp16 or kept[3] != REGISTRY[0]:
+        return None
+    groups = optimizer.param_groups
+    if len(groups) != len(kept[0]) or not all(map(operator.is_, groups, kept[0])):
+        return None
+    for group, snap in zip(groups, kept[1]):
+        if _WATCH.tensors_grads(group["params"], snap, False) is None:
+            return None
+    return {dev: list(grads) for dev, grads in kept[4].items()}
+
+
+def keep_grads(optimizer: Any, allow_fp16: bool, collected: PerDevice,
+               coalesced: PerDevice) -> None:
+    """Keep ``coalesced`` (:func:`coalesce_grads` of ``collected``) for :func:`kept_grads`
+    when every grad of every device went into a flat slice; forget it otherwise."""
+    if not _GRADS or _WATCH is None or torch.compiler.is_compiling():
+        return
+    groups = tuple(optimizer.param_groups)
+    snaps = ([_WATCH.watch_tensors(group["params"], True) for group in groups]
+             if all(_all_flat(grads, coalesced[dev]) for dev, grads in collected.items())
+             else [None])
+    try:
+        if any(snap is None for snap in snaps):
+            _KEPT.pop(optimizer, None)
+        else:
+            _KEPT[optimizer] = (groups, snaps, allow_fp16, REGISTRY[0],
+                                {dev: list(grads) for dev, grads in coalesced.items()})
+    except TypeError:  # an optimizer that cannot be weakly referenced or hashed
+        pass
 
 
