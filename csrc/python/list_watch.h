@@ -48,15 +48,24 @@ inline PyObject* none() { return give(py::none()); }
 
 // What a tensor's place in a list depends on besides its identity: data
 // pointer, numel, dtype, device, whether it has a grad, and (snapshots taken
-// with_grads) the grad's data pointer, numel, dtype and device.
+// with_grads) the grad itself (its TensorImpl: the snapshot holds the grad
+// object, so no other tensor can take that address) and its data pointer,
+// numel, dtype and device.
 struct TensorRecord {
   const void* data;
   int64_t numel;
   int64_t kind;
+  const void* grad_impl;
   const void* grad_data;
   int64_t grad_numel;
   int64_t grad_kind;
 };
+
+// A tensor's grad, read from its TensorImpl (Tensor::grad() would also look
+// up whether the tensor is a leaf, for a warning that concerns non-leaves).
+inline const at::Tensor& grad_of(PyObject* o) {
+  return THPVariable_Unpack(o).unsafeGetTensorImpl()->grad();
+}
 
 // dtype, device type and index of a tensor, in one word
 inline int64_t kind_of(c10::TensorImpl* impl) {
@@ -82,9 +91,8 @@ inline bool tensor_record(PyObject* o, bool with_grad, TensorRecord& r) {
   if (!THPVariable_CheckExact(o)) {
     return false;
   }
-  const at::Tensor& t = THPVariable_Unpack(o);
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  const at::Tensor& g = t.grad();
+  c10::TensorImpl* impl = THPVariable_Unpack(o).unsafeGetTensorImpl();
+  const at::Tensor& g = impl->grad();
   if (!impl->has_storage() ||
       (with_grad && g.defined() && !g.unsafeGetTensorImpl()->has_storage())) {
     return false;
@@ -94,10 +102,12 @@ inline bool tensor_record(PyObject* o, bool with_grad, TensorRecord& r) {
   r.kind = kind_of(impl) | static_cast<int64_t>(g.defined()) << 24;
   if (with_grad && g.defined()) {
     c10::TensorImpl* gi = g.unsafeGetTensorImpl();
+    r.grad_impl = gi;
     r.grad_data = data_of(gi);
     r.grad_numel = gi->numel();
     r.grad_kind = kind_of(gi);
   } else {
+    r.grad_impl = nullptr;
     r.grad_data = nullptr;
     r.grad_numel = 0;
     r.grad_kind = 0;
@@ -108,23 +118,11 @@ inline bool tensor_record(PyObject* o, bool with_grad, TensorRecord& r) {
 // The grad of tensor o as a Python object (None when it has none); empty with
 // the error set on failure.
 inline py::object grad_object(PyObject* o) {
-  const at::Tensor& g = THPVariable_Unpack(o).grad();
+  const at::Tensor& g = grad_of(o);
   if (!g.defined()) {
     return py::none();
   }
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(g));
-}
-
-// Whether tensor o's grad is the Python object `stored` (None: no grad),
-// compared by TensorImpl, so no Python object is made for the grad.
-inline bool same_grad(PyObject* o, PyObject* stored) {
-  const at::Tensor& g = THPVariable_Unpack(o).grad();
-  if (!g.defined()) {
-    return stored == Py_None;
-  }
-  return stored != Py_None && THPVariable_Check(stored) &&
-         THPVariable_Unpack(stored).unsafeGetTensorImpl() ==
-             g.unsafeGetTensorImpl();
 }
 
 // watch_tensors(tensors, with_grads) -> snapshot: (tuple of the tensors, then,
@@ -190,25 +188,31 @@ inline PyObject* tensors_grads(PyObject* /*self*/, PyObject* args) {
     return none();
   }
   const auto* want = reinterpret_cast<const TensorRecord*>(PyBytes_AS_STRING(recs));
+  // (filled in the same pass, while each tensor is in cache; dropped on a miss)
+  py::object grads;
+  if (want_grads) {
+    grads = py::reinterpret_steal<py::object>(PyList_New(n));
+    if (!grads) {
+      return nullptr;
+    }
+  }
   for (Py_ssize_t i = 0; i < n; ++i) {
     TensorRecord r;
     if (seq[i] != PyTuple_GET_ITEM(objs, i) ||
         !tensor_record(seq[i], with_grads, r) ||
-        std::memcmp(&r, &want[i], sizeof r) != 0 ||
-        (with_grads && !same_grad(seq[i], PyTuple_GET_ITEM(objs, n + i)))) {
+        std::memcmp(&r, &want[i], sizeof r) != 0) {
       return none();
+    }
+    if (want_grads) {
+      py::object g = grad_object(seq[i]);
+      if (!g) {
+        return nullptr;
+      }
+      PyList_SET_ITEM(grads.ptr(), i, g.release().ptr());
     }
   }
   if (!want_grads) {
     return give(py::bool_(true));
-  }
-  auto grads = py::reinterpret_steal<py::object>(PyList_New(n));
-  for (Py_ssize_t i = 0; grads && i < n; ++i) {
-    py::object g = grad_object(seq[i]);
-    if (!g) {
-      return nullptr;
-    }
-    PyList_SET_ITEM(grads.ptr(), i, g.release().ptr());
   }
   return give(std::move(grads));
 }
@@ -236,7 +240,7 @@ inline PyObject* dense_grads(PyObject* /*self*/, PyObject* args) {
     if (!THPVariable_CheckExact(seq[i])) {
       return none();
     }
-    const at::Tensor& g = THPVariable_Unpack(seq[i]).grad();
+    const at::Tensor& g = grad_of(seq[i]);
     if (!g.defined()) {
       continue;
     }
@@ -247,7 +251,7 @@ inline PyObject* dense_grads(PyObject* /*self*/, PyObject* args) {
         (!allow_fp16 && g.scalar_type() == at::kHalf)) {
       return none();
     }
-    py::object o = grad_object(seq[i]);
+    auto o = py::reinterpret_steal<py::object>(THPVariable_Wrap(g));
     if (!o || PyList_Append(out.ptr(), o.ptr()) < 0) {
       return nullptr;
     }
