@@ -811,3 +811,39 @@ def test_scaler_kept_grads_with_an_unhashable_optimizer() -> None:
     losses = train(model, opt, 3, set_to_none=False, scaler=scaler)
     assert all(torch.isfinite(torch.tensor(losses)))
     assert [len(v) for v in scaler._collect_grads(opt, False).values()] == [1]
+
+
+def test_plain_optimizer_pays_no_pass_for_other_models_buffers(
+        monkeypatch: pytest.MonkeyPatch, calls: List[Tuple[str, int]]) -> None:
+    """Another model laid out flat: a plain optimizer's reused lists skip the per-param
+    any_flat test; laying out its own model later is still seen (new data pointers), and
+    the results stay those of a model that never was flat."""
+    from mixprec.optim.flat import state as flat_state
+
+    other = make(torch.float32, seed=3, flat=True)  # noqa: F841 (keeps the registry full)
+    tested: List[int] = []
+    real = flat_state.any_flat
+
+    def spy(params: List[torch.Tensor]) -> bool:
+        tested.append(len(params))
+        return real(params)
+
+    monkeypatch.setattr(flat_state, "any_flat", spy)
+    monkeypatch.setattr(flat_mod, "any_flat", spy)
+    results = []
+    for lay_out in (False, True):
+        model = make(torch.float32)
+        opt = mixprec.optim.Adam(model.parameters(), lr=1e-2)
+        train(model, opt, 3, set_to_none=False)
+        if not lay_out:
+            tested.clear()
+            train(model, opt, 2, set_to_none=False)
+            assert tested == []  # reused lists, no pass
+        else:
+            mixprec.flat_buffers(model)
+            calls.clear()
+            train(model, opt, 2, set_to_none=False)
+            assert ("fused_adam_", 1) in calls  # seen: one slice of the buffer
+        results.append((model, opt))
+    (m1, o1), (m2, o2) = results
+    assert_same(m1, m2, o1, o2)

@@ -307,23 +307,27 @@ class FusedOptimizer(torch.optim.Optimizer):
             self._lr_cache[key] = (value, cached[1])
         return cached[1]
 
-    def _buckets(self, index: int, group: Dict[str, Any]) -> Dict[BucketKey, Bucket]:
-        """The group's params with a grad, as the op's tensor lists per (device, has master).
+    def _buckets(self, index: int, group: Dict[str, Any]
+                 ) -> Tuple[Dict[BucketKey, Bucket], bool]:
+        """The group's params with a grad, as the op's tensor lists per (device, has master),
+        and whether none of them is known, without a pass over them, to be laid out flat.
 
         The lists of the last step are reused when :meth:`_reuse` finds nothing changed;
         else they are built here: the grads and dtypes are checked and missing state is
-        created (:meth:`_init_state`).
+        created (:meth:`_init_state`). (Per-param lists are kept only where no param was
+        flat, and a param laid out flat since has a new data pointer, which :meth:`_reuse`
+        sees: so reused per-param lists hold no flat param.)
         """
         compiling = torch.compiler.is_compiling()
         if not compiling:
             reused = self._reuse(index, group)
             if reused is not None:
-                return reused
+                return reused, not self._plans[index].whole
         buckets: Dict[BucketKey, Bucket] = _flat.whole_group(self, group)
         if buckets:  # flat-buffer mode: no per-param loop
             if not compiling:
                 self._remember_whole(index, group, buckets)
-            return buckets
+            return buckets, False
         names = self._state_names(group)
         positions: Dict[BucketKey, List[int]] = {}
         dicts: Dict[BucketKey, List[Dict[str, Any]]] = {}
@@ -356,7 +360,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         # (not kept where flat params are: flat.whole_group may take the group next step)
         if not compiling and not _flat.any_flat(group["params"]):
             self._remember(index, group, names, buckets, positions, dicts)
-        return buckets
+        return buckets, False
 
     def _remember(self, index: int, group: Dict[str, Any], names: List[str],
                   buckets: Dict[BucketKey, Bucket], positions: Dict[BucketKey, List[int]],
@@ -428,7 +432,7 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def _step_group(self, index: int, group: Dict[str, Any], grad_scale: Optional[Tensor],
                     found_inf: Optional[Tensor], clip_coef: Optional[Tensor]) -> None:
-        buckets = self._buckets(index, group)
+        buckets, plain = self._buckets(index, group)
         moved: Dict[Tuple[str, torch.device], Optional[Tensor]] = {}
 
         def on(name: str, t: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
@@ -445,7 +449,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 "found_inf": on("found_inf", found_inf, device),
                 "clip_coef": on("clip_coef", clip_coef, device),
             }
-            bucket = _flat.coalesce_bucket(self, group, bucket)  # flat-buffer mode
+            bucket = _flat.coalesce_bucket(self, group, bucket, plain)  # flat-buffer mode
             self._run(bucket, group, self._lr_tensor(index, group, device), scalars, seed)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:

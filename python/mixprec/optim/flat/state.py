@@ -196,8 +196,8 @@ def any_flat(params: List[Tensor]) -> bool:
     return bool(_PARAMS) and not _PARAMS.keys().isdisjoint(map(id, params))
 
 
-def coalesce_bucket(optimizer: Any, group: Dict[str, Any],
-                    bucket: Dict[str, List[Tensor]]) -> Dict[str, List[Tensor]]:
+def coalesce_bucket(optimizer: Any, group: Dict[str, Any], bucket: Dict[str, List[Tensor]],
+                    plain: bool = False) -> Dict[str, List[Tensor]]:
     """An optimizer bucket with each run of adjacent flat params replaced by buffer slices.
 
     ``bucket`` is what :class:`mixprec.optim.FusedOptimizer` hands its op: lists
@@ -209,11 +209,13 @@ def coalesce_bucket(optimizer: Any, group: Dict[str, Any],
     step counts must be one shared tensor held by exactly the run's params, so that one
     increment is right for all: where a shared step is also held by params outside the
     run, the run gets its own copy (no sync). Everything else stays per tensor.
+    ``plain``: the caller knows that none of the params is laid out flat.
     """
-    if getattr(optimizer, "_mixprec_flat", None) is None and not any_flat(bucket["params"]):
-        # no flat state and none of these params laid out flat (flat buffers of other
-        # models do not cost this optimizer a per-param pass; traceable by
-        # torch.compile(fullgraph) without flat buffers)
+    if getattr(optimizer, "_mixprec_flat", None) is None and (
+            plain or not any_flat(bucket["params"])):
+        # no flat state and none of these params laid out flat (traceable by
+        # torch.compile(fullgraph) without flat buffers; with ``plain``, flat buffers of
+        # other models do not cost this optimizer a per-param pass)
         return bucket
     return _coalesce_bucket(optimizer, group, bucket)
 
