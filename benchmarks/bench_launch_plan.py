@@ -29,6 +29,14 @@ every call" (reuse switched off with ``_cuda_emulation.set_plan_reuse(False)``: 
 checks, flattening, grouping and planning of every call). Checked once, untimed: the
 reused rows reuse, the others build.
 
+The last rows time the per-step list checks mixprec does in Python (C helpers,
+csrc/python/list_watch.h) before those op calls, on n one-element fp32 params with
+grads, outside inference mode: ``FusedOptimizer._reuse`` (proving the kept tensor lists
+still hold: params, grads, state dicts), per param and in the flat-buffer mode, and
+``GradScaler._collect_grads`` (the grads handed to the scaler's ops), per tensor and in
+the flat-buffer mode (the kept all-flat answer). Checked once, untimed: the optimizer's
+lists are reused and the flat scaler answer is one slice.
+
 With ``--cpu-time`` the calling thread's CPU time is measured instead of wall time
 (``time.thread_time``; every case runs on the calling thread): on a shared machine whose
 other work steals the cores, it still counts only this work.
@@ -41,8 +49,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
+import sys
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.utils.benchmark as tb
@@ -148,13 +157,40 @@ def _check_plans(n: int) -> None:
         raise SystemExit(f"error: plan_fused_adam_ planned {got} blocks, want {want}")
 
 
-def main() -> None:
+def _python_cases(n: int, flat: bool) -> Dict[str, Callable[[], None]]:
+    """name -> call: the per-step list checks of an optimizer and a scaler over n params
+    (``flat``: laid out in a flat buffer), each checked once (untimed) to take its fast
+    path. (One mode per call: a live flat buffer taxes the per-param scaler path with an
+    id test per grad.)"""
+    params = [torch.nn.Parameter(torch.randn(1)) for _ in range(n)]
+    if flat:
+        mixprec.flat_buffers(params)
+    sum(p.sum() for p in params).backward()  # (flat: the grads are the buffer's views)
+    opt = mixprec.optim.AdamW(params, lr=1e-3)
+    for _ in range(3):  # (the flat state is laid out by the first steps)
+        opt.step()
+    group = opt.param_groups[0]
+    if opt._reuse(0, group) is None:
+        raise SystemExit(f"error: the optimizer's lists were not reused (flat={flat})")
+    scaler = mixprec.GradScaler("cpu")
+    scaler._collect_grads(opt, False)
+    grads = scaler._collect_grads(opt, False)
+    if flat and [len(g) for g in grads.values()] != [1]:
+        raise SystemExit(f"error: the flat scaler answer is not one slice: {grads}")
+    mode = "flat mode" if flat else "per param"
+    return {
+        f"optimizer list checks (_reuse), {mode}": lambda: opt._reuse(0, group),
+        f"scaler grads (_collect_grads), {mode}": lambda: scaler._collect_grads(opt, False),
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,100,1000,2000,4000")
     parser.add_argument("--min-run-time", type=float, default=0.3)
     parser.add_argument("--cpu-time", action="store_true",
                         help="time the calling thread's CPU time, not wall time")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     torch.set_num_threads(1)
     print(f"mixprec {mixprec.__version__}, torch {torch.__version__}, "
@@ -175,6 +211,15 @@ def main() -> None:
                     table[name].append(_time_us(fn, args.min_run_time, args.cpu_time))
     finally:
         _cuda_emulation.set_plan_reuse(previous)
+    for flat in (False, True):
+        py_names = list(_python_cases(1, flat))
+        for n in sizes:
+            cases = _python_cases(n, flat)
+            for name in py_names:
+                table.setdefault(name, []).append(
+                    _time_us(cases[name], args.min_run_time, args.cpu_time))
+            del cases  # (its flat buffer leaves the registry with it)
+        names += py_names
     width = max(len(n) for n in names)
     clock = "thread CPU time" if args.cpu_time else "wall time"
     print(f"us per call ({clock}); columns: n one-element fp32 tensors "
@@ -184,7 +229,8 @@ def main() -> None:
         fixed, per = fit_fixed_per_tensor(sizes, table[name])
         print(f"{name:<{width}} " + " ".join(f"{t:8.1f}" for t in table[name])
               + f"  {fixed:8.1f}  {per:9.3f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

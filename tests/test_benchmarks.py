@@ -26,6 +26,7 @@ import gpu_workload  # noqa: E402
 
 import _common  # noqa: E402
 import bench_host_cost  # noqa: E402
+import bench_launch_plan  # noqa: E402
 import bench_optim  # noqa: E402
 import bench_scaler  # noqa: E402
 import bench_unscale  # noqa: E402
@@ -402,3 +403,16 @@ def test_gpu_check_sanitizer_sets_reach_the_workload() -> None:
         assert name in gpu_workload.SETS
     args.sanitizer_sets = ""
     assert "--sets" not in gpu_check.workload_args(args, "cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# bench_launch_plan (the CPU microbenchmark of the CUDA ops' host path and the list checks)
+
+
+def test_bench_launch_plan_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_launch_plan.main(["--sizes", "1,30", "--min-run-time", "0.01"]) == 0
+    out = capsys.readouterr().out
+    for row in ("fused_adam_ fp32 CUDA host path, plan reused",
+                "optimizer list checks (_reuse), flat mode",
+                "scaler grads (_collect_grads), flat mode"):
+        assert row in out
