@@ -28,6 +28,10 @@ param; the scaler iterations report 0 host syncs (CUDA's sync debug mode) and le
 scale unchanged. A failed check is an error (exit status 1).
 
     python benchmarks/bench_host_cost.py [--sizes 10,100,1000,2000,4000] [--numel 1024]
+
+``--allow-cpu --device cpu --numel 1`` runs the same cases on the CPU (one thread): the
+same Python host path (optimizer wrapper, list checks, scaler) with one-element CPU
+kernels instead of CUDA launches -- a CI-measurable stand-in for the Python part only.
 """
 
 from __future__ import annotations
@@ -171,11 +175,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--calls", type=int, default=50, help="calls per timed block")
     ap.add_argument("--rounds", type=int, default=15, help="timed blocks per figure")
     ap.add_argument("--cases", default=None, help="comma-separated case names (default all)")
+    ap.add_argument("--allow-cpu", action="store_true",
+                    help="time on the CPU: the host work plus CPU kernels over --numel "
+                         "elements per tensor (use --numel 1); not a GPU figure")
     args = ap.parse_args(argv)
-    if args.device != "cuda" or not torch.cuda.is_available():
+    on_cuda = args.device == "cuda" and torch.cuda.is_available()
+    if not on_cuda and not (args.allow_cpu and args.device == "cpu"):
         print("bench_host_cost: needs a CUDA device (the figure is the host cost of "
-              "issuing GPU work); on CPU see bench_launch_plan.py", file=sys.stderr)
+              "issuing GPU work); --allow-cpu times the CPU path, and bench_launch_plan.py "
+              "the CUDA ops' host path on the CPU", file=sys.stderr)
         return 2
+    if not on_cuda:
+        torch.set_num_threads(1)  # (the CPU kernels of one-element tensors: host work)
     sizes = [int(s) for s in args.sizes.split(",")]
     print(header(f"bench_host_cost: wall us per call, {args.numel}-element fp32 tensors, "
                  f"{args.calls} calls per block, median of {args.rounds} blocks", args.device))
@@ -193,7 +204,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 continue
             table.setdefault(name, []).append(per_call_us(call, args.device, args.calls,
                                                           args.rounds))
-        torch.cuda.empty_cache()
+        if on_cuda:
+            torch.cuda.empty_cache()
     width = max(len(k) for k in table)
     print(f"{'case':<{width}} " + " ".join(f"{n:>9}" for n in sizes)
           + "  fixed us  us/tensor")
