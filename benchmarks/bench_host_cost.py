@@ -66,12 +66,15 @@ def _params(n: int, numel: int, dtype: torch.dtype, device: str) -> List[torch.n
     return out
 
 
-def _moves(params: List[torch.nn.Parameter], step: Callable[[], None], what: str) -> None:
-    before = [p.detach().clone() for p in params]
+def _moves(weights: Callable[[], List[torch.Tensor]], step: Callable[[], None],
+           what: str) -> None:
+    """Every weight the optimizer updates (``weights()``: the params, or the float32
+    masters of 16-bit params, whose small updates may round away in the param) moves."""
+    before = [w.detach().clone() for w in weights()]
     step()
-    still = sum(bool(torch.equal(a, p.detach())) for a, p in zip(before, params))
+    still = sum(bool(torch.equal(a, w.detach())) for a, w in zip(before, weights()))
     if still:
-        raise CheckFailed(f"{what}: {still} of {len(params)} params did not move")
+        raise CheckFailed(f"{what}: {still} of {len(before)} weights did not move")
 
 
 def _no_syncs(step: Callable[[], None], device: str, what: str) -> None:
@@ -107,7 +110,11 @@ def cases(n: int, numel: int, device: str) -> Dict[str, Case]:
 
         def call() -> None:
             opt.step(**step_kwargs)
-        return call, lambda: _moves(params, call, what)
+
+        def weights() -> List[torch.Tensor]:
+            masters = getattr(opt, "master_params", None)
+            return masters() if masters is not None and dtype != torch.float32 else params
+        return call, lambda: _moves(weights, call, what)
 
     out["adamw mixprec"] = optim(lambda p: mixprec.optim.AdamW(p, lr=1e-3), torch.float32,
                                  "adamw mixprec")
@@ -134,7 +141,7 @@ def cases(n: int, numel: int, device: str) -> Dict[str, Case]:
 
         def check() -> None:
             s0 = float(scaler.get_scale())  # type: ignore[attr-defined]
-            _moves(params, call, what)
+            _moves(lambda: list(params), call, what)
             _no_syncs(call, device, what)
             if float(scaler.get_scale()) != s0:  # type: ignore[attr-defined]
                 raise CheckFailed(f"{what}: the scale changed without an overflow")
