@@ -479,6 +479,29 @@ def test_compiled_optimizer_step_runs_the_detection_eagerly() -> None:
     assert_same(results[0][0], results[1][0], results[0][1], results[1][1])
 
 
+@pytest.mark.parametrize("first_step", ["eager", "compiled"])
+def test_other_models_buffers_keep_a_plain_step_fullgraph(first_step: str) -> None:
+    """A flat model elsewhere in the process: the step of an optimizer over plain params
+    still compiles with fullgraph=True (its registry tests are traceable) and equals eager,
+    bit for bit."""
+    torch._dynamo.reset()
+    other = make(torch.float32, seed=5, flat=True)  # noqa: F841 (keeps the registry full)
+    results = []
+    for compiled in (False, True):
+        model = make(torch.float32)
+        opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+        step = torch.compile(opt.step, fullgraph=True, backend="eager") if compiled \
+            else opt.step
+        for it in range(3):
+            opt.zero_grad()
+            model(torch.ones(2, 5) * (it + 1)).sum().backward()
+            (opt.step if first_step == "eager" and it == 0 else step)()
+        results.append((model, opt))
+    assert_same(results[0][0], results[1][0], results[0][1], results[1][1])
+    assert [float(results[1][1].state[p]["step"]) for p in results[1][0].parameters()] \
+        == [3.0] * 7
+
+
 # ---------------------------------------------------------------------------------------------
 # DDP (two gloo processes on CPU)
 

@@ -126,8 +126,8 @@ def init_state(optimizer: Any, p: Tensor, group: Dict[str, Any], state: Dict[str
     itself; returns False (and does nothing) for a param that is not a flat view.
     Fresh params of one buffer share one step tensor (all start at 0).
     """
-    if not _PARAMS:
-        return False
+    if not _PARAMS or id(p) not in _PARAMS:
+        return False  # traceable: torch.compile(fullgraph) of params that are not flat
     return _init_state(optimizer, p, group, state)
 
 
@@ -192,8 +192,13 @@ def _migrate(optimizer: Any, of: _OptFlat, st: _BufState, names: List[str],
 
 
 def any_flat(params: List[Tensor]) -> bool:
-    """Whether any of ``params`` is laid out in a flat buffer (a set test at C speed)."""
-    return bool(_PARAMS) and not _PARAMS.keys().isdisjoint(map(id, params))
+    """Whether any of ``params`` is laid out in a flat buffer (a set test at C speed;
+    while torch.compile traces, a loop it can follow, guarded on the registry)."""
+    if not _PARAMS:
+        return False
+    if torch.compiler.is_compiling():
+        return any(id(p) in _PARAMS for p in params)
+    return not _PARAMS.keys().isdisjoint(map(id, params))
 
 
 def coalesce_bucket(optimizer: Any, group: Dict[str, Any], bucket: Dict[str, List[Tensor]],
