@@ -67,7 +67,7 @@ class _GroupPlan:
 def _profiling() -> bool:
     """Whether a torch profiler is recording (the python flag torch's own compiled code
     reads, or the C profiler state of this thread)."""
-    return bool(torch.autograd.profiler._is_profiler_enabled
+    return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False)
                 or torch._C._autograd._profiler_enabled())
 
 
