@@ -86,13 +86,18 @@ inline const void* data_of(c10::TensorImpl* impl) {
 
 // False (and r untouched) for anything but a torch.Tensor / nn.Parameter (a
 // subclass may answer .grad or data_ptr() differently) or a tensor without
-// storage; never raises.
-inline bool tensor_record(PyObject* o, bool with_grad, TensorRecord& r) {
+// storage; never raises. `grad`, when given, is pointed at the tensor's grad
+// (undefined when it has none).
+inline bool tensor_record(PyObject* o, bool with_grad, TensorRecord& r,
+                          const at::Tensor** grad = nullptr) {
   if (!THPVariable_CheckExact(o)) {
     return false;
   }
   c10::TensorImpl* impl = THPVariable_Unpack(o).unsafeGetTensorImpl();
   const at::Tensor& g = impl->grad();
+  if (grad != nullptr) {
+    *grad = &g;
+  }
   if (!impl->has_storage() ||
       (with_grad && g.defined() && !g.unsafeGetTensorImpl()->has_storage())) {
     return false;
@@ -115,10 +120,9 @@ inline bool tensor_record(PyObject* o, bool with_grad, TensorRecord& r) {
   return true;
 }
 
-// The grad of tensor o as a Python object (None when it has none); empty with
-// the error set on failure.
-inline py::object grad_object(PyObject* o) {
-  const at::Tensor& g = grad_of(o);
+// A grad as a Python object (None when undefined); empty with the error set
+// on failure.
+inline py::object wrap_grad(const at::Tensor& g) {
   if (!g.defined()) {
     return py::none();
   }
@@ -147,13 +151,14 @@ inline PyObject* watch_tensors(PyObject* /*self*/, PyObject* args) {
   }
   auto* out = reinterpret_cast<TensorRecord*>(PyBytes_AS_STRING(recs.ptr()));
   for (Py_ssize_t i = 0; i < n; ++i) {
-    if (!tensor_record(seq[i], with_grads != 0, out[i])) {
+    const at::Tensor* grad = nullptr;
+    if (!tensor_record(seq[i], with_grads != 0, out[i], &grad)) {
       return none();
     }
     Py_INCREF(seq[i]);
     PyTuple_SET_ITEM(objs.ptr(), i, seq[i]);
     if (with_grads) {
-      py::object g = grad_object(seq[i]);
+      py::object g = wrap_grad(*grad);
       if (!g) {
         return nullptr;
       }
@@ -198,13 +203,14 @@ inline PyObject* tensors_grads(PyObject* /*self*/, PyObject* args) {
   }
   for (Py_ssize_t i = 0; i < n; ++i) {
     TensorRecord r;
+    const at::Tensor* grad = nullptr;
     if (seq[i] != PyTuple_GET_ITEM(objs, i) ||
-        !tensor_record(seq[i], with_grads, r) ||
+        !tensor_record(seq[i], with_grads, r, &grad) ||
         std::memcmp(&r, &want[i], sizeof r) != 0) {
       return none();
     }
     if (want_grads) {
-      py::object g = grad_object(seq[i]);
+      py::object g = wrap_grad(*grad);
       if (!g) {
         return nullptr;
       }
@@ -251,7 +257,7 @@ inline PyObject* dense_grads(PyObject* /*self*/, PyObject* args) {
         (!allow_fp16 && g.scalar_type() == at::kHalf)) {
       return none();
     }
-    auto o = py::reinterpret_steal<py::object>(THPVariable_Wrap(g));
+    py::object o = wrap_grad(g);
     if (!o || PyList_Append(out.ptr(), o.ptr()) < 0) {
       return nullptr;
     }

@@ -28,6 +28,23 @@ def _lookup(table: Dict[int, Tuple[weakref.ref[_Buffer], int]], t: Tensor,
     return buf, entry[1]
 
 
+def _any_in(table: Dict[int, Any], tensors: Sequence[Tensor]) -> bool:
+    """Whether any of ``tensors`` is a key (by ``id``) of ``table`` (a set test at C speed;
+    while torch.compile traces, a loop it can follow, guarded on the table)."""
+    if not table:
+        return False
+    if torch.compiler.is_compiling():
+        return any(id(t) in table for t in tensors)
+    return not table.keys().isdisjoint(map(id, tensors))
+
+
+def _first_owner(grads: Sequence[Tensor]) -> Optional[_Buffer]:
+    """The buffer of which ``grads[0]`` is a grad view (by ``id``): where the answer of
+    :func:`_coalesce` for lists starting with it is kept."""
+    first = _GRADS.get(id(grads[0])) if grads else None
+    return first[0]() if first is not None else None
+
+
 def _runs(entries: List[Tuple[int, int]]) -> List[List[Tuple[int, int]]]:
     """Split ``(index in buffer, position in list)`` pairs into runs of consecutive indices."""
     entries.sort()
@@ -76,10 +93,8 @@ def coalesce(grads: List[Tensor]) -> List[Tensor]:
     views of a run; tensors that are not flat views stay as they are. Used by
     :class:`mixprec.GradScaler` before its unscale / inf-check / norm ops.
     """
-    if len(grads) < 2 or not _GRADS:  # traceable: torch.compile(fullgraph) without flat
-        return grads
-    if id(grads[0]) not in _GRADS and _GRADS.keys().isdisjoint(map(id, grads)):
-        return grads  # no flat view among them (a set test at C speed)
+    if len(grads) < 2 or not _any_in(_GRADS, grads):
+        return grads  # no flat view among them
     return _coalesce(grads)
 
 
@@ -88,8 +103,7 @@ def _coalesce(grads: List[Tensor]) -> List[Tensor]:
     # The last all-flat answer for lists starting with this grad view is kept on its
     # buffer, with a snapshot of the list: the same grad objects with the same data
     # pointers (one C pass), and no buffer laid out or removed since, give the same answer.
-    first = _GRADS.get(id(grads[0]))
-    owner = first[0]() if first is not None else None
+    owner = _first_owner(grads)
     kept = owner.coalesced if owner is not None else None
     if (kept is not None and kept[2] == REGISTRY[0]
             and _WATCH.tensors_grads(grads, kept[0], False) is not None):
@@ -107,8 +121,7 @@ def _coalesce(grads: List[Tensor]) -> List[Tensor]:
 def _all_flat(grads: List[Tensor], coalesced: List[Tensor]) -> bool:
     """Whether ``coalesced`` is :func:`_coalesce`'s all-flat answer for ``grads`` (kept on
     the buffer of the first grad: the very same slices)."""
-    first = _GRADS.get(id(grads[0])) if grads else None
-    owner = first[0]() if first is not None else None
+    owner = _first_owner(grads)
     kept = owner.coalesced if owner is not None else None
     return (kept is not None and kept[2] == REGISTRY[0] and len(kept[1]) == len(coalesced)
             and all(map(operator.is_, kept[1], coalesced)))

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .detect import _lookup, _runs
+from .detect import _any_in, _lookup, _runs
 from .layout import _PARAMS, _Buffer, _data_ptr, _view_in
 
 _FIXED_KEYS = ("params", "grads", "master_params", "state_steps")
@@ -192,13 +192,8 @@ def _migrate(optimizer: Any, of: _OptFlat, st: _BufState, names: List[str],
 
 
 def any_flat(params: List[Tensor]) -> bool:
-    """Whether any of ``params`` is laid out in a flat buffer (a set test at C speed;
-    while torch.compile traces, a loop it can follow, guarded on the registry)."""
-    if not _PARAMS:
-        return False
-    if torch.compiler.is_compiling():
-        return any(id(p) in _PARAMS for p in params)
-    return not _PARAMS.keys().isdisjoint(map(id, params))
+    """Whether any of ``params`` is laid out in a flat buffer (traceable)."""
+    return _any_in(_PARAMS, params)
 
 
 def coalesce_bucket(optimizer: Any, group: Dict[str, Any], bucket: Dict[str, List[Tensor]],
