@@ -84,29 +84,103 @@ inline const void* data_of(c10::TensorImpl* impl) {
                    impl->storage_offset() * impl->itemsize();
 }
 
-// False (and r untouched) for anything but a torch.Tensor / nn.Parameter (a
-// subclass may answer .grad or data_ptr() differently) or a tensor without
-// storage; never raises. `grad`, when given, is pointed at the tensor's grad
-// (undefined when it has none).
+// torch's DTensor class, once Python has seen it (set_dtensor_type, called by
+// python/mixprec/_dtensor.py); nullptr before. The record of a DTensor (an
+// FSDP2 param) is its local shard's, and the grad handed back for it is the
+// local shard of its (DTensor) grad: the kernels run on the local shards.
+inline PyObject*& dtensor_type() {
+  static PyObject* type = nullptr;
+  return type;
+}
+
+// set_dtensor_type(cls): remember the DTensor class (a strong reference).
+inline PyObject* set_dtensor_type(PyObject* /*self*/, PyObject* cls) {
+  if (!PyType_Check(cls)) {
+    PyErr_SetString(PyExc_TypeError, "set_dtensor_type: a class");
+    return nullptr;
+  }
+  Py_INCREF(cls);
+  Py_XDECREF(dtensor_type());
+  dtensor_type() = cls;
+  Py_RETURN_NONE;
+}
+
+// The `_local_tensor` of a DTensor as a new reference; empty, with no error
+// set, when it is missing or not a plain tensor.
+inline py::object local_of(PyObject* o) {
+  static PyObject* name = PyUnicode_InternFromString("_local_tensor");
+  auto t = py::reinterpret_steal<py::object>(PyObject_GetAttr(o, name));
+  if (!t || !THPVariable_CheckExact(t.ptr())) {
+    PyErr_Clear();
+    return py::object();
+  }
+  return t;
+}
+
+// A grad as a Python object (None when undefined); empty with the error set
+// on failure.
+inline py::object wrap_grad(const at::Tensor& g) {
+  if (!g.defined()) {
+    return py::none();
+  }
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(g));
+}
+
+// The grad tensor_record found, to hand back.
+struct GradFound {
+  const at::Tensor* grad = nullptr;  // a plain tensor's grad (maybe undefined)
+  py::object local;                  // a DTensor's: its grad's local shard, or None
+  // The grad as a Python object (None when there is none); empty with the
+  // error set on failure.
+  py::object object() const { return grad != nullptr ? wrap_grad(*grad) : local; }
+};
+
+// False (and r untouched) for anything but a torch.Tensor / nn.Parameter or a
+// DTensor over one (another subclass may answer .grad or data_ptr()
+// differently), or a tensor without storage; never raises. `found`, when
+// given, receives the grad (for a DTensor, the local shard of its grad).
 inline bool tensor_record(PyObject* o, bool with_grad, TensorRecord& r,
-                          const at::Tensor** grad = nullptr) {
-  if (!THPVariable_CheckExact(o)) {
+                          GradFound* found = nullptr) {
+  static const at::Tensor undefined;
+  c10::TensorImpl* impl = nullptr;
+  const at::Tensor* g = &undefined;
+  py::object local;       // a DTensor's local shard
+  py::object grad_local;  // a DTensor's grad's local shard
+  if (THPVariable_CheckExact(o)) {
+    impl = THPVariable_Unpack(o).unsafeGetTensorImpl();
+    g = &impl->grad();
+  } else if (dtensor_type() != nullptr &&
+             Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(dtensor_type())) {
+    local = local_of(o);
+    if (!local) {
+      return false;
+    }
+    impl = THPVariable_Unpack(local.ptr()).unsafeGetTensorImpl();
+    const at::Tensor& dg = THPVariable_Unpack(o).unsafeGetTensorImpl()->grad();
+    if (dg.defined()) {
+      auto dgo = py::reinterpret_steal<py::object>(THPVariable_Wrap(dg));
+      if (!dgo || Py_TYPE(dgo.ptr()) != Py_TYPE(o)) {
+        PyErr_Clear();
+        return false;  // not a DTensor grad: the caller's slow path says so
+      }
+      grad_local = local_of(dgo.ptr());
+      if (!grad_local) {
+        return false;
+      }
+      g = &THPVariable_Unpack(grad_local.ptr());
+    }
+  } else {
     return false;
   }
-  c10::TensorImpl* impl = THPVariable_Unpack(o).unsafeGetTensorImpl();
-  const at::Tensor& g = impl->grad();
-  if (grad != nullptr) {
-    *grad = &g;
-  }
   if (!impl->has_storage() ||
-      (with_grad && g.defined() && !g.unsafeGetTensorImpl()->has_storage())) {
+      (with_grad && g->defined() && !g->unsafeGetTensorImpl()->has_storage())) {
     return false;
   }
   r.data = data_of(impl);
   r.numel = impl->numel();
-  r.kind = kind_of(impl) | static_cast<int64_t>(g.defined()) << 24;
-  if (with_grad && g.defined()) {
-    c10::TensorImpl* gi = g.unsafeGetTensorImpl();
+  r.kind = kind_of(impl) | static_cast<int64_t>(g->defined()) << 24;
+  if (with_grad && g->defined()) {
+    c10::TensorImpl* gi = g->unsafeGetTensorImpl();
     r.grad_impl = gi;
     r.grad_data = data_of(gi);
     r.grad_numel = gi->numel();
@@ -117,16 +191,14 @@ inline bool tensor_record(PyObject* o, bool with_grad, TensorRecord& r,
     r.grad_numel = 0;
     r.grad_kind = 0;
   }
-  return true;
-}
-
-// A grad as a Python object (None when undefined); empty with the error set
-// on failure.
-inline py::object wrap_grad(const at::Tensor& g) {
-  if (!g.defined()) {
-    return py::none();
+  if (found != nullptr) {
+    if (local) {
+      found->local = grad_local ? std::move(grad_local) : py::none();
+    } else {
+      found->grad = g;
+    }
   }
-  return py::reinterpret_steal<py::object>(THPVariable_Wrap(g));
+  return true;
 }
 
 // watch_tensors(tensors, with_grads) -> snapshot: (tuple of the tensors, then,
@@ -151,14 +223,14 @@ inline PyObject* watch_tensors(PyObject* /*self*/, PyObject* args) {
   }
   auto* out = reinterpret_cast<TensorRecord*>(PyBytes_AS_STRING(recs.ptr()));
   for (Py_ssize_t i = 0; i < n; ++i) {
-    const at::Tensor* grad = nullptr;
+    GradFound grad;
     if (!tensor_record(seq[i], with_grads != 0, out[i], &grad)) {
       return none();
     }
     Py_INCREF(seq[i]);
     PyTuple_SET_ITEM(objs.ptr(), i, seq[i]);
     if (with_grads) {
-      py::object g = wrap_grad(*grad);
+      py::object g = grad.object();
       if (!g) {
         return nullptr;
       }
@@ -203,14 +275,14 @@ inline PyObject* tensors_grads(PyObject* /*self*/, PyObject* args) {
   }
   for (Py_ssize_t i = 0; i < n; ++i) {
     TensorRecord r;
-    const at::Tensor* grad = nullptr;
+    GradFound grad;
     if (seq[i] != PyTuple_GET_ITEM(objs, i) ||
         !tensor_record(seq[i], with_grads, r, &grad) ||
         std::memcmp(&r, &want[i], sizeof r) != 0) {
       return none();
     }
     if (want_grads) {
-      py::object g = wrap_grad(*grad);
+      py::object g = grad.object();
       if (!g) {
         return nullptr;
       }

@@ -61,6 +61,9 @@ PyMethodDef methods[] = {
     {"dense_grads", mixprec::python::dense_grads, METH_VARARGS,
      "dense_grads(params, allow_fp16) -> the params' grads (those not None) when "
      "all are dense, on one device and allowed, else None."},
+    {"set_dtensor_type", mixprec::python::set_dtensor_type, METH_O,
+     "set_dtensor_type(cls): the DTensor class, whose instances the list checks "
+     "read through their local shards."},
     {"watch_items", mixprec::python::watch_items, METH_O,
      "watch_items(dicts) -> snapshot of the dicts' keys and values, or None "
      "when an item is not a dict."},

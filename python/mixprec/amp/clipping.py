@@ -16,7 +16,9 @@
    and the in-place clip.
 
 With a ``process_group`` the norm is reduced over the ranks
-(:func:`all_reduce_norm`). No branch syncs with the host.
+(:func:`all_reduce_norm`); without one, DTensor (FSDP2) grads are measured on their
+local shards and the norm is reduced over the ``Shard`` dimensions of their mesh
+(not over ``Replicate`` ones: HSDP counts each shard once). No branch syncs with the host.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
-from .. import ops
+from .. import _dtensor, ops
 from .grads import norm_pass, reduce_found_inf
 from .protocol import record_of, takes_step_scalars
 
@@ -80,20 +82,24 @@ def clip_grad_norm(
         _apply_deferred(scaler, optimizer, record)
         deferred = False
     total: Optional[Tensor] = None
+    group = scaler._process_group
+    dtensors: list[Tensor] = []  # the DTensor grads (measured on their local shards)
     if fold and (state["stage"] is OptState.READY or deferred):
         # Read-only pass: found_inf and the norm of grad * inv_scale.
         per_device = scaler._collect_grads(optimizer, False)
+        dtensors = per_device.dtensors
         flags, total = norm_pass(
             per_device, ops.check_finite_and_norm_, scaler._inv_scale(), norm_type
         )
         if not deferred:
-            state["found_inf_per_device"] = reduce_found_inf(flags, home, scaler._process_group)
+            state["found_inf_per_device"] = reduce_found_inf(flags, home, group, dtensors)
             state["stage"] = OptState.UNSCALED
             record.deferred_unscale = True
     elif state["stage"] is OptState.READY and norm_type > 0 and _op_available("unscale_and_norm_"):
         per_device = scaler._collect_grads(optimizer, False, coalesce_sparse=True)
+        dtensors = per_device.dtensors
         flags, total = norm_pass(per_device, ops.unscale_and_norm_, scaler._inv_scale(), norm_type)
-        state["found_inf_per_device"] = reduce_found_inf(flags, home, scaler._process_group)
+        state["found_inf_per_device"] = reduce_found_inf(flags, home, group, dtensors)
         state["stage"] = OptState.UNSCALED
     else:
         if state["stage"] is OptState.READY:
@@ -102,13 +108,18 @@ def clip_grad_norm(
                     p.grad = p.grad.coalesce()
             scaler.unscale_(optimizer)
         grads = [p.grad for p in params if p.grad is not None]
+        dtensors = [g for g in grads if _dtensor.is_dtensor(g)]
         with torch.no_grad():
             if grads:
-                total = total_norm(grads, norm_type).to(home, torch.float32)
+                local = _dtensor.locals_of(grads)
+                total = total_norm(local, norm_type).to(home, torch.float32)
             else:
                 total = torch.zeros((), dtype=torch.float32, device=home)
-    if scaler._process_group is not None:
-        total = all_reduce_norm(total, norm_type, scaler._process_group)
+    if group is not None:
+        total = all_reduce_norm(total, norm_type, group)
+    elif dtensors:
+        for g in _dtensor.reduce_groups(dtensors, shard_only=True):
+            total = all_reduce_norm(total, norm_type, g)
     pending = record.clip_coef
     if pending is not None:
         # An earlier folded clip of this iteration: the grads it would have
@@ -149,7 +160,16 @@ def total_norm(grads: list[Tensor], norm_type: float) -> Tensor:
 
 
 def clip_with_norm(params: list[Tensor], max_norm: float, total: Tensor) -> None:
-    """Scale grads by ``min(1, max_norm / (total + 1e-6))`` as torch's clipping does."""
+    """Scale grads by ``min(1, max_norm / (total + 1e-6))`` as torch's clipping does
+    (DTensor grads: their local shards, by the norm of the whole)."""
+    if _dtensor.any_dtensor(p.grad for p in params):
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    g = _dtensor.local(p.grad)
+                    g.mul_(coef.to(g.device))
+        return
     clip = getattr(torch.nn.utils, "clip_grads_with_norm_", None)
     if clip is not None:
         clip(params, max_norm, total)

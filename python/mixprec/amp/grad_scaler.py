@@ -198,18 +198,21 @@ class GradScaler(torch.amp.GradScaler):
     # ------------------------------------------------------------------ gradients
     def _collect_grads(
         self, optimizer: torch.optim.Optimizer, allow_fp16: bool, coalesce_sparse: bool = False
-    ) -> dict[torch.device, list[Tensor]]:
-        """The optimizer's gradients by device (:func:`mixprec.amp.grads.collect_grads`);
-        in the flat-buffer mode one slice per run of flat grad views, found in one pass
-        per step when the same params keep the same grads (``flat.kept_grads``)."""
+    ) -> grads.DeviceGrads:
+        """The optimizer's gradients by device (:func:`mixprec.amp.grads.collect_grads`;
+        DTensor grads as their local shards, the DTensors in ``.dtensors``); in the
+        flat-buffer mode one slice per run of flat grad views, found in one pass per step
+        when the same params keep the same grads (``flat.kept_grads``)."""
         allow_fp16 = allow_fp16 or grads.fp16_grads_allowed(self._allow_fp16_grads, optimizer)
         kept = _flat.kept_grads(optimizer, allow_fp16)
         if kept is not None:
-            return kept
+            return grads.DeviceGrads(kept)
         per_device = grads.collect_grads(optimizer, allow_fp16, coalesce_sparse)
         coalesced = _flat.coalesce_grads(per_device)
         _flat.keep_grads(optimizer, allow_fp16, per_device, coalesced)
-        return coalesced
+        if coalesced is per_device:
+            return per_device
+        return grads.DeviceGrads(coalesced, dtensors=per_device.dtensors)
 
     def _unscale_grads_(
         self,
@@ -222,12 +225,13 @@ class GradScaler(torch.amp.GradScaler):
 
         One :func:`mixprec.ops.unscale_and_check_` call per device, all dtypes
         together (:func:`mixprec.amp.grads.unscale_and_check`). Returns
-        ``{device: found_inf}``, reduced over ``process_group`` when set. No
-        host sync. torch's :meth:`unscale_` calls it.
+        ``{device: found_inf}``, reduced over ``process_group`` when set, else over
+        the meshes of DTensor grads. No host sync. torch's :meth:`unscale_` calls it.
         """
         per_device = self._collect_grads(optimizer, allow_fp16)
         flags = grads.unscale_and_check(per_device, inv_scale, found_inf)
-        return grads.reduce_found_inf(flags, found_inf.device, self._process_group)
+        return grads.reduce_found_inf(flags, found_inf.device, self._process_group,
+                                      per_device.dtensors)
 
     def _inv_scale(self) -> Tensor:
         assert self._scale is not None
@@ -244,8 +248,10 @@ class GradScaler(torch.amp.GradScaler):
         returns ``{device: found_inf}``. No host sync.
         """
         scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
-        flags = grads.check_finite(self._collect_grads(optimizer, True))
-        result = grads.reduce_found_inf(flags, scale.device, self._process_group)
+        per_device = self._collect_grads(optimizer, True)
+        flags = grads.check_finite(per_device)
+        result = grads.reduce_found_inf(flags, scale.device, self._process_group,
+                                        per_device.dtensors)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = result
         return result  # type: ignore[return-value]
 

@@ -10,26 +10,41 @@ fused :mod:`mixprec.ops` call per device, all dtypes together, with a fresh
 * :func:`norm_pass` -- :func:`mixprec.ops.unscale_and_norm_` or
   :func:`mixprec.ops.check_finite_and_norm_` (``clip_grad_norm_``).
 
-:func:`reduce_found_inf` all-reduces the flags over a process group. Nothing
-here syncs with the host.
+:func:`reduce_found_inf` all-reduces the flags (MAX) over a process group, or over
+the meshes of DTensor (FSDP2) grads. Nothing here syncs with the host.
+
+DTensor grads are collected as their local shards: every pass runs on the shards,
+and :class:`DeviceGrads` keeps the DTensors, whose meshes the verdicts and norms are
+then reduced over (:mod:`mixprec._dtensor`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-from .. import ops
+from .. import _dtensor, ops
 from ..ops._extension import WATCH as _WATCH
 
 __all__ = [
-    "fp16_grads_allowed",
+    "fp16_grads_allowed", "DeviceGrads",
     "collect_grads", "reduce_found_inf", "unscale_and_check", "check_finite", "norm_pass"]
 
 PerDevice = dict[torch.device, list[Tensor]]
 Flags = dict[torch.device, Tensor]
+
+
+class DeviceGrads(dict):  # type: ignore[type-arg]
+    """What :func:`collect_grads` returns: ``{device: grads}`` (a DTensor grad as its local
+    shard), and in :attr:`dtensors` the DTensor grads themselves (empty without any)."""
+
+    dtensors: List[Tensor]
+
+    def __init__(self, *args: Any, dtensors: Optional[List[Tensor]] = None) -> None:
+        super().__init__(*args)
+        self.dtensors = dtensors if dtensors is not None else []
 
 
 def fp16_grads_allowed(setting: Optional[bool], optimizer: torch.optim.Optimizer) -> bool:
@@ -44,15 +59,16 @@ def fp16_grads_allowed(setting: Optional[bool], optimizer: torch.optim.Optimizer
 
 def collect_grads(
     optimizer: torch.optim.Optimizer, allow_fp16: bool, coalesce_sparse: bool = False
-) -> PerDevice:
-    """The optimizer's gradients (values of sparse ones) grouped by device.
+) -> DeviceGrads:
+    """The optimizer's gradients (values of sparse ones, local shards of DTensor ones)
+    grouped by device; the DTensor grads also in ``.dtensors``.
 
     ``ValueError("Attempting to unscale FP16 gradients.")`` for a float16
     gradient unless ``allow_fp16``. Float16 sparse gradients are coalesced
     first (replacing ``param.grad``), as torch does, since summing duplicate
     indices can overflow; with ``coalesce_sparse`` every sparse gradient is.
     """
-    per_device: PerDevice = {}
+    per_device = DeviceGrads()
     for group in optimizer.param_groups:
         params = group["params"]
         fast = _dense_one_device(params, allow_fp16)
@@ -75,7 +91,10 @@ def collect_grads(
                 continue
             if not allow_fp16 and grad.dtype == torch.float16:
                 raise ValueError("Attempting to unscale FP16 gradients.")
-            if grad.is_sparse:
+            if _dtensor.is_dtensor(grad):
+                per_device.dtensors.append(grad)
+                grad = grad._local_tensor
+            elif grad.is_sparse:
                 if coalesce_sparse or grad.dtype is torch.float16:
                     grad = grad.coalesce()
                     param.grad = grad
@@ -102,13 +121,20 @@ def _dense_one_device(params: List[Any], allow_fp16: bool
     return (grads[0].device if grads else None), grads
 
 
-def reduce_found_inf(per_device: Flags, home: torch.device, group: Optional[Any]) -> Flags:
-    """All-reduce the inf flags (max) over the process ``group`` (identity without one).
+def reduce_found_inf(per_device: Flags, home: torch.device, group: Optional[Any],
+                     dtensors: Sequence[Tensor] = ()) -> Flags:
+    """All-reduce the inf flags (max) over the process ``group``; without one, over every
+    mesh dimension that is not ``Replicate`` of the DTensor grads ``dtensors`` (as torch's
+    DTensor rule for its own check does); identity when neither applies.
 
-    With a group, the result is a single flag on ``home`` (zero when this
-    rank has no gradients, so that every rank joins the collective).
+    When reduced, the result is a single flag on ``home`` (zero when this rank has no
+    gradients, so that every rank joins the collective).
     """
-    if group is None:
+    if group is not None:
+        groups = [group]
+    elif dtensors:
+        groups = _dtensor.reduce_groups(dtensors, shard_only=False)
+    else:
         return per_device
     import torch.distributed as dist
 
@@ -119,7 +145,8 @@ def reduce_found_inf(per_device: Flags, home: torch.device, group: Optional[Any]
         combined = flags[0].to(home)
         for f in flags[1:]:
             combined = combined + f.to(home)
-    dist.all_reduce(combined, op=dist.ReduceOp.MAX, group=group)
+    for g in groups:
+        dist.all_reduce(combined, op=dist.ReduceOp.MAX, group=g)
     return {home: combined}
 
 

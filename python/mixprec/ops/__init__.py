@@ -12,6 +12,9 @@ When the compiled extension is missing, or has no kernel for the tensors'
 device (a CPU-only build given CUDA tensors), the op runs the pure-PyTorch
 reference in :mod:`mixprec.ops._reference` instead: same results, slower, and a
 warning the first time.
+
+DTensor lists (FSDP2 params and grads) are taken: the ops run on the local shards, the
+checks and norms are then reduced over the mesh (:mod:`mixprec.ops._dtensor_rules`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from . import _reference
+from .. import _dtensor
+from . import _dtensor_rules, _reference
 from ._extension import MixprecExtensionWarning, has_cuda_kernels, has_extension
 
 __all__ = [
@@ -68,6 +72,11 @@ if has_extension():
 
     for _name in ("unscale_and_norm_", "check_finite_and_norm_"):
         torch.library.register_fake(f"mixprec::{_name}")(_norm_fake)
+
+
+if has_extension():
+    # torch.ops.mixprec.* on DTensors (FSDP2): see _dtensor_rules
+    _dtensor.on_dtensor_class(_dtensor_rules.register)
 
 
 def _fast_entry(name: str) -> Optional[Callable[..., Any]]:
@@ -117,6 +126,7 @@ def _call(name: str, device: torch.device, *args: Any) -> Any:
         out = fast(*args)
         if out is not NotImplemented:
             return out
+    _dtensor.dtensor_class()  # DTensor arguments: their rules (_dtensor_rules) registered
     return op(*args)
 
 

@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 import torch
 
+from .. import _dtensor
 from .._version import __version__
 
 REBUILD_HINT = (
@@ -76,6 +77,9 @@ _C: Optional[ModuleType] = _load()
 #: ``watch_items``/``items_unchanged``, csrc/python/list_watch.h) behind the reuse of
 #: tensor lists across steps; None without the extension (lists built every step).
 WATCH: Optional[ModuleType] = _C if _C is not None and hasattr(_C, "tensors_grads") else None
+if WATCH is not None and hasattr(WATCH, "set_dtensor_type"):
+    # the list checks read a DTensor (FSDP2 param) through its local shard
+    _dtensor.on_dtensor_class(WATCH.set_dtensor_type)
 
 
 def has_extension() -> bool:

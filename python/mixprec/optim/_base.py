@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
+from .. import _dtensor
 from ..ops._extension import WATCH as _WATCH
 from . import flat as _flat
 
@@ -109,6 +110,30 @@ def _lean_step(func: Callable[..., Any]) -> Callable[..., Any]:
 
     step.hooked = True  # type: ignore[attr-defined]
     return step
+
+
+def _same(t: Tensor) -> Tensor:
+    return t
+
+
+def _check_sharded(cls: str, index: int, k: int, p: Tensor) -> None:
+    """A param of a group with DTensors (FSDP2): a DTensor whose grad is a DTensor laid out
+    as the param (so that the local shards match element for element)."""
+    where = f"mixprec.optim.{cls}: param_groups[{index}]['params'][{k}]"
+    if not _dtensor.is_dtensor(p):
+        raise RuntimeError(f"{where} is a plain tensor in a group of DTensor params; put "
+                           "sharded and unsharded params in separate param groups")
+    g = p.grad
+    if not _dtensor.is_dtensor(g):
+        raise RuntimeError(f"{where} is a DTensor but its grad is a {type(g).__name__}")
+    if g.device_mesh != p.device_mesh or g.placements != p.placements or g.shape != p.shape:
+        raise RuntimeError(f"{where}: the grad is laid out as {g.placements} of shape "
+                           f"{list(g.shape)}, the param as {p.placements} of shape "
+                           f"{list(p.shape)}")
+    if p.to_local().shape != g.to_local().shape:
+        raise RuntimeError(f"{where}: the local shard of the grad has shape "
+                           f"{list(g.to_local().shape)}, the param's "
+                           f"{list(p.to_local().shape)}")
 
 
 def _check_nonneg(cls: str, name: str, value: Any) -> None:
@@ -331,9 +356,12 @@ class FusedOptimizer(torch.optim.Optimizer):
         names = self._state_names(group)
         positions: Dict[BucketKey, List[int]] = {}
         dicts: Dict[BucketKey, List[Dict[str, Any]]] = {}
+        sharded = _dtensor.any_dtensor(group["params"])
         for k, p in enumerate(group["params"]):
             if p.grad is None:
                 continue
+            if sharded:
+                _check_sharded(type(self).__name__, index, k, p)
             if p.grad.is_sparse:
                 raise RuntimeError(
                     f"mixprec.optim.{type(self).__name__} does not support sparse gradients"
@@ -348,13 +376,14 @@ class FusedOptimizer(torch.optim.Optimizer):
             key = (p.device, master is not None)
             b = buckets.setdefault(key, {"params": [], "grads": [], "master_params": [],
                                          "state_steps": [], **{n: [] for n in names}})
-            b["params"].append(p)
-            b["grads"].append(p.grad)
+            local = _dtensor.local if sharded else _same  # a DTensor's kernels: its shard
+            b["params"].append(local(p))
+            b["grads"].append(local(p.grad))
             b["state_steps"].append(state["step"])
             for n in names:
-                b[n].append(state[n])
+                b[n].append(local(state[n]))
             if master is not None:
-                b["master_params"].append(master)
+                b["master_params"].append(local(master))
             positions.setdefault(key, []).append(k)
             dicts.setdefault(key, []).append(state)
         # (not kept where flat params are: flat.whole_group may take the group next step)
@@ -484,6 +513,8 @@ class FusedOptimizer(torch.optim.Optimizer):
             if isinstance(v, Tensor) and k != "step":
                 dtype = torch.float32 if v.is_floating_point() else v.dtype
                 out[k] = v.detach().to(device=p.device, dtype=dtype, copy=True)
+                if _dtensor.is_dtensor(p):
+                    out[k] = _dtensor.shard_like(out[k], p, f"state {k!r}")
             else:
                 out[k] = v
         if "step" in saved and saved["step"] is not None:

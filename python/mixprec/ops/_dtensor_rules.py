@@ -1,0 +1,142 @@
+"""``torch.ops.mixprec.*`` on DTensors: what each op does when its tensor lists hold
+DTensors (FSDP2 params and grads), registered with DTensor's dispatcher as torch
+registers its own ``_amp_foreach_non_finite_check_and_unscale_`` rule.
+
+* The checks (``unscale_and_check_``, ``check_finite_``): the op runs on the local shards,
+  then ``found_inf`` (a plain tensor) is all-reduced (MAX) over every mesh dimension of
+  the DTensors that is not ``Replicate``: every rank gets the same verdict.
+* The norms (``unscale_and_norm_``, ``check_finite_and_norm_``): the same, and the
+  returned norm is that of the whole tensors: the p-th powers summed over the ``Shard``
+  dimensions only (``inf``: MAX), so that HSDP's replicas count each shard once.
+* The optimizers (``fused_adam_``, ``fused_sgd_``): element-wise, so they run on the local
+  shards; the DTensors of one param (param, grad, state, master) must be laid out alike.
+  ``found_inf`` is read as given: reduce it first (the scaler does).
+* The scale updates take no DTensor: they raise, naming the op.
+
+Registered when mixprec first sees the DTensor class (:func:`mixprec._dtensor.on_dtensor_class`:
+at ``import mixprec`` when DTensor was imported before, else at the first mixprec call
+that meets a DTensor). Collectives: the all-reduces above, on the current stream (no
+host sync with NCCL).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import _dtensor
+
+_CHECKS = ("unscale_and_check_", "check_finite_")
+_NORMS = ("unscale_and_norm_", "check_finite_and_norm_")
+_OPTIMIZERS = ("fused_adam_", "fused_sgd_")
+_SCALE = ("update_scale_", "update_scale_ext_")
+
+
+def _unwrap(args: Sequence[Any]) -> Tuple[List[Any], List[Tensor]]:
+    """The arguments with every DTensor (alone or in a list) replaced by its local shard,
+    and the DTensors met, in order."""
+    seen: List[Tensor] = []
+    out: List[Any] = []
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            items = []
+            for t in a:
+                if _dtensor.is_dtensor(t):
+                    seen.append(t)
+                    items.append(t._local_tensor)
+                else:
+                    items.append(t)
+            out.append(items)
+        elif _dtensor.is_dtensor(a):
+            seen.append(a)
+            out.append(a._local_tensor)
+        else:
+            out.append(a)
+    return out, seen
+
+
+def _all_reduce(t: Tensor, op: Any, groups: List[Any]) -> None:
+    import torch.distributed as dist
+
+    for g in groups:
+        dist.all_reduce(t, op=op, group=g)
+
+
+def _check_rule(name: str) -> Callable[..., Any]:
+    def rule(op: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        import torch.distributed as dist
+
+        local, dts = _unwrap(list(args))
+        out = op(*local, **kwargs)
+        found_inf = local[1]
+        if _dtensor.is_dtensor(args[1]):
+            raise RuntimeError(f"mixprec.{name}: found_inf must be a plain tensor when the "
+                               "grads are DTensors")
+        _all_reduce(found_inf, dist.ReduceOp.MAX, _dtensor.reduce_groups(dts, False))
+        if name in _NORMS:
+            norm_type = float(local[3]) if len(local) > 3 else 2.0
+            groups = _dtensor.reduce_groups(dts, True)
+            if groups:
+                if math.isinf(norm_type):
+                    _all_reduce(out, dist.ReduceOp.MAX, groups)
+                else:
+                    powered = out.double().pow(norm_type)
+                    _all_reduce(powered, dist.ReduceOp.SUM, groups)
+                    out.copy_(powered.pow(1.0 / norm_type))
+        return out
+
+    return rule
+
+
+def _optimizer_rule(name: str) -> Callable[..., Any]:
+    def rule(op: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        params = args[0]
+        for lst in args[:7]:
+            if not isinstance(lst, (list, tuple)):
+                continue
+            for i, t in enumerate(lst):
+                if not _dtensor.is_dtensor(t):
+                    continue
+                if i >= len(params) or not _dtensor.is_dtensor(params[i]):
+                    raise RuntimeError(f"mixprec.{name}: a DTensor at position {i} of a list "
+                                       "whose param is not a DTensor")
+                p = params[i]
+                if t.device_mesh != p.device_mesh or tuple(t.placements) != tuple(p.placements):
+                    raise RuntimeError(
+                        f"mixprec.{name}: the tensors of param {i} must be laid out as the "
+                        f"param ({p.placements}), got {t.placements}")
+        local, _ = _unwrap(list(args))
+        return op(*local, **kwargs)
+
+    return rule
+
+
+def _refuse(name: str) -> Callable[..., Any]:
+    def rule(op: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        raise RuntimeError(f"mixprec.{name} takes plain tensors, not DTensors: the scale "
+                           "and its tracker are the same on every rank")
+
+    return rule
+
+
+def register(dtensor_cls: Any) -> None:
+    """Register the rules above for every op of the extension with DTensor's dispatcher
+    (no-op where this torch keeps no table of custom handlers)."""
+    handlers = getattr(getattr(dtensor_cls, "_op_dispatcher", None), "_custom_op_handlers",
+                       None)
+    if handlers is None or not hasattr(torch.ops, "mixprec"):
+        return
+    for name in _CHECKS + _NORMS + _OPTIMIZERS + _SCALE:
+        packet = getattr(torch.ops.mixprec, name, None)
+        if packet is None:
+            continue
+        if name in _OPTIMIZERS:
+            rule = _optimizer_rule(name)
+        elif name in _SCALE:
+            rule = _refuse(name)
+        else:
+            rule = _check_rule(name)
+        handlers[packet.default] = rule
