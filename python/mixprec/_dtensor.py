@@ -5,8 +5,10 @@ mixprec's kernels work on plain tensors. A DTensor (what ``fully_shard`` turns p
 grads into) is handed to them as its local shard (:func:`local`); what depends on the
 whole tensor is then reduced over the mesh dimensions the tensor is split over:
 
-* an inf/NaN verdict: MAX over every mesh dimension that is not ``Replicate`` (what
-  torch's own DTensor handler of ``_amp_foreach_non_finite_check_and_unscale_`` does);
+* an inf/NaN verdict: MAX over the whole mesh (torch's own DTensor rule for
+  ``_amp_foreach_non_finite_check_and_unscale_`` skips the ``Replicate`` dimensions; a
+  MAX over them too costs one more one-element all-reduce and keeps replicas together
+  even when their grads differ);
 * a norm: the p-th powers summed over the ``Shard`` dimensions only, so that the replicas
   of HSDP (``Replicate`` x ``Shard``) count each shard once.
 
@@ -128,11 +130,13 @@ def shard_like(t: Tensor, p: Tensor, what: str) -> Tensor:
 
 
 def _dims(placements: Sequence[Any], shard_only: bool) -> Tuple[int, ...]:
+    if not shard_only:
+        return tuple(range(len(placements)))
     out = []
     for dim, p in enumerate(placements):
         if p.is_replicate():
             continue
-        if shard_only and not p.is_shard():
+        if not p.is_shard():
             if p.is_partial():
                 raise NotImplementedError(
                     "mixprec: a norm of a DTensor gradient with a Partial placement is not "
@@ -145,9 +149,10 @@ def _dims(placements: Sequence[Any], shard_only: bool) -> Tuple[int, ...]:
 def reduce_groups(tensors: Iterable[Tensor], shard_only: bool) -> List[Any]:
     """The process groups over which a property of the DTensors among ``tensors`` is
     reduced, each once, in a fixed order (the same on every rank that holds the same
-    model): every mesh dimension that is not ``Replicate`` (``shard_only=False``: inf
-    checks, MAX) or every ``Shard`` dimension (``shard_only=True``: norms, SUM).
-    Empty when no tensor is a DTensor."""
+    model): every mesh dimension (``shard_only=False``: inf checks, MAX; also the
+    ``Replicate`` ones, so that replicas whose grads differ, which a correct all-reduce
+    never gives, still cannot diverge) or every ``Shard`` dimension (``shard_only=True``:
+    norms, SUM). Empty when no tensor is a DTensor."""
     cls = _CLS if _CLS is not None else dtensor_class()
     if cls is None:
         return []

@@ -123,9 +123,9 @@ def _dense_one_device(params: List[Any], allow_fp16: bool
 
 def reduce_found_inf(per_device: Flags, home: torch.device, group: Optional[Any],
                      dtensors: Sequence[Tensor] = ()) -> Flags:
-    """All-reduce the inf flags (max) over the process ``group``; without one, over every
-    mesh dimension that is not ``Replicate`` of the DTensor grads ``dtensors`` (as torch's
-    DTensor rule for its own check does); identity when neither applies.
+    """All-reduce the inf flags (max) over the process ``group``; without one, over the
+    mesh of the DTensor grads ``dtensors`` (every dimension); identity when neither
+    applies.
 
     When reduced, the result is a single flag on ``home`` (zero when this rank has no
     gradients, so that every rank joins the collective).

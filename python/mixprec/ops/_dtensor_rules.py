@@ -3,8 +3,8 @@ DTensors (FSDP2 params and grads), registered with DTensor's dispatcher as torch
 registers its own ``_amp_foreach_non_finite_check_and_unscale_`` rule.
 
 * The checks (``unscale_and_check_``, ``check_finite_``): the op runs on the local shards,
-  then ``found_inf`` (a plain tensor) is all-reduced (MAX) over every mesh dimension of
-  the DTensors that is not ``Replicate``: every rank gets the same verdict.
+  then ``found_inf`` (a plain tensor) is all-reduced (MAX) over the DTensors' mesh:
+  every rank gets the same verdict.
 * The norms (``unscale_and_norm_``, ``check_finite_and_norm_``): the same, and the
   returned norm is that of the whole tensors: the p-th powers summed over the ``Shard``
   dimensions only (``inf``: MAX), so that HSDP's replicas count each shard once.

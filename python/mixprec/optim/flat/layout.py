@@ -12,6 +12,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from ... import _dtensor
+
 __all__ = ["FlatBuffers", "flat_buffers"]
 
 _ALIGN_BYTES = 16
@@ -171,8 +173,9 @@ class FlatBuffers:
     the params live, whether or not this object is kept.
     """
 
-    def __init__(self, buffers: List[_Buffer]) -> None:
+    def __init__(self, buffers: List[_Buffer], guard: Any = None) -> None:
         self._buffers = buffers
+        self._guard = guard  # the module's forward pre-hook of _sharded_guard, or None
 
     def __len__(self) -> int:
         return len(self._buffers)
@@ -211,11 +214,39 @@ class FlatBuffers:
         for b in self._buffers:
             b.remove()
         self._buffers = []
+        if self._guard is not None:
+            self._guard.remove()
+            self._guard = None
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{b.device}/{str(b.dtype).replace('torch.', '')}: "
                           f"{b.count} params, {b.numel} elements" for b in self._buffers)
         return f"FlatBuffers({parts})"
+
+
+_NO_FSDP2 = ("flat buffers cannot back FSDP2's DTensor params, which FSDP2 lays out in "
+             "its own sharded storage; use fully_shard without flat_buffers (the "
+             "optimizer then runs on the local shards)")
+
+
+def _sharded_guard(model: nn.Module) -> Any:
+    """A forward pre-hook on ``model`` that raises once ``fully_shard`` has replaced its
+    laid-out params by DTensors (one param looked at: fully_shard replaces them all)."""
+    for module_name, module in model.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            if p.requires_grad:
+                where = f"{module_name}.{name}" if module_name else name
+
+                def hook(*_: Any) -> None:
+                    now = module._parameters.get(name)
+                    if now is not p and _dtensor.is_dtensor(now):
+                        raise ValueError(
+                            f"mixprec.optim.flat_buffers: param {where!r} became a DTensor "
+                            f"after flat_buffers(): fully_shard replaced the flat params; "
+                            + _NO_FSDP2)
+
+                return model.register_forward_pre_hook(hook)
+    return None
 
 
 def flat_buffers(model_or_params: Union[nn.Module, Iterable[Any]], *,
@@ -237,8 +268,11 @@ def flat_buffers(model_or_params: Union[nn.Module, Iterable[Any]], *,
     into the views. ``gradient_as_bucket_view=True`` makes DDP own the grads and is
     refused here.
 
+    FSDP2 is refused: a DTensor param raises ``ValueError`` here, and a module laid out
+    and then passed to ``fully_shard`` raises it at its next forward.
+
     Returns:
-        A :class:`FlatBuffers`. Raises ``ValueError`` for a non-leaf, sparse or
+        A :class:`FlatBuffers`. Raises ``ValueError`` for a non-leaf, sparse, DTensor or
         already flat param and for a DDP module with ``gradient_as_bucket_view=True``.
     """
     if isinstance(model_or_params, nn.Module):
@@ -263,6 +297,9 @@ def flat_buffers(model_or_params: Union[nn.Module, Iterable[Any]], *,
             if not isinstance(p, Tensor):
                 raise TypeError(f"mixprec.optim.flat_buffers: expected tensors, got "
                                 f"{type(p).__name__}")
+            if _dtensor.is_dtensor(p):
+                raise ValueError("mixprec.optim.flat_buffers: a param is a DTensor "
+                                 "(the model went through fully_shard); " + _NO_FSDP2)
             if id(p) in seen or not p.requires_grad:
                 continue
             if not p.is_leaf or p.layout != torch.strided:
@@ -273,4 +310,6 @@ def flat_buffers(model_or_params: Union[nn.Module, Iterable[Any]], *,
                                  "buffer")
             seen.add(id(p))
             by_key.setdefault((p.device, p.dtype), []).append(p)
-    return FlatBuffers([_Buffer(ps, dev, dt, align_bytes) for (dev, dt), ps in by_key.items()])
+    buffers = [_Buffer(ps, dev, dt, align_bytes) for (dev, dt), ps in by_key.items()]
+    guard = _sharded_guard(model_or_params) if isinstance(model_or_params, nn.Module) else None
+    return FlatBuffers(buffers, guard)

@@ -1,0 +1,421 @@
+"""What the FSDP2 tests run in each gloo process (tests/test_fsdp2.py spawns them once per
+module and checks the results): the unchanged user code on a model sharded with
+``fully_shard``, side by side with an unsharded copy of the same model trained on the
+same data in the same process.
+
+Every rank feeds the same batch, so FSDP2's averaged gradient of the whole is the
+unsharded gradient itself (a sum of equal terms divided by their count: exact), and the
+sharded run can be compared with the unsharded one bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import mixprec
+from mixprec import _dtensor
+
+Result = Dict[str, Any]
+
+
+def tiny_model(dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Uneven shards on 2 ranks (7 and 3 rows: 4+3 and 2+1) and, for the last layer's
+    single row, an empty shard on rank 1."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(5, 7), nn.LayerNorm(7), nn.ReLU(), nn.Linear(7, 3), nn.Tanh(),
+        nn.Linear(3, 1),
+    ).to(dtype)
+
+
+def shard(model: nn.Module, mesh: Any, **kwargs: Any) -> nn.Module:
+    fully_shard, _ = _dtensor.fsdp2()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
+    return model
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if _dtensor.is_dtensor(t) else t
+
+
+def batch(step: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(4, 5, generator=g).to(dtype)
+
+
+def bitwise(a: List[torch.Tensor], b: List[torch.Tensor]) -> bool:
+    return all(x.dtype == y.dtype and x.shape == y.shape and
+               torch.equal(x.view(torch.int16 if x.element_size() == 2 else torch.int32),
+                           y.view(torch.int16 if y.element_size() == 2 else torch.int32))
+               for x, y in zip(a, b))
+
+
+def params_of(model: nn.Module) -> List[torch.Tensor]:
+    return [full(p.detach()).clone() for p in model.parameters()]
+
+
+def train_pair(mesh: Any, dtype: torch.dtype, make_opt: Callable[[Any], Any],
+               use_scaler: bool, steps: int = 4, policy: Optional[torch.dtype] = None,
+               clip: Optional[float] = None, inf_at: Optional[Tuple[int, int]] = None,
+               init_scale: float = 2.0**10) -> Result:
+    """Train a sharded model and its unsharded twin side by side.
+
+    ``policy``: the sharded model stays float32 under MixedPrecisionPolicy(param_dtype=
+    policy, reduce_dtype=float32); its twin computes on a ``policy`` copy of float32
+    params and steps on the float32 params with the grads cast to float32.
+    ``inf_at=(step, rank)``: that rank writes inf into its local grad shard (and every
+    rank into its twin's grad, which then skips the same step).
+    """
+    rank = dist.get_rank()
+    ref = tiny_model(dtype)
+    model = copy.deepcopy(ref)
+    if policy is not None:
+        _, MixedPrecisionPolicy = _dtensor.fsdp2()
+        shard(model, mesh, mp_policy=MixedPrecisionPolicy(param_dtype=policy,
+                                                          reduce_dtype=torch.float32))
+    else:
+        shard(model, mesh)
+    opt, ref_opt = make_opt(model.parameters()), make_opt(ref.parameters())
+    scalers = [mixprec.GradScaler("cpu", init_scale=init_scale, growth_interval=2)
+               if use_scaler else None for _ in range(2)]
+    norms: List[Tuple[float, float]] = []
+    skipped: List[Tuple[bool, bool]] = []
+    scales: List[float] = []
+    for step in range(steps):
+        x = batch(step, policy or dtype)
+        outs = []
+        for k, (m, o, s) in enumerate(((model, opt, scalers[0]), (ref, ref_opt, scalers[1]))):
+            o.zero_grad()
+            if k == 1 and policy is not None:
+                low = copy.deepcopy(m).to(policy)
+                loss = low(x).float().pow(2).mean()
+                (s.scale(loss) if s else loss).backward()
+                for p, q in zip(m.parameters(), low.parameters()):
+                    p.grad = q.grad.float()
+            else:
+                loss = m(x).float().pow(2).mean()
+                (s.scale(loss) if s else loss).backward()
+            if inf_at is not None and step == inf_at[0] and (k == 1 or rank == inf_at[1]):
+                # the sharded model: in one rank's local shard; its twin: in the whole grad
+                g = next(m.parameters()).grad
+                _dtensor.local(g).view(-1)[0] = float("inf")
+            before = params_of(m)
+            n = None
+            if clip is not None and s is not None:
+                n = s.clip_grad_norm_(o, clip)
+            elif clip is not None:
+                n = torch.nn.utils.clip_grad_norm_(list(m.parameters()), clip)
+                n = full(n)
+            if s is not None:
+                s.step(o)
+                s.update()
+            else:
+                o.step()
+            outs.append((None if n is None else float(n),
+                         bitwise(before, params_of(m)),
+                         s.get_scale() if s else 1.0))
+        norms.append((outs[0][0], outs[1][0]))
+        skipped.append((outs[0][1], outs[1][1]))
+        scales.append(outs[0][2])
+    return {
+        "bitwise": bitwise(params_of(model), params_of(ref)),
+        "max_diff": max(float((a.double() - b.double()).abs().max())
+                        for a, b in zip(params_of(model), params_of(ref))),
+        "norms": norms, "skipped": skipped, "scales": scales,
+        "opt": opt, "model": model,
+    }
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of this rank's optimizer state: the local shards of DTensor state tensors."""
+    total = 0
+    for st in opt.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                t = _dtensor.local(v)
+                total += t.numel() * t.element_size()
+    return total
+
+
+def run_all(rank: int, world: int, out_dir: str) -> None:
+    """Every case; the results (plain values) go to out_dir/rank<k>.pt."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    r: Result = {}
+
+    def adamw(params: Any) -> Any:
+        return mixprec.optim.AdamW(params, lr=1e-2)
+
+    def adam(params: Any) -> Any:
+        return mixprec.optim.Adam(params, lr=1e-2, weight_decay=0.1)
+
+    def sgd(params: Any) -> Any:
+        return mixprec.optim.SGD(params, lr=1e-2, momentum=0.9, nesterov=True)
+
+    cases: Dict[str, Dict[str, Any]] = {
+        "bf16_adamw": dict(dtype=torch.bfloat16, make_opt=adamw, use_scaler=False),
+        "bf16_adam": dict(dtype=torch.bfloat16, make_opt=adam, use_scaler=False),
+        "bf16_sgd": dict(dtype=torch.bfloat16, make_opt=sgd, use_scaler=False),
+        "fp16_adamw_scaler": dict(dtype=torch.float16, make_opt=adamw, use_scaler=True),
+        "fp16_sgd_scaler": dict(dtype=torch.float16, make_opt=sgd, use_scaler=True),
+        "fp32_adamw": dict(dtype=torch.float32, make_opt=adamw, use_scaler=False),
+        "fp32_policy_bf16": dict(dtype=torch.float32, make_opt=adamw, use_scaler=False,
+                                 policy=torch.bfloat16),
+        "fp32_policy_fp16_scaler": dict(dtype=torch.float32, make_opt=adamw, use_scaler=True,
+                                        policy=torch.float16),
+        "bf16_clip_folded": dict(dtype=torch.bfloat16, make_opt=adamw, use_scaler=True,
+                                 clip=0.05),
+        "fp32_clip_unfused": dict(
+            dtype=torch.float32, make_opt=lambda p: torch.optim.AdamW(p, lr=1e-2),
+            use_scaler=True, clip=0.05),
+        "fp16_inf_rank1": dict(dtype=torch.float16, make_opt=adamw, use_scaler=True,
+                               inf_at=(1, 1)),
+        "fp16_inf_rank0_sgd": dict(dtype=torch.float16, make_opt=sgd, use_scaler=True,
+                                   inf_at=(2, 0)),
+    }
+    for name, kw in cases.items():
+        res = train_pair(mesh, **kw)
+        opt = res.pop("opt")
+        model = res.pop("model")
+        res["state_types"] = sorted({type(v).__name__ for st in opt.state.values()
+                                     for k, v in st.items() if k != "step"})
+        res["local_numels"] = [_dtensor.local(p).numel() for p in model.parameters()]
+        r[name] = res
+
+    r["plan_reuse"] = plan_reuse(mesh)
+    r["memory"] = memory(mesh, world)
+    r["dcp"] = dcp_resume(mesh, os.path.join(out_dir, "ckpt"))
+    r["ops"] = ops_on_dtensors(mesh)
+    r["flat"] = flat_refusal(mesh)
+    torch.save(r, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def plan_reuse(mesh: Any) -> Result:
+    """Whether steps after the first reuse the group's lists (no rebuild) and call the
+    extension's fast entry with plain local tensors."""
+    from mixprec.ops import _extension
+
+    model = shard(tiny_model(torch.bfloat16), mesh)
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+    builds = []
+    reuses = []
+    real_remember, real_reuse = opt._remember, opt._reuse
+
+    def remember(*a: Any, **k: Any) -> Any:
+        builds.append(1)
+        return real_remember(*a, **k)
+
+    def reuse(*a: Any, **k: Any) -> Any:
+        out = real_reuse(*a, **k)
+        reuses.append(out is not None)
+        return out
+
+    opt._remember, opt._reuse = remember, reuse
+    fast = _extension._C.fast_fused_adam_
+    seen = []
+
+    def spy(*args: Any) -> Any:
+        seen.append(all(type(t) is torch.Tensor for t in args[0] + args[1]))
+        return fast(*args)
+
+    from mixprec import ops as ops_mod
+
+    ops_mod._ROUTES.clear()
+    real_entry = ops_mod._fast_entry
+    ops_mod._fast_entry = lambda name: spy if name == "fused_adam_" else real_entry(name)
+    try:
+        for step in range(4):
+            opt.zero_grad()
+            model(batch(step, torch.bfloat16)).float().pow(2).mean().backward()
+            opt.step()
+    finally:
+        ops_mod._fast_entry = real_entry
+        ops_mod._ROUTES.clear()
+    return {"builds": len(builds), "reuses": reuses, "fast_plain": seen}
+
+
+def memory(mesh: Any, world: int) -> Result:
+    """Per-rank optimizer state bytes, sharded vs unsharded (bf16 params + masters)."""
+    torch.manual_seed(0)
+    big = nn.Sequential(nn.Linear(64, 96), nn.Linear(96, 33)).to(torch.bfloat16)
+    ref = copy.deepcopy(big)
+    fully_shard, _ = _dtensor.fsdp2()
+    for layer in big:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(big, mesh=mesh)
+    out = {}
+    for name, m in (("sharded", big), ("unsharded", ref)):
+        opt = mixprec.optim.AdamW(m.parameters(), lr=1e-3)
+        m(torch.randn(2, 64, dtype=torch.bfloat16)).float().sum().backward()
+        opt.step()
+        out[name] = state_bytes(opt)
+    out["world"] = world
+    return out
+
+
+def dcp_resume(mesh: Any, path: str) -> Result:
+    """DCP save after 2 steps, then 2 more steps; a fresh model + optimizer loaded from the
+    checkpoint and stepped the same 2 steps must end bit for bit where the first did."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def make() -> Tuple[nn.Module, Any, Any]:
+        m = shard(tiny_model(torch.float16), mesh)
+        return m, mixprec.optim.AdamW(m.parameters(), lr=1e-2), mixprec.GradScaler(
+            "cpu", init_scale=2.0**10, growth_interval=1)
+
+    def step(m: nn.Module, o: Any, s: Any, k: int) -> None:
+        o.zero_grad()
+        s.scale(m(batch(k, torch.float16)).float().pow(2).mean()).backward()
+        s.step(o)
+        s.update()
+
+    m, o, s = make()
+    for k in range(2):
+        step(m, o, s, k)
+    msd, osd = get_state_dict(m, o)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    plain = o.state_dict()  # torch's state_dict with DTensor state
+    scaler_state = s.state_dict()
+    for k in range(2, 4):
+        step(m, o, s, k)
+    first = params_of(m)
+    masters = [full(t).clone() for t in o.master_params()]
+
+    m2, o2, s2 = make()
+    msd2, osd2 = get_state_dict(m2, o2)
+    state = {"model": msd2, "optim": osd2}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(m2, o2, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    s2.load_state_dict(scaler_state)
+    for k in range(2, 4):
+        step(m2, o2, s2, k)
+    second = params_of(m2)
+    masters2 = [full(t).clone() for t in o2.master_params()]
+
+    # the plain state_dict round trip: a third optimizer loads it and matches o's after 2
+    m3, o3, _ = make()
+    o3.load_state_dict(plain)
+    loaded_types = sorted({type(v).__name__ for st in o3.state.values() for k, v in st.items()
+                           if k != "step"})
+    return {"bitwise": bitwise(first, second), "masters": bitwise(masters, masters2),
+            "osd_keys": sorted(next(iter(osd.get("state", {}).values()), {}).keys()),
+            "loaded_types": loaded_types}
+
+
+def ops_on_dtensors(mesh: Any) -> Result:
+    """mixprec.ops.* and torch.ops.mixprec.* called with DTensor lists."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    rank = dist.get_rank()
+    out: Result = {}
+    torch.manual_seed(5)
+    whole = [torch.randn(7, 3), torch.randn(1), torch.randn(5)]
+    dts = [distribute_tensor(t, mesh, [Shard(0)]) for t in whole]
+    # check_finite_ with an inf in rank 1's shard only (the last element of the whole)
+    if rank == 1:
+        dts[0]._local_tensor.view(-1)[-1] = float("inf")
+    for via in ("mixprec", "torch"):
+        flag = torch.zeros(())
+        if via == "mixprec":
+            mixprec.ops.check_finite_(dts, flag)
+        else:
+            torch.ops.mixprec.check_finite_(dts, flag)
+        out[f"check_{via}"] = float(flag)
+    inv = torch.full((), 0.25)
+    for via in ("mixprec", "torch"):
+        flag = torch.zeros(())
+        copies = [distribute_tensor(t.clone(), mesh, [Shard(0)]) for t in whole]
+        fn = (mixprec.ops.check_finite_and_norm_ if via == "mixprec"
+              else torch.ops.mixprec.check_finite_and_norm_)
+        n = fn(copies, flag, inv, 2.0)
+        out[f"norm_{via}"] = (float(n), float(flag))
+        n_inf = fn(copies, flag, inv, float("inf"))
+        out[f"norm_inf_{via}"] = float(n_inf)
+    out["norm_ref"] = float(torch.linalg.vector_norm(
+        torch.cat([t.double().flatten() * 0.25 for t in whole])))
+    out["norm_inf_ref"] = float(max(t.abs().max() for t in whole) * 0.25)
+    # unscale_and_check_ on DTensors: the shards unscaled, the verdict shared
+    copies = [distribute_tensor(t.clone(), mesh, [Shard(0)]) for t in whole]
+    flag = torch.zeros(())
+    if rank == 0:
+        copies[2]._local_tensor[0] = float("nan")
+    torch.ops.mixprec.unscale_and_check_(copies, flag, inv)
+    out["unscale_flag"] = float(flag)
+    out["unscale_ok"] = bool(torch.equal(full(copies[0]), whole[0] * 0.25))
+    # fused_adam_ on DTensors = on the whole
+    p_whole = torch.randn(7, 3)
+    g_whole = torch.randn(7, 3)
+    lists_whole = [[p_whole.clone()], [g_whole], [torch.zeros(7, 3)], [torch.zeros(7, 3)]]
+    lists_dt = [[distribute_tensor(t[0].clone(), mesh, [Shard(0)])] for t in lists_whole]
+    lr = torch.full((), 0.1, dtype=torch.float64)
+    for lists in (lists_whole, lists_dt):
+        torch.ops.mixprec.fused_adam_(*lists, [], [], [torch.zeros(())], lr, 0.9, 0.999,
+                                      0.01, 1e-8, False, False, True, None, None, None,
+                                      False, 0)
+    out["adam_equal"] = bool(torch.equal(full(lists_dt[0][0]), lists_whole[0][0]))
+    # a scale update refuses DTensors, naming the op
+    try:
+        scale = distribute_tensor(torch.ones(1), mesh, [Shard(0)])
+        torch.ops.mixprec.update_scale_(scale, torch.zeros((), dtype=torch.int32),
+                                        torch.zeros(()), 2.0, 0.5, 10)
+        out["update_scale_error"] = None
+    except RuntimeError as e:
+        out["update_scale_error"] = str(e)
+    return out
+
+
+def flat_refusal(mesh: Any) -> Result:
+    """flat_buffers refuses DTensor params, in either order with fully_shard."""
+    out: Result = {}
+    m = shard(tiny_model(torch.bfloat16), mesh)
+    try:
+        mixprec.optim.flat_buffers(m)
+        out["after"] = None
+    except ValueError as e:
+        out["after"] = str(e)
+    m = tiny_model(torch.bfloat16)
+    bufs = mixprec.optim.flat_buffers(m)
+    shard(m, mesh)
+    opt = mixprec.optim.AdamW(m.parameters(), lr=1e-2)
+    try:
+        m(batch(0, torch.bfloat16)).float().sum().backward()
+        opt.step()
+        out["before"] = None
+    except (ValueError, RuntimeError) as e:
+        out["before"] = str(e)
+    bufs.remove()
+    return out
+
+
+def run_hsdp(rank: int, world: int, out_dir: str) -> None:
+    """HSDP: a (replicate, shard) mesh of 2 x 2 processes; grads are Replicate x Shard."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    r: Result = {}
+    cases: Dict[str, Dict[str, Any]] = {
+        "clip_folded": dict(dtype=torch.bfloat16, use_scaler=True, clip=0.05,
+                            make_opt=lambda p: mixprec.optim.AdamW(p, lr=1e-2)),
+        "clip_unfused": dict(dtype=torch.float32, use_scaler=True, clip=0.05,
+                             make_opt=lambda p: torch.optim.AdamW(p, lr=1e-2)),
+        "inf_rank3": dict(dtype=torch.float16, use_scaler=True, inf_at=(1, 3),
+                          make_opt=lambda p: mixprec.optim.AdamW(p, lr=1e-2)),
+    }
+    for name, kw in cases.items():
+        res = train_pair(mesh, **kw)
+        model = res.pop("model")
+        res.pop("opt")
+        res["placements"] = [str(p.placements) for p in model.parameters()][:1]
+        r[name] = res
+    torch.save(r, os.path.join(out_dir, f"rank{rank}.pt"))

@@ -1,0 +1,139 @@
+"""mixprec on FSDP2 (``fully_shard``, DTensor params and grads): two gloo processes on
+CPU, spawned once for the module (tests/_fsdp2_cases.py runs every case in each), each
+comparing a sharded model with an unsharded copy trained on the same data."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from typing import Any, Dict
+
+import pytest
+import torch
+
+from mixprec import _dtensor
+
+WORLD = 2
+_WHY = _dtensor.fsdp2_unavailable()
+pytestmark = pytest.mark.skipif(
+    _WHY is not None or sys.platform == "win32",
+    reason=_WHY or "torch.distributed with gloo unavailable on this platform")
+
+
+def _worker(rank: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, os.path.dirname(__file__))
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=WORLD)
+    try:
+        import _fsdp2_cases
+
+        _fsdp2_cases.run_all(rank, WORLD, out_dir)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def results() -> Dict[int, Dict[str, Any]]:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
+        return {k: torch.load(os.path.join(tmp, f"rank{k}.pt"), weights_only=False)
+                for k in range(WORLD)}
+
+
+BITWISE = ["bf16_adamw", "bf16_adam", "bf16_sgd", "fp16_adamw_scaler", "fp16_sgd_scaler",
+           "fp32_adamw", "fp32_policy_bf16", "fp32_policy_fp16_scaler", "bf16_clip_folded",
+           "fp32_clip_unfused", "fp16_inf_rank1", "fp16_inf_rank0_sgd"]
+
+
+@pytest.mark.parametrize("case", BITWISE)
+def test_sharded_params_equal_unsharded_bitwise(results, case):
+    for rank in range(WORLD):
+        r = results[rank][case]
+        assert r["bitwise"], f"rank {rank}: max |diff| {r['max_diff']}"
+        # the sharded optimizer's state is sharded: DTensors
+        assert r["state_types"] == ["DTensor"]
+
+
+def test_uneven_and_empty_shards(results):
+    r0, r1 = results[0]["bf16_adamw"], results[1]["bf16_adamw"]
+    # Linear(5,7): 7 rows -> 4+3; LayerNorm(7); Linear(7,3): 3 rows -> 2+1; Linear(3,1):
+    # 1 row -> 1+0 (rank 1's shard is empty)
+    assert r0["local_numels"] == [20, 4, 4, 4, 14, 2, 3, 1]
+    assert r1["local_numels"] == [15, 3, 3, 3, 7, 1, 0, 0]
+
+
+@pytest.mark.parametrize("case,step,rank", [("fp16_inf_rank1", 1, 1),
+                                            ("fp16_inf_rank0_sgd", 2, 0)])
+def test_inf_in_one_ranks_shard_skips_on_every_rank(results, case, step, rank):
+    scales = None
+    for k in range(WORLD):
+        r = results[k][case]
+        skipped = [s for s, _ in r["skipped"]]
+        assert skipped == [i == step for i in range(4)], (k, skipped)
+        scales = scales or r["scales"]
+        assert r["scales"] == scales  # every rank backs off at the same step
+    # backed off at that step (growth_interval=2: the scale doubles every second clean step)
+    assert scales[step] < (scales[step - 1] if step else 2.0**10)
+    # the unsharded twin, with the inf in its whole grad, skipped the same step
+    assert [ref for _, ref in results[0][case]["skipped"]] == [i == step for i in range(4)]
+
+
+@pytest.mark.parametrize("case", ["bf16_clip_folded", "fp32_clip_unfused"])
+def test_clip_norm_is_the_unsharded_norm(results, case):
+    for k in range(WORLD):
+        for sharded, ref in results[k][case]["norms"]:
+            assert sharded == pytest.approx(ref, rel=1e-6, abs=0)
+    assert results[0][case]["norms"] == results[1][case]["norms"]
+
+
+def test_plan_reuse_and_fast_entry_on_local_shards(results):
+    for k in range(WORLD):
+        r = results[k]["plan_reuse"]
+        assert r["builds"] == 1  # lists built at the first step only
+        assert r["reuses"] == [False, True, True, True]
+        assert r["fast_plain"] == [True] * 4  # the fast entry took plain local tensors
+
+
+def test_state_bytes_per_rank_are_one_nth(results):
+    total = 0
+    for k in range(WORLD):
+        m = results[k]["memory"]
+        total += m["sharded"]
+        # (4 + 4 + 4) bytes of master and moments per element, plus a 4-byte step each
+        assert m["sharded"] <= m["unsharded"] / WORLD + 4 * 4 + 12 * 64
+    assert abs(total - results[0]["memory"]["unsharded"]) <= 4 * 4 * WORLD
+
+
+def test_dcp_save_load_continues_bitwise(results):
+    for k in range(WORLD):
+        r = results[k]["dcp"]
+        assert r["bitwise"] and r["masters"]
+        assert r["loaded_types"] == ["DTensor"]
+
+
+def test_ops_on_dtensor_lists(results):
+    for k in range(WORLD):
+        r = results[k]["ops"]
+        # an inf in rank 1's shard only: both ranks see it, via mixprec.ops and torch.ops
+        assert r["check_mixprec"] == 1.0 and r["check_torch"] == 1.0
+        for via in ("mixprec", "torch"):
+            norm, flag = r[f"norm_{via}"]
+            assert flag == 0.0
+            assert norm == pytest.approx(r["norm_ref"], rel=1e-6)
+            assert r[f"norm_inf_{via}"] == pytest.approx(r["norm_inf_ref"], rel=1e-7)
+        assert r["unscale_flag"] == 1.0 and r["unscale_ok"]
+        assert r["adam_equal"]
+        assert "mixprec.update_scale_ takes plain tensors" in r["update_scale_error"]
+
+
+def test_flat_buffers_refuse_dtensor_params_in_either_order(results):
+    for k in range(WORLD):
+        r = results[k]["flat"]
+        assert r["after"] is not None and "fully_shard" in r["after"]
+        assert r["before"] is not None and "fully_shard" in r["before"]

@@ -1,0 +1,69 @@
+"""mixprec on HSDP (``fully_shard`` over a 2 x 2 (replicate, shard) mesh): four gloo
+processes on CPU, spawned once for the module (tests/_fsdp2_cases.py ``run_hsdp``).
+The clip norm counts each shard once (reduced over the shard dimension only), an inf in
+one process's shard makes all four skip, and the params match an unsharded run."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from typing import Any, Dict
+
+import pytest
+import torch
+
+from mixprec import _dtensor
+
+WORLD = 4
+_WHY = _dtensor.fsdp2_unavailable()
+pytestmark = pytest.mark.skipif(
+    _WHY is not None or sys.platform == "win32",
+    reason=_WHY or "torch.distributed with gloo unavailable on this platform")
+
+
+def _worker(rank: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, os.path.dirname(__file__))
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=WORLD)
+    try:
+        import _fsdp2_cases
+
+        _fsdp2_cases.run_hsdp(rank, WORLD, out_dir)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def results() -> Dict[int, Dict[str, Any]]:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
+        return {k: torch.load(os.path.join(tmp, f"rank{k}.pt"), weights_only=False)
+                for k in range(WORLD)}
+
+
+@pytest.mark.parametrize("case", ["clip_folded", "clip_unfused", "inf_rank3"])
+def test_hsdp_params_equal_unsharded_bitwise(results, case):
+    for k in range(WORLD):
+        r = results[k][case]
+        assert r["placements"] == ["(Replicate(), Shard(dim=0))"]
+        assert r["bitwise"], (k, r["max_diff"])
+
+
+@pytest.mark.parametrize("case", ["clip_folded", "clip_unfused"])
+def test_hsdp_clip_norm_counts_each_shard_once(results, case):
+    for k in range(WORLD):
+        for sharded, ref in results[k][case]["norms"]:
+            assert sharded == pytest.approx(ref, rel=1e-6, abs=0)
+
+
+def test_hsdp_inf_in_one_shard_skips_everywhere(results):
+    for k in range(WORLD):
+        r = results[k]["inf_rank3"]
+        assert [s for s, _ in r["skipped"]] == [False, True, False, False]
+        assert r["scales"] == results[0]["inf_rank3"]["scales"]
