@@ -197,6 +197,7 @@ def run_all(rank: int, world: int, out_dir: str) -> None:
     r["dcp"] = dcp_resume(mesh, os.path.join(out_dir, "ckpt"))
     r["ops"] = ops_on_dtensors(mesh)
     r["flat"] = flat_refusal(mesh)
+    r["trainer"] = trainer_modes(mesh)
     torch.save(r, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -419,3 +420,47 @@ def run_hsdp(rank: int, world: int, out_dir: str) -> None:
         res["placements"] = [str(p.placements) for p in model.parameters()][:1]
         r[name] = res
     torch.save(r, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def trainer_modes(mesh: Any) -> Result:
+    """MixedPrecisionTrainer in each mode on a sharded model and on its unsharded twin,
+    the same epoch each: whether the params end bit for bit equal, and the losses.
+    MANUAL: the model converted to bfloat16 before fully_shard (and, the wrong order,
+    a float32 sharded model: the error)."""
+    from mixprec import MixedPrecisionConfig, MixedPrecisionTrainer
+
+    data = [(batch(k, torch.float32), torch.randn(4, 1, generator=torch.Generator()
+                                                   .manual_seed(k))) for k in range(4)]
+    out: Result = {}
+    for mode, level in (("automatic", "bf16"), ("automatic", "fp16"),
+                        ("gradient_scaling", "fp32"), ("selective", "bf16"),
+                        ("adaptive", "bf16"), ("manual", "bf16")):
+        losses, finals = [], []
+        for sharded in (True, False):
+            model = tiny_model()
+            if mode == "manual":  # converted before fully_shard, as the error says
+                from mixprec.train.modes import convert_params
+
+                convert_params(model, torch.bfloat16)
+            if sharded:
+                shard(model, mesh)
+            cfg = MixedPrecisionConfig(mode=mode, precision_level=level,
+                                       selective_layers=("Linear",), logging_frequency=1000)
+            trainer = MixedPrecisionTrainer(cfg, device="cpu")
+            opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+            trainer.setup_training(model, opt, torch.nn.functional.mse_loss)
+            epoch = trainer.train_epoch(data)
+            losses.append(epoch["epoch_loss"])
+            finals.append(params_of(model))
+        out[f"{mode}_{level}"] = {"bitwise": bitwise(finals[0], finals[1]),
+                                  "losses": losses}
+    model = shard(tiny_model(), mesh)
+    trainer = MixedPrecisionTrainer(MixedPrecisionConfig(mode="manual", precision_level="bf16"),
+                                    device="cpu")
+    try:
+        trainer.setup_training(model, mixprec.optim.AdamW(model.parameters()),
+                               torch.nn.functional.mse_loss)
+        out["manual_after_shard"] = None
+    except ValueError as e:
+        out["manual_after_shard"] = str(e)
+    return out

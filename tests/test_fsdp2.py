@@ -137,3 +137,19 @@ def test_flat_buffers_refuse_dtensor_params_in_either_order(results):
         r = results[k]["flat"]
         assert r["after"] is not None and "fully_shard" in r["after"]
         assert r["before"] is not None and "fully_shard" in r["before"]
+
+
+@pytest.mark.parametrize("case", ["automatic_bf16", "automatic_fp16", "gradient_scaling_fp32",
+                                  "selective_bf16", "adaptive_bf16", "manual_bf16"])
+def test_trainer_modes_on_a_sharded_model(results, case):
+    for k in range(WORLD):
+        r = results[k]["trainer"][case]
+        assert r["bitwise"], r
+        assert r["losses"][0] == r["losses"][1]
+
+
+def test_manual_mode_says_to_convert_before_fully_shard(results):
+    for k in range(WORLD):
+        msg = results[k]["trainer"]["manual_after_shard"]
+        assert msg is not None and "convert_params(model, torch.bfloat16)" in msg
+        assert "before fully_shard" in msg

@@ -122,10 +122,20 @@ class PrecisionPolicy:
         return replace(self, module_precisions=merged)
 
 
+def _class_name(module: nn.Module) -> str:
+    """The name of ``module``'s class; for a module that went through FSDP2's
+    ``fully_shard`` (class ``FSDP<Name>``, bases ``(FSDPModule, <Name>)``), its own."""
+    cls = type(module)
+    bases = cls.__bases__
+    if len(bases) == 2 and cls.__name__ == "FSDP" + bases[1].__name__:
+        cls = bases[1]
+    return cls.__name__
+
+
 def _matches(spec: ModuleSpec, name: str, module: nn.Module) -> bool:
     if isinstance(spec, type):
         return isinstance(module, spec)
-    return fnmatch.fnmatchcase(name, spec) or type(module).__name__ == spec
+    return fnmatch.fnmatchcase(name, spec) or _class_name(module) == spec
 
 
 class _PolicyForward:

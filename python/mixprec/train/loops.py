@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
+from .. import _dtensor
 from ..amp.autocast import cast_floating
 from .metrics import COLS, C, logger
 
@@ -220,5 +221,6 @@ def measured_forward(forward: Callable[[], Tensor], params: list[Tensor]) -> tup
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = forward()
-    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    # (a DTensor param, FSDP2's, has no storage of its own: its local shard's is read)
+    param_ptrs = {_dtensor.local(p).untyped_storage().data_ptr() for p in params}
     return loss, sum(v for k, v in seen.items() if k not in param_ptrs)

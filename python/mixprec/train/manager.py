@@ -36,6 +36,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor, nn
 
+from .. import _dtensor
 from ..amp.autocast import cast_floating
 from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle, apply_policy
@@ -48,10 +49,13 @@ _MANAGER_FORMAT = 1
 
 
 def _underflow_flag(
-    grads: list[Tensor], dtype: Optional[torch.dtype], threshold: float, device: torch.device
+    grads: list[Tensor], dtype: Optional[torch.dtype], threshold: float, device: torch.device,
+    groups: list[Any],
 ) -> Tensor:
     """1.0 when the fraction of nonzero scaled grads that flush to zero in ``dtype``
-    (float32 for ``None``) exceeds ``threshold`` (device, no sync)."""
+    (float32 for ``None``) exceeds ``threshold`` (device, no sync). ``grads`` may be the
+    local shards of DTensor grads: the counts are then summed over ``groups``
+    (:func:`mixprec._dtensor.reduce_groups`, the Shard dimensions) first."""
     fi = torch.finfo(dtype or torch.float32)
     tiny = fi.tiny * fi.eps / 2  # values at or below this round to zero
     with torch.no_grad():
@@ -63,8 +67,30 @@ def _underflow_flag(
             nonzero.append(nz.sum())
         s = torch.stack([t.to(device) for t in small]).sum()
         n = torch.stack([t.to(device) for t in nonzero]).sum()
+        if groups:
+            counts = torch.stack([s, n])
+            _all_reduce_sum(counts, groups)
+            s, n = counts[0], counts[1]
         frac = s.float() / n.clamp(min=1).float()
         return (frac > threshold).float()
+
+
+def _all_reduce_sum(t: Tensor, groups: list[Any]) -> None:
+    import torch.distributed as dist
+
+    for g in groups:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=g)
+
+
+def _grad_norms(grads: list[Tensor], groups: list[Any]) -> list[Tensor]:
+    """The L2 norm of each grad (float32): of the whole tensor for DTensor grads, whose
+    local shards' squared norms are summed over ``groups`` (the Shard dimensions)."""
+    if not groups:
+        return list(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
+    local = torch._foreach_norm(_dtensor.locals_of(grads), 2.0, dtype=torch.float32)
+    sq = torch.stack([n.double().square() for n in local])
+    _all_reduce_sum(sq, groups)
+    return list(sq.sqrt().float().unbind())
 
 
 class StepResult:
@@ -303,6 +329,9 @@ class MixedPrecisionManager:
         dev = self.device
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
         grads = [p.grad for p in params]
+        # DTensor grads (FSDP2): the monitoring reads the local shards and sums over these
+        shard_groups = _dtensor.reduce_groups(grads, shard_only=True) if (
+            cfg.performance_monitoring or self.adaptive is not None) else []
         enabled = scaler.is_enabled()
         scale = scaler._get_scale_async() if enabled else None
         if scale is None:
@@ -314,19 +343,22 @@ class MixedPrecisionManager:
             adaptive is not None or (cfg.performance_monitoring and not cfg.max_grad_norm)
         ):
             with torch.no_grad():
-                norms = list(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
+                norms = _grad_norms(grads, shard_groups)
         if adaptive is not None and norms is not None:
             adaptive.record_grads(params, norms)
         zero = torch.zeros((), device=dev)
         underflow = zero
         if cfg.performance_monitoring and grads:
-            underflow = _underflow_flag(grads, self.compute_dtype, cfg.underflow_threshold, dev)
+            underflow = _underflow_flag(_dtensor.locals_of(grads), self.compute_dtype,
+                                        cfg.underflow_threshold, dev, shard_groups)
         grad_norm: Optional[Tensor] = None
         if cfg.max_grad_norm:
             if enabled:
                 grad_norm = scaler.clip_grad_norm_(opt, cfg.max_grad_norm)
             else:
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                if _dtensor.is_dtensor(grad_norm):  # torch's answer for DTensor grads
+                    grad_norm = grad_norm.full_tensor()
         elif norms is not None:
             with torch.no_grad():
                 total = torch.linalg.vector_norm(torch.stack([n.to(dev) for n in norms]))

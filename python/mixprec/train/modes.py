@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 import torch
 from torch import Tensor, nn
 
+from .._dtensor import is_dtensor
 from ..amp.autocast import resolve_precision
 from ..amp.module_policy import DEFAULT_FP32_MODULES, PrecisionPolicy
 from .config import MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
@@ -229,12 +230,21 @@ def strategy_for(config: MixedPrecisionConfig) -> ModeStrategy:
 def convert_params(model: nn.Module, dtype: torch.dtype) -> dict[int, Tensor]:
     """Convert the floating params and buffers of ``model`` to ``dtype``, except in
     float32-policy modules (norms); returns float32 copies of the converted params,
-    by ``id`` (the masters)."""
+    by ``id`` (the masters). A model sharded with ``fully_shard`` (DTensor params) must
+    come converted: ValueError saying so for a DTensor param of another dtype."""
     masters: dict[int, Tensor] = {}
     for module in model.modules():
         if isinstance(module, DEFAULT_FP32_MODULES):
             continue
         for p in module.parameters(recurse=False):
+            if p.is_floating_point() and p.dtype != dtype and is_dtensor(p):
+                raise ValueError(
+                    f"MANUAL mode: the model is sharded (fully_shard) with {p.dtype} params; "
+                    f"FSDP2 keeps them in its own storage, so convert the model before "
+                    f"fully_shard: mixprec.train.modes.convert_params(model, {dtype}) "
+                    f"(what MANUAL mode does: every module but the float32-policy ones "
+                    f"such as norms), then fully_shard(model), then set up MANUAL mode; "
+                    f"the optimizer keeps sharded float32 masters")
             if p.is_floating_point() and p.dtype != dtype:
                 masters[id(p)] = p.detach().to(torch.float32, copy=True)
                 p.data = p.data.to(dtype)

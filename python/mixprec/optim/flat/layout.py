@@ -232,21 +232,22 @@ _NO_FSDP2 = ("flat buffers cannot back FSDP2's DTensor params, which FSDP2 lays 
 def _sharded_guard(model: nn.Module) -> Any:
     """A forward pre-hook on ``model`` that raises once ``fully_shard`` has replaced its
     laid-out params by DTensors (one param looked at: fully_shard replaces them all)."""
-    for module_name, module in model.named_modules():
-        for name, p in module.named_parameters(recurse=False):
-            if p.requires_grad:
-                where = f"{module_name}.{name}" if module_name else name
+    first = next(((prefix, module, name, p) for prefix, module in model.named_modules()
+                  for name, p in module.named_parameters(recurse=False) if p.requires_grad),
+                 None)
+    if first is None:
+        return None
+    prefix, module, name, p = first
+    where = f"{prefix}.{name}" if prefix else name
 
-                def hook(*_: Any) -> None:
-                    now = module._parameters.get(name)
-                    if now is not p and _dtensor.is_dtensor(now):
-                        raise ValueError(
-                            f"mixprec.optim.flat_buffers: param {where!r} became a DTensor "
-                            f"after flat_buffers(): fully_shard replaced the flat params; "
-                            + _NO_FSDP2)
+    def hook(*_: Any) -> None:
+        now = module._parameters.get(name)
+        if now is not p and _dtensor.is_dtensor(now):
+            raise ValueError(
+                f"mixprec.optim.flat_buffers: param {where!r} became a DTensor after "
+                "flat_buffers(): fully_shard replaced the flat params; " + _NO_FSDP2)
 
-                return model.register_forward_pre_hook(hook)
-    return None
+    return model.register_forward_pre_hook(hook)
 
 
 def flat_buffers(model_or_params: Union[nn.Module, Iterable[Any]], *,
