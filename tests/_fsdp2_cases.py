@@ -309,7 +309,21 @@ def dcp_resume(mesh: Any, path: str) -> Result:
     o3.load_state_dict(plain)
     loaded_types = sorted({type(v).__name__ for st in o3.state.values() for k, v in st.items()
                            if k != "step"})
+    # an unsharded optimizer's state dict (a single-device checkpoint) loads into the
+    # sharded optimizer: each rank takes its shard of every state tensor
+    ref = tiny_model(torch.float16)
+    ref_opt = mixprec.optim.AdamW(ref.parameters(), lr=1e-2)
+    ref(batch(0, torch.float16)).float().pow(2).mean().backward()
+    ref_opt.step()
+    m4, o4, _ = make()
+    o4.load_state_dict(ref_opt.state_dict())
+    from_unsharded = all(
+        _dtensor.is_dtensor(o4.state[p][k]) and torch.equal(full(o4.state[p][k]),
+                                                            ref_opt.state[q][k])
+        for p, q in zip(m4.parameters(), ref.parameters())
+        for k in ("exp_avg", "exp_avg_sq", "master_param"))
     return {"bitwise": bitwise(first, second), "masters": bitwise(masters, masters2),
+            "from_unsharded": from_unsharded,
             "osd_keys": sorted(next(iter(osd.get("state", {}).values()), {}).keys()),
             "loaded_types": loaded_types}
 
@@ -454,6 +468,24 @@ def trainer_modes(mesh: Any) -> Result:
             finals.append(params_of(model))
         out[f"{mode}_{level}"] = {"bitwise": bitwise(finals[0], finals[1]),
                                   "losses": losses}
+    # the manager's monitoring (performance_monitoring): the grad norm of the whole model
+    from mixprec import MixedPrecisionManager
+
+    norms = []
+    for sharded in (True, False):
+        model = tiny_model()
+        if sharded:
+            shard(model, mesh)
+        manager = MixedPrecisionManager(
+            model, mixprec.optim.AdamW(model.parameters(), lr=1e-2),
+            MixedPrecisionConfig(mode="automatic", precision_level="bf16",
+                                 performance_monitoring=True), device="cpu")
+        with manager.autocast():
+            loss = torch.nn.functional.mse_loss(model(data[0][0]), data[0][1])
+        manager.backward(loss)
+        result = manager.step()
+        norms.append((float(result.grad_norm), float(result.underflow)))
+    out["monitor_norms"] = norms
     model = shard(tiny_model(), mesh)
     trainer = MixedPrecisionTrainer(MixedPrecisionConfig(mode="manual", precision_level="bf16"),
                                     device="cpu")

@@ -115,6 +115,7 @@ def test_dcp_save_load_continues_bitwise(results):
         r = results[k]["dcp"]
         assert r["bitwise"] and r["masters"]
         assert r["loaded_types"] == ["DTensor"]
+        assert r["from_unsharded"]  # a single-device state dict loads, sharded
 
 
 def test_ops_on_dtensor_lists(results):
@@ -153,3 +154,9 @@ def test_manual_mode_says_to_convert_before_fully_shard(results):
         msg = results[k]["trainer"]["manual_after_shard"]
         assert msg is not None and "convert_params(model, torch.bfloat16)" in msg
         assert "before fully_shard" in msg
+
+
+def test_manager_monitoring_measures_the_whole_grad(results):
+    for k in range(WORLD):
+        (sharded, under_s), (ref, under_r) = results[k]["trainer"]["monitor_norms"]
+        assert sharded == pytest.approx(ref, rel=1e-6) and under_s == under_r
