@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -28,7 +29,7 @@ def test_fsdp2_from_the_older_import_path(monkeypatch):
 def test_without_fsdp2_the_reason_names_the_torch_version(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.distributed.fsdp", None)
     monkeypatch.setitem(sys.modules, "torch.distributed._composable.fsdp", None)
-    with pytest.raises(ImportError, match=f"torch {torch.__version__} has no FSDP2"):
+    with pytest.raises(ImportError, match=re.escape(f"torch {torch.__version__} has no FSDP2")):
         _dtensor.fsdp2()
     assert "has no FSDP2" in _dtensor.fsdp2_unavailable()
 
