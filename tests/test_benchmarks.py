@@ -25,6 +25,7 @@ import gpu_check  # noqa: E402
 import gpu_workload  # noqa: E402
 
 import _common  # noqa: E402
+import bench_fsdp2  # noqa: E402
 import bench_host_cost  # noqa: E402
 import bench_launch_plan  # noqa: E402
 import bench_optim  # noqa: E402
@@ -418,4 +419,15 @@ def test_bench_launch_plan_quick_passes(capsys: pytest.CaptureFixture[str]) -> N
     for row in ("fused_adam_ fp32 CUDA host path, plan reused",
                 "optimizer list checks (_reuse), flat mode",
                 "scaler grads (_collect_grads), flat mode"):
+        assert row in out
+
+
+@pytest.mark.skipif(mixprec._dtensor.fsdp2_unavailable() is not None or sys.platform == "win32",
+                    reason="needs FSDP2 and gloo")
+def test_bench_fsdp2_quick_passes(capfd: pytest.CaptureFixture[str]) -> None:
+    # two tiny sizes, one round: the cases run, their checks pass (every param moved)
+    assert bench_fsdp2.main(["--sizes", "2,4", "--calls", "2", "--rounds", "1"]) == 0
+    out = capfd.readouterr().out
+    for row in ("adamw mixprec", "iter mixprec", "adamw torch", "all-reduce (MAX)",
+                "per-param ratio"):
         assert row in out

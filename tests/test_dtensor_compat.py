@@ -42,4 +42,5 @@ def test_without_torch_distributed(monkeypatch):
 def test_plain_tensors_are_not_dtensors():
     t = torch.ones(3)
     assert not _dtensor.is_dtensor(t) and not _dtensor.any_dtensor([t, t])
-    assert _dtensor.local(t) is t and _dtensor.reduce_groups([t], shard_only=True) == []
+    assert _dtensor.local(t) is t and _dtensor.specs_of([t, t]) == []
+    assert _dtensor.reduce_groups([], shard_only=True) == []

@@ -32,7 +32,7 @@ def test_fsdp2_example_trains_on_two_cpu_ranks(tmp_path, recipe, held):
                                                         os.environ.get("PYTHONPATH")])))
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--rdzv-endpoint", "localhost:0", "--rdzv-backend", "c10d",
+         "--standalone",
          str(ROOT / "examples" / "fsdp2_train.py"), "--recipe", recipe, "--steps", "40",
          "--device", "cpu"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -295,14 +295,20 @@ inline PyObject* tensors_grads(PyObject* /*self*/, PyObject* args) {
   return give(std::move(grads));
 }
 
-// dense_grads(params, allow_fp16) -> the grads of the params that have one,
-// in order, when every param is a plain tensor and every grad dense (strided),
-// on the first grad's device, and not float16 unless allow_fp16; else None
-// (the caller's per-param loop then handles the group, errors included).
+// dense_grads(params, allow_fp16[, specs]) -> the grads of the params that
+// have one, in order, when every param is a plain tensor (or, given a `specs`
+// list, a DTensor over one) and every grad dense (strided), on the first
+// grad's device, and not float16 unless allow_fp16; else None (the caller's
+// per-param loop then handles the group, errors included). A DTensor param's
+// grad is handed back as its local shard, and the grad's `_spec` appended to
+// `specs` (what the inf verdict and norms are reduced over).
 inline PyObject* dense_grads(PyObject* /*self*/, PyObject* args) {
+  static PyObject* spec_name = PyUnicode_InternFromString("_spec");
   PyObject* params = nullptr;
   int allow_fp16 = 0;
-  if (!PyArg_ParseTuple(args, "Op:dense_grads", &params, &allow_fp16)) {
+  PyObject* specs = nullptr;
+  if (!PyArg_ParseTuple(args, "Op|O!:dense_grads", &params, &allow_fp16, &PyList_Type,
+                        &specs)) {
     return nullptr;
   }
   const FastSeq seq(params, "dense_grads: a sequence of tensors");
@@ -315,10 +321,38 @@ inline PyObject* dense_grads(PyObject* /*self*/, PyObject* args) {
   }
   std::optional<c10::Device> device;
   for (Py_ssize_t i = 0; i < seq.size(); ++i) {
-    if (!THPVariable_CheckExact(seq[i])) {
+    PyObject* o = seq[i];
+    py::object local;  // a DTensor's grad's local shard
+    const at::Tensor* grad = nullptr;
+    if (THPVariable_CheckExact(o)) {
+      grad = &grad_of(o);
+    } else if (specs != nullptr && dtensor_type() != nullptr &&
+               Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(dtensor_type())) {
+      const at::Tensor& dg = grad_of(o);
+      if (!dg.defined()) {
+        continue;
+      }
+      auto dgo = py::reinterpret_steal<py::object>(THPVariable_Wrap(dg));
+      if (!dgo) {
+        return nullptr;
+      }
+      if (Py_TYPE(dgo.ptr()) != Py_TYPE(o)) {
+        return none();  // not a DTensor grad: the per-param loop says so
+      }
+      local = local_of(dgo.ptr());
+      auto spec = py::reinterpret_steal<py::object>(PyObject_GetAttr(dgo.ptr(), spec_name));
+      if (!local || !spec) {
+        PyErr_Clear();
+        return none();
+      }
+      if (PyList_Append(specs, spec.ptr()) < 0) {
+        return nullptr;
+      }
+      grad = &THPVariable_Unpack(local.ptr());
+    } else {
       return none();
     }
-    const at::Tensor& g = grad_of(seq[i]);
+    const at::Tensor& g = *grad;
     if (!g.defined()) {
       continue;
     }
@@ -329,8 +363,8 @@ inline PyObject* dense_grads(PyObject* /*self*/, PyObject* args) {
         (!allow_fp16 && g.scalar_type() == at::kHalf)) {
       return none();
     }
-    py::object o = wrap_grad(g);
-    if (!o || PyList_Append(out.ptr(), o.ptr()) < 0) {
+    py::object go = local ? std::move(local) : wrap_grad(g);
+    if (!go || PyList_Append(out.ptr(), go.ptr()) < 0) {
       return nullptr;
     }
   }

@@ -59,7 +59,8 @@ PyMethodDef methods[] = {
      "tensors_grads(tensors, snapshot) -> the tensors' grads (None where absent) "
      "when nothing the snapshot holds changed, else None."},
     {"dense_grads", mixprec::python::dense_grads, METH_VARARGS,
-     "dense_grads(params, allow_fp16) -> the params' grads (those not None) when "
+     "dense_grads(params, allow_fp16[, specs]) -> the params' grads (those not None; "
+     "a DTensor's: its local shard, its _spec appended to specs) when "
      "all are dense, on one device and allowed, else None."},
     {"set_dtensor_type", mixprec::python::set_dtensor_type, METH_O,
      "set_dtensor_type(cls): the DTensor class, whose instances the list checks "

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["dtensor_class", "fsdp2", "fsdp2_unavailable", "is_dtensor", "any_dtensor",
-           "local", "locals_of", "shard_like", "reduce_groups"]
+           "local", "locals_of", "shard_like", "specs_of", "reduce_groups"]
 
 # The DTensor class once some module imported it (importing it costs about a second, so
 # mixprec never does so itself: without that module no DTensor exists), and the callbacks
@@ -146,22 +146,36 @@ def _dims(placements: Sequence[Any], shard_only: bool) -> Tuple[int, ...]:
     return tuple(out)
 
 
-def reduce_groups(tensors: Iterable[Tensor], shard_only: bool) -> List[Any]:
-    """The process groups over which a property of the DTensors among ``tensors`` is
-    reduced, each once, in a fixed order (the same on every rank that holds the same
-    model): every mesh dimension (``shard_only=False``: inf checks, MAX; also the
-    ``Replicate`` ones, so that replicas whose grads differ, which a correct all-reduce
-    never gives, still cannot diverge) or every ``Shard`` dimension (``shard_only=True``:
-    norms, SUM). Empty when no tensor is a DTensor."""
+def specs_of(tensors: Iterable[Any]) -> List[Any]:
+    """The layouts (``DTensorSpec``: mesh and placements) of the DTensors among ``tensors``."""
     cls = _CLS if _CLS is not None else dtensor_class()
     if cls is None:
         return []
+    return [t._spec for t in tensors if isinstance(t, cls)]
+
+
+# shard_only -> (the specs of the last call, as a tuple holding them, and its answer):
+# FSDP2 gives a param and its grads one spec object for good, so the same model asks with
+# the very same specs every step, and a tuple comparison (identity first) finds them.
+_LAST: dict = {}
+
+
+def reduce_groups(specs: Sequence[Any], shard_only: bool) -> List[Any]:
+    """The process groups over which a property of DTensors laid out as ``specs``
+    (:func:`specs_of`) is reduced, each once, in a fixed order (the same on every rank
+    that holds the same model): every mesh dimension (``shard_only=False``: inf checks,
+    MAX; also the ``Replicate`` ones, so that replicas whose grads differ, which a correct
+    all-reduce never gives, still cannot diverge) or every ``Shard`` dimension
+    (``shard_only=True``: norms, SUM). Empty without specs."""
+    if not specs:
+        return []
+    key = tuple(specs)
+    last = _LAST.get(shard_only)
+    if last is not None and last[0] == key:
+        return last[1]
     seen: dict = {}
-    for t in tensors:
-        if isinstance(t, cls):
-            key = (t.device_mesh, tuple(t.placements))
-            if key not in seen:
-                seen[key] = None
+    for spec in key:
+        seen.setdefault((spec.mesh, tuple(spec.placements)), None)
     groups: List[Any] = []
     per_key = []
     for mesh, placements in seen:
@@ -175,4 +189,5 @@ def reduce_groups(tensors: Iterable[Tensor], shard_only: bool) -> List[Any]:
         raise NotImplementedError(
             "mixprec: the norm of DTensor gradients split over different mesh dimensions "
             "is not supported; clip each set of gradients with its own optimizer")
+    _LAST[shard_only] = (key, groups)
     return groups

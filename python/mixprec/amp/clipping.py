@@ -83,23 +83,23 @@ def clip_grad_norm(
         deferred = False
     total: Optional[Tensor] = None
     group = scaler._process_group
-    dtensors: list[Tensor] = []  # the DTensor grads (measured on their local shards)
+    specs: list[Any] = []  # the layouts of DTensor grads (measured on their local shards)
     if fold and (state["stage"] is OptState.READY or deferred):
         # Read-only pass: found_inf and the norm of grad * inv_scale.
         per_device = scaler._collect_grads(optimizer, False)
-        dtensors = per_device.dtensors
+        specs = per_device.specs
         flags, total = norm_pass(
             per_device, ops.check_finite_and_norm_, scaler._inv_scale(), norm_type
         )
         if not deferred:
-            state["found_inf_per_device"] = reduce_found_inf(flags, home, group, dtensors)
+            state["found_inf_per_device"] = reduce_found_inf(flags, home, group, specs)
             state["stage"] = OptState.UNSCALED
             record.deferred_unscale = True
     elif state["stage"] is OptState.READY and norm_type > 0 and _op_available("unscale_and_norm_"):
         per_device = scaler._collect_grads(optimizer, False, coalesce_sparse=True)
-        dtensors = per_device.dtensors
+        specs = per_device.specs
         flags, total = norm_pass(per_device, ops.unscale_and_norm_, scaler._inv_scale(), norm_type)
-        state["found_inf_per_device"] = reduce_found_inf(flags, home, group, dtensors)
+        state["found_inf_per_device"] = reduce_found_inf(flags, home, group, specs)
         state["stage"] = OptState.UNSCALED
     else:
         if state["stage"] is OptState.READY:
@@ -108,7 +108,7 @@ def clip_grad_norm(
                     p.grad = p.grad.coalesce()
             scaler.unscale_(optimizer)
         grads = [p.grad for p in params if p.grad is not None]
-        dtensors = [g for g in grads if _dtensor.is_dtensor(g)]
+        specs = _dtensor.specs_of(grads)
         with torch.no_grad():
             if grads:
                 local = _dtensor.locals_of(grads)
@@ -117,8 +117,8 @@ def clip_grad_norm(
                 total = torch.zeros((), dtype=torch.float32, device=home)
     if group is not None:
         total = all_reduce_norm(total, norm_type, group)
-    elif dtensors:
-        for g in _dtensor.reduce_groups(dtensors, shard_only=True):
+    elif specs:
+        for g in _dtensor.reduce_groups(specs, shard_only=True):
             total = all_reduce_norm(total, norm_type, g)
     pending = record.clip_coef
     if pending is not None:

@@ -200,7 +200,7 @@ class GradScaler(torch.amp.GradScaler):
         self, optimizer: torch.optim.Optimizer, allow_fp16: bool, coalesce_sparse: bool = False
     ) -> grads.DeviceGrads:
         """The optimizer's gradients by device (:func:`mixprec.amp.grads.collect_grads`;
-        DTensor grads as their local shards, the DTensors in ``.dtensors``); in the
+        DTensor grads as their local shards, their layouts in ``.specs``); in the
         flat-buffer mode one slice per run of flat grad views, found in one pass per step
         when the same params keep the same grads (``flat.kept_grads``)."""
         allow_fp16 = allow_fp16 or grads.fp16_grads_allowed(self._allow_fp16_grads, optimizer)
@@ -212,7 +212,7 @@ class GradScaler(torch.amp.GradScaler):
         _flat.keep_grads(optimizer, allow_fp16, per_device, coalesced)
         if coalesced is per_device:
             return per_device
-        return grads.DeviceGrads(coalesced, dtensors=per_device.dtensors)
+        return grads.DeviceGrads(coalesced, specs=per_device.specs)
 
     def _unscale_grads_(
         self,
@@ -231,7 +231,7 @@ class GradScaler(torch.amp.GradScaler):
         per_device = self._collect_grads(optimizer, allow_fp16)
         flags = grads.unscale_and_check(per_device, inv_scale, found_inf)
         return grads.reduce_found_inf(flags, found_inf.device, self._process_group,
-                                      per_device.dtensors)
+                                      per_device.specs)
 
     def _inv_scale(self) -> Tensor:
         assert self._scale is not None
@@ -251,7 +251,7 @@ class GradScaler(torch.amp.GradScaler):
         per_device = self._collect_grads(optimizer, True)
         flags = grads.check_finite(per_device)
         result = grads.reduce_found_inf(flags, scale.device, self._process_group,
-                                        per_device.dtensors)
+                                        per_device.specs)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = result
         return result  # type: ignore[return-value]
 

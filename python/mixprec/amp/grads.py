@@ -38,13 +38,14 @@ Flags = dict[torch.device, Tensor]
 
 class DeviceGrads(dict):  # type: ignore[type-arg]
     """What :func:`collect_grads` returns: ``{device: grads}`` (a DTensor grad as its local
-    shard), and in :attr:`dtensors` the DTensor grads themselves (empty without any)."""
+    shard), and in :attr:`specs` the layouts (``DTensorSpec``) of the DTensor grads, in
+    order (empty without any)."""
 
-    dtensors: List[Tensor]
+    specs: List[Any]
 
-    def __init__(self, *args: Any, dtensors: Optional[List[Tensor]] = None) -> None:
+    def __init__(self, *args: Any, specs: Optional[List[Any]] = None) -> None:
         super().__init__(*args)
-        self.dtensors = dtensors if dtensors is not None else []
+        self.specs = specs if specs is not None else []
 
 
 def fp16_grads_allowed(setting: Optional[bool], optimizer: torch.optim.Optimizer) -> bool:
@@ -61,7 +62,7 @@ def collect_grads(
     optimizer: torch.optim.Optimizer, allow_fp16: bool, coalesce_sparse: bool = False
 ) -> DeviceGrads:
     """The optimizer's gradients (values of sparse ones, local shards of DTensor ones)
-    grouped by device; the DTensor grads also in ``.dtensors``.
+    grouped by device; the DTensor grads' layouts in ``.specs``.
 
     ``ValueError("Attempting to unscale FP16 gradients.")`` for a float16
     gradient unless ``allow_fp16``. Float16 sparse gradients are coalesced
@@ -71,7 +72,7 @@ def collect_grads(
     per_device = DeviceGrads()
     for group in optimizer.param_groups:
         params = group["params"]
-        fast = _dense_one_device(params, allow_fp16)
+        fast = _dense_one_device(params, allow_fp16, per_device.specs)
         if fast is not None:
             device, grads = fast
             if grads:
@@ -92,7 +93,7 @@ def collect_grads(
             if not allow_fp16 and grad.dtype == torch.float16:
                 raise ValueError("Attempting to unscale FP16 gradients.")
             if _dtensor.is_dtensor(grad):
-                per_device.dtensors.append(grad)
+                per_device.specs.append(grad._spec)
                 grad = grad._local_tensor
             elif grad.is_sparse:
                 if coalesce_sparse or grad.dtype is torch.float16:
@@ -107,24 +108,27 @@ def collect_grads(
     return per_device
 
 
-def _dense_one_device(params: List[Any], allow_fp16: bool
+def _dense_one_device(params: List[Any], allow_fp16: bool, specs: List[Any]
                       ) -> Optional[Tuple[Optional[torch.device], List[Tensor]]]:
-    """``(device, grads)`` of a param group of plain tensors whose grads are all dense, on
+    """``(device, grads)`` of a param group of plain tensors (or DTensors: their grads'
+    local shards, the grads' layouts appended to ``specs``) whose grads are all dense, on
     one device and allowed (no float16 unless ``allow_fp16``), found in one C pass
     (``_C.dense_grads``, csrc/python/list_watch.h); None for anything else (the per-param
     loop then handles it, errors included), and while torch.compile traces."""
     if torch.compiler.is_compiling() or _WATCH is None:
         return None
-    grads = _WATCH.dense_grads(params, allow_fp16)
+    found: List[Any] = []
+    grads = _WATCH.dense_grads(params, allow_fp16, found)
     if grads is None:
         return None
+    specs.extend(found)
     return (grads[0].device if grads else None), grads
 
 
 def reduce_found_inf(per_device: Flags, home: torch.device, group: Optional[Any],
-                     dtensors: Sequence[Tensor] = ()) -> Flags:
+                     specs: Sequence[Any] = ()) -> Flags:
     """All-reduce the inf flags (max) over the process ``group``; without one, over the
-    mesh of the DTensor grads ``dtensors`` (every dimension); identity when neither
+    mesh of the DTensor grads laid out as ``specs`` (every dimension); identity when neither
     applies.
 
     When reduced, the result is a single flag on ``home`` (zero when this rank has no
@@ -132,8 +136,8 @@ def reduce_found_inf(per_device: Flags, home: torch.device, group: Optional[Any]
     """
     if group is not None:
         groups = [group]
-    elif dtensors:
-        groups = _dtensor.reduce_groups(dtensors, shard_only=False)
+    elif specs:
+        groups = _dtensor.reduce_groups(specs, shard_only=False)
     else:
         return per_device
     import torch.distributed as dist

@@ -75,10 +75,10 @@ def _check_rule(name: str) -> Callable[..., Any]:
         if _dtensor.is_dtensor(args[1]):
             raise RuntimeError(f"mixprec.{name}: found_inf must be a plain tensor when the "
                                "grads are DTensors")
-        _all_reduce(found_inf, dist.ReduceOp.MAX, _dtensor.reduce_groups(dts, False))
+        _all_reduce(found_inf, dist.ReduceOp.MAX, _dtensor.reduce_groups(_dtensor.specs_of(dts), False))
         if name in _NORMS:
             norm_type = float(local[3]) if len(local) > 3 else 2.0
-            groups = _dtensor.reduce_groups(dts, True)
+            groups = _dtensor.reduce_groups(_dtensor.specs_of(dts), True)
             if groups:
                 if math.isinf(norm_type):
                     _all_reduce(out, dist.ReduceOp.MAX, groups)

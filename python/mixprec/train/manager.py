@@ -330,7 +330,7 @@ class MixedPrecisionManager:
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
         grads = [p.grad for p in params]
         # DTensor grads (FSDP2): the monitoring reads the local shards and sums over these
-        shard_groups = _dtensor.reduce_groups(grads, shard_only=True) if (
+        shard_groups = _dtensor.reduce_groups(_dtensor.specs_of(grads), True) if (
             cfg.performance_monitoring or self.adaptive is not None) else []
         enabled = scaler.is_enabled()
         scale = scaler._get_scale_async() if enabled else None
