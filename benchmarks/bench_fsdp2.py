@@ -180,8 +180,8 @@ def _worker(rank: int, init_file: str, out_dir: str, args: argparse.Namespace) -
 
 def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[50, 250, 500],
-                    help="layers (2 params each)")
+    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[50, 250, 500], help="layers (2 params each)")
     ap.add_argument("--width", type=int, default=16)
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)

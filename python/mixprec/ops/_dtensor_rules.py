@@ -69,16 +69,16 @@ def _check_rule(name: str) -> Callable[..., Any]:
     def rule(op: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         import torch.distributed as dist
 
-        local, dts = _unwrap(list(args))
-        out = op(*local, **kwargs)
-        found_inf = local[1]
-        if _dtensor.is_dtensor(args[1]):
+        if _dtensor.is_dtensor(args[1]):  # (checked before anything is written)
             raise RuntimeError(f"mixprec.{name}: found_inf must be a plain tensor when the "
                                "grads are DTensors")
-        _all_reduce(found_inf, dist.ReduceOp.MAX, _dtensor.reduce_groups(_dtensor.specs_of(dts), False))
+        local, dts = _unwrap(list(args))
+        specs = _dtensor.specs_of(dts)
+        out = op(*local, **kwargs)
+        _all_reduce(local[1], dist.ReduceOp.MAX, _dtensor.reduce_groups(specs, False))
         if name in _NORMS:
             norm_type = float(local[3]) if len(local) > 3 else 2.0
-            groups = _dtensor.reduce_groups(_dtensor.specs_of(dts), True)
+            groups = _dtensor.reduce_groups(specs, True)
             if groups:
                 if math.isinf(norm_type):
                     _all_reduce(out, dist.ReduceOp.MAX, groups)
