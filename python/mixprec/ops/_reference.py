@@ -448,3 +448,74 @@ def fused_sgd_(
                 bases[i],
             )
         _store(state_steps[i], state_steps[i] + 1, keep)
+
+
+def fused_adam8_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    exp_avgs: Sequence[Tensor],
+    exp_avg_absmax: Sequence[Tensor],
+    exp_avg_sqs: Sequence[Tensor],
+    exp_avg_sq_absmax: Sequence[Tensor],
+    master_params: Sequence[Tensor],
+    state_steps: Sequence[Tensor],
+    lr: Tensor,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    eps: float,
+    maximize: bool,
+    decoupled_weight_decay: bool,
+    grad_scale: Optional[Tensor] = None,
+    found_inf: Optional[Tensor] = None,
+    clip_coef: Optional[Tensor] = None,
+    stochastic_rounding: bool = False,
+    seed: int = 0,
+) -> None:
+    """One Adam/AdamW step with block-wise 8-bit moments (:mod:`mixprec.ops._quant8`).
+
+    ``exp_avgs``/``exp_avg_sqs``: uint8 codes of each param's shape (tables
+    ``dynamic8-signed``/``dynamic8-unsigned``), ``exp_avg_absmax``/``exp_avg_sq_absmax``:
+    their float32 block maxima, ``(ceil(numel / 256),)``. Each moment is read back in
+    float32, updated exactly as :func:`fused_adam_` updates a float32 moment (amsgrad is
+    not offered), and quantized again; with ``found_inf`` set nothing changes (codes and
+    maxima included). Mutates params, masters, codes, maxima and step counts.
+    """
+    from . import _quant8 as q8
+
+    op = "fused_adam8_"
+    n = len(params)
+    for name, lst in (("exp_avgs", exp_avgs), ("exp_avg_absmax", exp_avg_absmax),
+                      ("exp_avg_sqs", exp_avg_sqs), ("exp_avg_sq_absmax", exp_avg_sq_absmax)):
+        if len(lst) != n:
+            raise RuntimeError(f"mixprec.{op}: {name} must have one tensor per param ({n}), "
+                               f"got {len(lst)}")
+    for i, p in enumerate(params):
+        for name, codes, absmax in (("exp_avgs", exp_avgs[i], exp_avg_absmax[i]),
+                                    ("exp_avg_sqs", exp_avg_sqs[i], exp_avg_sq_absmax[i])):
+            if codes.dtype != torch.uint8 or codes.shape != p.shape:
+                raise RuntimeError(
+                    f"mixprec.{op}: {name}[{i}] must be uint8 codes of the param's shape "
+                    f"{list(p.shape)}, got {codes.dtype} of shape {list(codes.shape)}")
+            want = (q8.num_blocks(p.numel()),)
+            absname = "exp_avg_absmax" if name == "exp_avgs" else "exp_avg_sq_absmax"
+            if absmax.dtype != torch.float32 or tuple(absmax.shape) != want:
+                raise RuntimeError(
+                    f"mixprec.{op}: {absname}[{i}] must be float32 of shape {list(want)} "
+                    f"(one per block of {q8.BLOCK}), got {absmax.dtype} of shape "
+                    f"{list(absmax.shape)}")
+            if codes.device != p.device or absmax.device != p.device:
+                raise RuntimeError(f"mixprec.{op}: {name}[{i}] and its maxima must be on the "
+                                   f"param's device {p.device}")
+    ms = [q8.dequantize(c, a, q8.SIGNED) for c, a in zip(exp_avgs, exp_avg_absmax)]
+    vs = [q8.dequantize(c, a, q8.UNSIGNED) for c, a in zip(exp_avg_sqs, exp_avg_sq_absmax)]
+    fused_adam_(params, grads, ms, vs, [], master_params, state_steps, lr, beta1, beta2,
+                weight_decay, eps, False, maximize, decoupled_weight_decay, grad_scale,
+                found_inf, clip_coef, stochastic_rounding, seed)
+    keep = _keep(found_inf)
+    for values, codes, maxima, name in ((ms, exp_avgs, exp_avg_absmax, q8.SIGNED),
+                                        (vs, exp_avg_sqs, exp_avg_sq_absmax, q8.UNSIGNED)):
+        for x, c, a in zip(values, codes, maxima):
+            new_c, new_a = q8.quantize(x, name)
+            _store(c, new_c, keep)
+            _store(a, new_a, keep)

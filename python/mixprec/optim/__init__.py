@@ -16,8 +16,9 @@ param.
 from __future__ import annotations
 
 from ._base import FusedOptimizer
-from .adam import Adam, AdamW
+from .adam import Adam, Adam8bit, AdamW, AdamW8bit
 from .flat import FlatBuffers, flat_buffers
 from .sgd import SGD
 
-__all__ = ["Adam", "AdamW", "SGD", "FusedOptimizer", "FlatBuffers", "flat_buffers"]
+__all__ = ["Adam", "AdamW", "Adam8bit", "AdamW8bit", "SGD", "FusedOptimizer", "FlatBuffers",
+           "flat_buffers"]

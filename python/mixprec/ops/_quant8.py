@@ -1,0 +1,161 @@
+"""Block-wise 8-bit quantization of optimizer state: the code tables and the pure-PyTorch
+quantizer (the reference every backend must match bit for bit).
+
+A state tensor is split, in memory order, into blocks of :data:`BLOCK` = 256 elements (the
+last one may be shorter). Each block keeps one float32 ``absmax`` (the largest magnitude in
+it) and one byte per element: the index of the code-table entry nearest to
+``x / absmax`` (computed in float32). The value read back is ``table[code] * absmax``
+(float32).
+
+The tables are "dynamic" (Dettmers et al. 2022): a byte reads as an optional sign, a run
+of ``e`` zero bits (the decade: a factor ``10**-e``), an indicator 1 bit, then ``f``
+fraction bits spread linearly over ``(0.1, 1]``: ``10**-e * (0.1 + 0.9 * (k + 1) / 2**f)``,
+``k < 2**f``. So the top of the first decade is exactly 1.0 (the block's absmax element is
+stored exactly), and the spacing inside decade ``e`` is ``0.9 * 10**-e / 2**f``: fine
+near the absmax, coarser (relatively) far below it. mixprec's own construction:
+
+* :data:`SIGNED` (first moment, momentum): 1 sign bit, 7 magnitude bits: decades
+  ``e = 0..6`` with ``f = 6 - e`` fraction bits (127 magnitudes, smallest ``1e-6``), and
+  zero (twice, +0 and -0), 256 entries sorted ascending;
+* :data:`UNSIGNED` (second moment): 8 magnitude bits: ``e = 0..7``, ``f = 7 - e`` (255
+  magnitudes, smallest ``1e-7``), and zero.
+
+Rounding is to the nearest entry (a value exactly between two entries takes the lower),
+except that **a nonzero value never becomes zero**: it takes the smallest entry of its
+sign. (A second moment flushed to zero would turn Adam's ``m / (sqrt(v) + eps)`` into
+``m / eps``.) The error bound per element, with ``A`` the block's absmax and ``y = x / A``:
+``|read - x| <= A * max(gap(y) / 2, s)`` where ``gap(y)`` is the distance between the two
+entries around ``y`` and ``s`` the smallest nonzero magnitude; :func:`error_bound` computes
+it. A block of zeros has ``absmax = 0`` and reads back as zeros; a non-finite value has no
+code (callers skip steps with inf/NaN gradients before they reach the state).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["BLOCK", "SIGNED", "UNSIGNED", "TABLES", "table", "quantize", "dequantize",
+           "num_blocks", "error_bound"]
+
+#: elements per block (one float32 absmax each)
+BLOCK = 256
+#: the names of the tables (what a state dict records as the table in use)
+SIGNED = "dynamic8-signed"
+UNSIGNED = "dynamic8-unsigned"
+TABLES = (SIGNED, UNSIGNED)
+
+
+def _magnitudes(bits: int) -> list[float]:
+    out = []
+    for e in range(bits):
+        f = bits - 1 - e
+        for k in range(2**f):
+            out.append(10.0**-e * (0.1 + 0.9 * (k + 1) / 2**f))
+    return out
+
+
+@cache
+def _table_cpu(name: str) -> Tuple[Tensor, Tensor]:
+    """(values, midpoints) of a table, float32 on the CPU: 256 ascending values and the
+    255 float32 midpoints between neighbours (computed once)."""
+    if name == SIGNED:
+        mags = _magnitudes(7)
+        values = sorted([-m for m in mags] + [0.0, 0.0] + mags)
+    elif name == UNSIGNED:
+        values = sorted([0.0] + _magnitudes(8))
+    else:
+        raise ValueError(f"mixprec: unknown 8-bit code table {name!r}; known: {TABLES}")
+    v = torch.tensor(values, dtype=torch.float64).to(torch.float32)
+    assert v.numel() == 256 and bool((v[1:] >= v[:-1]).all())
+    mid = ((v[1:].double() + v[:-1].double()) / 2).to(torch.float32)
+    return v, mid
+
+
+@cache
+def _smallest_codes(name: str) -> Tuple[int, int]:
+    """The codes of the smallest positive and (0 if none) smallest negative entries."""
+    v = _table_cpu(name)[0].tolist()
+    pos = min(i for i, x in enumerate(v) if x > 0)
+    neg = max((i for i, x in enumerate(v) if x < 0), default=0)
+    return pos, neg
+
+
+_ON_DEVICE: dict = {}
+
+
+def _tables_on(name: str, device: torch.device) -> Tuple[Tensor, Tensor]:
+    """(values, midpoints) on ``device``, copied there once."""
+    key = (name, device)
+    out = _ON_DEVICE.get(key)
+    if out is None:
+        v, mid = _table_cpu(name)
+        out = _ON_DEVICE[key] = (v.to(device), mid.to(device))
+    return out
+
+
+def table(name: str, device: torch.device | str = "cpu") -> Tensor:
+    """The 256 float32 values of table ``name`` (ascending; the code is the index)."""
+    return _table_cpu(name)[0].to(device)
+
+
+def num_blocks(numel: int) -> int:
+    """Blocks of a tensor of ``numel`` elements."""
+    return -(-numel // BLOCK)
+
+
+def _blocks(x: Tensor) -> Tensor:
+    """``x`` in memory order as (blocks, BLOCK) float32, the last block zero-padded."""
+    flat = x.reshape(-1).float()
+    pad = num_blocks(flat.numel()) * BLOCK - flat.numel()
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    return flat.view(-1, BLOCK)
+
+
+def quantize(x: Tensor, name: str) -> Tuple[Tensor, Tensor]:
+    """``(codes, absmax)`` of ``x`` (any float dtype, finite): ``codes`` uint8 of ``x``'s
+    shape, ``absmax`` float32 of shape ``(num_blocks(x.numel()),)``. No host sync."""
+    values, mid = _tables_on(name, x.device)
+    b = _blocks(x)
+    absmax = b.abs().amax(dim=1)
+    y = torch.where(absmax[:, None] > 0, b / absmax[:, None], torch.zeros_like(b))
+    idx = torch.searchsorted(mid, y.contiguous(), right=False)  # ties: the lower entry
+    # a nonzero value never reads back as zero: the smallest entry of its sign instead
+    lands_on_zero = (values == 0)[idx] & (y != 0)
+    smallest_pos, smallest_neg = _smallest_codes(name)
+    idx = torch.where(lands_on_zero & (y > 0), torch.full_like(idx, smallest_pos), idx)
+    idx = torch.where(lands_on_zero & (y < 0), torch.full_like(idx, smallest_neg), idx)
+    codes = idx.to(torch.uint8).reshape(-1)[: x.numel()].view(x.shape)
+    return codes, absmax
+
+
+def dequantize(codes: Tensor, absmax: Tensor, name: str) -> Tensor:
+    """The float32 values of ``codes`` (uint8) with per-block ``absmax`` (float32)."""
+    values = _tables_on(name, codes.device)[0]
+    n = codes.numel()
+    v = values[codes.reshape(-1).long()]
+    scale = absmax.repeat_interleave(BLOCK)[:n] if n else absmax.new_zeros(0)
+    return (v * scale).view(codes.shape)
+
+
+def error_bound(x: Tensor, name: str) -> Tensor:
+    """The documented bound on ``|dequantize(quantize(x)) - x|`` per element (float64):
+    ``A * max(gap / 2, smallest)`` with ``A`` the block's absmax and ``gap`` the distance
+    between the table entries around ``x / A``."""
+    values, _ = _table_cpu(name)
+    v = values.double().to(x.device)
+    b = _blocks(x).double()
+    a = b.abs().amax(dim=1, keepdim=True)
+    y = torch.where(a > 0, b / a, torch.zeros_like(b)).clamp(-1, 1)
+    hi = torch.searchsorted(v, y.contiguous()).clamp(1, 255)
+    gap = v[hi] - v[hi - 1]
+    smallest = v[v > 0].min()
+    bound = a * torch.maximum(gap / 2, smallest.expand_as(gap))
+    # float32 rounding of y = x / A and of table * A: a few ulps of A (for a denormal
+    # product, the denormal spacing 2**-149)
+    bound = bound + a * 4 * torch.finfo(torch.float32).eps + 2.0**-149
+    return bound.reshape(-1)[: x.numel()].view(x.shape)
