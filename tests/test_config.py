@@ -17,7 +17,8 @@ ISSUE_FIELDS = [
     "min_scale", "max_scale", "hysteresis", "overflow_threshold", "underflow_threshold",
     "adaptive_threshold", "memory_efficiency", "performance_monitoring", "nan_handling",
     "overflow_handling", "underflow_handling", "selective_layers", "logging_frequency",
-    "master_weights", "max_grad_norm", "gradient_accumulation_steps",
+    "master_weights", "optimizer_state_bits",  # (the 8-bit state issue's field)
+    "max_grad_norm", "gradient_accumulation_steps",
 ]
 
 

@@ -308,3 +308,26 @@ def test_8bit_refuses_flat_buffers_by_name():
     with pytest.raises(RuntimeError, match="state_bits=8 does not combine with flat buffers"):
         opt.step()
     bufs.remove()
+
+
+def test_manual_mode_swaps_in_an_8bit_optimizer():
+    from mixprec import MixedPrecisionConfig, MixedPrecisionTrainer
+
+    model = _model(torch.float32)
+    trainer = MixedPrecisionTrainer(
+        MixedPrecisionConfig(mode="manual", precision_level="bf16", optimizer_state_bits=8),
+        device="cpu")
+    trainer.setup_training(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+                           torch.nn.functional.cross_entropy)
+    x, y = torch.randn(8, 64), torch.randint(0, 10, (8,))
+    trainer.train_step(x, y)
+    state = trainer.optimizer.state[model[0].weight]
+    assert state["exp_avg"].dtype == torch.uint8 and state["master_param"].dtype == torch.float32
+    assert trainer.optimizer.state[model[0].bias]["exp_avg"].dtype == torch.float32
+
+
+def test_config_state_bits_is_checked_by_name():
+    from mixprec import MixedPrecisionConfig
+
+    with pytest.raises(ValueError, match="optimizer_state_bits: expected 8 or 32, got 16"):
+        MixedPrecisionConfig(optimizer_state_bits=16)

@@ -101,7 +101,9 @@ def load_trainer_state(
         )
     saved_cfg = state["config"]
     mine = trainer.config.to_dict()
-    diff = sorted(k for k in mine if saved_cfg.get(k) != mine[k])
+    # (a field added since the file was written counts as saved at its default)
+    defaults = type(trainer.config)().to_dict()
+    diff = sorted(k for k in mine if saved_cfg.get(k, defaults[k]) != mine[k])
     if diff:
         msg = f"MixedPrecisionTrainer.load_state: config differs from the saved one in {diff}"
         if strict_config:

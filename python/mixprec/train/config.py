@@ -149,6 +149,9 @@ class MixedPrecisionConfig:
         logging_frequency: optimizer steps between log lines (and ADAPTIVE
             evaluations); each costs one host sync. >= 1.
         master_weights: MANUAL: keep float32 master weights in the optimizer.
+        optimizer_state_bits: MANUAL: 32 (default) or 8: the moments of the mixprec
+            Adam/AdamW the mode swaps in are kept in 8 bits (``state_bits=8``; SGD
+            keeps 32-bit momentum).
         max_grad_norm: clip the gradient norm to this (fused with the unscale);
             ``None`` or 0: no clipping.
         gradient_accumulation_steps: micro-batches per optimizer step (>= 1).
@@ -178,6 +181,7 @@ class MixedPrecisionConfig:
     selective_layers: list[str] = field(default_factory=list)
     logging_frequency: int = 100
     master_weights: bool = True
+    optimizer_state_bits: int = 32
     max_grad_norm: Optional[float] = None
     gradient_accumulation_steps: int = 1
 
@@ -206,6 +210,12 @@ class MixedPrecisionConfig:
                 raise TypeError(
                     f"MixedPrecisionConfig.{name}: expected a bool, got {getattr(self, name)!r}"
                 )
+        if self.optimizer_state_bits not in (8, 32) or isinstance(self.optimizer_state_bits,
+                                                                   bool):
+            raise ValueError(
+                f"MixedPrecisionConfig.optimizer_state_bits: expected 8 or 32, got "
+                f"{self.optimizer_state_bits!r}"
+            )
         if self.loss_scaling is not None and not isinstance(self.loss_scaling, bool):
             raise TypeError(
                 f"MixedPrecisionConfig.loss_scaling: expected None or a bool, got "

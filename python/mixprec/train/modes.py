@@ -159,7 +159,8 @@ class Manual(ModeStrategy):
         if dtype is None:
             return optimizer
         masters = convert_params(manager.model, dtype)
-        new_opt = to_mixprec_optimizer(optimizer, self.config.master_weights)
+        new_opt = to_mixprec_optimizer(optimizer, self.config.master_weights,
+                                       self.config.optimizer_state_bits)
         if self.config.master_weights:
             for group in new_opt.param_groups:
                 for p in group["params"]:
@@ -254,14 +255,24 @@ def convert_params(model: nn.Module, dtype: torch.dtype) -> dict[int, Tensor]:
     return masters
 
 
-def to_mixprec_optimizer(opt: torch.optim.Optimizer, master_weights: bool) -> Any:
-    """A mixprec optimizer with ``opt``'s param groups and hyper-parameters."""
+def to_mixprec_optimizer(opt: torch.optim.Optimizer, master_weights: bool,
+                         state_bits: int = 32) -> Any:
+    """A mixprec optimizer with ``opt``'s param groups and hyper-parameters (Adam/AdamW
+    with ``state_bits``: 8-bit moments for 8; tensors with 32-bit state keep it)."""
     from .. import optim as mo
+
+    def bits(o: Any) -> Any:
+        if isinstance(o, mo.Adam):
+            for g in o.param_groups:
+                if state_bits == 8 and g.get("amsgrad"):
+                    raise ValueError("MANUAL mode: optimizer_state_bits=8 needs amsgrad=False")
+                g["state_bits"] = state_bits
+        return o
 
     if isinstance(opt, mo.FusedOptimizer):
         for g in opt.param_groups:
             g["master_weights"] = master_weights
-        return opt
+        return bits(opt)
     mapping = {torch.optim.AdamW: mo.AdamW, torch.optim.Adam: mo.Adam, torch.optim.SGD: mo.SGD}
     cls = mapping.get(type(opt))
     if cls is None:
@@ -281,7 +292,7 @@ def to_mixprec_optimizer(opt: torch.optim.Optimizer, master_weights: bool) -> An
             {k: v for k, v in g.items() if k == "params" or k in accepted or k not in opt.defaults}
         )
     defaults["master_weights"] = master_weights
-    new = cls(groups, **defaults)
+    new = bits(cls(groups, **defaults))
     if opt.state:
         new.load_state_dict(opt.state_dict())
     return new
