@@ -55,8 +55,8 @@ SUBPACKAGES = {
         "unpatch_torch",
         "is_torch_patched",
     },
-    "mixprec.optim": {"Adam", "AdamW", "Adam8bit", "AdamW8bit", "SGD", "FusedOptimizer",
-                      "FlatBuffers", "flat_buffers"},
+    "mixprec.optim": {"Adam", "AdamW", "Adam8bit", "AdamW8bit", "SGD", "SGD8bit",
+                      "FusedOptimizer", "FlatBuffers", "flat_buffers"},
     "mixprec.train": {
         "MixedPrecisionConfig",
         "MixedPrecisionMode",

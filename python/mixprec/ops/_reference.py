@@ -484,21 +484,72 @@ def fused_adam8_(
     from . import _quant8 as q8
 
     op = "fused_adam8_"
+    _check_codes8(op, params, [("exp_avgs", "exp_avg_absmax", exp_avgs, exp_avg_absmax),
+                               ("exp_avg_sqs", "exp_avg_sq_absmax", exp_avg_sqs,
+                                exp_avg_sq_absmax)])
+    ms = [q8.dequantize(c, a, q8.SIGNED) for c, a in zip(exp_avgs, exp_avg_absmax)]
+    vs = [q8.dequantize(c, a, q8.UNSIGNED) for c, a in zip(exp_avg_sqs, exp_avg_sq_absmax)]
+    fused_adam_(params, grads, ms, vs, [], master_params, state_steps, lr, beta1, beta2,
+                weight_decay, eps, False, maximize, decoupled_weight_decay, grad_scale,
+                found_inf, clip_coef, stochastic_rounding, seed)
+    keep = _keep(found_inf)
+    _requantize(ms, exp_avgs, exp_avg_absmax, q8.SIGNED, keep)
+    _requantize(vs, exp_avg_sqs, exp_avg_sq_absmax, q8.UNSIGNED, keep)
+
+
+def fused_sgd8_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    momentum_buffers: Sequence[Tensor],
+    momentum_absmax: Sequence[Tensor],
+    master_params: Sequence[Tensor],
+    state_steps: Sequence[Tensor],
+    lr: Tensor,
+    weight_decay: float,
+    momentum: float,
+    dampening: float,
+    nesterov: bool,
+    maximize: bool,
+    grad_scale: Optional[Tensor] = None,
+    found_inf: Optional[Tensor] = None,
+    clip_coef: Optional[Tensor] = None,
+    stochastic_rounding: bool = False,
+    seed: int = 0,
+) -> None:
+    """One SGD step with a block-wise 8-bit momentum buffer (``dynamic8-signed`` codes of
+    each param's shape, float32 maxima per block of 256): read back in float32, updated as
+    :func:`fused_sgd_` updates a float32 buffer, quantized again; nothing changes with
+    ``found_inf`` set."""
+    from . import _quant8 as q8
+
+    op = "fused_sgd8_"
+    _check_codes8(op, params, [("momentum_buffers", "momentum_absmax", momentum_buffers,
+                                momentum_absmax)])
+    bufs = [q8.dequantize(c, a, q8.SIGNED) for c, a in zip(momentum_buffers, momentum_absmax)]
+    fused_sgd_(params, grads, bufs, master_params, state_steps, lr, weight_decay, momentum,
+               dampening, nesterov, maximize, grad_scale, found_inf, clip_coef,
+               stochastic_rounding, seed)
+    _requantize(bufs, momentum_buffers, momentum_absmax, q8.SIGNED, _keep(found_inf))
+
+
+def _check_codes8(op: str, params: Sequence[Tensor],
+                  lists: Sequence[tuple[str, str, Sequence[Tensor], Sequence[Tensor]]]) -> None:
+    """The 8-bit ops' checks of their code and maxima lists (before anything is written)."""
+    from . import _quant8 as q8
+
     n = len(params)
-    for name, lst in (("exp_avgs", exp_avgs), ("exp_avg_absmax", exp_avg_absmax),
-                      ("exp_avg_sqs", exp_avg_sqs), ("exp_avg_sq_absmax", exp_avg_sq_absmax)):
-        if len(lst) != n:
-            raise RuntimeError(f"mixprec.{op}: {name} must have one tensor per param ({n}), "
-                               f"got {len(lst)}")
-    for i, p in enumerate(params):
-        for name, codes, absmax in (("exp_avgs", exp_avgs[i], exp_avg_absmax[i]),
-                                    ("exp_avg_sqs", exp_avg_sqs[i], exp_avg_sq_absmax[i])):
+    for name, absname, codes_list, absmax_list in lists:
+        for lname, lst in ((name, codes_list), (absname, absmax_list)):
+            if len(lst) != n:
+                raise RuntimeError(f"mixprec.{op}: {lname} must have one tensor per param "
+                                   f"({n}), got {len(lst)}")
+        for i, p in enumerate(params):
+            codes, absmax = codes_list[i], absmax_list[i]
             if codes.dtype != torch.uint8 or codes.shape != p.shape:
                 raise RuntimeError(
                     f"mixprec.{op}: {name}[{i}] must be uint8 codes of the param's shape "
                     f"{list(p.shape)}, got {codes.dtype} of shape {list(codes.shape)}")
             want = (q8.num_blocks(p.numel()),)
-            absname = "exp_avg_absmax" if name == "exp_avgs" else "exp_avg_sq_absmax"
             if absmax.dtype != torch.float32 or tuple(absmax.shape) != want:
                 raise RuntimeError(
                     f"mixprec.{op}: {absname}[{i}] must be float32 of shape {list(want)} "
@@ -507,15 +558,14 @@ def fused_adam8_(
             if codes.device != p.device or absmax.device != p.device:
                 raise RuntimeError(f"mixprec.{op}: {name}[{i}] and its maxima must be on the "
                                    f"param's device {p.device}")
-    ms = [q8.dequantize(c, a, q8.SIGNED) for c, a in zip(exp_avgs, exp_avg_absmax)]
-    vs = [q8.dequantize(c, a, q8.UNSIGNED) for c, a in zip(exp_avg_sqs, exp_avg_sq_absmax)]
-    fused_adam_(params, grads, ms, vs, [], master_params, state_steps, lr, beta1, beta2,
-                weight_decay, eps, False, maximize, decoupled_weight_decay, grad_scale,
-                found_inf, clip_coef, stochastic_rounding, seed)
-    keep = _keep(found_inf)
-    for values, codes, maxima, name in ((ms, exp_avgs, exp_avg_absmax, q8.SIGNED),
-                                        (vs, exp_avg_sqs, exp_avg_sq_absmax, q8.UNSIGNED)):
-        for x, c, a in zip(values, codes, maxima):
-            new_c, new_a = q8.quantize(x, name)
-            _store(c, new_c, keep)
-            _store(a, new_a, keep)
+
+
+def _requantize(values: Sequence[Tensor], codes: Sequence[Tensor], maxima: Sequence[Tensor],
+                table: str, keep: Optional[Tensor]) -> None:
+    """Quantize ``values`` into ``codes``/``maxima`` in place, unless ``keep``."""
+    from . import _quant8 as q8
+
+    for x, c, a in zip(values, codes, maxima):
+        new_c, new_a = q8.quantize(x, table)
+        _store(c, new_c, keep)
+        _store(a, new_a, keep)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ._base import FusedOptimizer
 from .adam import Adam, Adam8bit, AdamW, AdamW8bit
 from .flat import FlatBuffers, flat_buffers
-from .sgd import SGD
+from .sgd import SGD, SGD8bit
 
-__all__ = ["Adam", "AdamW", "Adam8bit", "AdamW8bit", "SGD", "FusedOptimizer", "FlatBuffers",
-           "flat_buffers"]
+__all__ = ["Adam", "AdamW", "Adam8bit", "AdamW8bit", "SGD", "SGD8bit", "FusedOptimizer",
+           "FlatBuffers", "flat_buffers"]

@@ -4,22 +4,15 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-import torch
 from torch import Tensor
 
-from .. import _dtensor, ops
+from .. import ops
 from ..ops import _quant8 as q8
 from ..ops import _reference
-from . import flat as _flat
 from ._base import Bucket, FusedOptimizer, params_and_kwargs_check
+from ._state8 import EightBitState, check_state_bits, split_coded
 
 __all__ = ["Adam", "AdamW", "Adam8bit", "AdamW8bit"]
-
-#: what a quantized param's state records under "quant": the tables (exp_avg signed,
-#: exp_avg_sq unsigned, mixprec.ops._quant8) and the block size
-QUANT = "dynamic8/b256"
-_MOMENTS = (("exp_avg", "exp_avg_absmax", q8.SIGNED),
-            ("exp_avg_sq", "exp_avg_sq_absmax", q8.UNSIGNED))
 
 
 def _beta(cls: str, index: int, value: Union[float, Tensor]) -> float:
@@ -33,7 +26,7 @@ def _beta(cls: str, index: int, value: Union[float, Tensor]) -> float:
     return float(value)
 
 
-class Adam(FusedOptimizer):
+class Adam(EightBitState, FusedOptimizer):
     """Adam (and, with ``decoupled_weight_decay=True``, AdamW) in one fused kernel.
 
     A drop-in for :class:`torch.optim.Adam`: same arguments, defaults, param
@@ -109,14 +102,9 @@ class Adam(FusedOptimizer):
         cls = type(self).__name__
         params_and_kwargs_check(cls, lr, differentiable,
                                 [("eps", eps), ("weight_decay", weight_decay)])
-        if state_bits not in (8, 32):
-            raise ValueError(f"mixprec.optim.{cls}: state_bits must be 8 or 32, got "
-                             f"{state_bits!r}")
+        check_state_bits(cls, state_bits, min_8bit_size)
         if state_bits == 8 and amsgrad:
             raise ValueError(f"mixprec.optim.{cls}: amsgrad=True needs state_bits=32")
-        if not (isinstance(min_8bit_size, int) and min_8bit_size >= 0):
-            raise ValueError(f"mixprec.optim.{cls}: min_8bit_size must be an int >= 0, got "
-                             f"{min_8bit_size!r}")
         b1, b2 = _beta(cls, 0, betas[0]), _beta(cls, 1, betas[1])
         defaults: Dict[str, Any] = {
             "lr": lr,
@@ -141,6 +129,10 @@ class Adam(FusedOptimizer):
     def _decoupled(self, group: Dict[str, Any]) -> bool:
         return bool(group.get("decoupled_weight_decay", False))
 
+    #: the 8-bit moments (EightBitState): name, maxima's name, code table
+    _MOMENTS8 = (("exp_avg", "exp_avg_absmax", q8.SIGNED),
+                 ("exp_avg_sq", "exp_avg_sq_absmax", q8.UNSIGNED))
+
     def _state_names(self, group: Dict[str, Any]) -> List[str]:
         names = ["exp_avg", "exp_avg_sq"]
         if group["amsgrad"]:
@@ -149,122 +141,13 @@ class Adam(FusedOptimizer):
             names += ["exp_avg_absmax", "exp_avg_sq_absmax"]
         return names
 
-    # -- 8-bit moments ------------------------------------------------------------
-
-    def _quantized(self, p: Tensor, group: Dict[str, Any]) -> bool:
-        """Whether ``p``'s moments are 8-bit (``state_bits=8`` and big enough)."""
-        return group.get("state_bits", 32) == 8 and p.numel() >= group.get("min_8bit_size",
-                                                                             4096)
-
-    def _init_state(self, p: Tensor, group: Dict[str, Any]) -> Dict[str, Any]:
-        if group.get("state_bits", 32) != 8:
-            return super()._init_state(p, group)
-        cls = type(self).__name__
-        if _dtensor.is_dtensor(p):
-            raise RuntimeError(f"mixprec.optim.{cls}: state_bits=8 does not take DTensor "
-                               "(FSDP2) params yet; use state_bits=32")
-        if _flat.any_flat([p]):
-            raise RuntimeError(f"mixprec.optim.{cls}: state_bits=8 does not combine with "
-                               "flat buffers yet; use state_bits=32 or no flat_buffers")
-        state = self.state[p]
-        if "step" not in state:
-            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-        if state.get("exp_avg") is None:
-            if self._quantized(p, group):
-                for name, absname, table in _MOMENTS:
-                    state[name], state[absname] = q8.quantize(
-                        torch.zeros(p.shape, device=p.device), table)
-                state["quant"] = QUANT
-            else:  # small: float32 moments, empty maxima (one list per name in the op)
-                for name, absname, _ in _MOMENTS:
-                    state[name] = torch.zeros_like(p, dtype=torch.float32,
-                                                   memory_format=torch.preserve_format)
-                    state[absname] = torch.zeros(0, dtype=torch.float32, device=p.device)
-        if self._wants_master(p, group) and state.get("master_param") is None:
-            state["master_param"] = p.detach().to(torch.float32, copy=True)
-        return state
-
-    def _convert_state(self, p: Tensor, group: Dict[str, Any],
-                       saved: Dict[str, Any]) -> Dict[str, Any]:
-        out = super()._convert_state(p, group, saved)
-        coded = isinstance(out.get("exp_avg"), Tensor) and out["exp_avg"].dtype == torch.uint8
-        if coded:  # an 8-bit checkpoint: read the moments back
-            moments = {name: q8.dequantize(out[name], out[absname], table)
-                       for name, absname, table in _MOMENTS}
-        else:
-            moments = {name: out.get(name) for name, _, _ in _MOMENTS}
-        for _name, absname, _ in _MOMENTS:
-            out.pop(absname, None)
-        out.pop("quant", None)
-        if group.get("state_bits", 32) != 8:
-            out.update({k: v for k, v in moments.items() if v is not None})
-            return out
-        for name, absname, table in _MOMENTS:
-            m = moments[name]
-            if m is None:
-                m = torch.zeros(p.shape, device=p.device)
-            if self._quantized(p, group):
-                out[name], out[absname] = q8.quantize(m, table)
-            else:
-                out[name] = m.float()
-                out[absname] = torch.zeros(0, dtype=torch.float32, device=p.device)
-        if self._quantized(p, group):
-            out["quant"] = QUANT
-        return out
-
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """As :meth:`FusedOptimizer.load_state_dict`; moments are converted to this
-        optimizer's ``state_bits`` (a 32-bit checkpoint, mixprec's or torch's, loads into
-        an 8-bit optimizer and the other way round), which each group keeps. An 8-bit
-        entry is checked before anything is loaded: ValueError naming it otherwise."""
-        self._check_coded(state_dict)
-        bits = [g.get("state_bits", 32) for g in self.param_groups]
-        super().load_state_dict(state_dict)
-        for g, b in zip(self.param_groups, bits):
-            g["state_bits"] = b
-        # (super converted with the saved groups' state_bits: convert again now)
-        group_of = {id(p): g for g in self.param_groups for p in g["params"]}
-        for p, st in list(self.state.items()):
-            self.state[p] = self._convert_state(p, group_of[id(p)], st)
-
-    def _check_coded(self, state_dict: Dict[str, Any]) -> None:
-        cls = type(self).__name__
-        params = [p for g in self.param_groups for p in g["params"]]
-        keys = [k for g in state_dict.get("param_groups", []) for k in g.get("params", [])]
-        index = dict(zip(keys, params))
-        for key, st in state_dict.get("state", {}).items():
-            codes = st.get("exp_avg") if isinstance(st, dict) else None
-            if not (isinstance(codes, Tensor) and codes.dtype == torch.uint8):
-                continue
-            where = f"mixprec.optim.{cls}.load_state_dict: state[{key!r}]"
-            if st.get("quant") != QUANT:
-                raise ValueError(f"{where}: unknown 8-bit layout {st.get('quant')!r} "
-                                 f"(this version reads {QUANT!r})")
-            p = index.get(key)
-            n = p.numel() if p is not None else codes.numel()
-            for name, absname, _ in _MOMENTS:
-                c, a = st.get(name), st.get(absname)
-                if not (isinstance(c, Tensor) and c.dtype == torch.uint8 and c.numel() == n
-                        and (p is None or c.shape == p.shape)):
-                    raise ValueError(f"{where}[{name!r}]: expected uint8 codes of "
-                                     f"{n} elements, got {getattr(c, 'dtype', c)} of shape "
-                                     f"{list(getattr(c, 'shape', []))}")
-                if not (isinstance(a, Tensor) and a.dtype == torch.float32
-                        and tuple(a.shape) == (q8.num_blocks(n),)):
-                    raise ValueError(f"{where}[{absname!r}]: expected float32 of shape "
-                                     f"[{q8.num_blocks(n)}], got {getattr(a, 'dtype', a)} "
-                                     f"of shape {list(getattr(a, 'shape', []))}")
-
     def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
              scalars: Dict[str, Optional[Tensor]], seed: int) -> None:
-        if group.get("state_bits", 32) == 8:
-            coded = [c.dtype == torch.uint8 for c in bucket["exp_avg"]]
-            if any(coded):
-                self._run8(bucket, group, lr, scalars, seed, coded)
-                if all(coded):
-                    return
-                bucket = {k: [t for t, c in zip(v, coded) if not c] if v else v
-                          for k, v in bucket.items()}
+        coded, bucket = split_coded(bucket, group, "exp_avg")
+        if coded is not None:
+            self._run8(coded, group, lr, scalars, seed)
+        if not bucket["params"]:
+            return
         beta1, beta2 = group["betas"]
         masters = bucket["master_params"]
         ops.fused_adam_(
@@ -291,20 +174,14 @@ class Adam(FusedOptimizer):
         )
 
 
-    def _run8(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
-              scalars: Dict[str, Optional[Tensor]], seed: int, coded: List[bool]) -> None:
-        """The 8-bit part of a bucket: ``fused_adam8_`` (the pure-PyTorch reference)."""
-        pick = [k for k, c in enumerate(coded) if c]
-
-        def sub(name: str) -> List[Tensor]:
-            lst = bucket.get(name, [])
-            return [lst[k] for k in pick] if lst else []
-
+    def _run8(self, b: Bucket, group: Dict[str, Any], lr: Tensor,
+              scalars: Dict[str, Optional[Tensor]], seed: int) -> None:
+        """The 8-bit params of a bucket: ``fused_adam8_`` (the pure-PyTorch reference)."""
         beta1, beta2 = group["betas"]
-        masters = sub("master_params")
+        masters = b["master_params"]
         _reference.fused_adam8_(
-            sub("params"), sub("grads"), sub("exp_avg"), sub("exp_avg_absmax"),
-            sub("exp_avg_sq"), sub("exp_avg_sq_absmax"), masters, sub("state_steps"), lr,
+            b["params"], b["grads"], b["exp_avg"], b["exp_avg_absmax"],
+            b["exp_avg_sq"], b["exp_avg_sq_absmax"], masters, b["state_steps"], lr,
             float(beta1), float(beta2), float(group["weight_decay"]), float(group["eps"]),
             bool(group["maximize"]), self._decoupled(group), scalars["grad_scale"],
             scalars["found_inf"], scalars["clip_coef"],

@@ -8,12 +8,15 @@ import torch
 from torch import Tensor
 
 from .. import ops
+from ..ops import _quant8 as q8
+from ..ops import _reference
 from ._base import Bucket, FusedOptimizer, params_and_kwargs_check
+from ._state8 import EightBitState, check_state_bits, split_coded
 
-__all__ = ["SGD"]
+__all__ = ["SGD", "SGD8bit"]
 
 
-class SGD(FusedOptimizer):
+class SGD(EightBitState, FusedOptimizer):
     """SGD (momentum, dampening, Nesterov, weight decay) in one fused kernel.
 
     A drop-in for :class:`torch.optim.SGD`: same arguments, defaults and
@@ -40,8 +43,12 @@ class SGD(FusedOptimizer):
         foreach, fused: accepted for compatibility and ignored (always fused).
         capturable: accepted; steps are always capturable.
         differentiable: must be False.
-        master_weights, stochastic_rounding, seed: as :class:`~mixprec.optim.Adam`.
+        master_weights, stochastic_rounding, seed, state_bits, min_8bit_size: as
+            :class:`~mixprec.optim.Adam` (8 bits: the momentum buffer, signed code).
     """
+
+    #: the 8-bit momentum (EightBitState): name, maxima's name, code table
+    _MOMENTS8 = (("momentum_buffer", "momentum_buffer_absmax", q8.SIGNED),)
 
     def __init__(
         self,
@@ -60,9 +67,12 @@ class SGD(FusedOptimizer):
         master_weights: bool = True,
         stochastic_rounding: bool = False,
         seed: int = 0,
+        state_bits: int = 32,
+        min_8bit_size: int = 4096,
     ) -> None:
-        params_and_kwargs_check("SGD", lr, differentiable,
+        params_and_kwargs_check(type(self).__name__, lr, differentiable,
                                 [("momentum", momentum), ("weight_decay", weight_decay)])
+        check_state_bits(type(self).__name__, state_bits, min_8bit_size)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("mixprec.optim.SGD: nesterov=True requires momentum > 0 and "
                              f"dampening == 0, got momentum={momentum}, dampening={dampening}")
@@ -80,11 +90,17 @@ class SGD(FusedOptimizer):
             "master_weights": master_weights,
             "stochastic_rounding": stochastic_rounding,
             "seed": int(seed),
+            "state_bits": int(state_bits),
+            "min_8bit_size": int(min_8bit_size),
         }
         super().__init__(params, defaults)
 
     def _state_names(self, group: Dict[str, Any]) -> List[str]:
-        return ["momentum_buffer"] if group["momentum"] != 0 else []
+        if group["momentum"] == 0:
+            return []
+        if group.get("state_bits", 32) == 8:
+            return ["momentum_buffer", "momentum_buffer_absmax"]
+        return ["momentum_buffer"]
 
     def _default_step(self, saved: Dict[str, Any], p: Tensor) -> Tensor:
         # A torch SGD state has no step: a stored buffer means steps were taken.
@@ -93,6 +109,18 @@ class SGD(FusedOptimizer):
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
              scalars: Dict[str, Optional[Tensor]], seed: int) -> None:
+        coded, bucket = split_coded(bucket, group, "momentum_buffer")
+        if coded is not None:
+            masters8 = coded["master_params"]
+            _reference.fused_sgd8_(
+                coded["params"], coded["grads"], coded["momentum_buffer"],
+                coded["momentum_buffer_absmax"], masters8, coded["state_steps"], lr,
+                float(group["weight_decay"]), float(group["momentum"]),
+                float(group["dampening"]), bool(group["nesterov"]), bool(group["maximize"]),
+                scalars["grad_scale"], scalars["found_inf"], scalars["clip_coef"],
+                bool(group.get("stochastic_rounding", False)) and not masters8, seed)
+        if not bucket["params"]:
+            return
         masters = bucket["master_params"]
         ops.fused_sgd_(
             bucket["params"],
@@ -112,3 +140,11 @@ class SGD(FusedOptimizer):
             bool(group.get("stochastic_rounding", False)) and not masters,
             seed,
         )
+
+
+class SGD8bit(SGD):
+    """:class:`SGD` with ``state_bits=8`` (a block-wise 8-bit momentum buffer), the name
+    bitsandbytes uses. Every other argument as :class:`SGD`."""
+
+    def __init__(self, params: Any, *args: Any, state_bits: int = 8, **kwargs: Any) -> None:
+        super().__init__(params, *args, state_bits=state_bits, **kwargs)
