@@ -24,6 +24,31 @@ from mixprec import _dtensor
 Result = Dict[str, Any]
 
 
+def _worker(rank: int, world: int, entry: str, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        globals()[entry](rank, world, out_dir)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(world: int, entry: str) -> Dict[int, Result]:
+    """Run ``entry`` (a function of this module: ``(rank, world, out_dir)``, saving
+    ``out_dir/rank<k>.pt``) in ``world`` gloo processes on CPU, one thread each; returns
+    the results by rank. The tests call it once per module."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(world, entry, os.path.join(tmp, "init"), tmp), nprocs=world,
+                 join=True)
+        return {k: torch.load(os.path.join(tmp, f"rank{k}.pt"), weights_only=False)
+                for k in range(world)}
+
+
 def tiny_model(dtype: torch.dtype = torch.float32) -> nn.Module:
     """Uneven shards on 2 ranks (7 and 3 rows: 4+3 and 2+1) and, for the last layer's
     single row, an empty shard on rank 1."""

@@ -4,13 +4,10 @@ comparing a sharded model with an unsharded copy trained on the same data."""
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from typing import Any, Dict
 
 import pytest
-import torch
 
 from mixprec import _dtensor
 
@@ -21,29 +18,11 @@ pytestmark = pytest.mark.skipif(
     reason=_WHY or "torch.distributed with gloo unavailable on this platform")
 
 
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    sys.path.insert(0, os.path.dirname(__file__))
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=WORLD)
-    try:
-        import _fsdp2_cases
-
-        _fsdp2_cases.run_all(rank, WORLD, out_dir)
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module")
 def results() -> Dict[int, Dict[str, Any]]:
-    import torch.multiprocessing as mp
+    import _fsdp2_cases
 
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
-        return {k: torch.load(os.path.join(tmp, f"rank{k}.pt"), weights_only=False)
-                for k in range(WORLD)}
+    return _fsdp2_cases.spawn(WORLD, "run_all")
 
 
 BITWISE = ["bf16_adamw", "bf16_adam", "bf16_sgd", "fp16_adamw_scaler", "fp16_sgd_scaler",
