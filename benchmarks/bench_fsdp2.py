@@ -30,7 +30,6 @@ import argparse
 import copy
 import gc
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -87,7 +86,7 @@ def _time(fn: Callable[[], None], calls: int, rounds: int) -> float:
         for _ in range(calls):
             fn()
         out.append((time.perf_counter() - t0) / calls)
-    return statistics.median(out)
+    return min(out)
 
 
 def _cases(model: nn.Module) -> Dict[str, Tuple[Callable[[], None], Any]]:
@@ -174,6 +173,7 @@ def _worker(rank: int, init_file: str, out_dir: str, args: argparse.Namespace) -
                     print(f"  {name:<15} sharded {fs:8.1f} us + {ps:.3f} us/param; "
                           f"unsharded {fu:8.1f} us + {pu:.3f} us/param; per-param ratio "
                           f"{ps / pu if pu > 0 else float('nan'):.2f}")
+        dist.barrier()  # every rank done with its collectives before any tears down
     finally:
         dist.destroy_process_group()
 

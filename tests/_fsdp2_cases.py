@@ -30,6 +30,7 @@ def _worker(rank: int, world: int, entry: str, init_file: str, out_dir: str) -> 
                             world_size=world)
     try:
         globals()[entry](rank, world, out_dir)
+        dist.barrier()  # every rank done with its collectives before any tears down
     finally:
         dist.destroy_process_group()
 
