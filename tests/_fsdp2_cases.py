@@ -494,6 +494,29 @@ def trainer_modes(mesh: Any) -> Result:
             finals.append(params_of(model))
         out[f"{mode}_{level}"] = {"bitwise": bitwise(finals[0], finals[1]),
                                   "losses": losses}
+    # the trainer's own checkpoint of a sharded model: one file per rank (its shards);
+    # a fresh sharded trainer loads it and goes on exactly as the saved one does
+    import tempfile
+
+    def sharded_trainer() -> Any:
+        model = shard(tiny_model(), mesh)
+        trainer = MixedPrecisionTrainer(
+            MixedPrecisionConfig(mode="automatic", precision_level="fp16", logging_frequency=1000),
+            device="cpu")
+        trainer.setup_training(model, mixprec.optim.AdamW(model.parameters(), lr=1e-2),
+                               torch.nn.functional.mse_loss)
+        return trainer
+
+    first = sharded_trainer()
+    first.train_epoch(data[:2])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"trainer_rank{dist.get_rank()}.pt")
+        first.save_state(path)
+        second = sharded_trainer()
+        second.load_state(path, strict_config=True)
+    for t in (first, second):
+        t.train_epoch(data[2:])
+    out["trainer_checkpoint"] = bitwise(params_of(first.model), params_of(second.model))
     # the manager's monitoring (performance_monitoring): the grad norm of the whole model
     from mixprec import MixedPrecisionManager
 

@@ -139,3 +139,8 @@ def test_manager_monitoring_measures_the_whole_grad(results):
     for k in range(WORLD):
         (sharded, under_s), (ref, under_r) = results[k]["trainer"]["monitor_norms"]
         assert sharded == pytest.approx(ref, rel=1e-6) and under_s == under_r
+
+
+def test_trainer_checkpoint_of_a_sharded_model_resumes_bitwise(results):
+    for k in range(WORLD):
+        assert results[k]["trainer"]["trainer_checkpoint"]
