@@ -1,10 +1,10 @@
 """Host time of one optimizer step on an FSDP2-sharded model vs the same model unsharded,
-side by side in each of 2 gloo processes on CPU (one thread each).
+side by side in each of ``--world`` (2) gloo processes on CPU (one thread each).
 
 The model is ``n`` bf16 Linear layers of ``--width`` x ``--width`` side by side (2 params
-each, the outputs summed), tiny
-so that a step costs what the host spends on it. Cases, each timed sharded (``fully_shard``
-over the 2 ranks) and unsharded (a copy of the model in the same process):
+each, the outputs summed), tiny so that a step costs what the host spends on it. Cases,
+each timed sharded (``fully_shard`` over the ranks) and unsharded (a copy of the model in
+the same process):
 
 =====================  ==============================================================
 adamw mixprec          ``mixprec.optim.AdamW.step()`` (bf16 params, fp32 masters)
@@ -21,7 +21,11 @@ and a per-param part (the sharded 'iter' pays one all-reduce of the inf verdict 
 timed alone in the same run). Checked once, untimed: every case moves every param (the
 sharded ones through their local shards; mixprec's fp32 masters).
 
-    python benchmarks/bench_fsdp2.py [--sizes 50,250,500] [--width 16]
+    python benchmarks/bench_fsdp2.py [--sizes 50,250,500] [--width 16] [--world 2]
+
+With 2 ranks on this 2-core machine a sharded scaler iteration also waits, at its
+all-reduce, for the slower rank, and that wait grows with the work per step; ``--world 1``
+runs the very same sharded code path on a 1-rank mesh, which leaves the host cost alone.
 """
 
 from __future__ import annotations
@@ -41,8 +45,6 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from _common import fit_fixed_per_tensor
-
-WORLD = 2
 
 
 class _Wide(nn.Sequential):
@@ -112,14 +114,14 @@ def _cases(model: nn.Module) -> Dict[str, Tuple[Callable[[], None], Any]]:
 def _worker(rank: int, init_file: str, out_dir: str, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=WORLD)
+                            world_size=args.world)
     try:
         from torch.distributed.device_mesh import init_device_mesh
 
         from mixprec import _dtensor
 
         fully_shard, _ = _dtensor.fsdp2()
-        mesh = init_device_mesh("cpu", (WORLD,))
+        mesh = init_device_mesh("cpu", (args.world,))
         rows: List[Tuple[int, str, float, float]] = []
         for n in args.sizes:
             plain = _model(n, args.width)
@@ -150,8 +152,8 @@ def _worker(rank: int, init_file: str, out_dir: str, args: argparse.Namespace) -
         allreduce = _time(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX), args.calls,
                           args.rounds)
         if rank == 0:
-            print(f"torch {torch.__version__}, {WORLD} gloo ranks on CPU, 1 thread each; "
-                  f"bf16 params of {args.width}x{args.width} and {args.width}; median of "
+            print(f"torch {torch.__version__}, {args.world} gloo rank(s) on CPU, 1 thread each; "
+                  f"bf16 params of {args.width}x{args.width} and {args.width}; best of "
                   f"{args.rounds} x {args.calls} steps")
             print(f"{'params':>7} {'case':<15} {'sharded us':>11} {'unsharded us':>13} "
                   f"{'us/param sh':>12} {'us/param un':>12} {'ratio':>6}")
@@ -159,7 +161,7 @@ def _worker(rank: int, init_file: str, out_dir: str, args: argparse.Namespace) -
                 print(f"{params:>7} {name:<15} {ts * 1e6:>11.1f} {tp * 1e6:>13.1f} "
                       f"{ts * 1e6 / params:>12.3f} {tp * 1e6 / params:>12.3f} "
                       f"{ts / tp:>6.2f}")
-            print(f"one-element all-reduce (MAX) over the {WORLD} gloo ranks alone: "
+            print(f"one-element all-reduce (MAX) over the {args.world} gloo rank(s) alone: "
                   f"{allreduce * 1e6:.1f} us (the sharded 'iter' runs one per step)")
             sizes = sorted({p for p, *_ in rows})
             if len(sizes) >= 2:
@@ -183,11 +185,15 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
                     default=[50, 250, 500], help="layers (2 params each)")
     ap.add_argument("--width", type=int, default=16)
+    ap.add_argument("--world", type=int, default=2,
+                    help="gloo ranks; 1 isolates the host cost of the sharded path (a 1-rank "
+                         "mesh: the same DTensor code, no waiting for another rank)")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(os.path.join(tmp, "init"), tmp, args), nprocs=WORLD, join=True)
+        mp.spawn(_worker, args=(os.path.join(tmp, "init"), tmp, args), nprocs=args.world,
+                 join=True)
     return 0
 
 
