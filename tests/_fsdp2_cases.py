@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -22,6 +24,12 @@ import mixprec
 from mixprec import _dtensor
 
 Result = Dict[str, Any]
+
+_WHY = _dtensor.fsdp2_unavailable()
+#: the FSDP2 test modules' mark: skipped, with the reason, where FSDP2 or gloo is missing
+needs_fsdp2 = pytest.mark.skipif(
+    _WHY is not None or sys.platform == "win32",
+    reason=_WHY or "torch.distributed with gloo unavailable on this platform")
 
 
 def _worker(rank: int, world: int, entry: str, init_file: str, out_dir: str) -> None:

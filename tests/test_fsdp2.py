@@ -4,24 +4,18 @@ comparing a sharded model with an unsharded copy trained on the same data."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Dict
 
 import pytest
 
-from mixprec import _dtensor
+import _fsdp2_cases
 
 WORLD = 2
-_WHY = _dtensor.fsdp2_unavailable()
-pytestmark = pytest.mark.skipif(
-    _WHY is not None or sys.platform == "win32",
-    reason=_WHY or "torch.distributed with gloo unavailable on this platform")
+pytestmark = _fsdp2_cases.needs_fsdp2
 
 
 @pytest.fixture(scope="module")
 def results() -> Dict[int, Dict[str, Any]]:
-    import _fsdp2_cases
-
     return _fsdp2_cases.spawn(WORLD, "run_all")
 
 

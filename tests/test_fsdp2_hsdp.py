@@ -5,24 +5,18 @@ one process's shard makes all four skip, and the params match an unsharded run."
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Dict
 
 import pytest
 
-from mixprec import _dtensor
+import _fsdp2_cases
 
 WORLD = 4
-_WHY = _dtensor.fsdp2_unavailable()
-pytestmark = pytest.mark.skipif(
-    _WHY is not None or sys.platform == "win32",
-    reason=_WHY or "torch.distributed with gloo unavailable on this platform")
+pytestmark = _fsdp2_cases.needs_fsdp2
 
 
 @pytest.fixture(scope="module")
 def results() -> Dict[int, Dict[str, Any]]:
-    import _fsdp2_cases
-
     return _fsdp2_cases.spawn(WORLD, "run_hsdp")
 
 

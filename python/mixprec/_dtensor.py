@@ -20,6 +20,7 @@ say why (:func:`fsdp2`). This module imports nothing of mixprec.
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
@@ -27,7 +28,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["dtensor_class", "fsdp2", "fsdp2_unavailable", "is_dtensor", "any_dtensor",
-           "local", "locals_of", "shard_like", "specs_of", "reduce_groups"]
+           "local", "locals_of", "shard_like", "specs_of", "reduce_groups", "all_reduce",
+           "all_reduce_norm"]
 
 # The DTensor class once some module imported it (importing it costs about a second, so
 # mixprec never does so itself: without that module no DTensor exists), and the callbacks
@@ -144,6 +146,31 @@ def _dims(placements: Sequence[Any], shard_only: bool) -> Tuple[int, ...]:
             continue
         out.append(dim)
     return tuple(out)
+
+
+def all_reduce(t: Tensor, op: Any, groups: Sequence[Any]) -> None:
+    """All-reduce ``t`` in place with ``op`` over each of ``groups`` in turn."""
+    import torch.distributed as dist
+
+    for g in groups:
+        dist.all_reduce(t, op=op, group=g)
+
+
+def all_reduce_norm(total: Tensor, norm_type: float, groups: Sequence[Any]) -> Tensor:
+    """The p-norm of the whole from this rank's ``total`` (the norm of its disjoint part):
+    the p-th powers (in float64) summed over ``groups``, then the p-th root (float32);
+    ``inf``: the MAX. A new tensor; ``total`` itself when ``groups`` is empty."""
+    import torch.distributed as dist
+
+    if not groups:
+        return total
+    if math.isinf(norm_type):
+        out = total.clone()
+        all_reduce(out, dist.ReduceOp.MAX, groups)
+        return out
+    powered = total.double().pow(norm_type)
+    all_reduce(powered, dist.ReduceOp.SUM, groups)
+    return powered.pow(1.0 / norm_type).float()
 
 
 def specs_of(tensors: Iterable[Any]) -> List[Any]:

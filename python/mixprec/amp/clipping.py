@@ -23,7 +23,6 @@ local shards and the norm is reduced over the ``Shard`` dimensions of their mesh
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -118,8 +117,8 @@ def clip_grad_norm(
     if group is not None:
         total = all_reduce_norm(total, norm_type, group)
     elif specs:
-        for g in _dtensor.reduce_groups(specs, shard_only=True):
-            total = all_reduce_norm(total, norm_type, g)
+        total = _dtensor.all_reduce_norm(total, norm_type,
+                                         _dtensor.reduce_groups(specs, shard_only=True))
     pending = record.clip_coef
     if pending is not None:
         # An earlier folded clip of this iteration: the grads it would have
@@ -183,12 +182,4 @@ def clip_with_norm(params: list[Tensor], max_norm: float, total: Tensor) -> None
 
 def all_reduce_norm(total: Tensor, norm_type: float, group: Any) -> Tensor:
     """Combine the ranks' norms of disjoint shards into the norm of the whole."""
-    import torch.distributed as dist
-
-    if math.isinf(norm_type):
-        out = total.clone()
-        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
-        return out
-    powered = total.double().pow(norm_type)
-    dist.all_reduce(powered, op=dist.ReduceOp.SUM, group=group)
-    return powered.pow(1.0 / norm_type).float()
+    return _dtensor.all_reduce_norm(total, norm_type, [group])

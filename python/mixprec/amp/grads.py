@@ -149,8 +149,7 @@ def reduce_found_inf(per_device: Flags, home: torch.device, group: Optional[Any]
         combined = flags[0].to(home)
         for f in flags[1:]:
             combined = combined + f.to(home)
-    for g in groups:
-        dist.all_reduce(combined, op=dist.ReduceOp.MAX, group=g)
+    _dtensor.all_reduce(combined, dist.ReduceOp.MAX, groups)
     return {home: combined}
 
 

@@ -21,7 +21,6 @@ host sync with NCCL).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
@@ -58,13 +57,6 @@ def _unwrap(args: Sequence[Any]) -> Tuple[List[Any], List[Tensor]]:
     return out, seen
 
 
-def _all_reduce(t: Tensor, op: Any, groups: List[Any]) -> None:
-    import torch.distributed as dist
-
-    for g in groups:
-        dist.all_reduce(t, op=op, group=g)
-
-
 def _check_rule(name: str) -> Callable[..., Any]:
     def rule(op: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         import torch.distributed as dist
@@ -75,17 +67,11 @@ def _check_rule(name: str) -> Callable[..., Any]:
         local, dts = _unwrap(list(args))
         specs = _dtensor.specs_of(dts)
         out = op(*local, **kwargs)
-        _all_reduce(local[1], dist.ReduceOp.MAX, _dtensor.reduce_groups(specs, False))
+        _dtensor.all_reduce(local[1], dist.ReduceOp.MAX, _dtensor.reduce_groups(specs, False))
         if name in _NORMS:
             norm_type = float(local[3]) if len(local) > 3 else 2.0
-            groups = _dtensor.reduce_groups(specs, True)
-            if groups:
-                if math.isinf(norm_type):
-                    _all_reduce(out, dist.ReduceOp.MAX, groups)
-                else:
-                    powered = out.double().pow(norm_type)
-                    _all_reduce(powered, dist.ReduceOp.SUM, groups)
-                    out.copy_(powered.pow(1.0 / norm_type))
+            out.copy_(_dtensor.all_reduce_norm(out, norm_type,
+                                               _dtensor.reduce_groups(specs, True)))
         return out
 
     return rule

@@ -69,17 +69,10 @@ def _underflow_flag(
         n = torch.stack([t.to(device) for t in nonzero]).sum()
         if groups:
             counts = torch.stack([s, n])
-            _all_reduce_sum(counts, groups)
+            _dtensor.all_reduce(counts, torch.distributed.ReduceOp.SUM, groups)
             s, n = counts[0], counts[1]
         frac = s.float() / n.clamp(min=1).float()
         return (frac > threshold).float()
-
-
-def _all_reduce_sum(t: Tensor, groups: list[Any]) -> None:
-    import torch.distributed as dist
-
-    for g in groups:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=g)
 
 
 def _grad_norms(grads: list[Tensor], groups: list[Any]) -> list[Tensor]:
@@ -89,7 +82,7 @@ def _grad_norms(grads: list[Tensor], groups: list[Any]) -> list[Tensor]:
         return list(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
     local = torch._foreach_norm(_dtensor.locals_of(grads), 2.0, dtype=torch.float32)
     sq = torch.stack([n.double().square() for n in local])
-    _all_reduce_sum(sq, groups)
+    _dtensor.all_reduce(sq, torch.distributed.ReduceOp.SUM, groups)
     return list(sq.sqrt().float().unbind())
 
 
