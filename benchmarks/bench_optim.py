@@ -123,10 +123,13 @@ def make_params(shapes: List[Shape], dtype: torch.dtype,
 
 def _reference(params: List[torch.nn.Parameter], grad_scale: float) -> Tuple[torch.Tensor,
                                                                               torch.Tensor]:
-    """float64 torch.optim.AdamW: one step from the params' current values."""
+    """float64 torch.optim.AdamW: one step from the params' current values (weights and
+    movement; AdamW's decay is decoupled, so no slack term)."""
     w0 = flat64(params)
     g = flat64([p.grad for p in params]) / grad_scale
-    return reference_run(torch.optim.AdamW, {"lr": LR, "weight_decay": WEIGHT_DECAY}, w0, [g])
+    ref, movement, _ = reference_run(torch.optim.AdamW,
+                                     {"lr": LR, "weight_decay": WEIGHT_DECAY}, w0, [g])
+    return ref, movement
 
 
 def mixprec_case(name: str, shapes: List[Shape], dtype: torch.dtype, device: str,

@@ -25,6 +25,12 @@ from mixprec import _dtensor
 
 Result = Dict[str, Any]
 
+#: where the cases run: "cpu" (gloo; the default, what CI runs) or "cuda" (nccl, one GPU
+#: per rank: ``MIXPREC_FSDP2_DEVICE=cuda MIXPREC_FSDP2_WORLD=1`` is the GPU check's run)
+DEVICE = os.environ.get("MIXPREC_FSDP2_DEVICE", "cpu")
+#: the number of processes tests/test_fsdp2.py spawns
+WORLD = int(os.environ.get("MIXPREC_FSDP2_WORLD", "2"))
+
 _WHY = _dtensor.fsdp2_unavailable()
 #: the FSDP2 test modules' mark: skipped, with the reason, where FSDP2 or gloo is missing
 needs_fsdp2 = pytest.mark.skipif(
@@ -34,8 +40,10 @@ needs_fsdp2 = pytest.mark.skipif(
 
 def _worker(rank: int, world: int, entry: str, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world)
+    if DEVICE == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo",
+                            init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         globals()[entry](rank, world, out_dir)
         dist.barrier()  # every rank done with its collectives before any tears down
@@ -45,7 +53,8 @@ def _worker(rank: int, world: int, entry: str, init_file: str, out_dir: str) -> 
 
 def spawn(world: int, entry: str) -> Dict[int, Result]:
     """Run ``entry`` (a function of this module: ``(rank, world, out_dir)``, saving
-    ``out_dir/rank<k>.pt``) in ``world`` gloo processes on CPU, one thread each; returns
+    ``out_dir/rank<k>.pt``) in ``world`` processes (gloo on CPU, one thread each; or nccl
+    on ``DEVICE`` cuda); returns
     the results by rank. The tests call it once per module."""
     import tempfile
 
@@ -65,7 +74,7 @@ def tiny_model(dtype: torch.dtype = torch.float32) -> nn.Module:
     return nn.Sequential(
         nn.Linear(5, 7), nn.LayerNorm(7), nn.ReLU(), nn.Linear(7, 3), nn.Tanh(),
         nn.Linear(3, 1),
-    ).to(dtype)
+    ).to(device=DEVICE, dtype=dtype)
 
 
 def shard(model: nn.Module, mesh: Any, **kwargs: Any) -> nn.Module:
@@ -83,7 +92,7 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 def batch(step: int, dtype: torch.dtype) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 + step)
-    return torch.randn(4, 5, generator=g).to(dtype)
+    return torch.randn(4, 5, generator=g).to(device=DEVICE, dtype=dtype)
 
 
 def bitwise(a: List[torch.Tensor], b: List[torch.Tensor]) -> bool:
@@ -119,7 +128,7 @@ def train_pair(mesh: Any, dtype: torch.dtype, make_opt: Callable[[Any], Any],
     else:
         shard(model, mesh)
     opt, ref_opt = make_opt(model.parameters()), make_opt(ref.parameters())
-    scalers = [mixprec.GradScaler("cpu", init_scale=init_scale, growth_interval=2)
+    scalers = [mixprec.GradScaler(DEVICE, init_scale=init_scale, growth_interval=2)
                if use_scaler else None for _ in range(2)]
     norms: List[Tuple[float, float]] = []
     skipped: List[Tuple[bool, bool]] = []
@@ -184,7 +193,7 @@ def run_all(rank: int, world: int, out_dir: str) -> None:
     """Every case; the results (plain values) go to out_dir/rank<k>.pt."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE, (world,))
     r: Result = {}
 
     def adamw(params: Any) -> Any:
@@ -212,8 +221,9 @@ def run_all(rank: int, world: int, out_dir: str) -> None:
         "fp32_clip_unfused": dict(
             dtype=torch.float32, make_opt=lambda p: torch.optim.AdamW(p, lr=1e-2),
             use_scaler=True, clip=0.05),
+        # (at world size 1 both go into rank 0's shard)
         "fp16_inf_rank1": dict(dtype=torch.float16, make_opt=adamw, use_scaler=True,
-                               inf_at=(1, 1)),
+                               inf_at=(1, min(1, world - 1))),
         "fp16_inf_rank0_sgd": dict(dtype=torch.float16, make_opt=sgd, use_scaler=True,
                                    inf_at=(2, 0)),
     }
@@ -282,7 +292,7 @@ def plan_reuse(mesh: Any) -> Result:
 def memory(mesh: Any, world: int) -> Result:
     """Per-rank optimizer state bytes, sharded vs unsharded (bf16 params + masters)."""
     torch.manual_seed(0)
-    big = nn.Sequential(nn.Linear(64, 96), nn.Linear(96, 33)).to(torch.bfloat16)
+    big = nn.Sequential(nn.Linear(64, 96), nn.Linear(96, 33)).to(DEVICE, torch.bfloat16)
     ref = copy.deepcopy(big)
     fully_shard, _ = _dtensor.fsdp2()
     for layer in big:
@@ -291,7 +301,7 @@ def memory(mesh: Any, world: int) -> Result:
     out = {}
     for name, m in (("sharded", big), ("unsharded", ref)):
         opt = mixprec.optim.AdamW(m.parameters(), lr=1e-3)
-        m(torch.randn(2, 64, dtype=torch.bfloat16)).float().sum().backward()
+        m(torch.randn(2, 64, dtype=torch.bfloat16, device=DEVICE)).float().sum().backward()
         opt.step()
         out[name] = state_bytes(opt)
     out["world"] = world
@@ -307,7 +317,7 @@ def dcp_resume(mesh: Any, path: str) -> Result:
     def make() -> Tuple[nn.Module, Any, Any]:
         m = shard(tiny_model(torch.float16), mesh)
         return m, mixprec.optim.AdamW(m.parameters(), lr=1e-2), mixprec.GradScaler(
-            "cpu", init_scale=2.0**10, growth_interval=1)
+            DEVICE, init_scale=2.0**10, growth_interval=1)
 
     def step(m: nn.Module, o: Any, s: Any, k: int) -> None:
         o.zero_grad()
@@ -366,24 +376,24 @@ def ops_on_dtensors(mesh: Any) -> Result:
     """mixprec.ops.* and torch.ops.mixprec.* called with DTensor lists."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    rank = dist.get_rank()
+    rank, last = dist.get_rank(), dist.get_world_size() - 1
     out: Result = {}
     torch.manual_seed(5)
-    whole = [torch.randn(7, 3), torch.randn(1), torch.randn(5)]
+    whole = [torch.randn(n).view(*s).to(DEVICE) for n, s in ((21, (7, 3)), (1, (1,)), (5, (5,)))]
     dts = [distribute_tensor(t, mesh, [Shard(0)]) for t in whole]
-    # check_finite_ with an inf in rank 1's shard only (the last element of the whole)
-    if rank == 1:
+    # check_finite_ with an inf in the last rank's shard only (the last element of the whole)
+    if rank == last:
         dts[0]._local_tensor.view(-1)[-1] = float("inf")
     for via in ("mixprec", "torch"):
-        flag = torch.zeros(())
+        flag = torch.zeros((), device=DEVICE)
         if via == "mixprec":
             mixprec.ops.check_finite_(dts, flag)
         else:
             torch.ops.mixprec.check_finite_(dts, flag)
         out[f"check_{via}"] = float(flag)
-    inv = torch.full((), 0.25)
+    inv = torch.full((), 0.25, device=DEVICE)
     for via in ("mixprec", "torch"):
-        flag = torch.zeros(())
+        flag = torch.zeros((), device=DEVICE)
         copies = [distribute_tensor(t.clone(), mesh, [Shard(0)]) for t in whole]
         fn = (mixprec.ops.check_finite_and_norm_ if via == "mixprec"
               else torch.ops.mixprec.check_finite_and_norm_)
@@ -396,28 +406,30 @@ def ops_on_dtensors(mesh: Any) -> Result:
     out["norm_inf_ref"] = float(max(t.abs().max() for t in whole) * 0.25)
     # unscale_and_check_ on DTensors: the shards unscaled, the verdict shared
     copies = [distribute_tensor(t.clone(), mesh, [Shard(0)]) for t in whole]
-    flag = torch.zeros(())
+    flag = torch.zeros((), device=DEVICE)
     if rank == 0:
         copies[2]._local_tensor[0] = float("nan")
     torch.ops.mixprec.unscale_and_check_(copies, flag, inv)
     out["unscale_flag"] = float(flag)
     out["unscale_ok"] = bool(torch.equal(full(copies[0]), whole[0] * 0.25))
     # fused_adam_ on DTensors = on the whole
-    p_whole = torch.randn(7, 3)
-    g_whole = torch.randn(7, 3)
-    lists_whole = [[p_whole.clone()], [g_whole], [torch.zeros(7, 3)], [torch.zeros(7, 3)]]
+    p_whole = torch.randn(7, 3).to(DEVICE)
+    g_whole = torch.randn(7, 3).to(DEVICE)
+    lists_whole = [[p_whole.clone()], [g_whole], [torch.zeros(7, 3, device=DEVICE)],
+                   [torch.zeros(7, 3, device=DEVICE)]]
     lists_dt = [[distribute_tensor(t[0].clone(), mesh, [Shard(0)])] for t in lists_whole]
-    lr = torch.full((), 0.1, dtype=torch.float64)
+    lr = torch.full((), 0.1, dtype=torch.float64, device=DEVICE)
     for lists in (lists_whole, lists_dt):
-        torch.ops.mixprec.fused_adam_(*lists, [], [], [torch.zeros(())], lr, 0.9, 0.999,
-                                      0.01, 1e-8, False, False, True, None, None, None,
+        torch.ops.mixprec.fused_adam_(*lists, [], [], [torch.zeros((), device=DEVICE)], lr,
+                                      0.9, 0.999, 0.01, 1e-8, False, False, True, None, None, None,
                                       False, 0)
     out["adam_equal"] = bool(torch.equal(full(lists_dt[0][0]), lists_whole[0][0]))
     # a scale update refuses DTensors, naming the op
     try:
-        scale = distribute_tensor(torch.ones(1), mesh, [Shard(0)])
-        torch.ops.mixprec.update_scale_(scale, torch.zeros((), dtype=torch.int32),
-                                        torch.zeros(()), 2.0, 0.5, 10)
+        scale = distribute_tensor(torch.ones(1, device=DEVICE), mesh, [Shard(0)])
+        tracker = torch.zeros((), dtype=torch.int32, device=DEVICE)
+        torch.ops.mixprec.update_scale_(scale, tracker, torch.zeros((), device=DEVICE), 2.0,
+                                        0.5, 10)
         out["update_scale_error"] = None
     except RuntimeError as e:
         out["update_scale_error"] = str(e)
@@ -451,7 +463,7 @@ def run_hsdp(rank: int, world: int, out_dir: str) -> None:
     """HSDP: a (replicate, shard) mesh of 2 x 2 processes; grads are Replicate x Shard."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    mesh = init_device_mesh(DEVICE, (2, world // 2), mesh_dim_names=("replicate", "shard"))
     r: Result = {}
     cases: Dict[str, Dict[str, Any]] = {
         "clip_folded": dict(dtype=torch.bfloat16, use_scaler=True, clip=0.05,
@@ -477,8 +489,9 @@ def trainer_modes(mesh: Any) -> Result:
     a float32 sharded model: the error)."""
     from mixprec import MixedPrecisionConfig, MixedPrecisionTrainer
 
-    data = [(batch(k, torch.float32), torch.randn(4, 1, generator=torch.Generator()
-                                                   .manual_seed(k))) for k in range(4)]
+    data = [(batch(k, torch.float32),
+             torch.randn(4, 1, generator=torch.Generator().manual_seed(k)).to(DEVICE))
+            for k in range(4)]
     out: Result = {}
     for mode, level in (("automatic", "bf16"), ("automatic", "fp16"),
                         ("gradient_scaling", "fp32"), ("selective", "bf16"),
@@ -494,7 +507,7 @@ def trainer_modes(mesh: Any) -> Result:
                 shard(model, mesh)
             cfg = MixedPrecisionConfig(mode=mode, precision_level=level,
                                        selective_layers=("Linear",), logging_frequency=1000)
-            trainer = MixedPrecisionTrainer(cfg, device="cpu")
+            trainer = MixedPrecisionTrainer(cfg, device=DEVICE)
             opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
             trainer.setup_training(model, opt, torch.nn.functional.mse_loss)
             epoch = trainer.train_epoch(data)
@@ -510,7 +523,7 @@ def trainer_modes(mesh: Any) -> Result:
         model = shard(tiny_model(), mesh)
         trainer = MixedPrecisionTrainer(
             MixedPrecisionConfig(mode="automatic", precision_level="fp16", logging_frequency=1000),
-            device="cpu")
+            device=DEVICE)
         trainer.setup_training(model, mixprec.optim.AdamW(model.parameters(), lr=1e-2),
                                torch.nn.functional.mse_loss)
         return trainer
@@ -536,7 +549,7 @@ def trainer_modes(mesh: Any) -> Result:
         manager = MixedPrecisionManager(
             model, mixprec.optim.AdamW(model.parameters(), lr=1e-2),
             MixedPrecisionConfig(mode="automatic", precision_level="bf16",
-                                 performance_monitoring=True), device="cpu")
+                                 performance_monitoring=True), device=DEVICE)
         with manager.autocast():
             loss = torch.nn.functional.mse_loss(model(data[0][0]), data[0][1])
         manager.backward(loss)
@@ -545,7 +558,7 @@ def trainer_modes(mesh: Any) -> Result:
     out["monitor_norms"] = norms
     model = shard(tiny_model(), mesh)
     trainer = MixedPrecisionTrainer(MixedPrecisionConfig(mode="manual", precision_level="bf16"),
-                                    device="cpu")
+                                    device=DEVICE)
     try:
         trainer.setup_training(model, mixprec.optim.AdamW(model.parameters()),
                                torch.nn.functional.mse_loss)

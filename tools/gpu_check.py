@@ -22,10 +22,13 @@ Parts (each runs even if an earlier one failed, except that nothing runs without
               steps, fp16 30 steps): exactly one skipped step, the injected one; finite,
               decreasing loss.
 
-Time budget on one H100 with 16 cores (hard limits, so the whole run stays within 600 s;
-expected times from the first H100 run in parentheses):
+Time budget on one H100 with 16 cores (hard limits; expected times from the H100 runs in
+parentheses). The parts no longer fit one 10-minute device call together: on 2026-11-25
+the build took 128 s and the suite alone 406 s; run them as separate calls (``--skip``)
+and the sanitizer by set (``--sanitizer-sets``), as benchmarks/RESULTS.md records:
 
-    build                        100 s  (58 s with 16 jobs, one arch)
+    build                        160 s  (58 s with 16 jobs, one arch, 2026-11-22; 128 s
+                                        2026-11-25, with the emulation and 8-bit code)
     tests | sanitizer | C++ build 300 s  run side by side: tests and sanitizer mostly wait
                                         on the GPU, the C++ compile takes the cores
     ctest + train_mlp             80 s  (ctest -j; the example build inside it took 28 s)
@@ -66,7 +69,7 @@ PARTS = ("build", "tests", "sanitizer", "bench", "cpp")
 # Hard limits in seconds on one 16-core H100 (see the module docstring). "parallel" is the
 # phase where tests, sanitizer and the C++ build run side by side; "cpp-run" is ctest and
 # the example runs after it.
-BUDGET: Dict[str, float] = {"build": 100, "parallel": 300, "cpp-run": 80, "bench": 120}
+BUDGET: Dict[str, float] = {"build": 160, "parallel": 300, "cpp-run": 80, "bench": 120}
 SMOKE_BUDGET = 1800.0
 BENCH_TIMEOUT_SHARE = {"bench_unscale": 0.3, "bench_scaler": 0.25, "bench_optim": 0.45}
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import math
 import sys
 import time
@@ -130,6 +131,23 @@ class Runner:
         self.skipped = 0
 
     def check(self, name: str, fn: Callable[[], Optional[str]]) -> None:
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        try:
+            self._check(name, fn)
+        finally:
+            # Under memcheck the 2^26 and GPT-2-small sets ran out of the H100's memory
+            # (2026-11-25; 0.14 GiB per million elements at most on CPU): each check's
+            # peak is printed, and what a check leaves in reference cycles is collected.
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+                print(f"     (device memory: peak {torch.cuda.max_memory_allocated() / 2**30:.2f}"
+                      f" GiB, after {torch.cuda.memory_allocated() / 2**20:.0f} MiB)",
+                      flush=True)
+
+    def _check(self, name: str, fn: Callable[[], Optional[str]]) -> None:
         t0 = time.perf_counter()
         try:
             note = fn()
@@ -397,12 +415,12 @@ def check_optimizer(opt_name: str, config: str, shapes: Sequence[Shape], device:
         p.grad = g
     opt.step()
     sync(device)
-    ref, movement = reference_run(torch_cls, kwargs, w0, [flat64(g1), flat64(g3)])
+    ref, movement, slack = reference_run(torch_cls, kwargs, w0, [flat64(g1), flat64(g3)])
     what = f"{opt_name} {config}"
     if config == "bf16+sr":
-        return check_stochastic_rounding(what, p0, params, ref, movement, 2)
+        return check_stochastic_rounding(what, p0, params, ref, movement, 2, slack)
     masters = [opt.state[p]["master_param"] for p in params] if dtype != torch.float32 else []
-    check_optimizer_result(what, params, masters, ref, movement, 2)
+    check_optimizer_result(what, params, masters, ref, movement, 2, slack)
     return None
 
 

@@ -409,6 +409,11 @@ class FusedOptimizer(torch.optim.Optimizer):
                    list(map(self.state.get, group["params"])),  # (whole_group found each)
                    [(key, bucket, None) for key, bucket in buckets.items()])
 
+    # Never traced: when dynamo runs a frame of a compiled step eagerly after a graph break
+    # (flat.whole_group is compiler-disabled), it still traces the frames that one calls;
+    # torch 2.11's dynamo then failed on the attribute write after the list watch's graph
+    # break (the H100 run of 2026-11-25: test_compiled_optimizer_step_runs_the_detection_eagerly).
+    @torch.compiler.disable
     def _keep(self, index: int, group: Dict[str, Any], names: List[str], whole: bool,
               dicts: List[Dict[str, Any]],
               buckets: List[Tuple[BucketKey, Bucket, Optional[List[int]]]]) -> None:
