@@ -25,7 +25,7 @@ CPU_ONLY_DIR := build/cpu-only
 PYTEST_ARGS ?=
 
 .PHONY: help env python-env build build-cpu-only demo test test-python test-python-cpu-only \
-        test-cpp test-isa lint bench clean
+        test-cpp test-isa test-oldest lint format bench clean
 
 help:
 	@echo "make demo     bootstrap .venv (torch $(TORCH_VERSION)), build, run the demo"
@@ -107,12 +107,35 @@ test-isa: build
 	    -q -p no:cacheprovider -k "not cuda and not compile" $(PYTEST_ARGS) || exit 1; \
 	done
 
+# The oldest torch pyproject.toml claims, in its own venv and build folder (CPU wheel from
+# the machine's wheel store): mixprec built against it (CPU kernels) and the Python suite.
+# Not part of `make test` (another full build); run before changing the torch floor.
+OLDEST_TORCH ?= 2.13.0
+OLDEST_DIR := build/torch-$(OLDEST_TORCH)
+
+test-oldest:
+	@test -x $(OLDEST_DIR)/venv/bin/python || python3 -m venv $(OLDEST_DIR)/venv
+	$(OLDEST_DIR)/venv/bin/python -m pip install --quiet "torch==$(OLDEST_TORCH)" \
+	  -r requirements-dev.txt
+	$(MAKE) --no-print-directory test-python-cpu-only \
+	  PYTHON=$(ROOT)/$(OLDEST_DIR)/venv/bin/python CPU_ONLY_DIR=$(OLDEST_DIR)
+
 -include cmake/cpp.mk
 
 test: test-python test-python-cpu-only test-cpp test-isa
 
+# C++ sources clang-format checks (.clang-format); `make format` rewrites them in place
+CPP_FORMAT_FILES = $(shell git ls-files 'csrc/*.h' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh' \
+  'tests/cpp/*.h' 'tests/cpp/*.cpp' 'examples/cpp/*.cpp')
+CLANG_FORMAT = $(PY) -c "import sys, clang_format; sys.argv[0] = 'clang-format'; \
+  clang_format.clang_format()"
+
 lint: env
-	$(PY) -m ruff check python tests benchmarks examples
+	$(PY) -m ruff check python tests benchmarks examples tools
+	$(CLANG_FORMAT) --dry-run --Werror $(CPP_FORMAT_FILES)
+
+format: env
+	$(CLANG_FORMAT) -i $(CPP_FORMAT_FILES)
 
 bench: build
 	$(PY) benchmarks/bench_unscale.py

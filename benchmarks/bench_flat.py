@@ -9,7 +9,7 @@ constant: no overflow). Rows: per-tensor (the params as they are) and flat
 (``mixprec.optim.flat_buffers(params)`` before the optimizer is built).
 
 Also split out, for the flat rows: the time spent in the detection itself
-(``mixprec.optim.flat.coalesce_grads`` in the scaler and ``coalesce_bucket`` in the
+(``mixprec.flat.coalesce_grads`` in the scaler and ``coalesce_bucket`` in the
 optimizer, timed inside real steps), which stays per tensor (``id`` and data-pointer
 checks, mostly at C speed). The rest of a step's per-tensor cost is the Python loops of
 the scaler (``_collect_grads``) and of the optimizer (``_step_group``), which run before
@@ -32,7 +32,7 @@ import torch
 import torch.utils.benchmark as tb
 
 import mixprec
-from mixprec.optim import flat as flat_mod
+from mixprec import flat as flat_mod
 
 
 def _time_us(fn: Callable[[], None], min_run_time: float) -> float:

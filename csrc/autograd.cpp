@@ -118,8 +118,9 @@ struct NoGradKernel<Name, Ret(Args...)> {
       return;
     }
     for_each_tensor(arg, [&](const at::Tensor& t, int64_t element) {
-      TORCH_CHECK(!t.requires_grad(), "mixprec.", op().schema().name().substr(9),
-                  ": ", op().schema().arguments()[index].name(),
+      TORCH_CHECK(!t.requires_grad(), "mixprec.",
+                  op().schema().name().substr(9), ": ",
+                  op().schema().arguments()[index].name(),
                   element >= 0 ? "[" + std::to_string(element) + "]" : "",
                   " requires grad, but mixprec ops are not differentiable and "
                   "write it in place; call the op under torch.no_grad() or "
@@ -146,10 +147,10 @@ struct NoGradKernel<Name, Ret(Args...)> {
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, Autograd, m) {
-#define MIXPREC_AUTOGRAD_IMPL_(op)                            \
-  m.impl(#op, &::mixprec::NoGradKernel<                       \
-                  ::mixprec::OpInfo<&::mixprec::op>::kName,   \
-                  ::mixprec::OpSig<&::mixprec::op>>::fn);
+#define MIXPREC_AUTOGRAD_IMPL_(op)                                          \
+  m.impl(#op,                                                               \
+         &::mixprec::NoGradKernel<::mixprec::OpInfo<&::mixprec::op>::kName, \
+                                  ::mixprec::OpSig<&::mixprec::op>>::fn);
   MIXPREC_FOR_EACH_OP(MIXPREC_AUTOGRAD_IMPL_)
 #undef MIXPREC_AUTOGRAD_IMPL_
 }

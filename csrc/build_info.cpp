@@ -20,9 +20,7 @@ BuildInfo build_info() {
                    MIXPREC_NVCC_VERSION};
 }
 
-std::string cpu_capability() {
-  return cpu::span_kernels().name;
-}
+std::string cpu_capability() { return cpu::span_kernels().name; }
 
 int cpu_kernel_threads() {
   // One item per thread: each thread of the team runs one chunk, a serial
@@ -35,4 +33,3 @@ int cpu_kernel_threads() {
 }
 
 }  // namespace mixprec
-

@@ -17,7 +17,8 @@ Ret Dispatch<Fn, Ret(Args...)>::call(Args... args) {
   return op.call(args...);
 }
 
-#define MIXPREC_INSTANTIATE_DISPATCH_(op) template struct Dispatch<&::mixprec::op>;
+#define MIXPREC_INSTANTIATE_DISPATCH_(op) \
+  template struct Dispatch<&::mixprec::op>;
 MIXPREC_FOR_EACH_OP(MIXPREC_INSTANTIATE_DISPATCH_)
 #undef MIXPREC_INSTANTIATE_DISPATCH_
 

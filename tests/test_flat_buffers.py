@@ -18,8 +18,8 @@ from torch import nn
 
 import mixprec
 from _helpers import assert_bitwise_equal
-from mixprec.optim import flat as flat_mod
-from mixprec.optim.flat import layout as flat_layout
+from mixprec import flat as flat_mod
+from mixprec.flat import layout as flat_layout
 
 MASTER = {torch.float32: False, torch.float16: True, torch.bfloat16: True}
 OPTIMS: Dict[str, Callable[..., torch.optim.Optimizer]] = {
@@ -766,7 +766,7 @@ def _described(per_device: Dict[torch.device, List[torch.Tensor]]) -> Dict[Any, 
 def test_scaler_kept_grads_see_each_change(monkeypatch: pytest.MonkeyPatch, change: str
                                            ) -> None:
     from mixprec.amp import grads as amp_grads
-    from mixprec.optim.flat import detect
+    from mixprec.flat import detect
 
     model = make(torch.float32)
     fb = mixprec.flat_buffers(model)
@@ -803,7 +803,7 @@ def test_scaler_kept_grads_see_each_change(monkeypatch: pytest.MonkeyPatch, chan
 def test_scaler_kept_grads_only_when_all_flat() -> None:
     """A param outside the buffers (a grad replaced) keeps nothing: the scaler's answer is
     then per tensor and built each step."""
-    from mixprec.optim.flat import detect
+    from mixprec.flat import detect
 
     model = make(torch.float32)
     mixprec.flat_buffers(model)
@@ -841,7 +841,7 @@ def test_plain_optimizer_pays_no_pass_for_other_models_buffers(
     """Another model laid out flat: a plain optimizer's reused lists skip the per-param
     any_flat test; laying out its own model later is still seen (new data pointers), and
     the results stay those of a model that never was flat."""
-    from mixprec.optim.flat import state as flat_state
+    from mixprec.flat import state as flat_state
 
     other = make(torch.float32, seed=3, flat=True)  # noqa: F841 (keeps the registry full)
     tested: List[int] = []

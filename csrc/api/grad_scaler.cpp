@@ -1,4 +1,4 @@
-// mixprec::GradScaler: the Python class mixprec.GradScaler (python/mixprec/
+// mixprec::GradScaler: the Python class mixprec.GradScaler (python/mixprec/amp/
 // grad_scaler.py, built on torch.amp.GradScaler) for LibTorch programs. The
 // structure, state machine and messages follow the Python code method by
 // method; the comments name the Python method each part mirrors.
@@ -31,7 +31,7 @@ std::string repr_double(double v) {
   return os.str();
 }
 
-// _check_extras() of the Python module.
+// check_extras() of python/mixprec/amp/policies.py.
 void check_extras(const GradScalerOptions& o) {
   TORCH_CHECK_VALUE(o.hysteresis() >= 1,
                     "mixprec.GradScaler: hysteresis must be an int >= 1, got ",
@@ -45,18 +45,17 @@ void check_extras(const GradScalerOptions& o) {
                       value ? repr_double(*value) : std::string("None"));
   }
   if (o.min_scale() && o.max_scale()) {
-    TORCH_CHECK_VALUE(*o.min_scale() <= *o.max_scale(),
-                      "mixprec.GradScaler: min_scale (",
-                      repr_double(*o.min_scale()),
-                      ") must not exceed max_scale (",
-                      repr_double(*o.max_scale()), ")");
+    TORCH_CHECK_VALUE(
+        *o.min_scale() <= *o.max_scale(), "mixprec.GradScaler: min_scale (",
+        repr_double(*o.min_scale()), ") must not exceed max_scale (",
+        repr_double(*o.max_scale()), ")");
   }
 }
 
 double ivalue_to_double(const c10::IValue& v, const char* key) {
   TORCH_CHECK(v.isDouble() || v.isInt() || v.isBool(),
-              "GradScaler.load_state_dict: '", key,
-              "' must be a number, got ", v.tagKind());
+              "GradScaler.load_state_dict: '", key, "' must be a number, got ",
+              v.tagKind());
   return v.toScalar().toDouble();
 }
 
@@ -152,9 +151,10 @@ bool GradScaler::uses_ext_rule() const {
 void GradScaler::lazy_init_scale_growth_tracker(c10::Device device) {
   TORCH_CHECK(!growth_tracker_.defined(),
               "_growth_tracker initialized before _scale");
-  scale_ = at::full({}, init_scale_, at::TensorOptions(device).dtype(at::kFloat));
-  growth_tracker_ =
-      at::full({}, init_growth_tracker_, at::TensorOptions(device).dtype(at::kInt));
+  scale_ =
+      at::full({}, init_scale_, at::TensorOptions(device).dtype(at::kFloat));
+  growth_tracker_ = at::full({}, init_growth_tracker_,
+                             at::TensorOptions(device).dtype(at::kInt));
   if (uses_ext_rule()) {
     hysteresis_left_ = at::full({}, init_hysteresis_left_,
                                 at::TensorOptions(device).dtype(at::kInt));
@@ -288,7 +288,8 @@ std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::unscale_grads(
   auto per_device = collect_grads(optimizer, allow_fp16);
   const c10::Device home = found_inf.device();
   at::NoGradGuard no_grad;
-  std::vector<std::pair<c10::Device, std::pair<at::Tensor, at::Tensor>>> targets;
+  std::vector<std::pair<c10::Device, std::pair<at::Tensor, at::Tensor>>>
+      targets;
   for (const auto& [dev, grads] : per_device) {
     if (dev == home) {
       targets.emplace_back(dev, std::make_pair(found_inf, inv_scale));
@@ -445,8 +446,7 @@ at::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer,
     std::vector<at::Tensor> norms;
     for (const auto& p : params) {
       if (p.grad().defined()) {
-        norms.push_back(
-            at::linalg_vector_norm(p.grad(), norm_type).to(home));
+        norms.push_back(at::linalg_vector_norm(p.grad(), norm_type).to(home));
       }
     }
     if (norms.empty()) {
@@ -477,15 +477,13 @@ at::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer,
     std::vector<std::pair<c10::Device, at::Tensor>> flags;
     std::vector<at::Tensor> norms;
     for (const auto& [dev, grads] : per_device) {
-      at::Tensor flag =
-          at::zeros({}, at::TensorOptions(dev).dtype(at::kFloat));
+      at::Tensor flag = at::zeros({}, at::TensorOptions(dev).dtype(at::kFloat));
       at::Tensor inv_dev = dev == home ? inv : inv.to(dev, true);
       norms.push_back(op(grads, flag, inv_dev, norm_type).to(home));
       flags.emplace_back(dev, flag);
     }
     at::Tensor norm =
-        norms.empty()
-            ? at::zeros({}, at::TensorOptions(home).dtype(at::kFloat))
+        norms.empty() ? at::zeros({}, at::TensorOptions(home).dtype(at::kFloat))
         : norms.size() == 1
             ? norms[0]
             : at::linalg_vector_norm(at::stack(norms), norm_type);
@@ -548,9 +546,9 @@ at::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer,
   }
   if (fold) {
     at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
-    state.clip_coef =
-        state.clip_coef ? std::optional<at::Tensor>(*state.clip_coef * coef)
-                        : std::optional<at::Tensor>(coef);
+    state.clip_coef = state.clip_coef
+                          ? std::optional<at::Tensor>(*state.clip_coef * coef)
+                          : std::optional<at::Tensor>(coef);
   } else {
     clip(total);
   }
@@ -580,8 +578,7 @@ void GradScaler::update(std::optional<double> new_scale) {
         flags.push_back(f.to(scale.device(), true));
       }
     }
-    TORCH_CHECK(!flags.empty(),
-                "No inf checks were recorded prior to update.");
+    TORCH_CHECK(!flags.empty(), "No inf checks were recorded prior to update.");
     at::Tensor f = flags[0];
     for (size_t i = 1; i < flags.size(); ++i) {
       f.add_(flags[i]);  // in place, as torch
@@ -593,13 +590,12 @@ void GradScaler::update(std::optional<double> new_scale) {
             at::full({}, init_hysteresis_left_,
                      at::TensorOptions(scale.device()).dtype(at::kInt));
       }
-      mixprec::update_scale_ext_(scale, tracker, hysteresis_left_, f,
-                                 growth_factor_, backoff_factor_,
-                                 growth_interval_, min_scale_, max_scale_,
-                                 hysteresis_);
+      mixprec::update_scale_ext_(
+          scale, tracker, hysteresis_left_, f, growth_factor_, backoff_factor_,
+          growth_interval_, min_scale_, max_scale_, hysteresis_);
     } else {
-      mixprec::update_scale_(scale, tracker, f, growth_factor_,
-                             backoff_factor_, growth_interval_);
+      mixprec::update_scale_(scale, tracker, f, growth_factor_, backoff_factor_,
+                             growth_interval_);
     }
   }
   record_iteration(found);
@@ -752,9 +748,9 @@ void GradScaler::save(torch::serialize::OutputArchive& archive) const {
 
 void GradScaler::load(torch::serialize::InputArchive& archive) {
   c10::Dict<std::string, c10::IValue> state = make_state_dict();
-  for (const char* key : {"scale", "growth_factor", "backoff_factor",
-                          "growth_interval", "_growth_tracker",
-                          "_hysteresis_left"}) {
+  for (const char* key :
+       {"scale", "growth_factor", "backoff_factor", "growth_interval",
+        "_growth_tracker", "_hysteresis_left"}) {
     c10::IValue v;
     if (archive.try_read(std::string("mixprec_grad_scaler/") + key, v)) {
       state.insert(key, v);

@@ -27,9 +27,8 @@ bool is_supported(at::ScalarType t) {
 }
 
 void check_nonneg(const char* cls, const char* name, double value) {
-  TORCH_CHECK_VALUE(value >= 0.0 && std::isfinite(value), "mixprec.optim.",
-                    cls, ": ", name, " must be a finite number >= 0, got ",
-                    value);
+  TORCH_CHECK_VALUE(value >= 0.0 && std::isfinite(value), "mixprec.optim.", cls,
+                    ": ", name, " must be a finite number >= 0, got ", value);
 }
 
 void check_beta(const char* cls, int index, double value) {
@@ -184,13 +183,12 @@ at::Tensor FusedOptimizer::step_with(const StepScalars& scalars,
   for (const auto& [n, t] : named) {
     if (t->has_value()) {
       const at::Tensor& v = **t;
-      TORCH_CHECK(v.defined() && v.scalar_type() == at::kFloat &&
-                      v.numel() == 1,
-                  "mixprec.optim.", name(), ".step: ", n,
-                  " must be a float32 tensor with one element, got ",
-                  v.defined() ? c10::toString(v.scalar_type()) : "undefined",
-                  v.defined() ? " of shape " + c10::str(v.sizes())
-                              : std::string());
+      TORCH_CHECK(
+          v.defined() && v.scalar_type() == at::kFloat && v.numel() == 1,
+          "mixprec.optim.", name(), ".step: ", n,
+          " must be a float32 tensor with one element, got ",
+          v.defined() ? c10::toString(v.scalar_type()) : "undefined",
+          v.defined() ? " of shape " + c10::str(v.sizes()) : std::string());
     }
   }
   // Checked before any state is created, so a rejected step changes nothing.
@@ -305,8 +303,7 @@ void AdamWOptions::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(int64_t, seed);
 }
 
-void AdamParamState::serialize(
-    torch::serialize::OutputArchive& archive) const {
+void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
@@ -418,13 +415,12 @@ void AdamBase<Options>::run_bucket(Bucket& b,
                                    const at::Tensor& lr, const StepScalars& sc,
                                    int64_t seed, bool has_masters) {
   const auto& o = static_cast<const Options&>(group.options());
-  mixprec::fused_adam_(b.params, b.grads, b.buf0, b.buf1, b.buf2,
-                       b.master_params, b.state_steps, lr,
-                       std::get<0>(o.betas()), std::get<1>(o.betas()),
-                       o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(),
-                       AdamTraits<Options>::decoupled(o), sc.grad_scale,
-                       sc.found_inf, sc.clip_coef,
-                       o.stochastic_rounding() && !has_masters, seed);
+  mixprec::fused_adam_(
+      b.params, b.grads, b.buf0, b.buf1, b.buf2, b.master_params, b.state_steps,
+      lr, std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(),
+      o.eps(), o.amsgrad(), o.maximize(), AdamTraits<Options>::decoupled(o),
+      sc.grad_scale, sc.found_inf, sc.clip_coef,
+      o.stochastic_rounding() && !has_masters, seed);
 }
 
 template class AdamBase<AdamOptions>;
@@ -515,9 +511,10 @@ void sgd_group_to(const SGDOptions& o, c10::impl::GenericDict& g) {
 double num(const c10::impl::GenericDict& g, const char* key, double dflt) {
   auto it = g.find(key);
   if (it == g.end() || it->value().isNone()) return dflt;
-  TORCH_CHECK(it->value().isDouble() || it->value().isInt() || it->value().isBool(),
-              "load_state_dict: param group entry '", key, "' must be a number, got ",
-              it->value().tagKind());
+  TORCH_CHECK(
+      it->value().isDouble() || it->value().isInt() || it->value().isBool(),
+      "load_state_dict: param group entry '", key, "' must be a number, got ",
+      it->value().tagKind());
   return it->value().toScalar().toDouble();
 }
 
@@ -531,7 +528,8 @@ bool flag(const c10::impl::GenericDict& g, const char* key, bool dflt) {
 template <typename O>
 void mixprec_group_from(const c10::impl::GenericDict& g, O& o) {
   o.master_weights(flag(g, "master_weights", o.master_weights()));
-  o.stochastic_rounding(flag(g, "stochastic_rounding", o.stochastic_rounding()));
+  o.stochastic_rounding(
+      flag(g, "stochastic_rounding", o.stochastic_rounding()));
   o.seed(static_cast<int64_t>(num(g, "seed", static_cast<double>(o.seed()))));
 }
 
@@ -547,8 +545,10 @@ void adam_group_from(const c10::impl::GenericDict& g, O& o) {
     } else if (b.isList()) {
       for (const auto& e : b.toListRef()) elems.push_back(e);
     }
-    TORCH_CHECK(elems.size() == 2, "load_state_dict: betas must have two values");
-    o.betas(std::make_tuple(elems[0].toScalar().toDouble(), elems[1].toScalar().toDouble()));
+    TORCH_CHECK(elems.size() == 2,
+                "load_state_dict: betas must have two values");
+    o.betas(std::make_tuple(elems[0].toScalar().toDouble(),
+                            elems[1].toScalar().toDouble()));
   }
   o.eps(num(g, "eps", o.eps()));
   o.weight_decay(num(g, "weight_decay", o.weight_decay()));
@@ -572,8 +572,9 @@ at::Tensor state_tensor(const c10::impl::GenericDict& s, const char* key) {
   if (it == s.end() || it->value().isNone()) return at::Tensor();
   if (it->value().isTensor()) return it->value().toTensor();
   // torch.optim keeps some steps as Python numbers
-  TORCH_CHECK(it->value().isDouble() || it->value().isInt(), "load_state_dict: state entry '",
-              key, "' must be a tensor, got ", it->value().tagKind());
+  TORCH_CHECK(it->value().isDouble() || it->value().isInt(),
+              "load_state_dict: state entry '", key, "' must be a tensor, got ",
+              it->value().tagKind());
   return at::scalar_tensor(it->value().toScalar(), at::kDouble);
 }
 
@@ -601,13 +602,15 @@ c10::impl::GenericDict FusedOptimizer::state_dict() const {
         const auto put = [&](const char* k, const at::Tensor& t) {
           if (t.defined()) ps.insert(k, t);
         };
-        if (const auto* a = dynamic_cast<const AdamParamState*>(it->second.get())) {
+        if (const auto* a =
+                dynamic_cast<const AdamParamState*>(it->second.get())) {
           put("step", a->step());
           put("exp_avg", a->exp_avg());
           put("exp_avg_sq", a->exp_avg_sq());
           put("max_exp_avg_sq", a->max_exp_avg_sq());
           put("master_param", a->master_param());
-        } else if (const auto* sg = dynamic_cast<const SGDParamState*>(it->second.get())) {
+        } else if (const auto* sg =
+                       dynamic_cast<const SGDParamState*>(it->second.get())) {
           put("step", sg->step());
           put("momentum_buffer", sg->momentum_buffer());
           put("master_param", sg->master_param());
@@ -630,20 +633,24 @@ void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
   auto pg = sd.find("param_groups");
   TORCH_CHECK(st != sd.end() && pg != sd.end() && st->value().isGenericDict() &&
                   pg->value().isList(),
-              "load_state_dict: expected a dict with 'state' (dict) and 'param_groups' (list)");
+              "load_state_dict: expected a dict with 'state' (dict) and "
+              "'param_groups' (list)");
   const auto saved_groups = pg->value().toListRef();
   auto& groups = param_groups();
   TORCH_CHECK(saved_groups.size() == groups.size(),
               "loaded state dict has a different number of parameter groups");
   // Check everything first: a rejected load changes nothing.
   for (size_t i = 0; i < groups.size(); ++i) {
-    TORCH_CHECK(saved_groups[i].isGenericDict(), "load_state_dict: a param group is not a dict");
+    TORCH_CHECK(saved_groups[i].isGenericDict(),
+                "load_state_dict: a param group is not a dict");
     const auto g = saved_groups[i].toGenericDict();
     auto ids = g.find("params");
-    TORCH_CHECK(ids != g.end() && ids->value().isList() &&
-                    ids->value().toListRef().size() == groups[i].params().size(),
-                "loaded state dict contains a parameter group that doesn't match the size of "
-                "optimizer's group");
+    TORCH_CHECK(
+        ids != g.end() && ids->value().isList() &&
+            ids->value().toListRef().size() == groups[i].params().size(),
+        "loaded state dict contains a parameter group that doesn't match the "
+        "size of "
+        "optimizer's group");
   }
   const auto saved_state = st->value().toGenericDict();
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -651,7 +658,8 @@ void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
     auto& opts = groups[i].options();
     if (auto* o = dynamic_cast<AdamOptions*>(&opts)) {
       adam_group_from(g, *o);
-      o->decoupled_weight_decay(flag(g, "decoupled_weight_decay", o->decoupled_weight_decay()));
+      o->decoupled_weight_decay(
+          flag(g, "decoupled_weight_decay", o->decoupled_weight_decay()));
     } else if (auto* ow = dynamic_cast<AdamWOptions*>(&opts)) {
       adam_group_from(g, *ow);
     } else if (auto* os = dynamic_cast<SGDOptions*>(&opts)) {
@@ -662,7 +670,8 @@ void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
       const at::Tensor& p = groups[i].params()[j];
       auto found = saved_state.find(ids[j]);
       if (found == saved_state.end()) continue;
-      TORCH_CHECK(found->value().isGenericDict(), "load_state_dict: a param state is not a dict");
+      TORCH_CHECK(found->value().isGenericDict(),
+                  "load_state_dict: a param state is not a dict");
       const auto ps = found->value().toGenericDict();
       std::unique_ptr<torch::optim::OptimizerParamState> fresh;
       if (dynamic_cast<const SGDOptions*>(&opts) != nullptr) {
@@ -729,7 +738,8 @@ void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
 
 SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups,
          SGDOptions defaults)
-    : FusedOptimizer(groups, std::make_unique<SGDOptions>(sgd_check(defaults))) {
+    : FusedOptimizer(groups,
+                     std::make_unique<SGDOptions>(sgd_check(defaults))) {
   check_groups<SGDOptions>("SGD", *this);
 }
 
@@ -769,11 +779,11 @@ void SGD::run_bucket(Bucket& b, torch::optim::OptimizerParamGroup& group,
                      const at::Tensor& lr, const StepScalars& sc, int64_t seed,
                      bool has_masters) {
   const auto& o = static_cast<const SGDOptions&>(group.options());
-  mixprec::fused_sgd_(b.params, b.grads, b.buf0, b.master_params,
-                      b.state_steps, lr, o.weight_decay(), o.momentum(),
-                      o.dampening(), o.nesterov(), o.maximize(), sc.grad_scale,
-                      sc.found_inf, sc.clip_coef,
-                      o.stochastic_rounding() && !has_masters, seed);
+  mixprec::fused_sgd_(b.params, b.grads, b.buf0, b.master_params, b.state_steps,
+                      lr, o.weight_decay(), o.momentum(), o.dampening(),
+                      o.nesterov(), o.maximize(), sc.grad_scale, sc.found_inf,
+                      sc.clip_coef, o.stochastic_rounding() && !has_masters,
+                      seed);
 }
 
 }  // namespace mixprec::optim

@@ -15,19 +15,39 @@ bool is_supported_float(c10::ScalarType t) {
          t == at::kDouble;
 }
 
-void check_state_tensor(const char* op, const char* name, const at::Tensor& t,
-                        c10::ScalarType dtype, const c10::Device& device) {
+namespace {
+
+// torch's name of the dtypes these checks ask for (float32, not Float)
+const char* dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kInt:
+      return "int32";
+    default:
+      return c10::toString(t);
+  }
+}
+
+}  // namespace
+
+void check_scalar_tensor(const char* op, const char* name, const at::Tensor& t,
+                         c10::ScalarType dtype, const c10::Device& device,
+                         const char* device_of, c10::ScalarType alt) {
+  const bool has_alt = alt != c10::ScalarType::Undefined;
   TORCH_CHECK(t.defined(), "mixprec.", op, ": ", name, " is undefined");
   TORCH_CHECK(t.layout() == at::kStrided, "mixprec.", op, ": ", name,
               " must be a dense (strided) tensor, got layout ", t.layout());
-  TORCH_CHECK(t.scalar_type() == dtype, "mixprec.", op, ": ", name,
-              " must be a ", c10::toString(dtype), " tensor, got ",
-              t.scalar_type());
+  TORCH_CHECK(t.scalar_type() == dtype || (has_alt && t.scalar_type() == alt),
+              "mixprec.", op, ": ", name, " must be a ", dtype_name(dtype),
+              has_alt ? " or " : "", has_alt ? dtype_name(alt) : "",
+              " tensor, got ", t.scalar_type());
   TORCH_CHECK(t.numel() == 1, "mixprec.", op, ": ", name,
               " must be a one-element tensor, got shape ", t.sizes());
-  TORCH_CHECK(t.device() == device, "mixprec.", op, ": ", name,
-              " must be on ", device, " (the device of found_inf), got ",
-              t.device());
+  TORCH_CHECK(t.device() == device, "mixprec.", op, ": ", name, " must be on ",
+              device, " (the device of ", device_of, "), got ", t.device());
 }
 
 void check_grad_list(const char* op, const char* name, at::TensorList tensors,
@@ -36,13 +56,12 @@ void check_grad_list(const char* op, const char* name, at::TensorList tensors,
     const at::Tensor& t = tensors[i];
     TORCH_CHECK(t.defined(), "mixprec.", op, ": ", name, "[", i,
                 "] is undefined");
-    TORCH_CHECK(t.layout() == at::kStrided, "mixprec.", op, ": ", name, "[",
-                i, "] must be a dense (strided) tensor, got layout ",
-                t.layout(), "; coalesce sparse gradients and pass "
+    TORCH_CHECK(t.layout() == at::kStrided, "mixprec.", op, ": ", name, "[", i,
+                "] must be a dense (strided) tensor, got layout ", t.layout(),
+                "; coalesce sparse gradients and pass "
                 "their values() instead");
-    TORCH_CHECK(is_supported_float(t.scalar_type()), "mixprec.", op, ": ",
-                name, "[", i,
-                "] must be float32, float16, bfloat16 or float64, got ",
+    TORCH_CHECK(is_supported_float(t.scalar_type()), "mixprec.", op, ": ", name,
+                "[", i, "] must be float32, float16, bfloat16 or float64, got ",
                 t.scalar_type());
     TORCH_CHECK(t.device() == device, "mixprec.", op, ": ", name, "[", i,
                 "] is on ", t.device(), " but found_inf is on ", device,
@@ -69,20 +88,20 @@ void check_update_scale_args(const char* op, const at::Tensor& scale,
                              int64_t growth_interval) {
   TORCH_CHECK(scale.defined(), "mixprec.", op, ": scale is undefined");
   const c10::Device device = scale.device();
-  check_state_tensor(op, "scale", scale, at::kFloat, device);
-  check_state_tensor(op, "growth_tracker", growth_tracker, at::kInt, device);
+  check_scalar_tensor(op, "scale", scale, at::kFloat, device, "scale");
+  check_scalar_tensor(op, "growth_tracker", growth_tracker, at::kInt, device,
+                      "scale");
   if (hysteresis_left != nullptr) {
-    check_state_tensor(op, "hysteresis_left", *hysteresis_left, at::kInt,
-                       device);
+    check_scalar_tensor(op, "hysteresis_left", *hysteresis_left, at::kInt,
+                        device, "scale");
   }
-  check_state_tensor(op, "found_inf", found_inf, at::kFloat, device);
+  check_scalar_tensor(op, "found_inf", found_inf, at::kFloat, device, "scale");
   TORCH_CHECK(growth_interval >= 1 && growth_interval <= INT32_MAX, "mixprec.",
               op, ": growth_interval must be a positive 32-bit integer, got ",
               growth_interval);
 }
 
-ScaleBounds check_update_scale_ext_args(
-    const OpArgs<&update_scale_ext_>& a) {
+ScaleBounds check_update_scale_ext_args(const OpArgs<&update_scale_ext_>& a) {
   MIXPREC_BIND(a, scale, growth_tracker, hysteresis_left, found_inf,
                growth_factor, backoff_factor, growth_interval, min_scale,
                max_scale, hysteresis)
@@ -121,17 +140,19 @@ namespace checks {
 
 void check_unscale_args(const char* op, at::TensorList tensors,
                         const at::Tensor& found_inf,
-                        const at::Tensor* inv_scale,
-                        c10::DeviceType backend, bool read_only) {
+                        const at::Tensor* inv_scale, c10::DeviceType backend,
+                        bool read_only) {
   TORCH_CHECK(found_inf.defined() && found_inf.device().type() == backend,
               "mixprec.", op, ": found_inf must be a ",
               c10::DeviceTypeName(backend, /*lower_case=*/true),
               " tensor on the device of the tensors, got ",
               found_inf.defined() ? found_inf.device().str() : "undefined");
   const c10::Device device = found_inf.device();
-  check_state_tensor(op, "found_inf", found_inf, at::kFloat, device);
+  check_scalar_tensor(op, "found_inf", found_inf, at::kFloat, device,
+                      "found_inf");
   if (inv_scale != nullptr) {
-    check_state_tensor(op, "inv_scale", *inv_scale, at::kFloat, device);
+    check_scalar_tensor(op, "inv_scale", *inv_scale, at::kFloat, device,
+                        "found_inf");
   }
   check_grad_list(op, inv_scale != nullptr ? "grads" : "tensors", tensors,
                   device, inv_scale != nullptr && !read_only);

@@ -15,10 +15,14 @@
 namespace mixprec {
 namespace checks {
 
-// A one-element float32/int32 state tensor (found_inf, inv_scale, scale,
-// growth_tracker, ...) on `device`.
-void check_state_tensor(const char* op, const char* name, const at::Tensor& t,
-                        c10::ScalarType dtype, const c10::Device& device);
+// A one-element dense tensor (found_inf, inv_scale, scale, growth_tracker,
+// lr, grad_scale, ...) of dtype `dtype`, or `alt` when that is not Undefined,
+// on `device`: the device of the argument named `device_of`. Every op's
+// scalar-tensor arguments go through this one check.
+void check_scalar_tensor(const char* op, const char* name, const at::Tensor& t,
+                         c10::ScalarType dtype, const c10::Device& device,
+                         const char* device_of,
+                         c10::ScalarType alt = c10::ScalarType::Undefined);
 
 // A list of gradient-like tensors: dense (strided layout), on `device`, of a
 // floating dtype mixprec handles (float32, float16, bfloat16, float64), and,
@@ -35,8 +39,8 @@ bool is_supported_float(c10::ScalarType t);
 // in check_grad_list (written when inv_scale is given, unless read_only).
 void check_unscale_args(const char* op, at::TensorList tensors,
                         const at::Tensor& found_inf,
-                        const at::Tensor* inv_scale,
-                        c10::DeviceType backend, bool read_only = false);
+                        const at::Tensor* inv_scale, c10::DeviceType backend,
+                        bool read_only = false);
 
 // norm_type must be > 0 (inf allowed) and not NaN.
 void check_norm_type(const char* op, double norm_type);
@@ -57,8 +61,7 @@ struct ScaleBounds {
 
 // update_scale_ext_: the above plus growth_factor > 1, 0 < backoff_factor < 1,
 // hysteresis >= 1, 0 < min_scale <= max_scale (both finite when given).
-ScaleBounds check_update_scale_ext_args(
-    const OpArgs<&update_scale_ext_>& a);
+ScaleBounds check_update_scale_ext_args(const OpArgs<&update_scale_ext_>& a);
 
 }  // namespace checks
 }  // namespace mixprec

@@ -171,7 +171,8 @@ constexpr int schema_arg_index(const char* schema, const char* name) {
            schema[name_begin + k] == name[k]) {
       ++k;
     }
-    if (name_begin + k == name_end && name[k] == '\0' && name_end > name_begin) {
+    if (name_begin + k == name_end && name[k] == '\0' &&
+        name_end > name_begin) {
       return index;
     }
     if (schema[i] == ')') {
@@ -194,13 +195,13 @@ using OpSig = std::remove_pointer_t<decltype(Fn)>;
 template <auto Fn>
 struct OpInfo;
 
-#define MIXPREC_OP_INFO_(op)                                              \
-  template <>                                                             \
-  struct OpInfo<&::mixprec::op> {                                         \
-    static constexpr char kName[] = "mixprec::" #op;                      \
-    static constexpr const char* kSchema = ::mixprec::schema::op;         \
-    static_assert(::mixprec::schema_is_of(kSchema, #op),                  \
-                  "the schema of " #op " does not start with its name");  \
+#define MIXPREC_OP_INFO_(op)                                             \
+  template <>                                                            \
+  struct OpInfo<&::mixprec::op> {                                        \
+    static constexpr char kName[] = "mixprec::" #op;                     \
+    static constexpr const char* kSchema = ::mixprec::schema::op;        \
+    static_assert(::mixprec::schema_is_of(kSchema, #op),                 \
+                  "the schema of " #op " does not start with its name"); \
   };
 MIXPREC_FOR_EACH_OP(MIXPREC_OP_INFO_)
 #undef MIXPREC_OP_INFO_
@@ -225,14 +226,13 @@ constexpr decltype(auto) op_arg(const A& a) {
 
 // The argument `name` of OpArgs `a` (a reference to it), checked against the
 // schema at compile time.
-#define MIXPREC_ARG(a, name)                                                  \
-  (::mixprec::op_arg<::mixprec::schema_arg_index(                             \
+#define MIXPREC_ARG(a, name)                      \
+  (::mixprec::op_arg<::mixprec::schema_arg_index( \
        std::decay_t<decltype(a)>::kSchema, #name)>(a))
 
 // MIXPREC_BIND(a, x, y, ...): local references x, y, ... to those arguments
 // of `a`, in any order; only the arguments a kernel uses.
-#define MIXPREC_BIND_ONE_(a, name) \
-  decltype(auto) name = MIXPREC_ARG(a, name);
+#define MIXPREC_BIND_ONE_(a, name) decltype(auto) name = MIXPREC_ARG(a, name);
 #define MIXPREC_PP_1_(m, a, x) m(a, x)
 #define MIXPREC_PP_2_(m, a, x, ...) m(a, x) MIXPREC_PP_1_(m, a, __VA_ARGS__)
 #define MIXPREC_PP_3_(m, a, x, ...) m(a, x) MIXPREC_PP_2_(m, a, __VA_ARGS__)
@@ -256,13 +256,14 @@ constexpr decltype(auto) op_arg(const A& a) {
 #define MIXPREC_PP_PICK_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, \
                          _13, _14, _15, _16, _17, _18, _19, _20, NAME, ...) \
   NAME
-#define MIXPREC_BIND(a, ...)                                                  \
-  MIXPREC_PP_PICK_(__VA_ARGS__, MIXPREC_PP_20_, MIXPREC_PP_19_,               \
-                   MIXPREC_PP_18_, MIXPREC_PP_17_, MIXPREC_PP_16_, MIXPREC_PP_15_,               \
-                   MIXPREC_PP_14_, MIXPREC_PP_13_, MIXPREC_PP_12_,            \
-                   MIXPREC_PP_11_, MIXPREC_PP_10_, MIXPREC_PP_9_,             \
-                   MIXPREC_PP_8_, MIXPREC_PP_7_, MIXPREC_PP_6_, MIXPREC_PP_5_, \
-                   MIXPREC_PP_4_, MIXPREC_PP_3_, MIXPREC_PP_2_, MIXPREC_PP_1_) \
+#define MIXPREC_BIND(a, ...)                                                   \
+  MIXPREC_PP_PICK_(__VA_ARGS__, MIXPREC_PP_20_, MIXPREC_PP_19_,                \
+                   MIXPREC_PP_18_, MIXPREC_PP_17_, MIXPREC_PP_16_,             \
+                   MIXPREC_PP_15_, MIXPREC_PP_14_, MIXPREC_PP_13_,             \
+                   MIXPREC_PP_12_, MIXPREC_PP_11_, MIXPREC_PP_10_,             \
+                   MIXPREC_PP_9_, MIXPREC_PP_8_, MIXPREC_PP_7_, MIXPREC_PP_6_, \
+                   MIXPREC_PP_5_, MIXPREC_PP_4_, MIXPREC_PP_3_, MIXPREC_PP_2_, \
+                   MIXPREC_PP_1_)                                              \
   (MIXPREC_BIND_ONE_, a, __VA_ARGS__)
 
 // A backend kernel `Impl`, taking `const OpArgs<Fn>&`, as the dispatcher

@@ -1,5 +1,7 @@
 #include "common/optim_args.h"
 
+#include "common/checks.h"
+
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
@@ -15,19 +17,9 @@ bool is_param_dtype(c10::ScalarType t) {
 
 void check_scalar(const char* op, const char* name, const at::Tensor& t,
                   const c10::Device& device, bool allow_double) {
-  TORCH_CHECK(t.defined(), "mixprec.", op, ": ", name, " is undefined");
-  TORCH_CHECK(t.layout() == at::kStrided, "mixprec.", op, ": ", name,
-              " must be a dense (strided) tensor, got layout ", t.layout());
-  TORCH_CHECK(t.scalar_type() == at::kFloat ||
-                  (allow_double && t.scalar_type() == at::kDouble),
-              "mixprec.", op, ": ", name, " must be a float32",
-              allow_double ? " or float64" : "", " tensor, got ",
-              t.scalar_type());
-  TORCH_CHECK(t.numel() == 1, "mixprec.", op, ": ", name,
-              " must be a one-element tensor, got shape ", t.sizes());
-  TORCH_CHECK(t.device() == device, "mixprec.", op, ": ", name,
-              " must be on ", device, " (the device of params), got ",
-              t.device());
+  checks::check_scalar_tensor(
+      op, name, t, at::kFloat, device, "params",
+      allow_double ? at::kDouble : c10::ScalarType::Undefined);
 }
 
 void check_member(const char* op, const char* name, size_t i,
@@ -45,8 +37,8 @@ void check_member(const char* op, const char* name, size_t i,
               "] has shape ", t.sizes(), " but params[", i, "] has shape ",
               param.sizes());
   if (written) {
-    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes,
-                "mixprec.", op, ": ", name, "[", i,
+    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "mixprec.",
+                op, ": ", name, "[", i,
                 "] has internal overlap (e.g. an expanded tensor), so an "
                 "in-place update would write an element more than once");
   }
@@ -66,13 +58,17 @@ void check_optim_args(const char* op, const OptimLists& lists,
     const auto& [name, list] = lists.states[s];
     const size_t want = state_required[s] ? n : 0;
     TORCH_CHECK(list.size() == want, "mixprec.", op, ": ", name, " must have ",
-                want, " tensors (", state_required[s] ? "one per param" :
-                "empty unless the option that uses it is on", "), got ",
-                list.size());
+                want, " tensors (",
+                state_required[s]
+                    ? "one per param"
+                    : "empty unless the option that uses it is on",
+                "), got ", list.size());
   }
   TORCH_CHECK(lists.master_params.empty() || lists.master_params.size() == n,
-              "mixprec.", op, ": master_params must be empty or have one "
-              "tensor per param (", n, "), got ", lists.master_params.size());
+              "mixprec.", op,
+              ": master_params must be empty or have one "
+              "tensor per param (",
+              n, "), got ", lists.master_params.size());
   TORCH_CHECK(lists.state_steps.size() == n, "mixprec.", op,
               ": state_steps has ", lists.state_steps.size(),
               " tensors but params has ", n);
@@ -102,14 +98,14 @@ void check_optim_args(const char* op, const OptimLists& lists,
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor& p = lists.params[i];
     TORCH_CHECK(p.defined(), "mixprec.", op, ": params[", i, "] is undefined");
-    TORCH_CHECK(is_param_dtype(p.scalar_type()), "mixprec.", op, ": params[",
-                i, "] must be float32, float16 or bfloat16, got ",
+    TORCH_CHECK(is_param_dtype(p.scalar_type()), "mixprec.", op, ": params[", i,
+                "] must be float32, float16 or bfloat16, got ",
                 p.scalar_type());
     check_member(op, "params", i, p, p, device, true);
     const at::Tensor& g = lists.grads[i];
     check_member(op, "grads", i, g, p, device, false);
-    TORCH_CHECK(is_param_dtype(g.scalar_type()), "mixprec.", op, ": grads[",
-                i, "] must be float32, float16 or bfloat16, got ",
+    TORCH_CHECK(is_param_dtype(g.scalar_type()), "mixprec.", op, ": grads[", i,
+                "] must be float32, float16 or bfloat16, got ",
                 g.scalar_type());
     for (const auto& [name, list] : lists.states) {
       if (list.empty()) {
@@ -126,8 +122,8 @@ void check_optim_args(const char* op, const OptimLists& lists,
       TORCH_CHECK(mp.scalar_type() == at::kFloat, "mixprec.", op,
                   ": master_params[", i, "] must be float32, got ",
                   mp.scalar_type());
-      TORCH_CHECK(p.scalar_type() != at::kFloat, "mixprec.", op, ": params[",
-                  i, "] is float32 and needs no master copy; pass float32 "
+      TORCH_CHECK(p.scalar_type() != at::kFloat, "mixprec.", op, ": params[", i,
+                  "] is float32 and needs no master copy; pass float32 "
                   "params in a call without master_params");
     }
     const at::Tensor& st = lists.state_steps[i];
@@ -167,9 +163,10 @@ void check_sgd_hparams(double weight_decay, double momentum, double dampening,
               ": momentum must be a finite number >= 0, got ", momentum);
   TORCH_CHECK(std::isfinite(dampening), "mixprec.", op,
               ": dampening must be finite, got ", dampening);
-  TORCH_CHECK(!nesterov || (momentum > 0.0 && dampening == 0.0), "mixprec.",
-              op, ": nesterov requires momentum > 0 and dampening == 0 (got "
-              "momentum ", momentum, ", dampening ", dampening, ")");
+  TORCH_CHECK(!nesterov || (momentum > 0.0 && dampening == 0.0), "mixprec.", op,
+              ": nesterov requires momentum > 0 and dampening == 0 (got "
+              "momentum ",
+              momentum, ", dampening ", dampening, ")");
 }
 
 FlatSet::FlatSet(const OptimLists& in) {

@@ -132,20 +132,20 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE V prepare_grad(V g, const GradCoefs& c) {
 
 // Scalars that depend only on the call (not on the step count).
 struct AdamConsts {
-  float lerp_w;          // float(1 - beta1)
-  float lerp_one_minus;  // 1.0f - lerp_w (torch's large-weight branch)
-  bool lerp_small;       // |lerp_w| < 0.5
-  float beta2;           // float(beta2)
-  float one_minus_beta2; // float(1 - beta2)
-  float eps;             // float(eps)
-  float wd;              // float(weight_decay)
-  bool has_wd;           // weight_decay != 0
-  bool decoupled;        // AdamW
+  float lerp_w;           // float(1 - beta1)
+  float lerp_one_minus;   // 1.0f - lerp_w (torch's large-weight branch)
+  bool lerp_small;        // |lerp_w| < 0.5
+  float beta2;            // float(beta2)
+  float one_minus_beta2;  // float(1 - beta2)
+  float eps;              // float(eps)
+  float wd;               // float(weight_decay)
+  bool has_wd;            // weight_decay != 0
+  bool decoupled;         // AdamW
 };
 
-C10_HOST_DEVICE C10_ALWAYS_INLINE AdamConsts make_adam_consts(
-    double beta1, double beta2, double weight_decay, double eps,
-    bool decoupled) {
+C10_HOST_DEVICE C10_ALWAYS_INLINE AdamConsts
+make_adam_consts(double beta1, double beta2, double weight_decay, double eps,
+                 bool decoupled) {
   AdamConsts k;
   k.lerp_w = static_cast<float>(1.0 - beta1);
   k.lerp_one_minus = 1.0f - k.lerp_w;
@@ -166,11 +166,8 @@ struct AdamStep {
   float bc2_sqrt;       // float(sqrt(1 - beta2^t))
 };
 
-C10_HOST_DEVICE C10_ALWAYS_INLINE AdamStep make_adam_step(double lr,
-                                                          double beta1,
-                                                          double beta2,
-                                                          double weight_decay,
-                                                          double t) {
+C10_HOST_DEVICE C10_ALWAYS_INLINE AdamStep make_adam_step(
+    double lr, double beta1, double beta2, double weight_decay, double t) {
   AdamStep s;
   s.decay = static_cast<float>(1.0 - lr * weight_decay);
   const double bc1 = 1.0 - pow_d(beta1, t);
@@ -184,8 +181,7 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE AdamStep make_adam_step(double lr,
 // p is the float32 working copy (the master, or the param in float).
 template <bool kAmsgrad, typename Ops, typename V>
 C10_HOST_DEVICE C10_ALWAYS_INLINE void adam_update(V& p, V g, V& m, V& v,
-                                                   V& vmax,
-                                                   const AdamConsts& k,
+                                                   V& vmax, const AdamConsts& k,
                                                    const AdamStep& s) {
   if (k.has_wd) {
     if (k.decoupled) {
@@ -214,18 +210,18 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE void adam_update(V& p, V g, V& m, V& v,
 // SGD.
 
 struct SgdConsts {
-  float wd;               // float(weight_decay)
-  float momentum;         // float(momentum)
-  float one_minus_damp;   // float(1 - dampening)
+  float wd;              // float(weight_decay)
+  float momentum;        // float(momentum)
+  float one_minus_damp;  // float(1 - dampening)
   bool has_wd;
   bool has_momentum;
   bool nesterov;
 };
 
 C10_HOST_DEVICE C10_ALWAYS_INLINE SgdConsts make_sgd_consts(double weight_decay,
-                                                           double momentum,
-                                                           double dampening,
-                                                           bool nesterov) {
+                                                            double momentum,
+                                                            double dampening,
+                                                            bool nesterov) {
   SgdConsts k;
   k.wd = static_cast<float>(weight_decay);
   k.momentum = static_cast<float>(momentum);

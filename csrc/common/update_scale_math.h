@@ -22,12 +22,9 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE bool finite_f32(float v) {
 // torch._amp_update_scale_, bit for bit: the products are taken in double
 // (the factors are doubles) and rounded to float; growth is skipped when the
 // grown scale is not finite; growth_tracker counts consecutive clean steps.
-C10_HOST_DEVICE C10_ALWAYS_INLINE void update_scale(float* scale,
-                                                    int* growth_tracker,
-                                                    float found_inf,
-                                                    double growth_factor,
-                                                    double backoff_factor,
-                                                    int growth_interval) {
+C10_HOST_DEVICE C10_ALWAYS_INLINE void update_scale(
+    float* scale, int* growth_tracker, float found_inf, double growth_factor,
+    double backoff_factor, int growth_interval) {
   if (found_inf != 0.0f) {
     *scale = static_cast<float>((*scale) * backoff_factor);
     *growth_tracker = 0;
@@ -48,7 +45,8 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE void update_scale(float* scale,
 // The extended rule (update_scale_ext_). State: scale, growth_tracker and
 // hysteresis_left (units of hysteresis still available).
 //
-//  overflow:  growth_tracker = 0; hysteresis_left = max(hysteresis_left - 1, 0);
+//  overflow:  growth_tracker = 0; hysteresis_left = max(hysteresis_left - 1,
+//  0);
 //             if hysteresis_left == 0:
 //                 scale = max(scale * backoff_factor, min_scale)
 //             (so the first `hysteresis - 1` overflows since the last growth

@@ -50,15 +50,15 @@ void fused_adam_cpu(const OpArgs<&fused_adam_>& args) {
 
   const SpanKernels& kernels = span_kernels();
   for_each_span(fs, stochastic_rounding, [&](const ParamSpan& s) {
-    AdamSpanArgs a{gc,
-                   k,
-                   steps[s.t],
-                   s.sr,
-                   s.sr ? math::sr_key(static_cast<uint64_t>(seed),
-                                       static_cast<uint32_t>(step_after[s.t]),
-                                       s.sr_stream)
-                        : 0u,
-                   s.sr_index_base};
+    AdamSpanArgs a{
+        gc,
+        k,
+        steps[s.t],
+        s.sr,
+        s.sr ? math::sr_key(static_cast<uint64_t>(seed),
+                            static_cast<uint32_t>(step_after[s.t]), s.sr_stream)
+             : 0u,
+        s.sr_index_base};
     kernels.adam(s.param_dtype, s.grad_dtype, s.p, s.g, s.f32(fs, kM),
                  s.f32(fs, kV), s.f32(fs, kVm), s.f32(fs, kMp), s.n, a);
   });

@@ -27,7 +27,8 @@ namespace cpu {
 inline std::vector<uint32_t> sr_index_bases(const optim::TensorRefs& params,
                                             const optim::TensorRefs& grads) {
   std::vector<uint32_t> bases(params.size(), 0);
-  std::vector<std::pair<std::pair<int, int>, int64_t>> chunks;  // group -> count
+  std::vector<std::pair<std::pair<int, int>, int64_t>>
+      chunks;  // group -> count
   for (size_t t = 0; t < params.size(); ++t) {
     const std::pair<int, int> group{static_cast<int>(params[t]->scalar_type()),
                                     static_cast<int>(grads[t]->scalar_type())};
@@ -49,9 +50,9 @@ inline std::vector<uint32_t> sr_index_bases(const optim::TensorRefs& params,
 
 // One chunk of one parameter as the span kernels take it.
 struct ParamSpan {
-  size_t t;                // the parameter (index into the FlatSet's lists)
-  int64_t begin;           // the chunk's first element in the parameter
-  int64_t n;               // elements in the chunk
+  size_t t;       // the parameter (index into the FlatSet's lists)
+  int64_t begin;  // the chunk's first element in the parameter
+  int64_t n;      // elements in the chunk
   SpanDtype param_dtype;
   SpanDtype grad_dtype;
   char* p;                 // param element `begin`

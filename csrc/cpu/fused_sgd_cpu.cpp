@@ -19,8 +19,8 @@ namespace {
 void fused_sgd_cpu(const OpArgs<&fused_sgd_>& args) {
   const optim::OptimLists lists =
       optim::check_fused_sgd_args(args, c10::DeviceType::CPU);
-  MIXPREC_BIND(args, params, state_steps, lr, weight_decay, momentum,
-               dampening, nesterov, maximize, grad_scale, found_inf, clip_coef,
+  MIXPREC_BIND(args, params, state_steps, lr, weight_decay, momentum, dampening,
+               nesterov, maximize, grad_scale, found_inf, clip_coef,
                stochastic_rounding, seed)
   if (params.empty() || optim::found_inf_cpu(found_inf)) {
     return;
@@ -46,17 +46,17 @@ void fused_sgd_cpu(const OpArgs<&fused_sgd_>& args) {
 
   const SpanKernels& kernels = span_kernels();
   for_each_span(fs, stochastic_rounding, [&](const ParamSpan& s) {
-    SgdSpanArgs a{gc,
-                  k,
-                  neg_lr,
-                  step_before[s.t] == 0.0f,
-                  s.sr,
-                  s.sr ? math::sr_key(
-                             static_cast<uint64_t>(seed),
-                             static_cast<uint32_t>(step_before[s.t] + 1.0f),
-                             s.sr_stream)
-                       : 0u,
-                  s.sr_index_base};
+    SgdSpanArgs a{
+        gc,
+        k,
+        neg_lr,
+        step_before[s.t] == 0.0f,
+        s.sr,
+        s.sr ? math::sr_key(static_cast<uint64_t>(seed),
+                            static_cast<uint32_t>(step_before[s.t] + 1.0f),
+                            s.sr_stream)
+             : 0u,
+        s.sr_index_base};
     kernels.sgd(s.param_dtype, s.grad_dtype, s.p, s.g, s.f32(fs, kBuf),
                 s.f32(fs, kMp), s.n, a);
   });

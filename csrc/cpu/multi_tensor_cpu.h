@@ -75,9 +75,9 @@ struct WorkList {
   // atomic add per 32768-element item. Where other processes compete for the
   // cores (a shared VM, a data loader), a thread that is descheduled holds up
   // the call by at most the item it is on, not by the rest of its share,
-  // which the other threads take over. Which thread runs an item changes nothing in
-  // the results: each item's work is independent, and the callers combine
-  // per-item results in item order (WorkList::index).
+  // which the other threads take over. Which thread runs an item changes
+  // nothing in the results: each item's work is independent, and the callers
+  // combine per-item results in item order (WorkList::index).
   template <typename Fn>
   bool claim_items(Fn&& fn) const {
     const int64_t n = static_cast<int64_t>(items.size());

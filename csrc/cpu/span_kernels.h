@@ -23,7 +23,12 @@
 namespace mixprec {
 namespace cpu {
 
-enum class SpanDtype : int { kFloat = 0, kHalf = 1, kBFloat16 = 2, kDouble = 3 };
+enum class SpanDtype : int {
+  kFloat = 0,
+  kHalf = 1,
+  kBFloat16 = 2,
+  kDouble = 3
+};
 
 struct SpanNorm {
   bool found;      // a non-finite input value was seen

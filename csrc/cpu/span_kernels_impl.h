@@ -133,8 +133,7 @@ bool unscale_check_span_impl(scalar_t* p, int64_t n, float inv_scale_f) {
 // Checks p[0, n) for inf/NaN and, when `write`, multiplies it by inv_scale in
 // place. Returns whether a non-finite input value was seen.
 template <typename scalar_t>
-bool unscale_check_span(scalar_t* p, int64_t n, float inv_scale_f,
-                        bool write) {
+bool unscale_check_span(scalar_t* p, int64_t n, float inv_scale_f, bool write) {
   return write ? unscale_check_span_impl<true>(p, n, inv_scale_f)
                : unscale_check_span_impl<false>(p, n, inv_scale_f);
 }
@@ -204,7 +203,8 @@ SpanNorm unscale_norm_span(scalar_t* p, int64_t n, float inv_scale_f,
     }
   }
   const bool nan_lane = reduce_lanes<bool>(
-      probe, false, [](bool r, opmath_t x) { return r || math::is_nan_acc(x); });
+      probe, false,
+      [](bool r, opmath_t x) { return r || math::is_nan_acc(x); });
   return SpanNorm{nan_lane || math::is_nan_acc(tail_probe), partial};
 }
 

@@ -53,10 +53,10 @@
 namespace mixprec {
 namespace cpu {
 const SpanKernels* MIXPREC_ISA_CAT(span_kernels_, MIXPREC_ISA)() {
-  static const SpanKernels table{
-      &MIXPREC_SPAN_NS::unscale_check, &MIXPREC_SPAN_NS::unscale_norm,
-      &MIXPREC_SPAN_NS::adam, &MIXPREC_SPAN_NS::sgd,
-      MIXPREC_ISA_STR(MIXPREC_ISA)};
+  static const SpanKernels table{&MIXPREC_SPAN_NS::unscale_check,
+                                 &MIXPREC_SPAN_NS::unscale_norm,
+                                 &MIXPREC_SPAN_NS::adam, &MIXPREC_SPAN_NS::sgd,
+                                 MIXPREC_ISA_STR(MIXPREC_ISA)};
   return &table;
 }
 }  // namespace cpu

@@ -15,7 +15,8 @@ void run(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
          const at::Tensor* inv_scale) {
   checks::check_unscale_args(op, tensors, found_inf, inv_scale,
                              c10::DeviceType::CPU);
-  const float inv = inv_scale != nullptr ? inv_scale->data_ptr<float>()[0] : 1.f;
+  const float inv =
+      inv_scale != nullptr ? inv_scale->data_ptr<float>()[0] : 1.f;
   // Skip the write when inv_scale == 1: torch stores the value unchanged.
   const bool write = inv_scale != nullptr && inv != 1.0f;
   DenseTensors list(tensors, write);

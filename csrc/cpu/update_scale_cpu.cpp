@@ -13,8 +13,8 @@ namespace {
 void update_scale_cpu(const OpArgs<&update_scale_>& a) {
   MIXPREC_BIND(a, scale, growth_tracker, found_inf, growth_factor,
                backoff_factor, growth_interval)
-  checks::check_update_scale_args("update_scale_", scale, growth_tracker, nullptr,
-                          found_inf, growth_interval);
+  checks::check_update_scale_args("update_scale_", scale, growth_tracker,
+                                  nullptr, found_inf, growth_interval);
   math::update_scale(scale.data_ptr<float>(), growth_tracker.data_ptr<int>(),
                      found_inf.data_ptr<float>()[0], growth_factor,
                      backoff_factor, static_cast<int>(growth_interval));

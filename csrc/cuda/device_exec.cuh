@@ -22,7 +22,8 @@ template <int Kind>
 __device__ __forceinline__ double block_reduce(double v) {
   __shared__ double warp_partials[kBlockSize / 32];
   for (int offset = 16; offset > 0; offset /= 2) {
-    v = math::combine<Kind, double>(v, __shfl_down_sync(0xffffffffu, v, offset));
+    v = math::combine<Kind, double>(v,
+                                    __shfl_down_sync(0xffffffffu, v, offset));
   }
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -77,9 +78,9 @@ struct DeviceExec {
   template <class Meta, typename Op, typename... Args>
   static void launch(const Meta& meta, int blocks, const Op& op,
                      const Args&... args) {
-    multi_tensor_kernel<Meta><<<blocks, kBlockSize, 0,
-                                 c10::cuda::getCurrentCUDAStream()>>>(
-        meta, op, args...);
+    multi_tensor_kernel<Meta>
+        <<<blocks, kBlockSize, 0, c10::cuda::getCurrentCUDAStream()>>>(meta, op,
+                                                                       args...);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 

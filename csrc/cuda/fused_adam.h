@@ -58,10 +58,13 @@ struct AdamRule {
   static constexpr int kStep = AdamSlot::kStep;
   static constexpr int kStates = 3;
   MIXPREC_HD static constexpr int state_slot(int k) {
-    return k == 0 ? AdamSlot::kExpAvg
-                  : k == 1 ? AdamSlot::kExpAvgSq : AdamSlot::kMaxExpAvgSq;
+    return k == 0   ? AdamSlot::kExpAvg
+           : k == 1 ? AdamSlot::kExpAvgSq
+                    : AdamSlot::kMaxExpAvgSq;
   }
-  MIXPREC_HD static constexpr bool uses_state(int k) { return k < 2 || kAmsgrad; }
+  MIXPREC_HD static constexpr bool uses_state(int k) {
+    return k < 2 || kAmsgrad;
+  }
   MIXPREC_HD static Block block(const Args& a, float step_before) {
     return math::make_adam_step(read_lr(a.lr, a.lr_double), a.beta1, a.beta2,
                                 a.weight_decay, step_before + 1.0f);
@@ -81,22 +84,22 @@ template <class Exec>
 void fused_adam_launch(const OpArgs<&fused_adam_>& op_args) {
   MIXPREC_BIND(op_args, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
                master_params, state_steps, lr, beta1, beta2, weight_decay, eps,
-               amsgrad, maximize, decoupled_weight_decay, grad_scale,
-               found_inf, clip_coef, stochastic_rounding, seed)
+               amsgrad, maximize, decoupled_weight_decay, grad_scale, found_inf,
+               clip_coef, stochastic_rounding, seed)
   // The plan's key (PlanCache, launch_plan.h): every list and the flags and
   // scalars that check_optim_args reads; the hyper-parameters are checked
   // every call.
   static thread_local PlanCache<OptimPlan<AdamSlot::kDepth>> cache;
   auto visit = [&](auto& k) {
-    return k.value(amsgrad) && k.value(stochastic_rounding) &&
-           k.list(params) && k.list(grads) && k.list(exp_avgs) &&
-           k.list(exp_avg_sqs) && k.list(max_exp_avg_sqs) &&
-           k.list(master_params) && k.list(state_steps) && k.scalar(lr) &&
+    return k.value(amsgrad) && k.value(stochastic_rounding) && k.list(params) &&
+           k.list(grads) && k.list(exp_avgs) && k.list(exp_avg_sqs) &&
+           k.list(max_exp_avg_sqs) && k.list(master_params) &&
+           k.list(state_steps) && k.scalar(lr) &&
            k.optional_scalar(grad_scale) && k.optional_scalar(found_inf) &&
            k.optional_scalar(clip_coef);
   };
   auto fill = [&](const optim::FlatSet& fs, size_t i,
-                  void* (&a)[AdamSlot::kDepth]) {
+                  void*(&a)[AdamSlot::kDepth]) {
     const std::vector<optim::TensorRefs>& v = fs.views;
     const int vm_view = fs.state_view[2];  // max_exp_avg_sqs (amsgrad)
     void* p = v[0][i]->data_ptr();
@@ -122,8 +125,8 @@ void fused_adam_launch(const OpArgs<&fused_adam_>& op_args) {
   launch_optim<Exec, AdamSlot::kDepth, AdamOp>(
       cache, visit,
       [&] { return optim::check_fused_adam_args(op_args, Exec::kBackend); },
-      [&] { optim::check_adam_hparams(beta1, beta2, weight_decay, eps); },
-      fill, make_args, params, master_params, state_steps, amsgrad,
+      [&] { optim::check_adam_hparams(beta1, beta2, weight_decay, eps); }, fill,
+      make_args, params, master_params, state_steps, amsgrad,
       stochastic_rounding);
 }
 

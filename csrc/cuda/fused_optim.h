@@ -74,8 +74,7 @@ MIXPREC_HD P round_param(float w, bool sr, uint32_t key, uint32_t index) {
 // numbered across the whole plan of one (param dtype, grad dtype) group, one
 // kSrChunk of numbers each (the CPU kernels number the same way).
 template <class Meta>
-MIXPREC_HD uint32_t sr_block_base(const Meta& meta,
-                                  GridPos pos) {
+MIXPREC_HD uint32_t sr_block_base(const Meta& meta, GridPos pos) {
   return static_cast<uint32_t>((meta.block_offset + pos.block) *
                                math::kSrChunk);
 }
@@ -121,7 +120,8 @@ template <class Exec>
 void increment_steps(const std::vector<StepPtrs>& launches,
                      const float* found_inf) {
   for (const StepPtrs& s : launches) {
-    Exec::launch_single_block(kStepsPerLaunch, IncrementStepsOp{}, s, found_inf);
+    Exec::launch_single_block(kStepsPerLaunch, IncrementStepsOp{}, s,
+                              found_inf);
   }
 }
 
@@ -134,7 +134,7 @@ struct OptimKernelArgs {
   const void* lr;           // float or double, one element
   bool lr_double;
   bool maximize;
-  bool sr;          // set per (param dtype, grad dtype) group
+  bool sr;  // set per (param dtype, grad dtype) group
   uint64_t seed;
   uint32_t stream;  // SR stream: the grad dtype's code, set per group
 
@@ -174,7 +174,8 @@ struct OptimOp {
 
   // Meta: TensorListMeta<Rule::kDepth> or its SmallTensorListMeta.
   template <class Meta>
-  MIXPREC_HD void operator()(const Meta& meta, GridPos pos, const Args& a) const {
+  MIXPREC_HD void operator()(const Meta& meta, GridPos pos,
+                             const Args& a) const {
     if (a.found_inf != nullptr && *a.found_inf != 0.0f) {
       return;
     }
@@ -305,8 +306,8 @@ struct DtypePairGroups {
       if (params[i]->numel() == 0) {
         continue;
       }
-      std::vector<uint32_t>& g =
-          idx[3 * slot(params[i]->scalar_type()) + slot(grads[i]->scalar_type())];
+      std::vector<uint32_t>& g = idx[3 * slot(params[i]->scalar_type()) +
+                                     slot(grads[i]->scalar_type())];
       if (g.empty()) {
         g.reserve(params.size());
       }
@@ -314,14 +315,7 @@ struct DtypePairGroups {
     }
   }
 
-  static int slot(at::ScalarType t) {
-    for (int k = 0; k < 3; ++k) {
-      if (kDtypes[k] == t) {
-        return k;
-      }
-    }
-    TORCH_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a launcher");
-  }
+  static int slot(at::ScalarType t) { return dtype_index(kDtypes, t); }
 };
 
 // The plan of one fused-optimizer call: the launches of each (param dtype,
@@ -373,8 +367,8 @@ bool build_optim_plan(const optim::FlatSet& fs, at::TensorList state_steps,
 // params and kHasOption whether the optimizer's optional state (amsgrad's
 // max_exp_avg_sqs, SGD's momentum buffers) is in use; args.sr and args.stream
 // are set per group. (The step increments are run by increment_steps.)
-template <class Exec, int Depth, template <typename, typename, bool, bool> class Op,
-          typename Args>
+template <class Exec, int Depth,
+          template <typename, typename, bool, bool> class Op, typename Args>
 void run_optim_plan(const OptimPlan<Depth>& plan, bool masters, bool option,
                     bool stochastic_rounding, Args& args) {
   for (int k = 0; k < 9; ++k) {
@@ -421,9 +415,9 @@ void run_optim_plan(const OptimPlan<Depth>& plan, bool masters, bool option,
 // - run Op over the plan with the kernel arguments `make_args()` (made after
 //   the checks, so a bad argument gets the checks' message), then increment
 //   the step counts unless found_inf.
-template <class Exec, int Depth, template <typename, typename, bool, bool> class Op,
-          class Visit, class CheckAll, class CheckHparams, class Fill,
-          class MakeArgs>
+template <class Exec, int Depth,
+          template <typename, typename, bool, bool> class Op, class Visit,
+          class CheckAll, class CheckHparams, class Fill, class MakeArgs>
 void launch_optim(PlanCache<OptimPlan<Depth>>& cache, const Visit& visit,
                   const CheckAll& check_all, const CheckHparams& check_hparams,
                   const Fill& fill, const MakeArgs& make_args,
@@ -449,7 +443,7 @@ void launch_optim(PlanCache<OptimPlan<Depth>>& cache, const Visit& visit,
       fs.emplace(*lists);
       return build_optim_plan<Depth>(
           *fs, state_steps,
-          [&](size_t i, void* (&a)[Depth]) { fill(*fs, i, a); }, out);
+          [&](size_t i, void*(&a)[Depth]) { fill(*fs, i, a); }, out);
     });
   }
 

@@ -45,7 +45,9 @@ struct SgdRule {
   static constexpr int kMaster = SgdSlot::kMaster;
   static constexpr int kStep = SgdSlot::kStep;
   static constexpr int kStates = 1;
-  MIXPREC_HD static constexpr int state_slot(int) { return SgdSlot::kMomentumBuffer; }
+  MIXPREC_HD static constexpr int state_slot(int) {
+    return SgdSlot::kMomentumBuffer;
+  }
   MIXPREC_HD static constexpr bool uses_state(int) { return kMomentum; }
   MIXPREC_HD static Block block(const Args& a, float step_before) {
     return Block{step_before == 0.0f,
@@ -73,20 +75,21 @@ void fused_sgd_launch(const OpArgs<&fused_sgd_>& op_args) {
   const bool has_mom = momentum != 0.0;
   static thread_local PlanCache<OptimPlan<SgdSlot::kDepth>> cache;
   auto visit = [&](auto& k) {
-    return k.value(has_mom) && k.value(stochastic_rounding) &&
-           k.list(params) && k.list(grads) && k.list(momentum_buffers) &&
-           k.list(master_params) && k.list(state_steps) && k.scalar(lr) &&
+    return k.value(has_mom) && k.value(stochastic_rounding) && k.list(params) &&
+           k.list(grads) && k.list(momentum_buffers) && k.list(master_params) &&
+           k.list(state_steps) && k.scalar(lr) &&
            k.optional_scalar(grad_scale) && k.optional_scalar(found_inf) &&
            k.optional_scalar(clip_coef);
   };
   auto fill = [&](const optim::FlatSet& fs, size_t i,
-                  void* (&a)[SgdSlot::kDepth]) {
+                  void*(&a)[SgdSlot::kDepth]) {
     const std::vector<optim::TensorRefs>& v = fs.views;
     const int buf_view = fs.state_view[0];  // momentum_buffers (momentum != 0)
     void* p = v[0][i]->data_ptr();
     a[SgdSlot::kParam] = p;
     a[SgdSlot::kGrad] = v[1][i]->data_ptr();
-    a[SgdSlot::kMomentumBuffer] = buf_view >= 0 ? v[buf_view][i]->data_ptr() : p;
+    a[SgdSlot::kMomentumBuffer] =
+        buf_view >= 0 ? v[buf_view][i]->data_ptr() : p;
     a[SgdSlot::kMaster] =
         fs.master_view >= 0 ? v[fs.master_view][i]->data_ptr() : p;
     a[SgdSlot::kStep] = state_steps[i].data_ptr();
@@ -100,7 +103,9 @@ void fused_sgd_launch(const OpArgs<&fused_sgd_>& op_args) {
   launch_optim<Exec, SgdSlot::kDepth, SgdOp>(
       cache, visit,
       [&] { return optim::check_fused_sgd_args(op_args, Exec::kBackend); },
-      [&] { optim::check_sgd_hparams(weight_decay, momentum, dampening, nesterov); },
+      [&] {
+        optim::check_sgd_hparams(weight_decay, momentum, dampening, nesterov);
+      },
       fill, make_args, params, master_params, state_steps, has_mom,
       stochastic_rounding);
 }

@@ -117,7 +117,8 @@ struct BlockSpan {
 template <class Meta>
 MIXPREC_HD BlockSpan block_span(const Meta& m, int block) {
   const int t = m.block_to_tensor[block];
-  const int64_t start = static_cast<int64_t>(m.block_to_chunk[block]) * kChunkSize;
+  const int64_t start =
+      static_cast<int64_t>(m.block_to_chunk[block]) * kChunkSize;
   const int64_t rest = m.numel[t] - start;
   return BlockSpan{t, start, rest < kChunkSize ? rest : kChunkSize};
 }
@@ -359,7 +360,8 @@ struct KeyWriter {
     const int64_t tg = PlanKey::tag(t);
     w.push_back(tg);
     if (tg != -1 && t.layout() == at::kStrided) {
-      w.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr())));
+      w.push_back(
+          static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr())));
       for (int64_t s : t.sizes()) {
         w.push_back(s);
       }
@@ -398,6 +400,18 @@ struct KeyWriter {
 // benchmarks/bench_launch_plan.py).
 constexpr size_t kPrefetchAhead = 8;
 
+// The position of dtype `t` in a launcher's dtype groups `dtypes`. The op's
+// checks let only those dtypes through, so any other reaching here is a bug.
+template <size_t N>
+int dtype_index(const std::array<at::ScalarType, N>& dtypes, at::ScalarType t) {
+  for (size_t k = 0; k < N; ++k) {
+    if (dtypes[k] == t) {
+      return static_cast<int>(k);
+    }
+  }
+  TORCH_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a launcher");
+}
+
 // Asks for the cache lines of ts[i]'s TensorImpl that a key reads (none when
 // i is past the end).
 inline void prefetch_tensor(at::TensorList ts, size_t i) {
@@ -426,7 +440,8 @@ struct KeyMatcher {
     if (end - w < 1 + 2 * dim) {
       return false;
     }
-    if (*w++ != static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()))) {
+    if (*w++ !=
+        static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()))) {
       return false;
     }
     const int64_t* sz = t.sizes().data();
@@ -509,7 +524,7 @@ class PlanCache {
       return scratch_;
     }
     Entry& e = entries_[order_[kEntries - 1]];
-    e.epoch = 0;  // invalid until its key is complete
+    e.epoch = 0;                  // invalid until its key is complete
     std::swap(e.plan, scratch_);  // (scratch_ keeps the old entry's capacity)
     e.key.words.clear();
     KeyWriter wr{e.key.words};

@@ -33,9 +33,8 @@ constexpr int kNoNorm = -1;
 template <typename scalar_t, bool kUnscale, int Kind, bool kWrite>
 struct UnscaleOpBase {
   template <class Meta>  // TensorListMeta<1> or SmallTensorListMeta<1>
-  MIXPREC_HD double run(const Meta& meta, GridPos pos,
-                        float* found_inf, const float* inv_scale,
-                        float norm_type) const {
+  MIXPREC_HD double run(const Meta& meta, GridPos pos, float* found_inf,
+                        const float* inv_scale, float norm_type) const {
     using opmath_t = at::opmath_type<scalar_t>;
     constexpr int kVec = 16 / sizeof(scalar_t);
     using VecT = AlignedVector<scalar_t, kVec>;
@@ -111,15 +110,15 @@ template <typename scalar_t, bool kUnscale, int Kind, bool kWrite = true>
 struct UnscaleOp : UnscaleOpBase<scalar_t, kUnscale, Kind, kWrite> {
   static constexpr int kReduceKind = Kind;
   template <class Meta>
-  MIXPREC_HD double operator()(const Meta& meta, GridPos pos,
-                               float* found_inf, const float* inv_scale,
-                               double* /*partials*/, float norm_type) const {
+  MIXPREC_HD double operator()(const Meta& meta, GridPos pos, float* found_inf,
+                               const float* inv_scale, double* /*partials*/,
+                               float norm_type) const {
     return this->run(meta, pos, found_inf, inv_scale, norm_type);
   }
   template <class Meta>
-  MIXPREC_HD void block_result(const Meta& meta, GridPos pos,
-                               double total, float*, const float*,
-                               double* partials, float) const {
+  MIXPREC_HD void block_result(const Meta& meta, GridPos pos, double total,
+                               float*, const float*, double* partials,
+                               float) const {
     partials[meta.block_offset + pos.block] = total;
   }
 };
@@ -129,9 +128,9 @@ template <typename scalar_t, bool kUnscale, bool kWrite>
 struct UnscaleOp<scalar_t, kUnscale, kNoNorm, kWrite>
     : UnscaleOpBase<scalar_t, kUnscale, kNoNorm, kWrite> {
   template <class Meta>
-  MIXPREC_HD void operator()(const Meta& meta, GridPos pos,
-                             float* found_inf, const float* inv_scale,
-                             double* /*partials*/, float norm_type) const {
+  MIXPREC_HD void operator()(const Meta& meta, GridPos pos, float* found_inf,
+                             const float* inv_scale, double* /*partials*/,
+                             float norm_type) const {
     this->run(meta, pos, found_inf, inv_scale, norm_type);
   }
 };
@@ -192,14 +191,7 @@ struct DtypeGroups {
     }
   }
 
-  static int group(at::ScalarType t) {
-    for (int k = 0; k < 4; ++k) {
-      if (kDtypes[k] == t) {
-        return k;
-      }
-    }
-    TORCH_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a launcher");
-  }
+  static int group(at::ScalarType t) { return dtype_index(kDtypes, t); }
 
   // f(dtype, entries) for each non-empty group, in group order.
   template <typename F>
@@ -242,7 +234,8 @@ struct UnscalePlan {
 // The plan of a call of the unscale family: reused from `cache` when the key
 // matches a stored one (PlanCache, launch_plan.h), else built after the
 // argument checks; then copies of strided tensors live in `copies`, which the
-// caller must finish(). `guard` is set to found_inf's device (after the checks).
+// caller must finish(). `guard` is set to found_inf's device (after the
+// checks).
 template <class Exec>
 const UnscalePlan& unscale_family_plan(
     PlanCache<UnscalePlan>& cache, const char* op, at::TensorList tensors,
@@ -253,8 +246,8 @@ const UnscalePlan& unscale_family_plan(
   // string only names the op in messages).
   auto visit = [&](auto& k) {
     return k.value(inv_scale != nullptr) && k.value(read_only) &&
-           k.scalar(found_inf) && (inv_scale == nullptr || k.scalar(*inv_scale)) &&
-           k.list(tensors);
+           k.scalar(found_inf) &&
+           (inv_scale == nullptr || k.scalar(*inv_scale)) && k.list(tensors);
   };
   const UnscalePlan* plan = cache.find(visit);
   if (plan != nullptr) {
@@ -283,9 +276,9 @@ void unscale_and_check_launch(const char* op, at::TensorList tensors,
   const bool unscale = inv_scale != nullptr;
   std::optional<typename Exec::Guard> guard;
   std::optional<DtypeGroups> copies;
-  const UnscalePlan& plan = unscale_family_plan<Exec>(
-      cache, op, tensors, found_inf, inv_scale, /*read_only=*/false, guard,
-      copies);
+  const UnscalePlan& plan =
+      unscale_family_plan<Exec>(cache, op, tensors, found_inf, inv_scale,
+                                /*read_only=*/false, guard, copies);
   float* found_ptr = found_inf.data_ptr<float>();
   const float* inv_ptr = unscale ? inv_scale->data_ptr<float>() : nullptr;
   plan.for_each([&](at::ScalarType dtype, const Launches<1>& launches) {
@@ -318,9 +311,8 @@ at::Tensor norm_run(const UnscalePlan& plan, std::optional<DtypeGroups>& copies,
   plan.for_each([&](at::ScalarType, const Launches<1>& launches) {
     blocks += count_blocks(launches);
   });
-  at::Tensor partials =
-      at::empty({std::max<int64_t>(blocks, 1)},
-                found_inf.options().dtype(at::kDouble));
+  at::Tensor partials = at::empty({std::max<int64_t>(blocks, 1)},
+                                  found_inf.options().dtype(at::kDouble));
   double* part_ptr = partials.data_ptr<double>();
   float* found_ptr = found_inf.data_ptr<float>();
   const float* inv_ptr = inv_scale.data_ptr<float>();
@@ -358,13 +350,13 @@ at::Tensor norm_launch(const char* op, at::TensorList grads,
   static thread_local PlanCache<UnscalePlan> cache;
   std::optional<typename Exec::Guard> guard;
   std::optional<DtypeGroups> copies;
-  const UnscalePlan& plan = unscale_family_plan<Exec>(
-      cache, op, grads, found_inf, &inv_scale, /*read_only=*/!in_place, guard,
-      copies);
+  const UnscalePlan& plan =
+      unscale_family_plan<Exec>(cache, op, grads, found_inf, &inv_scale,
+                                /*read_only=*/!in_place, guard, copies);
   checks::check_norm_type(op, norm_type);  // not in the key: every call
   return math::dispatch_norm_kind(math::norm_kind(norm_type), [&](auto kind) {
-    return norm_run<Exec, decltype(kind)::value>(plan, copies, found_inf,
-                                                 inv_scale, norm_type, in_place);
+    return norm_run<Exec, decltype(kind)::value>(
+        plan, copies, found_inf, inv_scale, norm_type, in_place);
   });
 }
 

@@ -45,7 +45,8 @@ void update_scale_launch(const OpArgs<&update_scale_>& a) {
                                   nullptr, found_inf, growth_interval);
   typename Exec::Guard guard(scale.device());
   Exec::launch_single_block(
-      1, UpdateScaleOp{}, scale.data_ptr<float>(), growth_tracker.data_ptr<int>(),
+      1, UpdateScaleOp{}, scale.data_ptr<float>(),
+      growth_tracker.data_ptr<int>(),
       static_cast<const float*>(found_inf.data_ptr<float>()), growth_factor,
       backoff_factor, static_cast<int>(growth_interval));
 }

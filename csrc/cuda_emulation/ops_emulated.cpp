@@ -23,9 +23,7 @@ namespace {
 
 int64_t planned_blocks() { return PlanOnlyExec::blocks.load(); }
 int64_t planned_launches() { return PlanOnlyExec::launches.load(); }
-int64_t planned_small_launches() {
-  return PlanOnlyExec::small_launches.load();
-}
+int64_t planned_small_launches() { return PlanOnlyExec::small_launches.load(); }
 
 // Plan reuse (cuda::PlanReuse, launch_plan.h): the counters of every CUDA
 // launcher in this process (emulated, plan-only and, in a CUDA build, the

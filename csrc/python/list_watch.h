@@ -23,7 +23,7 @@
 namespace mixprec {
 // (hidden, as pybind11's own namespace: these hold pybind11 objects, and
 // nothing here is exported from the module's shared object)
-namespace __attribute__((visibility("hidden"))) python {
+namespace [[gnu::visibility("hidden")]] python {
 
 namespace py = pybind11;
 
@@ -70,18 +70,17 @@ inline const at::Tensor& grad_of(PyObject* o) {
 // dtype, device type and index of a tensor, in one word
 inline int64_t kind_of(c10::TensorImpl* impl) {
   const c10::Device d = impl->device();
-  return static_cast<int64_t>(static_cast<uint8_t>(
-             c10::typeMetaToScalarType(impl->dtype()))) |
+  return static_cast<int64_t>(
+             static_cast<uint8_t>(c10::typeMetaToScalarType(impl->dtype()))) |
          static_cast<int64_t>(static_cast<uint8_t>(d.type())) << 8 |
          static_cast<int64_t>(static_cast<uint8_t>(d.index() + 1)) << 16;
 }
 
 inline const void* data_of(c10::TensorImpl* impl) {
   const void* base = impl->unsafe_storage().data();
-  return base == nullptr
-             ? nullptr
-             : static_cast<const char*>(base) +
-                   impl->storage_offset() * impl->itemsize();
+  return base == nullptr ? nullptr
+                         : static_cast<const char*>(base) +
+                               impl->storage_offset() * impl->itemsize();
 }
 
 // torch's DTensor class, once Python has seen it (set_dtensor_type, called by
@@ -129,10 +128,12 @@ inline py::object wrap_grad(const at::Tensor& g) {
 // The grad tensor_record found, to hand back.
 struct GradFound {
   const at::Tensor* grad = nullptr;  // a plain tensor's grad (maybe undefined)
-  py::object local;                  // a DTensor's: its grad's local shard, or None
+  py::object local;  // a DTensor's: its grad's local shard, or None
   // The grad as a Python object (None when there is none); empty with the
   // error set on failure.
-  py::object object() const { return grad != nullptr ? wrap_grad(*grad) : local; }
+  py::object object() const {
+    return grad != nullptr ? wrap_grad(*grad) : local;
+  }
 };
 
 // False (and r untouched) for anything but a torch.Tensor / nn.Parameter or a
@@ -215,7 +216,8 @@ inline PyObject* watch_tensors(PyObject* /*self*/, PyObject* args) {
     return nullptr;
   }
   const Py_ssize_t n = seq.size();
-  auto objs = py::reinterpret_steal<py::object>(PyTuple_New(with_grads ? 2 * n : n));
+  auto objs =
+      py::reinterpret_steal<py::object>(PyTuple_New(with_grads ? 2 * n : n));
   auto recs = py::reinterpret_steal<py::object>(PyBytes_FromStringAndSize(
       nullptr, static_cast<Py_ssize_t>(n * sizeof(TensorRecord))));
   if (!objs || !recs) {
@@ -261,10 +263,12 @@ inline PyObject* tensors_grads(PyObject* /*self*/, PyObject* args) {
   const Py_ssize_t stored = PyTuple_GET_SIZE(objs);
   const bool with_grads = stored == 2 * n && n > 0;
   if ((stored != n && !with_grads) ||
-      PyBytes_GET_SIZE(recs) != static_cast<Py_ssize_t>(n * sizeof(TensorRecord))) {
+      PyBytes_GET_SIZE(recs) !=
+          static_cast<Py_ssize_t>(n * sizeof(TensorRecord))) {
     return none();
   }
-  const auto* want = reinterpret_cast<const TensorRecord*>(PyBytes_AS_STRING(recs));
+  const auto* want =
+      reinterpret_cast<const TensorRecord*>(PyBytes_AS_STRING(recs));
   // (filled in the same pass, while each tensor is in cache; dropped on a miss)
   py::object grads;
   if (want_grads) {
@@ -307,8 +311,8 @@ inline PyObject* dense_grads(PyObject* /*self*/, PyObject* args) {
   PyObject* params = nullptr;
   int allow_fp16 = 0;
   PyObject* specs = nullptr;
-  if (!PyArg_ParseTuple(args, "Op|O!:dense_grads", &params, &allow_fp16, &PyList_Type,
-                        &specs)) {
+  if (!PyArg_ParseTuple(args, "Op|O!:dense_grads", &params, &allow_fp16,
+                        &PyList_Type, &specs)) {
     return nullptr;
   }
   const FastSeq seq(params, "dense_grads: a sequence of tensors");
@@ -340,7 +344,8 @@ inline PyObject* dense_grads(PyObject* /*self*/, PyObject* args) {
         return none();  // not a DTensor grad: the per-param loop says so
       }
       local = local_of(dgo.ptr());
-      auto spec = py::reinterpret_steal<py::object>(PyObject_GetAttr(dgo.ptr(), spec_name));
+      auto spec = py::reinterpret_steal<py::object>(
+          PyObject_GetAttr(dgo.ptr(), spec_name));
       if (!local || !spec) {
         PyErr_Clear();
         return none();
@@ -392,7 +397,8 @@ inline PyObject* watch_items(PyObject* /*self*/, PyObject* dicts) {
   if (!objs || !sizes) {
     return nullptr;
   }
-  auto* size_out = reinterpret_cast<Py_ssize_t*>(PyBytes_AS_STRING(sizes.ptr()));
+  auto* size_out =
+      reinterpret_cast<Py_ssize_t*>(PyBytes_AS_STRING(sizes.ptr()));
   Py_ssize_t j = 0;
   for (Py_ssize_t i = 0; i < n; ++i) {
     size_out[i] = PyDict_GET_SIZE(seq[i]);
@@ -426,7 +432,8 @@ inline PyObject* items_unchanged(PyObject* /*self*/, PyObject* args) {
   const Py_ssize_t n = seq.size();
   bool same = PyBytes_GET_SIZE(sizes) ==
               static_cast<Py_ssize_t>(n * sizeof(Py_ssize_t));
-  const auto* want = reinterpret_cast<const Py_ssize_t*>(PyBytes_AS_STRING(sizes));
+  const auto* want =
+      reinterpret_cast<const Py_ssize_t*>(PyBytes_AS_STRING(sizes));
   const Py_ssize_t total = PyTuple_GET_SIZE(objs);
   Py_ssize_t j = 0;
   for (Py_ssize_t i = 0; same && i < n; ++i) {
@@ -439,7 +446,8 @@ inline PyObject* items_unchanged(PyObject* /*self*/, PyObject* args) {
     PyObject* k = nullptr;
     PyObject* v = nullptr;
     while (same && PyDict_Next(seq[i], &pos, &k, &v)) {
-      same = k == PyTuple_GET_ITEM(objs, j) && v == PyTuple_GET_ITEM(objs, j + 1);
+      same =
+          k == PyTuple_GET_ITEM(objs, j) && v == PyTuple_GET_ITEM(objs, j + 1);
       j += 2;
     }
   }

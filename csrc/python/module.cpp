@@ -28,7 +28,8 @@ PyObject* fast(PyObject* /*self*/, PyObject* args) {
 // The host work of the CUDA launchers alone (csrc/cuda_emulation,
 // mixprec._cuda_emulation), through the same fast entry as the real ops: for
 // measuring the CUDA path's host cost without a GPU.
-constexpr char kPlanUnscaleAndCheck[] = "mixprec_cuda_emu::plan_unscale_and_check_";
+constexpr char kPlanUnscaleAndCheck[] =
+    "mixprec_cuda_emu::plan_unscale_and_check_";
 constexpr char kPlanFusedAdam[] = "mixprec_cuda_emu::plan_fused_adam_";
 constexpr char kPlanFusedSgd[] = "mixprec_cuda_emu::plan_fused_sgd_";
 
@@ -47,23 +48,28 @@ PyMethodDef methods[] = {
      "How many threads the CPU kernels' loops run on now (1 when built without "
      "torch's parallel backend)."},
 #define MIXPREC_FAST_ENTRY_(op)                                         \
-  {"fast_" #op, fast<OpInfo<&mixprec::op>::kName, OpSig<&mixprec::op>>,  \
+  {"fast_" #op, fast<OpInfo<&mixprec::op>::kName, OpSig<&mixprec::op>>, \
    METH_VARARGS, nullptr},
     MIXPREC_FOR_EACH_OP(MIXPREC_FAST_ENTRY_)
 #undef MIXPREC_FAST_ENTRY_
-    {"watch_tensors", mixprec::python::watch_tensors, METH_VARARGS,
-     "watch_tensors(tensors, with_grads) -> snapshot of the tensors (objects, "
-     "data pointers, numel, dtype, device, grad present; with_grads: the grad "
-     "objects and their data pointers), or None for a tensor subclass."},
+        {"watch_tensors", mixprec::python::watch_tensors, METH_VARARGS,
+         "watch_tensors(tensors, with_grads) -> snapshot of the tensors "
+         "(objects, "
+         "data pointers, numel, dtype, device, grad present; with_grads: the "
+         "grad "
+         "objects and their data pointers), or None for a tensor subclass."},
     {"tensors_grads", mixprec::python::tensors_grads, METH_VARARGS,
-     "tensors_grads(tensors, snapshot) -> the tensors' grads (None where absent) "
+     "tensors_grads(tensors, snapshot) -> the tensors' grads (None where "
+     "absent) "
      "when nothing the snapshot holds changed, else None."},
     {"dense_grads", mixprec::python::dense_grads, METH_VARARGS,
-     "dense_grads(params, allow_fp16[, specs]) -> the params' grads (those not None; "
+     "dense_grads(params, allow_fp16[, specs]) -> the params' grads (those not "
+     "None; "
      "a DTensor's: its local shard, its _spec appended to specs) when "
      "all are dense, on one device and allowed, else None."},
     {"set_dtensor_type", mixprec::python::set_dtensor_type, METH_O,
-     "set_dtensor_type(cls): the DTensor class, whose instances the list checks "
+     "set_dtensor_type(cls): the DTensor class, whose instances the list "
+     "checks "
      "read through their local shards."},
     {"watch_items", mixprec::python::watch_items, METH_O,
      "watch_items(dicts) -> snapshot of the dicts' keys and values, or None "
@@ -102,16 +108,16 @@ PyMODINIT_FUNC PyInit__C(void) {
                                  info.torch_version.c_str()) < 0 ||
       PyModule_AddIntConstant(m, "cuda_kernels", info.cuda_kernels ? 1 : 0) <
           0 ||
-      PyModule_AddStringConstant(m, "cuda_version",
-                                 info.cuda_version.c_str()) < 0 ||
+      PyModule_AddStringConstant(m, "cuda_version", info.cuda_version.c_str()) <
+          0 ||
       PyModule_AddStringConstant(m, "cuda_archs", info.cuda_archs.c_str()) <
           0 ||
-      PyModule_AddStringConstant(m, "cxx_compiler",
-                                 info.cxx_compiler.c_str()) < 0 ||
+      PyModule_AddStringConstant(m, "cxx_compiler", info.cxx_compiler.c_str()) <
+          0 ||
       PyModule_AddStringConstant(m, "cxx_compiler_version",
                                  info.cxx_compiler_version.c_str()) < 0 ||
-      PyModule_AddStringConstant(m, "nvcc_version",
-                                 info.nvcc_version.c_str()) < 0) {
+      PyModule_AddStringConstant(m, "nvcc_version", info.nvcc_version.c_str()) <
+          0) {
     Py_DECREF(m);
     return nullptr;
   }

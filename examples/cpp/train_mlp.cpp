@@ -47,13 +47,20 @@ Args parse(int argc, char** argv) {
     const std::string k = argv[i];
     if (i + 1 >= argc) usage(argv[0]);
     const std::string v = argv[++i];
-    if (k == "--device") a.device = v;
-    else if (k == "--dtype") a.dtype = v;
-    else if (k == "--steps") a.steps = std::stoi(v);
-    else if (k == "--inject-inf") a.inject_inf = std::stoi(v);
-    else if (k == "--seed") a.seed = std::stoll(v);
-    else if (k == "--lr") a.lr = std::stod(v);
-    else usage(argv[0]);
+    if (k == "--device")
+      a.device = v;
+    else if (k == "--dtype")
+      a.dtype = v;
+    else if (k == "--steps")
+      a.steps = std::stoi(v);
+    else if (k == "--inject-inf")
+      a.inject_inf = std::stoi(v);
+    else if (k == "--seed")
+      a.seed = std::stoll(v);
+    else if (k == "--lr")
+      a.lr = std::stod(v);
+    else
+      usage(argv[0]);
   }
   if ((a.device != "cpu" && a.device != "cuda") ||
       (a.dtype != "bf16" && a.dtype != "fp16")) {
@@ -66,7 +73,8 @@ Args parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
-  const torch::Device device(args.device == "cuda" ? torch::kCUDA : torch::kCPU);
+  const torch::Device device(args.device == "cuda" ? torch::kCUDA
+                                                   : torch::kCPU);
   const torch::ScalarType dtype =
       args.dtype == "fp16" ? torch::kHalf : torch::kBFloat16;
   if (device.is_cuda() && !torch::cuda::is_available()) {
@@ -74,10 +82,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto info = mixprec::build_info();
-  std::printf("mixprec %s | torch %s | device %s | dtype %s | CUDA kernels %s\n",
-              info.version.c_str(), info.torch_version.c_str(),
-              args.device.c_str(), args.dtype.c_str(),
-              info.cuda_kernels ? "yes" : "no");
+  std::printf(
+      "mixprec %s | torch %s | device %s | dtype %s | CUDA kernels %s\n",
+      info.version.c_str(), info.torch_version.c_str(), args.device.c_str(),
+      args.dtype.c_str(), info.cuda_kernels ? "yes" : "no");
 
   // Model: initialised in float32 from the seed (same as the Python twin),
   // then cast to 16 bits.

@@ -50,24 +50,27 @@ inline int run_tests(const TestList& tests) {
 
 // c10/util/Logging.h has a glog-style CHECK; these tests use their own.
 #undef CHECK
-#define CHECK(cond) \
-  ::mixprec_test::check_impl(static_cast<bool>(cond), #cond, "", __FILE__, __LINE__)
-#define CHECK_MSG(cond, msg) \
-  ::mixprec_test::check_impl(static_cast<bool>(cond), #cond, (msg), __FILE__, __LINE__)
+#define CHECK(cond)                                                        \
+  ::mixprec_test::check_impl(static_cast<bool>(cond), #cond, "", __FILE__, \
+                             __LINE__)
+#define CHECK_MSG(cond, msg)                                                  \
+  ::mixprec_test::check_impl(static_cast<bool>(cond), #cond, (msg), __FILE__, \
+                             __LINE__)
 
 // Runs `stmt`, expects an exception of type Exc whose message contains
 // `needle`.
-#define CHECK_THROWS(Exc, stmt, needle)                                        \
-  do {                                                                         \
-    std::string _msg;                                                          \
-    bool _threw = false;                                                       \
-    try {                                                                      \
-      stmt;                                                                    \
-    } catch (const Exc& e) {                                                   \
-      _threw = true;                                                           \
-      _msg = e.what_without_backtrace();                                       \
-    }                                                                          \
-    CHECK_MSG(_threw, std::string("expected " #Exc " from: " #stmt));          \
-    CHECK_MSG(!_threw || _msg.find(needle) != std::string::npos,               \
-              "message does not contain '" + std::string(needle) + "': " + _msg); \
+#define CHECK_THROWS(Exc, stmt, needle)                                     \
+  do {                                                                      \
+    std::string _msg;                                                       \
+    bool _threw = false;                                                    \
+    try {                                                                   \
+      stmt;                                                                 \
+    } catch (const Exc& e) {                                                \
+      _threw = true;                                                        \
+      _msg = e.what_without_backtrace();                                    \
+    }                                                                       \
+    CHECK_MSG(_threw, std::string("expected " #Exc " from: " #stmt));       \
+    CHECK_MSG(                                                              \
+        !_threw || _msg.find(needle) != std::string::npos,                  \
+        "message does not contain '" + std::string(needle) + "': " + _msg); \
   } while (0)

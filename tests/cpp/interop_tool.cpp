@@ -30,7 +30,10 @@ constexpr int kScalerIters = 7;
 bool scaler_inf_at(int it) { return it == 1 || it == 2 || it == 5; }
 
 mixprec::GradScalerOptions scaler_options() {
-  return mixprec::GradScalerOptions().init_scale(512.0).growth_interval(2).hysteresis(2);
+  return mixprec::GradScalerOptions()
+      .init_scale(512.0)
+      .growth_interval(2)
+      .hysteresis(2);
 }
 
 int scaler_save(const std::string& path) {
@@ -40,7 +43,8 @@ int scaler_save(const std::string& path) {
   for (int it = 0; it < kScalerIters; ++it) {
     opt.zero_grad();
     scaler.scale((w * w).sum()).backward();
-    if (scaler_inf_at(it)) w.mutable_grad()[0].fill_(std::numeric_limits<float>::infinity());
+    if (scaler_inf_at(it))
+      w.mutable_grad()[0].fill_(std::numeric_limits<float>::infinity());
     scaler.step(opt);
     scaler.update();
   }
@@ -63,7 +67,8 @@ int scaler_show(const std::string& path) {
 }
 
 // The model of the optimizer parity check (interop.py has the same).
-torch::Tensor forward(const std::vector<torch::Tensor>& p, const torch::Tensor& x) {
+torch::Tensor forward(const std::vector<torch::Tensor>& p,
+                      const torch::Tensor& x) {
   namespace F = torch::nn::functional;
   auto h = torch::relu(F::linear(x.to(p[0].scalar_type()), p[0], p[1]));
   auto out = F::linear(h, p[2], p[3]);
@@ -81,8 +86,10 @@ int optim_run(const std::string& kind, const std::string& dtype_name,
   const auto x = torch::randn({64, 16});
   const auto y = torch::randn({64, 1});
   std::vector<torch::Tensor> params = {
-      (torch::randn({32, 16}) * 0.25).to(dtype), (torch::randn({32}) * 0.1).to(dtype),
-      (torch::randn({1, 32}) * 0.25).to(dtype), (torch::randn({1}) * 0.1).to(dtype)};
+      (torch::randn({32, 16}) * 0.25).to(dtype),
+      (torch::randn({32}) * 0.1).to(dtype),
+      (torch::randn({1, 32}) * 0.25).to(dtype),
+      (torch::randn({1}) * 0.1).to(dtype)};
   for (auto& p : params) p.requires_grad_();
   std::vector<torch::Tensor> initial;
   for (const auto& p : params) initial.push_back(p.detach().clone());
@@ -93,16 +100,21 @@ int optim_run(const std::string& kind, const std::string& dtype_name,
         params, mixprec::optim::AdamWOptions(1e-2).weight_decay(0.1));
   } else if (kind == "adam") {
     opt = std::make_unique<mixprec::optim::Adam>(
-        params, mixprec::optim::AdamOptions(1e-2).weight_decay(0.01).amsgrad(true));
+        params,
+        mixprec::optim::AdamOptions(1e-2).weight_decay(0.01).amsgrad(true));
   } else if (kind == "sgd") {
-    opt = std::make_unique<mixprec::optim::SGD>(
-        params, mixprec::optim::SGDOptions(5e-2).momentum(0.9).nesterov(true).weight_decay(1e-3));
+    opt = std::make_unique<mixprec::optim::SGD>(params,
+                                                mixprec::optim::SGDOptions(5e-2)
+                                                    .momentum(0.9)
+                                                    .nesterov(true)
+                                                    .weight_decay(1e-3));
   } else {
     std::fprintf(stderr, "unknown optimizer %s\n", kind.c_str());
     return 2;
   }
-  mixprec::GradScaler scaler(torch::kCPU,
-                             mixprec::GradScalerOptions().init_scale(1024.0).growth_interval(3));
+  mixprec::GradScaler scaler(
+      torch::kCPU,
+      mixprec::GradScalerOptions().init_scale(1024.0).growth_interval(3));
   std::vector<double> losses, scales;
   std::vector<int64_t> stepped;
   for (int it = 0; it < steps; ++it) {
@@ -110,7 +122,8 @@ int optim_run(const std::string& kind, const std::string& dtype_name,
     auto loss = torch::mse_loss(forward(params, x).to(torch::kFloat), y);
     scaler.scale(loss).backward();
     if (it == inject) {
-      params[2].mutable_grad().view(-1)[3].fill_(std::numeric_limits<float>::infinity());
+      params[2].mutable_grad().view(-1)[3].fill_(
+          std::numeric_limits<float>::infinity());
     }
     if (it % 2 == 1) scaler.clip_grad_norm_(*opt, 0.5);  // exercise both routes
     stepped.push_back(scaler.step(*opt) ? 1 : 0);
@@ -138,18 +151,22 @@ int optim_run(const std::string& kind, const std::string& dtype_name,
 }
 
 std::unique_ptr<mixprec::optim::FusedOptimizer> make_optimizer(
-    const std::string& kind, const std::vector<torch::Tensor>& params, double lr) {
+    const std::string& kind, const std::vector<torch::Tensor>& params,
+    double lr) {
   if (kind == "adamw") {
     return std::make_unique<mixprec::optim::AdamW>(
         params, mixprec::optim::AdamWOptions(lr).weight_decay(0.1));
   }
   if (kind == "adam") {
     return std::make_unique<mixprec::optim::Adam>(
-        params, mixprec::optim::AdamOptions(lr).weight_decay(0.01).amsgrad(true));
+        params,
+        mixprec::optim::AdamOptions(lr).weight_decay(0.01).amsgrad(true));
   }
   TORCH_CHECK(kind == "sgd", "unknown optimizer ", kind);
   return std::make_unique<mixprec::optim::SGD>(
-      params, mixprec::optim::SGDOptions(lr).momentum(0.9).nesterov(true).weight_decay(1e-3));
+      params,
+      mixprec::optim::SGDOptions(lr).momentum(0.9).nesterov(true).weight_decay(
+          1e-3));
 }
 
 std::vector<torch::Tensor> tensor_list(const c10::IValue& v) {
@@ -165,7 +182,8 @@ c10::Dict<c10::IValue, c10::IValue> load_dict(const std::string& path) {
 // Plain optimizer steps (no scaler); returns the losses.
 std::vector<double> train(mixprec::optim::FusedOptimizer& opt,
                           const std::vector<torch::Tensor>& params,
-                          const torch::Tensor& x, const torch::Tensor& y, int steps) {
+                          const torch::Tensor& x, const torch::Tensor& y,
+                          int steps) {
   std::vector<double> losses;
   for (int i = 0; i < steps; ++i) {
     opt.zero_grad();
@@ -192,8 +210,10 @@ int optim_ckpt(const std::string& kind, const std::string& dtype_name,
     const auto x = torch::randn({32, 16});
     const auto y = torch::randn({32, 1});
     std::vector<torch::Tensor> params = {
-        (torch::randn({32, 16}) * 0.25).to(dtype), (torch::randn({32}) * 0.1).to(dtype),
-        (torch::randn({1, 32}) * 0.25).to(dtype), (torch::randn({1}) * 0.1).to(dtype)};
+        (torch::randn({32, 16}) * 0.25).to(dtype),
+        (torch::randn({32}) * 0.1).to(dtype),
+        (torch::randn({1, 32}) * 0.25).to(dtype),
+        (torch::randn({1}) * 0.1).to(dtype)};
     for (auto& p : params) p.requires_grad_();
     auto opt = make_optimizer(kind, params, 1e-2);
     train(*opt, params, x, y, 3);
@@ -219,7 +239,8 @@ int optim_ckpt(const std::string& kind, const std::string& dtype_name,
   const auto x = data.at("x").toTensor();
   const auto y = data.at("y").toTensor();
   std::vector<torch::Tensor> params;
-  for (const auto& t : tensor_list(load_dict(dir + "/py_params.pt").at("params"))) {
+  for (const auto& t :
+       tensor_list(load_dict(dir + "/py_params.pt").at("params"))) {
     params.push_back(t.clone().requires_grad_());
   }
   auto opt = make_optimizer(kind, params, 0.5);  // lr must come from the file
@@ -239,8 +260,10 @@ int main(int argc, char** argv) {
   try {
     if (a.size() == 2 && a[0] == "scaler-save") return scaler_save(a[1]);
     if (a.size() == 2 && a[0] == "scaler-show") return scaler_show(a[1]);
-    if (a.size() == 4 && a[0] == "optim-run") return optim_run(a[1], a[2], a[3]);
-    if (a.size() == 5 && a[0] == "optim-ckpt") return optim_ckpt(a[1], a[2], a[3], a[4]);
+    if (a.size() == 4 && a[0] == "optim-run")
+      return optim_run(a[1], a[2], a[3]);
+    if (a.size() == 5 && a[0] == "optim-ckpt")
+      return optim_ckpt(a[1], a[2], a[3], a[4]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "interop_tool: %s\n", e.what());
     return 1;

@@ -55,40 +55,51 @@ void test_scaler_basics() {
   CHECK(scaled.item<float>() == 3072.0f);
   CHECK(s.scale_tensor().scalar_type() == torch::kFloat);
   CHECK(s.scale_tensor().dim() == 0);
-  auto many = s.scale(std::vector<torch::Tensor>{torch::ones({2}), torch::full({3}, 2.0)});
+  auto many = s.scale(
+      std::vector<torch::Tensor>{torch::ones({2}), torch::full({3}, 2.0)});
   CHECK(many.size() == 2 && many[1][2].item<float>() == 2048.0f);
   // methods before scale(): torch's messages
   auto fresh = cpu_scaler();
   torch::optim::SGD sgd({torch::zeros({1}, torch::requires_grad())},
                         torch::optim::SGDOptions(0.1));
-  CHECK_THROWS(c10::Error, fresh.unscale_(sgd),
-               "Attempted unscale_ but _scale is None.  This may indicate your "
-               "script did not use scaler.scale(loss or outputs) earlier in the "
-               "iteration.");
-  CHECK_THROWS(c10::Error, fresh.step(sgd), "Attempted step but _scale is None.");
-  CHECK_THROWS(c10::Error, fresh.update(), "Attempted update but _scale is None.");
+  CHECK_THROWS(
+      c10::Error, fresh.unscale_(sgd),
+      "Attempted unscale_ but _scale is None.  This may indicate your "
+      "script did not use scaler.scale(loss or outputs) earlier in the "
+      "iteration.");
+  CHECK_THROWS(c10::Error, fresh.step(sgd),
+               "Attempted step but _scale is None.");
+  CHECK_THROWS(c10::Error, fresh.update(),
+               "Attempted update but _scale is None.");
 }
 
 void test_scaler_option_errors() {
-  CHECK_THROWS(c10::Error, cpu_scaler(mixprec::GradScalerOptions().growth_factor(1.0)),
+  CHECK_THROWS(c10::Error,
+               cpu_scaler(mixprec::GradScalerOptions().growth_factor(1.0)),
                "The growth factor must be > 1.0.");
-  CHECK_THROWS(c10::Error, cpu_scaler(mixprec::GradScalerOptions().backoff_factor(1.0)),
+  CHECK_THROWS(c10::Error,
+               cpu_scaler(mixprec::GradScalerOptions().backoff_factor(1.0)),
                "The backoff factor must be < 1.0.");
-  CHECK_THROWS(c10::ValueError, cpu_scaler(mixprec::GradScalerOptions().hysteresis(0)),
-               "mixprec.GradScaler: hysteresis must be an int >= 1, got 0");
-  CHECK_THROWS(c10::ValueError, cpu_scaler(mixprec::GradScalerOptions().min_scale(-1.0)),
-               "mixprec.GradScaler: min_scale must be finite and > 0");
   CHECK_THROWS(c10::ValueError,
-               cpu_scaler(mixprec::GradScalerOptions().min_scale(4.0).max_scale(2.0)),
-               "must not exceed max_scale");
+               cpu_scaler(mixprec::GradScalerOptions().hysteresis(0)),
+               "mixprec.GradScaler: hysteresis must be an int >= 1, got 0");
+  CHECK_THROWS(c10::ValueError,
+               cpu_scaler(mixprec::GradScalerOptions().min_scale(-1.0)),
+               "mixprec.GradScaler: min_scale must be finite and > 0");
+  CHECK_THROWS(
+      c10::ValueError,
+      cpu_scaler(mixprec::GradScalerOptions().min_scale(4.0).max_scale(2.0)),
+      "must not exceed max_scale");
   CHECK_THROWS(c10::ValueError, mixprec::GradScalerOptions::policy("apex"),
                "mixprec.GradScaler: policy must be one of");
   auto ds = mixprec::GradScalerOptions::policy("deepspeed");
-  CHECK(ds.hysteresis() == 2 && ds.growth_interval() == 1000 && ds.min_scale() == 1.0);
+  CHECK(ds.hysteresis() == 2 && ds.growth_interval() == 1000 &&
+        ds.min_scale() == 1.0);
   auto mg = mixprec::GradScalerOptions::policy("megatron");
   CHECK(mg.init_scale() == 4294967296.0);
   // disabled: factors are not checked, everything is a pass-through
-  auto off = cpu_scaler(mixprec::GradScalerOptions().enabled(false).growth_factor(0.5));
+  auto off = cpu_scaler(
+      mixprec::GradScalerOptions().enabled(false).growth_factor(0.5));
   CHECK(!off.is_enabled());
   CHECK(off.get_scale() == 1.0);
   auto t = torch::ones({2});
@@ -101,7 +112,8 @@ void test_scaler_option_errors() {
 void test_scaler_state_machine() {
   Toy m(torch::kFloat);
   torch::optim::SGD opt(m.params(), torch::optim::SGDOptions(0.01));
-  auto s = cpu_scaler(mixprec::GradScalerOptions().init_scale(256.0).growth_interval(2));
+  auto s = cpu_scaler(
+      mixprec::GradScalerOptions().init_scale(256.0).growth_interval(2));
   const auto x = torch::randn({5, 4});
   std::vector<double> scales;
   std::vector<bool> ran;
@@ -119,7 +131,8 @@ void test_scaler_state_machine() {
     CHECK(s.stage(opt) == mixprec::OptState::STEPPED);
     CHECK_THROWS(c10::Error, s.step(opt),
                  "step() has already been called since the last update().");
-    CHECK_THROWS(c10::Error, s.unscale_(opt), "unscale_() is being called after step().");
+    CHECK_THROWS(c10::Error, s.unscale_(opt),
+                 "unscale_() is being called after step().");
     s.update();
     CHECK(s.step_was_skipped() == !stepped);
     CHECK(s.stage(opt) == mixprec::OptState::READY);
@@ -138,13 +151,15 @@ void test_scaler_state_machine() {
   CHECK_THROWS(c10::Error, s.unscale_(opt),
                "unscale_() has already been called on this optimizer since the "
                "last update().");
-  CHECK_THROWS(c10::Error, s.step(opt, [] { return torch::Tensor(); }),
-               "Closure use is not currently supported if GradScaler is enabled.");
+  CHECK_THROWS(
+      c10::Error, s.step(opt, [] { return torch::Tensor(); }),
+      "Closure use is not currently supported if GradScaler is enabled.");
   CHECK(s.step(opt));
   s.update();
   // update() without any inf check recorded
   s.scale(m.loss(x));
-  CHECK_THROWS(c10::Error, s.update(), "No inf checks were recorded prior to update.");
+  CHECK_THROWS(c10::Error, s.update(),
+               "No inf checks were recorded prior to update.");
 }
 
 // unscale_ matches grad / scale (reciprocal in float64, rounded to float32).
@@ -165,7 +180,8 @@ void test_scaler_fp16_grads() {
   torch::optim::SGD plain(m.params(), torch::optim::SGDOptions(0.01));
   auto s = cpu_scaler();
   s.scale(m.loss(torch::randn({3, 4}))).backward();
-  CHECK_THROWS(c10::ValueError, s.unscale_(plain), "Attempting to unscale FP16 gradients.");
+  CHECK_THROWS(c10::ValueError, s.unscale_(plain),
+               "Attempting to unscale FP16 gradients.");
   auto allow = cpu_scaler(mixprec::GradScalerOptions().allow_fp16_grads(true));
   allow.scale(torch::tensor(1.0f));
   allow.unscale_(plain);
@@ -210,7 +226,8 @@ void test_scaler_amp_aware() {
     } else {
       ob.step();
       // grads were scaled by 64 (a power of two): unscaling is exact
-      CHECK_MSG(same(a.w.detach(), b.w.detach()), "amp-aware step == plain step");
+      CHECK_MSG(same(a.w.detach(), b.w.detach()),
+                "amp-aware step == plain step");
       CHECK(same(oa.master_params()[0], ob.master_params()[0]));
     }
     s.update();
@@ -262,7 +279,8 @@ void test_scaler_update_new_scale() {
   CHECK(s.get_scale() == 7.0);
   const char* reason = "new_scale should be a float or a 1-element";
   CHECK_THROWS(c10::Error, s.update(torch::ones({2})), reason);
-  CHECK_THROWS(c10::Error, s.update(torch::ones({}, torch::requires_grad())), reason);
+  CHECK_THROWS(c10::Error, s.update(torch::ones({}, torch::requires_grad())),
+               reason);
 }
 
 void test_scaler_clip_grad_norm() {
@@ -275,13 +293,14 @@ void test_scaler_clip_grad_norm() {
   s.scale(m.loss(x)).backward();
   ref.loss(x).backward();
   const auto total = s.clip_grad_norm_(opt, 0.05);
-  const double want =
-      torch::nn::utils::clip_grad_norm_(ref.params(), 0.05);
-  CHECK_MSG(std::abs(total.item<double>() - want) <= 1e-5 * want,
-            std::to_string(total.item<double>()) + " vs " + std::to_string(want));
+  const double want = torch::nn::utils::clip_grad_norm_(ref.params(), 0.05);
+  CHECK_MSG(
+      std::abs(total.item<double>() - want) <= 1e-5 * want,
+      std::to_string(total.item<double>()) + " vs " + std::to_string(want));
   CHECK(torch::allclose(m.w.grad(), ref.w.grad(), 1e-5, 1e-7));
   CHECK(s.stage(opt) == mixprec::OptState::UNSCALED);
-  CHECK_THROWS(c10::Error, s.unscale_(opt), "unscale_() has already been called");
+  CHECK_THROWS(c10::Error, s.unscale_(opt),
+               "unscale_() has already been called");
   CHECK(s.step(opt));
   CHECK_THROWS(c10::Error, s.clip_grad_norm_(opt, 1.0),
                "clip_grad_norm_() is being called after step().");
@@ -314,7 +333,8 @@ void test_scaler_clip_folded_into_step() {
     CHECK(same(a.w.grad(), grad_before));  // folded: read only
     CHECK(!same(b.w.grad(), a.w.grad()));  // unfolded: unscaled and clipped
     CHECK(sa.stage(oa) == mixprec::OptState::UNSCALED);
-    CHECK_THROWS(c10::Error, sa.unscale_(oa), "unscale_() has already been called");
+    CHECK_THROWS(c10::Error, sa.unscale_(oa),
+                 "unscale_() has already been called");
     if (it != 2) {
       CHECK_MSG(std::abs(ta.item<double>() - tb.item<double>()) <=
                     1e-6 * tb.item<double>(),
@@ -364,7 +384,10 @@ void test_scaler_clip_folded_then_opt_out() {
 void test_scaler_state_dict_roundtrip(const std::string& dir) {
   Toy m(torch::kFloat);
   torch::optim::SGD opt(m.params(), torch::optim::SGDOptions(0.0));
-  auto s = cpu_scaler(mixprec::GradScalerOptions().init_scale(32.0).growth_interval(3).hysteresis(3));
+  auto s = cpu_scaler(mixprec::GradScalerOptions()
+                          .init_scale(32.0)
+                          .growth_interval(3)
+                          .hysteresis(3));
   for (int it = 0; it < 4; ++it) {
     opt.zero_grad();
     s.scale(m.loss(torch::randn({2, 4}))).backward();
@@ -373,10 +396,12 @@ void test_scaler_state_dict_roundtrip(const std::string& dir) {
     s.update();
   }
   auto sd = s.state_dict();
-  CHECK(sd.at("scale").isDouble() && sd.at("scale").toDouble() == 64.0);  // 1 tolerated overflow, grew once
+  CHECK(sd.at("scale").isDouble() &&
+        sd.at("scale").toDouble() == 64.0);  // 1 tolerated overflow, grew once
   CHECK(sd.at("growth_factor").toDouble() == 2.0);
   CHECK(sd.at("backoff_factor").toDouble() == 0.5);
-  CHECK(sd.at("growth_interval").isInt() && sd.at("growth_interval").toInt() == 3);
+  CHECK(sd.at("growth_interval").isInt() &&
+        sd.at("growth_interval").toInt() == 3);
   CHECK(sd.at("_growth_tracker").toInt() == 0);  // grew at the 3rd clean step
   CHECK(sd.at("_hysteresis_left").toInt() == 3);
   const std::string path = dir + "/scaler_roundtrip.pt";
@@ -401,13 +426,16 @@ void test_scaler_state_dict_roundtrip(const std::string& dir) {
   CHECK(u.get_scale() == 64.0);
   // errors
   auto v = cpu_scaler();
-  CHECK_THROWS(c10::Error, v.load_state_dict(cpu_scaler(
-                                 mixprec::GradScalerOptions().enabled(false)).state_dict()),
-               "The source state dict is empty, possibly because it was saved "
-               "from a disabled instance of GradScaler.");
+  CHECK_THROWS(
+      c10::Error,
+      v.load_state_dict(
+          cpu_scaler(mixprec::GradScalerOptions().enabled(false)).state_dict()),
+      "The source state dict is empty, possibly because it was saved "
+      "from a disabled instance of GradScaler.");
   auto partial = s.state_dict().copy();
   partial.erase("growth_interval");
-  CHECK_THROWS(c10::Error, v.load_state_dict(partial), "missing key 'growth_interval'");
+  CHECK_THROWS(c10::Error, v.load_state_dict(partial),
+               "missing key 'growth_interval'");
   CHECK(v.get_scale() == 65536.0);  // unchanged by the rejected load
 }
 
@@ -431,15 +459,23 @@ void test_optim_vs_torch() {
     } else if (kind == 1) {
       name = "Adam";
       ours = std::make_unique<mixprec::optim::Adam>(
-          a.params(), mixprec::optim::AdamOptions(1e-2).weight_decay(0.1).amsgrad(true));
+          a.params(),
+          mixprec::optim::AdamOptions(1e-2).weight_decay(0.1).amsgrad(true));
       theirs = std::make_unique<torch::optim::Adam>(
-          b.params(), torch::optim::AdamOptions(1e-2).weight_decay(0.1).amsgrad(true));
+          b.params(),
+          torch::optim::AdamOptions(1e-2).weight_decay(0.1).amsgrad(true));
     } else {
       name = "SGD";
       ours = std::make_unique<mixprec::optim::SGD>(
-          a.params(), mixprec::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(0.01));
+          a.params(), mixprec::optim::SGDOptions(1e-2)
+                          .momentum(0.9)
+                          .nesterov(true)
+                          .weight_decay(0.01));
       theirs = std::make_unique<torch::optim::SGD>(
-          b.params(), torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(0.01));
+          b.params(), torch::optim::SGDOptions(1e-2)
+                          .momentum(0.9)
+                          .nesterov(true)
+                          .weight_decay(0.01));
     }
     for (int it = 0; it < 5; ++it) {
       ours->zero_grad();
@@ -465,30 +501,35 @@ void test_optim_masters_and_errors() {
   CHECK(masters.size() == 2 && masters[0].scalar_type() == torch::kFloat);
   CHECK(same(masters[0].to(torch::kBFloat16), m.w.detach()));  // rounded master
   // no masters: the params themselves
-  mixprec::optim::SGD nom(m.params(), mixprec::optim::SGDOptions(0.1).master_weights(false));
+  mixprec::optim::SGD nom(
+      m.params(), mixprec::optim::SGDOptions(0.1).master_weights(false));
   CHECK(!nom.master_weights());
   CHECK(nom.master_params()[0].scalar_type() == torch::kBFloat16);
   // bad options and inputs (the Python messages)
+  CHECK_THROWS(
+      c10::ValueError,
+      mixprec::optim::AdamW(m.params(), mixprec::optim::AdamWOptions(-1.0)),
+      "mixprec.optim.AdamW: lr must be a finite number >= 0, got -1");
   CHECK_THROWS(c10::ValueError,
-               mixprec::optim::AdamW(m.params(), mixprec::optim::AdamWOptions(-1.0)),
-               "mixprec.optim.AdamW: lr must be a finite number >= 0, got -1");
-  CHECK_THROWS(c10::ValueError,
-               mixprec::optim::Adam(m.params(),
-                                    mixprec::optim::AdamOptions().betas({0.9, 1.0})),
+               mixprec::optim::Adam(
+                   m.params(), mixprec::optim::AdamOptions().betas({0.9, 1.0})),
                "mixprec.optim.Adam: betas[1] must be in [0, 1), got 1");
   CHECK_THROWS(c10::ValueError,
-               mixprec::optim::SGD(m.params(), mixprec::optim::SGDOptions(0.1).nesterov(true)),
+               mixprec::optim::SGD(
+                   m.params(), mixprec::optim::SGDOptions(0.1).nesterov(true)),
                "mixprec.optim.SGD: nesterov=True requires momentum > 0");
   auto d = torch::randn({3}, torch::kDouble).requires_grad_();
   d.mutable_grad() = torch::ones({3}, torch::kDouble);
   mixprec::optim::AdamW dbl({d});
   CHECK_THROWS(c10::Error, dbl.step(),
-               "mixprec.optim.AdamW: params must be float32, float16 or bfloat16, got Double");
+               "mixprec.optim.AdamW: params must be float32, float16 or "
+               "bfloat16, got Double");
   CHECK(dbl.state().empty());  // rejected before any state was created
   mixprec::optim::StepScalars bad;
   bad.found_inf = torch::zeros({2});
   CHECK_THROWS(c10::Error, opt.step_with(bad),
-               "mixprec.optim.Adam.step: found_inf must be a float32 tensor with one element");
+               "mixprec.optim.Adam.step: found_inf must be a float32 tensor "
+               "with one element");
   // found_inf set: nothing changes, step count included
   const auto w = m.w.detach().clone();
   mixprec::optim::StepScalars skip;
@@ -506,11 +547,15 @@ void test_optim_serialize(const std::string& dir) {
     Toy a(torch::kHalf), b(torch::kHalf);
     std::unique_ptr<mixprec::optim::FusedOptimizer> oa, ob;
     if (kind == 0) {
-      oa = std::make_unique<mixprec::optim::AdamW>(a.params(), mixprec::optim::AdamWOptions(1e-2).amsgrad(true));
-      ob = std::make_unique<mixprec::optim::AdamW>(b.params(), mixprec::optim::AdamWOptions(0.5));
+      oa = std::make_unique<mixprec::optim::AdamW>(
+          a.params(), mixprec::optim::AdamWOptions(1e-2).amsgrad(true));
+      ob = std::make_unique<mixprec::optim::AdamW>(
+          b.params(), mixprec::optim::AdamWOptions(0.5));
     } else {
-      oa = std::make_unique<mixprec::optim::SGD>(a.params(), mixprec::optim::SGDOptions(1e-2).momentum(0.9));
-      ob = std::make_unique<mixprec::optim::SGD>(b.params(), mixprec::optim::SGDOptions(0.5));
+      oa = std::make_unique<mixprec::optim::SGD>(
+          a.params(), mixprec::optim::SGDOptions(1e-2).momentum(0.9));
+      ob = std::make_unique<mixprec::optim::SGD>(
+          b.params(), mixprec::optim::SGDOptions(0.5));
     }
     for (int it = 0; it < 3; ++it) {
       oa->zero_grad();
@@ -522,7 +567,8 @@ void test_optim_serialize(const std::string& dir) {
     b.w.detach().copy_(a.w.detach());
     b.b.detach().copy_(a.b.detach());
     torch::load(*ob, path);
-    CHECK(ob->param_groups()[0].options().get_lr() == 1e-2);  // options restored
+    CHECK(ob->param_groups()[0].options().get_lr() ==
+          1e-2);  // options restored
     for (int it = 0; it < 3; ++it) {
       oa->zero_grad();
       ob->zero_grad();
@@ -531,7 +577,8 @@ void test_optim_serialize(const std::string& dir) {
       oa->step();
       ob->step();
     }
-    CHECK_MSG(same(a.w.detach(), b.w.detach()), "reloaded optimizer continues identically");
+    CHECK_MSG(same(a.w.detach(), b.w.detach()),
+              "reloaded optimizer continues identically");
     CHECK(same(oa->master_params()[0], ob->master_params()[0]));
   }
 }
@@ -541,7 +588,8 @@ void test_optim_state_dict(const std::string& dir) {
   torch::manual_seed(6);
   const auto x = torch::randn({5, 4});
   Toy a(torch::kBFloat16), b(torch::kBFloat16);
-  mixprec::optim::Adam oa(a.params(), mixprec::optim::AdamOptions(1e-2).amsgrad(true));
+  mixprec::optim::Adam oa(a.params(),
+                          mixprec::optim::AdamOptions(1e-2).amsgrad(true));
   for (int it = 0; it < 2; ++it) {
     oa.zero_grad();
     a.loss(x).backward();
@@ -574,7 +622,8 @@ void test_optim_state_dict(const std::string& dir) {
     oa.step();
     ob.step();
   }
-  CHECK_MSG(same(a.w.detach(), b.w.detach()), "state_dict round trip continues identically");
+  CHECK_MSG(same(a.w.detach(), b.w.detach()),
+            "state_dict round trip continues identically");
   // a mismatched optimizer is rejected and keeps its state
   Toy c(torch::kFloat);
   mixprec::optim::Adam oc({c.w}, mixprec::optim::AdamOptions(0.3));
@@ -591,7 +640,8 @@ void test_autocast_guard() {
     CHECK(at::autocast::is_autocast_enabled(torch::kCPU));
     CHECK(torch::mm(w, w).scalar_type() == torch::kBFloat16);
     {
-      mixprec::AutocastGuard inner(torch::kCPU, torch::kBFloat16, /*enabled=*/false);
+      mixprec::AutocastGuard inner(torch::kCPU, torch::kBFloat16,
+                                   /*enabled=*/false);
       CHECK(torch::mm(w, w).scalar_type() == torch::kFloat);
     }
     CHECK(torch::mm(w, w).scalar_type() == torch::kBFloat16);
@@ -610,7 +660,8 @@ void test_cpu_kernel_threads() {
 #else
   const bool openmp_torch = false;
 #endif
-  CHECK(mixprec::cpu_kernel_threads() == (openmp_torch || AT_PARALLEL_NATIVE ? 2 : 1));
+  CHECK(mixprec::cpu_kernel_threads() ==
+        (openmp_torch || AT_PARALLEL_NATIVE ? 2 : 1));
   at::set_num_threads(1);
   CHECK(mixprec::cpu_kernel_threads() == 1);
   at::set_num_threads(before);
@@ -634,8 +685,10 @@ int main(int argc, char** argv) {
       {"scaler update(new_scale)", test_scaler_update_new_scale},
       {"scaler clip_grad_norm_", test_scaler_clip_grad_norm},
       {"scaler clip folded into the step", test_scaler_clip_folded_into_step},
-      {"scaler clip folded, then opted out", test_scaler_clip_folded_then_opt_out},
-      {"scaler state dict + save/load", [&] { test_scaler_state_dict_roundtrip(dir); }},
+      {"scaler clip folded, then opted out",
+       test_scaler_clip_folded_then_opt_out},
+      {"scaler state dict + save/load",
+       [&] { test_scaler_state_dict_roundtrip(dir); }},
       {"optim vs torch::optim (fp32)", test_optim_vs_torch},
       {"optim masters + errors", test_optim_masters_and_errors},
       {"optim torch::save/load", [&] { test_optim_serialize(dir); }},

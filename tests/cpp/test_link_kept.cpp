@@ -28,7 +28,8 @@ int main() {
   for (const char* name : kOps) {
     listed.insert(name);
     const auto op = c10::Dispatcher::singleton().findSchema({name, ""});
-    const bool ok = op.has_value() && op->hasKernelForDispatchKey(c10::DispatchKey::CPU);
+    const bool ok =
+        op.has_value() && op->hasKernelForDispatchKey(c10::DispatchKey::CPU);
     if (ok) {
       ++passed;
     } else {
@@ -38,7 +39,8 @@ int main() {
   }
   // Every registered mixprec op is in MIXPREC_FOR_EACH_OP.
   int registered = 0;
-  for (const c10::OperatorName& op : c10::Dispatcher::singleton().getAllOpNames()) {
+  for (const c10::OperatorName& op :
+       c10::Dispatcher::singleton().getAllOpNames()) {
     if (op.name.rfind("mixprec::", 0) != 0) {
       continue;
     }
@@ -47,8 +49,9 @@ int main() {
       ++passed;
     } else {
       ++failed;
-      std::printf("FAIL %s is registered but missing from MIXPREC_FOR_EACH_OP\n",
-                  op.name.c_str());
+      std::printf(
+          "FAIL %s is registered but missing from MIXPREC_FOR_EACH_OP\n",
+          op.name.c_str());
     }
   }
   std::printf("%zu ops listed, %d registered\n", listed.size(), registered);

@@ -30,9 +30,12 @@ bool bits_equal(const at::Tensor& a, const at::Tensor& b) {
   const auto as_int = [](const at::Tensor& t) {
     const at::Tensor c = t.contiguous();
     switch (c.element_size()) {
-      case 2: return c.view(at::kShort);
-      case 4: return c.view(at::kInt);
-      default: return c.view(at::kLong);
+      case 2:
+        return c.view(at::kShort);
+      case 4:
+        return c.view(at::kInt);
+      default:
+        return c.view(at::kLong);
     }
   };
   return at::equal(as_int(a), as_int(b));
@@ -79,11 +82,15 @@ void test_unscale_vs_torch(std::mt19937_64& rng) {
       std::vector<at::Tensor> a = random_grads(dtype);
       // scenario 0: all finite; 1: +inf first elem of first non-empty;
       // 2: NaN last elem of last; 3: -inf in the middle.
-      if (scenario == 1) inject(a, 1, 0, std::numeric_limits<double>::infinity());
-      if (scenario == 2) inject(a, a.size() - 1, a.back().numel() - 1, std::nan(""));
-      if (scenario == 3) inject(a, 5, 12345, -std::numeric_limits<double>::infinity());
+      if (scenario == 1)
+        inject(a, 1, 0, std::numeric_limits<double>::infinity());
+      if (scenario == 2)
+        inject(a, a.size() - 1, a.back().numel() - 1, std::nan(""));
+      if (scenario == 3)
+        inject(a, 5, 12345, -std::numeric_limits<double>::infinity());
       std::vector<at::Tensor> b = clone_all(a);
-      const double scale = std::ldexp(1.0 + std::uniform_real_distribution<double>(0, 1)(rng), 12);
+      const double scale = std::ldexp(
+          1.0 + std::uniform_real_distribution<double>(0, 1)(rng), 12);
       const at::Tensor inv = scalar_f32(static_cast<float>(1.0 / scale));
       at::Tensor found_a = scalar_f32(0.0), found_b = scalar_f32(0.0);
       mixprec::unscale_and_check_(a, found_a, inv);
@@ -93,7 +100,8 @@ void test_unscale_vs_torch(std::mt19937_64& rng) {
       CHECK_MSG(bits_equal(found_a, found_b), tag);
       CHECK_MSG(found_a.item<float>() == (scenario == 0 ? 0.0f : 1.0f), tag);
       bool all_equal = true;
-      for (size_t i = 0; i < a.size(); ++i) all_equal = all_equal && bits_equal(a[i], b[i]);
+      for (size_t i = 0; i < a.size(); ++i)
+        all_equal = all_equal && bits_equal(a[i], b[i]);
       CHECK_MSG(all_equal, "grads differ from torch: " + tag);
     }
   }
@@ -115,7 +123,8 @@ void test_unscale_bf16() {
     CHECK(found.item<float>() == 1.0f);
     bool ok = true;
     for (size_t i = 0; i < g.size(); ++i) {
-      const at::Tensor ref = (orig[i].to(at::kDouble) * static_cast<double>(inv));
+      const at::Tensor ref =
+          (orig[i].to(at::kDouble) * static_cast<double>(inv));
       if (inv_d == 1.0 / 1024.0) {
         // Power-of-two factor: the product is exact, so bitwise.
         ok = ok && bits_equal(g[i], ref.to(at::kBFloat16));
@@ -126,7 +135,8 @@ void test_unscale_bf16() {
         const at::Tensor finite = at::isfinite(ref);
         ok = ok && at::equal(at::isfinite(got), finite);
         const at::Tensor err = (got - ref).abs().masked_fill(~finite, 0.0);
-        const at::Tensor tol = ref.abs().masked_fill(~finite, 0.0) * std::ldexp(1.0, -8) + 1e-38;
+        const at::Tensor tol =
+            ref.abs().masked_fill(~finite, 0.0) * std::ldexp(1.0, -8) + 1e-38;
         ok = ok && at::le(err, tol).all().item<bool>();
       }
     }
@@ -146,8 +156,10 @@ void test_check_finite() {
     mixprec::check_finite_(t, found);
     CHECK(found.item<float>() == 1.0f);
     bool untouched = true;
-    for (size_t i = 0; i < t.size(); ++i) untouched = untouched && bits_equal(t[i], before[i]);
-    CHECK_MSG(untouched, std::string("check_finite_ wrote its input, ") + c10::toString(dtype));
+    for (size_t i = 0; i < t.size(); ++i)
+      untouched = untouched && bits_equal(t[i], before[i]);
+    CHECK_MSG(untouched, std::string("check_finite_ wrote its input, ") +
+                             c10::toString(dtype));
   }
 }
 
@@ -162,14 +174,18 @@ void test_norm_ops() {
     for (const auto& g : t) parts.push_back(g.to(at::kDouble).flatten() * 0.25);
     const double want = at::cat(parts).norm().item<double>();
     at::Tensor f1 = scalar_f32(0.0), f2 = scalar_f32(0.0);
-    const at::Tensor n1 = mixprec::check_finite_and_norm_(t, f1, scalar_f32(0.25));
+    const at::Tensor n1 =
+        mixprec::check_finite_and_norm_(t, f1, scalar_f32(0.25));
     bool untouched = true;
-    for (size_t i = 0; i < t.size(); ++i) untouched = untouched && bits_equal(t[i], before[i]);
-    CHECK_MSG(untouched, std::string("check_finite_and_norm_ wrote, ") + c10::toString(dtype));
+    for (size_t i = 0; i < t.size(); ++i)
+      untouched = untouched && bits_equal(t[i], before[i]);
+    CHECK_MSG(untouched, std::string("check_finite_and_norm_ wrote, ") +
+                             c10::toString(dtype));
     const at::Tensor n2 = mixprec::unscale_and_norm_(t, f2, scalar_f32(0.25));
     CHECK(bits_equal(n1, n2));
-    CHECK_MSG(std::abs(n1.item<double>() - want) <= 1e-6 * want,
-              std::to_string(n1.item<double>()) + " vs " + std::to_string(want));
+    CHECK_MSG(
+        std::abs(n1.item<double>() - want) <= 1e-6 * want,
+        std::to_string(n1.item<double>()) + " vs " + std::to_string(want));
     CHECK(f1.item<float>() == 0.0f && f2.item<float>() == 0.0f);
     CHECK(!bits_equal(t[5], before[5]));  // unscaled in place
   }
@@ -193,7 +209,8 @@ void test_update_scale() {
     const std::string tag = "step " + std::to_string(step);
     CHECK_MSG(scale.item<float>() == want_scale[step], tag);
     CHECK_MSG(tracker.item<int>() == want_tracker[step], tag);
-    CHECK_MSG(bits_equal(scale, ts) && at::equal(tracker, tt), "differs from torch, " + tag);
+    CHECK_MSG(bits_equal(scale, ts) && at::equal(tracker, tt),
+              "differs from torch, " + tag);
   }
   // Growth skipped when the grown scale would overflow float32.
   at::Tensor big = scalar_f32(1e38), tr = scalar_i32(0);
@@ -202,15 +219,17 @@ void test_update_scale() {
   CHECK(tr.item<int>() == 0);
 }
 
-void step_ext(State& s, float inf, double growth, double backoff, int64_t interval,
-              std::optional<double> min_s, std::optional<double> max_s, int64_t hyst) {
+void step_ext(State& s, float inf, double growth, double backoff,
+              int64_t interval, std::optional<double> min_s,
+              std::optional<double> max_s, int64_t hyst) {
   s.found.fill_(inf);
-  mixprec::update_scale_ext_(s.scale, s.tracker, s.hyst, s.found, growth, backoff,
-                             interval, min_s, max_s, hyst);
+  mixprec::update_scale_ext_(s.scale, s.tracker, s.hyst, s.found, growth,
+                             backoff, interval, min_s, max_s, hyst);
 }
 
 State make_state(double scale, int64_t hyst) {
-  return State{scalar_f32(scale), scalar_i32(0), scalar_i32(hyst), scalar_f32(0.0)};
+  return State{scalar_f32(scale), scalar_i32(0), scalar_i32(hyst),
+               scalar_f32(0.0)};
 }
 
 void test_update_scale_ext() {
@@ -252,9 +271,11 @@ void test_update_scale_ext() {
       const float inf = pattern[i].item<double>() < 0.3 ? 1.0f : 0.0f;
       step_ext(s, inf, 2.0, 0.5, 3, std::nullopt, std::nullopt, 1);
       mixprec::update_scale_(scale, tracker, scalar_f32(inf), 2.0, 0.5, 3);
-      same = same && bits_equal(s.scale, scale) && at::equal(s.tracker, tracker);
+      same =
+          same && bits_equal(s.scale, scale) && at::equal(s.tracker, tracker);
     }
-    CHECK_MSG(same, "update_scale_ext_(hysteresis=1) differs from update_scale_");
+    CHECK_MSG(same,
+              "update_scale_ext_(hysteresis=1) differs from update_scale_");
   }
 }
 
@@ -263,37 +284,47 @@ void test_bad_inputs() {
   const std::vector<at::Tensor> before = clone_all(g);
   const at::Tensor inv = scalar_f32(0.5);
   at::Tensor found_f64 = at::zeros({1}, at::kDouble);
-  CHECK_THROWS(c10::Error, mixprec::unscale_and_check_(g, found_f64, inv), "found_inf");
+  CHECK_THROWS(c10::Error, mixprec::unscale_and_check_(g, found_f64, inv),
+               "found_inf");
   at::Tensor found = scalar_f32(0.0);
   at::Tensor inv_2 = at::full({2}, 0.5, at::kFloat);
-  CHECK_THROWS(c10::Error, mixprec::unscale_and_check_(g, found, inv_2), "inv_scale");
+  CHECK_THROWS(c10::Error, mixprec::unscale_and_check_(g, found, inv_2),
+               "inv_scale");
   std::vector<at::Tensor> with_int = clone_all(g);
   with_int.push_back(at::ones({3}, at::kInt));
-  CHECK_THROWS(c10::Error, mixprec::unscale_and_check_(with_int, found, inv), "grads[");
+  CHECK_THROWS(c10::Error, mixprec::unscale_and_check_(with_int, found, inv),
+               "grads[");
   bool untouched = found.item<float>() == 0.0f;
-  for (size_t i = 0; i < g.size(); ++i) untouched = untouched && bits_equal(g[i], before[i]);
+  for (size_t i = 0; i < g.size(); ++i)
+    untouched = untouched && bits_equal(g[i], before[i]);
   CHECK_MSG(untouched, "a rejected call modified its inputs");
 
   State s = make_state(4.0, 1);
-  CHECK_THROWS(c10::Error, step_ext(s, 0, 0.5, 0.5, 2, std::nullopt, std::nullopt, 1),
+  CHECK_THROWS(c10::Error,
+               step_ext(s, 0, 0.5, 0.5, 2, std::nullopt, std::nullopt, 1),
                "growth_factor");
-  CHECK_THROWS(c10::Error, step_ext(s, 0, 2.0, 1.5, 2, std::nullopt, std::nullopt, 1),
+  CHECK_THROWS(c10::Error,
+               step_ext(s, 0, 2.0, 1.5, 2, std::nullopt, std::nullopt, 1),
                "backoff_factor");
   CHECK(s.scale.item<float>() == 4.0f);
   at::Tensor tracker_f = at::zeros({1}, at::kFloat);
   at::Tensor scale = scalar_f32(4.0);
-  CHECK_THROWS(c10::Error, mixprec::update_scale_(scale, tracker_f, found, 2.0, 0.5, 2),
+  CHECK_THROWS(c10::Error,
+               mixprec::update_scale_(scale, tracker_f, found, 2.0, 0.5, 2),
                "growth_tracker");
 }
 
 void test_build_info() {
   const mixprec::BuildInfo info = mixprec::build_info();
-  std::printf("build_info: mixprec %s, torch %s, cuda kernels %s, CUDA '%s', archs '%s'\n",
-              info.version.c_str(), info.torch_version.c_str(),
-              info.cuda_kernels ? "yes" : "no", info.cuda_version.c_str(),
-              info.cuda_archs.c_str());
+  std::printf(
+      "build_info: mixprec %s, torch %s, cuda kernels %s, CUDA '%s', archs "
+      "'%s'\n",
+      info.version.c_str(), info.torch_version.c_str(),
+      info.cuda_kernels ? "yes" : "no", info.cuda_version.c_str(),
+      info.cuda_archs.c_str());
   CHECK(info.version == MIXPREC_EXPECTED_VERSION);
-  // Built against this torch: "2.14.1+cu130" starts with TORCH_VERSION "2.14.1".
+  // Built against this torch: "2.14.1+cu130" starts with TORCH_VERSION
+  // "2.14.1".
   CHECK_MSG(info.torch_version.rfind(TORCH_VERSION, 0) == 0,
             info.torch_version + " vs " + TORCH_VERSION);
   CHECK(info.cuda_kernels == (MIXPREC_EXPECTED_CUDA_KERNELS != 0));
@@ -311,7 +342,8 @@ int main() {
   std::mt19937_64 rng(seed);
 
   const mixprec_test::TestList tests = {
-      {"unscale_and_check_ vs torch (fp32, fp16)", [&] { test_unscale_vs_torch(rng); }},
+      {"unscale_and_check_ vs torch (fp32, fp16)",
+       [&] { test_unscale_vs_torch(rng); }},
       {"unscale_and_check_ bf16 vs float64", test_unscale_bf16},
       {"check_finite_", test_check_finite},
       {"unscale_and_norm_ / check_finite_and_norm_", test_norm_ops},

@@ -10,6 +10,8 @@
 // training; <mixprec/mixprec.h> includes both.
 #pragma once
 
+#include "mixprec/export.h"
+
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
@@ -18,7 +20,7 @@ namespace mixprec {
 // RAII autocast region: enables autocast for `device` with `dtype` (or
 // disables it, enabled = false), and on exit restores the previous state and
 // clears the cast cache when the outermost region ends.
-class AutocastGuard {
+class MIXPREC_API AutocastGuard {
  public:
   AutocastGuard(c10::DeviceType device, c10::ScalarType dtype,
                 bool enabled = true, bool cache_enabled = true);

@@ -14,8 +14,8 @@
 //     optimizer.zero_grad();
 //     at::Tensor loss;
 //     {
-//       mixprec::AutocastGuard autocast(torch::kCUDA, torch::kHalf);  // autocast_guard.h
-//       loss = loss_fn(model->forward(x), y);
+//       mixprec::AutocastGuard autocast(torch::kCUDA, torch::kHalf);  //
+//       autocast_guard.h loss = loss_fn(model->forward(x), y);
 //     }
 //     scaler.scale(loss).backward();
 //     scaler.clip_grad_norm_(optimizer, 1.0);   // optional
@@ -31,6 +31,8 @@
 // process_group (distributed reduction of the inf checks), stats(), and
 // optimizers whose step takes a `grad_scaler` argument.
 #pragma once
+
+#include "mixprec/export.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/Dict.h>
@@ -56,7 +58,7 @@ class InputArchive;
 namespace mixprec {
 
 // Constructor arguments of GradScaler. Defaults are torch.amp.GradScaler's.
-struct GradScalerOptions {
+struct MIXPREC_API GradScalerOptions {
   GradScalerOptions() = default;
 
   // The presets of the Python class's `policy=` argument: "torch" (the
@@ -89,7 +91,7 @@ struct GradScalerOptions {
 // Where an optimizer is in the current iteration (torch.amp's OptState).
 enum class OptState { READY = 0, UNSCALED = 1, STEPPED = 2 };
 
-class GradScaler {
+class MIXPREC_API GradScaler {
  public:
   // `device`: the device type of the scale, as the Python class's first
   // argument ("cuda" by default). Enabled on CUDA without a CUDA device, it
@@ -233,9 +235,9 @@ class GradScaler {
   int64_t init_hysteresis_left_;
   std::optional<bool> allow_fp16_grads_;
 
-  at::Tensor scale_;             // float32 0-dim, lazily created
-  at::Tensor growth_tracker_;    // int32 0-dim
-  at::Tensor hysteresis_left_;   // int32 0-dim, only with the ext rule
+  at::Tensor scale_;            // float32 0-dim, lazily created
+  at::Tensor growth_tracker_;   // int32 0-dim
+  at::Tensor hysteresis_left_;  // int32 0-dim, only with the ext rule
 
   // keyed by the optimizer's address (Python: id(optimizer)), ordered
   std::vector<std::pair<const void*, PerOptimizerState>> per_optimizer_;

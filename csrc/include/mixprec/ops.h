@@ -8,6 +8,8 @@
 // rest of mixprec takes it from here with decltype (csrc/common/op_table.h).
 #pragma once
 
+#include "mixprec/export.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
@@ -24,7 +26,7 @@ template <auto Fn, class Sig = std::remove_pointer_t<decltype(Fn)>>
 struct Dispatch;
 
 template <auto Fn, class Ret, class... Args>
-struct Dispatch<Fn, Ret(Args...)> {
+struct MIXPREC_API Dispatch<Fn, Ret(Args...)> {
   static Ret call(Args... args);
 };
 
@@ -32,8 +34,9 @@ struct Dispatch<Fn, Ret(Args...)> {
 
 // grads[i] *= inv_scale in place; found_inf = 1 if any grad held inf/NaN.
 // found_inf, inv_scale: one-element float32 tensors on the grads' device.
-inline void unscale_and_check_(at::TensorList grads, const at::Tensor& found_inf,
-                        const at::Tensor& inv_scale) {
+inline void unscale_and_check_(at::TensorList grads,
+                               const at::Tensor& found_inf,
+                               const at::Tensor& inv_scale) {
   detail::Dispatch<&unscale_and_check_>::call(grads, found_inf, inv_scale);
 }
 
@@ -44,39 +47,47 @@ inline void check_finite_(at::TensorList tensors, const at::Tensor& found_inf) {
 
 // unscale_and_check_ that also returns the total norm_type-norm of the
 // unscaled grads as a 0-dim float32 tensor on their device (one pass).
-inline at::Tensor unscale_and_norm_(at::TensorList grads, const at::Tensor& found_inf,
-                             const at::Tensor& inv_scale,
-                             double norm_type = 2.0) {
-  return detail::Dispatch<&unscale_and_norm_>::call(grads, found_inf, inv_scale, norm_type);
+inline at::Tensor unscale_and_norm_(at::TensorList grads,
+                                    const at::Tensor& found_inf,
+                                    const at::Tensor& inv_scale,
+                                    double norm_type = 2.0) {
+  return detail::Dispatch<&unscale_and_norm_>::call(grads, found_inf, inv_scale,
+                                                    norm_type);
 }
 
 // Read-only unscale_and_norm_: sets found_inf and returns the norm of
 // grads * inv_scale; the grads are not written.
 inline at::Tensor check_finite_and_norm_(at::TensorList grads,
-                                  const at::Tensor& found_inf,
-                                  const at::Tensor& inv_scale,
-                                  double norm_type = 2.0) {
-  return detail::Dispatch<&check_finite_and_norm_>::call(grads, found_inf, inv_scale, norm_type);
+                                         const at::Tensor& found_inf,
+                                         const at::Tensor& inv_scale,
+                                         double norm_type = 2.0) {
+  return detail::Dispatch<&check_finite_and_norm_>::call(grads, found_inf,
+                                                         inv_scale, norm_type);
 }
 
 // torch._amp_update_scale_ semantics. scale: float32, growth_tracker: int32,
 // found_inf: float32; one element each, same device.
-inline void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                   const at::Tensor& found_inf, double growth_factor,
-                   double backoff_factor, int64_t growth_interval) {
-  detail::Dispatch<&update_scale_>::call(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
+inline void update_scale_(const at::Tensor& scale,
+                          const at::Tensor& growth_tracker,
+                          const at::Tensor& found_inf, double growth_factor,
+                          double backoff_factor, int64_t growth_interval) {
+  detail::Dispatch<&update_scale_>::call(scale, growth_tracker, found_inf,
+                                         growth_factor, backoff_factor,
+                                         growth_interval);
 }
 
 // update_scale_ with hysteresis and min/max bounds (hysteresis_left: int32).
 inline void update_scale_ext_(const at::Tensor& scale,
-                       const at::Tensor& growth_tracker,
-                       const at::Tensor& hysteresis_left,
-                       const at::Tensor& found_inf, double growth_factor,
-                       double backoff_factor, int64_t growth_interval,
-                       std::optional<double> min_scale = std::nullopt,
-                       std::optional<double> max_scale = std::nullopt,
-                       int64_t hysteresis = 1) {
-  detail::Dispatch<&update_scale_ext_>::call(scale, growth_tracker, hysteresis_left, found_inf, growth_factor, backoff_factor, growth_interval, min_scale, max_scale, hysteresis);
+                              const at::Tensor& growth_tracker,
+                              const at::Tensor& hysteresis_left,
+                              const at::Tensor& found_inf, double growth_factor,
+                              double backoff_factor, int64_t growth_interval,
+                              std::optional<double> min_scale = std::nullopt,
+                              std::optional<double> max_scale = std::nullopt,
+                              int64_t hysteresis = 1) {
+  detail::Dispatch<&update_scale_ext_>::call(
+      scale, growth_tracker, hysteresis_left, found_inf, growth_factor,
+      backoff_factor, growth_interval, min_scale, max_scale, hysteresis);
 }
 
 // One fused Adam/AdamW step (decoupled_weight_decay selects AdamW) over all
@@ -86,31 +97,38 @@ inline void update_scale_ext_(const at::Tensor& scale,
 // empty unless amsgrad), master_params (fp32, empty or one per 16-bit param),
 // state_steps (fp32, one element each; incremented). lr: one-element fp32/fp64
 // tensor. grad_scale/found_inf/clip_coef: optional one-element fp32 tensors.
-inline void fused_adam_(at::TensorList params, at::TensorList grads,
-                 at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                 at::TensorList max_exp_avg_sqs, at::TensorList master_params,
-                 at::TensorList state_steps, const at::Tensor& lr, double beta1,
-                 double beta2, double weight_decay, double eps, bool amsgrad,
-                 bool maximize, bool decoupled_weight_decay,
-                 const std::optional<at::Tensor>& grad_scale = std::nullopt,
-                 const std::optional<at::Tensor>& found_inf = std::nullopt,
-                 const std::optional<at::Tensor>& clip_coef = std::nullopt,
-                 bool stochastic_rounding = false, int64_t seed = 0) {
-  detail::Dispatch<&fused_adam_>::call(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay, grad_scale, found_inf, clip_coef, stochastic_rounding, seed);
+inline void fused_adam_(
+    at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+    at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+    at::TensorList master_params, at::TensorList state_steps,
+    const at::Tensor& lr, double beta1, double beta2, double weight_decay,
+    double eps, bool amsgrad, bool maximize, bool decoupled_weight_decay,
+    const std::optional<at::Tensor>& grad_scale = std::nullopt,
+    const std::optional<at::Tensor>& found_inf = std::nullopt,
+    const std::optional<at::Tensor>& clip_coef = std::nullopt,
+    bool stochastic_rounding = false, int64_t seed = 0) {
+  detail::Dispatch<&fused_adam_>::call(
+      params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params,
+      state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize,
+      decoupled_weight_decay, grad_scale, found_inf, clip_coef,
+      stochastic_rounding, seed);
 }
 
 // One fused SGD step (torch.optim.SGD's rule); momentum_buffers (fp32) is empty
 // when momentum == 0. Other conventions as fused_adam_.
-inline void fused_sgd_(at::TensorList params, at::TensorList grads,
-                at::TensorList momentum_buffers, at::TensorList master_params,
-                at::TensorList state_steps, const at::Tensor& lr,
-                double weight_decay, double momentum, double dampening,
-                bool nesterov, bool maximize,
-                const std::optional<at::Tensor>& grad_scale = std::nullopt,
-                const std::optional<at::Tensor>& found_inf = std::nullopt,
-                const std::optional<at::Tensor>& clip_coef = std::nullopt,
-                bool stochastic_rounding = false, int64_t seed = 0) {
-  detail::Dispatch<&fused_sgd_>::call(params, grads, momentum_buffers, master_params, state_steps, lr, weight_decay, momentum, dampening, nesterov, maximize, grad_scale, found_inf, clip_coef, stochastic_rounding, seed);
+inline void fused_sgd_(
+    at::TensorList params, at::TensorList grads,
+    at::TensorList momentum_buffers, at::TensorList master_params,
+    at::TensorList state_steps, const at::Tensor& lr, double weight_decay,
+    double momentum, double dampening, bool nesterov, bool maximize,
+    const std::optional<at::Tensor>& grad_scale = std::nullopt,
+    const std::optional<at::Tensor>& found_inf = std::nullopt,
+    const std::optional<at::Tensor>& clip_coef = std::nullopt,
+    bool stochastic_rounding = false, int64_t seed = 0) {
+  detail::Dispatch<&fused_sgd_>::call(
+      params, grads, momentum_buffers, master_params, state_steps, lr,
+      weight_decay, momentum, dampening, nesterov, maximize, grad_scale,
+      found_inf, clip_coef, stochastic_rounding, seed);
 }
 
 }  // namespace mixprec

@@ -22,6 +22,8 @@
 //                             mixprec::optim::AdamWOptions(1e-3));
 #pragma once
 
+#include "mixprec/export.h"
+
 #include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -57,7 +59,7 @@ struct StepScalars {
 };
 
 // Base of AdamW, Adam and SGD; not used directly.
-class FusedOptimizer : public torch::optim::Optimizer {
+class MIXPREC_API FusedOptimizer : public torch::optim::Optimizer {
  public:
   using torch::optim::Optimizer::Optimizer;
 
@@ -119,8 +121,7 @@ class FusedOptimizer : public torch::optim::Optimizer {
   // Returns the state for the subclass's own buffers (defined in optim.cpp).
   template <class State>
   State& bucket_param(const at::Tensor& p,
-                      torch::optim::OptimizerParamGroup& group,
-                      Bucket& bucket);
+                      torch::optim::OptimizerParamGroup& group, Bucket& bucket);
   // After torch::load: state tensors to the param's device, float32.
   void fix_loaded_state();
 
@@ -134,7 +135,7 @@ class FusedOptimizer : public torch::optim::Optimizer {
 };
 
 // ------------------------------------------------------------------ Adam
-struct AdamOptions
+struct MIXPREC_API AdamOptions
     : public torch::optim::OptimizerCloneableOptions<AdamOptions> {
   AdamOptions(double lr = 1e-3);
   TORCH_ARG(double, lr) = 1e-3;
@@ -159,7 +160,7 @@ struct AdamOptions
 };
 
 // AdamW's options: AdamOptions with weight_decay 1e-2 by default.
-struct AdamWOptions
+struct MIXPREC_API AdamWOptions
     : public torch::optim::OptimizerCloneableOptions<AdamWOptions> {
   AdamWOptions(double lr = 1e-3);
   TORCH_ARG(double, lr) = 1e-3;
@@ -181,7 +182,7 @@ struct AdamWOptions
 };
 
 // Per-param state of Adam/AdamW (the keys of the Python state dict).
-struct AdamParamState
+struct MIXPREC_API AdamParamState
     : public torch::optim::OptimizerCloneableParamState<AdamParamState> {
   TORCH_ARG(at::Tensor, step);            // float32 0-dim, param's device
   TORCH_ARG(at::Tensor, exp_avg);         // float32
@@ -199,7 +200,7 @@ struct AdamParamState
 // AdamW, not this; Options is AdamOptions or AdamWOptions (instantiated in
 // the library for those two only).
 template <typename Options>
-class AdamBase : public FusedOptimizer {
+class MIXPREC_API AdamBase : public FusedOptimizer {
  public:
   explicit AdamBase(
       const std::vector<torch::optim::OptimizerParamGroup>& groups,
@@ -231,20 +232,21 @@ extern template class AdamBase<AdamWOptions>;
 
 // Adam (decoupled_weight_decay selects AdamW's decay), one fused kernel.
 //   Adam(groups, AdamOptions defaults = {}), Adam(params, defaults)
-class Adam : public AdamBase<AdamOptions> {
+class MIXPREC_API Adam : public AdamBase<AdamOptions> {
  public:
   using AdamBase<AdamOptions>::AdamBase;
 };
 
 // AdamW: decoupled weight decay (default 1e-2), one fused kernel.
 //   AdamW(groups, AdamWOptions defaults = {}), AdamW(params, defaults)
-class AdamW : public AdamBase<AdamWOptions> {
+class MIXPREC_API AdamW : public AdamBase<AdamWOptions> {
  public:
   using AdamBase<AdamWOptions>::AdamBase;
 };
 
 // ------------------------------------------------------------------ SGD
-struct SGDOptions : public torch::optim::OptimizerCloneableOptions<SGDOptions> {
+struct MIXPREC_API SGDOptions
+    : public torch::optim::OptimizerCloneableOptions<SGDOptions> {
   SGDOptions(double lr = 1e-3);
   TORCH_ARG(double, lr) = 1e-3;
   TORCH_ARG(double, momentum) = 0;
@@ -263,7 +265,7 @@ struct SGDOptions : public torch::optim::OptimizerCloneableOptions<SGDOptions> {
   void set_lr(const double lr) override;
 };
 
-struct SGDParamState
+struct MIXPREC_API SGDParamState
     : public torch::optim::OptimizerCloneableParamState<SGDParamState> {
   TORCH_ARG(at::Tensor, step);             // float32 0-dim, param's device
   TORCH_ARG(at::Tensor, momentum_buffer);  // float32, momentum != 0 only
@@ -275,7 +277,7 @@ struct SGDParamState
 };
 
 // SGD (momentum, dampening, Nesterov, weight decay), one fused kernel.
-class SGD : public FusedOptimizer {
+class MIXPREC_API SGD : public FusedOptimizer {
  public:
   explicit SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups,
                SGDOptions defaults = {});

@@ -7,6 +7,8 @@
 // saved from C++ is a plain checkpoint for Python.
 #pragma once
 
+#include "mixprec/export.h"
+
 #include <ATen/core/ivalue.h>
 
 #include <string>
@@ -17,13 +19,13 @@ namespace mixprec {
 // The bytes of a torch.save file holding `value`: nested dicts (str keys),
 // lists, tuples, str, int, float, bool, None and tensors (saved from the CPU;
 // other devices are copied). Python: torch.load(f, weights_only=True).
-std::vector<char> pickle_save(const c10::IValue& value);
+MIXPREC_API std::vector<char> pickle_save(const c10::IValue& value);
 
 // pickle_save(value) written to `path` (c10::Error when that fails).
-void torch_save(const c10::IValue& value, const std::string& path);
+MIXPREC_API void torch_save(const c10::IValue& value, const std::string& path);
 
 // Reads a file written by torch_save, torch::pickle_save or Python's
 // torch.save (tensors, containers and primitive values).
-c10::IValue torch_load(const std::string& path);
+MIXPREC_API c10::IValue torch_load(const std::string& path);
 
 }  // namespace mixprec

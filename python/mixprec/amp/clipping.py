@@ -23,20 +23,43 @@ local shards and the norm is reduced over the ``Shard`` dimensions of their mesh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
 from .. import _dtensor, ops
-from .grads import norm_pass, reduce_found_inf
+from .grads import DeviceGrads, norm_pass, reduce_found_inf
 from .protocol import record_of, takes_step_scalars
 
-if TYPE_CHECKING:
-    from .grad_scaler import GradScaler
+__all__ = ["ClipAccess", "clip_grad_norm", "total_norm", "clip_with_norm", "all_reduce_norm"]
 
-__all__ = ["clip_grad_norm", "total_norm", "clip_with_norm", "all_reduce_norm"]
+
+@dataclass(frozen=True)
+class ClipAccess:
+    """What clipping needs of the scaler, handed over by it (not the scaler itself).
+
+    Attributes:
+        scale: the scale tensor (float32, one element); its device is where the norm and
+            the inf flags end up.
+        state: the optimizer's per-iteration state dict (``stage``,
+            ``found_inf_per_device``, the :class:`~mixprec.amp.protocol.IterationRecord`);
+            written here.
+        inv_scale: ``1 / scale`` as the scaler computes it.
+        collect: the optimizer's grads by device (``(optimizer, allow_fp16,
+            coalesce_sparse=False) -> DeviceGrads``).
+        unscale: the scaler's ``unscale_``.
+        process_group: the group the norm and the flags are reduced over, or ``None``.
+    """
+
+    scale: Tensor
+    state: dict[str, Any]
+    inv_scale: Callable[[], Tensor]
+    collect: Callable[..., DeviceGrads]
+    unscale: Callable[[torch.optim.Optimizer], None]
+    process_group: Any
 
 
 def _op_available(name: str) -> bool:
@@ -49,18 +72,16 @@ def _op_available(name: str) -> bool:
 
 
 def clip_grad_norm(
-    scaler: GradScaler,
+    scaler: ClipAccess,
     optimizer: torch.optim.Optimizer,
     max_norm: float,
     norm_type: float,
     fold_into_step: bool,
 ) -> Tensor:
-    """The body of :meth:`mixprec.GradScaler.clip_grad_norm_` (see its documentation)."""
+    """The body of :meth:`mixprec.GradScaler.clip_grad_norm_` of an enabled scaler (see its
+    documentation)."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    if not scaler._enabled:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
-    scale, _ = scaler._check_scale_growth_tracker("clip_grad_norm_")
-    state = scaler._per_optimizer_states[id(optimizer)]
+    scale, state = scaler.scale, scaler.state
     if state["stage"] is OptState.STEPPED:
         raise RuntimeError("clip_grad_norm_() is being called after step().")
     norm_type = float(norm_type)
@@ -81,23 +102,23 @@ def clip_grad_norm(
         _apply_deferred(scaler, optimizer, record)
         deferred = False
     total: Optional[Tensor] = None
-    group = scaler._process_group
+    group = scaler.process_group
     specs: list[Any] = []  # the layouts of DTensor grads (measured on their local shards)
     if fold and (state["stage"] is OptState.READY or deferred):
         # Read-only pass: found_inf and the norm of grad * inv_scale.
-        per_device = scaler._collect_grads(optimizer, False)
+        per_device = scaler.collect(optimizer, False)
         specs = per_device.specs
         flags, total = norm_pass(
-            per_device, ops.check_finite_and_norm_, scaler._inv_scale(), norm_type
+            per_device, ops.check_finite_and_norm_, scaler.inv_scale(), norm_type
         )
         if not deferred:
             state["found_inf_per_device"] = reduce_found_inf(flags, home, group, specs)
             state["stage"] = OptState.UNSCALED
             record.deferred_unscale = True
     elif state["stage"] is OptState.READY and norm_type > 0 and _op_available("unscale_and_norm_"):
-        per_device = scaler._collect_grads(optimizer, False, coalesce_sparse=True)
+        per_device = scaler.collect(optimizer, False, coalesce_sparse=True)
         specs = per_device.specs
-        flags, total = norm_pass(per_device, ops.unscale_and_norm_, scaler._inv_scale(), norm_type)
+        flags, total = norm_pass(per_device, ops.unscale_and_norm_, scaler.inv_scale(), norm_type)
         state["found_inf_per_device"] = reduce_found_inf(flags, home, group, specs)
         state["stage"] = OptState.UNSCALED
     else:
@@ -105,7 +126,7 @@ def clip_grad_norm(
             for p in params:
                 if p.grad is not None and p.grad.is_sparse:
                     p.grad = p.grad.coalesce()
-            scaler.unscale_(optimizer)
+            scaler.unscale(optimizer)
         grads = [p.grad for p in params if p.grad is not None]
         specs = _dtensor.specs_of(grads)
         with torch.no_grad():
@@ -132,17 +153,17 @@ def clip_grad_norm(
     return total
 
 
-def _apply_deferred(scaler: GradScaler, optimizer: torch.optim.Optimizer,
+def _apply_deferred(scaler: ClipAccess, optimizer: torch.optim.Optimizer,
                     record: Any) -> None:
     """Multiply the grads by ``inv_scale`` times the pending clip coefficient, in place,
     and clear the record's deferral (the inf flags of the folded pass stay valid: scaling
     by a finite positive factor keeps every finite value finite, up to an overflow that
     unscaling cannot produce). No host sync."""
-    factor = scaler._inv_scale()
+    factor = scaler.inv_scale()
     if record.clip_coef is not None:
         factor = factor * record.clip_coef
     with torch.no_grad():
-        for device, grads in scaler._collect_grads(optimizer, False).items():
+        for device, grads in scaler.collect(optimizer, False).items():
             torch._foreach_mul_(grads, factor.to(device, non_blocking=True))
     record.deferred_unscale = False
     record.clip_coef = None

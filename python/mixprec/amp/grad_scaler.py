@@ -25,11 +25,11 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
-from ..optim import flat as _flat
+from .. import flat as _flat
 from . import grads, protocol
 from ._pickling import complete_state
-from .clipping import clip_grad_norm
-from .policies import POLICIES, ScalePolicy, apply_scale_rule, resolve_options
+from .clipping import ClipAccess, clip_grad_norm
+from .policies import POLICIES, ScalePolicy, ScaleRule, apply_scale_rule, resolve_options
 from .protocol import IterationRecord, record_of
 from .stats import ScalerStats, _StatsTracker
 
@@ -178,8 +178,13 @@ class GradScaler(torch.amp.GradScaler):
         """Upper bound of the scale, or ``None``."""
         return self._max_scale
 
+    def _scale_rule(self) -> ScaleRule:
+        """The scale-update rule as it stands (torch's setters change its factors)."""
+        return ScaleRule(self._growth_factor, self._backoff_factor, self._growth_interval,
+                         self._min_scale, self._max_scale, self._hysteresis)
+
     def _uses_ext_rule(self) -> bool:
-        return self._hysteresis != 1 or self._min_scale is not None or self._max_scale is not None
+        return self._scale_rule().extended
 
     # ------------------------------------------------------------------ lazy state
     def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
@@ -293,7 +298,15 @@ class GradScaler(torch.amp.GradScaler):
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
         if getattr(optimizer, "_step_supports_amp_scaling", False):
-            return protocol.step_amp_aware(self, optimizer, state, args, kwargs)
+            if not protocol.takes_step_scalars(optimizer) and \
+                    protocol.step_takes_grad_scaler(optimizer.step):
+                return protocol.legacy_step(optimizer, self, state, args, kwargs)
+            if state["stage"] is OptState.READY:
+                self._check_inf_per_device(optimizer)
+            scale = self._get_scale_async()
+            if scale is None:
+                raise AssertionError("_get_scale_async returned None")
+            return protocol.step_amp_aware(optimizer, state, scale, args, kwargs)
         if state["stage"] is OptState.READY:
             self.unscale_(optimizer)
         if len(state["found_inf_per_device"]) == 0:
@@ -344,7 +357,13 @@ class GradScaler(torch.amp.GradScaler):
             The total norm before clipping, a float32 0-dim tensor on the scale's
             device (disabled scaler: what torch's ``clip_grad_norm_`` returns).
         """
-        return clip_grad_norm(self, optimizer, max_norm, norm_type, fold_into_step)
+        if not self._enabled:
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+        scale, _ = self._check_scale_growth_tracker("clip_grad_norm_")
+        access = ClipAccess(scale, self._per_optimizer_states[id(optimizer)], self._inv_scale,
+                            self._collect_grads, self.unscale_, self._process_group)
+        return clip_grad_norm(access, optimizer, max_norm, norm_type, fold_into_step)
 
     # ------------------------------------------------------------------ update
     def update(self, new_scale: Union[float, Tensor, None] = None) -> None:
@@ -381,7 +400,7 @@ class GradScaler(torch.amp.GradScaler):
                 self._hysteresis_left = torch.full(
                     (), self._init_hysteresis_left, dtype=torch.int32, device=scale.device
                 )
-            apply_scale_rule(self, scale, tracker, found)
+            apply_scale_rule(self._scale_rule(), scale, tracker, found, self._hysteresis_left)
             self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         self._record_iteration(states, found)
 

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from torch import Tensor
 
 from .. import ops
 
-if TYPE_CHECKING:
-    from .grad_scaler import GradScaler
-
-__all__ = ["ScalePolicy", "POLICIES", "ScalerOptions", "resolve_options", "apply_scale_rule"]
+__all__ = ["ScalePolicy", "POLICIES", "ScalerOptions", "ScaleRule", "resolve_options",
+           "apply_scale_rule"]
 
 #: torch.amp.GradScaler's defaults: an argument left at them takes the preset's value.
 TORCH_INIT_SCALE = 2.0**16
@@ -155,22 +153,44 @@ def check_extras(
         )
 
 
-def apply_scale_rule(scaler: GradScaler, scale: Tensor, tracker: Tensor, found: Tensor) -> None:
+@dataclass(frozen=True)
+class ScaleRule:
+    """The constants of the scale update at one ``update()``: the scaler's current growth
+    factor, backoff factor and growth interval (torch's setters change them between
+    iterations) and its fixed bounds and hysteresis."""
+
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+    min_scale: Optional[float] = None
+    max_scale: Optional[float] = None
+    hysteresis: int = 1
+
+    @property
+    def extended(self) -> bool:
+        """Whether the rule needs :func:`mixprec.ops.update_scale_ext_` (hysteresis or
+        bounds) and a ``hysteresis_left`` counter, rather than torch's."""
+        return self.hysteresis != 1 or self.min_scale is not None or self.max_scale is not None
+
+
+def apply_scale_rule(rule: ScaleRule, scale: Tensor, tracker: Tensor, found: Tensor,
+                     hysteresis_left: Optional[Tensor]) -> None:
     """Back off or grow ``scale`` from the iteration's summed inf flag ``found``; no host sync.
 
     torch's rule (:func:`mixprec.ops.update_scale_`, bitwise
-    ``torch._amp_update_scale_``) unless the scaler has hysteresis or bounds
-    (:func:`mixprec.ops.update_scale_ext_`, which needs ``_hysteresis_left``).
+    ``torch._amp_update_scale_``) unless ``rule.extended``
+    (:func:`mixprec.ops.update_scale_ext_`, which then needs ``hysteresis_left``: int32,
+    0-dim, on the scale's device). Mutates ``scale``, ``tracker`` and ``hysteresis_left``.
     """
-    if not scaler._uses_ext_rule():
+    if not rule.extended:
         ops.update_scale_(
-            scale, tracker, found,
-            scaler._growth_factor, scaler._backoff_factor, scaler._growth_interval,
+            scale, tracker, found, rule.growth_factor, rule.backoff_factor, rule.growth_interval,
         )  # fmt: skip
         return
-    assert scaler._hysteresis_left is not None
+    if hysteresis_left is None:
+        raise ValueError("apply_scale_rule: an extended rule needs hysteresis_left")
     ops.update_scale_ext_(
-        scale, tracker, scaler._hysteresis_left, found,
-        scaler._growth_factor, scaler._backoff_factor, scaler._growth_interval,
-        scaler._min_scale, scaler._max_scale, scaler._hysteresis,
+        scale, tracker, hysteresis_left, found,
+        rule.growth_factor, rule.backoff_factor, rule.growth_interval,
+        rule.min_scale, rule.max_scale, rule.hysteresis,
     )  # fmt: skip

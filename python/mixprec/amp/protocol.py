@@ -28,16 +28,11 @@ import inspect
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
-
-from ..optim._base import FusedOptimizer
-
-if TYPE_CHECKING:
-    from .grad_scaler import GradScaler
 
 __all__ = [
     "RECORD_KEY",
@@ -185,11 +180,14 @@ def found_inf(
 def takes_step_scalars(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer.step`` takes ``grad_scale``/``found_inf``/``clip_coef`` arguments.
 
-    True for mixprec's optimizers while they declare ``_step_supports_amp_scaling``
-    (the C++ twin tests ``dynamic_cast<FusedOptimizer*>``).
+    The capability, not a type: torch's ``_step_supports_amp_scaling`` plus mixprec's one
+    extension of it, ``_step_takes_scalars`` (declared by :class:`mixprec.optim.Adam`,
+    ``AdamW``, ``SGD``; an optimizer that declares both gets the scalars as ``step()``
+    keyword arguments instead of torch's attributes). The C++ twin tests
+    ``dynamic_cast<FusedOptimizer*>``.
     """
-    return isinstance(optimizer, FusedOptimizer) and bool(
-        getattr(optimizer, "_step_supports_amp_scaling", False)
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and bool(
+        getattr(optimizer, "_step_takes_scalars", False)
     )
 
 
@@ -220,35 +218,36 @@ class StepScalars:
     clip_coef: Optional[Tensor]
 
 
+def legacy_step(optimizer: torch.optim.Optimizer, grad_scaler: Any, state: dict[str, Any],
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """torch's deprecated protocol: an amp-aware ``optimizer.step`` with a ``grad_scaler``
+    parameter gets the scaler itself (with torch's FutureWarning); marks it STEPPED."""
+    warnings.warn(
+        "GradScaler is going to stop passing itself as a keyword argument to the passed "
+        "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
+        "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
+        "directly.",
+        FutureWarning,
+        stacklevel=4,
+    )
+    kwargs["grad_scaler"] = grad_scaler
+    retval = optimizer.step(*args, **kwargs)
+    state["stage"] = OptState.STEPPED
+    return retval
+
+
 def step_amp_aware(
-    scaler: GradScaler,
     optimizer: torch.optim.Optimizer,
     state: dict[str, Any],
+    scale: Tensor,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
     """:meth:`GradScaler.step <mixprec.GradScaler.step>` of an optimizer with
-    ``_step_supports_amp_scaling``: check if needed, step it, mark it STEPPED. No host sync.
+    ``_step_supports_amp_scaling`` whose inf check has run (``state`` past READY; ``scale``
+    the scaler's scale): step it with the scalars, mark it STEPPED. No host sync.
     """
     direct = takes_step_scalars(optimizer)
-    if not direct and step_takes_grad_scaler(optimizer.step):
-        warnings.warn(
-            "GradScaler is going to stop passing itself as a keyword argument to the passed "
-            "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
-            "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
-            "directly.",
-            FutureWarning,
-            stacklevel=4,
-        )
-        kwargs["grad_scaler"] = scaler
-        retval = optimizer.step(*args, **kwargs)
-        state["stage"] = OptState.STEPPED
-        return retval
-    if state["stage"] is OptState.READY:
-        scaler._check_inf_per_device(optimizer)
-    scale = scaler._get_scale_async()
-    if scale is None:
-        raise AssertionError("_get_scale_async returned None")
     scalars = step_scalars(optimizer, state, scale, direct)
     if direct:
         retval = step_direct(optimizer, scalars, args, kwargs)

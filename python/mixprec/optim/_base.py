@@ -32,8 +32,8 @@ from torch import Tensor
 from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
 from .. import _dtensor
+from .. import flat as _flat
 from ..ops._extension import WATCH as _WATCH
-from . import flat as _flat
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
@@ -152,10 +152,13 @@ class FusedOptimizer(torch.optim.Optimizer):
     """
 
     #: GradScaler contract (torch's): this optimizer unscales in its own kernel
-    #: and skips the step on the device when found_inf is set. mixprec.GradScaler
-    #: then calls ``step(grad_scale=, found_inf=, clip_coef=)``; with a
-    #: ``clip_coef`` it can fold ``clip_grad_norm_`` into the step.
+    #: and skips the step on the device when found_inf is set.
     _step_supports_amp_scaling = True
+    #: mixprec's one extension of that contract (what mixprec.GradScaler looks for; it
+    #: never tests the type): ``step(grad_scale=, found_inf=, clip_coef=)`` takes the
+    #: scalars as arguments, and with a ``clip_coef`` the scaler can fold
+    #: ``clip_grad_norm_`` into the step.
+    _step_takes_scalars = True
 
     def __init__(self, params: Any, defaults: Dict[str, Any]) -> None:
         self._lr_cache: Dict[Tuple[int, torch.device], Tuple[float, Tensor]] = {}
@@ -443,7 +446,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         dicts holding the very same keys and tensors (moments, step count, master).
         For a group that was one run of a flat buffer (``whole``), also every grad the
         very view object with its data pointer, and the run's step tensor still held by
-        exactly its params (:func:`mixprec.optim.flat.reuse_whole`).
+        exactly its params (:func:`mixprec.flat.reuse_whole`).
         Anything else returns None and the lists are rebuilt. Tensors changed in place
         keep their identity and are read afresh by the kernels; the grads' layout (a
         sparse one is refused, naming it), sizes, dtypes and devices are checked by the op

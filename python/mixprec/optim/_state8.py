@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
+from .. import flat as _flat
 from ..ops import _quant8 as q8
-from . import flat as _flat
 
 __all__ = ["QUANT", "EightBitState", "check_state_bits", "split_coded"]
 

@@ -1,6 +1,6 @@
 """The flat layout: :func:`flat_buffers`, :class:`FlatBuffers` and the registry of views.
 
-See :mod:`mixprec.optim.flat` for the mode as a whole.
+See :mod:`mixprec.flat` for the mode as a whole.
 """
 
 
@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from ... import _dtensor
+from .. import _dtensor
 
 __all__ = ["FlatBuffers", "flat_buffers"]
 

@@ -1,6 +1,6 @@
 """Detection: the grads handed to the scaler's ops, as one slice per run of flat views.
 
-See :mod:`mixprec.optim.flat` for what counts as a view and why results never depend
+See :mod:`mixprec.flat` for what counts as a view and why results never depend
 on the detection.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ...ops._extension import WATCH as _WATCH
+from ..ops._extension import WATCH as _WATCH
 from .layout import _GRADS, REGISTRY, _Buffer, _data_ptr
 
 

@@ -1,7 +1,7 @@
 """The optimizer side: state and float32 masters as views of flat buffers, shared steps,
 and one bucket slice per run of flat views.
 
-See :mod:`mixprec.optim.flat` for the mode as a whole.
+See :mod:`mixprec.flat` for the mode as a whole.
 """
 
 from __future__ import annotations

@@ -1,0 +1,169 @@
+"""Docs that stay true: every repository path and every backticked mixprec name in the
+Markdown files exists, and the README's code blocks marked runnable run.
+
+What is checked, in backticked spans outside code blocks of README.md, ARCHITECTURE.md,
+CONTRIBUTING.md, CHANGELOG.md and docs/*.md (benchmarks/RESULTS.md is history and names
+what existed then):
+
+* a path under a tracked top-level folder (``csrc/cpu/``, ``tests/test_docs.py``,
+  ``csrc/common/*_math.h``): some tracked file matches it;
+* a header as C++ includes it (``mixprec/ops.h``): it is in ``csrc/include``;
+* a bare file name with a source extension (``op_table.h``): a tracked file has that name;
+* a Python name (``mixprec.optim.AdamW8bit``, ``torch.ops.mixprec.fused_adam_``): it
+  resolves, attribute by attribute, importing submodules on the way;
+* a C++ name (``mixprec::optim::AdamWOptions``): its last part is declared in a public
+  header.
+
+A code block of README.md marked ``<!-- runnable -->`` on the line before its fence runs,
+in order, in one namespace.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import re
+import subprocess
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ["README.md", "ARCHITECTURE.md", "CONTRIBUTING.md", "CHANGELOG.md",
+        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+SOURCE_EXT = (".py", ".md", ".h", ".cuh", ".cu", ".cpp", ".toml", ".cmake", ".in")
+_FENCE = re.compile(r"^(```|~~~)")
+_SPAN = re.compile(r"`([^`\n]+)`")
+_PY_NAME = re.compile(r"^(torch\.ops\.)?mixprec(\.[A-Za-z_]\w*)+")
+_CPP_NAME = re.compile(r"^mixprec(::[A-Za-z_]\w*)+")
+#: files the build generates, and the tracked template each comes from
+GENERATED = {"mixprec_build_config.h": "csrc/build_config.h.in"}
+
+
+def _tracked() -> List[str]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    return out.stdout.split()
+
+
+def prose_spans(text: str) -> List[str]:
+    """The backticked spans of ``text`` outside fenced code blocks."""
+    spans, fenced = [], False
+    for line in text.splitlines():
+        if _FENCE.match(line.strip()):
+            fenced = not fenced
+            continue
+        if not fenced:
+            spans += _SPAN.findall(line)
+    return spans
+
+
+def problems(text: str, tracked: List[str]) -> List[str]:
+    """What ``text`` names that does not exist (one line each)."""
+    tops = {f.split("/")[0] for f in tracked if "/" in f}
+    names = {f.rsplit("/", 1)[-1] for f in tracked}
+    headers = {f[len("csrc/include/"):] for f in tracked if f.startswith("csrc/include/")}
+    header_text = "\n".join((ROOT / f).read_text() for f in tracked
+                            if f.startswith("csrc/include/mixprec/"))
+    bad: List[str] = []
+    for span in prose_spans(text):
+        token = span.strip().strip("<>")
+        if re.fullmatch(r"[\w.\-/*]+", token) and "/" in token:
+            first = token.split("/")[0]
+            if first in tops:
+                pattern = token.rstrip("/")
+                if not any(fnmatch.fnmatch(f, pattern) or f.startswith(pattern + "/")
+                           for f in tracked):
+                    bad.append(f"path `{span}`: no tracked file")
+            elif first == "mixprec" and token.endswith(".h") and token not in headers:
+                bad.append(f"header `{span}`: not in csrc/include")
+            continue
+        if re.fullmatch(r"\w[\w.\-]*", token) and token.endswith(SOURCE_EXT) and \
+                not token.startswith("mixprec."):
+            if token not in names and GENERATED.get(token) not in tracked:
+                bad.append(f"file `{span}`: no tracked file of that name")
+            continue
+        m = _PY_NAME.match(token)
+        if m and not re.match(r"[<*]", token[m.end():m.end() + 1]):
+            why = _unresolved(m.group(0))
+            if why:
+                bad.append(f"name `{span}`: {why}")
+            continue
+        c = _CPP_NAME.match(token)
+        if c:
+            last = c.group(0).rsplit("::", 1)[-1]
+            if not re.search(rf"\b{re.escape(last)}\b", header_text):
+                bad.append(f"C++ name `{span}`: `{last}` is in no public header")
+    return bad
+
+
+def _unresolved(dotted: str) -> str:
+    """Why ``dotted`` (``mixprec.x.y`` or ``torch.ops.mixprec.x``) does not resolve, or ''."""
+    if dotted.startswith("torch.ops.mixprec."):
+        import mixprec  # noqa: F401  (registers the ops)
+
+        op = dotted.split(".")[3]
+        return "" if hasattr(torch.ops.mixprec, op) else f"no op {op}"
+    parts = dotted.split(".")
+    obj = importlib.import_module("mixprec")
+    for k in range(1, len(parts)):
+        if hasattr(obj, parts[k]):
+            obj = getattr(obj, parts[k])
+            continue
+        try:
+            obj = importlib.import_module(".".join(parts[:k + 1]))
+        except ImportError:
+            return f"{'.'.join(parts[:k])} has no {parts[k]}"
+    return ""
+
+
+def runnable_blocks(text: str) -> List[str]:
+    """The code of the fenced blocks marked ``<!-- runnable -->`` on the line before."""
+    lines, blocks, i = text.splitlines(), [], 0
+    while i < len(lines):
+        if lines[i].strip() == "<!-- runnable -->" and i + 1 < len(lines) and \
+                lines[i + 1].startswith("```python"):
+            j = i + 2
+            while not lines[j].startswith("```"):
+                j += 1
+            blocks.append("\n".join(lines[i + 2:j]))
+            i = j
+        i += 1
+    return blocks
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_named_paths_and_names_exist(doc: str) -> None:
+    path = ROOT / doc
+    if not path.exists():
+        pytest.fail(f"{doc} is missing")
+    assert problems(path.read_text(), _tracked()) == []
+
+
+def test_the_check_catches_what_is_gone() -> None:
+    """A removed path, file, name or header makes the test above fail."""
+    tracked = _tracked()
+    text = ("`python/mixprec/optim/_gone.py`, `csrc/cpu/no_such_*.cpp`, `gone_file.py`, "
+            "`mixprec.optim.NoSuchOptimizer`, `torch.ops.mixprec.no_such_op_`, "
+            "`mixprec/no_such.h`, `mixprec::optim::NoSuchOptions`\n"
+            "```\n`python/ignored/in/a/code/block.py`\n```\n")
+    found = problems(text, tracked)
+    assert len(found) == 7, found
+    # the same names, present
+    ok = ("`python/mixprec/optim/_base.py`, `csrc/cpu/span_kernels_*.cpp`, `op_table.h`, "
+          "`mixprec.optim.AdamW8bit`, `torch.ops.mixprec.fused_adam_`, `mixprec/ops.h`, "
+          "`mixprec::optim::AdamWOptions`, `mixprec._C.fast_<op>`")
+    assert problems(ok, tracked) == []
+
+
+def test_readme_runnable_blocks_run(capsys: pytest.CaptureFixture[str]) -> None:
+    blocks = runnable_blocks((ROOT / "README.md").read_text())
+    assert len(blocks) >= 4  # setup, scaler, optimizers, trainer
+    namespace: Dict[str, object] = {"__name__": "readme"}
+    for k, code in enumerate(blocks):
+        exec(compile(code, f"README.md runnable block {k}", "exec"), namespace)  # noqa: S102
+    assert namespace["scaler"].stats().steps > 0  # type: ignore[attr-defined]
+    assert namespace["trainer"].stats()["total_steps"] > 0  # type: ignore[attr-defined]
