@@ -19,17 +19,15 @@ Decisions are logged (logger ``mixprec.trainer``) and kept in the manager's
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
 
 from ..amp.autocast import resolve_precision
+from .config import PREC_NAME
 from .metrics import memory_capacity, memory_usage
-from .modes import PREC_NAME
-
-if TYPE_CHECKING:
-    from .manager import MixedPrecisionManager
+from .protocols import PlanHost
 
 __all__ = ["AdaptiveController"]
 
@@ -47,7 +45,7 @@ class AdaptiveController:
     them off.
     """
 
-    def __init__(self, manager: MixedPrecisionManager) -> None:
+    def __init__(self, manager: PlanHost) -> None:
         self.manager = manager
         model = manager.model
         device = manager.device

@@ -25,16 +25,20 @@ the trainer before it was split into parts (``tests/data/trainer_*.pt``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Optional, Union
 
 import torch
+from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from .trainer import MixedPrecisionTrainer
+from .config import MixedPrecisionConfig
+from .manager import MixedPrecisionManager
+from .metrics import MetricsLog
 
-__all__ = ["STATE_FORMAT", "save_trainer_state", "load_trainer_state"]
+__all__ = ["STATE_FORMAT", "Progress", "TrainerParts", "trainer_state", "save_trainer_state",
+           "read_trainer_state", "restore_modules", "restore_progress"]
 
 logger = logging.getLogger("mixprec.trainer")
 
@@ -42,101 +46,139 @@ logger = logging.getLogger("mixprec.trainer")
 STATE_FORMAT = 1
 
 
-def trainer_state(trainer: MixedPrecisionTrainer) -> dict[str, Any]:
-    """The checkpoint dict of a set-up trainer (one host sync)."""
-    manager = trainer.mixed_precision_manager
-    assert manager is not None and trainer.model is not None
-    scaler = manager.scaler
+@dataclasses.dataclass
+class Progress:
+    """The trainer's counters that a checkpoint carries (``counters`` in the file).
+
+    ``micro``: micro-batches of an unfinished accumulation; ``scaler_offsets``: the
+    scaler statistics (steps, scale increases, decreases) of the runs before a load,
+    added to the scaler's own."""
+
+    optimizer_steps: int = 0
+    micro_steps: int = 0
+    epochs_done: int = 0
+    micro: int = 0
+    scaler_offsets: tuple[int, int, int] = (0, 0, 0)
+    peak_memory: int = 0
+
+
+@dataclasses.dataclass
+class TrainerParts:
+    """What a trainer's checkpoint is made of, handed over by the trainer (which keeps its
+    own attributes to itself)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    config: MixedPrecisionConfig
+    manager: MixedPrecisionManager
+    metrics: MetricsLog
+    progress: Progress
+    step_loss: Optional[Tensor]  # the summed loss of an unfinished accumulation
+    params: list[Tensor]  # the optimizer's params, in group order
+
+
+def trainer_state(parts: TrainerParts) -> dict[str, Any]:
+    """The checkpoint dict (one host sync)."""
+    scaler = parts.manager.scaler
     sst = scaler.stats()
-    offsets = trainer._scaler_offsets
+    prog = parts.progress
+    offsets = prog.scaler_offsets
     state: dict[str, Any] = {
         "format": STATE_FORMAT,
-        "model": trainer.model.state_dict(),
-        "optimizer": trainer.optimizer.state_dict(),
+        "model": parts.model.state_dict(),
+        "optimizer": parts.optimizer.state_dict(),
         "scaler": scaler.state_dict(),
-        "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
-        "config": trainer.config.to_dict(),
+        "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else None,
+        "config": parts.config.to_dict(),
         "counters": {
-            "optimizer_steps": trainer.optimizer_steps,
-            "micro_steps": trainer.micro_steps,
-            "epochs_done": trainer.epochs_done,
-            "micro": trainer._micro,
-            "log_step": trainer._metrics.log_step,
+            "optimizer_steps": prog.optimizer_steps,
+            "micro_steps": prog.micro_steps,
+            "epochs_done": prog.epochs_done,
+            "micro": prog.micro,
+            "log_step": parts.metrics.log_step,
             "scaler_steps": sst.steps + offsets[0],
             "scale_increases": sst.scale_increases + offsets[1],
             "scale_decreases": sst.scale_decreases + offsets[2],
-            "peak_memory": trainer.peak_memory,
+            "peak_memory": prog.peak_memory,
         },
     }
-    state.update(trainer._metrics.state())
-    state["adaptive"] = manager.plan_state()
+    state.update(parts.metrics.state())
+    state["adaptive"] = parts.manager.plan_state()
     state["rng"] = {
         "cpu": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
-    state["pending_loss"] = None if trainer._step_loss is None else trainer._step_loss.cpu()
+    state["pending_loss"] = None if parts.step_loss is None else parts.step_loss.cpu()
     state["pending_grads"] = (
-        [None if p.grad is None else p.grad.detach().cpu() for p in trainer._params()]
-        if trainer._micro
+        [None if p.grad is None else p.grad.detach().cpu() for p in parts.params]
+        if prog.micro
         else None
     )
     return state
 
 
-def save_trainer_state(trainer: MixedPrecisionTrainer, path: Union[str, os.PathLike[str]]) -> None:
+def save_trainer_state(parts: TrainerParts, path: Union[str, os.PathLike[str]]) -> None:
     """Write :func:`trainer_state` to ``path``."""
-    torch.save(trainer_state(trainer), os.fspath(path))
+    torch.save(trainer_state(parts), os.fspath(path))
 
 
-def load_trainer_state(
-    trainer: MixedPrecisionTrainer, path: Union[str, os.PathLike[str]], strict_config: bool
-) -> None:
-    """Restore a checkpoint file into a set-up trainer (see ``load_state``)."""
-    manager = trainer.mixed_precision_manager
-    assert manager is not None and trainer.model is not None
+def read_trainer_state(path: Union[str, os.PathLike[str]], config: MixedPrecisionConfig,
+                       strict_config: bool) -> dict[str, Any]:
+    """Read a checkpoint file (``weights_only=True``) and compare its config with
+    ``config``: a difference is a warning, or with ``strict_config`` a ``ValueError``. A
+    config field added since the file was written counts as saved at its default."""
     state = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
     if state.get("format") != STATE_FORMAT:
         raise ValueError(
             f"MixedPrecisionTrainer.load_state: unknown format {state.get('format')!r} in {path}"
         )
     saved_cfg = state["config"]
-    mine = trainer.config.to_dict()
-    # (a field added since the file was written counts as saved at its default)
-    defaults = type(trainer.config)().to_dict()
+    mine = config.to_dict()
+    defaults = type(config)().to_dict()
     diff = sorted(k for k in mine if saved_cfg.get(k, defaults[k]) != mine[k])
     if diff:
         msg = f"MixedPrecisionTrainer.load_state: config differs from the saved one in {diff}"
         if strict_config:
             raise ValueError(msg)
         logger.warning(msg)
-    trainer.model.load_state_dict(state["model"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
+    return state
+
+
+def restore_modules(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: Any, manager: MixedPrecisionManager) -> None:
+    """Load the model, optimizer, scaler and scheduler states of a checkpoint dict."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
     if state["scaler"]:
         manager.scaler.load_state_dict(state["scaler"])
-    if trainer.scheduler is not None and state["scheduler"] is not None:
-        trainer.scheduler.load_state_dict(state["scheduler"])
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(state["scheduler"])
+
+
+def restore_progress(state: dict[str, Any], parts: TrainerParts) -> Progress:
+    """The rest of a checkpoint dict into freshly reset trainer parts: the counters (returned),
+    the metrics (``parts.metrics``, restored in place), the manager's step count and ADAPTIVE
+    plan, the RNG states and an unfinished accumulation's grads (into ``parts.params``). The
+    pending loss is ``state["pending_loss"]`` (on the CPU)."""
     c = state["counters"]
-    trainer._reset_counters()
-    trainer.optimizer_steps = int(c["optimizer_steps"])
-    manager.steps = trainer.optimizer_steps
-    trainer.micro_steps = int(c["micro_steps"])
-    trainer.epochs_done = int(c["epochs_done"])
-    trainer._micro = int(c["micro"])
-    trainer._scaler_offsets = [
-        int(c["scaler_steps"]),
-        int(c["scale_increases"]),
-        int(c["scale_decreases"]),
-    ]
-    trainer.peak_memory = int(c["peak_memory"])
-    dev = manager.device
-    trainer._metrics.restore(state, trainer.optimizer_steps, int(c["log_step"]), dev)
+    prog = Progress(
+        optimizer_steps=int(c["optimizer_steps"]),
+        micro_steps=int(c["micro_steps"]),
+        epochs_done=int(c["epochs_done"]),
+        micro=int(c["micro"]),
+        scaler_offsets=(int(c["scaler_steps"]), int(c["scale_increases"]),
+                        int(c["scale_decreases"])),
+        peak_memory=int(c["peak_memory"]),
+    )
+    manager = parts.manager
+    manager.steps = prog.optimizer_steps
+    parts.metrics.restore(state, prog.optimizer_steps, int(c["log_step"]), manager.device)
     manager.load_plan_state(state["adaptive"])
     torch.set_rng_state(state["rng"]["cpu"])
     if state["rng"]["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-    if state["pending_loss"] is not None:
-        trainer._step_loss = state["pending_loss"].to(dev)
     if state["pending_grads"] is not None:
-        for p, g in zip(trainer._params(), state["pending_grads"]):
+        for p, g in zip(parts.params, state["pending_grads"]):
             p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)
-    trainer._measure_activations = False
+    return prog

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional, Union
 
+import torch
+
 __all__ = [
     "MixedPrecisionMode",
     "PrecisionLevel",
@@ -21,6 +23,15 @@ __all__ = [
     "HandlingAction",
     "PRESETS",
 ]
+
+
+#: compute dtype <-> precision name (``None`` is float32: no low precision)
+PREC_NAME: dict[Optional[torch.dtype], str] = {
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    None: "fp32",
+}
+NAME_PREC: dict[str, Optional[torch.dtype]] = {v: k for k, v in PREC_NAME.items()}
 
 
 class MixedPrecisionMode(str, Enum):

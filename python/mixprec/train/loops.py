@@ -1,27 +1,23 @@
-"""The trainer's loops and helpers: epochs with a progress bar, evaluation, moving
-batches, measuring activation memory, re-pointing a scheduler."""
+"""The trainer's helpers that need no trainer: evaluation, moving batches, measuring
+activation memory, re-pointing a scheduler. (The epoch loops are the trainer's own
+methods.)"""
 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import Tensor, nn
 
 from .. import _dtensor
 from ..amp.autocast import cast_floating
-from .metrics import COLS, C, logger
 
 if TYPE_CHECKING:
     from .manager import MixedPrecisionManager
-    from .trainer import MixedPrecisionTrainer
 
 __all__ = [
-    "run_epoch",
-    "run_epochs",
     "evaluate_model",
     "measured_forward",
     "to_device",
@@ -64,99 +60,6 @@ def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
 
     wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
     optimizer.step = wrapper  # type: ignore[method-assign]
-
-
-def run_epoch(trainer: MixedPrecisionTrainer, loader: Iterable[Any], bar: Any) -> dict[str, Any]:
-    """The body of :meth:`MixedPrecisionTrainer.train_epoch`."""
-    totals = trainer._metrics.totals
-    start_totals = None if totals is None else totals.clone()
-    start_steps = trainer.optimizer_steps
-    batches = 0
-    for data, target in loader:
-        trainer.train_step(data, target)
-        batches += 1
-        if bar is not None:
-            bar.update(1)
-            if trainer._last_log and trainer._last_log.get("step") == trainer.optimizer_steps:
-                bar.set_postfix(
-                    loss=f"{trainer._last_log['loss']:.4f}", scale=f"{trainer._last_log['scale']:g}"
-                )
-    trainer.flush()
-    trainer.epochs_done += 1
-    steps = trainer.optimizer_steps - start_steps
-    if steps == 0:
-        vals = [0.0] * len(COLS)
-    else:
-        vals = trainer._metrics.read_totals(since=start_totals)
-    d = max(steps, 1)
-    return {
-        "epoch_loss": vals[C["loss"]] / d,
-        "num_batches": batches,
-        "optimizer_steps": steps,
-        "overflow_steps": int(vals[C["overflow"]]),
-        "underflow_steps": int(vals[C["underflow"]]),
-        "nan_steps": int(vals[C["nan"]]),
-        "average_scale": vals[C["scale"]] / d,
-    }
-
-
-def run_epochs(
-    trainer: MixedPrecisionTrainer,
-    loader: Iterable[Any],
-    num_epochs: int,
-    val_loader: Optional[Iterable[Any]],
-    progress: bool,
-) -> list[dict[str, Any]]:
-    """The body of :meth:`MixedPrecisionTrainer.train`."""
-    if num_epochs < 0:
-        raise ValueError(f"MixedPrecisionTrainer.train: num_epochs must be >= 0, got {num_epochs}")
-    try:
-        total = len(loader) * num_epochs  # type: ignore[arg-type]
-    except TypeError:
-        total = None
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=total,
-            desc=f"train ({trainer._describe()})",
-            unit="batch",
-            dynamic_ncols=True,
-            leave=True,
-        )
-    history = []
-    try:
-        for _ in range(num_epochs):
-            t0 = time.perf_counter()
-            result = trainer.train_epoch(loader, _bar=bar)
-            result["time_s"] = time.perf_counter() - t0
-            if val_loader is not None:
-                ev = trainer.evaluate(val_loader)
-                result["val_loss"] = ev["loss"]
-                result["val_accuracy"] = ev["accuracy"]
-            result["epoch"] = trainer.epochs_done
-            history.append(result)
-            extra = (
-                f" | val loss {result['val_loss']:.4f} | val acc {result['val_accuracy']:.4f}"
-                if val_loader is not None and result.get("val_accuracy") is not None
-                else ""
-            )
-            logger.info(
-                "epoch %d | loss %.4f | overflow steps %d | avg scale %g | %.2fs%s",
-                trainer.epochs_done,
-                result["epoch_loss"],
-                result["overflow_steps"],
-                result["average_scale"],
-                result["time_s"],
-                extra,
-            )
-            if bar is not None:
-                bar.set_postfix(epoch=trainer.epochs_done, loss=f"{result['epoch_loss']:.4f}")
-    finally:
-        if bar is not None:
-            bar.close()
-    return history
 
 
 @torch.no_grad()

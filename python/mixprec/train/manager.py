@@ -41,6 +41,7 @@ from ..amp.autocast import cast_floating
 from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle, apply_policy
 from .config import MixedPrecisionConfig, MixedPrecisionMode
+from .metrics import StepResult
 from .modes import NAME_PREC, PREC_NAME, ModeStrategy, strategy_for
 
 __all__ = ["MixedPrecisionManager", "StepResult"]
@@ -84,62 +85,6 @@ def _grad_norms(grads: list[Tensor], groups: list[Any]) -> list[Tensor]:
     sq = torch.stack([n.double().square() for n in local])
     _dtensor.all_reduce(sq, torch.distributed.ReduceOp.SUM, groups)
     return list(sq.sqrt().float().unbind())
-
-
-class StepResult:
-    """What :meth:`MixedPrecisionManager.step` did; true when the optimizer step was applied.
-
-    ``bool(result)`` reads the flag back: one host sync the first time (cached), none
-    when the scaler is disabled (every step is applied then). The device values, no sync:
-
-    Attributes:
-        applied: 0-dim bool tensor, ``True`` when the step was applied.
-        found_inf: 0-dim float32, 1.0 when the grads held inf/NaN (with a disabled
-            scaler: when the computed grad norm was non-finite; the step ran anyway).
-        scale: the loss scale after the update (1.0 without loss scaling).
-        grad_norm: the unscaled L2 grad norm before clipping (0-dim float32), or
-            ``None`` when neither clipping nor ``performance_monitoring`` computed it.
-        underflow: 1.0 when more than ``underflow_threshold`` of the nonzero scaled
-            grads flush to zero in the compute dtype (0.0 without monitoring).
-        checked: whether an enabled GradScaler checked this step (else never skipped).
-    """
-
-    __slots__ = ("found_inf", "scale", "grad_norm", "underflow", "checked", "_applied", "_host")
-
-    def __init__(
-        self,
-        found_inf: Tensor,
-        scale: Tensor,
-        grad_norm: Optional[Tensor],
-        underflow: Tensor,
-        checked: bool,
-    ) -> None:
-        self.found_inf = found_inf
-        self.scale = scale
-        self.grad_norm = grad_norm
-        self.underflow = underflow
-        self.checked = checked
-        self._applied: Optional[Tensor] = None
-        self._host: Optional[bool] = None if checked else True
-
-    @property
-    def applied(self) -> Tensor:
-        """0-dim bool tensor (no sync)."""
-        if self._applied is None:
-            if self.checked:
-                self._applied = self.found_inf == 0
-            else:
-                self._applied = torch.ones((), dtype=torch.bool, device=self.found_inf.device)
-        return self._applied
-
-    def __bool__(self) -> bool:
-        if self._host is None:
-            self._host = bool(self.applied.item())
-        return self._host
-
-    def __repr__(self) -> str:
-        state = "pending" if self._host is None else str(self._host)
-        return f"StepResult(applied={state})"
 
 
 class MixedPrecisionManager:

@@ -16,7 +16,7 @@ import logging
 import math
 import os
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor
@@ -24,12 +24,67 @@ from torch import Tensor
 from ..amp.stats import FOLD_EVERY, FoldingLog
 from .config import HandlingAction, MixedPrecisionConfig
 
-if TYPE_CHECKING:
-    from .manager import StepResult
-
-__all__ = ["StepMetrics", "MetricsLog", "COLS", "memory_usage", "log_window", "plot_history"]
+__all__ = ["StepResult", "StepMetrics", "MetricsLog", "COLS", "memory_usage", "log_window",
+           "plot_history"]
 
 logger = logging.getLogger("mixprec.trainer")
+
+
+class StepResult:
+    """What :meth:`mixprec.train.manager.MixedPrecisionManager.step` did; true when the
+    optimizer step was applied.
+
+    ``bool(result)`` reads the flag back: one host sync the first time (cached), none
+    when the scaler is disabled (every step is applied then). The device values, no sync:
+
+    Attributes:
+        applied: 0-dim bool tensor, ``True`` when the step was applied.
+        found_inf: 0-dim float32, 1.0 when the grads held inf/NaN (with a disabled
+            scaler: when the computed grad norm was non-finite; the step ran anyway).
+        scale: the loss scale after the update (1.0 without loss scaling).
+        grad_norm: the unscaled L2 grad norm before clipping (0-dim float32), or
+            ``None`` when neither clipping nor ``performance_monitoring`` computed it.
+        underflow: 1.0 when more than ``underflow_threshold`` of the nonzero scaled
+            grads flush to zero in the compute dtype (0.0 without monitoring).
+        checked: whether an enabled GradScaler checked this step (else never skipped).
+    """
+
+    __slots__ = ("found_inf", "scale", "grad_norm", "underflow", "checked", "_applied", "_host")
+
+    def __init__(
+        self,
+        found_inf: Tensor,
+        scale: Tensor,
+        grad_norm: Optional[Tensor],
+        underflow: Tensor,
+        checked: bool,
+    ) -> None:
+        self.found_inf = found_inf
+        self.scale = scale
+        self.grad_norm = grad_norm
+        self.underflow = underflow
+        self.checked = checked
+        self._applied: Optional[Tensor] = None
+        self._host: Optional[bool] = None if checked else True
+
+    @property
+    def applied(self) -> Tensor:
+        """0-dim bool tensor (no sync)."""
+        if self._applied is None:
+            if self.checked:
+                self._applied = self.found_inf == 0
+            else:
+                self._applied = torch.ones((), dtype=torch.bool, device=self.found_inf.device)
+        return self._applied
+
+    def __bool__(self) -> bool:
+        if self._host is None:
+            self._host = bool(self.applied.item())
+        return self._host
+
+    def __repr__(self) -> str:
+        state = "pending" if self._host is None else str(self._host)
+        return f"StepResult(applied={state})"
 
 #: Columns of a per-step row (a float32 device tensor).
 COLS = ("loss", "scale", "overflow", "underflow", "nan", "grad_norm", "grad_norm_ok")

@@ -18,7 +18,7 @@ strategy, instead of testing the mode, for:
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import Tensor, nn
@@ -26,21 +26,12 @@ from torch import Tensor, nn
 from .._dtensor import is_dtensor
 from ..amp.autocast import resolve_precision
 from ..amp.module_policy import DEFAULT_FP32_MODULES, PrecisionPolicy
-from .config import MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
-
-if TYPE_CHECKING:
-    from .adaptive import AdaptiveController
-    from .manager import MixedPrecisionManager
+from .adaptive import AdaptiveController
+from .config import NAME_PREC, PREC_NAME, MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
+from .protocols import PlanHost
 
 __all__ = ["ModeStrategy", "strategy_for", "PREC_NAME", "NAME_PREC"]
 
-#: compute dtype <-> precision name (``None`` is float32: no low precision)
-PREC_NAME: dict[Optional[torch.dtype], str] = {
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    None: "fp32",
-}
-NAME_PREC: dict[str, Optional[torch.dtype]] = {v: k for k, v in PREC_NAME.items()}
 
 
 def level_dtype(level: Any, device: torch.device) -> Optional[torch.dtype]:
@@ -88,11 +79,11 @@ class ModeStrategy:
         return self.config.gradient_scaling
 
     # -- model ---------------------------------------------------------------------------
-    def prepare(self, manager: MixedPrecisionManager, optimizer: Any) -> Any:
+    def prepare(self, manager: PlanHost, optimizer: Any) -> Any:
         """Adapt model/optimizer to the mode at setup; returns the optimizer to use."""
         return optimizer
 
-    def policy(self, manager: MixedPrecisionManager) -> Optional[PrecisionPolicy]:
+    def policy(self, manager: PlanHost) -> Optional[PrecisionPolicy]:
         """The policy to put on the model (``None``: none); sets ``manager.root_precision``."""
         if manager.root_precision is None or manager.root_precision not in NAME_PREC:
             manager.root_precision = PREC_NAME[manager.compute_dtype]
@@ -107,11 +98,11 @@ class ModeStrategy:
         """SELECTIVE: the only modules that run in low precision (``None``: all)."""
         return None
 
-    def input_dtype(self, manager: MixedPrecisionManager) -> Optional[torch.dtype]:
+    def input_dtype(self, manager: PlanHost) -> Optional[torch.dtype]:
         """Cast the forward's float32/float64 inputs to this dtype (``None``: leave them)."""
         return None
 
-    def controller(self, manager: MixedPrecisionManager) -> Optional[AdaptiveController]:
+    def controller(self, manager: PlanHost) -> Optional[AdaptiveController]:
         """The ADAPTIVE controller, or ``None``."""
         return None
 
@@ -142,9 +133,7 @@ class Adaptive(ModeStrategy):
         # starts in float32; memory pressure may turn low precision on
         return resolve_precision(device.type, "auto")[0]
 
-    def controller(self, manager: MixedPrecisionManager) -> Optional[AdaptiveController]:
-        from .adaptive import AdaptiveController
-
+    def controller(self, manager: PlanHost) -> Optional[AdaptiveController]:
         return AdaptiveController(manager)
 
 
@@ -154,7 +143,7 @@ class Manual(ModeStrategy):
     mode = MixedPrecisionMode.MANUAL
     dtype_follows_plan = False
 
-    def prepare(self, manager: MixedPrecisionManager, optimizer: Any) -> Any:
+    def prepare(self, manager: PlanHost, optimizer: Any) -> Any:
         dtype = manager.compute_dtype
         if dtype is None:
             return optimizer
@@ -169,7 +158,7 @@ class Manual(ModeStrategy):
                         new_opt.state[p]["master_param"] = m
         return new_opt
 
-    def policy(self, manager: MixedPrecisionManager) -> Optional[PrecisionPolicy]:
+    def policy(self, manager: PlanHost) -> Optional[PrecisionPolicy]:
         manager.root_precision = PREC_NAME[manager.compute_dtype]
         return PrecisionPolicy(
             precision=None,
@@ -178,7 +167,7 @@ class Manual(ModeStrategy):
             module_precisions=dict(manager.overrides),
         )
 
-    def input_dtype(self, manager: MixedPrecisionManager) -> Optional[torch.dtype]:
+    def input_dtype(self, manager: PlanHost) -> Optional[torch.dtype]:
         return manager.compute_dtype
 
 
@@ -194,7 +183,7 @@ class GradientScaling(ModeStrategy):
         cfg = self.config
         return cfg.loss_scaling if cfg.loss_scaling is not None else True
 
-    def policy(self, manager: MixedPrecisionManager) -> Optional[PrecisionPolicy]:
+    def policy(self, manager: PlanHost) -> Optional[PrecisionPolicy]:
         manager.root_precision = "fp32"
         return None
 

@@ -37,6 +37,7 @@ and :meth:`~MixedPrecisionTrainer.plot` sync once each.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from typing import Any, Callable, Optional, Union
 
@@ -46,23 +47,31 @@ from torch import Tensor, nn
 from ..amp.autocast import cast_floating
 from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle
-from .checkpoint import STATE_FORMAT, load_trainer_state, save_trainer_state
+from .checkpoint import (
+    STATE_FORMAT,
+    Progress,
+    TrainerParts,
+    read_trainer_state,
+    restore_modules,
+    restore_progress,
+    save_trainer_state,
+)
 from .config import MixedPrecisionConfig, MixedPrecisionMode
 from .loops import (
     evaluate_model,
     measured_forward,
     rebind_scheduler,
-    run_epoch,
-    run_epochs,
     to_device,
 )
 from .manager import MixedPrecisionManager
 from .metrics import (
+    COLS,
     C,
     MetricsLog,
     StepMetrics,
     last_values,
     log_window,
+    logger,
     memory_usage,
     plot_history,
     step_row,
@@ -354,7 +363,7 @@ class MixedPrecisionTrainer:
         ``average_scale`` and ``optimizer_steps``. One host sync at the end.
         """
         self._require_setup()
-        return run_epoch(self, loader, _bar)
+        return self._run_epoch(loader, _bar)
 
     def train(
         self,
@@ -370,7 +379,7 @@ class MixedPrecisionTrainer:
         added (``val_*`` only with ``val_loader``).
         """
         self._require_setup()
-        return run_epochs(self, loader, num_epochs, val_loader, progress)
+        return self._run_epochs(loader, num_epochs, val_loader, progress)
 
     def evaluate(self, loader: Iterable[Any]) -> dict[str, Any]:
         """Mean loss (weighted by batch size) and, for class-index targets with
@@ -448,7 +457,7 @@ class MixedPrecisionTrainer:
         ``torch.load(path, weights_only=True)`` reads it (layout: see
         :mod:`mixprec.train.checkpoint`). One host sync."""
         self._require_setup()
-        save_trainer_state(self, path)
+        save_trainer_state(self._parts(), path)
 
     def load_state(self, path: Union[str, os.PathLike[str]], strict_config: bool = False) -> None:
         """Restore a :meth:`save_state` file (``weights_only=True``) into this
@@ -457,8 +466,121 @@ class MixedPrecisionTrainer:
         reported with a warning (``strict_config=True``: ``ValueError``).
         ADAPTIVE overrides are re-applied. Mutates model, optimizer, scaler,
         scheduler, counters and the global RNG states."""
-        self._require_setup()
-        load_trainer_state(self, path, strict_config)
+        manager = self._manager()
+        assert self.model is not None
+        state = read_trainer_state(path, self.config, strict_config)
+        restore_modules(state, self.model, self.optimizer, self.scheduler, manager)
+        self._reset_counters()
+        prog = restore_progress(state, self._parts())
+        self.optimizer_steps, self.micro_steps = prog.optimizer_steps, prog.micro_steps
+        self.epochs_done, self._micro = prog.epochs_done, prog.micro
+        self._scaler_offsets = list(prog.scaler_offsets)
+        self.peak_memory = prog.peak_memory
+        if state["pending_loss"] is not None:
+            self._step_loss = state["pending_loss"].to(manager.device)
+        self._measure_activations = False
+
+    def _run_epoch(self, loader: Iterable[Any], bar: Any) -> dict[str, Any]:
+        """The body of :meth:`MixedPrecisionTrainer.train_epoch`."""
+        totals = self._metrics.totals
+        start_totals = None if totals is None else totals.clone()
+        start_steps = self.optimizer_steps
+        batches = 0
+        for data, target in loader:
+            self.train_step(data, target)
+            batches += 1
+            if bar is not None:
+                bar.update(1)
+                if self._last_log and self._last_log.get("step") == self.optimizer_steps:
+                    bar.set_postfix(
+                        loss=f"{self._last_log['loss']:.4f}", scale=f"{self._last_log['scale']:g}"
+                    )
+        self.flush()
+        self.epochs_done += 1
+        steps = self.optimizer_steps - start_steps
+        if steps == 0:
+            vals = [0.0] * len(COLS)
+        else:
+            vals = self._metrics.read_totals(since=start_totals)
+        d = max(steps, 1)
+        return {
+            "epoch_loss": vals[C["loss"]] / d,
+            "num_batches": batches,
+            "optimizer_steps": steps,
+            "overflow_steps": int(vals[C["overflow"]]),
+            "underflow_steps": int(vals[C["underflow"]]),
+            "nan_steps": int(vals[C["nan"]]),
+            "average_scale": vals[C["scale"]] / d,
+        }
+
+
+    def _run_epochs(
+        self,
+        loader: Iterable[Any],
+        num_epochs: int,
+        val_loader: Optional[Iterable[Any]],
+        progress: bool,
+    ) -> list[dict[str, Any]]:
+        """The body of :meth:`MixedPrecisionTrainer.train`."""
+        if num_epochs < 0:
+            raise ValueError(
+                f"MixedPrecisionTrainer.train: num_epochs must be >= 0, got {num_epochs}")
+        try:
+            total = len(loader) * num_epochs  # type: ignore[arg-type]
+        except TypeError:
+            total = None
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(
+                total=total,
+                desc=f"train ({self._describe()})",
+                unit="batch",
+                dynamic_ncols=True,
+                leave=True,
+            )
+        history = []
+        try:
+            for _ in range(num_epochs):
+                t0 = time.perf_counter()
+                result = self.train_epoch(loader, _bar=bar)
+                result["time_s"] = time.perf_counter() - t0
+                if val_loader is not None:
+                    ev = self.evaluate(val_loader)
+                    result["val_loss"] = ev["loss"]
+                    result["val_accuracy"] = ev["accuracy"]
+                result["epoch"] = self.epochs_done
+                history.append(result)
+                extra = (
+                    f" | val loss {result['val_loss']:.4f} | val acc {result['val_accuracy']:.4f}"
+                    if val_loader is not None and result.get("val_accuracy") is not None
+                    else ""
+                )
+                logger.info(
+                    "epoch %d | loss %.4f | overflow steps %d | avg scale %g | %.2fs%s",
+                    self.epochs_done,
+                    result["epoch_loss"],
+                    result["overflow_steps"],
+                    result["average_scale"],
+                    result["time_s"],
+                    extra,
+                )
+                if bar is not None:
+                    bar.set_postfix(epoch=self.epochs_done, loss=f"{result['epoch_loss']:.4f}")
+        finally:
+            if bar is not None:
+                bar.close()
+        return history
+
+    def _parts(self) -> TrainerParts:
+        """This trainer's pieces as the checkpoint functions take them."""
+        manager = self._manager()
+        assert self.model is not None
+        progress = Progress(self.optimizer_steps, self.micro_steps, self.epochs_done,
+                            self._micro, tuple(self._scaler_offsets), self.peak_memory)
+        return TrainerParts(self.model, self.optimizer, self.scheduler, self.config, manager,
+                            self._metrics, progress, self._step_loss, self._params())
 
     def save_mixed_precision_state(self, path: Union[str, os.PathLike[str]]) -> None:
         """Alias of :meth:`save_state` (the name used by the system mixprec replaces)."""
