@@ -51,3 +51,17 @@ def test_the_check_sees_a_changed_default(monkeypatch):
 
     assert _python_args(fused_sgd_) != _schema_args("fused_sgd_")
     assert _python_args(mixprec.ops.fused_sgd_) == _schema_args("fused_sgd_")
+
+
+def test_cpp_optimizers_name_every_op_argument() -> None:
+    """The C++ optimizers (csrc/api/optim.cpp) call the fused ops with every argument
+    named, ``/*name=*/value``, in the schema's order and with the schema's names."""
+    import re
+    from pathlib import Path
+
+    src = (Path(__file__).resolve().parent.parent / "csrc" / "api" / "optim.cpp").read_text()
+    for op in ("fused_adam_", "fused_sgd_"):
+        call = src[src.index(f"mixprec::{op}("):]
+        call = call[:call.index(");") + 1]
+        named = re.findall(r"/\*(\w+)=\*/", call)
+        assert named == [n for n, _ in _schema_args(op)], op

@@ -415,12 +415,20 @@ void AdamBase<Options>::run_bucket(Bucket& b,
                                    const at::Tensor& lr, const StepScalars& sc,
                                    int64_t seed, bool has_masters) {
   const auto& o = static_cast<const Options&>(group.options());
+  // the arguments named as in the schema (op_table.h), checked by
+  // clang-tidy's bugprone-argument-comment
   mixprec::fused_adam_(
-      b.params, b.grads, b.buf0, b.buf1, b.buf2, b.master_params, b.state_steps,
-      lr, std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(),
-      o.eps(), o.amsgrad(), o.maximize(), AdamTraits<Options>::decoupled(o),
-      sc.grad_scale, sc.found_inf, sc.clip_coef,
-      o.stochastic_rounding() && !has_masters, seed);
+      /*params=*/b.params, /*grads=*/b.grads, /*exp_avgs=*/b.buf0,
+      /*exp_avg_sqs=*/b.buf1, /*max_exp_avg_sqs=*/b.buf2,
+      /*master_params=*/b.master_params, /*state_steps=*/b.state_steps,
+      /*lr=*/lr, /*beta1=*/std::get<0>(o.betas()),
+      /*beta2=*/std::get<1>(o.betas()), /*weight_decay=*/o.weight_decay(),
+      /*eps=*/o.eps(), /*amsgrad=*/o.amsgrad(), /*maximize=*/o.maximize(),
+      /*decoupled_weight_decay=*/AdamTraits<Options>::decoupled(o),
+      /*grad_scale=*/sc.grad_scale, /*found_inf=*/sc.found_inf,
+      /*clip_coef=*/sc.clip_coef,
+      /*stochastic_rounding=*/o.stochastic_rounding() && !has_masters,
+      /*seed=*/seed);
 }
 
 template class AdamBase<AdamOptions>;
@@ -779,11 +787,15 @@ void SGD::run_bucket(Bucket& b, torch::optim::OptimizerParamGroup& group,
                      const at::Tensor& lr, const StepScalars& sc, int64_t seed,
                      bool has_masters) {
   const auto& o = static_cast<const SGDOptions&>(group.options());
-  mixprec::fused_sgd_(b.params, b.grads, b.buf0, b.master_params, b.state_steps,
-                      lr, o.weight_decay(), o.momentum(), o.dampening(),
-                      o.nesterov(), o.maximize(), sc.grad_scale, sc.found_inf,
-                      sc.clip_coef, o.stochastic_rounding() && !has_masters,
-                      seed);
+  mixprec::fused_sgd_(
+      /*params=*/b.params, /*grads=*/b.grads, /*momentum_buffers=*/b.buf0,
+      /*master_params=*/b.master_params, /*state_steps=*/b.state_steps,
+      /*lr=*/lr, /*weight_decay=*/o.weight_decay(), /*momentum=*/o.momentum(),
+      /*dampening=*/o.dampening(), /*nesterov=*/o.nesterov(),
+      /*maximize=*/o.maximize(), /*grad_scale=*/sc.grad_scale,
+      /*found_inf=*/sc.found_inf, /*clip_coef=*/sc.clip_coef,
+      /*stochastic_rounding=*/o.stochastic_rounding() && !has_masters,
+      /*seed=*/seed);
 }
 
 }  // namespace mixprec::optim

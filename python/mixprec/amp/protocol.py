@@ -34,6 +34,8 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
+from ..ops._scalars import StepScalars
+
 __all__ = [
     "RECORD_KEY",
     "OptimizerRecord",
@@ -207,15 +209,6 @@ def step_takes_grad_scaler(step: Callable[..., Any]) -> bool:
     except TypeError:  # not weak-referenceable: just don't cache
         pass
     return has
-
-
-@dataclass(frozen=True)
-class StepScalars:
-    """What one amp-aware step receives from the scaler."""
-
-    grad_scale: Optional[Tensor]
-    found_inf: Union[int, Tensor]
-    clip_coef: Optional[Tensor]
 
 
 def legacy_step(optimizer: torch.optim.Optimizer, grad_scaler: Any, state: dict[str, Any],

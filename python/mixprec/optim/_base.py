@@ -34,6 +34,7 @@ from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimize
 from .. import _dtensor
 from .. import flat as _flat
 from ..ops._extension import WATCH as _WATCH
+from ..ops._scalars import StepScalars
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
@@ -172,7 +173,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
-             scalars: Dict[str, Optional[Tensor]], seed: int) -> None:
+             scalars: StepScalars, seed: int) -> None:
         raise NotImplementedError
 
     # -- public API -------------------------------------------------------------
@@ -481,11 +482,9 @@ class FusedOptimizer(torch.optim.Optimizer):
 
         seed = (int(group.get("seed", 0)) * 1_000_003 + index) & 0x7FFFFFFFFFFFFFFF
         for (device, _), bucket in buckets.items():
-            scalars = {
-                "grad_scale": on("grad_scale", grad_scale, device),
-                "found_inf": on("found_inf", found_inf, device),
-                "clip_coef": on("clip_coef", clip_coef, device),
-            }
+            scalars = StepScalars(on("grad_scale", grad_scale, device),
+                                  on("found_inf", found_inf, device),
+                                  on("clip_coef", clip_coef, device))
             bucket = _flat.coalesce_bucket(self, group, bucket, plain)  # flat-buffer mode
             self._run(bucket, group, self._lr_tensor(index, group, device), scalars, seed)
 

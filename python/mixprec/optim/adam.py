@@ -9,6 +9,7 @@ from torch import Tensor
 from .. import ops
 from ..ops import _quant8 as q8
 from ..ops import _reference
+from ..ops._scalars import StepScalars
 from ._base import Bucket, FusedOptimizer, params_and_kwargs_check
 from ._state8 import EightBitState, check_state_bits, split_coded
 
@@ -142,7 +143,7 @@ class Adam(EightBitState, FusedOptimizer):
         return names
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
-             scalars: Dict[str, Optional[Tensor]], seed: int) -> None:
+             scalars: StepScalars, seed: int) -> None:
         coded, bucket = split_coded(bucket, group, "exp_avg")
         if coded is not None:
             self._run8(coded, group, lr, scalars, seed)
@@ -151,41 +152,45 @@ class Adam(EightBitState, FusedOptimizer):
         beta1, beta2 = group["betas"]
         masters = bucket["master_params"]
         ops.fused_adam_(
-            bucket["params"],
-            bucket["grads"],
-            bucket["exp_avg"],
-            bucket["exp_avg_sq"],
-            bucket.get("max_exp_avg_sq", []),
-            masters,
-            bucket["state_steps"],
-            lr,
-            float(beta1),
-            float(beta2),
-            float(group["weight_decay"]),
-            float(group["eps"]),
-            bool(group["amsgrad"]),
-            bool(group["maximize"]),
-            self._decoupled(group),
-            scalars["grad_scale"],
-            scalars["found_inf"],
-            scalars["clip_coef"],
-            bool(group.get("stochastic_rounding", False)) and not masters,
-            seed,
+            params=bucket["params"],
+            grads=bucket["grads"],
+            exp_avgs=bucket["exp_avg"],
+            exp_avg_sqs=bucket["exp_avg_sq"],
+            max_exp_avg_sqs=bucket.get("max_exp_avg_sq", []),
+            master_params=masters,
+            state_steps=bucket["state_steps"],
+            lr=lr,
+            beta1=float(beta1),
+            beta2=float(beta2),
+            weight_decay=float(group["weight_decay"]),
+            eps=float(group["eps"]),
+            amsgrad=bool(group["amsgrad"]),
+            maximize=bool(group["maximize"]),
+            decoupled_weight_decay=self._decoupled(group),
+            grad_scale=scalars.grad_scale,
+            found_inf=scalars.found_inf,
+            clip_coef=scalars.clip_coef,
+            stochastic_rounding=bool(group.get("stochastic_rounding", False)) and not masters,
+            seed=seed,
         )
 
 
     def _run8(self, b: Bucket, group: Dict[str, Any], lr: Tensor,
-              scalars: Dict[str, Optional[Tensor]], seed: int) -> None:
+              scalars: StepScalars, seed: int) -> None:
         """The 8-bit params of a bucket: ``fused_adam8_`` (the pure-PyTorch reference)."""
         beta1, beta2 = group["betas"]
         masters = b["master_params"]
         _reference.fused_adam8_(
-            b["params"], b["grads"], b["exp_avg"], b["exp_avg_absmax"],
-            b["exp_avg_sq"], b["exp_avg_sq_absmax"], masters, b["state_steps"], lr,
-            float(beta1), float(beta2), float(group["weight_decay"]), float(group["eps"]),
-            bool(group["maximize"]), self._decoupled(group), scalars["grad_scale"],
-            scalars["found_inf"], scalars["clip_coef"],
-            bool(group.get("stochastic_rounding", False)) and not masters, seed)
+            params=b["params"], grads=b["grads"], exp_avgs=b["exp_avg"],
+            exp_avg_absmax=b["exp_avg_absmax"], exp_avg_sqs=b["exp_avg_sq"],
+            exp_avg_sq_absmax=b["exp_avg_sq_absmax"], master_params=masters,
+            state_steps=b["state_steps"], lr=lr, beta1=float(beta1), beta2=float(beta2),
+            weight_decay=float(group["weight_decay"]), eps=float(group["eps"]),
+            maximize=bool(group["maximize"]), decoupled_weight_decay=self._decoupled(group),
+            grad_scale=scalars.grad_scale, found_inf=scalars.found_inf,
+            clip_coef=scalars.clip_coef,
+            stochastic_rounding=bool(group.get("stochastic_rounding", False)) and not masters,
+            seed=seed)
 
 
 class AdamW(Adam):

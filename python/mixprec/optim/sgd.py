@@ -10,6 +10,7 @@ from torch import Tensor
 from .. import ops
 from ..ops import _quant8 as q8
 from ..ops import _reference
+from ..ops._scalars import StepScalars
 from ._base import Bucket, FusedOptimizer, params_and_kwargs_check
 from ._state8 import EightBitState, check_state_bits, split_coded
 
@@ -108,37 +109,42 @@ class SGD(EightBitState, FusedOptimizer):
         return torch.full((), taken, dtype=torch.float32, device=p.device)
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
-             scalars: Dict[str, Optional[Tensor]], seed: int) -> None:
+             scalars: StepScalars, seed: int) -> None:
         coded, bucket = split_coded(bucket, group, "momentum_buffer")
         if coded is not None:
             masters8 = coded["master_params"]
             _reference.fused_sgd8_(
-                coded["params"], coded["grads"], coded["momentum_buffer"],
-                coded["momentum_buffer_absmax"], masters8, coded["state_steps"], lr,
-                float(group["weight_decay"]), float(group["momentum"]),
-                float(group["dampening"]), bool(group["nesterov"]), bool(group["maximize"]),
-                scalars["grad_scale"], scalars["found_inf"], scalars["clip_coef"],
-                bool(group.get("stochastic_rounding", False)) and not masters8, seed)
+                params=coded["params"], grads=coded["grads"],
+                momentum_buffers=coded["momentum_buffer"],
+                momentum_absmax=coded["momentum_buffer_absmax"], master_params=masters8,
+                state_steps=coded["state_steps"], lr=lr,
+                weight_decay=float(group["weight_decay"]), momentum=float(group["momentum"]),
+                dampening=float(group["dampening"]), nesterov=bool(group["nesterov"]),
+                maximize=bool(group["maximize"]), grad_scale=scalars.grad_scale,
+                found_inf=scalars.found_inf, clip_coef=scalars.clip_coef,
+                stochastic_rounding=bool(group.get("stochastic_rounding", False))
+                and not masters8,
+                seed=seed)
         if not bucket["params"]:
             return
         masters = bucket["master_params"]
         ops.fused_sgd_(
-            bucket["params"],
-            bucket["grads"],
-            bucket.get("momentum_buffer", []),
-            masters,
-            bucket["state_steps"],
-            lr,
-            float(group["weight_decay"]),
-            float(group["momentum"]),
-            float(group["dampening"]),
-            bool(group["nesterov"]),
-            bool(group["maximize"]),
-            scalars["grad_scale"],
-            scalars["found_inf"],
-            scalars["clip_coef"],
-            bool(group.get("stochastic_rounding", False)) and not masters,
-            seed,
+            params=bucket["params"],
+            grads=bucket["grads"],
+            momentum_buffers=bucket.get("momentum_buffer", []),
+            master_params=masters,
+            state_steps=bucket["state_steps"],
+            lr=lr,
+            weight_decay=float(group["weight_decay"]),
+            momentum=float(group["momentum"]),
+            dampening=float(group["dampening"]),
+            nesterov=bool(group["nesterov"]),
+            maximize=bool(group["maximize"]),
+            grad_scale=scalars.grad_scale,
+            found_inf=scalars.found_inf,
+            clip_coef=scalars.clip_coef,
+            stochastic_rounding=bool(group.get("stochastic_rounding", False)) and not masters,
+            seed=seed,
         )
 
 
