@@ -18,7 +18,7 @@ Ret Dispatch<Fn, Ret(Args...)>::call(Args... args) {
 }
 
 #define MIXPREC_INSTANTIATE_DISPATCH_(op) \
-  template struct MIXPREC_API Dispatch<&::mixprec::op>;
+  template struct Dispatch<&::mixprec::op>;
 MIXPREC_FOR_EACH_OP(MIXPREC_INSTANTIATE_DISPATCH_)
 #undef MIXPREC_INSTANTIATE_DISPATCH_
 
