@@ -34,57 +34,57 @@ struct MIXPREC_API Dispatch<Fn, Ret(Args...)> {
 
 // grads[i] *= inv_scale in place; found_inf = 1 if any grad held inf/NaN.
 // found_inf, inv_scale: one-element float32 tensors on the grads' device.
-MIXPREC_API inline void unscale_and_check_(at::TensorList grads,
-                                           const at::Tensor& found_inf,
-                                           const at::Tensor& inv_scale) {
+inline void unscale_and_check_(at::TensorList grads,
+                               const at::Tensor& found_inf,
+                               const at::Tensor& inv_scale) {
   detail::Dispatch<&unscale_and_check_>::call(grads, found_inf, inv_scale);
 }
 
 // found_inf = 1 if any value of `tensors` is inf or NaN. Reads only.
-MIXPREC_API inline void check_finite_(at::TensorList tensors,
-                                      const at::Tensor& found_inf) {
+inline void check_finite_(at::TensorList tensors, const at::Tensor& found_inf) {
   detail::Dispatch<&check_finite_>::call(tensors, found_inf);
 }
 
 // unscale_and_check_ that also returns the total norm_type-norm of the
 // unscaled grads as a 0-dim float32 tensor on their device (one pass).
-MIXPREC_API inline at::Tensor unscale_and_norm_(at::TensorList grads,
-                                                const at::Tensor& found_inf,
-                                                const at::Tensor& inv_scale,
-                                                double norm_type = 2.0) {
+inline at::Tensor unscale_and_norm_(at::TensorList grads,
+                                    const at::Tensor& found_inf,
+                                    const at::Tensor& inv_scale,
+                                    double norm_type = 2.0) {
   return detail::Dispatch<&unscale_and_norm_>::call(grads, found_inf, inv_scale,
                                                     norm_type);
 }
 
 // Read-only unscale_and_norm_: sets found_inf and returns the norm of
 // grads * inv_scale; the grads are not written.
-MIXPREC_API inline at::Tensor check_finite_and_norm_(
-    at::TensorList grads, const at::Tensor& found_inf,
-    const at::Tensor& inv_scale, double norm_type = 2.0) {
+inline at::Tensor check_finite_and_norm_(at::TensorList grads,
+                                         const at::Tensor& found_inf,
+                                         const at::Tensor& inv_scale,
+                                         double norm_type = 2.0) {
   return detail::Dispatch<&check_finite_and_norm_>::call(grads, found_inf,
                                                          inv_scale, norm_type);
 }
 
 // torch._amp_update_scale_ semantics. scale: float32, growth_tracker: int32,
 // found_inf: float32; one element each, same device.
-MIXPREC_API inline void update_scale_(const at::Tensor& scale,
-                                      const at::Tensor& growth_tracker,
-                                      const at::Tensor& found_inf,
-                                      double growth_factor,
-                                      double backoff_factor,
-                                      int64_t growth_interval) {
+inline void update_scale_(const at::Tensor& scale,
+                          const at::Tensor& growth_tracker,
+                          const at::Tensor& found_inf, double growth_factor,
+                          double backoff_factor, int64_t growth_interval) {
   detail::Dispatch<&update_scale_>::call(scale, growth_tracker, found_inf,
                                          growth_factor, backoff_factor,
                                          growth_interval);
 }
 
 // update_scale_ with hysteresis and min/max bounds (hysteresis_left: int32).
-MIXPREC_API inline void update_scale_ext_(
-    const at::Tensor& scale, const at::Tensor& growth_tracker,
-    const at::Tensor& hysteresis_left, const at::Tensor& found_inf,
-    double growth_factor, double backoff_factor, int64_t growth_interval,
-    std::optional<double> min_scale = std::nullopt,
-    std::optional<double> max_scale = std::nullopt, int64_t hysteresis = 1) {
+inline void update_scale_ext_(const at::Tensor& scale,
+                              const at::Tensor& growth_tracker,
+                              const at::Tensor& hysteresis_left,
+                              const at::Tensor& found_inf, double growth_factor,
+                              double backoff_factor, int64_t growth_interval,
+                              std::optional<double> min_scale = std::nullopt,
+                              std::optional<double> max_scale = std::nullopt,
+                              int64_t hysteresis = 1) {
   detail::Dispatch<&update_scale_ext_>::call(
       scale, growth_tracker, hysteresis_left, found_inf, growth_factor,
       backoff_factor, growth_interval, min_scale, max_scale, hysteresis);
@@ -97,7 +97,7 @@ MIXPREC_API inline void update_scale_ext_(
 // empty unless amsgrad), master_params (fp32, empty or one per 16-bit param),
 // state_steps (fp32, one element each; incremented). lr: one-element fp32/fp64
 // tensor. grad_scale/found_inf/clip_coef: optional one-element fp32 tensors.
-MIXPREC_API inline void fused_adam_(
+inline void fused_adam_(
     at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
     at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
     at::TensorList master_params, at::TensorList state_steps,
@@ -116,7 +116,7 @@ MIXPREC_API inline void fused_adam_(
 
 // One fused SGD step (torch.optim.SGD's rule); momentum_buffers (fp32) is empty
 // when momentum == 0. Other conventions as fused_adam_.
-MIXPREC_API inline void fused_sgd_(
+inline void fused_sgd_(
     at::TensorList params, at::TensorList grads,
     at::TensorList momentum_buffers, at::TensorList master_params,
     at::TensorList state_steps, const at::Tensor& lr, double weight_decay,
