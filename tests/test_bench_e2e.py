@@ -43,8 +43,10 @@ def _row(out: str, name: str) -> str:
 
 def test_tiny_cpu_run_prints_every_variant_and_passes() -> None:
     env = dict(os.environ)
+    # the mixprec under test (the editable one, or a build of make's other targets)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        [str(Path(mixprec.__file__).resolve().parent.parent)]
+        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     proc = subprocess.run([sys.executable, str(SCRIPT), *TINY], capture_output=True,
                           text=True, env=env, timeout=300, check=False)
     out = proc.stdout

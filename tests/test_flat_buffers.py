@@ -66,7 +66,9 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> List[Tuple[str, int]]:
         orig = getattr(mixprec.ops, name)
 
         def wrapped(*args: Any, _orig: Any = orig, _name: str = name, **kw: Any) -> Any:
-            log.append((_name, len(args[0])))
+            # the first list, passed by position or (the optimizers) by name
+            first = args[0] if args else kw.get("params", kw.get("grads", kw.get("tensors")))
+            log.append((_name, len(first)))
             return _orig(*args, **kw)
 
         monkeypatch.setattr(mixprec.ops, name, wrapped)

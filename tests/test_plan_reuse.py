@@ -752,8 +752,8 @@ def test_random_changes_match_the_cpu_kernel(
     pdt, masters, amsgrad = config
     s = OptState(sizes, pdt, torch.float32, masters, amsgrad)
     step_both(s)
-    last_cacheable = not any(
-        not t.is_contiguous() for v in s.sides["emu"].values() for t in v)
+    last_cacheable = all(
+        t.is_contiguous() and t.numel() > 0 for v in s.sides["emu"].values() for t in v)
     for kind, i, n in steps:
         kw = _mutate(s, kind, i, n)
         c = Counter()
@@ -762,8 +762,11 @@ def test_random_changes_match_the_cpu_kernel(
         assert built + reused == 1
         if kind in ("none", "skip", "lr") and last_cacheable:
             assert reused == 1, "an unchanged call must reuse its plan"
+        # (zero-size tensors left out: on torch 2.13 a strided empty tensor that
+        # is_contiguous() calls contiguous was copied by the launcher, which makes the plan
+        # uncacheable; the layout flags of empty tensors are not this test's subject)
         last_cacheable = all(
-            t.is_contiguous() for v in s.sides["emu"].values() for t in v)
+            t.is_contiguous() and t.numel() > 0 for v in s.sides["emu"].values() for t in v)
 
 
 @settings(max_examples=25, deadline=None,
