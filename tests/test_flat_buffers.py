@@ -156,6 +156,22 @@ def test_one_buffer_per_device_and_dtype_frozen_params_left_out() -> None:
         mixprec.flat_buffers(model)
 
 
+def test_a_dead_params_reused_id_is_not_taken_for_a_flat_param() -> None:
+    """The registry is keyed by ``id``, and a buffer can outlive its params (here its handle
+    holds it): a new tensor may take a dead param's id. Found by CI, where a compiled step
+    kept an old buffer alive and ``make`` of a fresh model raised "already in a flat
+    buffer". Planted here: a fresh param's id points at a live buffer's slot."""
+    fb = mixprec.flat_buffers(make(torch.float32))
+    fresh = torch.nn.Linear(2, 2)
+    flat_layout._PARAMS[id(fresh.weight)] = next(iter(flat_layout._PARAMS.values()))
+    try:
+        fresh_fb = mixprec.flat_buffers(fresh)  # not "already in a flat buffer"
+        assert len(fresh_fb) == 1
+        fresh_fb.remove()
+    finally:
+        fb.remove()
+
+
 @pytest.mark.parametrize("how", ["optim-none", "optim-zero", "model-none", "flat-zero",
                                  "assigned"])
 def test_grads_are_views_after_every_backward(how: str) -> None:

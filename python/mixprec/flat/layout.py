@@ -135,6 +135,17 @@ class _Buffer:
         _unregister(self.param_ids, self.grad_ids, self._ref)
 
 
+def _in_live_buffer(p: Tensor) -> bool:
+    """Whether ``p`` itself is a param of a live buffer. The registry is keyed by ``id``, and a
+    buffer can outlive its params (a compiled graph or a kept list may hold it): a new
+    tensor that reuses a dead param's ``id`` is not in any buffer."""
+    entry = _PARAMS.get(id(p))
+    if entry is None:
+        return False
+    buf = entry[0]()
+    return buf is not None and not buf.removed and buf._param_refs[entry[1]]() is p
+
+
 def _unregister(param_ids: List[int], grad_ids: List[int], ref: weakref.ref[_Buffer]) -> None:
     """Drop the registry entries of one buffer (not those a later buffer made since)."""
     REGISTRY[0] += 1
@@ -306,7 +317,7 @@ def flat_buffers(model_or_params: Union[nn.Module, Iterable[Any]], *,
             if not p.is_leaf or p.layout != torch.strided:
                 raise ValueError("mixprec.optim.flat_buffers: params must be dense leaf "
                                  "tensors")
-            if id(p) in _PARAMS:
+            if _in_live_buffer(p):
                 raise ValueError("mixprec.optim.flat_buffers: a param is already in a flat "
                                  "buffer")
             seen.add(id(p))
