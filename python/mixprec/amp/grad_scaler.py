@@ -184,7 +184,7 @@ class GradScaler(torch.amp.GradScaler):
                          self._min_scale, self._max_scale, self._hysteresis)
 
     def _uses_ext_rule(self) -> bool:
-        return self._scale_rule().extended
+        return self._hysteresis != 1 or self._min_scale is not None or self._max_scale is not None
 
     # ------------------------------------------------------------------ lazy state
     def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
@@ -298,15 +298,15 @@ class GradScaler(torch.amp.GradScaler):
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
         if getattr(optimizer, "_step_supports_amp_scaling", False):
-            if not protocol.takes_step_scalars(optimizer) and \
-                    protocol.step_takes_grad_scaler(optimizer.step):
+            direct = protocol.takes_step_scalars(optimizer)
+            if not direct and protocol.step_takes_grad_scaler(optimizer.step):
                 return protocol.legacy_step(optimizer, self, state, args, kwargs)
             if state["stage"] is OptState.READY:
                 self._check_inf_per_device(optimizer)
             scale = self._get_scale_async()
             if scale is None:
                 raise AssertionError("_get_scale_async returned None")
-            return protocol.step_amp_aware(optimizer, state, scale, args, kwargs)
+            return protocol.step_amp_aware(optimizer, state, scale, direct, args, kwargs)
         if state["stage"] is OptState.READY:
             self.unscale_(optimizer)
         if len(state["found_inf_per_device"]) == 0:

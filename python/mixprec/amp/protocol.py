@@ -233,14 +233,15 @@ def step_amp_aware(
     optimizer: torch.optim.Optimizer,
     state: dict[str, Any],
     scale: Tensor,
+    direct: bool,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
     """:meth:`GradScaler.step <mixprec.GradScaler.step>` of an optimizer with
     ``_step_supports_amp_scaling`` whose inf check has run (``state`` past READY; ``scale``
-    the scaler's scale): step it with the scalars, mark it STEPPED. No host sync.
+    the scaler's scale; ``direct``: :func:`takes_step_scalars`): step it with the scalars,
+    mark it STEPPED. No host sync.
     """
-    direct = takes_step_scalars(optimizer)
     scalars = step_scalars(optimizer, state, scale, direct)
     if direct:
         retval = step_direct(optimizer, scalars, args, kwargs)
