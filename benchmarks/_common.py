@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import os
 import platform
 import re
 import warnings
@@ -629,3 +630,25 @@ def check_unchanged(before: Sequence[Tensor], after: Sequence[Tensor], what: str
     for dtype, idx in by_dtype(after).items():
         check_equal([after[i] for i in idx], [before[i] for i in idx],
                     f"{what} ({dtype} tensors)")
+
+
+def eager_step(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Makes ``opt.step`` run with TORCHDYNAMO_DISABLE=1 set (torch.compile, which reads it
+    at each call, then returns the function as is), restored after each step: a library
+    optimizer whose step is ``torch.compile``-d (torchao's) then runs eagerly, without the
+    minutes of compilation."""
+    compiled_step = opt.step
+
+    def step(*args: object, **kwargs: object) -> object:
+        old = os.environ.get("TORCHDYNAMO_DISABLE")
+        os.environ["TORCHDYNAMO_DISABLE"] = "1"
+        try:
+            return compiled_step(*args, **kwargs)
+        finally:
+            if old is None:
+                del os.environ["TORCHDYNAMO_DISABLE"]
+            else:
+                os.environ["TORCHDYNAMO_DISABLE"] = old
+
+    opt.step = step  # type: ignore[method-assign]
+    return opt

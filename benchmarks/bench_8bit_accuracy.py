@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import os
 import platform
 import random
 import statistics
@@ -68,6 +67,7 @@ from torch import Tensor, nn
 
 import mixprec
 import mixprec.optim
+from _common import eager_step
 
 SEEDS = (0, 1, 2)
 WEIGHT_DECAY = 0.01
@@ -82,26 +82,6 @@ OptFactory = Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
 
 
 # ----------------------------------------------------------------------------- optimizers
-
-
-def _eager_step(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Makes ``opt.step`` run with TORCHDYNAMO_DISABLE=1 set (torch.compile, which reads it
-    at each call, then returns the function as is), restored after each step."""
-    compiled_step = opt.step
-
-    def step(*args: object, **kwargs: object) -> object:
-        old = os.environ.get("TORCHDYNAMO_DISABLE")
-        os.environ["TORCHDYNAMO_DISABLE"] = "1"
-        try:
-            return compiled_step(*args, **kwargs)
-        finally:
-            if old is None:
-                del os.environ["TORCHDYNAMO_DISABLE"]
-            else:
-                os.environ["TORCHDYNAMO_DISABLE"] = old
-
-    opt.step = step  # type: ignore[method-assign]
-    return opt
 
 
 def optimizer_factories(
@@ -131,7 +111,7 @@ def optimizer_factories(
 
         def ao8(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
             opt = ao_optim.AdamW8bit(params, lr=lr, weight_decay=WEIGHT_DECAY)
-            return _eager_step(opt) if torchao_eager else opt
+            return eager_step(opt) if torchao_eager else opt
 
         facs["torchao AdamW8bit"] = ao8
     except Exception as e:  # noqa: BLE001 - any import failure means: skip

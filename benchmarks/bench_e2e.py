@@ -24,6 +24,10 @@ bf16-m      bf16 params (the whole model), FP32 masters in ``mixprec.optim.AdamW
             no loss scaling
 bf16-sr     bf16 params without masters, ``mixprec.optim.AdamW(master_weights=False,
             stochastic_rounding=True)``, no loss scaling
+fp16-m8     fp16-m with 8-bit moments (``state_bits=8``: every tensor of at least 4,096
+            elements)
+bf16-m8     bf16-m with 8-bit moments
+bf16-sr8    bf16-sr with 8-bit moments
 ==========  ====================================================================
 
 "torch AdamW" is ``torch.optim.AdamW(fused=True)`` where torch supports it on the device,
@@ -41,7 +45,9 @@ steps (CUDA events around each step; on CPU ``time.perf_counter``), as the media
 ``--repeats`` independent runs (a fresh model from the same seed each time, variants
 interleaved within each repeat) with the min-max of the per-run medians as the spread;
 tokens/s; the ratio to ``amp-torch``; peak memory (CUDA: ``torch.cuda.max_memory_allocated``
-over the whole run, model and optimizer state included; CPU: n/a); host syncs per step
+over the whole run, model and optimizer state included; CPU: n/a); the optimizer state
+(every tensor of ``optimizer.state``, on every device: masters, moments or codes and block
+maxima, step counts), in MiB and bytes per parameter; host syncs per step
 (CUDA: the synchronisations ``torch.cuda.set_sync_debug_mode("warn")`` reports during the
 last warm-up step; CPU: n/a); the loss after ``warmup + steps`` steps (median over repeats);
 and, for the loss-scaled variants, the steps skipped for overflow.
@@ -183,6 +189,7 @@ class Variant:
     optimizer: str  # "torch" or "mixprec"
     master_weights: bool = True
     stochastic_rounding: bool = False
+    state_bits: int = 32
 
 
 VARIANTS: Tuple[Variant, ...] = (
@@ -198,6 +205,12 @@ VARIANTS: Tuple[Variant, ...] = (
     Variant("bf16-m", "bf16 params + fp32 masters", torch.bfloat16, False, None, "mixprec"),
     Variant("bf16-sr", "bf16 params, no masters, SR", torch.bfloat16, False, None, "mixprec",
             master_weights=False, stochastic_rounding=True),
+    Variant("fp16-m8", "fp16 params + fp32 masters, 8-bit moments", torch.float16, False,
+            "mixprec", "mixprec", state_bits=8),
+    Variant("bf16-m8", "bf16 params + fp32 masters, 8-bit moments", torch.bfloat16, False,
+            None, "mixprec", state_bits=8),
+    Variant("bf16-sr8", "bf16 params, no masters, SR, 8-bit moments", torch.bfloat16, False,
+            None, "mixprec", master_weights=False, stochastic_rounding=True, state_bits=8),
 )
 REFERENCE, AMP_REFERENCE = "fp32", "amp-torch"
 
@@ -257,7 +270,8 @@ def build_run(variant: Variant, init_model: GPT, data: Tuple[torch.Tensor, torch
     else:
         opt = mixprec.optim.AdamW(params, lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY,
                                   master_weights=variant.master_weights,
-                                  stochastic_rounding=variant.stochastic_rounding)
+                                  stochastic_rounding=variant.stochastic_rounding,
+                                  state_bits=variant.state_bits)
     scaler: Optional[torch.amp.GradScaler] = None
     if variant.scaler == "torch":
         scaler = torch.amp.GradScaler(device.type)
@@ -308,6 +322,7 @@ class Measurement:
     final_loss: float
     skipped: Optional[int]
     changed: Optional[Tuple[int, int]] = None  # (param tensors changed, total), first run only
+    state_bytes: int = 0  # every tensor of optimizer.state
 
 
 def skipped_steps(scaler: Optional[torch.amp.GradScaler], total_steps: int) -> Optional[int]:
@@ -375,6 +390,8 @@ def measure(run: Run, device: torch.device, warmup: int, steps: int,
                     skipped=skipped_steps(run.scaler, warmup + steps))
     if check_params:
         m.changed = changed_params(run.model, init_model, dtype)
+    m.state_bytes = sum(t.numel() * t.element_size() for st in run.optimizer.state.values()
+                        for t in st.values() if isinstance(t, torch.Tensor))
     return m
 
 
@@ -405,10 +422,11 @@ class Row:
         return statistics.median(r.first_loss for r in self.runs)
 
 
-def fmt_table(rows: Sequence[Row], tokens: int, amp_s: Optional[float]) -> List[str]:
+def fmt_table(rows: Sequence[Row], tokens: int, amp_s: Optional[float],
+              n_params: int) -> List[str]:
     head = (f"{'variant':<16} {'ms/step':>9} {'spread ms':>15} {'tok/s':>10} "
-            f"{'vs amp-torch':>12} {'peak MiB':>9} {'syncs/step':>10} {'loss@N':>8} "
-            f"{'skipped':>7}")
+            f"{'vs amp-torch':>12} {'peak MiB':>9} {'state MiB':>9} {'B/param':>7} "
+            f"{'syncs/step':>10} {'loss@N':>8} {'skipped':>7}")
     lines = [head, "-" * len(head)]
     for row in rows:
         if row.na is not None or not row.runs:
@@ -425,9 +443,10 @@ def fmt_table(rows: Sequence[Row], tokens: int, amp_s: Optional[float]) -> List[
         sync_s = f"{max(syncs)}" if syncs else NA
         skips = [r.skipped for r in row.runs if r.skipped is not None]
         skip_s = f"{max(skips)}" if skips else "-"
+        state = row.runs[0].state_bytes
         lines.append(f"{row.name:<16} {med * 1e3:>9.2f} {spread:>15} {tokens / med:>10.0f} "
-                     f"{ratio:>12} {peak:>9} {sync_s:>10} {row.final_loss():>8.4f} "
-                     f"{skip_s:>7}")
+                     f"{ratio:>12} {peak:>9} {state / 2**20:>9.1f} {state / n_params:>7.2f} "
+                     f"{sync_s:>10} {row.final_loss():>8.4f} {skip_s:>7}")
     return lines
 
 
@@ -595,11 +614,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     amp = next((r for r in rows if r.variant.key == AMP_REFERENCE and not r.flat and r.runs),
                None)
     print()
-    for line in fmt_table(rows, args.batch * args.seq, amp.median_s() if amp else None):
+    for line in fmt_table(rows, args.batch * args.seq, amp.median_s() if amp else None,
+                          n_params):
         print(line)
     print(f"ms/step: median over runs of each run's median step; spread: min-max of the run "
           f"medians; loss@N: loss at step {args.warmup + args.steps} (median over runs); "
-          f"skipped: overflow-skipped steps (scaler variants)")
+          f"skipped: overflow-skipped steps (scaler variants); state MiB, B/param: every "
+          f"tensor of optimizer.state")
     if device.type != "cuda":
         print("peak MiB and syncs/step: n/a on CPU (CUDA allocator and sync debug mode only)")
     print("variants:")

@@ -15,6 +15,11 @@ unscale/inf-check, the optimizer update, and the scale update. Cases:
   default multi-tensor AdamW (the scaler unscales the grads first).
 * ``mixprec AdamW fp32`` and ``torch AdamW(fused=True) fp32`` without a scaler:
   the plain fp32 update (the CPU comparison of the issue).
+* ``mixprec AdamW8bit ...``: the same mixprec cases with ``state_bits=8`` (block-wise
+  8-bit moments for every tensor of at least 4,096 elements; ``fused_adam8_``), and the
+  8-bit optimizers a user would pick instead, on fp32 params without a scaler:
+  ``torchao AdamW8bit`` (its ``torch.compile``-d step; eager with ``--quick``) and
+  ``bitsandbytes AdamW8bit``, n/a where they do not import or run.
 
 Shapes: GPT-2 small (124M parameters) on CUDA. On CPU, by default, the same
 layer shapes with 2 layers and an 8192-token vocabulary (about 21M
@@ -28,7 +33,10 @@ float64 on copies, within the rounding of a float32 step
 (``_common.optimizer_tolerance``); 16-bit params equal their float32 master
 rounded to nearest; the scale is unchanged. For the mixprec cases with a
 scaler, a second step with an inf planted in a grad must change nothing
-(params, masters, moments, step counts) and halve the scale. A failed check
+(params, masters, moments, step counts) and halve the scale. An 8-bit step from a fresh
+state equals the 32-bit step (the param update uses the unquantized new moments), so the
+8-bit cases are held to the same reference; the library controls, which may order their
+operations otherwise, to 1 % of each element's movement. A failed check
 is an error (the case is not timed; exit status 1). torch cases the installed
 torch cannot run print n/a.
 
@@ -65,11 +73,13 @@ from _common import (
     Report,
     Shape,
     add_timing_args,
+    check_close,
     check_found_inf,
     check_optimizer_result,
     check_scalar,
     check_unchanged,
     copy_bandwidth,
+    eager_step,
     flat64,
     fmt,
     gpt2_shapes,
@@ -94,11 +104,17 @@ from mixprec import ops
 #    mul_(p) 8, lerp_(m, g) 12, mul_(v) 8, addcmul_(v, g, g) 16, sqrt 8, div_ 8,
 #    add_(eps) 8, addcdiv_(p, m, d) 16.
 #  fp32 update without scaler: p, g, m, v read (16), p, m, v written (12).
+#  8-bit moments: m and v take 1 byte each instead of 4 (plus one float32 absmax per
+#    256 elements, 0.016 bytes, left out: the figures stay lower bounds):
+#    16-bit + master: 2 + (grad 2 + master 4 + m 1 + v 1) + (master 4 + m 1 + v 1 +
+#    param 2); fp32 without scaler: p 4, g 4, m 1, v 1 read, p, m, v written.
 BYTES = {
     "mixprec16": 2 + 28,
     "torch_fused_scaler": 8 + 28,
     "torch_foreach_scaler": 8 + 84,
     "fp32_plain": 28,
+    "mixprec16_8bit": 2 + 16,
+    "fp32_8bit": 16,
 }
 LR, WEIGHT_DECAY = 1e-4, 1e-2
 # The mixprec cases' grads carry this loss scale (a power of two: scaling and unscaling
@@ -133,11 +149,11 @@ def _reference(params: List[torch.nn.Parameter], grad_scale: float) -> Tuple[tor
 
 
 def mixprec_case(name: str, shapes: List[Shape], dtype: torch.dtype, device: str,
-                 scaler: bool) -> Tuple[Step, Callable[[], None]]:
+                 scaler: bool, state_bits: int = 32) -> Tuple[Step, Callable[[], None]]:
     """(step, verify) of a mixprec case; verify runs the first step."""
     params = make_params(shapes, dtype, device)
     grads = [p.grad for p in params]
-    opt = mixprec.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+    opt = mixprec.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, state_bits=state_bits)
     scale = torch.full((1,), GRAD_SCALE if scaler else 1.0, device=device)
     tracker = torch.zeros(1, dtype=torch.int32, device=device)
     found = torch.zeros(1, device=device)
@@ -212,6 +228,37 @@ def torch_case(name: str, shapes: List[Shape], device: str, impl: str,
     return step, verify  # type: ignore[return-value]
 
 
+def library8_case(name: str, shapes: List[Shape], device: str, lib: str,
+                  quick: bool) -> Tuple[Step, Callable[[], None]]:
+    """(step, verify) of an 8-bit optimizer of another library on fp32 params; raises
+    NotImplementedError (the case is n/a) when the library does not import."""
+    params = make_params(shapes, torch.float32, device)
+    try:
+        if lib == "torchao":
+            import torchao.optim as ao_optim
+
+            opt = ao_optim.AdamW8bit(params, lr=LR, weight_decay=WEIGHT_DECAY)
+            if quick:
+                opt = eager_step(opt)
+        else:
+            import bitsandbytes as bnb
+
+            opt = bnb.optim.AdamW8bit(params, lr=LR, weight_decay=WEIGHT_DECAY)
+    except ImportError as exc:
+        raise NotImplementedError(f"{lib} does not import: {exc}") from exc
+
+    def verify() -> None:
+        # (another library may order its float32 operations otherwise: its weights must
+        # be within 1 % of each element's movement of the float64 reference)
+        ref, movement = _reference(params, 1.0)
+        opt.step()
+        sync(device)
+        check_close(params, ref, 0.01 * movement.abs() + 1e-12,
+                    f"{name}: float32 params vs float64 reference (1 % of the movement)")
+
+    return opt.step, verify  # type: ignore[return-value]
+
+
 def check_no_sync(fn: Step) -> str:
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -226,7 +273,7 @@ def check_no_sync(fn: Step) -> str:
 
 
 def run(device: str, shapes: List[Shape], label: str, min_run_time: float, rounds: int,
-        report: Report) -> None:
+        report: Report, quick: bool = False) -> None:
     n = numel(shapes)
     print(f"\n=== {device}: {label}, {n / 1e6:.1f}M parameters in {len(shapes)} tensors ===")
     if device == "cpu":
@@ -249,6 +296,16 @@ def run(device: str, shapes: List[Shape], label: str, min_run_time: float, round
          lambda nm: mixprec_case(nm, shapes, torch.float32, device, False)),
         ("torch AdamW(fused) fp32, no scaler", "fp32_plain", True,
          lambda nm: torch_case(nm, shapes, device, "fused", False)),
+        ("mixprec AdamW8bit fp16+master, scaler", "mixprec16_8bit", False,
+         lambda nm: mixprec_case(nm, shapes, torch.float16, device, True, state_bits=8)),
+        ("mixprec AdamW8bit bf16+master, scaler", "mixprec16_8bit", False,
+         lambda nm: mixprec_case(nm, shapes, torch.bfloat16, device, True, state_bits=8)),
+        ("mixprec AdamW8bit fp32, no scaler", "fp32_8bit", False,
+         lambda nm: mixprec_case(nm, shapes, torch.float32, device, False, state_bits=8)),
+        ("torchao AdamW8bit fp32, no scaler", "fp32_8bit", True,
+         lambda nm: library8_case(nm, shapes, device, "torchao", quick)),
+        ("bitsandbytes AdamW8bit fp32, no scaler", "fp32_8bit", True,
+         lambda nm: library8_case(nm, shapes, device, "bnb", quick)),
     ]
     # Build and verify every case (untimed). A torch case torch cannot run is n/a; a
     # failed verification is an error and leaves the case untimed.
@@ -300,6 +357,14 @@ def run(device: str, shapes: List[Shape], label: str, min_run_time: float, round
     plain = ratio(times.get("mixprec AdamW fp32, no scaler"),
                   times.get("torch AdamW(fused) fp32, no scaler"))
     print(f"ratio mixprec fp32 / torch fused fp32 (no scaler): {fmt(plain, '.3f')}", flush=True)
+    for dt in ("fp16+master, scaler", "bf16+master, scaler", "fp32, no scaler"):
+        r8 = ratio(times.get(f"mixprec AdamW8bit {dt}"), times.get(f"mixprec AdamW {dt}"))
+        print(f"ratio mixprec 8-bit / 32-bit state ({dt}): {fmt(r8, '.3f')}")
+    for lib in ("torchao", "bitsandbytes"):
+        r = ratio(times.get("mixprec AdamW8bit fp32, no scaler"),
+                  times.get(f"{lib} AdamW8bit fp32, no scaler"))
+        print(f"ratio mixprec 8-bit / {lib} AdamW8bit (fp32, no scaler): {fmt(r, '.3f')}",
+              flush=True)
 
 
 class _Unverified(Exception):
@@ -328,11 +393,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             gpt2_shapes(args.cpu_layers, args.cpu_vocab, args.cpu_embd),
             f"GPT-2-small layer shapes, SMALLER model: {args.cpu_layers} layers, "
             f"vocab {args.cpu_vocab}, width {args.cpu_embd}")
-        run("cpu", shapes, label, min_run_time, rounds, report)
+        run("cpu", shapes, label, min_run_time, rounds, report, args.quick)
     if args.device in ("cuda", "all"):
         if torch.cuda.is_available():
             shapes, label = quick if args.quick else (gpt2_shapes(), "GPT-2 small (124M)")
-            run("cuda", shapes, label, min_run_time, rounds, report)
+            run("cuda", shapes, label, min_run_time, rounds, report, args.quick)
         elif args.device == "cuda":
             report.fail("--device cuda: no GPU visible")
         else:

@@ -239,6 +239,8 @@ def run_all(rank: int, world: int, out_dir: str) -> None:
     r["plan_reuse"] = plan_reuse(mesh)
     r["memory"] = memory(mesh, world)
     r["dcp"] = dcp_resume(mesh, os.path.join(out_dir, "ckpt"))
+    r["dcp8"] = dcp_resume(mesh, os.path.join(out_dir, "ckpt8"), state_bits=8)
+    r["eight_bit"] = eight_bit(mesh, world)
     r["ops"] = ops_on_dtensors(mesh)
     r["flat"] = flat_refusal(mesh)
     r["trainer"] = trainer_modes(mesh)
@@ -308,15 +310,18 @@ def memory(mesh: Any, world: int) -> Result:
     return out
 
 
-def dcp_resume(mesh: Any, path: str) -> Result:
+def dcp_resume(mesh: Any, path: str, state_bits: int = 32) -> Result:
     """DCP save after 2 steps, then 2 more steps; a fresh model + optimizer loaded from the
-    checkpoint and stepped the same 2 steps must end bit for bit where the first did."""
+    checkpoint and stepped the same 2 steps must end bit for bit where the first did.
+    ``state_bits=8``: every param with 8-bit moments (blocks per local shard)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    eight = {"state_bits": 8, "min_8bit_size": 0} if state_bits == 8 else {}
+
     def make() -> Tuple[nn.Module, Any, Any]:
         m = shard(tiny_model(torch.float16), mesh)
-        return m, mixprec.optim.AdamW(m.parameters(), lr=1e-2), mixprec.GradScaler(
+        return m, mixprec.optim.AdamW(m.parameters(), lr=1e-2, **eight), mixprec.GradScaler(
             DEVICE, init_scale=2.0**10, growth_interval=1)
 
     def step(m: nn.Module, o: Any, s: Any, k: int) -> None:
@@ -355,21 +360,79 @@ def dcp_resume(mesh: Any, path: str) -> Result:
                            if k != "step"})
     # an unsharded optimizer's state dict (a single-device checkpoint) loads into the
     # sharded optimizer: each rank takes its shard of every state tensor
+    # (8-bit: each rank quantizes its shard of the read-back moments, so the codes differ
+    # from the unsharded ones; compare the values read back, within one quantization)
     ref = tiny_model(torch.float16)
     ref_opt = mixprec.optim.AdamW(ref.parameters(), lr=1e-2)
     ref(batch(0, torch.float16)).float().pow(2).mean().backward()
     ref_opt.step()
     m4, o4, _ = make()
     o4.load_state_dict(ref_opt.state_dict())
+
+    def values(opt: Any, p: torch.Tensor, k: str) -> torch.Tensor:
+        t = opt.state[p][k]
+        if t.dtype != torch.uint8:
+            return full(t)
+        from mixprec.optim import _state8
+
+        table = "dynamic8-signed" if k == "exp_avg" else "dynamic8-unsigned"
+        return full(_state8.read_back(t, opt.state[p][k + "_absmax"], table, p))
+
     from_unsharded = all(
-        _dtensor.is_dtensor(o4.state[p][k]) and torch.equal(full(o4.state[p][k]),
-                                                            ref_opt.state[q][k])
+        _dtensor.is_dtensor(o4.state[p][k]) and (
+            torch.equal(values(o4, p, k), ref_opt.state[q][k]) if state_bits == 32 else
+            bool(((values(o4, p, k) - ref_opt.state[q][k]).abs()
+                  <= ref_opt.state[q][k].abs().max() * 0.1).all()))
         for p, q in zip(m4.parameters(), ref.parameters())
         for k in ("exp_avg", "exp_avg_sq", "master_param"))
     return {"bitwise": bitwise(first, second), "masters": bitwise(masters, masters2),
             "from_unsharded": from_unsharded,
             "osd_keys": sorted(next(iter(osd.get("state", {}).values()), {}).keys()),
             "loaded_types": loaded_types}
+
+
+def eight_bit(mesh: Any, world: int) -> Result:
+    """8-bit state on a sharded model (every param 8-bit): each rank's shard steps exactly
+    as the same rows stepped as separate params by an unsharded optimizer, since the
+    blocks run over the local shard. The twin cuts every param into FSDP2's row chunks
+    (an empty one where a rank has no rows)."""
+    out: Result = {}
+    for cls, kw in (("AdamW8bit", {"lr": 1e-2}),
+                    ("SGD8bit", {"lr": 1e-1, "momentum": 0.9, "nesterov": True})):
+        ref = tiny_model(torch.bfloat16)
+        model = shard(copy.deepcopy(ref), mesh)
+        make = getattr(mixprec.optim, cls)
+        opt = make(model.parameters(), min_8bit_size=0, **kw)
+
+        def cut(t: torch.Tensor) -> List[torch.Tensor]:
+            parts = list(torch.chunk(t, world, dim=0))
+            return parts + [t[:0]] * (world - len(parts))
+
+        twin = [[nn.Parameter(c.detach().clone()) for c in cut(p)] for p in ref.parameters()]
+        twin_opt = make([c for cs in twin for c in cs], min_8bit_size=0, **kw)
+        for step in range(3):
+            x = batch(step, torch.bfloat16)
+            opt.zero_grad()
+            model(x).float().pow(2).mean().backward()
+            opt.step()
+            ref.zero_grad()
+            ref(x).float().pow(2).mean().backward()
+            for p, cs in zip(ref.parameters(), twin):
+                for c, g in zip(cs, cut(p.grad)):
+                    c.grad = g.clone()
+            twin_opt.step()
+            with torch.no_grad():
+                for p, cs in zip(ref.parameters(), twin):
+                    p.copy_(torch.cat([c.detach() for c in cs]))
+        first = "exp_avg" if cls == "AdamW8bit" else "momentum_buffer"
+        out[cls] = {
+            "bitwise": bitwise(params_of(model), params_of(ref)),
+            "codes_dtensor": all(_dtensor.is_dtensor(opt.state[p][first]) and
+                                 opt.state[p][first].dtype == torch.uint8
+                                 for p in model.parameters()),
+            "state_bytes": state_bytes(opt),
+        }
+    return out
 
 
 def ops_on_dtensors(mesh: Any) -> Result:

@@ -87,6 +87,46 @@ def _sgd(device, **changes):
     return "fused_sgd_", tuple(d.values())
 
 
+def _q8(device, params, table):
+    from mixprec.ops import _quant8 as q8
+
+    pairs = [q8.quantize(torch.randn(p.shape, device=device), table) for p in params]
+    return [c for c, _ in pairs], [a for _, a in pairs]
+
+
+def _adam8(device, **changes):
+    from mixprec.ops import _quant8 as q8
+
+    params = [torch.randn(600, device=device).half(), torch.randn(3, 4, device=device).half()]
+    m, ma = _q8(device, params, q8.SIGNED)
+    v, va = _q8(device, params, q8.UNSIGNED)
+    d = {"params": params, "grads": [torch.randn_like(p) for p in params],
+         "exp_avgs": m, "exp_avg_absmax": ma, "exp_avg_sqs": v, "exp_avg_sq_absmax": va,
+         "master_params": [p.float() for p in params],
+         "state_steps": [torch.zeros((), device=device) for _ in params],
+         "lr": torch.tensor(1e-3, device=device), "beta1": 0.9, "beta2": 0.999,
+         "weight_decay": 0.0, "eps": 1e-8, "maximize": False,
+         "decoupled_weight_decay": True, "grad_scale": None, "found_inf": None,
+         "clip_coef": None, "stochastic_rounding": False, "seed": 0}
+    d.update({k: v(d) if callable(v) else v for k, v in changes.items()})
+    return "fused_adam8_", tuple(d.values())
+
+
+def _sgd8(device, **changes):
+    from mixprec.ops import _quant8 as q8
+
+    params = [torch.randn(300, device=device), torch.randn(2, 3, device=device)]
+    b, ba = _q8(device, params, q8.SIGNED)
+    d = {"params": params, "grads": [torch.randn_like(p) for p in params],
+         "momentum_buffers": b, "momentum_absmax": ba, "master_params": [],
+         "state_steps": [torch.ones((), device=device) for _ in params],
+         "lr": torch.tensor(0.1, device=device), "weight_decay": 0.0, "momentum": 0.9,
+         "dampening": 0.0, "nesterov": False, "maximize": False, "grad_scale": None,
+         "found_inf": None, "clip_coef": None, "stochastic_rounding": False, "seed": 0}
+    d.update({k: v(d) if callable(v) else v for k, v in changes.items()})
+    return "fused_sgd8_", tuple(d.values())
+
+
 # (id, builder(device) -> (op name, args), substring the message must contain)
 CASES: list[tuple[str, Callable, str]] = [
     ("found_inf_dtype", lambda d: _unscale(d, found=torch.zeros((), dtype=torch.float64,
@@ -150,6 +190,24 @@ CASES: list[tuple[str, Callable, str]] = [
     ("sgd_step_dtype", lambda d: _sgd(d, state_steps=lambda a: [a["state_steps"][0].long(),
                                                                 a["state_steps"][1]]),
      "state_steps[0]"),
+    ("adam8_codes_float", lambda d: _adam8(d, exp_avgs=lambda a: [
+        a["exp_avgs"][0].float(), a["exp_avgs"][1]]), "exp_avgs[0]"),
+    ("adam8_codes_strided", lambda d: _adam8(d, exp_avg_sqs=lambda a: [
+        a["exp_avg_sqs"][0], a["exp_avg_sqs"][1].t().contiguous().t()]), "exp_avg_sqs[1]"),
+    ("adam8_codes_shape", lambda d: _adam8(d, exp_avgs=lambda a: [
+        a["exp_avgs"][0][:599], a["exp_avgs"][1]]), "exp_avgs[0]"),
+    ("adam8_absmax_short", lambda d: _adam8(d, exp_avg_absmax=lambda a: [
+        a["exp_avg_absmax"][0][:2], a["exp_avg_absmax"][1]]), "exp_avg_absmax[0]"),
+    ("adam8_absmax_dtype", lambda d: _adam8(d, exp_avg_sq_absmax=lambda a: [
+        a["exp_avg_sq_absmax"][0].half(), a["exp_avg_sq_absmax"][1]]), "exp_avg_sq_absmax[0]"),
+    ("adam8_absmax_list_short", lambda d: _adam8(d, exp_avg_absmax=lambda a:
+                                                 a["exp_avg_absmax"][:1]), "exp_avg_absmax"),
+    ("adam8_beta2_one", lambda d: _adam8(d, beta2=1.0), "beta2"),
+    ("sgd8_no_momentum", lambda d: _sgd8(d, momentum=0.0), "momentum"),
+    ("sgd8_absmax_2d", lambda d: _sgd8(d, momentum_absmax=lambda a: [
+        a["momentum_absmax"][0].view(1, -1), a["momentum_absmax"][1]]), "momentum_absmax[0]"),
+    ("sgd8_buffer_float", lambda d: _sgd8(d, momentum_buffers=lambda a: [
+        a["momentum_buffers"][0], a["momentum_buffers"][1].float()]), "momentum_buffers[1]"),
 ]
 
 if HAS_CUDA:

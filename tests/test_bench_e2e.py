@@ -53,14 +53,20 @@ def test_tiny_cpu_run_prints_every_variant_and_passes() -> None:
     assert proc.returncode == 0, out + proc.stderr
     assert f"torch {torch.__version__}" in out and f"mixprec {mixprec.__version__}" in out
     assert "--vocab 256" in out  # the command line is in the header
+    per_param = {}
     for v in bench_e2e.VARIANTS:
+        # name, ms, spread, tok/s, ratio, peak MiB, state MiB, B/param, syncs, loss, skipped
         cells = _row(out, v.key).split()
-        assert cells[5:7] == ["n/a", "n/a"], cells  # peak MiB, syncs/step: n/a on CPU
-        assert float(cells[7]) > 0  # loss after N steps
+        assert [cells[5], cells[8]] == ["n/a", "n/a"], cells  # peak, syncs: n/a on CPU
+        assert float(cells[9]) > 0  # loss after N steps
+        per_param[v.key] = float(cells[7])
         flat = _row(out, v.key + " +flat").split()
-        assert flat[6:8] == ["n/a", "n/a"] and float(flat[8]) > 0, flat
+        assert [flat[6], flat[9]] == ["n/a", "n/a"] and float(flat[10]) > 0, flat
         if v.optimizer == "mixprec" and not v.stochastic_rounding:
-            assert flat[8] == cells[7], (flat, cells)  # the flat path is bitwise the same
+            assert flat[10] == cells[9], (flat, cells)  # the flat path is bitwise the same
+    # optimizer state: masters 4 + moments 8 bytes per param; 8-bit moments save most of 8
+    assert 12 <= per_param["bf16-m"] < 12.5 and per_param["bf16-m8"] < 0.6 * per_param["bf16-m"]
+    assert per_param["bf16-sr8"] < 0.5 * per_param["bf16-sr"]
     assert _row(out, "amp-torch").split()[4] == "1.00x"
     assert "FAIL" not in out and "all checks passed" in out
 

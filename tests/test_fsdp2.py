@@ -96,6 +96,21 @@ def test_dcp_save_load_continues_bitwise(results):
         assert r["from_unsharded"]  # a single-device state dict loads, sharded
 
 
+def test_8bit_dcp_save_load_continues_bitwise(results):
+    for k in range(WORLD):
+        r = results[k]["dcp8"]
+        assert r["bitwise"] and r["masters"]
+        assert r["loaded_types"] == ["DTensor", "str"]  # codes, maxima, masters; "quant"
+        assert r["from_unsharded"]  # a single-device 32-bit state dict loads, quantized
+
+
+@pytest.mark.parametrize("cls", ["AdamW8bit", "SGD8bit"])
+def test_8bit_state_steps_each_shard_as_its_rows_alone(results, cls):
+    for k in range(WORLD):
+        r = results[k]["eight_bit"][cls]
+        assert r["bitwise"] and r["codes_dtensor"]
+
+
 def test_ops_on_dtensor_lists(results):
     for k in range(WORLD):
         r = results[k]["ops"]

@@ -65,6 +65,39 @@ def _sgd(device):
             {"stochastic_rounding": True, "seed": 7})
 
 
+def _codes8(device, params, table):
+    from mixprec.ops import _quant8 as q8
+
+    pairs = [q8.quantize(torch.randn(p.shape, device=device), table) for p in params]
+    return [c for c, _ in pairs], [a for _, a in pairs]
+
+
+def _adam8(device):
+    from mixprec.ops import _quant8 as q8
+
+    params, grads, _, masters, steps = _optim_lists(device, 0, True)
+    params = [torch.randn(600, device=device).half()] + params  # more than one block
+    grads = [torch.randn(600, device=device).bfloat16()] + grads
+    masters = [params[0].float()] + masters
+    steps = [torch.full((), 1.0, device=device)] + steps
+    m, ma = _codes8(device, params, q8.SIGNED)
+    v, va = _codes8(device, params, q8.UNSIGNED)
+    return ((params, grads, m, ma, v, va, masters, steps, torch.tensor(1e-3, device=device),
+             0.9, 0.999, 0.01, 1e-8, False, True, torch.full((1,), 2.0, device=device),
+             torch.zeros(1, device=device), torch.full((), 0.5, device=device), False, 0), {})
+
+
+def _sgd8(device):
+    from mixprec.ops import _quant8 as q8
+
+    params, grads, _, _, steps = _optim_lists(device, 0, False)
+    params = [p.to(torch.bfloat16) for p in params]
+    b, ba = _codes8(device, params, q8.SIGNED)
+    return ((params, grads, b, ba, [], steps, torch.tensor(0.1, device=device), 0.0, 0.9, 0.0,
+             True, False, None, None, None),
+            {"stochastic_rounding": True, "seed": 7})
+
+
 # (test id, op, args builder(device) -> (args, kwargs)). One entry per case: each
 # gets its own test id, and none can be left out of the parametrization. The first
 # entry of each op is also its sample in tests/test_dispatch_paths.py.
@@ -90,6 +123,8 @@ SAMPLES = [
                 {"min_scale": 1.0, "max_scale": 1024.0, "hysteresis": 2})),
     ("fused_adam_-masters-amsgrad", "fused_adam_", _adam),
     ("fused_sgd_-nesterov-sr", "fused_sgd_", _sgd),
+    ("fused_adam8_-masters-clip", "fused_adam8_", _adam8),
+    ("fused_sgd8_-nesterov-sr", "fused_sgd8_", _sgd8),
 ]
 
 

@@ -40,6 +40,8 @@ SUBPACKAGES = {
         "update_scale_ext_",
         "fused_adam_",
         "fused_sgd_",
+        "fused_adam8_",
+        "fused_sgd8_",
     },
     "mixprec.amp": {
         "GradScaler",

@@ -6,6 +6,8 @@
 
 #include "mixprec/ops.h"
 
+#include "common/quant8_math.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/serialize.h>
@@ -37,16 +39,30 @@ void check_beta(const char* cls, int index, double value) {
 }
 
 template <typename Options>
+void check_state_bits(const char* cls, const Options& o) {
+  TORCH_CHECK_VALUE(o.state_bits() == 8 || o.state_bits() == 32,
+                    "mixprec.optim.", cls, ": state_bits must be 8 or 32, got ",
+                    o.state_bits());
+  TORCH_CHECK_VALUE(o.min_8bit_size() >= 0, "mixprec.optim.", cls,
+                    ": min_8bit_size must be an int >= 0, got ",
+                    o.min_8bit_size());
+}
+
+template <typename Options>
 const Options& adam_check(const char* cls, const Options& o) {
   check_nonneg(cls, "lr", o.lr());
   check_nonneg(cls, "eps", o.eps());
   check_nonneg(cls, "weight_decay", o.weight_decay());
   check_beta(cls, 0, std::get<0>(o.betas()));
   check_beta(cls, 1, std::get<1>(o.betas()));
+  check_state_bits(cls, o);
+  TORCH_CHECK_VALUE(!(o.state_bits() == 8 && o.amsgrad()), "mixprec.optim.",
+                    cls, ": amsgrad=True needs state_bits=32");
   return o;
 }
 
 const SGDOptions& sgd_check(const SGDOptions& o) {
+  check_state_bits("SGD", o);
   check_nonneg("SGD", "lr", o.lr());
   check_nonneg("SGD", "momentum", o.momentum());
   check_nonneg("SGD", "weight_decay", o.weight_decay());
@@ -75,6 +91,85 @@ void check_groups(const char* cls, const torch::optim::Optimizer& opt) {
 at::Tensor zeros_f32_like(const at::Tensor& p) {
   return at::zeros_like(p, p.options().dtype(at::kFloat),
                         at::MemoryFormat::Preserve);
+}
+
+// ---- 8-bit state: the layout of python/mixprec/ops/_quant8.py and
+// optim/_state8.py ("quant" names it), with the same tables
+// (common/quant8_math.h) and the same rounding as its quantize().
+constexpr const char* kQuant = "dynamic8/b256";
+
+int64_t num_blocks(int64_t n) { return (n + q8::kBlock - 1) / q8::kBlock; }
+
+at::Tensor q8_table(const float* values, int64_t n, c10::Device device) {
+  return at::from_blob(const_cast<float*>(values), {n}, at::kFloat)
+      .to(device, /*non_blocking=*/false, /*copy=*/true);
+}
+
+// A fresh 8-bit moment of p: the codes of zero (contiguous) and zero maxima.
+std::pair<at::Tensor, at::Tensor> zero_codes(const at::Tensor& p, int table) {
+  const auto opts = at::TensorOptions(p.device());
+  return {at::full(p.sizes(), q8::zero_lo(table), opts.dtype(at::kByte)),
+          at::zeros({num_blocks(p.numel())}, opts.dtype(at::kFloat))};
+}
+
+// (codes, absmax) of x: _quant8.quantize, operation by operation.
+std::pair<at::Tensor, at::Tensor> quantize8(const at::Tensor& x, int table) {
+  const int64_t n = x.numel();
+  const int64_t nb = num_blocks(n);
+  const at::Tensor values =
+      q8_table(q8::kQ8Values + table * 256, 256, x.device());
+  // the midpoints between neighbours, in float64 rounded to float32 (as
+  // _quant8._table_cpu makes them)
+  const at::Tensor v64 = values.to(at::kDouble);
+  const at::Tensor mids =
+      ((v64.narrow(0, 1, 255) + v64.narrow(0, 0, 255)) / 2).to(at::kFloat);
+  at::Tensor flat = x.reshape({-1}).to(at::kFloat);
+  flat = at::cat({flat, at::zeros({nb * q8::kBlock - n}, flat.options())});
+  const at::Tensor b = flat.view({nb, q8::kBlock});
+  const at::Tensor absmax = std::get<0>(b.abs().max(1));
+  const at::Tensor a = absmax.unsqueeze(1);
+  const at::Tensor y = at::where(a > 0, b / a, at::zeros_like(b)).contiguous();
+  at::Tensor idx = at::searchsorted(mids, y, /*out_int32=*/false,
+                                    /*right=*/false);
+  const at::Tensor on_zero = values.eq(0).index({idx}).logical_and(y.ne(0));
+  idx = at::where(on_zero.logical_and(y > 0),
+                  at::full_like(idx, q8::small_pos(table)), idx);
+  idx = at::where(on_zero.logical_and(y < 0),
+                  at::full_like(idx, q8::small_neg(table)), idx);
+  at::Tensor codes =
+      idx.to(at::kByte).reshape({-1}).narrow(0, 0, n).view(x.sizes());
+  return {codes.contiguous(), absmax};
+}
+
+// The float32 values of codes with per-block maxima: _quant8.dequantize.
+at::Tensor dequantize8(const at::Tensor& codes, const at::Tensor& absmax,
+                       int table) {
+  const int64_t n = codes.numel();
+  const at::Tensor values =
+      q8_table(q8::kQ8Values + table * 256, 256, codes.device());
+  const at::Tensor v = values.index({codes.reshape({-1}).to(at::kLong)});
+  const at::Tensor scale = absmax.repeat_interleave(q8::kBlock).narrow(0, 0, n);
+  return (v * scale).view(codes.sizes());
+}
+
+// A loaded moment (and its maxima) in the layout the group wants now: read
+// back when saved as codes, then quantized when `coded` (as the Python
+// _convert_state does); a 32-bit moment in an 8-bit group keeps empty maxima.
+void convert_moment(at::Tensor& m, at::Tensor& absmax, int table, bool coded,
+                    bool eight_bit_group, const at::Tensor& p) {
+  if (!m.defined()) return;
+  if (m.scalar_type() == at::kByte) {
+    m = dequantize8(m, absmax.to(m.device(), at::kFloat), table);
+  }
+  if (coded) {
+    std::tie(m, absmax) = quantize8(m, table);
+  } else {
+    m = m.to(at::kFloat);
+    absmax =
+        eight_bit_group
+            ? at::zeros({0}, at::TensorOptions(p.device()).dtype(at::kFloat))
+            : at::Tensor();
+  }
 }
 
 at::Tensor step_zero(const at::Tensor& p) {
@@ -205,14 +300,16 @@ at::Tensor FusedOptimizer::step_with(const StepScalars& scalars,
   auto& groups = param_groups();
   for (size_t index = 0; index < groups.size(); ++index) {
     auto& group = groups[index];
-    // (device, has masters) buckets in order of first appearance
+    // (device, has masters, 8-bit) buckets in order of first appearance
     std::vector<std::pair<std::pair<c10::Device, bool>, Bucket>> buckets;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const bool master = wants_master(p, group);
+      const bool eight = coded(p, group);
       Bucket* b = nullptr;
       for (auto& [key, bucket] : buckets) {
-        if (key.first == p.device() && key.second == master) {
+        if (key.first == p.device() && key.second == master &&
+            bucket.coded == eight) {
           b = &bucket;
           break;
         }
@@ -220,6 +317,7 @@ at::Tensor FusedOptimizer::step_with(const StepScalars& scalars,
       if (b == nullptr) {
         buckets.emplace_back(std::make_pair(p.device(), master), Bucket{});
         b = &buckets.back().second;
+        b->coded = eight;
       }
       add_to_bucket(p, group, *b);
     }
@@ -254,6 +352,8 @@ double AdamWOptions::get_lr() const { return lr(); }
 void AdamWOptions::set_lr(const double lr) { this->lr(lr); }
 
 void AdamOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(state_bits);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(min_8bit_size);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
@@ -267,6 +367,10 @@ void AdamOptions::serialize(torch::serialize::OutputArchive& archive) const {
 }
 
 void AdamOptions::serialize(torch::serialize::InputArchive& archive) {
+  // (archives written before 8-bit state existed have neither)
+  c10::IValue bits;
+  if (archive.try_read("state_bits", bits)) state_bits(bits.toInt());
+  if (archive.try_read("min_8bit_size", bits)) min_8bit_size(bits.toInt());
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
@@ -280,6 +384,8 @@ void AdamOptions::serialize(torch::serialize::InputArchive& archive) {
 }
 
 void AdamWOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(state_bits);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(min_8bit_size);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
@@ -292,6 +398,10 @@ void AdamWOptions::serialize(torch::serialize::OutputArchive& archive) const {
 }
 
 void AdamWOptions::serialize(torch::serialize::InputArchive& archive) {
+  // (archives written before 8-bit state existed have neither)
+  c10::IValue bits;
+  if (archive.try_read("state_bits", bits)) state_bits(bits.toInt());
+  if (archive.try_read("min_8bit_size", bits)) min_8bit_size(bits.toInt());
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
@@ -309,6 +419,8 @@ void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_absmax);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq_absmax);
 }
 
 void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
@@ -317,6 +429,8 @@ void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, max_exp_avg_sq);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_absmax);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq_absmax);
 }
 
 // The members of the Adam template and SGD that differ only in their option
@@ -394,11 +508,36 @@ void AdamBase<Options>::load(torch::serialize::InputArchive& archive) {
 }
 
 template <typename Options>
+bool AdamBase<Options>::coded(
+    const at::Tensor& p, const torch::optim::OptimizerParamGroup& group) const {
+  const auto& o = static_cast<const Options&>(group.options());
+  return o.state_bits() == 8 && p.numel() >= o.min_8bit_size();
+}
+
+template <typename Options>
 void AdamBase<Options>::add_to_bucket(const at::Tensor& p,
                                       torch::optim::OptimizerParamGroup& group,
                                       Bucket& b) {
   const auto& o = static_cast<const Options&>(group.options());
   auto& s = bucket_param<AdamParamState>(p, group, b);
+  if (b.coded) {
+    if (!s.exp_avg().defined()) {
+      auto [m, ma] = zero_codes(p, q8::kSigned);
+      auto [v, va] = zero_codes(p, q8::kUnsigned);
+      s.exp_avg(m).exp_avg_absmax(ma).exp_avg_sq(v).exp_avg_sq_absmax(va);
+    }
+    b.buf0.push_back(s.exp_avg());
+    b.buf1.push_back(s.exp_avg_sq());
+    b.absmax0.push_back(s.exp_avg_absmax());
+    b.absmax1.push_back(s.exp_avg_sq_absmax());
+    return;
+  }
+  if (o.state_bits() == 8 && !s.exp_avg_absmax().defined()) {
+    // (a small param of an 8-bit group: float32 moments, empty maxima)
+    const auto f32 = at::TensorOptions(p.device()).dtype(at::kFloat);
+    s.exp_avg_absmax(at::zeros({0}, f32))
+        .exp_avg_sq_absmax(at::zeros({0}, f32));
+  }
   if (!s.exp_avg().defined()) s.exp_avg(zeros_f32_like(p));
   if (!s.exp_avg_sq().defined()) s.exp_avg_sq(zeros_f32_like(p));
   if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
@@ -417,6 +556,22 @@ void AdamBase<Options>::run_bucket(Bucket& b,
   const auto& o = static_cast<const Options&>(group.options());
   // the arguments named as in the schema (op_table.h), checked by
   // clang-tidy's bugprone-argument-comment
+  if (b.coded) {
+    mixprec::fused_adam8_(
+        /*params=*/b.params, /*grads=*/b.grads, /*exp_avgs=*/b.buf0,
+        /*exp_avg_absmax=*/b.absmax0, /*exp_avg_sqs=*/b.buf1,
+        /*exp_avg_sq_absmax=*/b.absmax1, /*master_params=*/b.master_params,
+        /*state_steps=*/b.state_steps, /*lr=*/lr,
+        /*beta1=*/std::get<0>(o.betas()), /*beta2=*/std::get<1>(o.betas()),
+        /*weight_decay=*/o.weight_decay(), /*eps=*/o.eps(),
+        /*maximize=*/o.maximize(),
+        /*decoupled_weight_decay=*/AdamTraits<Options>::decoupled(o),
+        /*grad_scale=*/sc.grad_scale, /*found_inf=*/sc.found_inf,
+        /*clip_coef=*/sc.clip_coef,
+        /*stochastic_rounding=*/o.stochastic_rounding() && !has_masters,
+        /*seed=*/seed);
+    return;
+  }
   mixprec::fused_adam_(
       /*params=*/b.params, /*grads=*/b.grads, /*exp_avgs=*/b.buf0,
       /*exp_avg_sqs=*/b.buf1, /*max_exp_avg_sqs=*/b.buf2,
@@ -434,6 +589,21 @@ void AdamBase<Options>::run_bucket(Bucket& b,
 template class AdamBase<AdamOptions>;
 template class AdamBase<AdamWOptions>;
 
+namespace {
+
+int64_t state_bits_of(const torch::optim::OptimizerParamGroup& group) {
+  const auto& opts = group.options();
+  if (const auto* o = dynamic_cast<const AdamOptions*>(&opts)) {
+    return o->state_bits();
+  }
+  if (const auto* ow = dynamic_cast<const AdamWOptions*>(&opts)) {
+    return ow->state_bits();
+  }
+  return static_cast<const SGDOptions&>(opts).state_bits();
+}
+
+}  // namespace
+
 void FusedOptimizer::fix_loaded_state() {
   lr_cache_.clear();
   for (auto& group : param_groups()) {
@@ -450,6 +620,14 @@ void FusedOptimizer::fix_loaded_state() {
         if (wants_master(p, group) && !s->master_param().defined()) {
           s->master_param(p.detach().to(at::kFloat, false, true));
         }
+        // the moments in the layout of this group's state_bits
+        const bool eight = state_bits_of(group) == 8;
+        const bool c = coded(p, group);
+        at::Tensor m = s->exp_avg(), ma = s->exp_avg_absmax();
+        at::Tensor v = s->exp_avg_sq(), va = s->exp_avg_sq_absmax();
+        convert_moment(m, ma, q8::kSigned, c, eight, p);
+        convert_moment(v, va, q8::kUnsigned, c, eight, p);
+        s->exp_avg(m).exp_avg_absmax(ma).exp_avg_sq(v).exp_avg_sq_absmax(va);
       } else if (auto* s2 = dynamic_cast<SGDParamState*>(it->second.get())) {
         if (s2->step().defined()) {
           s2->step(to_param(s2->step(), p, true));
@@ -464,6 +642,11 @@ void FusedOptimizer::fix_loaded_state() {
         if (wants_master(p, group) && !s2->master_param().defined()) {
           s2->master_param(p.detach().to(at::kFloat, false, true));
         }
+        const auto& so = static_cast<const SGDOptions&>(group.options());
+        at::Tensor b = s2->momentum_buffer(), ba = s2->momentum_buffer_absmax();
+        convert_moment(b, ba, q8::kSigned, coded(p, group),
+                       so.state_bits() == 8 && so.momentum() != 0, p);
+        s2->momentum_buffer(b).momentum_buffer_absmax(ba);
       }
     }
   }
@@ -483,6 +666,8 @@ void mixprec_group_to(const O& o, c10::impl::GenericDict& g) {
   g.insert("master_weights", o.master_weights());
   g.insert("stochastic_rounding", o.stochastic_rounding());
   g.insert("seed", o.seed());
+  g.insert("state_bits", o.state_bits());
+  g.insert("min_8bit_size", o.min_8bit_size());
 }
 
 template <typename O>
@@ -539,6 +724,10 @@ void mixprec_group_from(const c10::impl::GenericDict& g, O& o) {
   o.stochastic_rounding(
       flag(g, "stochastic_rounding", o.stochastic_rounding()));
   o.seed(static_cast<int64_t>(num(g, "seed", static_cast<double>(o.seed()))));
+  // (state_bits stays this optimizer's: a checkpoint's moments are converted
+  // to it, as Python's load_state_dict does)
+  o.min_8bit_size(static_cast<int64_t>(
+      num(g, "min_8bit_size", static_cast<double>(o.min_8bit_size()))));
 }
 
 template <typename O>
@@ -586,6 +775,45 @@ at::Tensor state_tensor(const c10::impl::GenericDict& s, const char* key) {
   return at::scalar_tensor(it->value().toScalar(), at::kDouble);
 }
 
+// The checks of one saved param state's 8-bit entries (codes: uint8 of the
+// param's shape; maxima: float32 of shape (num_blocks)); c10::Error naming
+// the entry otherwise.
+void check_coded(const char* cls, const c10::IValue& key,
+                 const c10::impl::GenericDict& ps, const at::Tensor& p) {
+  static const std::pair<const char*, const char*> kMoments[] = {
+      {"exp_avg", "exp_avg_absmax"},
+      {"exp_avg_sq", "exp_avg_sq_absmax"},
+      {"momentum_buffer", "momentum_buffer_absmax"}};
+  bool any = false;
+  for (const auto& [codes_name, absmax_name] : kMoments) {
+    const at::Tensor c = state_tensor(ps, codes_name);
+    if (!c.defined() || c.scalar_type() != at::kByte) continue;
+    any = true;
+    const std::string where =
+        c10::str("mixprec.optim.", cls, ".load_state_dict: state[", key, "]");
+    TORCH_CHECK_VALUE(c.sizes() == p.sizes(), where, "['", codes_name,
+                      "']: expected uint8 codes of shape ", p.sizes(),
+                      ", got shape ", c.sizes());
+    const at::Tensor a = state_tensor(ps, absmax_name);
+    const int64_t nb = num_blocks(p.numel());
+    TORCH_CHECK_VALUE(a.defined() && a.scalar_type() == at::kFloat &&
+                          a.dim() == 1 && a.size(0) == nb,
+                      where, "['", absmax_name,
+                      "']: expected float32 of shape [", nb, "], got ",
+                      a.defined()
+                          ? c10::str(a.scalar_type(), " of shape ", a.sizes())
+                          : std::string("nothing"));
+  }
+  if (any) {
+    auto q = ps.find("quant");
+    const bool ok = q != ps.end() && q->value().isString() &&
+                    q->value().toStringRef() == kQuant;
+    TORCH_CHECK_VALUE(ok, "mixprec.optim.", cls, ".load_state_dict: state[",
+                      key, "]: unknown 8-bit layout (this version reads '",
+                      kQuant, "')");
+  }
+}
+
 }  // namespace
 
 c10::impl::GenericDict FusedOptimizer::state_dict() const {
@@ -617,11 +845,22 @@ c10::impl::GenericDict FusedOptimizer::state_dict() const {
           put("exp_avg_sq", a->exp_avg_sq());
           put("max_exp_avg_sq", a->max_exp_avg_sq());
           put("master_param", a->master_param());
+          put("exp_avg_absmax", a->exp_avg_absmax());
+          put("exp_avg_sq_absmax", a->exp_avg_sq_absmax());
+          if (a->exp_avg().defined() &&
+              a->exp_avg().scalar_type() == at::kByte) {
+            ps.insert("quant", std::string(kQuant));
+          }
         } else if (const auto* sg =
                        dynamic_cast<const SGDParamState*>(it->second.get())) {
           put("step", sg->step());
           put("momentum_buffer", sg->momentum_buffer());
           put("master_param", sg->master_param());
+          put("momentum_buffer_absmax", sg->momentum_buffer_absmax());
+          if (sg->momentum_buffer().defined() &&
+              sg->momentum_buffer().scalar_type() == at::kByte) {
+            ps.insert("quant", std::string(kQuant));
+          }
         }
         state.insert(index, ps);
       }
@@ -661,6 +900,20 @@ void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
         "optimizer's group");
   }
   const auto saved_state = st->value().toGenericDict();
+  // Every 8-bit entry is checked before anything is loaded (as the Python
+  // _check_coded): its layout name, the codes' shape and the maxima's.
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const auto ids =
+        saved_groups[i].toGenericDict().find("params")->value().toListRef();
+    for (size_t j = 0; j < ids.size(); ++j) {
+      auto found = saved_state.find(ids[j]);
+      if (found == saved_state.end() || !found->value().isGenericDict()) {
+        continue;
+      }
+      check_coded(name(), ids[j], found->value().toGenericDict(),
+                  groups[i].params()[j]);
+    }
+  }
   for (size_t i = 0; i < groups.size(); ++i) {
     const auto g = saved_groups[i].toGenericDict();
     auto& opts = groups[i].options();
@@ -687,6 +940,7 @@ void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
         s->step(state_tensor(ps, "step"));
         s->momentum_buffer(state_tensor(ps, "momentum_buffer"));
         s->master_param(state_tensor(ps, "master_param"));
+        s->momentum_buffer_absmax(state_tensor(ps, "momentum_buffer_absmax"));
         fresh = std::move(s);
       } else {
         auto s = std::make_unique<AdamParamState>();
@@ -695,6 +949,8 @@ void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
         s->exp_avg_sq(state_tensor(ps, "exp_avg_sq"));
         s->max_exp_avg_sq(state_tensor(ps, "max_exp_avg_sq"));
         s->master_param(state_tensor(ps, "master_param"));
+        s->exp_avg_absmax(state_tensor(ps, "exp_avg_absmax"));
+        s->exp_avg_sq_absmax(state_tensor(ps, "exp_avg_sq_absmax"));
         fresh = std::move(s);
       }
       state()[p.unsafeGetTensorImpl()] = std::move(fresh);
@@ -709,6 +965,8 @@ double SGDOptions::get_lr() const { return lr(); }
 void SGDOptions::set_lr(const double lr) { this->lr(lr); }
 
 void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(state_bits);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(min_8bit_size);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(dampening);
@@ -721,6 +979,10 @@ void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
 }
 
 void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
+  // (archives written before 8-bit state existed have neither)
+  c10::IValue bits;
+  if (archive.try_read("state_bits", bits)) state_bits(bits.toInt());
+  if (archive.try_read("min_8bit_size", bits)) min_8bit_size(bits.toInt());
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, dampening);
@@ -736,12 +998,14 @@ void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer_absmax);
 }
 
 void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer_absmax);
 }
 
 SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups,
@@ -773,10 +1037,31 @@ void SGD::load(torch::serialize::InputArchive& archive) {
   fix_loaded_state();
 }
 
+bool SGD::coded(const at::Tensor& p,
+                const torch::optim::OptimizerParamGroup& group) const {
+  const auto& o = static_cast<const SGDOptions&>(group.options());
+  return o.state_bits() == 8 && o.momentum() != 0 &&
+         p.numel() >= o.min_8bit_size();
+}
+
 void SGD::add_to_bucket(const at::Tensor& p,
                         torch::optim::OptimizerParamGroup& group, Bucket& b) {
   const auto& o = static_cast<const SGDOptions&>(group.options());
   auto& s = bucket_param<SGDParamState>(p, group, b);
+  if (b.coded) {
+    if (!s.momentum_buffer().defined()) {
+      auto [c, a] = zero_codes(p, q8::kSigned);
+      s.momentum_buffer(c).momentum_buffer_absmax(a);
+    }
+    b.buf0.push_back(s.momentum_buffer());
+    b.absmax0.push_back(s.momentum_buffer_absmax());
+    return;
+  }
+  if (o.state_bits() == 8 && o.momentum() != 0 &&
+      !s.momentum_buffer_absmax().defined()) {
+    s.momentum_buffer_absmax(
+        at::zeros({0}, at::TensorOptions(p.device()).dtype(at::kFloat)));
+  }
   if (o.momentum() != 0 && !s.momentum_buffer().defined()) {
     s.momentum_buffer(zeros_f32_like(p));
   }
@@ -787,6 +1072,19 @@ void SGD::run_bucket(Bucket& b, torch::optim::OptimizerParamGroup& group,
                      const at::Tensor& lr, const StepScalars& sc, int64_t seed,
                      bool has_masters) {
   const auto& o = static_cast<const SGDOptions&>(group.options());
+  if (b.coded) {
+    mixprec::fused_sgd8_(
+        /*params=*/b.params, /*grads=*/b.grads, /*momentum_buffers=*/b.buf0,
+        /*momentum_absmax=*/b.absmax0, /*master_params=*/b.master_params,
+        /*state_steps=*/b.state_steps, /*lr=*/lr,
+        /*weight_decay=*/o.weight_decay(), /*momentum=*/o.momentum(),
+        /*dampening=*/o.dampening(), /*nesterov=*/o.nesterov(),
+        /*maximize=*/o.maximize(), /*grad_scale=*/sc.grad_scale,
+        /*found_inf=*/sc.found_inf, /*clip_coef=*/sc.clip_coef,
+        /*stochastic_rounding=*/o.stochastic_rounding() && !has_masters,
+        /*seed=*/seed);
+    return;
+  }
   mixprec::fused_sgd_(
       /*params=*/b.params, /*grads=*/b.grads, /*momentum_buffers=*/b.buf0,
       /*master_params=*/b.master_params, /*state_steps=*/b.state_steps,

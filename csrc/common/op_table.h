@@ -37,7 +37,9 @@
   X(update_scale_)             \
   X(update_scale_ext_)         \
   X(fused_adam_)               \
-  X(fused_sgd_)
+  X(fused_sgd_)                \
+  X(fused_adam8_)              \
+  X(fused_sgd8_)
 
 namespace mixprec {
 
@@ -117,6 +119,33 @@ inline constexpr char fused_sgd_[] =
     "Tensor(d!)[] state_steps, Tensor lr, float weight_decay, "
     "float momentum, float dampening, bool nesterov, bool maximize, "
     "Tensor? grad_scale=None, Tensor? found_inf=None, "
+    "Tensor? clip_coef=None, bool stochastic_rounding=False, int seed=0) "
+    "-> ()";
+
+// fused_adam_ (amsgrad off) with block-wise 8-bit moments
+// (common/quant8_math.h): exp_avgs/exp_avg_sqs are contiguous uint8 codes of
+// each param's shape (signed / unsigned dynamic tables), *_absmax their
+// float32 maxima, one per block of 256 elements. Each moment is read back in
+// float32, updated as fused_adam_ updates a float32 moment, and quantized
+// again with its block's new absmax; found_inf != 0 changes nothing.
+inline constexpr char fused_adam8_[] =
+    "fused_adam8_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+    "Tensor(c!)[] exp_avg_absmax, Tensor(d!)[] exp_avg_sqs, "
+    "Tensor(e!)[] exp_avg_sq_absmax, Tensor(f!)[] master_params, "
+    "Tensor(g!)[] state_steps, Tensor lr, float beta1, float beta2, "
+    "float weight_decay, float eps, bool maximize, "
+    "bool decoupled_weight_decay, Tensor? grad_scale=None, "
+    "Tensor? found_inf=None, Tensor? clip_coef=None, "
+    "bool stochastic_rounding=False, int seed=0) -> ()";
+
+// fused_sgd_ (momentum > 0) with a block-wise 8-bit momentum buffer (signed
+// codes and float32 maxima, as fused_adam8_'s first moment).
+inline constexpr char fused_sgd8_[] =
+    "fused_sgd8_(Tensor(a!)[] params, Tensor[] grads, "
+    "Tensor(b!)[] momentum_buffers, Tensor(c!)[] momentum_absmax, "
+    "Tensor(d!)[] master_params, Tensor(e!)[] state_steps, Tensor lr, "
+    "float weight_decay, float momentum, float dampening, bool nesterov, "
+    "bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None, "
     "Tensor? clip_coef=None, bool stochastic_rounding=False, int seed=0) "
     "-> ()";
 

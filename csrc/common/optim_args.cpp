@@ -1,6 +1,7 @@
 #include "common/optim_args.h"
 
 #include "common/checks.h"
+#include "common/quant8_math.h"
 
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
@@ -55,7 +56,8 @@ void check_optim_args(const char* op, const OptimLists& lists,
               lists.grads.size(), " tensors but params has ", n);
   TORCH_INTERNAL_ASSERT(state_required.size() == lists.states.size());
   for (size_t s = 0; s < lists.states.size(); ++s) {
-    const auto& [name, list] = lists.states[s];
+    const char* name = lists.states[s].name;
+    const at::TensorList list = lists.states[s].list;
     const size_t want = state_required[s] ? n : 0;
     TORCH_CHECK(list.size() == want, "mixprec.", op, ": ", name, " must have ",
                 want, " tensors (",
@@ -63,6 +65,12 @@ void check_optim_args(const char* op, const OptimLists& lists,
                     ? "one per param"
                     : "empty unless the option that uses it is on",
                 "), got ", list.size());
+    if (lists.states[s].coded) {
+      TORCH_CHECK(lists.states[s].absmax.size() == want, "mixprec.", op, ": ",
+                  lists.states[s].absmax_name, " must have ", want,
+                  " tensors (one per param), got ",
+                  lists.states[s].absmax.size());
+    }
   }
   TORCH_CHECK(lists.master_params.empty() || lists.master_params.size() == n,
               "mixprec.", op,
@@ -107,14 +115,36 @@ void check_optim_args(const char* op, const OptimLists& lists,
     TORCH_CHECK(is_param_dtype(g.scalar_type()), "mixprec.", op, ": grads[", i,
                 "] must be float32, float16 or bfloat16, got ",
                 g.scalar_type());
-    for (const auto& [name, list] : lists.states) {
-      if (list.empty()) {
+    for (const StateList& st : lists.states) {
+      if (st.list.empty()) {
         continue;
       }
-      check_member(op, name, i, list[i], p, device, true);
-      TORCH_CHECK(list[i].scalar_type() == at::kFloat, "mixprec.", op, ": ",
-                  name, "[", i, "] must be float32, got ",
-                  list[i].scalar_type());
+      const at::Tensor& x = st.list[i];
+      check_member(op, st.name, i, x, p, device, true);
+      if (!st.coded) {
+        TORCH_CHECK(x.scalar_type() == at::kFloat, "mixprec.", op, ": ",
+                    st.name, "[", i, "] must be float32, got ",
+                    x.scalar_type());
+        continue;
+      }
+      TORCH_CHECK(x.scalar_type() == at::kByte && x.is_contiguous(), "mixprec.",
+                  op, ": ", st.name, "[", i,
+                  "] must be contiguous uint8 codes, got ", x.scalar_type(),
+                  x.is_contiguous() ? "" : " (not contiguous)");
+      const at::Tensor& a = st.absmax[i];
+      const int64_t blocks = (p.numel() + q8::kBlock - 1) / q8::kBlock;
+      TORCH_CHECK(a.defined() && a.layout() == at::kStrided &&
+                      a.scalar_type() == at::kFloat && a.dim() == 1 &&
+                      a.size(0) == blocks && a.is_contiguous(),
+                  "mixprec.", op, ": ", st.absmax_name, "[", i,
+                  "] must be a contiguous float32 tensor of shape [", blocks,
+                  "] (one per block of ", q8::kBlock, " elements of params[", i,
+                  "]), got ",
+                  a.defined() ? c10::toString(a.scalar_type()) : "undefined",
+                  " of shape ", a.defined() ? a.sizes() : at::IntArrayRef{});
+      TORCH_CHECK(a.device() == device, "mixprec.", op, ": ", st.absmax_name,
+                  "[", i, "] is on ", a.device(), " but params[0] is on ",
+                  device);
     }
     if (masters) {
       const at::Tensor& mp = lists.master_params[i];
@@ -140,8 +170,7 @@ void check_optim_args(const char* op, const OptimLists& lists,
 }
 
 void check_adam_hparams(double beta1, double beta2, double weight_decay,
-                        double eps) {
-  const char* op = "fused_adam_";
+                        double eps, const char* op) {
   TORCH_CHECK(beta1 >= 0.0 && beta1 < 1.0, "mixprec.", op,
               ": beta1 must be in [0, 1), got ", beta1);
   TORCH_CHECK(beta2 >= 0.0 && beta2 < 1.0, "mixprec.", op,
@@ -153,9 +182,16 @@ void check_adam_hparams(double beta1, double beta2, double weight_decay,
               ": eps must be a finite number >= 0, got ", eps);
 }
 
+void check_sgd8_momentum(double momentum) {
+  TORCH_CHECK(momentum > 0.0 && std::isfinite(momentum),
+              "mixprec.fused_sgd8_: momentum must be a finite number > 0 (the "
+              "8-bit state is the momentum buffer; without momentum call "
+              "fused_sgd_), got ",
+              momentum);
+}
+
 void check_sgd_hparams(double weight_decay, double momentum, double dampening,
-                       bool nesterov) {
-  const char* op = "fused_sgd_";
+                       bool nesterov, const char* op) {
   TORCH_CHECK(weight_decay >= 0.0 && std::isfinite(weight_decay), "mixprec.",
               op, ": weight_decay must be a finite number >= 0, got ",
               weight_decay);
@@ -173,8 +209,8 @@ FlatSet::FlatSet(const OptimLists& in) {
   // params, grads, the states in use, the masters; all but grads written
   std::vector<at::TensorList> lists{in.params, in.grads};
   std::vector<bool> written{true, false};
-  for (const auto& state : in.states) {
-    const at::TensorList list = state.second;
+  for (const StateList& state : in.states) {
+    const at::TensorList list = state.list;
     state_view.push_back(list.empty() ? -1 : static_cast<int>(lists.size()));
     if (!list.empty()) {
       lists.push_back(list);

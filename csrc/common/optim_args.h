@@ -20,13 +20,24 @@
 namespace mixprec {
 namespace optim {
 
+// One per-element state list of a fused-optimizer call: float32 values, or
+// (coded) contiguous uint8 codes of the 8-bit ops, whose float32 block maxima
+// are the list `absmax` names (one per block of q8::kBlock elements).
+struct StateList {
+  const char* name;
+  at::TensorList list;
+  bool coded = false;
+  const char* absmax_name = nullptr;
+  at::TensorList absmax = {};
+};
+
 // The tensor lists of one fused-optimizer call. Lists that an optimizer does
 // not use (max_exp_avg_sqs without amsgrad, momentum buffers without momentum,
 // masters when params are updated in place) are empty.
 struct OptimLists {
   at::TensorList params;
   at::TensorList grads;
-  std::vector<std::pair<const char*, at::TensorList>> states;  // float32 state
+  std::vector<StateList> states;
   at::TensorList master_params;
   at::TensorList state_steps;
 };
@@ -50,11 +61,11 @@ void check_optim_args(const char* op, const OptimLists& lists,
                       const OptimScalars& scalars, bool stochastic_rounding,
                       c10::DeviceType backend);
 
-// Hyper-parameter checks (host floats).
+// Hyper-parameter checks (host floats); `op` names the op in messages.
 void check_adam_hparams(double beta1, double beta2, double weight_decay,
-                        double eps);
+                        double eps, const char* op = "fused_adam_");
 void check_sgd_hparams(double weight_decay, double momentum, double dampening,
-                       bool nesterov);
+                       bool nesterov, const char* op = "fused_sgd_");
 
 // The argument checks of the fused_adam_ / fused_sgd_ kernels of `backend`
 // (check_optim_args, then the hyper-parameters). They return the call's
@@ -96,6 +107,51 @@ inline OptimLists check_fused_sgd_args(const OpArgs<&fused_sgd_>& a,
   return lists;
 }
 
+// The checks of the 8-bit ops (fused_adam8_, fused_sgd8_): the lists as above
+// with the codes and their maxima; fused_sgd8_ requires momentum > 0.
+inline OptimLists check_fused_adam8_args(const OpArgs<&fused_adam8_>& a,
+                                         c10::DeviceType backend) {
+  MIXPREC_BIND(a, params, grads, exp_avgs, exp_avg_absmax, exp_avg_sqs,
+               exp_avg_sq_absmax, master_params, state_steps, lr, beta1, beta2,
+               weight_decay, eps, grad_scale, found_inf, clip_coef,
+               stochastic_rounding)
+  OptimLists lists{
+      params,
+      grads,
+      {{"exp_avgs", exp_avgs, true, "exp_avg_absmax", exp_avg_absmax},
+       {"exp_avg_sqs", exp_avg_sqs, true, "exp_avg_sq_absmax",
+        exp_avg_sq_absmax}},
+      master_params,
+      state_steps};
+  check_optim_args("fused_adam8_", lists, {true, true},
+                   {&lr, &grad_scale, &found_inf, &clip_coef},
+                   stochastic_rounding, backend);
+  check_adam_hparams(beta1, beta2, weight_decay, eps, "fused_adam8_");
+  return lists;
+}
+
+void check_sgd8_momentum(double momentum);
+
+inline OptimLists check_fused_sgd8_args(const OpArgs<&fused_sgd8_>& a,
+                                        c10::DeviceType backend) {
+  MIXPREC_BIND(a, params, grads, momentum_buffers, momentum_absmax,
+               master_params, state_steps, lr, weight_decay, momentum,
+               dampening, nesterov, grad_scale, found_inf, clip_coef,
+               stochastic_rounding)
+  check_sgd8_momentum(momentum);
+  OptimLists lists{params,
+                   grads,
+                   {{"momentum_buffers", momentum_buffers, true,
+                     "momentum_absmax", momentum_absmax}},
+                   master_params,
+                   state_steps};
+  check_optim_args("fused_sgd8_", lists, {true},
+                   {&lr, &grad_scale, &found_inf, &clip_coef},
+                   stochastic_rounding, backend);
+  check_sgd_hparams(weight_decay, momentum, dampening, nesterov, "fused_sgd8_");
+  return lists;
+}
+
 // Tensors by address: the caller's (which outlive the call) or a FlatSet's own
 // copies. Not at::Tensor copies: copying a tensor that Python owns
 // increments its PyObject, which takes the GIL -- per tensor, per list, and
@@ -113,6 +169,8 @@ struct FlatSet {
   // flattened.
   std::vector<TensorRefs> views;
   // The list in `views` of lists.states[s]; -1 for a state not in use.
+  // (A coded state's maxima are not flattened: the kernels index them by
+  // block, and check_optim_args requires its codes to be contiguous.)
   std::vector<int> state_view;
   // The list in `views` of the masters; -1 without masters.
   int master_view = -1;

@@ -297,6 +297,16 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE uint32_t float_bits(float f) {
 #endif
 }
 
+C10_HOST_DEVICE C10_ALWAYS_INLINE float float_from_bits(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
+
 // The bfloat16 bits of x rounded stochastically with 16 random bits `r`.
 // inf and NaN are passed through by truncation (NaN stays NaN: a quiet bit is
 // forced, as round-to-nearest conversions do).

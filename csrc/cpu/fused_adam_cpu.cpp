@@ -1,7 +1,7 @@
-// fused_adam_ on CPU: one parallel pass over the chunks of every parameter,
-// whatever the param/grad dtypes; the element loops (fused_optim_span_impl.h)
-// are vectorized for the best ISA of this CPU, with a scalar tail running the
-// same element math (common/optim_math.h).
+// fused_adam_ and fused_adam8_ on CPU: one parallel pass over the chunks of
+// every parameter, whatever the param/grad dtypes; the element loops
+// (fused_optim_span_impl.h) are vectorized for the best ISA of this CPU, with a
+// scalar tail running the same element math (common/optim_math.h).
 #include <torch/library.h>
 
 #include <optional>
@@ -68,16 +68,73 @@ void fused_adam_cpu(const OpArgs<&fused_adam_>& args) {
   }
 }
 
+static_assert(kCpuChunk % q8::kBlock == 0,
+              "every CPU chunk must start at an 8-bit state block");
+
+// fused_adam8_: as fused_adam_cpu, with the moments as codes + maxima.
+void fused_adam8_cpu(const OpArgs<&fused_adam8_>& args) {
+  const optim::OptimLists lists =
+      optim::check_fused_adam8_args(args, c10::DeviceType::CPU);
+  MIXPREC_BIND(args, params, exp_avg_absmax, exp_avg_sq_absmax, state_steps, lr,
+               beta1, beta2, weight_decay, eps, maximize,
+               decoupled_weight_decay, grad_scale, found_inf, clip_coef,
+               stochastic_rounding, seed)
+  if (params.empty() || optim::found_inf_cpu(found_inf)) {
+    return;
+  }
+  const double lr_v = optim::read_lr_cpu(lr);
+  const math::GradCoefs gc = math::make_grad_coefs(
+      optim::scalar_data(grad_scale), optim::scalar_data(clip_coef), maximize);
+  const math::AdamConsts k = math::make_adam_consts(
+      beta1, beta2, weight_decay, eps, decoupled_weight_decay);
+
+  optim::FlatSet fs(lists);
+  const int kM = fs.state_view[0];  // exp_avgs (codes)
+  const int kV = fs.state_view[1];  // exp_avg_sqs (codes)
+  const int kMp = fs.master_view;
+
+  const size_t n = params.size();
+  std::vector<float> step_after(n);
+  std::vector<math::AdamStep> steps(n);
+  for (size_t t = 0; t < n; ++t) {
+    step_after[t] = state_steps[t].data_ptr<float>()[0] + 1.0f;
+    steps[t] = math::make_adam_step(lr_v, beta1, beta2, weight_decay,
+                                    static_cast<double>(step_after[t]));
+  }
+
+  const SpanKernels& kernels = span_kernels();
+  for_each_span(fs, stochastic_rounding, [&](const ParamSpan& s) {
+    AdamSpanArgs a{
+        gc,
+        k,
+        steps[s.t],
+        s.sr,
+        s.sr ? math::sr_key(static_cast<uint64_t>(seed),
+                            static_cast<uint32_t>(step_after[s.t]), s.sr_stream)
+             : 0u,
+        s.sr_index_base};
+    kernels.adam8(s.param_dtype, s.grad_dtype, s.p, s.g,
+                  s.coded(fs, kM, exp_avg_absmax),
+                  s.coded(fs, kV, exp_avg_sq_absmax), s.f32(fs, kMp), s.n, a);
+  });
+  fs.finish();
+  for (size_t t = 0; t < n; ++t) {
+    state_steps[t].data_ptr<float>()[0] = step_after[t];
+  }
+}
+
 }  // namespace
 }  // namespace cpu
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
   MIXPREC_IMPL(m, fused_adam_, &mixprec::cpu::fused_adam_cpu);
+  MIXPREC_IMPL(m, fused_adam8_, &mixprec::cpu::fused_adam8_cpu);
 }
 
 // A sparse grad routes the call here; the argument checks then reject it with
 // a message naming the grad (instead of a missing-kernel error).
 TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
   MIXPREC_IMPL(m, fused_adam_, &mixprec::cpu::fused_adam_cpu);
+  MIXPREC_IMPL(m, fused_adam8_, &mixprec::cpu::fused_adam8_cpu);
 }

@@ -1,8 +1,8 @@
 // Host-side helpers of the CPU fused-optimizer kernels (fused_adam_cpu.cpp,
-// fused_sgd_cpu.cpp): the stochastic-rounding element numbering and the
-// parallel pass over the chunks of the parameters (a WorkList,
-// multi_tensor_cpu.h). The element loops are in fused_optim_span_impl.h,
-// compiled per ISA into the table of span_kernels.h.
+// fused_sgd_cpu.cpp, with their 8-bit-state ops): the stochastic-rounding
+// element numbering and the parallel pass over the chunks of the parameters (a
+// WorkList, multi_tensor_cpu.h). The element loops are in
+// fused_optim_span_impl.h, compiled per ISA into the table of span_kernels.h.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -13,6 +13,7 @@
 
 #include "common/optim_args.h"
 #include "common/optim_math.h"
+#include "common/quant8_math.h"
 #include "cpu/multi_tensor_cpu.h"
 #include "cpu/span_kernels.h"
 
@@ -65,6 +66,15 @@ struct ParamSpan {
   // the masters); null for a list not in use (view -1).
   float* f32(const optim::FlatSet& fs, int view) const {
     return view >= 0 ? fs.views[view][t]->data_ptr<float>() + begin : nullptr;
+  }
+
+  // The 8-bit state `view` of the FlatSet (uint8 codes) from element `begin`,
+  // with its maxima `absmax` (the call's list: contiguous, one per block;
+  // `begin` is a multiple of the block size, as every chunk start is).
+  CodedSpan coded(const optim::FlatSet& fs, int view,
+                  at::TensorList absmax) const {
+    return CodedSpan{fs.views[view][t]->data_ptr<uint8_t>() + begin,
+                     absmax[t].data_ptr<float>() + begin / q8::kBlock};
   }
 };
 

@@ -1,5 +1,6 @@
 // The CPU kernel table: every vectorized span loop of the CPU backend
-// (unscale / inf-check, unscale + norm, the Adam and SGD element loops), one
+// (unscale / inf-check, unscale + norm, the Adam and SGD element loops, and
+// their 8-bit-state twins), one
 // table per instruction set, and the one selector that picks the table.
 //
 // The loops (span_kernels_impl.h, fused_optim_span_impl.h) are compiled once
@@ -56,6 +57,14 @@ struct SgdSpanArgs {
   uint32_t index_base;
 };
 
+// One 8-bit state over a span that starts at a block boundary: the codes of
+// its first element and the absmax of its first block (q8::kBlock elements
+// each; common/quant8_math.h).
+struct CodedSpan {
+  uint8_t* codes;
+  float* absmax;
+};
+
 struct SpanKernels {
   // Checks p[0, n) for inf/NaN and, when `write`, multiplies by inv_scale in
   // place. Returns whether a non-finite input value was seen.
@@ -73,6 +82,14 @@ struct SpanKernels {
   // SGD over [0, n); `buf` null unless momentum != 0, `master` as above.
   void (*sgd)(SpanDtype param, SpanDtype grad, void* p, const void* g,
               float* buf, float* master, int64_t n, const SgdSpanArgs& a);
+  // fused_adam8_ / fused_sgd8_ over [0, n) of one param span that starts at
+  // a block boundary: the moments (the momentum buffer) as codes + maxima.
+  void (*adam8)(SpanDtype param, SpanDtype grad, void* p, const void* g,
+                const CodedSpan& m, const CodedSpan& v, float* master,
+                int64_t n, const AdamSpanArgs& a);
+  void (*sgd8)(SpanDtype param, SpanDtype grad, void* p, const void* g,
+               const CodedSpan& buf, float* master, int64_t n,
+               const SgdSpanArgs& a);
   const char* name;  // "default", "avx2" or "avx512"
 };
 

@@ -48,15 +48,17 @@
 
 #define MIXPREC_SPAN_NS MIXPREC_ISA_CAT(isa_, MIXPREC_ISA)
 #include "cpu/fused_optim_span_impl.h"
+#include "cpu/fused_optim8_span_impl.h"
 #include "cpu/span_kernels_impl.h"
 
 namespace mixprec {
 namespace cpu {
 const SpanKernels* MIXPREC_ISA_CAT(span_kernels_, MIXPREC_ISA)() {
-  static const SpanKernels table{&MIXPREC_SPAN_NS::unscale_check,
-                                 &MIXPREC_SPAN_NS::unscale_norm,
-                                 &MIXPREC_SPAN_NS::adam, &MIXPREC_SPAN_NS::sgd,
-                                 MIXPREC_ISA_STR(MIXPREC_ISA)};
+  static const SpanKernels table{
+      &MIXPREC_SPAN_NS::unscale_check, &MIXPREC_SPAN_NS::unscale_norm,
+      &MIXPREC_SPAN_NS::adam,          &MIXPREC_SPAN_NS::sgd,
+      &MIXPREC_SPAN_NS::adam8,         &MIXPREC_SPAN_NS::sgd8,
+      MIXPREC_ISA_STR(MIXPREC_ISA)};
   return &table;
 }
 }  // namespace cpu

@@ -48,7 +48,26 @@ __device__ __forceinline__ void run_thread(const Op& op, const Where& where,
                                            const Args&... args) {
   const GridPos pos{static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x),
                     static_cast<int>(blockDim.x)};
-  if constexpr (ReducesBlock<Op>::value) {
+  if constexpr (WarpRounds<Op>::value) {
+    constexpr int K = Op::kWarpMaxes;
+    const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+    const int warps = static_cast<int>(blockDim.x) / kWarpSize;
+    const int rounds = op.rounds(where, pos.block, args...);
+    for (int r = static_cast<int>(threadIdx.x) / kWarpSize; r < rounds;
+         r += warps) {
+      typename Op::Lane state;
+      float maxes[K];
+      op.phase1(where, pos, r, lane, state, maxes, args...);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        for (int offset = 16; offset > 0; offset /= 2) {
+          maxes[k] = warp_max_combine(
+              maxes[k], __shfl_xor_sync(0xffffffffu, maxes[k], offset));
+        }
+      }
+      op.phase2(where, pos, r, lane, state, maxes, args...);
+    }
+  } else if constexpr (ReducesBlock<Op>::value) {
     const double total = block_reduce<Op::kReduceKind>(op(where, pos, args...));
     if (threadIdx.x == 0) {
       op.block_result(where, pos, total, args...);

@@ -1,4 +1,5 @@
-// fused_adam_ for the CUDA backend: the block functor and the launcher,
+// fused_adam_ and fused_adam8_ for the CUDA backend: the block functors and
+// the launchers,
 // templated on the executor (DeviceExec in fused_adam_cuda.cu,
 // cuda_emulation::HostExec in CI). One plan per (param dtype, grad dtype)
 // group, then one block that increments the step counts. Every block reads
@@ -15,6 +16,7 @@
 #include "common/optim_args.h"
 #include "common/optim_math.h"
 #include "cuda/fused_optim.h"
+#include "cuda/fused_optim8.h"
 
 namespace mixprec {
 namespace cuda {
@@ -127,6 +129,108 @@ void fused_adam_launch(const OpArgs<&fused_adam_>& op_args) {
       [&] { return optim::check_fused_adam_args(op_args, Exec::kBackend); },
       [&] { optim::check_adam_hparams(beta1, beta2, weight_decay, eps); }, fill,
       make_args, params, master_params, state_steps, amsgrad,
+      stochastic_rounding);
+}
+
+// fused_adam8_'s slots: the moments as codes (per element, flattened with
+// the param) and maxima (per block, the call's contiguous lists).
+struct Adam8Slot {
+  enum : int {
+    kParam = 0,
+    kGrad,
+    kExpAvg,
+    kExpAvgAbsmax,
+    kExpAvgSq,
+    kExpAvgSqAbsmax,
+    kMaster,
+    kStep,
+    kDepth
+  };
+};
+
+// Adam's part of Optim8Op (fused_optim8.h): exp_avg (signed codes) and
+// exp_avg_sq (unsigned codes), AdamRule's update without amsgrad.
+struct Adam8Rule {
+  using Args = AdamKernelArgs;
+  using Block = math::AdamStep;
+  static constexpr int kDepth = Adam8Slot::kDepth;
+  static constexpr int kParam = Adam8Slot::kParam;
+  static constexpr int kGrad = Adam8Slot::kGrad;
+  static constexpr int kMaster = Adam8Slot::kMaster;
+  static constexpr int kStep = Adam8Slot::kStep;
+  static constexpr int kStates = 2;
+  MIXPREC_HD static constexpr int codes_slot(int k) {
+    return k == 0 ? Adam8Slot::kExpAvg : Adam8Slot::kExpAvgSq;
+  }
+  MIXPREC_HD static constexpr int absmax_slot(int k) {
+    return k == 0 ? Adam8Slot::kExpAvgAbsmax : Adam8Slot::kExpAvgSqAbsmax;
+  }
+  MIXPREC_HD static constexpr int table(int k) {
+    return k == 0 ? q8::kSigned : q8::kUnsigned;
+  }
+  MIXPREC_HD static Block block(const Args& a, float step_before) {
+    return AdamRule<false>::block(a, step_before);
+  }
+  MIXPREC_HD static bool loads_states(const Block&) { return true; }
+  MIXPREC_HD static void update(float& w, float g, float (&x)[kStates],
+                                const Args& a, const Block& blk) {
+    float unused = 0.0f;
+    math::adam_update<false, math::ScalarOps>(w, g, x[0], x[1], unused, a.k,
+                                              blk);
+  }
+};
+
+// (The option flag of launch_optim is unused: no amsgrad.)
+template <typename P, typename G, bool kHasMaster, bool>
+using Adam8Op = Optim8Op<P, G, kHasMaster, Adam8Rule>;
+
+template <class Exec>
+void fused_adam8_launch(const OpArgs<&fused_adam8_>& op_args) {
+  MIXPREC_BIND(op_args, params, grads, exp_avgs, exp_avg_absmax, exp_avg_sqs,
+               exp_avg_sq_absmax, master_params, state_steps, lr, beta1, beta2,
+               weight_decay, eps, maximize, decoupled_weight_decay, grad_scale,
+               found_inf, clip_coef, stochastic_rounding, seed)
+  static thread_local PlanCache<OptimPlan<Adam8Slot::kDepth>> cache;
+  auto visit = [&](auto& k) {
+    return k.value(stochastic_rounding) && k.list(params) && k.list(grads) &&
+           k.list(exp_avgs) && k.list(exp_avg_absmax) && k.list(exp_avg_sqs) &&
+           k.list(exp_avg_sq_absmax) && k.list(master_params) &&
+           k.list(state_steps) && k.scalar(lr) &&
+           k.optional_scalar(grad_scale) && k.optional_scalar(found_inf) &&
+           k.optional_scalar(clip_coef);
+  };
+  auto fill = [&](const optim::FlatSet& fs, size_t i,
+                  void*(&a)[Adam8Slot::kDepth]) {
+    const std::vector<optim::TensorRefs>& v = fs.views;
+    void* p = v[0][i]->data_ptr();
+    a[Adam8Slot::kParam] = p;
+    a[Adam8Slot::kGrad] = v[1][i]->data_ptr();
+    a[Adam8Slot::kExpAvg] = v[fs.state_view[0]][i]->data_ptr();
+    a[Adam8Slot::kExpAvgAbsmax] = exp_avg_absmax[i].data_ptr();
+    a[Adam8Slot::kExpAvgSq] = v[fs.state_view[1]][i]->data_ptr();
+    a[Adam8Slot::kExpAvgSqAbsmax] = exp_avg_sq_absmax[i].data_ptr();
+    a[Adam8Slot::kMaster] =
+        fs.master_view >= 0 ? v[fs.master_view][i]->data_ptr() : p;
+    a[Adam8Slot::kStep] = state_steps[i].data_ptr();
+  };
+  auto make_args = [&] {
+    AdamKernelArgs args;
+    args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
+    args.k = math::make_adam_consts(beta1, beta2, weight_decay, eps,
+                                    decoupled_weight_decay);
+    args.beta1 = beta1;
+    args.beta2 = beta2;
+    args.weight_decay = weight_decay;
+    return args;
+  };
+  launch_optim<Exec, Adam8Slot::kDepth, Adam8Op>(
+      cache, visit,
+      [&] { return optim::check_fused_adam8_args(op_args, Exec::kBackend); },
+      [&] {
+        optim::check_adam_hparams(beta1, beta2, weight_decay, eps,
+                                  "fused_adam8_");
+      },
+      fill, make_args, params, master_params, state_steps, false,
       stochastic_rounding);
 }
 

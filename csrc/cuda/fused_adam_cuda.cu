@@ -1,4 +1,5 @@
-// fused_adam_ on CUDA: csrc/cuda/fused_adam.h run by DeviceExec.
+// fused_adam_ and fused_adam8_ on CUDA: csrc/cuda/fused_adam.h run by
+// DeviceExec.
 #include <torch/library.h>
 
 #include "cuda/device_exec.cuh"
@@ -9,6 +10,7 @@ namespace cuda {
 namespace {
 
 constexpr auto fused_adam_cuda = &fused_adam_launch<DeviceExec>;
+constexpr auto fused_adam8_cuda = &fused_adam8_launch<DeviceExec>;
 
 }  // namespace
 }  // namespace cuda
@@ -16,10 +18,12 @@ constexpr auto fused_adam_cuda = &fused_adam_launch<DeviceExec>;
 
 TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
   MIXPREC_IMPL(m, fused_adam_, mixprec::cuda::fused_adam_cuda);
+  MIXPREC_IMPL(m, fused_adam8_, mixprec::cuda::fused_adam8_cuda);
 }
 
 // A sparse grad routes the call here; the argument checks then reject it with
 // a message naming the grad (instead of a missing-kernel error).
 TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
   MIXPREC_IMPL(m, fused_adam_, mixprec::cuda::fused_adam_cuda);
+  MIXPREC_IMPL(m, fused_adam8_, mixprec::cuda::fused_adam8_cuda);
 }

@@ -1,4 +1,5 @@
-// fused_sgd_ for the CUDA backend: the block functor and the launcher,
+// fused_sgd_ and fused_sgd8_ for the CUDA backend: the block functors and
+// the launchers,
 // templated on the executor (DeviceExec in fused_sgd_cuda.cu,
 // cuda_emulation::HostExec in CI). One plan per (param dtype, grad dtype)
 // group, then the step-count increment; found_inf, lr, grad_scale and
@@ -14,6 +15,7 @@
 #include "common/optim_args.h"
 #include "common/optim_math.h"
 #include "cuda/fused_optim.h"
+#include "cuda/fused_optim8.h"
 
 namespace mixprec {
 namespace cuda {
@@ -107,6 +109,94 @@ void fused_sgd_launch(const OpArgs<&fused_sgd_>& op_args) {
         optim::check_sgd_hparams(weight_decay, momentum, dampening, nesterov);
       },
       fill, make_args, params, master_params, state_steps, has_mom,
+      stochastic_rounding);
+}
+
+// fused_sgd8_'s slots: the momentum buffer as codes and maxima.
+struct Sgd8Slot {
+  enum : int {
+    kParam = 0,
+    kGrad,
+    kMomentumBuffer,
+    kMomentumAbsmax,
+    kMaster,
+    kStep,
+    kDepth
+  };
+};
+
+// SGD's part of Optim8Op (fused_optim8.h): the momentum buffer (signed
+// codes), SgdRule's update with momentum.
+struct Sgd8Rule {
+  using Args = SgdKernelArgs;
+  using Block = SgdRule<true>::Block;
+  static constexpr int kDepth = Sgd8Slot::kDepth;
+  static constexpr int kParam = Sgd8Slot::kParam;
+  static constexpr int kGrad = Sgd8Slot::kGrad;
+  static constexpr int kMaster = Sgd8Slot::kMaster;
+  static constexpr int kStep = Sgd8Slot::kStep;
+  static constexpr int kStates = 1;
+  MIXPREC_HD static constexpr int codes_slot(int) {
+    return Sgd8Slot::kMomentumBuffer;
+  }
+  MIXPREC_HD static constexpr int absmax_slot(int) {
+    return Sgd8Slot::kMomentumAbsmax;
+  }
+  MIXPREC_HD static constexpr int table(int) { return q8::kSigned; }
+  MIXPREC_HD static Block block(const Args& a, float step_before) {
+    return SgdRule<true>::block(a, step_before);
+  }
+  MIXPREC_HD static bool loads_states(const Block& blk) { return !blk.first; }
+  MIXPREC_HD static void update(float& w, float g, float (&x)[kStates],
+                                const Args& a, const Block& blk) {
+    math::sgd_update(w, g, x[0], a.k, blk.first, blk.neg_lr);
+  }
+};
+
+template <typename P, typename G, bool kHasMaster, bool>
+using Sgd8Op = Optim8Op<P, G, kHasMaster, Sgd8Rule>;
+
+template <class Exec>
+void fused_sgd8_launch(const OpArgs<&fused_sgd8_>& op_args) {
+  MIXPREC_BIND(op_args, params, grads, momentum_buffers, momentum_absmax,
+               master_params, state_steps, lr, weight_decay, momentum,
+               dampening, nesterov, maximize, grad_scale, found_inf, clip_coef,
+               stochastic_rounding, seed)
+  static thread_local PlanCache<OptimPlan<Sgd8Slot::kDepth>> cache;
+  auto visit = [&](auto& k) {
+    return k.value(stochastic_rounding) && k.list(params) && k.list(grads) &&
+           k.list(momentum_buffers) && k.list(momentum_absmax) &&
+           k.list(master_params) && k.list(state_steps) && k.scalar(lr) &&
+           k.optional_scalar(grad_scale) && k.optional_scalar(found_inf) &&
+           k.optional_scalar(clip_coef);
+  };
+  auto fill = [&](const optim::FlatSet& fs, size_t i,
+                  void*(&a)[Sgd8Slot::kDepth]) {
+    const std::vector<optim::TensorRefs>& v = fs.views;
+    void* p = v[0][i]->data_ptr();
+    a[Sgd8Slot::kParam] = p;
+    a[Sgd8Slot::kGrad] = v[1][i]->data_ptr();
+    a[Sgd8Slot::kMomentumBuffer] = v[fs.state_view[0]][i]->data_ptr();
+    a[Sgd8Slot::kMomentumAbsmax] = momentum_absmax[i].data_ptr();
+    a[Sgd8Slot::kMaster] =
+        fs.master_view >= 0 ? v[fs.master_view][i]->data_ptr() : p;
+    a[Sgd8Slot::kStep] = state_steps[i].data_ptr();
+  };
+  auto make_args = [&] {
+    SgdKernelArgs args;
+    args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
+    args.k = math::make_sgd_consts(weight_decay, momentum, dampening, nesterov);
+    return args;
+  };
+  launch_optim<Exec, Sgd8Slot::kDepth, Sgd8Op>(
+      cache, visit,
+      [&] { return optim::check_fused_sgd8_args(op_args, Exec::kBackend); },
+      [&] {
+        optim::check_sgd8_momentum(momentum);
+        optim::check_sgd_hparams(weight_decay, momentum, dampening, nesterov,
+                                 "fused_sgd8_");
+      },
+      fill, make_args, params, master_params, state_steps, false,
       stochastic_rounding);
 }
 

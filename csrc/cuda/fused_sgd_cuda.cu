@@ -1,4 +1,4 @@
-// fused_sgd_ on CUDA: csrc/cuda/fused_sgd.h run by DeviceExec.
+// fused_sgd_ and fused_sgd8_ on CUDA: csrc/cuda/fused_sgd.h run by DeviceExec.
 #include <torch/library.h>
 
 #include "cuda/device_exec.cuh"
@@ -9,6 +9,7 @@ namespace cuda {
 namespace {
 
 constexpr auto fused_sgd_cuda = &fused_sgd_launch<DeviceExec>;
+constexpr auto fused_sgd8_cuda = &fused_sgd8_launch<DeviceExec>;
 
 }  // namespace
 }  // namespace cuda
@@ -16,10 +17,12 @@ constexpr auto fused_sgd_cuda = &fused_sgd_launch<DeviceExec>;
 
 TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
   MIXPREC_IMPL(m, fused_sgd_, mixprec::cuda::fused_sgd_cuda);
+  MIXPREC_IMPL(m, fused_sgd8_, mixprec::cuda::fused_sgd8_cuda);
 }
 
 // A sparse grad routes the call here; the argument checks then reject it with
 // a message naming the grad (instead of a missing-kernel error).
 TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
   MIXPREC_IMPL(m, fused_sgd_, mixprec::cuda::fused_sgd_cuda);
+  MIXPREC_IMPL(m, fused_sgd8_, mixprec::cuda::fused_sgd8_cuda);
 }

@@ -568,5 +568,28 @@ template <typename Op>
 struct ReducesBlock<Op, std::void_t<decltype(Op::kReduceKind)>>
     : std::true_type {};
 
+// A functor that cooperates within warps (Op::kWarpMaxes defined): a block's
+// work is Op::rounds(meta, block, args...) rounds, round r taken by warp
+// r % (threads / 32); in a round every lane l runs
+//   phase1(meta, pos, r, l, lane_state, maxes, args...)
+// which fills maxes[kWarpMaxes], the warp takes the maximum of each over its
+// 32 lanes (kWarpMax; a xor-shuffle butterfly on the device, a loop in the
+// emulation: max is exact, so any order gives the same bits), and every lane
+// runs phase2(meta, pos, r, l, lane_state, maxes, args...). Op::Lane carries
+// a lane's registers from one phase to the other. rounds() must give every
+// thread of a block the same count.
+template <typename Op, typename = void>
+struct WarpRounds : std::false_type {};
+template <typename Op>
+struct WarpRounds<Op, std::void_t<decltype(Op::kWarpMaxes)>> : std::true_type {
+};
+
+constexpr int kWarpSize = 32;
+
+// The combine of the warp maximum: NaN-propagating, as torch.amax.
+MIXPREC_HD float warp_max_combine(float a, float b) {
+  return (a != a) ? a : ((b != b) ? b : (a > b ? a : b));
+}
+
 }  // namespace cuda
 }  // namespace mixprec

@@ -9,8 +9,10 @@
 // see csrc/cuda_emulation/ops_emulated.cpp).
 //
 // Sequential threads are a faithful model of these kernels because none of
-// them communicates between threads except through block_reduce: a kernel
-// that did would be a data race on the device.
+// them communicates between threads except through block_reduce and the
+// warp maximum of warp-cooperative functors (WarpRounds, launch_plan.h),
+// which are replayed here: a kernel that did otherwise would be a data race
+// on the device.
 #pragma once
 
 #include <c10/core/DeviceType.h>
@@ -62,7 +64,37 @@ struct HostExec {
   template <typename Op, typename Where, typename... Args>
   static void run_block(int block, int threads, const Op& op,
                         const Where& where, const Args&... args) {
-    if constexpr (cuda::ReducesBlock<Op>::value) {
+    if constexpr (cuda::WarpRounds<Op>::value) {
+      // The rounds of one warp, lane after lane, phase after phase (the
+      // device's rounds of different warps touch disjoint elements).
+      constexpr int K = Op::kWarpMaxes;
+      constexpr int W = cuda::kWarpSize;
+      const int warps = threads / W;
+      const int rounds = op.rounds(where, block, args...);
+      std::vector<typename Op::Lane> state(W);
+      struct Maxes {
+        float v[K];
+      };
+      std::vector<Maxes> maxes(W);
+      for (int r = 0; r < rounds; ++r) {
+        const int first = (r % warps) * W;
+        float total[K];
+        for (int l = 0; l < W; ++l) {
+          op.phase1(where, GridPos{block, first + l, threads}, r, l, state[l],
+                    maxes[l].v, args...);
+        }
+        for (int k = 0; k < K; ++k) {
+          total[k] = maxes[0].v[k];
+          for (int l = 1; l < W; ++l) {
+            total[k] = cuda::warp_max_combine(total[k], maxes[l].v[k]);
+          }
+        }
+        for (int l = 0; l < W; ++l) {
+          op.phase2(where, GridPos{block, first + l, threads}, r, l, state[l],
+                    total, args...);
+        }
+      }
+    } else if constexpr (cuda::ReducesBlock<Op>::value) {
       TORCH_INTERNAL_ASSERT(threads % 32 == 0 && threads <= 1024);
       std::vector<double> partial(threads);
       for (int t = 0; t < threads; ++t) {

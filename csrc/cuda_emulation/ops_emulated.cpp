@@ -58,6 +58,8 @@ TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CPU, m) {
   MIXPREC_IMPL(m, update_scale_ext_, &cu::update_scale_ext_launch<HostExec>);
   MIXPREC_IMPL(m, fused_adam_, &cu::fused_adam_launch<HostExec>);
   MIXPREC_IMPL(m, fused_sgd_, &cu::fused_sgd_launch<HostExec>);
+  MIXPREC_IMPL(m, fused_adam8_, &cu::fused_adam8_launch<HostExec>);
+  MIXPREC_IMPL(m, fused_sgd8_, &cu::fused_sgd8_launch<HostExec>);
   using mixprec::kernel;
   m.impl("plan_unscale_and_check_",
          kernel<&mixprec::unscale_and_check_,
@@ -74,6 +76,10 @@ TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CPU, m) {
          kernel<&mixprec::fused_adam_, &cu::fused_adam_launch<PlanOnlyExec>>);
   m.impl("plan_fused_sgd_",
          kernel<&mixprec::fused_sgd_, &cu::fused_sgd_launch<PlanOnlyExec>>);
+  m.impl("plan_fused_adam8_",
+         kernel<&mixprec::fused_adam8_, &cu::fused_adam8_launch<PlanOnlyExec>>);
+  m.impl("plan_fused_sgd8_",
+         kernel<&mixprec::fused_sgd8_, &cu::fused_sgd8_launch<PlanOnlyExec>>);
 }
 
 // Counters of PlanOnlyExec and of plan reuse (no tensor arguments: a

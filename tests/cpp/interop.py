@@ -154,12 +154,7 @@ def forward(p: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:  # as the t
 
 def python_run(kind: str, ref: dict) -> dict:
     params = [t.clone().requires_grad_() for t in ref["initial"]]
-    if kind == "adamw":
-        opt = mp_optim.AdamW(params, lr=1e-2, weight_decay=0.1)
-    elif kind == "adam":
-        opt = mp_optim.Adam(params, lr=1e-2, weight_decay=0.01, amsgrad=True)
-    else:
-        opt = mp_optim.SGD(params, lr=5e-2, momentum=0.9, nesterov=True, weight_decay=1e-3)
+    opt = make_python_optimizer(kind, params, lr=1e-2)
     scaler = mixprec.GradScaler("cpu", init_scale=1024.0, growth_interval=3)
     x, y = ref["x"], ref["y"]
     losses, scales, stepped = [], [], []
@@ -183,7 +178,7 @@ def python_run(kind: str, ref: dict) -> dict:
 def cmd_optim(args: argparse.Namespace) -> None:
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
-    for kind in ("adamw", "adam", "sgd"):
+    for kind in KINDS:
         for dtype in ("fp32", "bf16", "fp16"):
             out = d / f"optim_{kind}_{dtype}.pt"
             run([args.tool, "optim-run", kind, dtype, str(out)])
@@ -210,12 +205,18 @@ def cmd_optim(args: argparse.Namespace) -> None:
                   f"skipped {ref['stepped'].tolist().count(0)}")
 
 
+KINDS = ("adamw", "adam", "sgd", "adamw8", "sgd8")
+EIGHT_BIT = {"state_bits": 8, "min_8bit_size": 64}  # as make_optimizer
+
+
 def make_python_optimizer(kind: str, params: list, lr: float):  # as make_optimizer
-    if kind == "adamw":
-        return mp_optim.AdamW(params, lr=lr, weight_decay=0.1)
+    eight = EIGHT_BIT if kind.endswith("8") else {}
+    if kind in ("adamw", "adamw8"):
+        return mp_optim.AdamW(params, lr=lr, weight_decay=0.1, **eight)
     if kind == "adam":
         return mp_optim.Adam(params, lr=lr, weight_decay=0.01, amsgrad=True)
-    return mp_optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-3)
+    return mp_optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-3,
+                        **eight)
 
 
 def python_train(opt, params, x, y, steps: int) -> list[float]:
@@ -230,7 +231,7 @@ def python_train(opt, params, x, y, steps: int) -> list[float]:
 
 
 def cmd_ckpt(args: argparse.Namespace) -> None:
-    for kind in ("adamw", "adam", "sgd"):
+    for kind in KINDS:
         for dtype in ("fp32", "bf16"):
             name = f"{kind}/{dtype}"
             d = Path(args.dir) / f"ckpt_{kind}_{dtype}"
@@ -247,6 +248,12 @@ def cmd_ckpt(args: argparse.Namespace) -> None:
             if dtype == "bf16":
                 check(all("master_param" in opt.state[p] for p in params),
                       f"{name}: masters from the C++ state dict")
+            if kind.endswith("8"):
+                first = "exp_avg" if kind == "adamw8" else "momentum_buffer"
+                coded = [opt.state[p][first].dtype == torch.uint8 for p in params]
+                check(coded == [True, False, False, False] and
+                      sd["state"][0].get("quant") == "dynamic8/b256",
+                      f"{name}: 8-bit state from the C++ state dict ({coded})")
             losses = python_train(opt, params, data["x"], data["y"], 3)
             check(all(rel_close(a, b) for a, b in zip(cont["losses"], losses)),
                   f"{name}: C++ -> Python continuation {cont['losses']} vs {losses}")
@@ -254,7 +261,7 @@ def cmd_ckpt(args: argparse.Namespace) -> None:
                 check(torch.allclose(a.float(), b.detach().float(), rtol=REL, atol=0.0),
                       f"{name}: params after the Python continuation")
             # a torch.optim optimizer loads it too (extra keys ignored)
-            if kind != "sgd" and dtype == "fp32":
+            if kind in ("adamw", "adam") and dtype == "fp32":
                 cls = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
                 tparams = [t.clone().requires_grad_() for t in data["params"]]
                 topt = cls(tparams, lr=0.5, amsgrad=(kind == "adam"))

@@ -75,6 +75,29 @@ torch::Tensor forward(const std::vector<torch::Tensor>& p,
   return out;
 }
 
+std::unique_ptr<mixprec::optim::FusedOptimizer> make_optimizer(
+    const std::string& kind, const std::vector<torch::Tensor>& params,
+    double lr) {
+  // (adamw8 / sgd8: 8-bit state for the 32x16 weight, float32 moments with
+  // empty maxima for the three tensors below min_8bit_size)
+  if (kind == "adamw" || kind == "adamw8") {
+    auto o = mixprec::optim::AdamWOptions(lr).weight_decay(0.1);
+    if (kind == "adamw8") o.state_bits(8).min_8bit_size(64);
+    return std::make_unique<mixprec::optim::AdamW>(params, o);
+  }
+  if (kind == "adam") {
+    return std::make_unique<mixprec::optim::Adam>(
+        params,
+        mixprec::optim::AdamOptions(lr).weight_decay(0.01).amsgrad(true));
+  }
+  TORCH_CHECK(kind == "sgd" || kind == "sgd8", "unknown optimizer ", kind);
+  auto o =
+      mixprec::optim::SGDOptions(lr).momentum(0.9).nesterov(true).weight_decay(
+          1e-3);
+  if (kind == "sgd8") o.state_bits(8).min_8bit_size(64);
+  return std::make_unique<mixprec::optim::SGD>(params, o);
+}
+
 int optim_run(const std::string& kind, const std::string& dtype_name,
               const std::string& out_path) {
   const torch::ScalarType dtype = dtype_name == "bf16"   ? torch::kBFloat16
@@ -95,20 +118,9 @@ int optim_run(const std::string& kind, const std::string& dtype_name,
   for (const auto& p : params) initial.push_back(p.detach().clone());
 
   std::unique_ptr<mixprec::optim::FusedOptimizer> opt;
-  if (kind == "adamw") {
-    opt = std::make_unique<mixprec::optim::AdamW>(
-        params, mixprec::optim::AdamWOptions(1e-2).weight_decay(0.1));
-  } else if (kind == "adam") {
-    opt = std::make_unique<mixprec::optim::Adam>(
-        params,
-        mixprec::optim::AdamOptions(1e-2).weight_decay(0.01).amsgrad(true));
-  } else if (kind == "sgd") {
-    opt = std::make_unique<mixprec::optim::SGD>(params,
-                                                mixprec::optim::SGDOptions(5e-2)
-                                                    .momentum(0.9)
-                                                    .nesterov(true)
-                                                    .weight_decay(1e-3));
-  } else {
+  try {
+    opt = make_optimizer(kind, params, 1e-2);
+  } catch (const c10::Error&) {
     std::fprintf(stderr, "unknown optimizer %s\n", kind.c_str());
     return 2;
   }
@@ -148,25 +160,6 @@ int optim_run(const std::string& kind, const std::string& dtype_name,
   out.insert("stepped", torch::tensor(stepped, torch::kLong));
   mixprec::torch_save(c10::IValue(out), out_path);
   return 0;
-}
-
-std::unique_ptr<mixprec::optim::FusedOptimizer> make_optimizer(
-    const std::string& kind, const std::vector<torch::Tensor>& params,
-    double lr) {
-  if (kind == "adamw") {
-    return std::make_unique<mixprec::optim::AdamW>(
-        params, mixprec::optim::AdamWOptions(lr).weight_decay(0.1));
-  }
-  if (kind == "adam") {
-    return std::make_unique<mixprec::optim::Adam>(
-        params,
-        mixprec::optim::AdamOptions(lr).weight_decay(0.01).amsgrad(true));
-  }
-  TORCH_CHECK(kind == "sgd", "unknown optimizer ", kind);
-  return std::make_unique<mixprec::optim::SGD>(
-      params,
-      mixprec::optim::SGDOptions(lr).momentum(0.9).nesterov(true).weight_decay(
-          1e-3));
 }
 
 std::vector<torch::Tensor> tensor_list(const c10::IValue& v) {

@@ -632,6 +632,101 @@ void test_optim_state_dict(const std::string& dir) {
   CHECK(oc.state().empty());
 }
 
+// state_bits(8): 8-bit moments for the big param (w: 300 x 4), float32 for
+// the small one; the first step equals the 32-bit step (the update uses the
+// unquantized new moments); checkpoints convert between 8 and 32 bits; a
+// corrupted 8-bit checkpoint is refused and changes nothing.
+void test_optim_8bit(const std::string& dir) {
+  torch::manual_seed(8);
+  const auto x = torch::randn({5, 4});
+  Toy a(torch::kBFloat16, 300), b(torch::kBFloat16, 300);
+  b.w.detach().copy_(a.w.detach());
+  b.b.detach().copy_(a.b.detach());
+  mixprec::optim::AdamW o8(
+      a.params(),
+      mixprec::optim::AdamWOptions(1e-2).state_bits(8).min_8bit_size(1000));
+  mixprec::optim::AdamW o32(b.params(), mixprec::optim::AdamWOptions(1e-2));
+  a.loss(x).backward();
+  b.loss(x).backward();
+  o8.step();
+  o32.step();
+  CHECK_MSG(
+      same(a.w.detach(), b.w.detach()) && same(a.b.detach(), b.b.detach()),
+      "the first 8-bit step is the 32-bit step");
+  const auto sd = o8.state_dict();
+  const auto st = sd.at("state").toGenericDict();
+  const auto w8 = st.at(int64_t{0}).toGenericDict();
+  const auto b8 = st.at(int64_t{1}).toGenericDict();
+  CHECK(w8.at("exp_avg").toTensor().scalar_type() == torch::kByte);
+  CHECK(w8.at("exp_avg_sq").toTensor().scalar_type() == torch::kByte);
+  CHECK(w8.at("exp_avg_absmax").toTensor().sizes() ==
+        torch::IntArrayRef({5}));  // 1200 elements: 5 blocks of 256
+  CHECK(w8.at("quant").toStringRef() == "dynamic8/b256");
+  CHECK(b8.at("exp_avg").toTensor().scalar_type() == torch::kFloat);
+  CHECK(b8.at("exp_avg_absmax").toTensor().numel() == 0 &&
+        !b8.contains("quant"));
+  const auto g = sd.at("param_groups").toListRef()[0].toGenericDict();
+  CHECK(g.at("state_bits").toInt() == 8 &&
+        g.at("min_8bit_size").toInt() == 1000);
+  // 8 -> 32: the moments read back; 32 -> 8: quantized again, same codes
+  mixprec::torch_save(sd, dir + "/adamw8_sd.pt");
+  mixprec::optim::AdamW to32(b.params(), mixprec::optim::AdamWOptions(0.5));
+  to32.load_state_dict(
+      mixprec::torch_load(dir + "/adamw8_sd.pt").toGenericDict());
+  const auto& s32 = static_cast<const mixprec::optim::AdamParamState&>(
+      *to32.state().at(b.w.unsafeGetTensorImpl()));
+  CHECK(s32.exp_avg().scalar_type() == torch::kFloat &&
+        !s32.exp_avg_absmax().defined());
+  CHECK(to32.param_groups()[0].options().get_lr() == 1e-2);
+  mixprec::optim::AdamW back(
+      b.params(),
+      mixprec::optim::AdamWOptions(0.5).state_bits(8).min_8bit_size(1000));
+  back.load_state_dict(to32.state_dict());
+  const auto& s8 = static_cast<const mixprec::optim::AdamParamState&>(
+      *back.state().at(b.w.unsafeGetTensorImpl()));
+  CHECK_MSG(same(s8.exp_avg(), w8.at("exp_avg").toTensor()) &&
+                same(s8.exp_avg_sq(), w8.at("exp_avg_sq").toTensor()) &&
+                same(s8.exp_avg_absmax(), w8.at("exp_avg_absmax").toTensor()),
+            "8 -> 32 -> 8 bits gives the same codes and maxima");
+  // errors: bad options; a corrupted 8-bit entry (nothing changes)
+  CHECK_THROWS(c10::ValueError,
+               mixprec::optim::AdamW(
+                   a.params(), mixprec::optim::AdamWOptions().state_bits(4)),
+               "mixprec.optim.AdamW: state_bits must be 8 or 32, got 4");
+  CHECK_THROWS(c10::ValueError,
+               mixprec::optim::Adam(
+                   a.params(),
+                   mixprec::optim::AdamOptions().state_bits(8).amsgrad(true)),
+               "amsgrad=True needs state_bits=32");
+  auto bad = mixprec::torch_load(dir + "/adamw8_sd.pt").toGenericDict();
+  auto bad_w = bad.at("state").toGenericDict().at(int64_t{0}).toGenericDict();
+  bad_w.insert_or_assign("exp_avg_absmax", torch::zeros({4}));
+  mixprec::optim::AdamW fresh(
+      b.params(),
+      mixprec::optim::AdamWOptions(0.5).state_bits(8).min_8bit_size(1000));
+  CHECK_THROWS(c10::ValueError, fresh.load_state_dict(bad), "exp_avg_absmax");
+  CHECK(fresh.state().empty() &&
+        fresh.param_groups()[0].options().get_lr() == 0.5);
+  // SGD with an 8-bit momentum buffer trains (and its state is 8-bit)
+  mixprec::optim::SGD sgd(a.params(), mixprec::optim::SGDOptions(1e-2)
+                                          .momentum(0.9)
+                                          .state_bits(8)
+                                          .min_8bit_size(0));
+  const double before = a.loss(x).item<double>();
+  for (int it = 0; it < 5; ++it) {
+    sgd.zero_grad();
+    a.loss(x).backward();
+    sgd.step();
+  }
+  CHECK(a.loss(x).item<double>() < before);
+  const auto sgd_sd = sgd.state_dict().at("state").toGenericDict();
+  CHECK(sgd_sd.at(int64_t{1})
+            .toGenericDict()
+            .at("momentum_buffer")
+            .toTensor()
+            .scalar_type() == torch::kByte);
+}
+
 void test_autocast_guard() {
   CHECK(!at::autocast::is_autocast_enabled(torch::kCPU));
   auto w = torch::randn({4, 4});
@@ -693,6 +788,7 @@ int main(int argc, char** argv) {
       {"optim masters + errors", test_optim_masters_and_errors},
       {"optim torch::save/load", [&] { test_optim_serialize(dir); }},
       {"optim state_dict (Python layout)", [&] { test_optim_state_dict(dir); }},
+      {"optim state_bits(8)", [&] { test_optim_8bit(dir); }},
       {"AutocastGuard", test_autocast_guard},
       {"CPU kernels on torch's threads", test_cpu_kernel_threads},
   };

@@ -314,6 +314,83 @@ void test_bad_inputs() {
                "growth_tracker");
 }
 
+// Per-block |max| of a float tensor in row-major order (blocks of 256).
+at::Tensor block_absmax(const at::Tensor& x) {
+  const int64_t n = x.numel();
+  const int64_t blocks = (n + 255) / 256;
+  at::Tensor flat = at::zeros({blocks * 256}, at::kFloat);
+  flat.narrow(0, 0, n).copy_(x.reshape({-1}).abs());
+  return std::get<0>(flat.view({blocks, 256}).max(1));
+}
+
+// The 8-bit ops from a zero state (codes of zeros, absmax 0) against the
+// 32-bit ops from zero moments: the param update uses the unquantized new
+// moments, so params and masters are bitwise the 32-bit op's, and each
+// block's new absmax is the 32-bit op's moment's |max| there.
+void test_fused8() {
+  const std::vector<int64_t> sizes = {1, 255, 256, 700, 70001};
+  std::vector<at::Tensor> p32, p8, g, m32, v32, m8, ma, v8, va, mp32, mp8, s32,
+      s8;
+  for (int64_t n : sizes) {
+    p32.push_back(at::randn({n}).to(at::kHalf));
+    p8.push_back(p32.back().clone());
+    g.push_back(at::randn({n}).to(at::kBFloat16));
+    m32.push_back(at::zeros({n}));
+    v32.push_back(at::zeros({n}));
+    m8.push_back(at::full({n}, 127, at::kByte));  // signed zero code
+    v8.push_back(at::zeros({n}, at::kByte));      // unsigned zero code
+    ma.push_back(at::zeros({(n + 255) / 256}));
+    va.push_back(at::zeros({(n + 255) / 256}));
+    mp32.push_back(p32.back().to(at::kFloat));
+    mp8.push_back(mp32.back().clone());
+    s32.push_back(at::zeros({1}));
+    s8.push_back(at::zeros({1}));
+  }
+  const at::Tensor lr = at::full({1}, 1e-2, at::kFloat);
+  const at::Tensor scale = scalar_f32(64.0);
+  mixprec::fused_adam_(p32, g, m32, v32, {}, mp32, s32, lr, /*beta1=*/0.9,
+                       /*beta2=*/0.999, /*weight_decay=*/0.01, /*eps=*/1e-8,
+                       /*amsgrad=*/false, /*maximize=*/false,
+                       /*decoupled_weight_decay=*/true, scale);
+  mixprec::fused_adam8_(p8, g, m8, ma, v8, va, mp8, s8, lr, /*beta1=*/0.9,
+                        /*beta2=*/0.999, /*weight_decay=*/0.01, /*eps=*/1e-8,
+                        /*maximize=*/false, /*decoupled_weight_decay=*/true,
+                        scale);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    CHECK_MSG(bits_equal(p8[i], p32[i]), "param " + std::to_string(i));
+    CHECK_MSG(bits_equal(mp8[i], mp32[i]), "master " + std::to_string(i));
+    CHECK_MSG(bits_equal(ma[i], block_absmax(m32[i])),
+              "exp_avg_absmax " + std::to_string(i));
+    CHECK_MSG(bits_equal(va[i], block_absmax(v32[i])),
+              "exp_avg_sq_absmax " + std::to_string(i));
+    CHECK(s8[i].item<float>() == 1.0f);
+  }
+  // fused_sgd8_ at a first step: the buffer is the gradient, and a
+  // gradient whose block maximum is exactly 1 has the code of +1 (255) there.
+  at::Tensor gp = at::rand({512}) * 0.5;
+  gp.index_put_({0}, 1.0);
+  gp.index_put_({300}, 1.0);
+  std::vector<at::Tensor> sp{at::zeros({512})}, sb{at::zeros({512}, at::kByte)},
+      sa{at::zeros({2})}, ss{at::zeros({1})};
+  mixprec::fused_sgd8_(sp, {gp}, sb, sa, {}, ss, lr, /*weight_decay=*/0.0,
+                       /*momentum=*/0.9, /*dampening=*/0.0,
+                       /*nesterov=*/false, /*maximize=*/false);
+  CHECK(sa[0][0].item<float>() == 1.0f && sa[0][1].item<float>() == 1.0f);
+  CHECK(sb[0][0].item<int>() == 255 && sb[0][300].item<int>() == 255);
+  // a bad call names the argument and changes nothing
+  std::vector<at::Tensor> short_absmax{at::zeros({1})};
+  const at::Tensor before = sp[0].clone();
+  CHECK_THROWS(c10::Error,
+               mixprec::fused_sgd8_(sp, {gp}, sb, short_absmax, {}, ss, lr, 0.0,
+                                    0.9, 0.0, false, false),
+               "momentum_absmax[0]");
+  CHECK_THROWS(c10::Error,
+               mixprec::fused_sgd8_(sp, {gp}, sb, sa, {}, ss, lr, 0.0,
+                                    /*momentum=*/0.0, 0.0, false, false),
+               "momentum");
+  CHECK(bits_equal(sp[0], before));
+}
+
 void test_build_info() {
   const mixprec::BuildInfo info = mixprec::build_info();
   std::printf(
@@ -350,6 +427,7 @@ int main() {
       {"update_scale_", test_update_scale},
       {"update_scale_ext_", test_update_scale_ext},
       {"bad inputs", test_bad_inputs},
+      {"fused_adam8_ / fused_sgd8_ vs the 32-bit ops", test_fused8},
       {"build_info", test_build_info},
   };
   return mixprec_test::run_tests(tests);

@@ -131,4 +131,44 @@ inline void fused_sgd_(
       found_inf, clip_coef, stochastic_rounding, seed);
 }
 
+// One fused Adam/AdamW step with block-wise 8-bit moments: exp_avgs and
+// exp_avg_sqs are contiguous uint8 codes of each param's shape,
+// exp_avg_absmax / exp_avg_sq_absmax float32 of shape (ceil(numel / 256)).
+// No amsgrad. Other conventions as fused_adam_.
+inline void fused_adam8_(
+    at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+    at::TensorList exp_avg_absmax, at::TensorList exp_avg_sqs,
+    at::TensorList exp_avg_sq_absmax, at::TensorList master_params,
+    at::TensorList state_steps, const at::Tensor& lr, double beta1,
+    double beta2, double weight_decay, double eps, bool maximize,
+    bool decoupled_weight_decay,
+    const std::optional<at::Tensor>& grad_scale = std::nullopt,
+    const std::optional<at::Tensor>& found_inf = std::nullopt,
+    const std::optional<at::Tensor>& clip_coef = std::nullopt,
+    bool stochastic_rounding = false, int64_t seed = 0) {
+  detail::Dispatch<&fused_adam8_>::call(
+      params, grads, exp_avgs, exp_avg_absmax, exp_avg_sqs, exp_avg_sq_absmax,
+      master_params, state_steps, lr, beta1, beta2, weight_decay, eps, maximize,
+      decoupled_weight_decay, grad_scale, found_inf, clip_coef,
+      stochastic_rounding, seed);
+}
+
+// One fused SGD step (momentum > 0) with a block-wise 8-bit momentum buffer
+// (uint8 codes and float32 maxima as fused_adam8_'s exp_avgs).
+inline void fused_sgd8_(
+    at::TensorList params, at::TensorList grads,
+    at::TensorList momentum_buffers, at::TensorList momentum_absmax,
+    at::TensorList master_params, at::TensorList state_steps,
+    const at::Tensor& lr, double weight_decay, double momentum,
+    double dampening, bool nesterov, bool maximize,
+    const std::optional<at::Tensor>& grad_scale = std::nullopt,
+    const std::optional<at::Tensor>& found_inf = std::nullopt,
+    const std::optional<at::Tensor>& clip_coef = std::nullopt,
+    bool stochastic_rounding = false, int64_t seed = 0) {
+  detail::Dispatch<&fused_sgd8_>::call(
+      params, grads, momentum_buffers, momentum_absmax, master_params,
+      state_steps, lr, weight_decay, momentum, dampening, nesterov, maximize,
+      grad_scale, found_inf, clip_coef, stochastic_rounding, seed);
+}
+
 }  // namespace mixprec

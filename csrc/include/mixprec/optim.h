@@ -7,8 +7,12 @@
 // a float32 master copy in the state, the update runs on it and the param
 // receives it rounded to nearest. Grads may be float32/float16/bfloat16 and
 // are only read. Each step is one fused mixprec op (fused_adam_ /
-// fused_sgd_) per (device, with/without masters) bucket of a param group,
-// with lr and step counts on the param's device: no host sync.
+// fused_sgd_, or fused_adam8_ / fused_sgd8_ for params with 8-bit state) per
+// (device, with/without masters, 8-bit or not) bucket of a param group, with
+// lr and step counts on the param's device: no host sync. state_bits(8) keeps
+// the moments (the momentum buffer) of every param of at least
+// min_8bit_size elements as block-wise 8-bit codes, the layout of Python's
+// state_bits=8.
 //
 // With mixprec::GradScaler the optimizers unscale in the kernel and skip a
 // step with inf/NaN grads on the device (step counts included); see
@@ -99,7 +103,13 @@ class MIXPREC_API FusedOptimizer : public torch::optim::Optimizer {
   struct Bucket {
     std::vector<at::Tensor> params, grads, master_params, state_steps;
     std::vector<at::Tensor> buf0, buf1, buf2;  // optimizer-specific state
+    // 8-bit state: buf0/buf1 hold codes, these their maxima
+    std::vector<at::Tensor> absmax0, absmax1;
+    bool coded = false;
   };
+  // Whether p's state is 8-bit (its group's state_bits, its size).
+  virtual bool coded(const at::Tensor& p,
+                     const torch::optim::OptimizerParamGroup& group) const = 0;
   virtual void add_to_bucket(const at::Tensor& p,
                              torch::optim::OptimizerParamGroup& group,
                              Bucket& bucket) = 0;
@@ -151,6 +161,11 @@ struct MIXPREC_API AdamOptions
   // stochastic rounding of bfloat16 params without masters
   TORCH_ARG(bool, stochastic_rounding) = false;
   TORCH_ARG(int64_t, seed) = 0;
+  // 8: block-wise 8-bit moments (uint8 codes + a float32 absmax per 256
+  // elements, fused_adam8_) for params of at least min_8bit_size elements;
+  // 32: float32 moments. Not with amsgrad.
+  TORCH_ARG(int64_t, state_bits) = 32;
+  TORCH_ARG(int64_t, min_8bit_size) = 4096;
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -173,6 +188,8 @@ struct MIXPREC_API AdamWOptions
   TORCH_ARG(bool, master_weights) = true;
   TORCH_ARG(bool, stochastic_rounding) = false;
   TORCH_ARG(int64_t, seed) = 0;
+  TORCH_ARG(int64_t, state_bits) = 32;  // as AdamOptions
+  TORCH_ARG(int64_t, min_8bit_size) = 4096;
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -189,6 +206,10 @@ struct MIXPREC_API AdamParamState
   TORCH_ARG(at::Tensor, exp_avg_sq);      // float32
   TORCH_ARG(at::Tensor, max_exp_avg_sq);  // float32, amsgrad only
   TORCH_ARG(at::Tensor, master_param);    // float32, 16-bit params only
+  // state_bits 8: exp_avg / exp_avg_sq hold uint8 codes and these their
+  // float32 block maxima (empty for a param below min_8bit_size)
+  TORCH_ARG(at::Tensor, exp_avg_absmax);
+  TORCH_ARG(at::Tensor, exp_avg_sq_absmax);
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -225,6 +246,8 @@ class MIXPREC_API AdamBase : public FusedOptimizer {
   int64_t group_seed(
       const torch::optim::OptimizerParamGroup& group) const override;
   const char* name() const override;
+  bool coded(const at::Tensor& p,
+             const torch::optim::OptimizerParamGroup& group) const override;
 };
 
 extern template class AdamBase<AdamOptions>;
@@ -257,6 +280,10 @@ struct MIXPREC_API SGDOptions
   TORCH_ARG(bool, master_weights) = true;
   TORCH_ARG(bool, stochastic_rounding) = false;
   TORCH_ARG(int64_t, seed) = 0;
+  // 8: a block-wise 8-bit momentum buffer (fused_sgd8_) for params of at
+  // least min_8bit_size elements (with momentum != 0); 32: float32.
+  TORCH_ARG(int64_t, state_bits) = 32;
+  TORCH_ARG(int64_t, min_8bit_size) = 4096;
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -270,6 +297,8 @@ struct MIXPREC_API SGDParamState
   TORCH_ARG(at::Tensor, step);             // float32 0-dim, param's device
   TORCH_ARG(at::Tensor, momentum_buffer);  // float32, momentum != 0 only
   TORCH_ARG(at::Tensor, master_param);     // float32, 16-bit params only
+  // state_bits 8: momentum_buffer holds uint8 codes, this their maxima
+  TORCH_ARG(at::Tensor, momentum_buffer_absmax);
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -301,6 +330,8 @@ class MIXPREC_API SGD : public FusedOptimizer {
   int64_t group_seed(
       const torch::optim::OptimizerParamGroup& group) const override;
   const char* name() const override { return "SGD"; }
+  bool coded(const at::Tensor& p,
+             const torch::optim::OptimizerParamGroup& group) const override;
 };
 
 }  // namespace mixprec::optim

@@ -128,6 +128,8 @@ def init_state(optimizer: Any, p: Tensor, group: Dict[str, Any], state: Dict[str
     """
     if not _PARAMS or id(p) not in _PARAMS:
         return False  # traceable: torch.compile(fullgraph) of params that are not flat
+    if group.get("state_bits", 32) == 8:
+        return False  # 8-bit state is per param (its blocks start at the param)
     return _init_state(optimizer, p, group, state)
 
 
@@ -211,6 +213,8 @@ def coalesce_bucket(optimizer: Any, group: Dict[str, Any], bucket: Dict[str, Lis
     run, the run gets its own copy (no sync). Everything else stays per tensor.
     ``plain``: the caller knows that none of the params is laid out flat.
     """
+    if group.get("state_bits", 32) == 8:
+        return bucket  # per-param 8-bit state (see init_state): per tensor
     if getattr(optimizer, "_mixprec_flat", None) is None and (
             plain or not any_flat(bucket["params"])):
         # no flat state and none of these params laid out flat (traceable by
@@ -341,6 +345,8 @@ def whole_group(optimizer: Any, group: Dict[str, Any]) -> Dict[Tuple[torch.devic
     """
     if not _PARAMS or getattr(optimizer, "_mixprec_flat", None) is None:
         return {}  # traceable: torch.compile(fullgraph) without flat buffers
+    if group.get("state_bits", 32) == 8:
+        return {}  # per-param 8-bit state (see init_state)
     return _whole_group(optimizer, group)
 
 

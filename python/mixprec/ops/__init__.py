@@ -38,6 +38,8 @@ __all__ = [
     "update_scale_ext_",
     "fused_adam_",
     "fused_sgd_",
+    "fused_adam8_",
+    "fused_sgd8_",
 ]
 
 _warned_devices: set[str] = set()
@@ -465,3 +467,88 @@ def fused_sgd_(
         stochastic_rounding,
         seed,
     )
+
+
+def fused_adam8_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    exp_avgs: Sequence[Tensor],
+    exp_avg_absmax: Sequence[Tensor],
+    exp_avg_sqs: Sequence[Tensor],
+    exp_avg_sq_absmax: Sequence[Tensor],
+    master_params: Sequence[Tensor],
+    state_steps: Sequence[Tensor],
+    lr: Tensor,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    eps: float,
+    maximize: bool,
+    decoupled_weight_decay: bool,
+    grad_scale: Optional[Tensor] = None,
+    found_inf: Optional[Tensor] = None,
+    clip_coef: Optional[Tensor] = None,
+    stochastic_rounding: bool = False,
+    seed: int = 0,
+) -> None:
+    """One fused Adam/AdamW step with block-wise 8-bit moments, in place.
+
+    :func:`fused_adam_` (without amsgrad) where each moment is kept as codes and block
+    maxima (:mod:`mixprec.ops._quant8`): per param, the moments are read back in float32
+    (``table[code] * absmax`` of their block of 256 elements), updated exactly as
+    :func:`fused_adam_` updates float32 moments (the param update uses the new float32
+    moments), and written back as the codes of the new values against each block's new
+    absmax (nearest table entry; a nonzero value never becomes zero). With ``found_inf``
+    set nothing changes, codes and maxima included.
+
+    Args:
+        params, grads, master_params, state_steps, lr, the hyper-parameters,
+            grad_scale, found_inf, clip_coef, stochastic_rounding, seed: as
+            :func:`fused_adam_`.
+        exp_avgs, exp_avg_sqs: contiguous uint8 codes of each param's shape (the
+            ``dynamic8-signed`` / ``dynamic8-unsigned`` tables). Mutated.
+        exp_avg_absmax, exp_avg_sq_absmax: contiguous float32 tensors of shape
+            ``(ceil(numel / 256),)``, one per param: the blocks' maxima. Mutated.
+
+    Blocks run over the elements in row-major order. No host sync (CUDA: one launch per
+    (param dtype, grad dtype) present plus the step counts). Raises ``RuntimeError`` naming
+    the argument, before changing anything, on bad input.
+    """
+    _call("fused_adam8_", _optim_device(params, lr), params, grads, exp_avgs,
+          exp_avg_absmax, exp_avg_sqs, exp_avg_sq_absmax, master_params, state_steps, lr,
+          beta1, beta2, weight_decay, eps, maximize, decoupled_weight_decay, grad_scale,
+          found_inf, clip_coef, stochastic_rounding, seed)
+
+
+def fused_sgd8_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    momentum_buffers: Sequence[Tensor],
+    momentum_absmax: Sequence[Tensor],
+    master_params: Sequence[Tensor],
+    state_steps: Sequence[Tensor],
+    lr: Tensor,
+    weight_decay: float,
+    momentum: float,
+    dampening: float,
+    nesterov: bool,
+    maximize: bool,
+    grad_scale: Optional[Tensor] = None,
+    found_inf: Optional[Tensor] = None,
+    clip_coef: Optional[Tensor] = None,
+    stochastic_rounding: bool = False,
+    seed: int = 0,
+) -> None:
+    """One fused SGD step (``momentum > 0``) with a block-wise 8-bit momentum buffer.
+
+    :func:`fused_sgd_` where ``momentum_buffers`` are contiguous uint8 codes of each
+    param's shape (``dynamic8-signed``) and ``momentum_absmax`` their float32 block maxima
+    (``(ceil(numel / 256),)``); read back, updated and written as :func:`fused_adam8_`
+    does its first moment. On a param's first step (step count 0) the buffer starts from
+    the gradient, as in torch. Mutates params, masters, codes, maxima and step counts;
+    nothing with ``found_inf`` set. Other arguments and conventions as :func:`fused_sgd_`.
+    """
+    _call("fused_sgd8_", _optim_device(params, lr), params, grads, momentum_buffers,
+          momentum_absmax, master_params, state_steps, lr, weight_decay, momentum,
+          dampening, nesterov, maximize, grad_scale, found_inf, clip_coef,
+          stochastic_rounding, seed)

@@ -8,7 +8,8 @@ registers its own ``_amp_foreach_non_finite_check_and_unscale_`` rule.
 * The norms (``unscale_and_norm_``, ``check_finite_and_norm_``): the same, and the
   returned norm is that of the whole tensors: the p-th powers summed over the ``Shard``
   dimensions only (``inf``: MAX), so that HSDP's replicas count each shard once.
-* The optimizers (``fused_adam_``, ``fused_sgd_``): element-wise, so they run on the local
+* The optimizers (``fused_adam_``, ``fused_sgd_`` and their 8-bit twins): element-wise
+  (the 8-bit ones per block of the local shard), so they run on the local
   shards; the DTensors of one param (param, grad, state, master) must be laid out alike.
   ``found_inf`` is read as given: reduce it first (the scaler does).
 * The scale updates take no DTensor: they raise, naming the op.
@@ -30,7 +31,7 @@ from .. import _dtensor
 
 _CHECKS = ("unscale_and_check_", "check_finite_")
 _NORMS = ("unscale_and_norm_", "check_finite_and_norm_")
-_OPTIMIZERS = ("fused_adam_", "fused_sgd_")
+_OPTIMIZERS = ("fused_adam_", "fused_sgd_", "fused_adam8_", "fused_sgd8_")
 _SCALE = ("update_scale_", "update_scale_ext_")
 
 
@@ -80,7 +81,7 @@ def _check_rule(name: str) -> Callable[..., Any]:
 def _optimizer_rule(name: str) -> Callable[..., Any]:
     def rule(op: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         params = args[0]
-        for lst in args[:7]:
+        for lst in args:
             if not isinstance(lst, (list, tuple)):
                 continue
             for i, t in enumerate(lst):

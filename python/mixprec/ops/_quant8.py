@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["BLOCK", "SIGNED", "UNSIGNED", "TABLES", "table", "quantize", "dequantize",
-           "num_blocks", "error_bound"]
+           "num_blocks", "error_bound", "zero_code"]
 
 #: elements per block (one float32 absmax each)
 BLOCK = 256
@@ -84,22 +84,25 @@ def _smallest_codes(name: str) -> Tuple[int, int]:
     return pos, neg
 
 
-_ON_DEVICE: dict = {}
-
-
 def _tables_on(name: str, device: torch.device) -> Tuple[Tensor, Tensor]:
-    """(values, midpoints) on ``device``, copied there once."""
-    key = (name, device)
-    out = _ON_DEVICE.get(key)
-    if out is None:
-        v, mid = _table_cpu(name)
-        out = _ON_DEVICE[key] = (v.to(device), mid.to(device))
-    return out
+    """(values, midpoints) on ``device`` (a copy per call: the reference and state
+    creation and conversion use them, not the fused kernels' step)."""
+    v, mid = _table_cpu(name)
+    return v.to(device), mid.to(device)
 
 
 def table(name: str, device: torch.device | str = "cpu") -> Tensor:
     """The 256 float32 values of table ``name`` (ascending; the code is the index)."""
     return _table_cpu(name)[0].to(device)
+
+
+def zero_code(name: str) -> int:
+    """The code ``quantize`` gives 0.0 (plain Python: traceable by ``torch.compile``)."""
+    if name == SIGNED:
+        return 127  # the first of the two zeros, after the 127 negative entries
+    if name == UNSIGNED:
+        return 0
+    raise ValueError(f"mixprec: unknown 8-bit code table {name!r}; known: {TABLES}")
 
 
 def num_blocks(numel: int) -> int:

@@ -484,9 +484,18 @@ def fused_adam8_(
     from . import _quant8 as q8
 
     op = "fused_adam8_"
+    _check_optim(op, params, grads, [], master_params, state_steps, lr,
+                 [("grad_scale", grad_scale), ("found_inf", found_inf),
+                  ("clip_coef", clip_coef)], stochastic_rounding)
     _check_codes8(op, params, [("exp_avgs", "exp_avg_absmax", exp_avgs, exp_avg_absmax),
                                ("exp_avg_sqs", "exp_avg_sq_absmax", exp_avg_sqs,
                                 exp_avg_sq_absmax)])
+    if not 0.0 <= beta1 < 1.0:
+        raise RuntimeError(f"mixprec.{op}: beta1 must be in [0, 1), got {beta1}")
+    if not 0.0 <= beta2 < 1.0:
+        raise RuntimeError(f"mixprec.{op}: beta2 must be in [0, 1), got {beta2}")
+    _check_finite_nonneg(op, "weight_decay", weight_decay)
+    _check_finite_nonneg(op, "eps", eps)
     ms = [q8.dequantize(c, a, q8.SIGNED) for c, a in zip(exp_avgs, exp_avg_absmax)]
     vs = [q8.dequantize(c, a, q8.UNSIGNED) for c, a in zip(exp_avg_sqs, exp_avg_sq_absmax)]
     fused_adam_(params, grads, ms, vs, [], master_params, state_steps, lr, beta1, beta2,
@@ -523,8 +532,23 @@ def fused_sgd8_(
     from . import _quant8 as q8
 
     op = "fused_sgd8_"
+    if not 0.0 < momentum < float("inf"):
+        raise RuntimeError(
+            f"mixprec.{op}: momentum must be a finite number > 0 (the 8-bit state is the "
+            f"momentum buffer; without momentum call fused_sgd_), got {momentum}")
+    _check_optim(op, params, grads, [], master_params, state_steps, lr,
+                 [("grad_scale", grad_scale), ("found_inf", found_inf),
+                  ("clip_coef", clip_coef)], stochastic_rounding)
     _check_codes8(op, params, [("momentum_buffers", "momentum_absmax", momentum_buffers,
                                 momentum_absmax)])
+    _check_finite_nonneg(op, "weight_decay", weight_decay)
+    if nesterov and dampening != 0:
+        raise RuntimeError(
+            f"mixprec.{op}: nesterov requires momentum > 0 and dampening == 0 "
+            f"(got momentum {momentum}, dampening {dampening})"
+        )
+    if not abs(dampening) < float("inf"):
+        raise RuntimeError(f"mixprec.{op}: dampening must be finite, got {dampening}")
     bufs = [q8.dequantize(c, a, q8.SIGNED) for c, a in zip(momentum_buffers, momentum_absmax)]
     fused_sgd_(params, grads, bufs, master_params, state_steps, lr, weight_decay, momentum,
                dampening, nesterov, maximize, grad_scale, found_inf, clip_coef,
@@ -545,19 +569,27 @@ def _check_codes8(op: str, params: Sequence[Tensor],
                                    f"({n}), got {len(lst)}")
         for i, p in enumerate(params):
             codes, absmax = codes_list[i], absmax_list[i]
-            if codes.dtype != torch.uint8 or codes.shape != p.shape:
+            if codes.device != p.device:
+                raise RuntimeError(f"mixprec.{op}: {name}[{i}] is on {codes.device} but "
+                                   f"params[0] is on {p.device}")
+            if codes.shape != p.shape:
                 raise RuntimeError(
-                    f"mixprec.{op}: {name}[{i}] must be uint8 codes of the param's shape "
-                    f"{list(p.shape)}, got {codes.dtype} of shape {list(codes.shape)}")
+                    f"mixprec.{op}: {name}[{i}] has shape {list(codes.shape)} but params[{i}] "
+                    f"has shape {list(p.shape)}")
+            if codes.dtype != torch.uint8 or not codes.is_contiguous():
+                raise RuntimeError(
+                    f"mixprec.{op}: {name}[{i}] must be contiguous uint8 codes, got "
+                    f"{codes.dtype}{'' if codes.is_contiguous() else ' (not contiguous)'}")
             want = (q8.num_blocks(p.numel()),)
-            if absmax.dtype != torch.float32 or tuple(absmax.shape) != want:
+            if (absmax.dtype != torch.float32 or tuple(absmax.shape) != want
+                    or not absmax.is_contiguous()):
                 raise RuntimeError(
-                    f"mixprec.{op}: {absname}[{i}] must be float32 of shape {list(want)} "
-                    f"(one per block of {q8.BLOCK}), got {absmax.dtype} of shape "
-                    f"{list(absmax.shape)}")
-            if codes.device != p.device or absmax.device != p.device:
-                raise RuntimeError(f"mixprec.{op}: {name}[{i}] and its maxima must be on the "
-                                   f"param's device {p.device}")
+                    f"mixprec.{op}: {absname}[{i}] must be a contiguous float32 tensor of "
+                    f"shape {list(want)} (one per block of {q8.BLOCK} elements of "
+                    f"params[{i}]), got {absmax.dtype} of shape {list(absmax.shape)}")
+            if absmax.device != p.device:
+                raise RuntimeError(f"mixprec.{op}: {absname}[{i}] is on {absmax.device} but "
+                                   f"params[0] is on {p.device}")
 
 
 def _requantize(values: Sequence[Tensor], codes: Sequence[Tensor], maxima: Sequence[Tensor],

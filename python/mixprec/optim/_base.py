@@ -316,6 +316,10 @@ class FusedOptimizer(torch.optim.Optimizer):
             state["master_param"] = p.detach().to(torch.float32, copy=True)
         return state
 
+    def _local_state(self, name: str, t: Tensor, p: Tensor) -> Tensor:
+        """What the kernels take for state ``name`` of DTensor param ``p``: its shard."""
+        return _dtensor.local(t)
+
     def _lr_tensor(self, index: int, group: Dict[str, Any], device: torch.device) -> Tensor:
         lr = group["lr"]
         if isinstance(lr, Tensor):
@@ -385,7 +389,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             b["grads"].append(local(p.grad))
             b["state_steps"].append(state["step"])
             for n in names:
-                b[n].append(local(state[n]))
+                b[n].append(self._local_state(n, state[n], p) if sharded else state[n])
             if master is not None:
                 b["master_params"].append(local(master))
             positions.setdefault(key, []).append(k)

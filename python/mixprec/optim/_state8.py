@@ -21,7 +21,6 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
-from .. import flat as _flat
 from ..ops import _quant8 as q8
 
 __all__ = ["QUANT", "EightBitState", "check_state_bits", "split_coded"]
@@ -83,21 +82,13 @@ class EightBitState:
         moments = self._moments8(group)
         if group.get("state_bits", 32) != 8 or not moments:
             return super()._init_state(p, group)  # type: ignore[misc]
-        cls = type(self).__name__
-        if _dtensor.is_dtensor(p):
-            raise RuntimeError(f"mixprec.optim.{cls}: state_bits=8 does not take DTensor "
-                               "(FSDP2) params yet; use state_bits=32")
-        if _flat.any_flat([p]):
-            raise RuntimeError(f"mixprec.optim.{cls}: state_bits=8 does not combine with "
-                               "flat buffers yet; use state_bits=32 or no flat_buffers")
         state = self.state[p]
         if "step" not in state:
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
         if state.get(moments[0][0]) is None:
             if self._quantized(p, group):
                 for name, absname, table in moments:
-                    state[name], state[absname] = q8.quantize(
-                        torch.zeros(p.shape, device=p.device), table)
+                    state[name], state[absname] = zero_state(p, table)
                 state["quant"] = QUANT
             else:  # small: float32 moments, empty maxima (one list per name in the op)
                 for name, absname, _ in moments:
@@ -110,31 +101,39 @@ class EightBitState:
 
     def _convert_state(self, p: Tensor, group: Dict[str, Any],
                        saved: Dict[str, Any]) -> Dict[str, Any]:
-        out = super()._convert_state(p, group, saved)  # type: ignore[misc]
-        moments: Dict[str, Optional[Tensor]] = {}
+        # 8-bit moments are read back to float32 first (whole, or this rank's shard of a
+        # DTensor param); the base class then moves and shards the floats as usual
+        saved = dict(saved)
         for name, absname, table in self._MOMENTS8:
-            v = out.get(name)
-            if isinstance(v, Tensor) and v.dtype == torch.uint8:  # 8-bit: read it back
-                v = q8.dequantize(v, out[absname], table)
-            moments[name] = v
-            out.pop(absname, None)
-        out.pop("quant", None)
+            v = saved.get(name)
+            a = saved.pop(absname, None)
+            if isinstance(v, Tensor) and v.dtype == torch.uint8:
+                saved[name] = read_back(v, a, table, p)
+        saved.pop("quant", None)
+        out = super()._convert_state(p, group, saved)  # type: ignore[misc]
         moments8 = self._moments8(group) if group.get("state_bits", 32) == 8 else ()
         if not moments8:  # 32-bit state
-            out.update({k: v for k, v in moments.items() if v is not None})
             return out
         for name, absname, table in moments8:
-            m = moments[name]
+            m = out.get(name)
             if m is None:
-                m = torch.zeros(p.shape, device=p.device)
+                m = torch.zeros_like(p, dtype=torch.float32)
             if self._quantized(p, group):
-                out[name], out[absname] = q8.quantize(m, table)
+                out[name], out[absname] = quantize_state(m.float(), table, p)
             else:
                 out[name] = m.float()
                 out[absname] = torch.zeros(0, dtype=torch.float32, device=p.device)
         if self._quantized(p, group):
             out["quant"] = QUANT
         return out
+
+    def _local_state(self, name: str, t: Tensor, p: Tensor) -> Tensor:
+        """The tensor the kernels take for state ``name`` of DTensor param ``p``: the local
+        shard, and for block maxima only this shard's blocks (see :func:`absmax_like`)."""
+        local = _dtensor.local(t)
+        if name.endswith("_absmax") and _dtensor.is_dtensor(t):
+            return local[:q8.num_blocks(_dtensor.local(p).numel())]
+        return local
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """As :meth:`FusedOptimizer.load_state_dict`; moments are converted to this
@@ -178,8 +177,100 @@ class EightBitState:
                     raise ValueError(f"{where}[{name!r}]: expected uint8 codes of "
                                      f"{n} elements, got {getattr(c, 'dtype', c)} of shape "
                                      f"{list(getattr(c, 'shape', []))}")
+                want = (q8.num_blocks(n),)
+                if _dtensor.is_dtensor(c) and p is not None and _dtensor.is_dtensor(p):
+                    want = (_absmax_layout(p)[2],)  # a sharded optimizer's (absmax_like)
                 if not (isinstance(a, Tensor) and a.dtype == torch.float32
-                        and tuple(a.shape) == (q8.num_blocks(n),)):
+                        and tuple(a.shape) == want):
                     raise ValueError(f"{where}[{absname!r}]: expected float32 of shape "
-                                     f"[{q8.num_blocks(n)}], got {getattr(a, 'dtype', a)} "
+                                     f"{list(want)}, got {getattr(a, 'dtype', a)} "
                                      f"of shape {list(getattr(a, 'shape', []))}")
+
+
+# -- DTensor (FSDP2) params ---------------------------------------------------------------
+#
+# The blocks of a DTensor param's 8-bit state run over its local shard (the kernels see
+# only the shard), so each rank has its own maxima. To be a DTensor that DCP can save and
+# load, the maxima of every rank are padded to the largest shard's count B and laid out as
+# one global tensor of S * B elements (S: the ranks a param is sharded over), Shard(0)
+# over the param's Shard dimensions and Replicate over the others. A checkpoint of 8-bit
+# DTensor state therefore reloads at the same sharding; an unsharded checkpoint (8- or
+# 32-bit) loads at any.
+
+
+def _absmax_layout(p: Tensor) -> Tuple[List[Any], int, int]:
+    """(placements, padded blocks per rank B, global length S * B) of the maxima of DTensor
+    param ``p`` (Shard(0) params only, as FSDP2 shards them)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    shards = 1
+    placements: List[Any] = []
+    for dim, pl in enumerate(p.placements):
+        if isinstance(pl, Shard):
+            if pl.dim != 0:
+                raise ValueError(f"mixprec.optim: state_bits=8 takes DTensor params sharded "
+                                 f"on dim 0 (FSDP2's default), got {p.placements}")
+            shards *= p.device_mesh.size(dim)
+            placements.append(Shard(0))
+        else:
+            placements.append(Replicate())
+    rows = p.shape[0] if p.dim() else 1
+    per_row = p.numel() // rows if rows else 0
+    padded = q8.num_blocks(-(-rows // shards) * per_row)
+    return placements, padded, shards * padded
+
+
+def absmax_like(p: Tensor, local: Tensor) -> Tensor:
+    """This rank's block maxima ``local`` of DTensor param ``p`` as the padded global
+    DTensor described above."""
+    from torch.distributed.tensor import DTensor
+
+    placements, padded, total = _absmax_layout(p)
+    buf = torch.zeros(padded, dtype=torch.float32, device=local.device)
+    buf[:local.numel()] = local
+    return DTensor.from_local(buf, p.device_mesh, placements, run_check=False,
+                              shape=torch.Size([total]), stride=(1,))
+
+
+def zero_state(p: Tensor, table: str) -> Tuple[Tensor, Tensor]:
+    """(codes, maxima) of a zero moment of ``p``, as ``quantize_state`` of zeros gives
+    them (without its work: traceable by ``torch.compile``)."""
+    if _dtensor.is_dtensor(p):
+        codes = torch.full_like(p, q8.zero_code(table), dtype=torch.uint8)
+        local = torch.zeros(q8.num_blocks(_dtensor.local(p).numel()), device=p.device)
+        return codes, absmax_like(p, local)
+    return (torch.full(p.shape, q8.zero_code(table), dtype=torch.uint8, device=p.device),
+            torch.zeros(q8.num_blocks(p.numel()), dtype=torch.float32, device=p.device))
+
+
+def quantize_state(x: Tensor, table: str, p: Tensor) -> Tuple[Tensor, Tensor]:
+    """(codes, maxima) of float32 state ``x`` of param ``p``: for a DTensor param, of this
+    rank's shard, as DTensors laid out as ``p`` and as :func:`absmax_like`."""
+    if not _dtensor.is_dtensor(p):
+        return q8.quantize(x, table)
+    from torch.distributed.tensor import DTensor
+
+    local = _dtensor.local(x) if _dtensor.is_dtensor(x) else _dtensor.local(
+        _dtensor.shard_like(x, p, "state"))
+    codes, absmax = q8.quantize(local, table)
+    return (DTensor.from_local(codes, p.device_mesh, p.placements, run_check=False,
+                               shape=p.shape, stride=p.stride()),
+            absmax_like(p, absmax))
+
+
+def read_back(codes: Tensor, absmax: Any, table: str, p: Tensor) -> Tensor:
+    """The float32 values of saved codes: a whole tensor for plain codes, this rank's shard
+    (as a DTensor laid out as ``p``) for DTensor codes, whose maxima are per shard."""
+    if not _dtensor.is_dtensor(codes):
+        return q8.dequantize(codes.to(p.device), absmax.to(p.device), table)
+    from torch.distributed.tensor import DTensor
+
+    if codes.device_mesh != p.device_mesh or tuple(codes.placements) != tuple(p.placements):
+        raise ValueError(f"mixprec.optim: 8-bit DTensor state reloads at the sharding it was "
+                         f"saved with ({codes.placements}), not {p.placements}; load it into "
+                         "an optimizer sharded the same way")
+    local = _dtensor.local(codes)
+    a = _dtensor.local(absmax)[:q8.num_blocks(local.numel())]
+    values = q8.dequantize(local, a.to(local.device), table)
+    return DTensor.from_local(values, p.device_mesh, p.placements, run_check=False,
+                              shape=p.shape, stride=p.stride())

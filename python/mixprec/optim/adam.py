@@ -8,7 +8,6 @@ from torch import Tensor
 
 from .. import ops
 from ..ops import _quant8 as q8
-from ..ops import _reference
 from ..ops._scalars import StepScalars
 from ._base import Bucket, FusedOptimizer, params_and_kwargs_check
 from ._state8 import EightBitState, check_state_bits, split_coded
@@ -74,8 +73,10 @@ class Adam(EightBitState, FusedOptimizer):
         state_bits: 32 (default) or 8: block-wise 8-bit moments (one byte per element
             and one float32 maximum per block of 256, ``mixprec.ops._quant8``) for params
             of at least ``min_8bit_size`` elements; smaller ones keep float32 moments.
-            Not with ``amsgrad``, flat buffers or DTensor params (yet). The 8-bit step
-            runs the pure-PyTorch reference for now (no fused kernel yet).
+            The step is one fused ``fused_adam8_`` per bucket of 8-bit params (codes
+            read back, updated and re-quantized in one pass). Not with ``amsgrad``. With
+            flat buffers, 8-bit params run per tensor; with FSDP2 (DTensor) params the
+            blocks run over each local shard (``docs/distributed.md``).
         min_8bit_size: the size threshold of ``state_bits=8``. Default 4096.
     """
 
@@ -177,10 +178,10 @@ class Adam(EightBitState, FusedOptimizer):
 
     def _run8(self, b: Bucket, group: Dict[str, Any], lr: Tensor,
               scalars: StepScalars, seed: int) -> None:
-        """The 8-bit params of a bucket: ``fused_adam8_`` (the pure-PyTorch reference)."""
+        """The 8-bit params of a bucket: one ``fused_adam8_``."""
         beta1, beta2 = group["betas"]
         masters = b["master_params"]
-        _reference.fused_adam8_(
+        ops.fused_adam8_(
             params=b["params"], grads=b["grads"], exp_avgs=b["exp_avg"],
             exp_avg_absmax=b["exp_avg_absmax"], exp_avg_sqs=b["exp_avg_sq"],
             exp_avg_sq_absmax=b["exp_avg_sq_absmax"], master_params=masters,

@@ -9,7 +9,6 @@ from torch import Tensor
 
 from .. import ops
 from ..ops import _quant8 as q8
-from ..ops import _reference
 from ..ops._scalars import StepScalars
 from ._base import Bucket, FusedOptimizer, params_and_kwargs_check
 from ._state8 import EightBitState, check_state_bits, split_coded
@@ -113,7 +112,7 @@ class SGD(EightBitState, FusedOptimizer):
         coded, bucket = split_coded(bucket, group, "momentum_buffer")
         if coded is not None:
             masters8 = coded["master_params"]
-            _reference.fused_sgd8_(
+            ops.fused_sgd8_(
                 params=coded["params"], grads=coded["grads"],
                 momentum_buffers=coded["momentum_buffer"],
                 momentum_absmax=coded["momentum_buffer_absmax"], master_params=masters8,

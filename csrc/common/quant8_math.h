@@ -1,0 +1,122 @@
+// Element math of the block-wise 8-bit optimizer state (fused_adam8_,
+// fused_sgd8_), shared by the CPU kernels, the CUDA kernels and their host
+// emulation. No ATen types.
+//
+// The format is python/mixprec/ops/_quant8.py's, which is the reference: a
+// state tensor is cut, in element order, into blocks of kBlock = 256; a block
+// keeps one float32 absmax A and one code per element. Reading back:
+// value(table, code) * A. Writing: the code of y = x / A (IEEE division; y = 0
+// when A = 0) is the number of table midpoints below y (ties take the lower
+// entry), except that a nonzero y that lands on a zero entry takes the
+// smallest entry of its sign. encode() computes that without a search: one
+// read of the encoding table by the bucket of |y|'s float32 bits gives the
+// lowest code y can have and the low bits of the one midpoint that may lie
+// in the bucket; one integer comparison finishes it
+// (tools/gen_quant8_tables.py explains and checks the table).
+//
+// The tables live in common/quant8_tables.h (generated). Host code reads the
+// constexpr arrays; device code reads copies in device global memory.
+#pragma once
+
+#include <c10/macros/Macros.h>
+
+#include <cstdint>
+
+#include "common/optim_math.h"
+#include "common/quant8_tables.h"
+
+namespace mixprec {
+namespace q8 {
+
+constexpr int kBlock = 256;  // elements per absmax
+
+// The tables: 0 for first moments and momentum (signed), 1 for second
+// moments (unsigned).
+enum Table : int { kSigned = 0, kUnsigned = 1 };
+
+#define MIXPREC_Q8_HOST_ARRAY(name, type, size, ...) \
+  inline constexpr type name[size] = __VA_ARGS__;
+MIXPREC_Q8_ARRAYS(MIXPREC_Q8_HOST_ARRAY)
+#undef MIXPREC_Q8_HOST_ARRAY
+
+#if defined(__CUDACC__)
+#define MIXPREC_Q8_DEVICE_ARRAY(name, type, size, ...) \
+  static __device__ const type name##Dev[size] = __VA_ARGS__;
+MIXPREC_Q8_ARRAYS(MIXPREC_Q8_DEVICE_ARRAY)
+#undef MIXPREC_Q8_DEVICE_ARRAY
+#define MIXPREC_Q8_READ(name, i) name##Dev[i]
+#else
+#define MIXPREC_Q8_READ(name, i) name[i]
+#endif
+
+// The table value of `code` (a fraction of the block's absmax).
+C10_HOST_DEVICE C10_ALWAYS_INLINE float value(int table, int code) {
+#ifdef __CUDA_ARCH__
+  return kQ8ValuesDev[table * 256 + code];
+#else
+  return kQ8Values[table * 256 + code];
+#endif
+}
+
+// The bucket of u, the bits of |y| (see tools/gen_quant8_tables.py): u is
+// clamped up to kBucketBaseBits first, and NaN or |y| > 1 take the last.
+C10_HOST_DEVICE C10_ALWAYS_INLINE uint32_t clamp_bits(uint32_t u) {
+  return u < kBucketBaseBits ? kBucketBaseBits : u;
+}
+C10_HOST_DEVICE C10_ALWAYS_INLINE int bucket(uint32_t clamped) {
+  const uint32_t b = (clamped - kBucketBaseBits) >> kBucketShift;
+  return b < static_cast<uint32_t>(kBuckets) ? static_cast<int>(b)
+                                             : kBuckets - 1;
+}
+
+// The code of y = x / A (already divided; |y| <= 1), the reference's rounding:
+// one read of the encoding table, one comparison, then zero and the nonzero
+// rule.
+C10_HOST_DEVICE C10_ALWAYS_INLINE int encode_fraction(float y, int table) {
+  const uint32_t u = clamp_bits(math::float_bits(y) & 0x7fffffffu);
+  const bool neg = y < 0.0f;
+  const int index = (table * 2 + (neg ? 1 : 0)) * kBuckets + bucket(u);
+#ifdef __CUDA_ARCH__
+  const uint32_t e = static_cast<uint32_t>(kQ8EncodeDev[index]);
+#else
+  const uint32_t e = static_cast<uint32_t>(kQ8Encode[index]);
+#endif
+  int c = static_cast<int>(e & 0xffu);
+  const uint32_t thr = e >> 8;
+  const uint32_t low = u & 0xffffu;
+  if (neg ? low < thr : low > thr) {
+    ++c;
+  }
+  if (y == 0.0f) {
+    c = zero_lo(table);
+  } else if (c >= zero_lo(table) && c <= zero_hi(table)) {
+    c = y > 0.0f ? small_pos(table) : small_neg(table);
+  }
+  return c;
+}
+
+// The fraction of x in a block of absmax `a` (a >= |x|): x / a, or 0 when
+// the block is all zeros.
+C10_HOST_DEVICE C10_ALWAYS_INLINE float fraction(float x, float a) {
+  return a > 0.0f ? x / a : 0.0f;
+}
+
+C10_HOST_DEVICE C10_ALWAYS_INLINE uint8_t encode(float x, float a, int table) {
+  return static_cast<uint8_t>(encode_fraction(fraction(x, a), table));
+}
+
+C10_HOST_DEVICE C10_ALWAYS_INLINE float decode(uint8_t code, float a,
+                                               int table) {
+  return value(table, code) * a;
+}
+
+// |x|, and the NaN-propagating maximum that takes a block's absmax (the
+// reference's amax; any order gives the same bits for non-NaN values).
+C10_HOST_DEVICE C10_ALWAYS_INLINE float abs_max(float m, float x) {
+  // (the sign bit cleared: |-0| is +0, as torch's abs)
+  const float a = math::float_from_bits(math::float_bits(x) & 0x7fffffffu);
+  return math::ScalarOps::maximum(m, a);
+}
+
+}  // namespace q8
+}  // namespace mixprec

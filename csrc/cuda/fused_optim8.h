@@ -1,0 +1,197 @@
+// The block functor of the fused optimizers with block-wise 8-bit state
+// (fused_adam8_ in fused_adam.h, fused_sgd8_ in fused_sgd.h), on the plans
+// and launcher of fused_optim.h.
+//
+// A state block (q8::kBlock = 256 elements, one absmax) needs the new values
+// of all its elements before any code can be written, so the functor is
+// warp-cooperative (WarpRounds, launch_plan.h): one warp owns one state block
+// per round, each lane 8 of its elements (two runs of 4: elements 4l..4l+3
+// and 128+4l..128+4l+3, so a warp's loads are contiguous). Phase 1 reads the
+// codes back with the old absmax, runs the optimizer's element update, writes
+// the param (and master) and keeps the new state values in registers, with
+// their per-lane |max|; the warp takes the maximum; phase 2 writes the codes
+// of the new values against it, and lane 0 the new absmax. The element math
+// is the CPU kernel's (common/optim_math.h, common/quant8_math.h).
+#pragma once
+
+#include <cstdint>
+
+#include "common/optim_math.h"
+#include "common/quant8_math.h"
+#include "cuda/fused_optim.h"
+
+namespace mixprec {
+namespace cuda {
+
+static_assert(kChunkSize % q8::kBlock == 0,
+              "every CUDA block must start at an 8-bit state block");
+static_assert(q8::kBlock == 2 * kOptVec * kWarpSize,
+              "a lane owns two runs of kOptVec elements of a state block");
+
+// Rule supplies what OptimOp's Rule does (fused_optim.h), with kStates 8-bit
+// states: codes_slot(k), absmax_slot(k) and table(k) (q8::kSigned or
+// q8::kUnsigned) instead of state_slot / uses_state.
+template <typename P, typename G, bool kHasMaster, class Rule>
+struct Optim8Op {
+  static constexpr int kStates = Rule::kStates;
+  static constexpr int kWarpMaxes = kStates;
+  static constexpr int kRuns = 2;  // runs of kOptVec elements per lane
+  using Args = typename Rule::Args;
+
+  struct Lane {
+    float x[kStates][kRuns][kOptVec];
+  };
+
+  template <class Meta>
+  MIXPREC_HD int rounds(const Meta& meta, int block, const Args& a) const {
+    if (a.found_inf != nullptr && *a.found_inf != 0.0f) {
+      return 0;
+    }
+    const BlockSpan s = block_span(meta, block);
+    return static_cast<int>((s.length + q8::kBlock - 1) / q8::kBlock);
+  }
+
+  // The first element (in the block's span) of run j of `lane` in `round`.
+  MIXPREC_HD static int64_t run_start(int round, int j, int lane) {
+    return static_cast<int64_t>(round) * q8::kBlock +
+           j * (kOptVec * kWarpSize) + kOptVec * lane;
+  }
+
+  template <class Meta>
+  MIXPREC_HD void phase1(const Meta& meta, GridPos pos, int round, int lane,
+                         Lane& st, float (&maxes)[kStates],
+                         const Args& a) const {
+    const BlockSpan s = block_span(meta, pos.block);
+    auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
+    P* p = static_cast<P*>(list(Rule::kParam)) + s.start;
+    const G* g = static_cast<const G*>(list(Rule::kGrad)) + s.start;
+    float* mp = nullptr;
+    if constexpr (kHasMaster) {
+      mp = static_cast<float*>(list(Rule::kMaster)) + s.start;
+    }
+    const float step_before = *static_cast<const float*>(list(Rule::kStep));
+    const typename Rule::Block blk = Rule::block(a, step_before);
+    const bool load_states = Rule::loads_states(blk);
+    const math::GradCoefs gc =
+        math::make_grad_coefs(a.grad_scale, a.clip_coef, a.maximize);
+    uint32_t key = 0;
+    uint32_t base = 0;
+    if (a.sr) {
+      key = math::sr_key(a.seed, static_cast<uint32_t>(step_before + 1.0f),
+                         a.stream);
+      base = sr_block_base(meta, pos);
+    }
+    const int64_t qb = s.start / q8::kBlock + round;  // state block
+    const uint8_t* codes[kStates];
+    float old_max[kStates];
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      codes[k] =
+          static_cast<const uint8_t*>(list(Rule::codes_slot(k))) + s.start;
+      old_max[k] = static_cast<const float*>(list(Rule::absmax_slot(k)))[qb];
+      maxes[k] = 0.0f;
+    }
+    const bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) &&
+                         (!kHasMaster || vec_aligned<float>(mp));
+#pragma unroll
+    for (int j = 0; j < kRuns; ++j) {
+      const int64_t i0 = run_start(round, j, lane);
+      const int64_t rest = s.length - i0;
+      const int count =
+          rest <= 0 ? 0 : (rest < kOptVec ? static_cast<int>(rest) : kOptVec);
+      float w[kOptVec] = {};
+      float gr[kOptVec] = {};
+      if (count == kOptVec && aligned) {
+        const int64_t vi = i0 / kOptVec;
+        if constexpr (kHasMaster) {
+          load_vec(mp, vi, w);
+        } else {
+          load_vec(p, vi, w);
+        }
+        load_vec(g, vi, gr);
+      } else {
+        for (int e = 0; e < count; ++e) {
+          w[e] = kHasMaster ? mp[i0 + e] : static_cast<float>(p[i0 + e]);
+          gr[e] = static_cast<float>(g[i0 + e]);
+        }
+      }
+      for (int e = 0; e < count; ++e) {
+        float x[kStates];
+#pragma unroll
+        for (int k = 0; k < kStates; ++k) {
+          x[k] = load_states
+                     ? q8::decode(codes[k][i0 + e], old_max[k], Rule::table(k))
+                     : 0.0f;
+        }
+        Rule::update(w[e], math::prepare_grad(gr[e], gc), x, a, blk);
+#pragma unroll
+        for (int k = 0; k < kStates; ++k) {
+          st.x[k][j][e] = x[k];
+          maxes[k] = q8::abs_max(maxes[k], x[k]);
+        }
+      }
+      if (count == kOptVec && aligned) {
+        const int64_t vi = i0 / kOptVec;
+        if constexpr (kHasMaster) {
+          store_vec(mp, vi, w);
+        }
+        AlignedVector<P, kOptVec> out;
+#pragma unroll
+        for (int e = 0; e < kOptVec; ++e) {
+          out.val[e] = round_param<P>(w[e], a.sr, key,
+                                      base + static_cast<uint32_t>(i0 + e));
+        }
+        reinterpret_cast<AlignedVector<P, kOptVec>*>(p)[vi] = out;
+      } else {
+        for (int e = 0; e < count; ++e) {
+          if constexpr (kHasMaster) {
+            mp[i0 + e] = w[e];
+          }
+          p[i0 + e] = round_param<P>(w[e], a.sr, key,
+                                     base + static_cast<uint32_t>(i0 + e));
+        }
+      }
+    }
+  }
+
+  template <class Meta>
+  MIXPREC_HD void phase2(const Meta& meta, GridPos pos, int round, int lane,
+                         const Lane& st, const float (&maxes)[kStates],
+                         const Args&) const {
+    const BlockSpan s = block_span(meta, pos.block);
+    auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
+    const int64_t qb = s.start / q8::kBlock + round;
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      uint8_t* codes =
+          static_cast<uint8_t*>(list(Rule::codes_slot(k))) + s.start;
+      const bool aligned4 = reinterpret_cast<uintptr_t>(codes) % kOptVec == 0;
+#pragma unroll
+      for (int j = 0; j < kRuns; ++j) {
+        const int64_t i0 = run_start(round, j, lane);
+        const int64_t rest = s.length - i0;
+        const int count =
+            rest <= 0 ? 0 : (rest < kOptVec ? static_cast<int>(rest) : kOptVec);
+        if (count == kOptVec && aligned4) {
+          AlignedVector<uint8_t, kOptVec> out;
+#pragma unroll
+          for (int e = 0; e < kOptVec; ++e) {
+            out.val[e] = q8::encode(st.x[k][j][e], maxes[k], Rule::table(k));
+          }
+          reinterpret_cast<AlignedVector<uint8_t, kOptVec>*>(
+              codes)[i0 / kOptVec] = out;
+        } else {
+          for (int e = 0; e < count; ++e) {
+            codes[i0 + e] = q8::encode(st.x[k][j][e], maxes[k], Rule::table(k));
+          }
+        }
+      }
+      if (lane == 0) {
+        static_cast<float*>(list(Rule::absmax_slot(k)))[qb] = maxes[k];
+      }
+    }
+  }
+};
+
+}  // namespace cuda
+}  // namespace mixprec
