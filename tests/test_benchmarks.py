@@ -336,6 +336,7 @@ def test_gpu_workload_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "0 failed" in out
     for line in ("ok   odd optim.AdamW bf16+sr", "ok   gpt2-tiny optim.SGD fp16+masters",
                  "ok   gpt2-tiny fused_adam_/fused_sgd_ direct",
+                 "ok   gpt2-tiny fused_adam8_/fused_sgd8_ direct",
                  "ok   odd bf16 unscale_and_norm_ + check_finite_and_norm_",
                  "ok   odd mixed dtypes unscale_and_check_",
                  "ok   update_scale_ / update_scale_ext_"):

@@ -26,7 +26,8 @@ Per set:
   hysteresis 2 and bounds), ``fused_adam_`` (AMSGrad, Adam-L2, maximize, clip_coef) and
   ``fused_sgd_`` (Nesterov) called directly, against ``mixprec.ops._reference`` within the
   rounding of one float32 update (sets of up to 200 tensors: the reference loops over
-  tensors in Python);
+  tensors in Python); ``fused_adam8_`` / ``fused_sgd8_`` (8-bit state) over two steps,
+  bitwise against the CPU kernel on copies (same sets);
 * optimizers ``mixprec.optim.AdamW``, ``Adam``, ``SGD`` for float32 params, float16 +
   float32 masters, bfloat16 + masters, and bfloat16 with stochastic rounding: a step on
   grads carrying a loss scale of 1024, a step with an inf planted (must change nothing:
@@ -378,6 +379,54 @@ def check_fused_direct(shapes: Sequence[Shape], device: torch.device,
     return "fused_adam_ and fused_sgd_ match mixprec.ops._reference"
 
 
+def check_fused8_direct(shapes: Sequence[Shape], device: torch.device,
+                        gen: torch.Generator) -> str:
+    """fused_adam8_ and fused_sgd8_ (fp16 params with masters, bf16 grads, grad_scale,
+    clip_coef; two steps, so codes written by the first are read by the second) on the
+    device against the CPU kernel on copies: bitwise (the same float32 operations, IEEE
+    division and sqrt on both, no contraction)."""
+    from mixprec.ops import _quant8 as q8
+
+    params = randn(shapes, torch.float16, device, gen)
+    m = [q8.quantize(t, q8.SIGNED) for t in randn(shapes, torch.float32, device, gen, std=0.1)]
+    v = [q8.quantize(t.abs(), q8.UNSIGNED) for t in randn(shapes, torch.float32, device, gen)]
+    adam = {"params": params, "grads": randn(shapes, torch.bfloat16, device, gen, std=64.0),
+            "exp_avgs": [c for c, _ in m], "exp_avg_absmax": [a for _, a in m],
+            "exp_avg_sqs": [c for c, _ in v], "exp_avg_sq_absmax": [a for _, a in v],
+            "master_params": [p.float() + 1e-3 for p in params],
+            "state_steps": [torch.full((), float(i % 5), device=device)
+                            for i in range(len(shapes))]}
+    sgd = {k: adam[k] for k in ("params", "grads")}
+    sgd.update({"momentum_buffers": adam["exp_avgs"], "momentum_absmax": adam["exp_avg_absmax"],
+                "master_params": adam["master_params"], "state_steps": adam["state_steps"]})
+
+    def scalars(dev: torch.device, op: str) -> Dict[str, Any]:
+        common = {"grad_scale": torch.full((1,), 64.0, device=dev),
+                  "found_inf": torch.zeros(1, device=dev),
+                  "clip_coef": torch.full((1,), 0.5, device=dev)}
+        if op == "fused_adam8_":
+            return {"lr": torch.tensor(3e-3, device=dev), "beta1": 0.9, "beta2": 0.999,
+                    "weight_decay": 0.01, "eps": 1e-8, "maximize": False,
+                    "decoupled_weight_decay": True, **common}
+        return {"lr": torch.tensor(0.05, dtype=torch.float64, device=dev),
+                "weight_decay": 1e-2, "momentum": 0.9, "dampening": 0.0, "nesterov": True,
+                "maximize": False, **common}
+
+    for op, inputs in (("fused_adam8_", adam), ("fused_sgd8_", sgd)):
+        on_dev = {k: snapshot(t) for k, t in inputs.items()}
+        on_cpu = {k: [t.cpu() for t in ts] for k, ts in inputs.items()}
+        for _ in range(2):
+            getattr(torch.ops.mixprec, op)(**on_dev, **scalars(device, op))
+            getattr(torch.ops.mixprec, op)(**on_cpu, **scalars(torch.device("cpu"), op))
+        for k in inputs:
+            for i, (x, y) in enumerate(zip(on_dev[k], on_cpu[k])):
+                if not torch.equal(x.cpu().reshape(-1).view(torch.uint8),
+                                   y.reshape(-1).view(torch.uint8)):
+                    raise CheckFailed(f"{op} {k}[{i}]: the device's bits differ from the CPU "
+                                      "kernel's")
+    return "fused_adam8_ and fused_sgd8_ match the CPU kernel bitwise over two steps"
+
+
 # ---------------------------------------------------------------------------------------------
 # optimizers
 
@@ -481,6 +530,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if len(shapes) <= MAX_DIRECT_TENSORS:
             run.check(f"{set_name} fused_adam_/fused_sgd_ direct",
                       functools.partial(check_fused_direct, shapes, device, gen))
+            run.check(f"{set_name} fused_adam8_/fused_sgd8_ direct",
+                      functools.partial(check_fused8_direct, shapes, device, gen))
         for opt_name in OPTIMIZERS:
             for config in CONFIGS:
                 run.check(f"{set_name} optim.{opt_name} {config}",

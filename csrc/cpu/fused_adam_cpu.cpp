@@ -16,9 +16,12 @@ namespace mixprec {
 namespace cpu {
 namespace {
 
-void fused_adam_cpu(const OpArgs<&fused_adam_>& args) {
-  const optim::OptimLists lists =
-      optim::check_fused_adam_args(args, c10::DeviceType::CPU);
+// What fused_adam_cpu and fused_adam8_cpu share around their element loops:
+// the call's scalars, each param's step constants, the parallel pass over the
+// spans of `lists` (run(fs, span, span_args) calls the span kernel) and the
+// step counts. Args: OpArgs of either op (arguments read by name).
+template <class Args, class Run>
+void adam_pass(const Args& args, const optim::OptimLists& lists, Run&& run) {
   MIXPREC_BIND(args, params, state_steps, lr, beta1, beta2, weight_decay, eps,
                maximize, decoupled_weight_decay, grad_scale, found_inf,
                clip_coef, stochastic_rounding, seed)
@@ -32,25 +35,16 @@ void fused_adam_cpu(const OpArgs<&fused_adam_>& args) {
       beta1, beta2, weight_decay, eps, decoupled_weight_decay);
 
   optim::FlatSet fs(lists);
-  // The lists of exp_avgs, exp_avg_sqs, max_exp_avg_sqs (-1 without amsgrad)
-  // and master_params (-1 without masters) in fs.
-  const int kM = fs.state_view[0];
-  const int kV = fs.state_view[1];
-  const int kVm = fs.state_view[2];
-  const int kMp = fs.master_view;
-
   const size_t n = params.size();
   std::vector<float> step_after(n);
   std::vector<math::AdamStep> steps(n);
   for (size_t t = 0; t < n; ++t) {
-    step_after[t] = state_steps[t].data_ptr<float>()[0] + 1.0f;
+    step_after[t] = state_steps[t].template data_ptr<float>()[0] + 1.0f;
     steps[t] = math::make_adam_step(lr_v, beta1, beta2, weight_decay,
                                     static_cast<double>(step_after[t]));
   }
-
-  const SpanKernels& kernels = span_kernels();
   for_each_span(fs, stochastic_rounding, [&](const ParamSpan& s) {
-    AdamSpanArgs a{
+    const AdamSpanArgs a{
         gc,
         k,
         steps[s.t],
@@ -59,68 +53,43 @@ void fused_adam_cpu(const OpArgs<&fused_adam_>& args) {
                             static_cast<uint32_t>(step_after[s.t]), s.sr_stream)
              : 0u,
         s.sr_index_base};
-    kernels.adam(s.param_dtype, s.grad_dtype, s.p, s.g, s.f32(fs, kM),
-                 s.f32(fs, kV), s.f32(fs, kVm), s.f32(fs, kMp), s.n, a);
+    run(fs, s, a);
   });
   fs.finish();
   for (size_t t = 0; t < n; ++t) {
-    state_steps[t].data_ptr<float>()[0] = step_after[t];
+    state_steps[t].template data_ptr<float>()[0] = step_after[t];
   }
+}
+
+void fused_adam_cpu(const OpArgs<&fused_adam_>& args) {
+  const SpanKernels& kernels = span_kernels();
+  adam_pass(
+      args, optim::check_fused_adam_args(args, c10::DeviceType::CPU),
+      [&](const optim::FlatSet& fs, const ParamSpan& s, const AdamSpanArgs& a) {
+        // exp_avgs, exp_avg_sqs, max_exp_avg_sqs (-1 without amsgrad)
+        // and master_params (-1 without masters) in fs
+        kernels.adam(s.param_dtype, s.grad_dtype, s.p, s.g,
+                     s.f32(fs, fs.state_view[0]), s.f32(fs, fs.state_view[1]),
+                     s.f32(fs, fs.state_view[2]), s.f32(fs, fs.master_view),
+                     s.n, a);
+      });
 }
 
 static_assert(kCpuChunk % q8::kBlock == 0,
               "every CPU chunk must start at an 8-bit state block");
 
-// fused_adam8_: as fused_adam_cpu, with the moments as codes + maxima.
+// fused_adam8_: the moments as codes (fs.state_view) + maxima (the lists).
 void fused_adam8_cpu(const OpArgs<&fused_adam8_>& args) {
-  const optim::OptimLists lists =
-      optim::check_fused_adam8_args(args, c10::DeviceType::CPU);
-  MIXPREC_BIND(args, params, exp_avg_absmax, exp_avg_sq_absmax, state_steps, lr,
-               beta1, beta2, weight_decay, eps, maximize,
-               decoupled_weight_decay, grad_scale, found_inf, clip_coef,
-               stochastic_rounding, seed)
-  if (params.empty() || optim::found_inf_cpu(found_inf)) {
-    return;
-  }
-  const double lr_v = optim::read_lr_cpu(lr);
-  const math::GradCoefs gc = math::make_grad_coefs(
-      optim::scalar_data(grad_scale), optim::scalar_data(clip_coef), maximize);
-  const math::AdamConsts k = math::make_adam_consts(
-      beta1, beta2, weight_decay, eps, decoupled_weight_decay);
-
-  optim::FlatSet fs(lists);
-  const int kM = fs.state_view[0];  // exp_avgs (codes)
-  const int kV = fs.state_view[1];  // exp_avg_sqs (codes)
-  const int kMp = fs.master_view;
-
-  const size_t n = params.size();
-  std::vector<float> step_after(n);
-  std::vector<math::AdamStep> steps(n);
-  for (size_t t = 0; t < n; ++t) {
-    step_after[t] = state_steps[t].data_ptr<float>()[0] + 1.0f;
-    steps[t] = math::make_adam_step(lr_v, beta1, beta2, weight_decay,
-                                    static_cast<double>(step_after[t]));
-  }
-
+  MIXPREC_BIND(args, exp_avg_absmax, exp_avg_sq_absmax)
   const SpanKernels& kernels = span_kernels();
-  for_each_span(fs, stochastic_rounding, [&](const ParamSpan& s) {
-    AdamSpanArgs a{
-        gc,
-        k,
-        steps[s.t],
-        s.sr,
-        s.sr ? math::sr_key(static_cast<uint64_t>(seed),
-                            static_cast<uint32_t>(step_after[s.t]), s.sr_stream)
-             : 0u,
-        s.sr_index_base};
-    kernels.adam8(s.param_dtype, s.grad_dtype, s.p, s.g,
-                  s.coded(fs, kM, exp_avg_absmax),
-                  s.coded(fs, kV, exp_avg_sq_absmax), s.f32(fs, kMp), s.n, a);
-  });
-  fs.finish();
-  for (size_t t = 0; t < n; ++t) {
-    state_steps[t].data_ptr<float>()[0] = step_after[t];
-  }
+  adam_pass(
+      args, optim::check_fused_adam8_args(args, c10::DeviceType::CPU),
+      [&](const optim::FlatSet& fs, const ParamSpan& s, const AdamSpanArgs& a) {
+        kernels.adam8(s.param_dtype, s.grad_dtype, s.p, s.g,
+                      s.coded(fs, fs.state_view[0], exp_avg_absmax),
+                      s.coded(fs, fs.state_view[1], exp_avg_sq_absmax),
+                      s.f32(fs, fs.master_view), s.n, a);
+      });
 }
 
 }  // namespace

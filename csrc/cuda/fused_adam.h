@@ -82,12 +82,26 @@ struct AdamRule {
 template <typename P, typename G, bool kHasMaster, bool kAmsgrad>
 using AdamOp = OptimOp<P, G, kHasMaster, AdamRule<kAmsgrad>>;
 
+// The kernel arguments of fused_adam_ or fused_adam8_ (read by name; host).
+template <class A>
+AdamKernelArgs adam_kernel_args(const A& op_args) {
+  MIXPREC_BIND(op_args, lr, beta1, beta2, weight_decay, eps, maximize,
+               decoupled_weight_decay, grad_scale, found_inf, clip_coef, seed)
+  AdamKernelArgs args;
+  args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
+  args.k = math::make_adam_consts(beta1, beta2, weight_decay, eps,
+                                  decoupled_weight_decay);
+  args.beta1 = beta1;
+  args.beta2 = beta2;
+  args.weight_decay = weight_decay;
+  return args;
+}
+
 template <class Exec>
 void fused_adam_launch(const OpArgs<&fused_adam_>& op_args) {
   MIXPREC_BIND(op_args, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
                master_params, state_steps, lr, beta1, beta2, weight_decay, eps,
-               amsgrad, maximize, decoupled_weight_decay, grad_scale, found_inf,
-               clip_coef, stochastic_rounding, seed)
+               amsgrad, grad_scale, found_inf, clip_coef, stochastic_rounding)
   // The plan's key (PlanCache, launch_plan.h): every list and the flags and
   // scalars that check_optim_args reads; the hyper-parameters are checked
   // every call.
@@ -114,16 +128,7 @@ void fused_adam_launch(const OpArgs<&fused_adam_>& op_args) {
         fs.master_view >= 0 ? v[fs.master_view][i]->data_ptr() : p;
     a[AdamSlot::kStep] = state_steps[i].data_ptr();
   };
-  auto make_args = [&] {
-    AdamKernelArgs args;
-    args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
-    args.k = math::make_adam_consts(beta1, beta2, weight_decay, eps,
-                                    decoupled_weight_decay);
-    args.beta1 = beta1;
-    args.beta2 = beta2;
-    args.weight_decay = weight_decay;
-    return args;
-  };
+  auto make_args = [&] { return adam_kernel_args(op_args); };
   launch_optim<Exec, AdamSlot::kDepth, AdamOp>(
       cache, visit,
       [&] { return optim::check_fused_adam_args(op_args, Exec::kBackend); },
@@ -188,8 +193,8 @@ template <class Exec>
 void fused_adam8_launch(const OpArgs<&fused_adam8_>& op_args) {
   MIXPREC_BIND(op_args, params, grads, exp_avgs, exp_avg_absmax, exp_avg_sqs,
                exp_avg_sq_absmax, master_params, state_steps, lr, beta1, beta2,
-               weight_decay, eps, maximize, decoupled_weight_decay, grad_scale,
-               found_inf, clip_coef, stochastic_rounding, seed)
+               weight_decay, eps, grad_scale, found_inf, clip_coef,
+               stochastic_rounding)
   static thread_local PlanCache<OptimPlan<Adam8Slot::kDepth>> cache;
   auto visit = [&](auto& k) {
     return k.value(stochastic_rounding) && k.list(params) && k.list(grads) &&
@@ -213,16 +218,7 @@ void fused_adam8_launch(const OpArgs<&fused_adam8_>& op_args) {
         fs.master_view >= 0 ? v[fs.master_view][i]->data_ptr() : p;
     a[Adam8Slot::kStep] = state_steps[i].data_ptr();
   };
-  auto make_args = [&] {
-    AdamKernelArgs args;
-    args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
-    args.k = math::make_adam_consts(beta1, beta2, weight_decay, eps,
-                                    decoupled_weight_decay);
-    args.beta1 = beta1;
-    args.beta2 = beta2;
-    args.weight_decay = weight_decay;
-    return args;
-  };
+  auto make_args = [&] { return adam_kernel_args(op_args); };
   launch_optim<Exec, Adam8Slot::kDepth, Adam8Op>(
       cache, visit,
       [&] { return optim::check_fused_adam8_args(op_args, Exec::kBackend); },

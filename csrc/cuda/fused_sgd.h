@@ -65,12 +65,22 @@ struct SgdRule {
 template <typename P, typename G, bool kHasMaster, bool kMomentum>
 using SgdOp = OptimOp<P, G, kHasMaster, SgdRule<kMomentum>>;
 
+// The kernel arguments of fused_sgd_ or fused_sgd8_ (read by name; host).
+template <class A>
+SgdKernelArgs sgd_kernel_args(const A& op_args) {
+  MIXPREC_BIND(op_args, lr, weight_decay, momentum, dampening, nesterov,
+               maximize, grad_scale, found_inf, clip_coef, seed)
+  SgdKernelArgs args;
+  args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
+  args.k = math::make_sgd_consts(weight_decay, momentum, dampening, nesterov);
+  return args;
+}
+
 template <class Exec>
 void fused_sgd_launch(const OpArgs<&fused_sgd_>& op_args) {
   MIXPREC_BIND(op_args, params, grads, momentum_buffers, master_params,
                state_steps, lr, weight_decay, momentum, dampening, nesterov,
-               maximize, grad_scale, found_inf, clip_coef, stochastic_rounding,
-               seed)
+               grad_scale, found_inf, clip_coef, stochastic_rounding)
   // The plan's key (PlanCache, launch_plan.h): every list and the flags and
   // scalars that check_optim_args reads; the hyper-parameters are checked
   // every call.
@@ -96,12 +106,7 @@ void fused_sgd_launch(const OpArgs<&fused_sgd_>& op_args) {
         fs.master_view >= 0 ? v[fs.master_view][i]->data_ptr() : p;
     a[SgdSlot::kStep] = state_steps[i].data_ptr();
   };
-  auto make_args = [&] {
-    SgdKernelArgs args;
-    args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
-    args.k = math::make_sgd_consts(weight_decay, momentum, dampening, nesterov);
-    return args;
-  };
+  auto make_args = [&] { return sgd_kernel_args(op_args); };
   launch_optim<Exec, SgdSlot::kDepth, SgdOp>(
       cache, visit,
       [&] { return optim::check_fused_sgd_args(op_args, Exec::kBackend); },
@@ -160,8 +165,8 @@ template <class Exec>
 void fused_sgd8_launch(const OpArgs<&fused_sgd8_>& op_args) {
   MIXPREC_BIND(op_args, params, grads, momentum_buffers, momentum_absmax,
                master_params, state_steps, lr, weight_decay, momentum,
-               dampening, nesterov, maximize, grad_scale, found_inf, clip_coef,
-               stochastic_rounding, seed)
+               dampening, nesterov, grad_scale, found_inf, clip_coef,
+               stochastic_rounding)
   static thread_local PlanCache<OptimPlan<Sgd8Slot::kDepth>> cache;
   auto visit = [&](auto& k) {
     return k.value(stochastic_rounding) && k.list(params) && k.list(grads) &&
@@ -182,12 +187,7 @@ void fused_sgd8_launch(const OpArgs<&fused_sgd8_>& op_args) {
         fs.master_view >= 0 ? v[fs.master_view][i]->data_ptr() : p;
     a[Sgd8Slot::kStep] = state_steps[i].data_ptr();
   };
-  auto make_args = [&] {
-    SgdKernelArgs args;
-    args.set_common(lr, grad_scale, found_inf, clip_coef, maximize, seed);
-    args.k = math::make_sgd_consts(weight_decay, momentum, dampening, nesterov);
-    return args;
-  };
+  auto make_args = [&] { return sgd_kernel_args(op_args); };
   launch_optim<Exec, Sgd8Slot::kDepth, Sgd8Op>(
       cache, visit,
       [&] { return optim::check_fused_sgd8_args(op_args, Exec::kBackend); },

@@ -29,7 +29,14 @@ from .. import flat as _flat
 from . import grads, protocol
 from ._pickling import complete_state
 from .clipping import ClipAccess, clip_grad_norm
-from .policies import POLICIES, ScalePolicy, ScaleRule, apply_scale_rule, resolve_options
+from .policies import (
+    POLICIES,
+    ScalePolicy,
+    ScaleRule,
+    apply_scale_rule,
+    is_extended,
+    resolve_options,
+)
 from .protocol import IterationRecord, record_of
 from .stats import ScalerStats, _StatsTracker
 
@@ -184,7 +191,7 @@ class GradScaler(torch.amp.GradScaler):
                          self._min_scale, self._max_scale, self._hysteresis)
 
     def _uses_ext_rule(self) -> bool:
-        return self._hysteresis != 1 or self._min_scale is not None or self._max_scale is not None
+        return is_extended(self._hysteresis, self._min_scale, self._max_scale)
 
     # ------------------------------------------------------------------ lazy state
     def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:

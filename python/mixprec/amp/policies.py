@@ -18,7 +18,7 @@ from torch import Tensor
 from .. import ops
 
 __all__ = ["ScalePolicy", "POLICIES", "ScalerOptions", "ScaleRule", "resolve_options",
-           "apply_scale_rule"]
+           "apply_scale_rule", "is_extended"]
 
 #: torch.amp.GradScaler's defaults: an argument left at them takes the preset's value.
 TORCH_INIT_SCALE = 2.0**16
@@ -170,7 +170,12 @@ class ScaleRule(NamedTuple):
     def extended(self) -> bool:
         """Whether the rule needs :func:`mixprec.ops.update_scale_ext_` (hysteresis or
         bounds) and a ``hysteresis_left`` counter, rather than torch's."""
-        return self.hysteresis != 1 or self.min_scale is not None or self.max_scale is not None
+        return is_extended(self.hysteresis, self.min_scale, self.max_scale)
+
+
+def is_extended(hysteresis: int, min_scale: Optional[float], max_scale: Optional[float]) -> bool:
+    """:attr:`ScaleRule.extended` of a rule with these settings (without building one)."""
+    return hysteresis != 1 or min_scale is not None or max_scale is not None
 
 
 def apply_scale_rule(rule: ScaleRule, scale: Tensor, tracker: Tensor, found: Tensor,
