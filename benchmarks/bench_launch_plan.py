@@ -87,7 +87,7 @@ def _fast(fn: Callable[..., Any]) -> Callable[..., None]:
 
 def _cases(n: int) -> Dict[str, Tuple[Callable[[], None], bool]]:
     """name -> (call, whether plan reuse is on while it is timed)."""
-    c = _extension._C
+    c = _extension.EXT
     emu = _cuda_emulation.ops()
     plan_unscale = _fast(c.emu_plan_unscale_and_check_)
     plan_adam = _fast(c.emu_plan_fused_adam_)

@@ -268,7 +268,7 @@ def plan_reuse(mesh: Any) -> Result:
         return out
 
     opt._remember, opt._reuse = remember, reuse
-    fast = _extension._C.fast_fused_adam_
+    fast = _extension.EXT.fast_fused_adam_
     seen = []
 
     def spy(*args: Any) -> Any:
@@ -395,7 +395,8 @@ def eight_bit(mesh: Any, world: int) -> Result:
     """8-bit state on a sharded model (every param 8-bit): each rank's shard steps exactly
     as the same rows stepped as separate params by an unsharded optimizer, since the
     blocks run over the local shard. The twin cuts every param into FSDP2's row chunks
-    (an empty one where a rank has no rows)."""
+    (an empty one where a rank has no rows). ``world``: the ranks a param is sharded over
+    (on an HSDP mesh, the size of its shard dimension)."""
     out: Result = {}
     for cls, kw in (("AdamW8bit", {"lr": 1e-2}),
                     ("SGD8bit", {"lr": 1e-1, "momentum": 0.9, "nesterov": True})):
@@ -425,8 +426,10 @@ def eight_bit(mesh: Any, world: int) -> Result:
                 for p, cs in zip(ref.parameters(), twin):
                     p.copy_(torch.cat([c.detach() for c in cs]))
         first = "exp_avg" if cls == "AdamW8bit" else "momentum_buffer"
+        p0 = next(iter(model.parameters()))
         out[cls] = {
             "bitwise": bitwise(params_of(model), params_of(ref)),
+            "absmax_placements": str(opt.state[p0][first + "_absmax"].placements),
             "codes_dtensor": all(_dtensor.is_dtensor(opt.state[p][first]) and
                                  opt.state[p][first].dtype == torch.uint8
                                  for p in model.parameters()),
@@ -542,6 +545,7 @@ def run_hsdp(rank: int, world: int, out_dir: str) -> None:
         res.pop("opt")
         res["placements"] = [str(p.placements) for p in model.parameters()][:1]
         r[name] = res
+    r["eight_bit"] = eight_bit(mesh, mesh.size(1))  # blocks over the shard dim's chunks
     torch.save(r, os.path.join(out_dir, f"rank{rank}.pt"))
 
 

@@ -25,6 +25,7 @@ import gpu_check  # noqa: E402
 import gpu_workload  # noqa: E402
 
 import _common  # noqa: E402
+import bench_caches  # noqa: E402
 import bench_fsdp2  # noqa: E402
 import bench_host_cost  # noqa: E402
 import bench_launch_plan  # noqa: E402
@@ -418,6 +419,26 @@ def test_gpu_check_sanitizer_sets_reach_the_workload() -> None:
         assert name in gpu_workload.SETS
     args.sanitizer_sets = ""
     assert "--sets" not in gpu_check.workload_args(args, "cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# bench_caches (what each small host-path cache saves)
+
+CACHES_QUICK = ["--tensors", "3", "--calls", "3", "--rounds", "2"]
+
+
+def test_bench_caches_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_caches.main(CACHES_QUICK) == 0
+    out = capsys.readouterr().out
+    for name in bench_caches.CASES:
+        assert name in out
+
+
+@pytest.mark.parametrize("op,what", [("check_finite_", "planted inf"),
+                                     ("fused_adam_", "lr tensors: a param did not move")])
+def test_bench_caches_catches_an_op_that_does_nothing(fails_with_noop: NoopRun, op: str,
+                                                      what: str) -> None:
+    assert what in fails_with_noop(op, bench_caches.main, CACHES_QUICK)
 
 
 # ---------------------------------------------------------------------------------------------

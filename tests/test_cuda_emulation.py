@@ -248,6 +248,29 @@ def test_update_scale_sequences_match_cpu() -> None:
             assert_bitwise_equal(x, y)
 
 
+def test_every_op_of_the_table_is_emulated_and_planned() -> None:
+    """ops_emulated.cpp registers <op> and plan_<op> for each op of the table."""
+    for name in _cuda_emulation.OP_NAMES:
+        for kernel in (name, "plan_" + name):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(
+                f"{_cuda_emulation.NAMESPACE}::{kernel}", "CPU"), kernel
+
+
+def test_plan_update_scale_counts_one_launch_and_writes_nothing() -> None:
+    s, gt, hl = (torch.full((1,), 1024.0), torch.zeros(1, dtype=torch.int32),
+                 torch.full((1,), 2, dtype=torch.int32))
+    found = torch.ones(1)
+    for call in (lambda: emu().plan_update_scale_(s, gt, found, 2.0, 0.5, 3),
+                 lambda: emu().plan_update_scale_ext_(s, gt, hl, found, 2.0, 0.5, 2,
+                                                      256.0, 4096.0, 2)):
+        before = emu().planned_launches()
+        call()
+        assert emu().planned_launches() == before + 1
+        assert s.item() == 1024.0 and gt.item() == 0 and hl.item() == 2
+    with pytest.raises(RuntimeError, match="growth_interval"):
+        emu().plan_update_scale_(s, gt, found, 2.0, 0.5, 0)
+
+
 # ---------------------------------------------------------------------------
 # fused_adam_ / fused_sgd_
 

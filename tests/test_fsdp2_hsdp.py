@@ -1,7 +1,9 @@
 """mixprec on HSDP (``fully_shard`` over a 2 x 2 (replicate, shard) mesh): four gloo
 processes on CPU, spawned once for the module (tests/_fsdp2_cases.py ``run_hsdp``).
 The clip norm counts each shard once (reduced over the shard dimension only), an inf in
-one process's shard makes all four skip, and the params match an unsharded run."""
+one process's shard makes all four skip, the params match an unsharded run, and 8-bit
+state steps each shard as its rows alone, its maxima replicated over the replicate
+dimension."""
 
 from __future__ import annotations
 
@@ -42,3 +44,11 @@ def test_hsdp_inf_in_one_shard_skips_everywhere(results):
         r = results[k]["inf_rank3"]
         assert [s for s, _ in r["skipped"]] == [False, True, False, False]
         assert r["scales"] == results[0]["inf_rank3"]["scales"]
+
+
+@pytest.mark.parametrize("cls", ["AdamW8bit", "SGD8bit"])
+def test_hsdp_8bit_state_steps_each_shard_as_its_rows_alone(results, cls):
+    for k in range(WORLD):
+        r = results[k]["eight_bit"][cls]
+        assert r["bitwise"] and r["codes_dtensor"], k
+        assert r["absmax_placements"] == "(Replicate(), Shard(dim=0))"

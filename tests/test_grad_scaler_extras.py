@@ -224,6 +224,40 @@ def test_policy_presets():
         mixprec.GradScaler("cpu", policy="apex")
 
 
+class _Group:
+    """Stands in for a process group: fresh() must hand the very object on."""
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_fresh_keeps_every_setting_and_starts_over(enabled):
+    group = _Group()
+    s = mixprec.GradScaler("cpu", 64.0, growth_factor=3.0, backoff_factor=0.25,
+                           growth_interval=3, enabled=enabled, allow_fp16_grads=True,
+                           min_scale=2.0, max_scale=1024.0, hysteresis=2, policy="megatron")
+    assert mixprec.GradScaler("cpu", process_group=group).fresh().process_group is group
+    if enabled:
+        s.set_growth_factor(5.0)  # torch's setter: fresh() takes the factor as it stands
+        _drive(s, [True, True, False])
+        before = s.get_scale()
+        assert before < 64.0
+    f = s.fresh()
+    assert f is not s and f.is_enabled() == enabled
+    assert (f.policy, f.hysteresis, f.min_scale, f.max_scale, f._allow_fp16_grads,
+            f._device) == ("megatron", 2, 2.0, 1024.0, True, "cpu")
+    if enabled:
+        assert (f.get_growth_factor(), f.get_backoff_factor(), f.get_growth_interval()) == (
+            5.0, 0.25, 3)
+        assert f.get_scale() == 64.0 and f.stats().scale_decreases == 0
+        assert s.get_scale() == before  # the old scaler is untouched
+        assert s.fresh(8.0).get_scale() == 8.0
+        assert f.scale_tensor() is None  # no scale() yet
+        f.scale(torch.ones(()))
+        t = f.scale_tensor()
+        assert t is f._scale and t.dtype == torch.float32 and t.item() == 64.0
+    else:
+        assert f.scale_tensor() is None
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{"hysteresis": 0}, {"hysteresis": 1.5}, {"min_scale": 0.0}, {"max_scale": INF},

@@ -1,6 +1,9 @@
 """The Python package's layers: no import cycle under python/mixprec (imports made only for
-type checking count too), and the scaler layer (``amp``) never imports the optimizer layer
-(``optim``); both stand on ``flat`` and ``ops``.
+type checking count too), the scaler layer (``amp``) never imports the optimizer layer
+(``optim``); both stand on ``flat`` and ``ops``; no module reads a private attribute
+(``obj._name``) that another mixprec module defines; and the path of a scaler iteration
+never calls back into a file it came through (a helper that takes its owner and calls it
+back does).
 
 ``python tests/test_layers.py`` prints the module graph, one module per line with what it
 imports, lowest layer first.
@@ -9,8 +12,14 @@ imports, lowest layer first.
 from __future__ import annotations
 
 import ast
+import inspect
+import sys
 from pathlib import Path
-from typing import Dict, List, Set
+from types import FrameType
+from typing import Any, Callable, Dict, List, Optional, Set
+
+import pytest
+import torch
 
 PKG = Path(__file__).resolve().parent.parent / "python" / "mixprec"
 
@@ -84,6 +93,162 @@ def test_the_scaler_layer_does_not_import_the_optimizers() -> None:
     bad = sorted((m, t) for m in graph if m.startswith("mixprec.amp")
                  for t in graph[m] if t.startswith("mixprec.optim"))
     assert bad == []
+
+
+#: Private attributes of torch's objects that mixprec reads, with the reason. They are
+#: torch's (a DTensor's local shard and spec, a sparse grad's values, a module's
+#: parameter/buffer dicts, the LR scheduler's step-order markers, an op's schema, the
+#: methods GradScaler extends through ``super()``), not another mixprec module's.
+TORCH_PRIVATES = {
+    "_local_tensor", "_spec", "_values", "_parameters", "_buffers", "_opt_called",
+    "_wrapped_by_lr_sched", "_schema", "_lazy_init_scale_growth_tracker",
+    "_init_state", "_convert_state", "_Loss", "_InstanceNorm", "_BatchNorm",
+}
+
+
+def _defined_privates(tree: ast.AST) -> Set[str]:
+    """The private names a module defines: functions, classes, assigned attributes and
+    globals starting with one underscore."""
+    out: Set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            out.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.add(node.target.id)
+    return {n for n in out if n.startswith("_") and not n.startswith("__")}
+
+
+def foreign_private_reads(sources: Dict[str, str]) -> List[str]:
+    """``module:line: expr._name`` for every read of a private attribute of something other
+    than ``self``/``cls``/a torch name, that the reading module does not define itself and
+    that is not one of :data:`TORCH_PRIVATES`."""
+    trees = {m: ast.parse(src) for m, src in sources.items()}
+    out: List[str] = []
+    for mod, tree in trees.items():
+        own = _defined_privates(tree)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                continue
+            base = ast.unparse(node.value)
+            if (base in ("self", "cls") or base.split(".")[0] == "torch"
+                    or node.attr in own or node.attr in TORCH_PRIVATES):
+                continue
+            out.append(f"{mod}:{node.lineno}: {base}.{node.attr}")
+    return out
+
+
+def _sources() -> Dict[str, str]:
+    return {_module_name(p): p.read_text() for p in PKG.rglob("*.py")}
+
+
+def test_no_module_reads_another_modules_privates() -> None:
+    assert foreign_private_reads(_sources()) == []
+
+
+def test_a_foreign_private_read_is_found() -> None:
+    """The check itself: a planted read of the optimizer's private hook is reported."""
+    sources = _sources()
+    sources["mixprec.flat.state"] += "\n\ndef _x(optimizer):\n    return optimizer._run\n"
+    assert foreign_private_reads(sources) == [
+        f"mixprec.flat.state:{sources['mixprec.flat.state'].count(chr(10)) - 0}: "
+        "optimizer._run"]
+
+
+def callbacks(fn: Callable[[], Any]) -> List[str]:
+    """Run ``fn`` and list every call into a ``python/mixprec`` file that is already on the
+    stack below another mixprec file (``a.py -> b.py -> a.py``): a call back up the
+    layers. Calls within one file, calls through torch, and a generator resumed where it
+    is consumed (data passed lazily, e.g. to ``any``) are not callbacks."""
+    root = str(PKG) + "/"
+    stack: List[Optional[str]] = []
+    found: List[str] = []
+
+    def prof(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call":
+            name = frame.f_code.co_filename
+            lazy = frame.f_code.co_flags & inspect.CO_GENERATOR
+            f = name[len(root):] if name.startswith(root) and not lazy else None
+            if f is not None:
+                path = [x for x in stack if x is not None]
+                path = [x for i, x in enumerate(path) if i == 0 or path[i - 1] != x]
+                if f in path and path[-1] != f:
+                    found.append(" -> ".join(path + [f]) + f" ({frame.f_code.co_name})")
+            stack.append(f)
+        elif event == "return" and stack:
+            stack.pop()
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return found
+
+
+@pytest.mark.parametrize("kind", ["fp32", "bf16 8-bit", "flat"])
+def test_a_scaler_iteration_never_calls_back_up(kind: str) -> None:
+    """``scaler.step`` (with and without ``clip_grad_norm_``), ``unscale_`` and ``update``
+    over mixprec's AdamW, per-param, 8-bit and flat: each file is entered from above only."""
+    import mixprec
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4))
+    if kind == "bf16 8-bit":
+        model = model.to(torch.bfloat16)
+        opt = mixprec.optim.AdamW(model.parameters(), state_bits=8, min_8bit_size=16)
+    else:
+        if kind == "flat":
+            mixprec.flat_buffers(model)
+        opt = mixprec.optim.AdamW(model.parameters())
+    scaler = mixprec.GradScaler("cpu")
+
+    def backward() -> None:
+        opt.zero_grad(set_to_none=False)
+        x = torch.randn(2, 64, dtype=next(model.parameters()).dtype)
+        scaler.scale(model(x).float().sum()).backward()
+
+    for _ in range(2):  # the lists and plans exist: the path of every later step
+        backward()
+        scaler.step(opt)
+        scaler.update()
+    paths: Dict[str, Callable[[], Any]] = {
+        "step": lambda: scaler.step(opt),
+        "update": scaler.update,
+        "clip + step": lambda: (scaler.clip_grad_norm_(opt, 1.0), scaler.step(opt)),
+        "unfused clip + step": lambda: (scaler.clip_grad_norm_(opt, 1.0, fold_into_step=False),
+                                        scaler.step(opt)),
+        "unscale_ + step": lambda: (scaler.unscale_(opt), scaler.step(opt)),
+    }
+    for name, run in paths.items():
+        backward()
+        if name == "update":
+            scaler.step(opt)
+        assert callbacks(run) == [], name
+        if name != "update":
+            scaler.update()
+
+
+def test_a_callback_is_found() -> None:
+    """The check itself: a helper calling its owner back is reported."""
+    from mixprec.amp import grad_scaler, grads
+
+    scaler = grad_scaler.GradScaler("cpu")
+    original = grads.fp16_grads_allowed
+    planted: Dict[str, Any] = {"scaler": scaler}
+    # a helper in amp/grads.py that asks its owner (a property of amp/grad_scaler.py)
+    exec(compile("def allowed(setting, opt):\n    return scaler.policy == 'torch'\n",
+                 str(PKG / "amp" / "grads.py"), "exec"), planted)
+    try:
+        grads.fp16_grads_allowed = planted["allowed"]
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+        assert len(callbacks(lambda: scaler._collect_grads(opt, False))) == 1
+    finally:
+        grads.fp16_grads_allowed = original
 
 
 def test_a_cycle_is_found() -> None:

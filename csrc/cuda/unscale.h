@@ -269,9 +269,9 @@ const UnscalePlan& unscale_family_plan(
 // unscale_and_check_ (inv_scale given) and check_finite_ (inv_scale null):
 // one plan per dtype present in the list.
 template <class Exec>
-void unscale_and_check_launch(const char* op, at::TensorList tensors,
-                              const at::Tensor& found_inf,
-                              const at::Tensor* inv_scale) {
+void finite_check_launch(const char* op, at::TensorList tensors,
+                         const at::Tensor& found_inf,
+                         const at::Tensor* inv_scale) {
   static thread_local PlanCache<UnscalePlan> cache;
   const bool unscale = inv_scale != nullptr;
   std::optional<typename Exec::Guard> guard;
@@ -360,31 +360,33 @@ at::Tensor norm_launch(const char* op, at::TensorList grads,
   });
 }
 
-// The four ops' kernels, as launchers of executor Exec taking the op's
-// arguments (OpArgs): the CUDA build registers them with DeviceExec, the host
-// emulation with HostExec and PlanOnlyExec.
+// The four ops' launchers, <op>launch<Exec>(OpArgs) as every op's (the name
+// the emulation's registration derives from the op table): the CUDA build
+// registers them with DeviceExec, the host emulation with HostExec and
+// PlanOnlyExec.
 template <class Exec>
-void unscale_and_check_op(const OpArgs<&unscale_and_check_>& a) {
-  unscale_and_check_launch<Exec>("unscale_and_check_", MIXPREC_ARG(a, grads),
-                                 MIXPREC_ARG(a, found_inf),
-                                 &MIXPREC_ARG(a, inv_scale));
+void unscale_and_check_launch(const OpArgs<&unscale_and_check_>& a) {
+  finite_check_launch<Exec>("unscale_and_check_", MIXPREC_ARG(a, grads),
+                            MIXPREC_ARG(a, found_inf),
+                            &MIXPREC_ARG(a, inv_scale));
 }
 
 template <class Exec>
-void check_finite_op(const OpArgs<&check_finite_>& a) {
-  unscale_and_check_launch<Exec>("check_finite_", MIXPREC_ARG(a, tensors),
-                                 MIXPREC_ARG(a, found_inf), nullptr);
+void check_finite_launch(const OpArgs<&check_finite_>& a) {
+  finite_check_launch<Exec>("check_finite_", MIXPREC_ARG(a, tensors),
+                            MIXPREC_ARG(a, found_inf), nullptr);
 }
 
 template <class Exec>
-at::Tensor unscale_and_norm_op(const OpArgs<&unscale_and_norm_>& a) {
+at::Tensor unscale_and_norm_launch(const OpArgs<&unscale_and_norm_>& a) {
   MIXPREC_BIND(a, grads, found_inf, inv_scale, norm_type)
   return norm_launch<Exec>("unscale_and_norm_", grads, found_inf, inv_scale,
                            norm_type, /*in_place=*/true);
 }
 
 template <class Exec>
-at::Tensor check_finite_and_norm_op(const OpArgs<&check_finite_and_norm_>& a) {
+at::Tensor check_finite_and_norm_launch(
+    const OpArgs<&check_finite_and_norm_>& a) {
   MIXPREC_BIND(a, grads, found_inf, inv_scale, norm_type)
   return norm_launch<Exec>("check_finite_and_norm_", grads, found_inf,
                            inv_scale, norm_type, /*in_place=*/false);

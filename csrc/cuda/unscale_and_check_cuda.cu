@@ -13,13 +13,15 @@ using cu::DeviceExec;
 }  // namespace
 
 TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
-  MIXPREC_IMPL(m, unscale_and_check_, &cu::unscale_and_check_op<DeviceExec>);
-  MIXPREC_IMPL(m, check_finite_, &cu::check_finite_op<DeviceExec>);
+  MIXPREC_IMPL(m, unscale_and_check_,
+               &cu::unscale_and_check_launch<DeviceExec>);
+  MIXPREC_IMPL(m, check_finite_, &cu::check_finite_launch<DeviceExec>);
 }
 
 // Sparse tensors reach these kernels through the SparseCUDA key; the
 // kernel's argument checks then reject them with a message naming the tensor.
 TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
-  MIXPREC_IMPL(m, unscale_and_check_, &cu::unscale_and_check_op<DeviceExec>);
-  MIXPREC_IMPL(m, check_finite_, &cu::check_finite_op<DeviceExec>);
+  MIXPREC_IMPL(m, unscale_and_check_,
+               &cu::unscale_and_check_launch<DeviceExec>);
+  MIXPREC_IMPL(m, check_finite_, &cu::check_finite_launch<DeviceExec>);
 }

@@ -11,6 +11,7 @@
 
 #include <vector>
 
+// The launchers, one header per op family (a new family adds its header).
 #include "cuda/fused_adam.h"
 #include "cuda/fused_sgd.h"
 #include "cuda/unscale.h"
@@ -42,44 +43,21 @@ void clear_plan_cache() { cuda::PlanReuse::clear(); }
 }  // namespace cuda_emulation
 }  // namespace mixprec
 
-// <op>: the CUDA launcher run by HostExec. plan_<op> (multi-tensor ops): its
-// host work only (PlanOnlyExec).
+// Every op of the table (op_table.h), by name: <op> is its CUDA launcher
+// <op>launch<Exec> (csrc/cuda/*.h) run by HostExec; plan_<op> is the same
+// launcher's host work only (PlanOnlyExec: checks, grouping, plans; launches
+// counted, not run). A new op needs no line here: a launcher missing or
+// misnamed fails to compile.
 TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CPU, m) {
-  namespace emu = mixprec::cuda_emulation;
   namespace cu = mixprec::cuda;
-  using emu::HostExec;
-  using emu::PlanOnlyExec;
-  MIXPREC_IMPL(m, unscale_and_check_, &cu::unscale_and_check_op<HostExec>);
-  MIXPREC_IMPL(m, check_finite_, &cu::check_finite_op<HostExec>);
-  MIXPREC_IMPL(m, unscale_and_norm_, &cu::unscale_and_norm_op<HostExec>);
-  MIXPREC_IMPL(m, check_finite_and_norm_,
-               &cu::check_finite_and_norm_op<HostExec>);
-  MIXPREC_IMPL(m, update_scale_, &cu::update_scale_launch<HostExec>);
-  MIXPREC_IMPL(m, update_scale_ext_, &cu::update_scale_ext_launch<HostExec>);
-  MIXPREC_IMPL(m, fused_adam_, &cu::fused_adam_launch<HostExec>);
-  MIXPREC_IMPL(m, fused_sgd_, &cu::fused_sgd_launch<HostExec>);
-  MIXPREC_IMPL(m, fused_adam8_, &cu::fused_adam8_launch<HostExec>);
-  MIXPREC_IMPL(m, fused_sgd8_, &cu::fused_sgd8_launch<HostExec>);
-  using mixprec::kernel;
-  m.impl("plan_unscale_and_check_",
-         kernel<&mixprec::unscale_and_check_,
-                &cu::unscale_and_check_op<PlanOnlyExec>>);
-  m.impl("plan_check_finite_",
-         kernel<&mixprec::check_finite_, &cu::check_finite_op<PlanOnlyExec>>);
-  m.impl("plan_unscale_and_norm_",
-         kernel<&mixprec::unscale_and_norm_,
-                &cu::unscale_and_norm_op<PlanOnlyExec>>);
-  m.impl("plan_check_finite_and_norm_",
-         kernel<&mixprec::check_finite_and_norm_,
-                &cu::check_finite_and_norm_op<PlanOnlyExec>>);
-  m.impl("plan_fused_adam_",
-         kernel<&mixprec::fused_adam_, &cu::fused_adam_launch<PlanOnlyExec>>);
-  m.impl("plan_fused_sgd_",
-         kernel<&mixprec::fused_sgd_, &cu::fused_sgd_launch<PlanOnlyExec>>);
-  m.impl("plan_fused_adam8_",
-         kernel<&mixprec::fused_adam8_, &cu::fused_adam8_launch<PlanOnlyExec>>);
-  m.impl("plan_fused_sgd8_",
-         kernel<&mixprec::fused_sgd8_, &cu::fused_sgd8_launch<PlanOnlyExec>>);
+  using mixprec::cuda_emulation::HostExec;
+  using mixprec::cuda_emulation::PlanOnlyExec;
+#define MIXPREC_EMULATE(op)                       \
+  MIXPREC_IMPL(m, op, &cu::op##launch<HostExec>); \
+  m.impl("plan_" #op,                             \
+         mixprec::kernel<&mixprec::op, &cu::op##launch<PlanOnlyExec>>);
+  MIXPREC_FOR_EACH_OP(MIXPREC_EMULATE)
+#undef MIXPREC_EMULATE
 }
 
 // Counters of PlanOnlyExec and of plan reuse (no tensor arguments: a

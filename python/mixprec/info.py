@@ -20,7 +20,7 @@ def toolchain_info() -> dict[str, str | None]:
     build that predates the record (module constants set in
     csrc/python/module.cpp from csrc/build_info.cpp).
     """
-    module = _extension._C
+    module = _extension.EXT
     return {key: (getattr(module, key, "") or None) if module is not None else None
             for key in TOOLCHAIN_KEYS}
 
@@ -35,7 +35,7 @@ def libstdcxx_status() -> str | None:
     """
     from . import _toolchain
 
-    path = getattr(_extension._C, "__file__", None)
+    path = getattr(_extension.EXT, "__file__", None)
     if path is None or not sys.platform.startswith("linux"):
         return None
     try:

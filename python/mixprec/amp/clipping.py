@@ -24,14 +24,22 @@ local shards and the norm is reduced over the ``Shard`` dimensions of their mesh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
 from .. import _dtensor, ops
-from .grads import DeviceGrads, norm_pass, reduce_found_inf
+from .grads import (
+    DeviceGrads,
+    fp16_grads_allowed,
+    inv_scale,
+    norm_pass,
+    optimizer_grads,
+    reduce_found_inf,
+    unscale_optimizer_grads,
+)
 from .protocol import record_of, takes_step_scalars
 
 __all__ = ["ClipAccess", "clip_grad_norm", "total_norm", "clip_with_norm", "all_reduce_norm"]
@@ -39,7 +47,7 @@ __all__ = ["ClipAccess", "clip_grad_norm", "total_norm", "clip_with_norm", "all_
 
 @dataclass(frozen=True)
 class ClipAccess:
-    """What clipping needs of the scaler, handed over by it (not the scaler itself).
+    """What clipping needs of the scaler, handed over by it (data, not the scaler).
 
     Attributes:
         scale: the scale tensor (float32, one element); its device is where the norm and
@@ -47,19 +55,21 @@ class ClipAccess:
         state: the optimizer's per-iteration state dict (``stage``,
             ``found_inf_per_device``, the :class:`~mixprec.amp.protocol.IterationRecord`);
             written here.
-        inv_scale: ``1 / scale`` as the scaler computes it.
-        collect: the optimizer's grads by device (``(optimizer, allow_fp16,
-            coalesce_sparse=False) -> DeviceGrads``).
-        unscale: the scaler's ``unscale_``.
+        allow_fp16_grads: the scaler's ``allow_fp16_grads`` setting (None: decided by the
+            optimizer, :func:`~mixprec.amp.grads.fp16_grads_allowed`).
         process_group: the group the norm and the flags are reduced over, or ``None``.
     """
 
     scale: Tensor
     state: dict[str, Any]
-    inv_scale: Callable[[], Tensor]
-    collect: Callable[..., DeviceGrads]
-    unscale: Callable[[torch.optim.Optimizer], None]
+    allow_fp16_grads: Optional[bool]
     process_group: Any
+
+    def grads(self, optimizer: torch.optim.Optimizer, coalesce_sparse: bool = False
+              ) -> DeviceGrads:
+        """``optimizer``'s grads by device, as the scaler collects them."""
+        allow = fp16_grads_allowed(self.allow_fp16_grads, optimizer)
+        return optimizer_grads(optimizer, allow, coalesce_sparse)
 
 
 def _op_available(name: str) -> bool:
@@ -106,19 +116,19 @@ def clip_grad_norm(
     specs: list[Any] = []  # the layouts of DTensor grads (measured on their local shards)
     if fold and (state["stage"] is OptState.READY or deferred):
         # Read-only pass: found_inf and the norm of grad * inv_scale.
-        per_device = scaler.collect(optimizer, False)
+        per_device = scaler.grads(optimizer)
         specs = per_device.specs
         flags, total = norm_pass(
-            per_device, ops.check_finite_and_norm_, scaler.inv_scale(), norm_type
+            per_device, ops.check_finite_and_norm_, inv_scale(scale), norm_type
         )
         if not deferred:
             state["found_inf_per_device"] = reduce_found_inf(flags, home, group, specs)
             state["stage"] = OptState.UNSCALED
             record.deferred_unscale = True
     elif state["stage"] is OptState.READY and norm_type > 0 and _op_available("unscale_and_norm_"):
-        per_device = scaler.collect(optimizer, False, coalesce_sparse=True)
+        per_device = scaler.grads(optimizer, coalesce_sparse=True)
         specs = per_device.specs
-        flags, total = norm_pass(per_device, ops.unscale_and_norm_, scaler.inv_scale(), norm_type)
+        flags, total = norm_pass(per_device, ops.unscale_and_norm_, inv_scale(scale), norm_type)
         state["found_inf_per_device"] = reduce_found_inf(flags, home, group, specs)
         state["stage"] = OptState.UNSCALED
     else:
@@ -126,7 +136,12 @@ def clip_grad_norm(
             for p in params:
                 if p.grad is not None and p.grad.is_sparse:
                     p.grad = p.grad.coalesce()
-            scaler.unscale(optimizer)
+            # what the scaler's unscale_ does from READY
+            found = torch.zeros((), dtype=torch.float32, device=home)
+            allow = fp16_grads_allowed(scaler.allow_fp16_grads, optimizer)
+            state["found_inf_per_device"] = unscale_optimizer_grads(
+                optimizer, inv_scale(scale), found, allow, group)
+            state["stage"] = OptState.UNSCALED
         grads = [p.grad for p in params if p.grad is not None]
         specs = _dtensor.specs_of(grads)
         with torch.no_grad():
@@ -159,11 +174,11 @@ def _apply_deferred(scaler: ClipAccess, optimizer: torch.optim.Optimizer,
     and clear the record's deferral (the inf flags of the folded pass stay valid: scaling
     by a finite positive factor keeps every finite value finite, up to an overflow that
     unscaling cannot produce). No host sync."""
-    factor = scaler.inv_scale()
+    factor = inv_scale(scaler.scale)
     if record.clip_coef is not None:
         factor = factor * record.clip_coef
     with torch.no_grad():
-        for device, grads in scaler.collect(optimizer, False).items():
+        for device, grads in scaler.grads(optimizer).items():
             torch._foreach_mul_(grads, factor.to(device, non_blocking=True))
     record.deferred_unscale = False
     record.clip_coef = None

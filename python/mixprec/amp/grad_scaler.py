@@ -25,7 +25,6 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
-from .. import flat as _flat
 from . import grads, protocol
 from ._pickling import complete_state
 from .clipping import ClipAccess, clip_grad_norm
@@ -185,6 +184,38 @@ class GradScaler(torch.amp.GradScaler):
         """Upper bound of the scale, or ``None``."""
         return self._max_scale
 
+    def scale_tensor(self) -> Optional[Tensor]:
+        """The scale as the scaler keeps it: a 0-dim float32 tensor on the device of
+        the first :meth:`scale` call, read without a host sync. ``None`` when disabled
+        or before the first :meth:`scale`. It is the scaler's own tensor: read it
+        (e.g. to log it later), do not write it; :meth:`update` changes it in place."""
+        return self._scale if self._enabled else None
+
+    def fresh(self, init_scale: Optional[float] = None) -> GradScaler:
+        """A new scaler with this one's settings and a fresh state.
+
+        Same device, growth and backoff factors (as they stand: torch's setters
+        change them), growth interval, ``enabled``, and the extras (policy, bounds,
+        hysteresis, ``allow_fp16_grads``, ``process_group``); the scale starts at
+        ``init_scale`` (default: this scaler's initial scale), with no growth count
+        and no statistics. This scaler is not modified."""
+        if init_scale is None:
+            init_scale = getattr(self, "_init_scale", 2.0**16)
+        return GradScaler(
+            self._device,
+            init_scale=init_scale,
+            growth_factor=getattr(self, "_growth_factor", 2.0),
+            backoff_factor=getattr(self, "_backoff_factor", 0.5),
+            growth_interval=getattr(self, "_growth_interval", 2000),
+            enabled=self._enabled,
+            allow_fp16_grads=self._allow_fp16_grads,
+            min_scale=self._min_scale,
+            max_scale=self._max_scale,
+            hysteresis=self._hysteresis,
+            policy=self._policy,
+            process_group=self._process_group,
+        )
+
     def _scale_rule(self) -> ScaleRule:
         """The scale-update rule as it stands (torch's setters change its factors)."""
         return ScaleRule(self._growth_factor, self._backoff_factor, self._growth_interval,
@@ -211,20 +242,10 @@ class GradScaler(torch.amp.GradScaler):
     def _collect_grads(
         self, optimizer: torch.optim.Optimizer, allow_fp16: bool, coalesce_sparse: bool = False
     ) -> grads.DeviceGrads:
-        """The optimizer's gradients by device (:func:`mixprec.amp.grads.collect_grads`;
-        DTensor grads as their local shards, their layouts in ``.specs``); in the
-        flat-buffer mode one slice per run of flat grad views, found in one pass per step
-        when the same params keep the same grads (``flat.kept_grads``)."""
+        """The optimizer's gradients by device (:func:`mixprec.amp.grads.optimizer_grads`),
+        fp16 grads allowed by ``allow_fp16`` or by this scaler's ``allow_fp16_grads``."""
         allow_fp16 = allow_fp16 or grads.fp16_grads_allowed(self._allow_fp16_grads, optimizer)
-        kept = _flat.kept_grads(optimizer, allow_fp16)
-        if kept is not None:
-            return grads.DeviceGrads(kept)
-        per_device = grads.collect_grads(optimizer, allow_fp16, coalesce_sparse)
-        coalesced = _flat.coalesce_grads(per_device)
-        _flat.keep_grads(optimizer, allow_fp16, per_device, coalesced)
-        if coalesced is per_device:
-            return per_device
-        return grads.DeviceGrads(coalesced, specs=per_device.specs)
+        return grads.optimizer_grads(optimizer, allow_fp16, coalesce_sparse)
 
     def _unscale_grads_(
         self,
@@ -236,21 +257,13 @@ class GradScaler(torch.amp.GradScaler):
         """Unscale ``optimizer``'s grads in place and check them for inf/NaN (torch's hook).
 
         One :func:`mixprec.ops.unscale_and_check_` call per device, all dtypes
-        together (:func:`mixprec.amp.grads.unscale_and_check`). Returns
+        together (:func:`mixprec.amp.grads.unscale_optimizer_grads`). Returns
         ``{device: found_inf}``, reduced over ``process_group`` when set, else over
         the meshes of DTensor grads. No host sync. torch's :meth:`unscale_` calls it.
         """
-        per_device = self._collect_grads(optimizer, allow_fp16)
-        flags = grads.unscale_and_check(per_device, inv_scale, found_inf)
-        return grads.reduce_found_inf(flags, found_inf.device, self._process_group,
-                                      per_device.specs)
-
-    def _inv_scale(self) -> Tensor:
-        assert self._scale is not None
-        # 1/scale taken in float64 then rounded, as torch does (except on MPS).
-        if self._scale.device == torch.device("mps:0"):
-            return self._scale.reciprocal()
-        return self._scale.double().reciprocal().float()
+        allow_fp16 = allow_fp16 or grads.fp16_grads_allowed(self._allow_fp16_grads, optimizer)
+        return grads.unscale_optimizer_grads(optimizer, inv_scale, found_inf, allow_fp16,
+                                             self._process_group)
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Check ``optimizer``'s grads for inf/NaN without unscaling them (torch's hook).
@@ -368,8 +381,8 @@ class GradScaler(torch.amp.GradScaler):
             params = [p for g in optimizer.param_groups for p in g["params"]]
             return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
         scale, _ = self._check_scale_growth_tracker("clip_grad_norm_")
-        access = ClipAccess(scale, self._per_optimizer_states[id(optimizer)], self._inv_scale,
-                            self._collect_grads, self.unscale_, self._process_group)
+        access = ClipAccess(scale, self._per_optimizer_states[id(optimizer)],
+                            self._allow_fp16_grads, self._process_group)
         return clip_grad_norm(access, optimizer, max_norm, norm_type, fold_into_step)
 
     # ------------------------------------------------------------------ update

@@ -1,10 +1,12 @@
 """The passes of :class:`mixprec.GradScaler` over an optimizer's gradients.
 
-:func:`collect_grads` groups the gradients by device; each pass then makes one
+:func:`optimizer_grads` groups the gradients by device (:func:`collect_grads`; in the
+flat-buffer mode, the kept slices of :mod:`mixprec.flat`); each pass then makes one
 fused :mod:`mixprec.ops` call per device, all dtypes together, with a fresh
 0-dim float32 inf flag per device:
 
-* :func:`unscale_and_check` -- :func:`mixprec.ops.unscale_and_check_` (``unscale_``);
+* :func:`unscale_and_check` -- :func:`mixprec.ops.unscale_and_check_` (``unscale_``;
+  :func:`unscale_optimizer_grads` is the whole of it, from the optimizer to the flags);
 * :func:`check_finite` -- :func:`mixprec.ops.check_finite_`, read only (the
   inf check of optimizers that unscale in their own step);
 * :func:`norm_pass` -- :func:`mixprec.ops.unscale_and_norm_` or
@@ -26,11 +28,13 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor, ops
+from .. import flat as _flat
 from ..ops._extension import WATCH as _WATCH
 
 __all__ = [
-    "fp16_grads_allowed", "DeviceGrads",
-    "collect_grads", "reduce_found_inf", "unscale_and_check", "check_finite", "norm_pass"]
+    "fp16_grads_allowed", "DeviceGrads", "inv_scale", "optimizer_grads",
+    "unscale_optimizer_grads", "collect_grads", "reduce_found_inf", "unscale_and_check",
+    "check_finite", "norm_pass"]
 
 PerDevice = dict[torch.device, list[Tensor]]
 Flags = dict[torch.device, Tensor]
@@ -56,6 +60,43 @@ def fp16_grads_allowed(setting: Optional[bool], optimizer: torch.optim.Optimizer
         getattr(optimizer, "master_weights", False) is True
         or getattr(optimizer, "_mixprec_master_weights", False) is True
     )
+
+
+def inv_scale(scale: Tensor) -> Tensor:
+    """``1 / scale`` as torch's scaler takes it: in float64, rounded to float32 (MPS: in
+    float32). A new 0-dim tensor on the scale's device; no sync."""
+    if scale.device == torch.device("mps:0"):
+        return scale.reciprocal()
+    return scale.double().reciprocal().float()
+
+
+def optimizer_grads(optimizer: torch.optim.Optimizer, allow_fp16: bool,
+                    coalesce_sparse: bool = False) -> DeviceGrads:
+    """``optimizer``'s gradients by device (:func:`collect_grads`: DTensor grads as their
+    local shards, their layouts in ``.specs``); in the flat-buffer mode one slice per run
+    of flat grad views, found in one pass per step when the same params keep the same
+    grads (:func:`mixprec.flat.kept_grads`). ``allow_fp16``: as resolved by the scaler
+    (its setting, or :func:`fp16_grads_allowed`)."""
+    kept = _flat.kept_grads(optimizer, allow_fp16)
+    if kept is not None:
+        return DeviceGrads(kept)
+    per_device = collect_grads(optimizer, allow_fp16, coalesce_sparse)
+    coalesced = _flat.coalesce_grads(per_device)
+    _flat.keep_grads(optimizer, allow_fp16, per_device, coalesced)
+    if coalesced is per_device:
+        return per_device
+    return DeviceGrads(coalesced, specs=per_device.specs)
+
+
+def unscale_optimizer_grads(optimizer: torch.optim.Optimizer, inv: Tensor, found_inf: Tensor,
+                            allow_fp16: bool, group: Optional[Any]) -> Flags:
+    """Unscale ``optimizer``'s grads by ``inv`` in place and check them for inf/NaN: one
+    :func:`unscale_and_check` call per device, the flags reduced (MAX) over ``group``, or
+    over the meshes of DTensor grads (:func:`reduce_found_inf`). Returns ``{device:
+    found_inf}`` (on ``found_inf``'s device). No host sync."""
+    per_device = optimizer_grads(optimizer, allow_fp16)
+    flags = unscale_and_check(per_device, inv, found_inf)
+    return reduce_found_inf(flags, found_inf.device, group, per_device.specs)
 
 
 def collect_grads(

@@ -334,7 +334,7 @@ def apply_policy(model: nn.Module, policy: Optional[PrecisionPolicy] = None) -> 
         if prec is None:
             continue
         ctx = region_for(prec)
-        is_fp32 = not ctx._enabled
+        is_fp32 = ctx.precision == "fp32"  # autocast off in this region
         handle.precisions[name] = ctx.precision
         handle._install(
             module,

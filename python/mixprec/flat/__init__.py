@@ -45,7 +45,7 @@ combined over other chunks).
 
 from __future__ import annotations
 
-# The hooks GradScaler._collect_grads and FusedOptimizer call (mixprec-internal):
+# The hooks amp.grads.optimizer_grads and FusedOptimizer call (mixprec-internal):
 from .detect import coalesce as coalesce
 from .detect import coalesce_grads as coalesce_grads
 from .detect import keep_grads as keep_grads

@@ -129,7 +129,7 @@ def _all_flat(grads: List[Tensor], coalesced: List[Tensor]) -> bool:
 
 def coalesce_grads(per_device: Dict[torch.device, List[Tensor]]
                    ) -> Dict[torch.device, List[Tensor]]:
-    """:func:`coalesce` for each device's list (the scaler's ``_collect_grads`` result)."""
+    """:func:`coalesce` for each device's list (``amp.grads.optimizer_grads``'s)."""
     if not _GRADS:
         return per_device
     return {dev: coalesce(grads) for dev, grads in per_device.items()}
@@ -139,7 +139,7 @@ PerDevice = Dict[torch.device, List[Tensor]]
 
 #: optimizer -> (its param group dicts, a snapshot of each group's params with their
 #: grads, allow_fp16, REGISTRY[0], the scaler's grads per device): the last answer of
-#: GradScaler._collect_grads in which every grad went into a flat slice.
+#: amp.grads.optimizer_grads in which every grad went into a flat slice.
 _Kept = Tuple[Tuple[Any, ...], List[Any], bool, int, PerDevice]
 _KEPT: weakref.WeakKeyDictionary[Any, _Kept] = weakref.WeakKeyDictionary()
 

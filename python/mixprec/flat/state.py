@@ -143,9 +143,9 @@ def _init_state(optimizer: Any, p: Tensor, group: Dict[str, Any], state: Dict[st
     of = _opt_flat(optimizer)
     st = of.state_of(buf)
     with torch.no_grad():
-        for name in optimizer._state_names(group):
+        for name in optimizer.state_names(group):
             state[name] = st.view(name, i).zero_()
-        if optimizer._wants_master(p, group):
+        if optimizer.keeps_master(p, group):
             state[_MASTER] = st.view(_MASTER, i).copy_(p.detach())
     step = st.fresh_step
     if step is None:
@@ -376,8 +376,8 @@ def _whole_group(optimizer: Any, group: Dict[str, Any]
         return {}
     try:
         steps = list(map(_get_step, states))
-        has_master = bool(optimizer._wants_master(params[0], group))
-        names = optimizer._state_names(group)
+        has_master = bool(optimizer.keeps_master(params[0], group))
+        names = optimizer.state_names(group)
         bucket: Dict[str, List[Tensor]] = {"params": params, "grads": grads,
                                            "master_params": [], "state_steps": steps}
         for name in names:

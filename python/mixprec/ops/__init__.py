@@ -82,9 +82,9 @@ if has_extension():
 
 
 def _fast_entry(name: str) -> Optional[Callable[..., Any]]:
-    from ._extension import _C
+    from ._extension import EXT
 
-    return getattr(_C, "fast_" + name, None) if _C is not None else None
+    return getattr(EXT, "fast_" + name, None) if EXT is not None else None
 
 
 # The extension's direct entry per op (mixprec._C.fast_<op>): the same typed

@@ -11,7 +11,7 @@ module defines that namespace's schemas as copies of ``mixprec``'s, so
 ``torch.ops.mixprec.fused_adam_`` and does on CPU tensors what the CUDA kernel does
 on CUDA tensors (up to device libm rounding in p-norms; see host_exec.h).
 
-``ops().plan_<op>`` (the multi-tensor ops) does the launcher's host work only --
+``ops().plan_<op>`` (every op) does the launcher's host work only --
 checks, flattening, grouping, launch plans -- and launches nothing; with
 ``planned_blocks()`` / ``planned_launches()`` (totals since load) it measures the
 host cost of the CUDA ops without a GPU (benchmarks/bench_launch_plan.py);
@@ -38,20 +38,18 @@ from . import __all__ as OP_NAMES
 from . import _extension
 
 NAMESPACE = "mixprec_cuda_emu"
-# The ops launched over a plan of tensor lists (plan_<op> exists for these).
-MULTI_TENSOR_OPS = [n for n in OP_NAMES if not n.startswith("update_scale")]
 
 _library: Optional[torch.library.Library] = None
 
 
 def available() -> bool:
     """Whether the loaded extension carries the emulated CUDA launchers."""
-    if _extension._C is None:
+    if _extension.EXT is None:
         return False
     _define()
     return all(
         torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAMESPACE}::{name}", "CPU")
-        for name in OP_NAMES + ["plan_" + n for n in MULTI_TENSOR_OPS]
+        for name in OP_NAMES + ["plan_" + n for n in OP_NAMES]
     )
 
 
@@ -62,8 +60,7 @@ def _define() -> None:
         for name in OP_NAMES:
             schema = str(getattr(torch.ops.mixprec, name).default._schema)
             lib.define(schema.split("::", 1)[1])
-            if name in MULTI_TENSOR_OPS:
-                lib.define("plan_" + schema.split("::", 1)[1])
+            lib.define("plan_" + schema.split("::", 1)[1])
         lib.define("planned_blocks() -> int")
         lib.define("planned_launches() -> int")
         lib.define("planned_small_launches() -> int")

@@ -72,11 +72,13 @@ def _load() -> Optional[ModuleType]:
     return module
 
 
-_C: Optional[ModuleType] = _load()
+#: The loaded extension module ``mixprec._C``; None when it is missing or disabled (the
+#: reference kernels run).
+EXT: Optional[ModuleType] = _load()
 #: The snapshots and one-pass checks (``watch_tensors``/``tensors_grads``,
 #: ``watch_items``/``items_unchanged``, csrc/python/list_watch.h) behind the reuse of
 #: tensor lists across steps; None without the extension (lists built every step).
-WATCH: Optional[ModuleType] = _C if _C is not None and hasattr(_C, "tensors_grads") else None
+WATCH: Optional[ModuleType] = EXT if EXT is not None and hasattr(EXT, "tensors_grads") else None
 if WATCH is not None and hasattr(WATCH, "set_dtensor_type"):
     # the list checks read a DTensor (FSDP2 param) through its local shard
     _dtensor.on_dtensor_class(WATCH.set_dtensor_type)
@@ -84,12 +86,12 @@ if WATCH is not None and hasattr(WATCH, "set_dtensor_type"):
 
 def has_extension() -> bool:
     """Whether the compiled kernels are loaded (False: the reference slow path is used)."""
-    return _C is not None
+    return EXT is not None
 
 
 def has_cuda_kernels() -> bool:
     """Whether the loaded extension was compiled with its CUDA kernels."""
-    return _C is not None and bool(_C.cuda_kernels)
+    return EXT is not None and bool(EXT.cuda_kernels)
 
 
 def build_info() -> dict[str, Any]:
@@ -107,13 +109,13 @@ def build_info() -> dict[str, Any]:
     gpu = torch.cuda.is_available()
     return {
         "version": __version__,
-        "extension_loaded": _C is not None,
-        "torch_built": _C.torch_version if _C is not None else None,
+        "extension_loaded": EXT is not None,
+        "torch_built": EXT.torch_version if EXT is not None else None,
         "torch_running": torch.__version__,
         "cuda_kernels": has_cuda_kernels(),
-        "cuda_version": (_C.cuda_version or None) if _C is not None else None,
-        "cuda_archs": [a for a in (_C.cuda_archs.split(";") if _C is not None else []) if a],
-        "cpu_capability": _C.cpu_capability() if _C is not None else None,
+        "cuda_version": (EXT.cuda_version or None) if EXT is not None else None,
+        "cuda_archs": [a for a in (EXT.cuda_archs.split(";") if EXT is not None else []) if a],
+        "cpu_capability": EXT.cpu_capability() if EXT is not None else None,
         "cuda_runtime_available": gpu,
         "cuda_device": torch.cuda.get_device_name() if gpu else None,
     }

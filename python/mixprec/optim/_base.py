@@ -148,7 +148,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     """Base class of :class:`~mixprec.optim.Adam`, :class:`~mixprec.optim.AdamW`
     and :class:`~mixprec.optim.SGD`; not used directly.
 
-    Subclasses define ``_state_names(group)`` (their float32 per-param state
+    Subclasses define ``state_names(group)`` (their float32 per-param state
     besides step/master) and ``_run(bucket, group, lr, scalars)``.
     """
 
@@ -169,7 +169,11 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     # -- hooks for subclasses -------------------------------------------------
 
-    def _state_names(self, group: Dict[str, Any]) -> List[str]:
+    def state_names(self, group: Dict[str, Any]) -> List[str]:
+        """The names of the per-param state tensors a step of ``group`` reads and
+        writes, besides ``step`` and ``master_param`` (e.g. ``["exp_avg",
+        "exp_avg_sq"]``), in the order the op takes them. Part of the contract the
+        flat-buffer layer builds state by (:mod:`mixprec.flat.state`)."""
         raise NotImplementedError
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
@@ -203,7 +207,10 @@ class FusedOptimizer(torch.optim.Optimizer):
         self.__dict__.get("_plans", {}).clear()
         super().add_param_group(param_group)
 
-    def _wants_master(self, p: Tensor, group: Dict[str, Any]) -> bool:
+    def keeps_master(self, p: Tensor, group: Dict[str, Any]) -> bool:
+        """Whether ``p`` (of ``group``) has a float32 master in its state: a 16-bit
+        param of a group with ``master_weights``. The flat-buffer layer's other
+        question (:mod:`mixprec.flat.state`)."""
         return bool(group.get("master_weights", True)) and p.dtype in _LOW_PRECISION
 
     @torch.no_grad()
@@ -221,7 +228,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 master = self.state.get(p, {}).get("master_param")
                 if master is not None:
                     out.append(master)
-                elif self._wants_master(p, group):
+                elif self.keeps_master(p, group):
                     out.append(p.detach().float())
                 else:
                     out.append(p)
@@ -308,11 +315,11 @@ class FusedOptimizer(torch.optim.Optimizer):
             return state
         if "step" not in state:
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-        for name in self._state_names(group):
+        for name in self.state_names(group):
             if state.get(name) is None:
                 state[name] = torch.zeros_like(p, dtype=torch.float32,
                                                memory_format=torch.preserve_format)
-        if self._wants_master(p, group) and state.get("master_param") is None:
+        if self.keeps_master(p, group) and state.get("master_param") is None:
             state["master_param"] = p.detach().to(torch.float32, copy=True)
         return state
 
@@ -361,7 +368,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             if not compiling:
                 self._remember_whole(index, group, buckets)
             return buckets, False
-        names = self._state_names(group)
+        names = self.state_names(group)
         positions: Dict[BucketKey, List[int]] = {}
         dicts: Dict[BucketKey, List[Dict[str, Any]]] = {}
         sharded = _dtensor.any_dtensor(group["params"])
@@ -380,7 +387,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                     f"bfloat16, got {p.dtype}; use torch.optim for other dtypes"
                 )
             state = self._init_state(p, group)
-            master = state.get("master_param") if self._wants_master(p, group) else None
+            master = state.get("master_param") if self.keeps_master(p, group) else None
             key = (p.device, master is not None)
             b = buckets.setdefault(key, {"params": [], "grads": [], "master_params": [],
                                          "state_steps": [], **{n: [] for n in names}})
@@ -413,7 +420,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                         buckets: Dict[BucketKey, Bucket]) -> None:
         """Keep flat.whole_group's one-slice bucket (grads included: their views are
         watched too)."""
-        self._keep(index, group, self._state_names(group), True,
+        self._keep(index, group, self.state_names(group), True,
                    list(map(self.state.get, group["params"])),  # (whole_group found each)
                    [(key, bucket, None) for key, bucket in buckets.items()])
 
@@ -462,7 +469,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 or plan.master_weights != group.get("master_weights", True)):
             return None
         grads = _WATCH.tensors_grads(group["params"], plan.params, not plan.whole)
-        if (grads is None or plan.names != self._state_names(group)
+        if (grads is None or plan.names != self.state_names(group)
                 or not _WATCH.items_unchanged(plan.dicts, plan.items)):
             return None
         if plan.whole:
@@ -534,7 +541,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                                            copy=True).reshape(())
         else:
             out["step"] = self._default_step(saved, p)
-        if self._wants_master(p, group) and out.get("master_param") is None:
+        if self.keeps_master(p, group) and out.get("master_param") is None:
             out["master_param"] = p.detach().to(torch.float32, copy=True)
         return out
 

@@ -68,8 +68,8 @@ class EightBitState:
     param_groups: List[Dict[str, Any]]
 
     def _moments8(self, group: Dict[str, Any]) -> Tuple[Tuple[str, str, str], ...]:
-        """The 8-bit moments this group keeps (its ``_state_names``)."""
-        names = self._state_names(group)  # type: ignore[attr-defined]
+        """The 8-bit moments this group keeps (its ``state_names``)."""
+        names = self.state_names(group)  # type: ignore[attr-defined]
         return tuple(m for m in self._MOMENTS8 if m[0] in names)
 
     def _quantized(self, p: Tensor, group: Dict[str, Any]) -> bool:
@@ -95,7 +95,7 @@ class EightBitState:
                     state[name] = torch.zeros_like(p, dtype=torch.float32,
                                                    memory_format=torch.preserve_format)
                     state[absname] = torch.zeros(0, dtype=torch.float32, device=p.device)
-        if self._wants_master(p, group) and state.get("master_param") is None:  # type: ignore[attr-defined]
+        if self.keeps_master(p, group) and state.get("master_param") is None:  # type: ignore[attr-defined]
             state["master_param"] = p.detach().to(torch.float32, copy=True)
         return state
 

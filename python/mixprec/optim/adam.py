@@ -135,7 +135,7 @@ class Adam(EightBitState, FusedOptimizer):
     _MOMENTS8 = (("exp_avg", "exp_avg_absmax", q8.SIGNED),
                  ("exp_avg_sq", "exp_avg_sq_absmax", q8.UNSIGNED))
 
-    def _state_names(self, group: Dict[str, Any]) -> List[str]:
+    def state_names(self, group: Dict[str, Any]) -> List[str]:
         names = ["exp_avg", "exp_avg_sq"]
         if group["amsgrad"]:
             names.append("max_exp_avg_sq")

@@ -95,7 +95,7 @@ class SGD(EightBitState, FusedOptimizer):
         }
         super().__init__(params, defaults)
 
-    def _state_names(self, group: Dict[str, Any]) -> List[str]:
+    def state_names(self, group: Dict[str, Any]) -> List[str]:
         if group["momentum"] == 0:
             return []
         if group.get("state_bits", 32) == 8:

@@ -185,17 +185,7 @@ class MixedPrecisionManager:
     def reset_scaler(self) -> None:
         """Replace the scaler by a fresh one (initial scale, no statistics)."""
         old = self.scaler
-        self.scaler = GradScaler(
-            old._device,
-            init_scale=old._init_scale if not old.is_enabled() else self._initial_scale(),
-            growth_factor=getattr(old, "_growth_factor", 2.0),
-            backoff_factor=getattr(old, "_backoff_factor", 0.5),
-            growth_interval=getattr(old, "_growth_interval", 2000),
-            enabled=old.is_enabled(),
-            min_scale=old.min_scale,
-            max_scale=old.max_scale,
-            hysteresis=old.hysteresis,
-        )
+        self.scaler = old.fresh(None if not old.is_enabled() else self._initial_scale())
 
     def _initial_scale(self) -> float:
         return float(self.config.initial_scale) if self.loss_scaling else 1.0
@@ -271,7 +261,7 @@ class MixedPrecisionManager:
         shard_groups = _dtensor.reduce_groups(_dtensor.specs_of(grads), True) if (
             cfg.performance_monitoring or self.adaptive is not None) else []
         enabled = scaler.is_enabled()
-        scale = scaler._get_scale_async() if enabled else None
+        scale = scaler.scale_tensor() if enabled else None
         if scale is None:
             scale = torch.ones((), device=dev)
         scale_before = scale.clone()
@@ -308,7 +298,7 @@ class MixedPrecisionManager:
                 scaler.update(new_scale=self._fixed_scale)
             else:
                 scaler.update()
-            scale_after = scaler._get_scale_async()
+            scale_after = scaler.scale_tensor()
             assert scale_after is not None
         else:
             opt.step()

@@ -1,0 +1,185 @@
+"""What each small host-path cache saves: the same call with the cache as it is and with
+the cache emptied before every call, side by side (CPU, one thread, tiny tensors, so a
+call costs what the host spends on it).
+
+The caches are the three of ARCHITECTURE.md "The host-path caches" that had no figure of
+their own:
+
+=====================  ==============================================================
+op routes              ``mixprec.ops._ROUTES``: per (op, device), the fast entry and
+                       the op to call. Timed: ``mixprec.ops.check_finite_`` over
+                       ``--tensors`` one-element tensors.
+lr tensors             ``Optimizer._lr_cache``: per (group, device), the float64 lr
+                       tensor the kernel reads. Timed: ``mixprec.optim.AdamW.step()``
+                       over ``--tensors`` one-element params, lr changed every step (as
+                       a scheduler does: the cached tensor is refilled in place).
+step signatures        ``amp.protocol._STEP_SIG_CACHE``: whether an optimizer's ``step``
+                       takes torch's deprecated ``grad_scaler`` argument. Timed:
+                       ``mixprec.GradScaler`` ``step`` + ``update`` with
+                       ``torch.optim.AdamW(fused=True)`` (the path that asks).
+=====================  ==============================================================
+
+Each figure is the best of ``--rounds`` blocks of ``--calls`` calls; the blocks of the two
+variants alternate. The noise is the spread of the cached variant's blocks (median minus
+best, relative); a saving below it is "within noise", and by the project's rule such a
+cache goes. Checked once, untimed, on the timed objects: both variants find a planted
+inf, move every param, and step the optimizer through the scaler.
+
+    python benchmarks/bench_caches.py [--tensors 10] [--calls 200] [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Tuple
+
+import torch
+
+import mixprec
+from _common import CheckFailed
+from mixprec import ops
+from mixprec.amp import protocol
+
+Variant = Callable[[], None]
+
+
+def _blocks(a: Variant, b: Variant, calls: int, rounds: int) -> Tuple[List[float], List[float]]:
+    """Per-call seconds of ``rounds`` blocks of ``calls`` calls of ``a`` and of ``b``,
+    alternated (a drift of the machine lands in both)."""
+    ta: List[float] = []
+    tb: List[float] = []
+    a(), b()  # warm up
+    for _ in range(rounds):
+        for fn, out in ((a, ta), (b, tb)):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            out.append((time.perf_counter() - t0) / calls)
+    return ta, tb
+
+
+def _op_routes(n: int) -> Tuple[Variant, Variant, Callable[[], None]]:
+    grads = [torch.randn(1) for _ in range(n)]
+    found = torch.zeros(1)
+
+    def cached() -> None:
+        ops.check_finite_(grads, found)
+
+    def emptied() -> None:
+        ops._ROUTES.clear()
+        ops.check_finite_(grads, found)
+
+    def check() -> None:
+        grads[-1][0] = float("inf")
+        for fn in (cached, emptied):
+            found.zero_()
+            fn()
+            if found.item() != 1.0:
+                raise CheckFailed("op routes: the planted inf was not found")
+        grads[-1][0] = 0.0
+        found.zero_()
+
+    return cached, emptied, check
+
+
+def _params(n: int) -> List[torch.nn.Parameter]:
+    out = []
+    for _ in range(n):
+        p = torch.nn.Parameter(torch.randn(1))
+        p.grad = torch.randn(1)
+        out.append(p)
+    return out
+
+
+def _lr_tensors(n: int) -> Tuple[Variant, Variant, Callable[[], None]]:
+    params = _params(n)
+    opt = mixprec.optim.AdamW(params, lr=1e-3)
+    group = opt.param_groups[0]
+    lrs = (1e-3, 2e-3)
+    k = [0]
+
+    def cached() -> None:
+        k[0] ^= 1
+        group["lr"] = lrs[k[0]]  # a scheduler's new value every step
+        opt.step()
+
+    def emptied() -> None:
+        opt._lr_cache.clear()
+        cached()
+
+    def check() -> None:
+        for fn in (cached, emptied):
+            before = [p.detach().clone() for p in params]
+            fn()
+            if any(torch.equal(a, p) for a, p in zip(before, params)):
+                raise CheckFailed("lr tensors: a param did not move")
+
+    return cached, emptied, check
+
+
+def _step_signatures(n: int) -> Tuple[Variant, Variant, Callable[[], None]]:
+    params = _params(n)
+    opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    scaler = mixprec.GradScaler("cpu", init_scale=1.0, growth_interval=10**9)
+    scaler.scale(torch.ones(()))
+
+    def cached() -> None:
+        scaler.step(opt)
+        scaler.update()
+
+    def emptied() -> None:
+        protocol._STEP_SIG_CACHE.clear()
+        cached()
+
+    def check() -> None:
+        for fn in (cached, emptied):
+            before = [p.detach().clone() for p in params]
+            fn()
+            if any(torch.equal(a, p) for a, p in zip(before, params)):
+                raise CheckFailed("step signatures: the scaler did not step the optimizer")
+
+    return cached, emptied, check
+
+
+CASES: Dict[str, Callable[[int], Tuple[Variant, Variant, Callable[[], None]]]] = {
+    "op routes": _op_routes,
+    "lr tensors": _lr_tensors,
+    "step signatures": _step_signatures,
+}
+
+
+def main(argv: List[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tensors", type=int, default=10)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=15)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, mixprec {mixprec.__version__}, CPU, 1 thread; "
+          f"{args.tensors} one-element tensors; best of {args.rounds} x {args.calls} calls")
+    print(f"{'cache':<16} {'cached us':>10} {'emptied us':>11} {'saving us':>10} "
+          f"{'saving':>7} {'noise':>7}  verdict")
+    status = 0
+    for name, make in CASES.items():
+        cached, emptied, check = make(args.tensors)
+        try:
+            check()
+        except CheckFailed as exc:
+            print(f"check failed: {exc}")
+            status = 1
+            continue
+        tc, te = _blocks(cached, emptied, args.calls, args.rounds)
+        best_c, best_e = min(tc), min(te)
+        noise = (statistics.median(tc) - best_c) / best_c
+        saving = (best_e - best_c) / best_c
+        verdict = "saves" if saving > noise else "within noise"
+        print(f"{name:<16} {best_c * 1e6:>10.2f} {best_e * 1e6:>11.2f} "
+              f"{(best_e - best_c) * 1e6:>10.2f} {saving:>7.1%} {noise:>7.1%}  {verdict}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
