@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Callable, Iterator, List
@@ -25,6 +26,7 @@ import gpu_check  # noqa: E402
 import gpu_workload  # noqa: E402
 
 import _common  # noqa: E402
+import bench_8bit_accuracy  # noqa: E402
 import bench_caches  # noqa: E402
 import bench_fsdp2  # noqa: E402
 import bench_host_cost  # noqa: E402
@@ -419,6 +421,25 @@ def test_gpu_check_sanitizer_sets_reach_the_workload() -> None:
         assert name in gpu_workload.SETS
     args.sanitizer_sets = ""
     assert "--sets" not in gpu_check.workload_args(args, "cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# bench_8bit_accuracy (the 8-bit accuracy study; --quick is its smoke run)
+
+def test_bench_8bit_accuracy_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("sklearn", reason="the digits task needs scikit-learn")
+    assert bench_8bit_accuracy.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for task in ("digits", "tiny LM"):
+        assert re.search(rf"verdict \({task}\).*\n.*mixprec AdamW8bit .*(WITHIN|below)", out)
+
+
+def test_bench_8bit_accuracy_catches_an_8bit_step_that_does_nothing(
+        fails_with_noop: NoopRun) -> None:
+    pytest.importorskip("sklearn", reason="the digits task needs scikit-learn")
+    out = fails_with_noop("fused_adam8_", bench_8bit_accuracy.main, ["--quick"])
+    failed = out.split("FAILED:")[1]
+    assert "mixprec AdamW8bit" in failed and "mixprec AdamW 32-bit" not in failed
 
 
 # ---------------------------------------------------------------------------------------------
