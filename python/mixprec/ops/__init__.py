@@ -123,7 +123,7 @@ def _call(name: str, device: torch.device, *args: Any) -> Any:
     if torch.compiler.is_compiling():
         # what dynamo traces: no extension module, no cache (it would guard on both)
         return _op_for(name, device)(*args)
-    fast, op = _route(name, device)
+    fast, op = _ROUTES.get((name, device)) or _route(name, device)
     if fast is not None:
         out = fast(*args)
         if out is not NotImplemented:

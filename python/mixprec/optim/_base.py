@@ -36,6 +36,9 @@ from .. import flat as _flat
 from ..ops._extension import WATCH as _WATCH
 from ..ops._scalars import StepScalars
 
+#: The scalars of a step given none (a plain ``opt.step()``): one shared immutable value.
+_NO_SCALARS = StepScalars(None, None, None)
+
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -280,8 +283,9 @@ class FusedOptimizer(torch.optim.Optimizer):
         if clip_coef is None:
             clip_coef = getattr(self, "clip_coef", None)
         # Checked before any state is created, so a rejected step changes nothing.
-        for name, t in (("grad_scale", grad_scale), ("found_inf", found_inf),
-                        ("clip_coef", clip_coef)):
+        given = () if grad_scale is None and found_inf is None and clip_coef is None else (
+            ("grad_scale", grad_scale), ("found_inf", found_inf), ("clip_coef", clip_coef))
+        for name, t in given:
             if t is not None and not (isinstance(t, Tensor) and t.dtype == torch.float32
                                       and t.numel() == 1):
                 raise RuntimeError(
@@ -491,11 +495,12 @@ class FusedOptimizer(torch.optim.Optimizer):
                 moved[(name, device)] = t.to(device, non_blocking=True)
             return moved[(name, device)]
 
+        none = grad_scale is None and found_inf is None and clip_coef is None
         seed = (int(group.get("seed", 0)) * 1_000_003 + index) & 0x7FFFFFFFFFFFFFFF
         for (device, _), bucket in buckets.items():
-            scalars = StepScalars(on("grad_scale", grad_scale, device),
-                                  on("found_inf", found_inf, device),
-                                  on("clip_coef", clip_coef, device))
+            scalars = _NO_SCALARS if none else StepScalars(
+                on("grad_scale", grad_scale, device), on("found_inf", found_inf, device),
+                on("clip_coef", clip_coef, device))
             bucket = _flat.coalesce_bucket(self, group, bucket, plain)  # flat-buffer mode
             self._run(bucket, group, self._lr_tensor(index, group, device), scalars, seed)
 

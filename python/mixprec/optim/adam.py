@@ -145,9 +145,10 @@ class Adam(EightBitState, FusedOptimizer):
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
              scalars: StepScalars, seed: int) -> None:
-        coded, bucket = split_coded(bucket, group, "exp_avg")
-        if coded is not None:
-            self._run8(coded, group, lr, scalars, seed)
+        if group.get("state_bits", 32) == 8:
+            coded, bucket = split_coded(bucket, group, "exp_avg")
+            if coded is not None:
+                self._run8(coded, group, lr, scalars, seed)
         if not bucket["params"]:
             return
         beta1, beta2 = group["betas"]
