@@ -94,6 +94,19 @@ def _params(n: int) -> List[torch.nn.Parameter]:
     return out
 
 
+def _moves_every_param(params: List[torch.nn.Parameter], variants: Tuple[Variant, Variant],
+                       what: str) -> Callable[[], None]:
+    """The untimed check of an optimizer case: each variant moves every param."""
+    def check() -> None:
+        for fn in variants:
+            before = [p.detach().clone() for p in params]
+            fn()
+            if any(torch.equal(a, p) for a, p in zip(before, params)):
+                raise CheckFailed(what)
+
+    return check
+
+
 def _lr_tensors(n: int) -> Tuple[Variant, Variant, Callable[[], None]]:
     params = _params(n)
     opt = mixprec.optim.AdamW(params, lr=1e-3)
@@ -110,14 +123,8 @@ def _lr_tensors(n: int) -> Tuple[Variant, Variant, Callable[[], None]]:
         opt._lr_cache.clear()
         cached()
 
-    def check() -> None:
-        for fn in (cached, emptied):
-            before = [p.detach().clone() for p in params]
-            fn()
-            if any(torch.equal(a, p) for a, p in zip(before, params)):
-                raise CheckFailed("lr tensors: a param did not move")
-
-    return cached, emptied, check
+    return cached, emptied, _moves_every_param(params, (cached, emptied),
+                                               "lr tensors: a param did not move")
 
 
 def _step_signatures(n: int) -> Tuple[Variant, Variant, Callable[[], None]]:
@@ -134,14 +141,8 @@ def _step_signatures(n: int) -> Tuple[Variant, Variant, Callable[[], None]]:
         protocol._STEP_SIG_CACHE.clear()
         cached()
 
-    def check() -> None:
-        for fn in (cached, emptied):
-            before = [p.detach().clone() for p in params]
-            fn()
-            if any(torch.equal(a, p) for a, p in zip(before, params)):
-                raise CheckFailed("step signatures: the scaler did not step the optimizer")
-
-    return cached, emptied, check
+    return cached, emptied, _moves_every_param(
+        params, (cached, emptied), "step signatures: the scaler did not step the optimizer")
 
 
 CASES: Dict[str, Callable[[int], Tuple[Variant, Variant, Callable[[], None]]]] = {
