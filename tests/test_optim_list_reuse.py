@@ -447,6 +447,67 @@ def test_params_watch_refuses_tensor_subclasses() -> None:
         _WATCH.tensors_grads(ps, "not a snapshot", True)
 
 
+class _SlottedDT(torch.Tensor):
+    """Stands in for DTensor: ``_local_tensor`` and ``_spec`` in slots, as torch's."""
+
+    __slots__ = ("_local_tensor", "_spec")
+
+
+class _AttrDT(torch.Tensor):
+    """Stands in for a DTensor class whose ``_local_tensor`` is no slot (a property)."""
+
+    @property
+    def _local_tensor(self) -> torch.Tensor:
+        return self.__dict__["local"]
+
+    @property
+    def _spec(self) -> str:
+        return self.__dict__["spec"]
+
+
+def _fake_dtensor(cls: type, local: torch.Tensor, spec: str) -> torch.Tensor:
+    t = torch.Tensor._make_subclass(cls, torch.empty(local.shape), local.requires_grad)
+    if cls is _SlottedDT:
+        t._local_tensor, t._spec = local, spec
+    else:
+        t.__dict__.update(local=local, spec=spec)
+    return t
+
+
+@needs_watch
+@pytest.mark.parametrize("cls", [_SlottedDT, _AttrDT])
+def test_dtensor_locals_read_from_the_slot_or_by_name(cls: type) -> None:
+    """The list passes read a DTensor's ``_local_tensor``/``_spec`` from its slot when the
+    class declares slots (csrc/python/list_watch.h ``DTensorSlot``), by name otherwise: the
+    same answers either way, and an unset slot takes the per-param path (None)."""
+    from mixprec import _dtensor
+
+    real = _dtensor.dtensor_class() if _dtensor.fsdp2_unavailable() is None else None
+    try:
+        _WATCH.set_dtensor_type(cls)
+        params = [_fake_dtensor(cls, torch.randn(3, requires_grad=True), f"p{i}")
+                  for i in range(3)]
+        for i, p in enumerate(params):
+            p.grad = _fake_dtensor(cls, torch.randn(3), f"g{i}")
+        snap = _WATCH.watch_tensors(params, False)
+        assert snap is not None
+        got = _WATCH.tensors_grads(params, snap, True)
+        assert [g is p.grad._local_tensor for g, p in zip(got, params)] == [True] * 3
+        specs: List[Any] = []
+        got = _WATCH.dense_grads(params, True, specs)
+        assert [g is p.grad._local_tensor for g, p in zip(got, params)] == [True] * 3
+        assert specs == ["g0", "g1", "g2"]
+        if cls is _SlottedDT:
+            del params[1].grad._local_tensor  # an unset slot
+            assert _WATCH.tensors_grads(params, snap, True) is None
+            assert _WATCH.dense_grads(params, True, []) is None
+            del params[2]._local_tensor
+            assert _WATCH.watch_tensors(params, False) is None
+    finally:
+        if real is not None:
+            _WATCH.set_dtensor_type(real)
+
+
 ITEM_CHANGES: Dict[str, Callable[[List[Dict[str, Any]]], None]] = {
     "value replaced": lambda ds: ds[0].__setitem__("exp_avg", torch.zeros(3)),
     "key added": lambda ds: ds[1].__setitem__("extra", 1),
