@@ -178,6 +178,12 @@ def _worker(rank: int, init_file: str, out_dir: str, args: argparse.Namespace) -
         dist.barrier()  # every rank done with its collectives before any tears down
     finally:
         dist.destroy_process_group()
+    # Leave without the interpreter's shutdown, during which a gloo worker thread (alive
+    # after destroy_process_group() once fully_shard ran) may free a finished collective
+    # and abort the process (docs/troubleshooting.md).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: List[str] | None = None) -> int:

@@ -49,6 +49,12 @@ def _worker(rank: int, world: int, entry: str, init_file: str, out_dir: str) -> 
         dist.barrier()  # every rank done with its collectives before any tears down
     finally:
         dist.destroy_process_group()
+    # Results are saved: leave without the interpreter's shutdown, during which a gloo
+    # worker thread (alive after destroy_process_group() once fully_shard ran) may free a
+    # finished collective and abort the process (docs/troubleshooting.md).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn(world: int, entry: str) -> Dict[int, Result]:

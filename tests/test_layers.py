@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import sys
 from pathlib import Path
 from types import FrameType
@@ -159,14 +160,24 @@ def test_a_foreign_private_read_is_found() -> None:
         "optimizer._run"]
 
 
-def callbacks(fn: Callable[[], Any]) -> List[str]:
-    """Run ``fn`` and list every call into a ``python/mixprec`` file that is already on the
-    stack below another mixprec file (``a.py -> b.py -> a.py``): a call back up the
-    layers. Calls within one file, calls through torch, and a generator resumed where it
-    is consumed (data passed lazily, e.g. to ``any``) are not callbacks."""
-    root = str(PKG) + "/"
+def _imported_root() -> str:
+    """Where the running ``mixprec`` is (a build may run a copy of ``python/mixprec``)."""
+    import mixprec
+
+    return os.path.dirname(os.path.abspath(mixprec.__file__)) + "/"
+
+
+def callbacks(fn: Callable[[], Any], seen: Optional[List[int]] = None) -> List[str]:
+    """Run ``fn`` and list every call into a mixprec file that is already on the stack
+    below another mixprec file (``a.py -> b.py -> a.py``): a call back up the layers.
+    Calls within one file, calls through torch, and a generator resumed where it is
+    consumed (data passed lazily, e.g. to ``any``) are not callbacks. ``seen``, when given,
+    gets the number of mixprec calls traced appended (so that a check cannot pass by
+    seeing none)."""
+    root = _imported_root()
     stack: List[Optional[str]] = []
     found: List[str] = []
+    calls = [0]
 
     def prof(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
@@ -174,6 +185,7 @@ def callbacks(fn: Callable[[], Any]) -> List[str]:
             lazy = frame.f_code.co_flags & inspect.CO_GENERATOR
             f = name[len(root):] if name.startswith(root) and not lazy else None
             if f is not None:
+                calls[0] += 1
                 path = [x for x in stack if x is not None]
                 path = [x for i, x in enumerate(path) if i == 0 or path[i - 1] != x]
                 if f in path and path[-1] != f:
@@ -187,6 +199,8 @@ def callbacks(fn: Callable[[], Any]) -> List[str]:
         fn()
     finally:
         sys.setprofile(None)
+    if seen is not None:
+        seen.append(calls[0])
     return found
 
 
@@ -228,7 +242,9 @@ def test_a_scaler_iteration_never_calls_back_up(kind: str) -> None:
         backward()
         if name == "update":
             scaler.step(opt)
-        assert callbacks(run) == [], name
+        seen: List[int] = []
+        assert callbacks(run, seen) == [], name
+        assert seen[0] > 3, (name, seen)  # the mixprec calls were traced
         if name != "update":
             scaler.update()
 
@@ -242,7 +258,7 @@ def test_a_callback_is_found() -> None:
     planted: Dict[str, Any] = {"scaler": scaler}
     # a helper in amp/grads.py that asks its owner (a property of amp/grad_scaler.py)
     exec(compile("def allowed(setting, opt):\n    return scaler.policy == 'torch'\n",
-                 str(PKG / "amp" / "grads.py"), "exec"), planted)
+                 _imported_root() + "amp/grads.py", "exec"), planted)
     try:
         grads.fp16_grads_allowed = planted["allowed"]
         opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
