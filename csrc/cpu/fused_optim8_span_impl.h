@@ -1,11 +1,10 @@
 // The vectorized element loops of fused_adam8_ and fused_sgd8_ on CPU: per
-// block of q8::kBlock elements, read the codes back to float32 (a gather from
-// the code table), run the element update of fused_optim_span_impl.h, write
-// the param (and master) at once, keep the new moments in a block-sized
-// buffer with their absmax, then write the codes of the new moments
+// block of q8::kBlock elements, read the codes back to float32 into a
+// block-sized buffer (a gather from the code table), run the 32-bit element
+// loop of fused_optim_span_impl.h on it (which writes the param and master),
+// take the new absmax, then write the codes of the new moments
 // (common/quant8_math.h's rounding, vectorized: bucket gather, one midpoint
-// comparison, the nonzero rule) and the new absmax. A scalar tail runs the
-// same math on the last elements of a block.
+// comparison, the nonzero rule) and the new absmax.
 //
 // Included by span_kernels_isa.h after fused_optim_span_impl.h, inside its
 // MIXPREC_SPAN_NS.
@@ -145,54 +144,38 @@ inline float reduce_abs_max(const FVec& acc, float scalar) {
   return m;
 }
 
+// The running NaN-propagating |max| of each state a block's element loop
+// writes (the Seen of adam_span and sgd_span), from which the block's new
+// absmaxes come.
+struct StateMax {
+  FVec vec[2] = {FVec(0.0f), FVec(0.0f)};
+  float scalar[2] = {0.0f, 0.0f};
+  void see(int k, const FVec& a, const FVec& b) {
+    vec[k] = at::vec::maximum(vec[k], at::vec::maximum(a.abs(), b.abs()));
+  }
+  void see(int k, float x) { scalar[k] = q8::abs_max(scalar[k], x); }
+  float absmax(int k) const { return reduce_abs_max(vec[k], scalar[k]); }
+};
+
+// The 8-bit spans run the 32-bit element loops of fused_optim_span_impl.h
+// on one state block at a time, its moments read back into block buffers.
 template <typename P, typename G, bool kMaster>
 void adam8_span(P* p, const G* g, const CodedSpan& mc, const CodedSpan& vc,
                 float* master, int64_t n, const AdamSpanArgs& a) {
   alignas(64) float mq[q8::kBlock];
   alignas(64) float vq[q8::kBlock];
+  AdamSpanArgs ab = a;
   for (int64_t off = 0, blk = 0; off < n; off += q8::kBlock, ++blk) {
     const int64_t len = n - off < q8::kBlock ? n - off : q8::kBlock;
     decode_block(mc.codes + off, mc.absmax[blk], q8::kSigned, len, mq);
     decode_block(vc.codes + off, vc.absmax[blk], q8::kUnsigned, len, vq);
-    P* pb = p + off;
-    const G* gb = g + off;
-    float* mb = kMaster ? master + off : nullptr;
-    const uint32_t index_base = a.index_base + static_cast<uint32_t>(off);
-    FVec am(0.0f), av(0.0f);
-    int64_t i = 0;
-    for (; i + kStep <= len; i += kStep) {
-      FVec w0, w1, g0, g1, m0, m1, v0, v1, x0, x1;
-      if constexpr (kMaster) {
-        load2(mb + i, w0, w1);
-      } else {
-        load2(pb + i, w0, w1);
-      }
-      load2(gb + i, g0, g1);
-      load2(mq + i, m0, m1);
-      load2(vq + i, v0, v1);
-      g0 = math::prepare_grad(g0, a.gc);
-      g1 = math::prepare_grad(g1, a.gc);
-      math::adam_update<false, VecOps>(w0, g0, m0, v0, x0, a.k, a.s);
-      math::adam_update<false, VecOps>(w1, g1, m1, v1, x1, a.k, a.s);
-      store2(mq + i, m0, m1);
-      store2(vq + i, v0, v1);
-      am = at::vec::maximum(am, at::vec::maximum(m0.abs(), m1.abs()));
-      av = at::vec::maximum(av, at::vec::maximum(v0.abs(), v1.abs()));
-      store_param(pb, mb, i, w0, w1, a.sr, a.key, index_base);
-    }
-    float am_s = 0.0f, av_s = 0.0f;
-    for (; i < len; ++i) {
-      float w = kMaster ? mb[i] : static_cast<float>(pb[i]);
-      const float gi = math::prepare_grad(static_cast<float>(gb[i]), a.gc);
-      float xi = 0.0f;
-      math::adam_update<false, math::ScalarOps>(w, gi, mq[i], vq[i], xi, a.k,
-                                                a.s);
-      am_s = q8::abs_max(am_s, mq[i]);
-      av_s = q8::abs_max(av_s, vq[i]);
-      store_param_scalar(pb, mb, i, w, a.sr, a.key, index_base);
-    }
-    const float new_am = reduce_abs_max(am, am_s);
-    const float new_av = reduce_abs_max(av, av_s);
+    ab.index_base = a.index_base + static_cast<uint32_t>(off);
+    StateMax seen;
+    adam_span<P, G, kMaster, false>(p + off, g + off, mq, vq, nullptr,
+                                    kMaster ? master + off : nullptr, len, ab,
+                                    seen);
+    const float new_am = seen.absmax(0);
+    const float new_av = seen.absmax(1);
     encode_block(mq, new_am, q8::kSigned, len, mc.codes + off);
     encode_block(vq, new_av, q8::kUnsigned, len, vc.codes + off);
     mc.absmax[blk] = new_am;
@@ -204,47 +187,17 @@ template <typename P, typename G, bool kMaster>
 void sgd8_span(P* p, const G* g, const CodedSpan& bc, float* master, int64_t n,
                const SgdSpanArgs& a) {
   alignas(64) float bq[q8::kBlock];
+  SgdSpanArgs ab = a;
   for (int64_t off = 0, blk = 0; off < n; off += q8::kBlock, ++blk) {
     const int64_t len = n - off < q8::kBlock ? n - off : q8::kBlock;
     if (!a.first) {
       decode_block(bc.codes + off, bc.absmax[blk], q8::kSigned, len, bq);
     }
-    P* pb = p + off;
-    const G* gb = g + off;
-    float* mb = kMaster ? master + off : nullptr;
-    const uint32_t index_base = a.index_base + static_cast<uint32_t>(off);
-    FVec ab(0.0f);
-    int64_t i = 0;
-    for (; i + kStep <= len; i += kStep) {
-      FVec w0, w1, g0, g1, b0, b1;
-      if constexpr (kMaster) {
-        load2(mb + i, w0, w1);
-      } else {
-        load2(pb + i, w0, w1);
-      }
-      load2(gb + i, g0, g1);
-      if (!a.first) {
-        load2(bq + i, b0, b1);
-      }
-      g0 = math::prepare_grad(g0, a.gc);
-      g1 = math::prepare_grad(g1, a.gc);
-      math::sgd_update(w0, g0, b0, a.k, a.first, a.neg_lr);
-      math::sgd_update(w1, g1, b1, a.k, a.first, a.neg_lr);
-      store2(bq + i, b0, b1);
-      ab = at::vec::maximum(ab, at::vec::maximum(b0.abs(), b1.abs()));
-      store_param(pb, mb, i, w0, w1, a.sr, a.key, index_base);
-    }
-    float ab_s = 0.0f;
-    for (; i < len; ++i) {
-      float w = kMaster ? mb[i] : static_cast<float>(pb[i]);
-      const float gi = math::prepare_grad(static_cast<float>(gb[i]), a.gc);
-      float bi = a.first ? 0.0f : bq[i];
-      math::sgd_update(w, gi, bi, a.k, a.first, a.neg_lr);
-      bq[i] = bi;
-      ab_s = q8::abs_max(ab_s, bi);
-      store_param_scalar(pb, mb, i, w, a.sr, a.key, index_base);
-    }
-    const float new_ab = reduce_abs_max(ab, ab_s);
+    ab.index_base = a.index_base + static_cast<uint32_t>(off);
+    StateMax seen;
+    sgd_span<P, G, kMaster, true>(
+        p + off, g + off, bq, kMaster ? master + off : nullptr, len, ab, seen);
+    const float new_ab = seen.absmax(0);
     encode_block(bq, new_ab, q8::kSigned, len, bc.codes + off);
     bc.absmax[blk] = new_ab;
   }
@@ -253,36 +206,20 @@ void sgd8_span(P* p, const G* g, const CodedSpan& bc, float* master, int64_t n,
 inline void adam8(SpanDtype pd, SpanDtype gd, void* p, const void* g,
                   const CodedSpan& m, const CodedSpan& v, float* master,
                   int64_t n, const AdamSpanArgs& a) {
-  dispatch2(pd, gd, [&](auto* ptag, auto* gtag) {
-    using PT = std::remove_pointer_t<decltype(ptag)>;
-    using GT = std::remove_pointer_t<decltype(gtag)>;
-    PT* pp = static_cast<PT*>(p);
-    const GT* gp = static_cast<const GT*>(g);
-    if constexpr (std::is_same_v<PT, float>) {
-      adam8_span<PT, GT, false>(pp, gp, m, v, nullptr, n, a);
-    } else if (master != nullptr) {
-      adam8_span<PT, GT, true>(pp, gp, m, v, master, n, a);
-    } else {
-      adam8_span<PT, GT, false>(pp, gp, m, v, nullptr, n, a);
-    }
+  dispatch_span(pd, gd, p, g, master, [&](auto* pp, auto* gp, auto kmaster) {
+    constexpr bool kM = decltype(kmaster)::value;
+    adam8_span<Elem<decltype(pp)>, Elem<decltype(gp)>, kM>(pp, gp, m, v, master,
+                                                           n, a);
   });
 }
 
 inline void sgd8(SpanDtype pd, SpanDtype gd, void* p, const void* g,
                  const CodedSpan& buf, float* master, int64_t n,
                  const SgdSpanArgs& a) {
-  dispatch2(pd, gd, [&](auto* ptag, auto* gtag) {
-    using PT = std::remove_pointer_t<decltype(ptag)>;
-    using GT = std::remove_pointer_t<decltype(gtag)>;
-    PT* pp = static_cast<PT*>(p);
-    const GT* gp = static_cast<const GT*>(g);
-    if constexpr (std::is_same_v<PT, float>) {
-      sgd8_span<PT, GT, false>(pp, gp, buf, nullptr, n, a);
-    } else if (master != nullptr) {
-      sgd8_span<PT, GT, true>(pp, gp, buf, master, n, a);
-    } else {
-      sgd8_span<PT, GT, false>(pp, gp, buf, nullptr, n, a);
-    }
+  dispatch_span(pd, gd, p, g, master, [&](auto* pp, auto* gp, auto kmaster) {
+    constexpr bool kM = decltype(kmaster)::value;
+    sgd8_span<Elem<decltype(pp)>, Elem<decltype(gp)>, kM>(pp, gp, buf, master,
+                                                          n, a);
   });
 }
 

@@ -116,9 +116,19 @@ inline void store_param_scalar(P* p, float* master, int64_t i, float w, bool sr,
   p[i] = static_cast<P>(w);
 }
 
-template <typename P, typename G, bool kMaster, bool kAms>
+// What the element loops report of each new state value: nothing (the
+// 32-bit steps), or, through a Seen of the same shape, their running |max|
+// (the 8-bit steps need each block's new absmax: StateMax in
+// fused_optim8_span_impl.h). State k: 0 = m or the momentum buffer, 1 = v.
+struct NoStateMax {
+  void see(int, const FVec&, const FVec&) {}
+  void see(int, float) {}
+};
+
+template <typename P, typename G, bool kMaster, bool kAms,
+          class Seen = NoStateMax>
 void adam_span(P* p, const G* g, float* m, float* v, float* vm, float* master,
-               int64_t n, const AdamSpanArgs& a) {
+               int64_t n, const AdamSpanArgs& a, Seen&& seen = Seen{}) {
   int64_t i = 0;
   for (; i + kStep <= n; i += kStep) {
     FVec w0, w1, g0, g1, m0, m1, v0, v1, x0, x1;
@@ -139,6 +149,8 @@ void adam_span(P* p, const G* g, float* m, float* v, float* vm, float* master,
     math::adam_update<kAms, VecOps>(w1, g1, m1, v1, x1, a.k, a.s);
     store2(m + i, m0, m1);
     store2(v + i, v0, v1);
+    seen.see(0, m0, m1);
+    seen.see(1, v0, v1);
     if constexpr (kAms) {
       store2(vm + i, x0, x1);
     }
@@ -154,6 +166,8 @@ void adam_span(P* p, const G* g, float* m, float* v, float* vm, float* master,
     math::adam_update<kAms, math::ScalarOps>(w, gi, mi, vi, xi, a.k, a.s);
     m[i] = mi;
     v[i] = vi;
+    seen.see(0, mi);
+    seen.see(1, vi);
     if constexpr (kAms) {
       vm[i] = xi;
     }
@@ -162,9 +176,10 @@ void adam_span(P* p, const G* g, float* m, float* v, float* vm, float* master,
   }
 }
 
-template <typename P, typename G, bool kMaster, bool kMom>
+template <typename P, typename G, bool kMaster, bool kMom,
+          class Seen = NoStateMax>
 void sgd_span(P* p, const G* g, float* buf, float* master, int64_t n,
-              const SgdSpanArgs& a) {
+              const SgdSpanArgs& a, Seen&& seen = Seen{}) {
   int64_t i = 0;
   for (; i + kStep <= n; i += kStep) {
     FVec w0, w1, g0, g1, b0, b1;
@@ -185,6 +200,7 @@ void sgd_span(P* p, const G* g, float* buf, float* master, int64_t n,
     math::sgd_update(w1, g1, b1, a.k, a.first, a.neg_lr);
     if constexpr (kMom) {
       store2(buf + i, b0, b1);
+      seen.see(0, b0, b1);
     }
     store_param(p, kMaster ? master : nullptr, i, w0, w1, a.sr, a.key,
                 a.index_base);
@@ -196,6 +212,7 @@ void sgd_span(P* p, const G* g, float* buf, float* master, int64_t n,
     math::sgd_update(w, gi, bi, a.k, a.first, a.neg_lr);
     if constexpr (kMom) {
       buf[i] = bi;
+      seen.see(0, bi);
     }
     store_param_scalar(p, kMaster ? master : nullptr, i, w, a.sr, a.key,
                        a.index_base);
@@ -231,46 +248,53 @@ void dispatch2(SpanDtype pd, SpanDtype gd, F&& f) {
   }
 }
 
-inline void adam(SpanDtype pd, SpanDtype gd, void* p, const void* g, float* m,
-                 float* v, float* vm, float* master, int64_t n,
-                 const AdamSpanArgs& a) {
+// Calls f(P* p, const G* g, kMaster) with the span pointers typed by the
+// dtypes; kMaster (std::true_type or std::false_type) says whether the
+// element loop keeps a float32 master: a 16-bit param with one.
+template <typename F>
+void dispatch_span(SpanDtype pd, SpanDtype gd, void* p, const void* g,
+                   const float* master, F&& f) {
   dispatch2(pd, gd, [&](auto* ptag, auto* gtag) {
     using PT = std::remove_pointer_t<decltype(ptag)>;
     using GT = std::remove_pointer_t<decltype(gtag)>;
     PT* pp = static_cast<PT*>(p);
     const GT* gp = static_cast<const GT*>(g);
-    const bool ams = vm != nullptr;
     if constexpr (std::is_same_v<PT, float>) {
-      ams ? adam_span<PT, GT, false, true>(pp, gp, m, v, vm, nullptr, n, a)
-          : adam_span<PT, GT, false, false>(pp, gp, m, v, vm, nullptr, n, a);
+      f(pp, gp, std::false_type{});
     } else if (master != nullptr) {
-      ams ? adam_span<PT, GT, true, true>(pp, gp, m, v, vm, master, n, a)
-          : adam_span<PT, GT, true, false>(pp, gp, m, v, vm, master, n, a);
+      f(pp, gp, std::true_type{});
     } else {
-      ams ? adam_span<PT, GT, false, true>(pp, gp, m, v, vm, nullptr, n, a)
-          : adam_span<PT, GT, false, false>(pp, gp, m, v, vm, nullptr, n, a);
+      f(pp, gp, std::false_type{});
     }
+  });
+}
+
+// The element types of dispatch_span's pointers.
+template <typename Ptr>
+using Elem = std::remove_const_t<std::remove_pointer_t<Ptr>>;
+
+inline void adam(SpanDtype pd, SpanDtype gd, void* p, const void* g, float* m,
+                 float* v, float* vm, float* master, int64_t n,
+                 const AdamSpanArgs& a) {
+  dispatch_span(pd, gd, p, g, master, [&](auto* pp, auto* gp, auto kmaster) {
+    using PT = Elem<decltype(pp)>;
+    using GT = Elem<decltype(gp)>;
+    constexpr bool kM = decltype(kmaster)::value;
+    float* mp = kM ? master : nullptr;
+    vm != nullptr ? adam_span<PT, GT, kM, true>(pp, gp, m, v, vm, mp, n, a)
+                  : adam_span<PT, GT, kM, false>(pp, gp, m, v, vm, mp, n, a);
   });
 }
 
 inline void sgd(SpanDtype pd, SpanDtype gd, void* p, const void* g, float* buf,
                 float* master, int64_t n, const SgdSpanArgs& a) {
-  dispatch2(pd, gd, [&](auto* ptag, auto* gtag) {
-    using PT = std::remove_pointer_t<decltype(ptag)>;
-    using GT = std::remove_pointer_t<decltype(gtag)>;
-    PT* pp = static_cast<PT*>(p);
-    const GT* gp = static_cast<const GT*>(g);
-    const bool mom = buf != nullptr;
-    if constexpr (std::is_same_v<PT, float>) {
-      mom ? sgd_span<PT, GT, false, true>(pp, gp, buf, nullptr, n, a)
-          : sgd_span<PT, GT, false, false>(pp, gp, buf, nullptr, n, a);
-    } else if (master != nullptr) {
-      mom ? sgd_span<PT, GT, true, true>(pp, gp, buf, master, n, a)
-          : sgd_span<PT, GT, true, false>(pp, gp, buf, master, n, a);
-    } else {
-      mom ? sgd_span<PT, GT, false, true>(pp, gp, buf, nullptr, n, a)
-          : sgd_span<PT, GT, false, false>(pp, gp, buf, nullptr, n, a);
-    }
+  dispatch_span(pd, gd, p, g, master, [&](auto* pp, auto* gp, auto kmaster) {
+    using PT = Elem<decltype(pp)>;
+    using GT = Elem<decltype(gp)>;
+    constexpr bool kM = decltype(kmaster)::value;
+    float* mp = kM ? master : nullptr;
+    buf != nullptr ? sgd_span<PT, GT, kM, true>(pp, gp, buf, mp, n, a)
+                   : sgd_span<PT, GT, kM, false>(pp, gp, buf, mp, n, a);
   });
 }
 

@@ -156,6 +156,54 @@ struct OptimKernelArgs {
   }
 };
 
+// What every fused-optimizer functor reads first in a CUDA block: the
+// block's span, its param and grad (and float32 master) pointers at the
+// span's start, the step's constants (Rule::block, Rule::loads_states), the
+// grad coefficients, and the stochastic-rounding key and element base (both
+// 0 unless a.sr). OptimOp below and Optim8Op (fused_optim8.h) start here.
+template <typename P, typename G, bool kHasMaster, class Rule>
+struct StepFrame {
+  BlockSpan s;
+  P* p;
+  const G* g;
+  float* mp;  // null without a master
+  typename Rule::Block blk;
+  bool load_states;
+  math::GradCoefs gc;
+  uint32_t key;
+  uint32_t base;
+
+  template <class Meta>
+  MIXPREC_HD static StepFrame make(const Meta& meta, GridPos pos,
+                                   const typename Rule::Args& a) {
+    const BlockSpan s = block_span(meta, pos.block);
+    auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
+    float* mp = nullptr;
+    if constexpr (kHasMaster) {
+      mp = static_cast<float*>(list(Rule::kMaster)) + s.start;
+    }
+    const float step_before = *static_cast<const float*>(list(Rule::kStep));
+    const typename Rule::Block blk = Rule::block(a, step_before);
+    uint32_t key = 0;
+    uint32_t base = 0;
+    if (a.sr) {
+      key = math::sr_key(a.seed, static_cast<uint32_t>(step_before + 1.0f),
+                         a.stream);
+      base = sr_block_base(meta, pos);
+    }
+    return StepFrame{
+        s,
+        static_cast<P*>(list(Rule::kParam)) + s.start,
+        static_cast<const G*>(list(Rule::kGrad)) + s.start,
+        mp,
+        blk,
+        Rule::loads_states(blk),
+        math::make_grad_coefs(a.grad_scale, a.clip_coef, a.maximize),
+        key,
+        base};
+  }
+};
+
 // The block functor of every fused optimizer: param, grad and (kHasMaster)
 // float32 master, float32 state lists, and the step count, updated element by
 // element in float32 with 16-byte vectors where every list in use is aligned
@@ -179,32 +227,16 @@ struct OptimOp {
     if (a.found_inf != nullptr && *a.found_inf != 0.0f) {
       return;
     }
-    const BlockSpan s = block_span(meta, pos.block);
-    auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
-    P* p = static_cast<P*>(list(Rule::kParam)) + s.start;
-    const G* g = static_cast<const G*>(list(Rule::kGrad)) + s.start;
-    float* mp = nullptr;
-    if constexpr (kHasMaster) {
-      mp = static_cast<float*>(list(Rule::kMaster)) + s.start;
-    }
+    const auto [s, p, g, mp, blk, load_states, gc, key, base] =
+        StepFrame<P, G, kHasMaster, Rule>::make(meta, pos, a);
     float* st[kStates];
 #pragma unroll
     for (int k = 0; k < kStates; ++k) {
       st[k] = Rule::uses_state(k)
-                  ? static_cast<float*>(list(Rule::state_slot(k))) + s.start
+                  ? static_cast<float*>(
+                        meta.addresses[Rule::state_slot(k)][s.tensor]) +
+                        s.start
                   : nullptr;
-    }
-    const float step_before = *static_cast<const float*>(list(Rule::kStep));
-    const typename Rule::Block blk = Rule::block(a, step_before);
-    const bool load_states = Rule::loads_states(blk);
-    const math::GradCoefs gc =
-        math::make_grad_coefs(a.grad_scale, a.clip_coef, a.maximize);
-    uint32_t key = 0;
-    uint32_t base = 0;
-    if (a.sr) {
-      key = math::sr_key(a.seed, static_cast<uint32_t>(step_before + 1.0f),
-                         a.stream);
-      base = sr_block_base(meta, pos);
     }
 
     bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) &&

@@ -57,30 +57,19 @@ struct Optim8Op {
            j * (kOptVec * kWarpSize) + kOptVec * lane;
   }
 
+  // How many of the kOptVec elements from i0 lie in a span of `length`.
+  MIXPREC_HD static int run_count(int64_t i0, int64_t length) {
+    const int64_t rest = length - i0;
+    return rest <= 0 ? 0 : (rest < kOptVec ? static_cast<int>(rest) : kOptVec);
+  }
+
   template <class Meta>
   MIXPREC_HD void phase1(const Meta& meta, GridPos pos, int round, int lane,
                          Lane& st, float (&maxes)[kStates],
                          const Args& a) const {
-    const BlockSpan s = block_span(meta, pos.block);
+    const auto [s, p, g, mp, blk, load_states, gc, key, base] =
+        StepFrame<P, G, kHasMaster, Rule>::make(meta, pos, a);
     auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
-    P* p = static_cast<P*>(list(Rule::kParam)) + s.start;
-    const G* g = static_cast<const G*>(list(Rule::kGrad)) + s.start;
-    float* mp = nullptr;
-    if constexpr (kHasMaster) {
-      mp = static_cast<float*>(list(Rule::kMaster)) + s.start;
-    }
-    const float step_before = *static_cast<const float*>(list(Rule::kStep));
-    const typename Rule::Block blk = Rule::block(a, step_before);
-    const bool load_states = Rule::loads_states(blk);
-    const math::GradCoefs gc =
-        math::make_grad_coefs(a.grad_scale, a.clip_coef, a.maximize);
-    uint32_t key = 0;
-    uint32_t base = 0;
-    if (a.sr) {
-      key = math::sr_key(a.seed, static_cast<uint32_t>(step_before + 1.0f),
-                         a.stream);
-      base = sr_block_base(meta, pos);
-    }
     const int64_t qb = s.start / q8::kBlock + round;  // state block
     const uint8_t* codes[kStates];
     float old_max[kStates];
@@ -96,9 +85,7 @@ struct Optim8Op {
 #pragma unroll
     for (int j = 0; j < kRuns; ++j) {
       const int64_t i0 = run_start(round, j, lane);
-      const int64_t rest = s.length - i0;
-      const int count =
-          rest <= 0 ? 0 : (rest < kOptVec ? static_cast<int>(rest) : kOptVec);
+      const int count = run_count(i0, s.length);
       float w[kOptVec] = {};
       float gr[kOptVec] = {};
       if (count == kOptVec && aligned) {
@@ -169,9 +156,7 @@ struct Optim8Op {
 #pragma unroll
       for (int j = 0; j < kRuns; ++j) {
         const int64_t i0 = run_start(round, j, lane);
-        const int64_t rest = s.length - i0;
-        const int count =
-            rest <= 0 ? 0 : (rest < kOptVec ? static_cast<int>(rest) : kOptVec);
+        const int count = run_count(i0, s.length);
         if (count == kOptVec && aligned4) {
           AlignedVector<uint8_t, kOptVec> out;
 #pragma unroll
