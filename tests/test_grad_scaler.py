@@ -365,6 +365,52 @@ def test_getters_setters(scaler_cls):
         3.0, 0.125, 5)
 
 
+@pytest.mark.parametrize("bounds", [{}, {"min_scale": 1e-3, "max_scale": 1e9}],
+                         ids=["torch_rule", "extended_rule"])
+def test_factor_changes_reach_the_next_update(bounds):
+    """torch's setters, load_state_dict and a pickle round trip reach the next update, as
+    they do torch's (bounds never hit: the extended rule then scales as torch's)."""
+    kw = {"init_scale": 8.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 1}
+    ref = torch.amp.GradScaler("cpu", **kw)
+    ours = mixprec.GradScaler("cpu", **kw, **bounds)
+    model = two_layer("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+
+    def iterate(scalers, infs):
+        for inf in infs:
+            for s in scalers:
+                opt.zero_grad()
+                _backward(model, s, "cpu", inf=inf)
+                s.step(opt)
+                s.update()
+        assert ours.get_scale() == ref.get_scale()
+
+    both = (ref, ours)
+    iterate(both, [False, True, False])  # 16, 8, 16
+    for s in both:
+        s.set_growth_factor(3.0)
+    iterate(both, [False])  # 48
+    for s in both:
+        s.set_backoff_factor(0.25)
+    iterate(both, [True])  # 12
+    for s in both:
+        s.set_growth_interval(2)
+    iterate(both, [False, False])  # 36
+    assert ref.get_scale() == 36.0
+    src = torch.amp.GradScaler("cpu", init_scale=2.0, growth_factor=5.0, backoff_factor=0.125,
+                               growth_interval=1)
+    src.scale(torch.ones(()))
+    for s in both:
+        s.load_state_dict(src.state_dict())
+    iterate(both, [False, True])  # 10, 1.25
+    ref, ours = (pickle.loads(pickle.dumps(s)) for s in both)
+    both = (ref, ours)
+    for s in both:
+        s.set_growth_factor(7.0)
+    iterate(both, [False])  # 8.75
+    assert ref.get_scale() == 8.75
+
+
 # ------------------------------------------------------------------ state_dict / pickle
 def _advance(s, device, n=3, inf_at=(1,)):
     model = two_layer(device)

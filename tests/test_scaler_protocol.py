@@ -18,8 +18,17 @@ import torch
 
 import mixprec
 from _helpers import INF, NAN
+from mixprec.amp import protocol
 
 _SCALARS = ("grad_scale", "found_inf", "clip_coef")
+
+
+@pytest.fixture(autouse=True)
+def _shared_default_record_stays_default():
+    """``protocol.peek_record`` hands out one shared default record to states without
+    their own: after every test of this module, nothing has written to it."""
+    yield
+    assert protocol._NO_RECORD == protocol.OptimizerRecord()
 
 
 class SpyAdamW(mixprec.optim.AdamW):

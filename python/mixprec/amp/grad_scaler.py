@@ -217,7 +217,8 @@ class GradScaler(torch.amp.GradScaler):
         )
 
     def _scale_rule(self) -> ScaleRule:
-        """The scale-update rule as it stands (torch's setters change its factors)."""
+        """The scale-update rule as it stands (torch's setters change its factors). Built
+        every ``update()``: keeping it measured within noise (``bench_caches.py``)."""
         return ScaleRule(self._growth_factor, self._backoff_factor, self._growth_interval,
                          self._min_scale, self._max_scale, self._hysteresis)
 
@@ -273,7 +274,7 @@ class GradScaler(torch.amp.GradScaler):
         returns ``{device: found_inf}``. No host sync.
         """
         scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
-        per_device = self._collect_grads(optimizer, True)
+        per_device = grads.optimizer_grads(optimizer, True)  # (read only: any dtype)
         flags = grads.check_finite(per_device)
         result = grads.reduce_found_inf(flags, scale.device, self._process_group,
                                         per_device.specs)
@@ -416,11 +417,12 @@ class GradScaler(torch.amp.GradScaler):
             found = flags[0]
             for f in flags[1:]:
                 found = found + f  # not in place: flags[0] is an optimizer's own flag
-            if self._uses_ext_rule() and self._hysteresis_left is None:
+            rule = self._scale_rule()
+            if self._hysteresis_left is None and rule.extended:
                 self._hysteresis_left = torch.full(
                     (), self._init_hysteresis_left, dtype=torch.int32, device=scale.device
                 )
-            apply_scale_rule(self._scale_rule(), scale, tracker, found, self._hysteresis_left)
+            apply_scale_rule(rule, scale, tracker, found, self._hysteresis_left)
             self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         self._record_iteration(states, found)
 

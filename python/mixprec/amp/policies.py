@@ -169,8 +169,9 @@ class ScaleRule(NamedTuple):
     @property
     def extended(self) -> bool:
         """Whether the rule needs :func:`mixprec.ops.update_scale_ext_` (hysteresis or
-        bounds) and a ``hysteresis_left`` counter, rather than torch's."""
-        return is_extended(self.hysteresis, self.min_scale, self.max_scale)
+        bounds) and a ``hysteresis_left`` counter, rather than torch's. (:func:`is_extended`,
+        written out: read twice every ``update()``.)"""
+        return self.hysteresis != 1 or self.min_scale is not None or self.max_scale is not None
 
 
 def is_extended(hysteresis: int, min_scale: Optional[float], max_scale: Optional[float]) -> bool:

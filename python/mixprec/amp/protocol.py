@@ -82,10 +82,15 @@ def record_of(state: dict[str, Any]) -> OptimizerRecord:
     return record
 
 
+#: What :func:`peek_record` answers for a state without a record: shared, never written.
+_NO_RECORD = OptimizerRecord()
+
+
 def peek_record(state: dict[str, Any]) -> OptimizerRecord:
-    """The record of a state dict, or a default one (not stored) if it has none."""
+    """The record of a state dict to read, or (it has none) a shared default one: do not
+    write to what this returns (:func:`record_of` gives the state's own)."""
     record = state.get(RECORD_KEY)
-    return OptimizerRecord() if record is None else record
+    return _NO_RECORD if record is None else record
 
 
 def was_checked(state: dict[str, Any]) -> bool:

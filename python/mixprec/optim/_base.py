@@ -69,11 +69,17 @@ class _GroupPlan:
     whole: bool = False
 
 
+# (bound at import: read on every step)
+_PROFILER = torch.autograd.profiler
+_C_PROFILER_ENABLED = torch._C._autograd._profiler_enabled
+_IS_GRAD_ENABLED = torch.is_grad_enabled
+_SET_GRAD_ENABLED = torch._C._set_grad_enabled
+
+
 def _profiling() -> bool:
     """Whether a torch profiler is recording (the python flag torch's own compiled code
     reads, or the C profiler state of this thread)."""
-    return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False)
-                or torch._C._autograd._profiler_enabled())
+    return bool(getattr(_PROFILER, "_is_profiler_enabled", False) or _C_PROFILER_ENABLED())
 
 
 def _lean_step(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -105,15 +111,20 @@ def _lean_step(func: Callable[..., Any]) -> Callable[..., Any]:
         if compiling:
             with torch.no_grad():
                 return func(self, *args, **kwargs)
-        grad_was = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
+        grad_was = _IS_GRAD_ENABLED()
+        _SET_GRAD_ENABLED(False)
         try:
             return func(self, *args, **kwargs)
         finally:
-            torch._C._set_grad_enabled(grad_was)
+            _SET_GRAD_ENABLED(grad_was)
 
     step.hooked = True  # type: ignore[attr-defined]
     return step
+
+
+def _on(t: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
+    """A step scalar on ``device`` (copied ``non_blocking`` from elsewhere; None stays)."""
+    return t if t is None or t.device == device else t.to(device, non_blocking=True)
 
 
 def _same(t: Tensor) -> Tensor:
@@ -306,7 +317,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 and _WATCH.items_unchanged((self.state,), self._state_items)):
             self._plans = {}
         for index, group in enumerate(self.param_groups):
-            self._step_group(index, group, grad_scale, found_inf, clip_coef)
+            self._step_group(index, group, grad_scale, found_inf, clip_coef, not eager)
         if eager and self._plans and self._state_items is None:
             self._state_items = _WATCH.watch_items((self.state,))
         return loss
@@ -351,7 +362,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             self._lr_cache[key] = (value, cached[1])
         return cached[1]
 
-    def _buckets(self, index: int, group: Dict[str, Any]
+    def _buckets(self, index: int, group: Dict[str, Any], compiling: bool
                  ) -> Tuple[Dict[BucketKey, Bucket], bool]:
         """The group's params with a grad, as the op's tensor lists per (device, has master),
         and whether none of them is known, without a pass over them, to be laid out flat.
@@ -362,7 +373,6 @@ class FusedOptimizer(torch.optim.Optimizer):
         flat, and a param laid out flat since has a new data pointer, which :meth:`_reuse`
         sees: so reused per-param lists hold no flat param.)
         """
-        compiling = torch.compiler.is_compiling()
         if not compiling:
             reused = self._reuse(index, group)
             if reused is not None:
@@ -484,23 +494,17 @@ class FusedOptimizer(torch.optim.Optimizer):
                 for key, lists, ks in plan.buckets}
 
     def _step_group(self, index: int, group: Dict[str, Any], grad_scale: Optional[Tensor],
-                    found_inf: Optional[Tensor], clip_coef: Optional[Tensor]) -> None:
-        buckets, plain = self._buckets(index, group)
-        moved: Dict[Tuple[str, torch.device], Optional[Tensor]] = {}
-
-        def on(name: str, t: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
-            if t is None or t.device == device:
-                return t
-            if (name, device) not in moved:
-                moved[(name, device)] = t.to(device, non_blocking=True)
-            return moved[(name, device)]
-
+                    found_inf: Optional[Tensor], clip_coef: Optional[Tensor],
+                    compiling: bool) -> None:
+        buckets, plain = self._buckets(index, group, compiling)
         none = grad_scale is None and found_inf is None and clip_coef is None
         seed = (int(group.get("seed", 0)) * 1_000_003 + index) & 0x7FFFFFFFFFFFFFFF
+        on_device: Dict[torch.device, StepScalars] = {}  # (buckets of a device share them)
         for (device, _), bucket in buckets.items():
-            scalars = _NO_SCALARS if none else StepScalars(
-                on("grad_scale", grad_scale, device), on("found_inf", found_inf, device),
-                on("clip_coef", clip_coef, device))
+            scalars = _NO_SCALARS if none else on_device.get(device)
+            if scalars is None:
+                scalars = on_device[device] = StepScalars(
+                    _on(grad_scale, device), _on(found_inf, device), _on(clip_coef, device))
             bucket = _flat.coalesce_bucket(self, group, bucket, plain)  # flat-buffer mode
             self._run(bucket, group, self._lr_tensor(index, group, device), scalars, seed)
 
