@@ -25,7 +25,7 @@ CPU_ONLY_DIR := build/cpu-only
 PYTEST_ARGS ?=
 
 .PHONY: help env python-env build build-cpu-only demo test test-python test-python-cpu-only \
-        test-cpp test-isa test-oldest lint format bench clean
+        test-cpp test-isa test-oldest lint format bench clean gpu-peers
 
 help:
 	@echo "make demo     bootstrap .venv (torch $(TORCH_VERSION)), build, run the demo"
@@ -152,6 +152,25 @@ gpu-check:
 	@command -v "$(PY)" >/dev/null || { echo "make gpu-check: '$(PY)' not found; give the" \
 	  "interpreter that has torch: make gpu-check PYTHON=/path/to/python" >&2; exit 2; }
 	$(PY) tools/gpu_check.py --python "$(PY)" $(GPU_CHECK_ARGS)
+
+# The libraries bench_optim.py sets the 8-bit optimizers beside (torchao, bitsandbytes), for a
+# GPU machine without network: installed here, for its Python (3.12, x86-64), into
+# .gpu_peers/, which gpu_check.py then puts on PYTHONPATH. Carry .gpu_peers to that machine.
+# Only bitsandbytes' CUDA 13.0 and CPU libraries are kept (about 30 MB in all).
+GPU_PEERS_PYTHON ?= 3.12
+TORCHAO_VERSION ?= 0.18.0
+BITSANDBYTES_VERSION ?= 0.50.2
+.PHONY: gpu-peers
+gpu-peers: env
+	rm -rf .gpu_peers
+	$(PY) -m pip install --quiet --no-deps --only-binary=:all: --implementation cp \
+	  --python-version $(GPU_PEERS_PYTHON) --platform manylinux_2_28_x86_64 \
+	  --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --target .gpu_peers \
+	  "torchao==$(TORCHAO_VERSION)" "bitsandbytes==$(BITSANDBYTES_VERSION)"
+	find .gpu_peers/bitsandbytes -name 'libbitsandbytes_*.so' ! -name '*_cuda130.so' \
+	  ! -name '*_cpu.so' -delete
+	rm -rf .gpu_peers/test
+	@du -sh .gpu_peers
 
 clean:
 	rm -rf build dist python/*.egg-info python/mixprec/_C*.so python/mixprec/_cpp demo_report.png

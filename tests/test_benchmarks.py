@@ -410,6 +410,23 @@ def test_gpu_check_runs_an_absolute_interpreter(tmp_path: Path) -> None:
     assert os.path.isabs(check.py) and os.path.isfile(check.py), check.py
 
 
+def test_gpu_check_puts_the_peer_libraries_on_the_path(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # `make gpu-peers` installs torchao and bitsandbytes into .gpu_peers for a machine
+    # without network; bench_optim's rows for them need it on the path of every part
+    args = argparse.Namespace(python="python3", cpu_smoke=True, inplace=True,
+                              jobs=1, cxx=None, cc=None, out=str(tmp_path), skip=[], budget=[],
+                              max_numel=2**26, sanitizer_sets="", pytest_args=[])
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    peers = tmp_path / ".gpu_peers"
+    monkeypatch.setattr(gpu_check, "PEERS", peers)
+    path = gpu_check.Check(args).env["PYTHONPATH"].split(os.pathsep)
+    assert path == [str(gpu_check.ROOT / "python"), "/elsewhere"]
+    peers.mkdir()
+    path = gpu_check.Check(args).env["PYTHONPATH"].split(os.pathsep)
+    assert path == [str(gpu_check.ROOT / "python"), "/elsewhere", str(peers)]
+
+
 def test_gpu_check_sanitizer_sets_reach_the_workload() -> None:
     # the workload runs in pieces: `--sanitizer-sets` names the gpu_workload sets
     args = argparse.Namespace(max_numel=2**26, sanitizer_sets="2^26,gpt2-small")

@@ -17,6 +17,8 @@ Parts (each runs even if an earlier one failed, except that nothing runs without
 4. bench      bench_unscale, bench_scaler, bench_optim on CUDA (each verifies its work and
               fails on impossible figures); output appended, with device, torch, commit,
               date and command, to build/gpu-check/bench.log, ready for RESULTS.md.
+              torchao and bitsandbytes are found in .gpu_peers/ (``make gpu-peers``) when
+              that folder is there: it is put on every part's PYTHONPATH.
 5. cpp        libmixprec + tests/cpp with CMake (``make cpp-tests-build`` into
               build/gpu-check/), ctest, and examples/cpp's train_mlp on the GPU (bf16 40
               steps, fp16 30 steps): exactly one skipped step, the injected one; finite,
@@ -66,6 +68,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("build", "tests", "sanitizer", "bench", "cpp")
+# torchao and bitsandbytes, installed for the GPU machine by `make gpu-peers`
+PEERS = ROOT / ".gpu_peers"
 # Hard limits in seconds on one 16-core H100 (see the module docstring). "parallel" is the
 # phase where tests, sanitizer and the C++ build run side by side; "cpp-run" is ctest and
 # the example runs after it.
@@ -327,9 +331,13 @@ class Check:
         else:
             env["MIXPREC_FORCE_CUDA"] = "1"
             env["MIXPREC_EXPECT_CUDA_KERNELS"] = "1"
+        path = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
         if self.args.inplace:
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str(ROOT / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            path.insert(0, str(ROOT / "python"))
+        if PEERS.is_dir():  # `make gpu-peers`: torchao and bitsandbytes for bench_optim
+            path.append(str(PEERS))
+        if path:
+            env["PYTHONPATH"] = os.pathsep.join(path)
         return env
 
     def say(self, text: str) -> None:

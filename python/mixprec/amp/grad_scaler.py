@@ -33,7 +33,6 @@ from .policies import (
     ScalePolicy,
     ScaleRule,
     apply_scale_rule,
-    is_extended,
     resolve_options,
 )
 from .protocol import IterationRecord, record_of
@@ -222,14 +221,11 @@ class GradScaler(torch.amp.GradScaler):
         return ScaleRule(self._growth_factor, self._backoff_factor, self._growth_interval,
                          self._min_scale, self._max_scale, self._hysteresis)
 
-    def _uses_ext_rule(self) -> bool:
-        return is_extended(self._hysteresis, self._min_scale, self._max_scale)
-
     # ------------------------------------------------------------------ lazy state
     def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
         """torch's lazy ``_scale``/``_growth_tracker``, and ``_hysteresis_left`` next to them."""
         super()._lazy_init_scale_growth_tracker(dev)
-        if self._uses_ext_rule():
+        if self._scale_rule().extended:
             self._hysteresis_left = torch.full(
                 (), self._init_hysteresis_left, dtype=torch.int32, device=dev
             )

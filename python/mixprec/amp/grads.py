@@ -27,7 +27,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .. import _dtensor, ops
+from .. import _dtensor, _grad_mode, ops
 from .. import flat as _flat
 from ..ops._extension import WATCH as _WATCH
 
@@ -204,7 +204,7 @@ def unscale_and_check(per_device: PerDevice, inv_scale: Tensor, found_inf: Tenso
     """
     home = found_inf.device
     flags: Flags = {}
-    with torch.no_grad():
+    with _grad_mode.no_grad():
         # copies first, so they all start from the caller's (unset) flag
         targets = {
             dev: (
@@ -227,7 +227,7 @@ def unscale_and_check(per_device: PerDevice, inv_scale: Tensor, found_inf: Tenso
 def check_finite(per_device: PerDevice) -> Flags:
     """Check the grads for inf/NaN without writing them: one ``check_finite_`` per device."""
     flags: Flags = {}
-    with torch.no_grad():
+    with _grad_mode.no_grad():
         for dev, grads in per_device.items():
             flag = torch.zeros((), dtype=torch.float32, device=dev)
             ops.check_finite_(grads, flag)
@@ -249,7 +249,7 @@ def norm_pass(
     home = inv_scale.device
     flags: Flags = {}
     norms: list[Tensor] = []
-    with torch.no_grad():
+    with _grad_mode.no_grad():
         for dev, grads in per_device.items():
             flag = torch.zeros((), dtype=torch.float32, device=dev)
             inv = inv_scale if dev == home else inv_scale.to(dev, non_blocking=True)

@@ -18,7 +18,7 @@ from torch import Tensor
 from .. import ops
 
 __all__ = ["ScalePolicy", "POLICIES", "ScalerOptions", "ScaleRule", "resolve_options",
-           "apply_scale_rule", "is_extended"]
+           "apply_scale_rule"]
 
 #: torch.amp.GradScaler's defaults: an argument left at them takes the preset's value.
 TORCH_INIT_SCALE = 2.0**16
@@ -169,14 +169,8 @@ class ScaleRule(NamedTuple):
     @property
     def extended(self) -> bool:
         """Whether the rule needs :func:`mixprec.ops.update_scale_ext_` (hysteresis or
-        bounds) and a ``hysteresis_left`` counter, rather than torch's. (:func:`is_extended`,
-        written out: read twice every ``update()``.)"""
+        bounds) and a ``hysteresis_left`` counter, rather than torch's."""
         return self.hysteresis != 1 or self.min_scale is not None or self.max_scale is not None
-
-
-def is_extended(hysteresis: int, min_scale: Optional[float], max_scale: Optional[float]) -> bool:
-    """:attr:`ScaleRule.extended` of a rule with these settings (without building one)."""
-    return hysteresis != 1 or min_scale is not None or max_scale is not None
 
 
 def apply_scale_rule(rule: ScaleRule, scale: Tensor, tracker: Tensor, found: Tensor,

@@ -33,6 +33,8 @@ from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimize
 
 from .. import _dtensor
 from .. import flat as _flat
+from .._grad_mode import is_grad_enabled as _IS_GRAD_ENABLED
+from .._grad_mode import set_grad_enabled as _SET_GRAD_ENABLED
 from ..ops._extension import WATCH as _WATCH
 from ..ops._scalars import StepScalars
 
@@ -72,8 +74,6 @@ class _GroupPlan:
 # (bound at import: read on every step)
 _PROFILER = torch.autograd.profiler
 _C_PROFILER_ENABLED = torch._C._autograd._profiler_enabled
-_IS_GRAD_ENABLED = torch.is_grad_enabled
-_SET_GRAD_ENABLED = torch._C._set_grad_enabled
 
 
 def _profiling() -> bool:

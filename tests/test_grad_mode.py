@@ -1,0 +1,57 @@
+"""mixprec._grad_mode.no_grad: the scaler's per-iteration grad-mode switch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mixprec
+from mixprec import _grad_mode
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_no_grad_turns_grad_mode_off_and_restores_it(before: bool) -> None:
+    with torch.set_grad_enabled(before):
+        with _grad_mode.no_grad():
+            assert not torch.is_grad_enabled()
+            with _grad_mode.no_grad():  # nested
+                assert not torch.is_grad_enabled()
+            assert not torch.is_grad_enabled()
+        assert torch.is_grad_enabled() is before
+        with pytest.raises(ValueError, match="inside"):
+            with _grad_mode.no_grad():
+                raise ValueError("inside")
+        assert torch.is_grad_enabled() is before
+
+
+def test_no_grad_is_torchs_while_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_grad_mode, "_IS_COMPILING", lambda: True)
+    assert isinstance(_grad_mode.no_grad(), torch.no_grad)
+
+
+def _create_graph_grads(model: torch.nn.Module, scaler: mixprec.GradScaler) -> None:
+    loss = model(torch.randn(4, 3)).pow(2).sum()
+    for p, g in zip(model.parameters(),
+                    torch.autograd.grad(scaler.scale(loss), list(model.parameters()),
+                                        create_graph=True)):
+        p.grad = g
+    assert all(p.grad.requires_grad for p in model.parameters())
+
+
+def test_unscale_of_grads_that_require_grad_runs_with_grad_mode_off() -> None:
+    """Grads from ``create_graph=True`` require grad; the unscale writes them, which the
+    ops refuse in grad mode. So the unscale only works if its grad-mode switch works."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = mixprec.GradScaler("cpu", init_scale=4.0)
+    _create_graph_grads(model, scaler)
+    expected = [p.grad.detach() / 4.0 for p in model.parameters()]
+    assert torch.is_grad_enabled()
+    scaler.unscale_(opt)
+    assert torch.is_grad_enabled()
+    for p, e in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad.detach(), e, rtol=0, atol=0)
+    assert scaler.found_inf(opt).item() == 0.0
+    scaler.step(opt)
+    scaler.update()
