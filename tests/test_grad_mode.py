@@ -55,3 +55,29 @@ def test_unscale_of_grads_that_require_grad_runs_with_grad_mode_off() -> None:
     assert scaler.found_inf(opt).item() == 0.0
     scaler.step(opt)
     scaler.update()
+
+
+def test_inf_check_and_step_of_grads_that_require_grad() -> None:
+    """The inf check of a mixprec optimizer only reads the grads: it runs in grad mode
+    (without switching it) on ``create_graph`` grads, and the step equals the same step
+    on detached copies of them."""
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(3, 2) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    before = [p.detach().clone() for p in models[0].parameters()]
+    opts = [mixprec.optim.AdamW(m.parameters(), lr=0.1) for m in models]
+    scalers = [mixprec.GradScaler("cpu", init_scale=4.0) for _ in models]
+    _create_graph_grads(models[0], scalers[0])
+    scalers[1].scale(torch.ones(()))
+    for p, q in zip(models[0].parameters(), models[1].parameters()):
+        q.grad = p.grad.detach().clone()
+    for opt, scaler in zip(opts, scalers):
+        assert torch.is_grad_enabled()
+        scaler.step(opt)
+        assert torch.is_grad_enabled()
+        assert scaler.found_inf(opt).item() == 0.0
+        scaler.update()
+    for p, q, b in zip(models[0].parameters(), models[1].parameters(), before):
+        assert p.grad.requires_grad
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=0)
+        assert not torch.equal(p.detach(), b)

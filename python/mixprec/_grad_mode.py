@@ -2,10 +2,11 @@
 
 ``with torch.no_grad():`` costs about 1.5 us on the host (its class chain checks for
 TorchScript and builds two objects); the step of a mixprec optimizer over ten tensors costs
-about 10 us in all. The scaler's per-iteration passes (:mod:`mixprec.amp.grads`) use
-:func:`no_grad` here instead: the same grad-mode switch, ``torch._C._set_grad_enabled``,
-that ``torch.no_grad`` makes, without the rest (RESULTS.md, "fifth session", has the
-figures). Under ``torch.compile`` it is ``torch.no_grad()`` itself, which dynamo knows.
+about 10 us in all. The scaler's passes that write grads (:mod:`mixprec.amp.grads`,
+:mod:`mixprec.amp.clipping`) use :func:`no_grad` here instead: the same grad-mode switch,
+``torch._C._set_grad_enabled``, that ``torch.no_grad`` makes, without the rest
+(benchmarks/RESULTS.md, "fifth session", has the figures). Under ``torch.compile`` it is
+``torch.no_grad()`` itself, which dynamo knows.
 
 Not a decorator and not for ``torch.jit``; thread-local as grad mode is.
 """

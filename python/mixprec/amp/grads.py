@@ -225,13 +225,15 @@ def unscale_and_check(per_device: PerDevice, inv_scale: Tensor, found_inf: Tenso
 
 
 def check_finite(per_device: PerDevice) -> Flags:
-    """Check the grads for inf/NaN without writing them: one ``check_finite_`` per device."""
+    """Check the grads for inf/NaN without writing them: one ``check_finite_`` per device.
+
+    In any grad mode: the op writes only the fresh flag, which never requires grad, and
+    reads the grads (``create_graph`` ones require grad)."""
     flags: Flags = {}
-    with _grad_mode.no_grad():
-        for dev, grads in per_device.items():
-            flag = torch.zeros((), dtype=torch.float32, device=dev)
-            ops.check_finite_(grads, flag)
-            flags[dev] = flag
+    for dev, grads in per_device.items():
+        flag = torch.zeros((), dtype=torch.float32, device=dev)
+        ops.check_finite_(grads, flag)
+        flags[dev] = flag
     return flags
 
 
