@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Callable, Iterator, List
@@ -524,3 +526,33 @@ def test_adam_l2_cancellation_is_within_the_slack() -> None:
     _, _, none = _common.reference_run(torch.optim.AdamW, {"lr": lr, "weight_decay": wd},
                                        w.double(), [g.double()])
     assert not none.any()
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks/quant8_floor.cpp: the 8-bit step's floor on this CPU (a C++ yardstick)
+
+
+def _run_quant8_floor(tmp_path: Path, *defines: str) -> subprocess.CompletedProcess[str]:
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no g++")
+    exe = tmp_path / "quant8_floor"
+    subprocess.run([cxx, "-O2", "-mavx512f", "-mavx512bw", "-mfma", *defines, "-o", str(exe),
+                    str(ROOT / "benchmarks" / "quant8_floor.cpp")], check=True)
+    return subprocess.run([str(exe), str(1 << 14), "2"], capture_output=True, text=True)
+
+
+def test_quant8_floor_runs_and_checks_its_work(tmp_path: Path) -> None:
+    run = _run_quant8_floor(tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    if "n/a (no AVX-512" in run.stdout:
+        return  # compiled; this CPU cannot run it
+    assert run.stdout.count("linear8/adam32") == 3 and "ERROR" not in run.stdout
+
+
+def test_quant8_floor_catches_an_8bit_loop_that_does_not_update(tmp_path: Path) -> None:
+    run = _run_quant8_floor(tmp_path, "-DQUANT8_FLOOR_BROKEN")
+    if "n/a (no AVX-512" in run.stdout:
+        pytest.skip("no AVX-512 on this CPU")
+    assert run.returncode == 1
+    assert "ERROR: the 8-bit loop's params differ from the 32-bit loop's" in run.stdout
