@@ -16,7 +16,6 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "common/optim_math.h"
 #include "common/quant8_math.h"
