@@ -13,7 +13,7 @@ lr tensors             ``Optimizer._lr_cache``: per (group, device), the float64
                        tensor the kernel reads. Timed: ``mixprec.optim.AdamW.step()``
                        over ``--tensors`` one-element params, lr changed every step (as
                        a scheduler does: the cached tensor is refilled in place).
-step signatures        ``amp.protocol._STEP_SIG_CACHE``: whether an optimizer's ``step``
+step signatures        ``amp.capability._STEP_SIG_CACHE``: whether an optimizer's ``step``
                        takes torch's deprecated ``grad_scaler`` argument. Timed:
                        ``mixprec.GradScaler`` ``step`` + ``update`` with
                        ``torch.optim.AdamW(fused=True)`` (the path that asks).
@@ -41,7 +41,7 @@ import torch
 import mixprec
 from _common import CheckFailed
 from mixprec import ops
-from mixprec.amp import protocol
+from mixprec.amp import capability
 
 Variant = Callable[[], None]
 
@@ -138,7 +138,7 @@ def _step_signatures(n: int) -> Tuple[Variant, Variant, Callable[[], None]]:
         scaler.update()
 
     def emptied() -> None:
-        protocol._STEP_SIG_CACHE.clear()
+        capability._STEP_SIG_CACHE.clear()
         cached()
 
     return cached, emptied, _moves_every_param(

@@ -9,7 +9,7 @@ constant: no overflow). Rows: per-tensor (the params as they are) and flat
 (``mixprec.optim.flat_buffers(params)`` before the optimizer is built).
 
 Also split out, for the flat rows: the time spent in the detection itself
-(``mixprec.flat.coalesce_grads`` in the scaler and ``coalesce_bucket`` in the
+(``mixprec.flat.kept_grads``/``coalesce_and_keep`` in the scaler and ``coalesce_bucket`` in the
 optimizer, timed inside real steps), which stays per tensor (``id`` and data-pointer
 checks, mostly at C speed). The rest of a step's per-tensor cost is the Python loops of
 the scaler (``_collect_grads``) and of the optimizer (``_step_group``), which run before
@@ -65,8 +65,8 @@ def measure(n: int, numel: int, dtype: torch.dtype, flat: bool,
     out = {"step": _time_us(step, min_run_time)}
     if flat:  # the detection's share: time the two hooks inside real steps
         spent = [0.0]
-        originals = {name: getattr(flat_mod, name) for name in ("coalesce_grads",
-                                                                "coalesce_bucket")}
+        originals = {name: getattr(flat_mod, name) for name in (
+            "kept_grads", "coalesce_and_keep", "coalesce_bucket")}
 
         def timed(fn: Callable[..., object]) -> Callable[..., object]:
             def call(*args: object) -> object:

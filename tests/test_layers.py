@@ -1,12 +1,14 @@
 """The Python package's layers: no import cycle under python/mixprec (imports made only for
 type checking count too), the scaler layer (``amp``) never imports the optimizer layer
 (``optim``); both stand on ``flat`` and ``ops``; no module reads a private attribute
-(``obj._name``) that another mixprec module defines; and the path of a scaler iteration
+(``obj._name``) that another mixprec module defines; the path of a scaler iteration
 never calls back into a file it came through (a helper that takes its owner and calls it
-back does).
+back does); and following ``scaler.step(optimizer)`` opens each file once (the op layer
+once per op).
 
 ``python tests/test_layers.py`` prints the module graph, one module per line with what it
-imports, lowest layer first.
+imports, lowest layer first; ``python tests/test_layers.py path`` the files that
+``scaler.step(optimizer)`` opens, in order, for each kind of optimizer.
 """
 
 from __future__ import annotations
@@ -249,6 +251,108 @@ def test_a_scaler_iteration_never_calls_back_up(kind: str) -> None:
             scaler.update()
 
 
+def file_entries(fn: Callable[[], Any]) -> List[str]:
+    """Run ``fn`` and list, in order, each call that enters a mixprec file from another
+    file (or from outside mixprec) as ``"file (function)"``: the files a reader following
+    the calls opens. Returning to a caller is not an entry; nor is a call within a file, a
+    generator resumed where it is consumed, or the ``__enter__``/``__exit__`` of a context
+    manager (read with the call that made it: ``with _grad_mode.no_grad():`` is one
+    visit)."""
+    root = _imported_root()
+    stack: List[Optional[str]] = []
+    entries: List[str] = []
+
+    def prof(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call":
+            name = frame.f_code.co_filename
+            lazy = frame.f_code.co_flags & inspect.CO_GENERATOR
+            f = name[len(root):] if name.startswith(root) and not lazy else None
+            below = [x for x in stack if x is not None]
+            dunder = frame.f_code.co_name in ("__enter__", "__exit__")
+            if f is not None and (not below or below[-1] != f) and not dunder:
+                entries.append(f"{f} ({frame.f_code.co_name})")
+            stack.append(f)
+        elif event == "return" and stack:
+            stack.pop()
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return entries
+
+
+def twice_entered(entries: List[str]) -> List[str]:
+    """The files of ``entries`` entered more than once, except the op layer
+    (``ops/__init__.py``), which is entered once per op, each a different one."""
+    files = [e.split(" ", 1)[0] for e in entries]
+    ops = [e for e in entries if e.startswith("ops/__init__.py ")]
+    return sorted({f for f in files if files.count(f) > 1 and f != "ops/__init__.py"}
+                  | ({"ops/__init__.py"} if len(set(ops)) != len(ops) else set()))
+
+
+STEP_KINDS = ["fp32", "bf16 8-bit", "flat", "sgd", "torch fused", "torch sgd"]
+
+
+def scaler_step_entries(kind: str) -> List[str]:
+    """:func:`file_entries` of ``scaler.step(optimizer)`` on a step whose lists and plans
+    exist (every step but the first), for an optimizer of ``kind``."""
+    import mixprec
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4))
+    if kind == "bf16 8-bit":
+        model = model.to(torch.bfloat16)
+        opt: torch.optim.Optimizer = mixprec.optim.AdamW(model.parameters(), state_bits=8,
+                                                         min_8bit_size=16)
+    elif kind == "sgd":
+        opt = mixprec.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    elif kind == "torch fused":
+        opt = torch.optim.AdamW(model.parameters(), fused=True)
+    elif kind == "torch sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    else:
+        if kind == "flat":
+            mixprec.flat_buffers(model)
+        opt = mixprec.optim.AdamW(model.parameters())
+    scaler = mixprec.GradScaler("cpu")
+
+    def backward() -> None:
+        opt.zero_grad(set_to_none=False)
+        x = torch.randn(2, 64, dtype=next(model.parameters()).dtype)
+        scaler.scale(model(x).float().sum()).backward()
+
+    for _ in range(2):
+        backward()
+        scaler.step(opt)
+        scaler.update()
+    backward()
+    return file_entries(lambda: scaler.step(opt))
+
+
+@pytest.mark.parametrize("kind", STEP_KINDS)
+def test_scaler_step_enters_each_file_once(kind: str) -> None:
+    """Following ``scaler.step(optimizer)`` through the code opens each file once: the
+    scaler asks the capability, runs the inf check, hands the step over, and the optimizer
+    runs its kernel; nothing returns to a file for a second piece of work. The op layer is
+    entered once per op (the inf check, the step's kernel, a second kernel for the 32-bit
+    params of an 8-bit group)."""
+    entries = scaler_step_entries(kind)
+    assert entries[0] == "amp/grad_scaler.py (step)", entries
+    assert any(e.startswith("ops/__init__.py ") for e in entries), entries  # the inf check
+    assert twice_entered(entries) == [], entries
+
+
+def test_a_second_entry_is_found() -> None:
+    """The check itself: a file entered twice is reported, the op layer only for an op
+    run twice."""
+    assert twice_entered(["a.py (f)", "b.py (g)", "a.py (h)"]) == ["a.py"]
+    assert twice_entered(["ops/__init__.py (x_)", "ops/__init__.py (y_)"]) == []
+    assert twice_entered(["ops/__init__.py (x_)", "ops/__init__.py (x_)"]) == [
+        "ops/__init__.py"]
+
+
 def test_a_callback_is_found() -> None:
     """The check itself: a helper calling its owner back is reported."""
     from mixprec.amp import grad_scaler, grads
@@ -275,6 +379,13 @@ def test_a_cycle_is_found() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["path"]:  # the files scaler.step(optimizer) opens, in order
+        for kind in STEP_KINDS:
+            entries = scaler_step_entries(kind)
+            print(f"{kind}: {len(entries)} entries, {len({e.split()[0] for e in entries})} "
+                  f"files, twice: {twice_entered(entries) or '-'}")
+            print("  " + "\n  ".join(entries))
+        sys.exit(0)
     g = import_graph()
     for m in sorted(g, key=lambda m: (len(g[m]), m)):
         print(f"{m}: {', '.join(sorted(g[m])) or '-'}")

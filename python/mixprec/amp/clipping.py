@@ -31,6 +31,7 @@ from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
 from .. import _dtensor, _grad_mode, ops
+from .capability import takes_step_scalars
 from .grads import (
     DeviceGrads,
     fp16_grads_allowed,
@@ -40,7 +41,7 @@ from .grads import (
     reduce_found_inf,
     unscale_optimizer_grads,
 )
-from .protocol import record_of, takes_step_scalars
+from .protocol import record_of
 
 __all__ = ["ClipAccess", "clip_grad_norm", "total_norm", "clip_with_norm", "all_reduce_norm"]
 

@@ -3,8 +3,9 @@
 A subclass (``isinstance`` checks in frameworks still pass) with torch's
 constructor, methods, state machine, exceptions and the private attributes and
 hooks frameworks use. It overrides only what differs; the parts live beside it:
-:mod:`.grads` (one fused op per device over all grads), :mod:`.protocol` (how
-an optimizer is stepped, the per-optimizer record), :mod:`.policies` (scale
+:mod:`.grads` (one fused op per device over all grads), :mod:`.capability` (which
+protocol an optimizer speaks), :mod:`.protocol` (how it is stepped, the
+per-optimizer record), :mod:`.policies` (scale
 rules), :mod:`.clipping` (:meth:`~GradScaler.clip_grad_norm_`).
 
 Host syncs: :meth:`~GradScaler.step` syncs once (one ``.item()`` per device, as
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
-from . import grads, protocol
+from . import capability, grads, protocol
 from ._pickling import complete_state
 from .clipping import ClipAccess, clip_grad_norm
 from .policies import (
@@ -258,9 +259,8 @@ class GradScaler(torch.amp.GradScaler):
         ``{device: found_inf}``, reduced over ``process_group`` when set, else over
         the meshes of DTensor grads. No host sync. torch's :meth:`unscale_` calls it.
         """
-        allow_fp16 = allow_fp16 or grads.fp16_grads_allowed(self._allow_fp16_grads, optimizer)
         return grads.unscale_optimizer_grads(optimizer, inv_scale, found_inf, allow_fp16,
-                                             self._process_group)
+                                             self._process_group, self._allow_fp16_grads)
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Check ``optimizer``'s grads for inf/NaN without unscaling them (torch's hook).
@@ -270,10 +270,7 @@ class GradScaler(torch.amp.GradScaler):
         returns ``{device: found_inf}``. No host sync.
         """
         scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
-        per_device = grads.optimizer_grads(optimizer, True)  # (read only: any dtype)
-        flags = grads.check_finite(per_device)
-        result = grads.reduce_found_inf(flags, scale.device, self._process_group,
-                                        per_device.specs)
+        result = grads.check_optimizer_grads(optimizer, scale.device, self._process_group)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = result
         return result  # type: ignore[return-value]
 
@@ -314,16 +311,17 @@ class GradScaler(torch.amp.GradScaler):
         state = self._per_optimizer_states[id(optimizer)]
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
-        if getattr(optimizer, "_step_supports_amp_scaling", False):
-            direct = protocol.takes_step_scalars(optimizer)
-            if not direct and protocol.step_takes_grad_scaler(optimizer.step):
-                return protocol.legacy_step(optimizer, self, state, args, kwargs)
+        kind = capability.step_kind(optimizer)
+        if kind is capability.LEGACY:
+            return protocol.legacy_step(optimizer, self, state, args, kwargs)
+        if kind is not capability.HOST:
             if state["stage"] is OptState.READY:
                 self._check_inf_per_device(optimizer)
             scale = self._get_scale_async()
             if scale is None:
                 raise AssertionError("_get_scale_async returned None")
-            return protocol.step_amp_aware(optimizer, state, scale, direct, args, kwargs)
+            return protocol.step_amp_aware(optimizer, state, scale, kind is capability.SCALARS,
+                                           args, kwargs)
         if state["stage"] is OptState.READY:
             self.unscale_(optimizer)
         if len(state["found_inf_per_device"]) == 0:

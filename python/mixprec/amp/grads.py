@@ -8,7 +8,8 @@ fused :mod:`mixprec.ops` call per device, all dtypes together, with a fresh
 * :func:`unscale_and_check` -- :func:`mixprec.ops.unscale_and_check_` (``unscale_``;
   :func:`unscale_optimizer_grads` is the whole of it, from the optimizer to the flags);
 * :func:`check_finite` -- :func:`mixprec.ops.check_finite_`, read only (the
-  inf check of optimizers that unscale in their own step);
+  inf check of optimizers that unscale in their own step; :func:`check_optimizer_grads`
+  is the whole of it);
 * :func:`norm_pass` -- :func:`mixprec.ops.unscale_and_norm_` or
   :func:`mixprec.ops.check_finite_and_norm_` (``clip_grad_norm_``).
 
@@ -33,8 +34,8 @@ from ..ops._extension import WATCH as _WATCH
 
 __all__ = [
     "fp16_grads_allowed", "DeviceGrads", "inv_scale", "optimizer_grads",
-    "unscale_optimizer_grads", "collect_grads", "reduce_found_inf", "unscale_and_check",
-    "check_finite", "norm_pass"]
+    "check_optimizer_grads", "unscale_optimizer_grads", "collect_grads", "reduce_found_inf",
+    "unscale_and_check", "check_finite", "norm_pass"]
 
 PerDevice = dict[torch.device, list[Tensor]]
 Flags = dict[torch.device, Tensor]
@@ -77,23 +78,38 @@ def optimizer_grads(optimizer: torch.optim.Optimizer, allow_fp16: bool,
     of flat grad views, found in one pass per step when the same params keep the same
     grads (:func:`mixprec.flat.kept_grads`). ``allow_fp16``: as resolved by the scaler
     (its setting, or :func:`fp16_grads_allowed`)."""
+    if not _flat.GRAD_VIEWS:  # no flat grads anywhere: nothing to find or keep
+        return collect_grads(optimizer, allow_fp16, coalesce_sparse)
     kept = _flat.kept_grads(optimizer, allow_fp16)
     if kept is not None:
         return DeviceGrads(kept)
     per_device = collect_grads(optimizer, allow_fp16, coalesce_sparse)
-    coalesced = _flat.coalesce_grads(per_device)
-    _flat.keep_grads(optimizer, allow_fp16, per_device, coalesced)
+    coalesced = _flat.coalesce_and_keep(optimizer, allow_fp16, per_device)
     if coalesced is per_device:
         return per_device
     return DeviceGrads(coalesced, specs=per_device.specs)
 
 
+def check_optimizer_grads(optimizer: torch.optim.Optimizer, home: torch.device,
+                          group: Optional[Any]) -> Flags:
+    """The inf check of an optimizer that unscales in its own step: :func:`check_finite`
+    over ``optimizer``'s grads (read only, any dtype), the flags reduced (MAX) over
+    ``group`` or the meshes of DTensor grads (:func:`reduce_found_inf`, onto ``home``).
+    Returns ``{device: found_inf}``. No host sync."""
+    per_device = optimizer_grads(optimizer, True)
+    return reduce_found_inf(check_finite(per_device), home, group, per_device.specs)
+
+
 def unscale_optimizer_grads(optimizer: torch.optim.Optimizer, inv: Tensor, found_inf: Tensor,
-                            allow_fp16: bool, group: Optional[Any]) -> Flags:
+                            allow_fp16: bool, group: Optional[Any],
+                            setting: Optional[bool] = False) -> Flags:
     """Unscale ``optimizer``'s grads by ``inv`` in place and check them for inf/NaN: one
     :func:`unscale_and_check` call per device, the flags reduced (MAX) over ``group``, or
-    over the meshes of DTensor grads (:func:`reduce_found_inf`). Returns ``{device:
-    found_inf}`` (on ``found_inf``'s device). No host sync."""
+    over the meshes of DTensor grads (:func:`reduce_found_inf`). Float16 grads are
+    accepted when ``allow_fp16`` or :func:`fp16_grads_allowed` of the scaler's
+    ``setting`` says so. Returns ``{device: found_inf}`` (on ``found_inf``'s device).
+    No host sync."""
+    allow_fp16 = allow_fp16 or fp16_grads_allowed(setting, optimizer)
     per_device = optimizer_grads(optimizer, allow_fp16)
     flags = unscale_and_check(per_device, inv, found_inf)
     return reduce_found_inf(flags, found_inf.device, group, per_device.specs)

@@ -24,11 +24,9 @@ in ``GradScaler._per_optimizer_states[id(optimizer)]`` under :data:`RECORD_KEY`
 
 from __future__ import annotations
 
-import inspect
 import warnings
-import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -41,7 +39,6 @@ __all__ = [
     "OptimizerRecord",
     "IterationRecord",
     "StepScalars",
-    "takes_step_scalars",
     "step_amp_aware",
     "step_scalars",
     "step_direct",
@@ -184,38 +181,6 @@ def found_inf(
     return any_found(state["found_inf_per_device"].values(), home)
 
 
-def takes_step_scalars(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step`` takes ``grad_scale``/``found_inf``/``clip_coef`` arguments.
-
-    The capability, not a type: torch's ``_step_supports_amp_scaling`` plus mixprec's one
-    extension of it, ``_step_takes_scalars`` (declared by :class:`mixprec.optim.Adam`,
-    ``AdamW``, ``SGD``; an optimizer that declares both gets the scalars as ``step()``
-    keyword arguments instead of torch's attributes). The C++ twin tests
-    ``dynamic_cast<FusedOptimizer*>``.
-    """
-    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and bool(
-        getattr(optimizer, "_step_takes_scalars", False)
-    )
-
-
-_STEP_SIG_CACHE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-
-
-def step_takes_grad_scaler(step: Callable[..., Any]) -> bool:
-    """Whether ``step`` has a ``grad_scaler`` parameter (torch's deprecated protocol; cached)."""
-    key = getattr(step, "__func__", step)
-    try:
-        return _STEP_SIG_CACHE[key]
-    except (KeyError, TypeError):
-        pass
-    has = "grad_scaler" in inspect.signature(step).parameters
-    try:
-        _STEP_SIG_CACHE[key] = has
-    except TypeError:  # not weak-referenceable: just don't cache
-        pass
-    return has
-
-
 def legacy_step(optimizer: torch.optim.Optimizer, grad_scaler: Any, state: dict[str, Any],
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """torch's deprecated protocol: an amp-aware ``optimizer.step`` with a ``grad_scaler``
@@ -244,8 +209,9 @@ def step_amp_aware(
 ) -> Any:
     """:meth:`GradScaler.step <mixprec.GradScaler.step>` of an optimizer with
     ``_step_supports_amp_scaling`` whose inf check has run (``state`` past READY; ``scale``
-    the scaler's scale; ``direct``: :func:`takes_step_scalars`): step it with the scalars,
-    mark it STEPPED. No host sync.
+    the scaler's scale; ``direct``: it takes the scalars as arguments,
+    :data:`mixprec.amp.capability.SCALARS`): step it with the scalars, mark it STEPPED.
+    No host sync.
     """
     scalars = step_scalars(optimizer, state, scale, direct)
     if direct:

@@ -47,9 +47,10 @@ from __future__ import annotations
 
 # The hooks amp.grads.optimizer_grads and FusedOptimizer call (mixprec-internal):
 from .detect import coalesce as coalesce
+from .detect import coalesce_and_keep as coalesce_and_keep
 from .detect import coalesce_grads as coalesce_grads
-from .detect import keep_grads as keep_grads
 from .detect import kept_grads as kept_grads
+from .layout import GRAD_VIEWS as GRAD_VIEWS
 from .layout import FlatBuffers, flat_buffers
 from .state import any_flat as any_flat
 from .state import coalesce_bucket as coalesce_bucket

@@ -172,6 +172,14 @@ def kept_grads(optimizer: Any, allow_fp16: bool) -> Optional[PerDevice]:
     return {dev: list(grads) for dev, grads in kept[4].items()}
 
 
+def coalesce_and_keep(optimizer: Any, allow_fp16: bool, collected: PerDevice) -> PerDevice:
+    """:func:`coalesce_grads` of ``collected`` (``amp.grads.collect_grads``'s answer for
+    ``optimizer``), kept for :func:`kept_grads` where every grad went into a flat slice."""
+    coalesced = coalesce_grads(collected)
+    keep_grads(optimizer, allow_fp16, collected, coalesced)
+    return coalesced
+
+
 def keep_grads(optimizer: Any, allow_fp16: bool, collected: PerDevice,
                coalesced: PerDevice) -> None:
     """Keep ``coalesced`` (:func:`coalesce_grads` of ``collected``) for :func:`kept_grads`

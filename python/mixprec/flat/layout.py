@@ -24,6 +24,10 @@ _data_ptr = Tensor.data_ptr
 # the objects, so an id cannot be reused.
 _PARAMS: Dict[int, Tuple[weakref.ref[_Buffer], int]] = {}
 _GRADS: Dict[int, Tuple[weakref.ref[_Buffer], int]] = {}
+#: The grad views' registry (``_GRADS``) as other layers may read it: empty when no flat
+#: grad view exists, so ``amp.grads`` skips the flat hooks with one truth test. Never
+#: written outside this module.
+GRAD_VIEWS = _GRADS
 #: [number of changes to the registry]: a buffer laid out or unregistered (answers kept
 #: from before a change are not reused)
 REGISTRY = [0]

@@ -61,7 +61,6 @@ class _OptFlat:
             weakref.WeakKeyDictionary()
         # id(step) -> [step, number of params whose state["step"] it is]
         self.holders: Dict[int, List[Any]] = {}
-        self.prepared: Optional[Dict[str, List[Tensor]]] = None  # whole_group's bucket
 
     def state_of(self, buf: _Buffer) -> _BufState:
         st = self.states.get(buf)
@@ -228,9 +227,6 @@ def coalesce_bucket(optimizer: Any, group: Dict[str, Any], bucket: Dict[str, Lis
 def _coalesce_bucket(optimizer: Any, group: Dict[str, Any],
                      bucket: Dict[str, List[Tensor]]) -> Dict[str, List[Tensor]]:
     of = _opt_flat(optimizer)
-    if of.prepared is bucket:  # made by whole_group: already one slice
-        of.prepared = None
-        return bucket
     of.forget_fresh_steps()
     params = bucket["params"]
     if not params:
@@ -390,7 +386,6 @@ def _whole_group(optimizer: Any, group: Dict[str, Any]
     whole = _whole_bucket(of, buf, a, bucket, names, has_master)
     if whole is None:
         return {}
-    of.prepared = whole
     return {(buf.device, has_master): whole}
 
 
@@ -400,8 +395,8 @@ def reuse_whole(optimizer: Any, params: List[Tensor], bucket: Dict[str, List[Ten
     The caller (:meth:`mixprec.optim.FusedOptimizer._reuse`) has proved the params, their
     grad views and their state dicts unchanged; checked here: their buffer is still
     registered (not removed) and the run's shared step still held by exactly these
-    params. Then as :func:`whole_group` does: no step is known to be 0 any more, and
-    :func:`coalesce_bucket` passes the bucket through.
+    params. Then as :func:`whole_group` does: no step is known to be 0 any more (the
+    optimizer runs the bucket as it is: it is one slice already).
     """
     of = optimizer.__dict__.get("_mixprec_flat")
     entry = _PARAMS.get(id(params[0])) if params else None
@@ -410,7 +405,6 @@ def reuse_whole(optimizer: Any, params: List[Tensor], bucket: Dict[str, List[Ten
             or of.count(bucket["state_steps"][0]) != len(params)):
         return False
     of.forget_fresh_steps()
-    of.prepared = bucket
     return True
 
 

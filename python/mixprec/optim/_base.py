@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import math
 from itertools import chain
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -181,14 +181,27 @@ class FusedOptimizer(torch.optim.Optimizer):
         self._state_items: Optional[Snapshot] = None  # _C.watch_items([self.state])
         super().__init__(params, defaults)
 
-    # -- hooks for subclasses -------------------------------------------------
+    # -- what subclasses declare and implement ------------------------------------
+
+    #: The per-param state a step reads and writes besides ``step`` and
+    #: ``master_param``, in the order the op takes it: ``(name, the group option that
+    #: keeps it or None for always, whether it is 8-bit with state_bits=8)``.
+    STATE: ClassVar[Tuple[Tuple[str, Optional[str], bool], ...]] = ()
 
     def state_names(self, group: Dict[str, Any]) -> List[str]:
         """The names of the per-param state tensors a step of ``group`` reads and
         writes, besides ``step`` and ``master_param`` (e.g. ``["exp_avg",
-        "exp_avg_sq"]``), in the order the op takes them. Part of the contract the
-        flat-buffer layer builds state by (:mod:`mixprec.flat.state`)."""
-        raise NotImplementedError
+        "exp_avg_sq"]``), in the order the op takes them: :attr:`STATE`'s entries that
+        ``group`` keeps, then with ``state_bits=8`` the block maxima of the 8-bit ones
+        (``"<name>_absmax"``). Part of the contract the flat-buffer layer builds state
+        by (:mod:`mixprec.flat.state`)."""
+        names = []
+        for n, option, _ in self.STATE:  # (a loop: a comprehension costs 0.1 us more here)
+            if option is None or group[option]:
+                names.append(n)
+        if names and group.get("state_bits", 32) == 8:
+            names += [n + "_absmax" for n, _, coded in self.STATE if coded and n in names]
+        return names
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
              scalars: StepScalars, seed: int) -> None:
@@ -363,9 +376,12 @@ class FusedOptimizer(torch.optim.Optimizer):
         return cached[1]
 
     def _buckets(self, index: int, group: Dict[str, Any], compiling: bool
-                 ) -> Tuple[Dict[BucketKey, Bucket], bool]:
+                 ) -> Tuple[Dict[BucketKey, Bucket], Optional[bool]]:
         """The group's params with a grad, as the op's tensor lists per (device, has master),
-        and whether none of them is known, without a pass over them, to be laid out flat.
+        and what is known of their flat layout without a pass over them (``plain``): True,
+        none is laid out flat; False, unknown (:func:`mixprec.flat.coalesce_bucket`
+        coalesces what it can); None, each bucket is one slice of a flat buffer already
+        (:func:`mixprec.flat.whole_group`), run as it is.
 
         The lists of the last step are reused when :meth:`_reuse` finds nothing changed;
         else they are built here: the grads and dtypes are checked and missing state is
@@ -376,12 +392,12 @@ class FusedOptimizer(torch.optim.Optimizer):
         if not compiling:
             reused = self._reuse(index, group)
             if reused is not None:
-                return reused, not self._plans[index].whole
+                return reused, None if self._plans[index].whole else True
         buckets: Dict[BucketKey, Bucket] = _flat.whole_group(self, group)
         if buckets:  # flat-buffer mode: no per-param loop
             if not compiling:
                 self._remember_whole(index, group, buckets)
-            return buckets, False
+            return buckets, None
         names = self.state_names(group)
         positions: Dict[BucketKey, List[int]] = {}
         dicts: Dict[BucketKey, List[Dict[str, Any]]] = {}
@@ -490,8 +506,10 @@ class FusedOptimizer(torch.optim.Optimizer):
             key, bucket, _ = plan.buckets[0]
             ok = _flat.reuse_whole(self, group["params"], bucket)
             return {key: bucket} if ok else None
-        return {key: {**lists, "grads": grads if ks is None else [grads[k] for k in ks]}
-                for key, lists, ks in plan.buckets}
+        out: Dict[BucketKey, Bucket] = {}
+        for key, lists, ks in plan.buckets:  # (a loop: a comprehension costs 0.1 us more)
+            out[key] = {**lists, "grads": grads if ks is None else [grads[k] for k in ks]}
+        return out
 
     def _step_group(self, index: int, group: Dict[str, Any], grad_scale: Optional[Tensor],
                     found_inf: Optional[Tensor], clip_coef: Optional[Tensor],
@@ -505,7 +523,8 @@ class FusedOptimizer(torch.optim.Optimizer):
             if scalars is None:
                 scalars = on_device[device] = StepScalars(
                     _on(grad_scale, device), _on(found_inf, device), _on(clip_coef, device))
-            bucket = _flat.coalesce_bucket(self, group, bucket, plain)  # flat-buffer mode
+            if plain is not None:  # flat-buffer mode: runs of flat params as slices
+                bucket = _flat.coalesce_bucket(self, group, bucket, plain)
             self._run(bucket, group, self._lr_tensor(index, group, device), scalars, seed)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from torch import Tensor
 
@@ -131,17 +131,11 @@ class Adam(EightBitState, FusedOptimizer):
     def _decoupled(self, group: Dict[str, Any]) -> bool:
         return bool(group.get("decoupled_weight_decay", False))
 
+    STATE = (("exp_avg", None, True), ("exp_avg_sq", None, True),
+             ("max_exp_avg_sq", "amsgrad", False))
     #: the 8-bit moments (EightBitState): name, maxima's name, code table
     _MOMENTS8 = (("exp_avg", "exp_avg_absmax", q8.SIGNED),
                  ("exp_avg_sq", "exp_avg_sq_absmax", q8.UNSIGNED))
-
-    def state_names(self, group: Dict[str, Any]) -> List[str]:
-        names = ["exp_avg", "exp_avg_sq"]
-        if group["amsgrad"]:
-            names.append("max_exp_avg_sq")
-        if group.get("state_bits", 32) == 8:
-            names += ["exp_avg_absmax", "exp_avg_sq_absmax"]
-        return names
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
              scalars: StepScalars, seed: int) -> None:

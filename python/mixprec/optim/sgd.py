@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, Optional, Union
 
 import torch
 from torch import Tensor
@@ -47,6 +47,7 @@ class SGD(EightBitState, FusedOptimizer):
             :class:`~mixprec.optim.Adam` (8 bits: the momentum buffer, signed code).
     """
 
+    STATE = (("momentum_buffer", "momentum", True),)
     #: the 8-bit momentum (EightBitState): name, maxima's name, code table
     _MOMENTS8 = (("momentum_buffer", "momentum_buffer_absmax", q8.SIGNED),)
 
@@ -94,13 +95,6 @@ class SGD(EightBitState, FusedOptimizer):
             "min_8bit_size": int(min_8bit_size),
         }
         super().__init__(params, defaults)
-
-    def state_names(self, group: Dict[str, Any]) -> List[str]:
-        if group["momentum"] == 0:
-            return []
-        if group.get("state_bits", 32) == 8:
-            return ["momentum_buffer", "momentum_buffer_absmax"]
-        return ["momentum_buffer"]
 
     def _default_step(self, saved: Dict[str, Any], p: Tensor) -> Tensor:
         # A torch SGD state has no step: a stored buffer means steps were taken.
