@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import pytest
 import torch
@@ -169,17 +169,13 @@ def _imported_root() -> str:
     return os.path.dirname(os.path.abspath(mixprec.__file__)) + "/"
 
 
-def callbacks(fn: Callable[[], Any], seen: Optional[List[int]] = None) -> List[str]:
-    """Run ``fn`` and list every call into a mixprec file that is already on the stack
-    below another mixprec file (``a.py -> b.py -> a.py``): a call back up the layers.
-    Calls within one file, calls through torch, and a generator resumed where it is
-    consumed (data passed lazily, e.g. to ``any``) are not callbacks. ``seen``, when given,
-    gets the number of mixprec calls traced appended (so that a check cannot pass by
-    seeing none)."""
+def _trace(fn: Callable[[], Any], on_call: Callable[[str, List[str], str], None]) -> None:
+    """Run ``fn`` under a profile hook that calls ``on_call(file, below, function)`` for
+    every call into a mixprec file (relative to the imported package), ``below`` the mixprec
+    files on the stack under it, innermost last. A generator resumed where it is consumed
+    (data passed lazily, e.g. to ``any``) is not a call."""
     root = _imported_root()
     stack: List[Optional[str]] = []
-    found: List[str] = []
-    calls = [0]
 
     def prof(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
@@ -187,11 +183,7 @@ def callbacks(fn: Callable[[], Any], seen: Optional[List[int]] = None) -> List[s
             lazy = frame.f_code.co_flags & inspect.CO_GENERATOR
             f = name[len(root):] if name.startswith(root) and not lazy else None
             if f is not None:
-                calls[0] += 1
-                path = [x for x in stack if x is not None]
-                path = [x for i, x in enumerate(path) if i == 0 or path[i - 1] != x]
-                if f in path and path[-1] != f:
-                    found.append(" -> ".join(path + [f]) + f" ({frame.f_code.co_name})")
+                on_call(f, [x for x in stack if x is not None], frame.f_code.co_name)
             stack.append(f)
         elif event == "return" and stack:
             stack.pop()
@@ -201,103 +193,35 @@ def callbacks(fn: Callable[[], Any], seen: Optional[List[int]] = None) -> List[s
         fn()
     finally:
         sys.setprofile(None)
+
+
+def callbacks(fn: Callable[[], Any], seen: Optional[List[int]] = None) -> List[str]:
+    """Run ``fn`` and list every call into a mixprec file that is already on the stack
+    below another mixprec file (``a.py -> b.py -> a.py``): a call back up the layers.
+    Calls within one file, calls through torch, and a generator resumed where it is
+    consumed (data passed lazily, e.g. to ``any``) are not callbacks. ``seen``, when given,
+    gets the number of mixprec calls traced appended (so that a check cannot pass by
+    seeing none)."""
+    found: List[str] = []
+    calls = [0]
+
+    def on_call(f: str, below: List[str], name: str) -> None:
+        calls[0] += 1
+        path = [x for i, x in enumerate(below) if i == 0 or below[i - 1] != x]
+        if f in path and path[-1] != f:
+            found.append(" -> ".join(path + [f]) + f" ({name})")
+
+    _trace(fn, on_call)
     if seen is not None:
         seen.append(calls[0])
     return found
 
 
-@pytest.mark.parametrize("kind", ["fp32", "bf16 8-bit", "flat"])
-def test_a_scaler_iteration_never_calls_back_up(kind: str) -> None:
-    """``scaler.step`` (with and without ``clip_grad_norm_``), ``unscale_`` and ``update``
-    over mixprec's AdamW, per-param, 8-bit and flat: each file is entered from above only."""
-    import mixprec
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4))
-    if kind == "bf16 8-bit":
-        model = model.to(torch.bfloat16)
-        opt = mixprec.optim.AdamW(model.parameters(), state_bits=8, min_8bit_size=16)
-    else:
-        if kind == "flat":
-            mixprec.flat_buffers(model)
-        opt = mixprec.optim.AdamW(model.parameters())
-    scaler = mixprec.GradScaler("cpu")
-
-    def backward() -> None:
-        opt.zero_grad(set_to_none=False)
-        x = torch.randn(2, 64, dtype=next(model.parameters()).dtype)
-        scaler.scale(model(x).float().sum()).backward()
-
-    for _ in range(2):  # the lists and plans exist: the path of every later step
-        backward()
-        scaler.step(opt)
-        scaler.update()
-    paths: Dict[str, Callable[[], Any]] = {
-        "step": lambda: scaler.step(opt),
-        "update": scaler.update,
-        "clip + step": lambda: (scaler.clip_grad_norm_(opt, 1.0), scaler.step(opt)),
-        "unfused clip + step": lambda: (scaler.clip_grad_norm_(opt, 1.0, fold_into_step=False),
-                                        scaler.step(opt)),
-        "unscale_ + step": lambda: (scaler.unscale_(opt), scaler.step(opt)),
-    }
-    for name, run in paths.items():
-        backward()
-        if name == "update":
-            scaler.step(opt)
-        seen: List[int] = []
-        assert callbacks(run, seen) == [], name
-        assert seen[0] > 3, (name, seen)  # the mixprec calls were traced
-        if name != "update":
-            scaler.update()
-
-
-def file_entries(fn: Callable[[], Any]) -> List[str]:
-    """Run ``fn`` and list, in order, each call that enters a mixprec file from another
-    file (or from outside mixprec) as ``"file (function)"``: the files a reader following
-    the calls opens. Returning to a caller is not an entry; nor is a call within a file, a
-    generator resumed where it is consumed, or the ``__enter__``/``__exit__`` of a context
-    manager (read with the call that made it: ``with _grad_mode.no_grad():`` is one
-    visit)."""
-    root = _imported_root()
-    stack: List[Optional[str]] = []
-    entries: List[str] = []
-
-    def prof(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call":
-            name = frame.f_code.co_filename
-            lazy = frame.f_code.co_flags & inspect.CO_GENERATOR
-            f = name[len(root):] if name.startswith(root) and not lazy else None
-            below = [x for x in stack if x is not None]
-            dunder = frame.f_code.co_name in ("__enter__", "__exit__")
-            if f is not None and (not below or below[-1] != f) and not dunder:
-                entries.append(f"{f} ({frame.f_code.co_name})")
-            stack.append(f)
-        elif event == "return" and stack:
-            stack.pop()
-
-    sys.setprofile(prof)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return entries
-
-
-def twice_entered(entries: List[str]) -> List[str]:
-    """The files of ``entries`` entered more than once, except the op layer
-    (``ops/__init__.py``), which is entered once per op, each a different one."""
-    files = [e.split(" ", 1)[0] for e in entries]
-    ops = [e for e in entries if e.startswith("ops/__init__.py ")]
-    return sorted({f for f in files if files.count(f) > 1 and f != "ops/__init__.py"}
-                  | ({"ops/__init__.py"} if len(set(ops)) != len(ops) else set()))
-
-
-STEP_KINDS = ["fp32", "bf16 8-bit", "flat", "sgd", "torch fused", "torch sgd"]
-
-
-def scaler_step_entries(kind: str) -> List[str]:
-    """:func:`file_entries` of ``scaler.step(optimizer)`` on a step whose lists and plans
-    exist (every step but the first), for an optimizer of ``kind``."""
+def scaler_iteration(kind: str) -> Tuple[Any, torch.optim.Optimizer, Callable[[], None]]:
+    """A CPU ``mixprec.GradScaler``, an optimizer of ``kind`` (mixprec's AdamW ``"fp32"``,
+    ``"bf16 8-bit"``, ``"flat"``; ``"sgd"`` with momentum; ``"torch fused"`` AdamW,
+    ``"torch sgd"``) over a two-layer model, and its backward pass; two iterations run, so
+    the lists and plans exist: the path of every later step."""
     import mixprec
 
     torch.manual_seed(0)
@@ -327,6 +251,66 @@ def scaler_step_entries(kind: str) -> List[str]:
         backward()
         scaler.step(opt)
         scaler.update()
+    return scaler, opt, backward
+
+
+@pytest.mark.parametrize("kind", ["fp32", "bf16 8-bit", "flat"])
+def test_a_scaler_iteration_never_calls_back_up(kind: str) -> None:
+    """``scaler.step`` (with and without ``clip_grad_norm_``), ``unscale_`` and ``update``
+    over mixprec's AdamW, per-param, 8-bit and flat: each file is entered from above only."""
+    scaler, opt, backward = scaler_iteration(kind)
+    paths: Dict[str, Callable[[], Any]] = {
+        "step": lambda: scaler.step(opt),
+        "update": scaler.update,
+        "clip + step": lambda: (scaler.clip_grad_norm_(opt, 1.0), scaler.step(opt)),
+        "unfused clip + step": lambda: (scaler.clip_grad_norm_(opt, 1.0, fold_into_step=False),
+                                        scaler.step(opt)),
+        "unscale_ + step": lambda: (scaler.unscale_(opt), scaler.step(opt)),
+    }
+    for name, run in paths.items():
+        backward()
+        if name == "update":
+            scaler.step(opt)
+        seen: List[int] = []
+        assert callbacks(run, seen) == [], name
+        assert seen[0] > 3, (name, seen)  # the mixprec calls were traced
+        if name != "update":
+            scaler.update()
+
+
+def file_entries(fn: Callable[[], Any]) -> List[str]:
+    """Run ``fn`` and list, in order, each call that enters a mixprec file from another
+    file (or from outside mixprec) as ``"file (function)"``: the files a reader following
+    the calls opens. Returning to a caller is not an entry; nor is a call within a file, a
+    generator resumed where it is consumed, or the ``__enter__``/``__exit__`` of a context
+    manager (read with the call that made it: ``with _grad_mode.no_grad():`` is one
+    visit)."""
+    entries: List[str] = []
+
+    def on_call(f: str, below: List[str], name: str) -> None:
+        if (not below or below[-1] != f) and name not in ("__enter__", "__exit__"):
+            entries.append(f"{f} ({name})")
+
+    _trace(fn, on_call)
+    return entries
+
+
+def twice_entered(entries: List[str]) -> List[str]:
+    """The files of ``entries`` entered more than once, except the op layer
+    (``ops/__init__.py``), which is entered once per op, each a different one."""
+    files = [e.split(" ", 1)[0] for e in entries]
+    ops = [e for e in entries if e.startswith("ops/__init__.py ")]
+    return sorted({f for f in files if files.count(f) > 1 and f != "ops/__init__.py"}
+                  | ({"ops/__init__.py"} if len(set(ops)) != len(ops) else set()))
+
+
+STEP_KINDS = ["fp32", "bf16 8-bit", "flat", "sgd", "torch fused", "torch sgd"]
+
+
+def scaler_step_entries(kind: str) -> List[str]:
+    """:func:`file_entries` of ``scaler.step(optimizer)`` on a step whose lists and plans
+    exist (every step but the first), for an optimizer of ``kind``."""
+    scaler, opt, backward = scaler_iteration(kind)
     backward()
     return file_entries(lambda: scaler.step(opt))
 
