@@ -103,7 +103,9 @@ class SGD(EightBitState, FusedOptimizer):
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
              scalars: StepScalars, seed: int) -> None:
-        coded, bucket = split_coded(bucket, group, "momentum_buffer")
+        coded = None
+        if group.get("state_bits", 32) == 8:  # (a 32-bit group has nothing to split)
+            coded, bucket = split_coded(bucket, group, "momentum_buffer")
         if coded is not None:
             masters8 = coded["master_params"]
             ops.fused_sgd8_(
