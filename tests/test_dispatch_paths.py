@@ -17,8 +17,8 @@ from _helpers import assert_bitwise_equal
 if not mixprec.has_extension():
     pytest.skip("needs the compiled extension", allow_module_level=True)
 
+from _op_cases import sample  # noqa: E402
 from mixprec import _C  # noqa: E402
-from test_opcheck import sample  # noqa: E402
 
 
 def _args(device="cpu"):

@@ -167,3 +167,25 @@ def test_readme_runnable_blocks_run(capsys: pytest.CaptureFixture[str]) -> None:
         exec(compile(code, f"README.md runnable block {k}", "exec"), namespace)  # noqa: S102
     assert namespace["scaler"].stats().steps > 0  # type: ignore[attr-defined]
     assert namespace["trainer"].stats()["total_steps"] > 0  # type: ignore[attr-defined]
+
+
+def ops_table_rows(text: str) -> List[str]:
+    """The ops that have a row in a Markdown ops table: the name at the start of a row's
+    first cell (``| `x_(...)` | ...``)."""
+    return re.findall(r"^\|\s*`(\w+)\(", text, flags=re.MULTILINE)
+
+
+def test_every_op_has_a_row_in_the_ops_guide() -> None:
+    """docs/ops.md has one row per op of the table (csrc/common/op_table.h), in its order."""
+    import mixprec
+
+    if not mixprec.has_extension():
+        pytest.skip("the op table comes from the compiled extension")
+    assert ops_table_rows((ROOT / "docs" / "ops.md").read_text()) == list(mixprec._C.op_names)
+
+
+def test_a_missing_ops_row_is_found() -> None:
+    """The check itself: a table without an op's row lists one op fewer."""
+    text = (ROOT / "docs" / "ops.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `check_finite_("))
+    assert "check_finite_" not in ops_table_rows(text.replace(row + "\n", ""))
