@@ -24,8 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["HOST", "SCALARS", "ATTRIBUTES", "LEGACY", "step_kind", "takes_step_scalars",
-           "step_takes_grad_scaler"]
+__all__ = ["HOST", "SCALARS", "ATTRIBUTES", "LEGACY", "step_kind", "step_takes_grad_scaler"]
 
 #: :func:`step_kind`'s answers. ``HOST``: an ordinary optimizer (the scaler decides the skip
 #: with one host sync); ``SCALARS``: mixprec's protocol; ``ATTRIBUTES``: torch's
@@ -41,16 +40,6 @@ def step_kind(optimizer: torch.optim.Optimizer) -> str:
     if getattr(optimizer, "_step_takes_scalars", False):
         return SCALARS
     return LEGACY if step_takes_grad_scaler(optimizer.step) else ATTRIBUTES
-
-
-def takes_step_scalars(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step`` takes ``grad_scale``/``found_inf``/``clip_coef`` arguments
-    (:data:`SCALARS`: torch's ``_step_supports_amp_scaling`` and mixprec's
-    ``_step_takes_scalars``; an optimizer that declares both gets the scalars as ``step()``
-    keyword arguments instead of torch's attributes)."""
-    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and bool(
-        getattr(optimizer, "_step_takes_scalars", False)
-    )
 
 
 _STEP_SIG_CACHE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()

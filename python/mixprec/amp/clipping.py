@@ -31,7 +31,7 @@ from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
 from .. import _dtensor, _grad_mode, ops
-from .capability import takes_step_scalars
+from .capability import SCALARS, step_kind
 from .grads import (
     DeviceGrads,
     fp16_grads_allowed,
@@ -99,7 +99,7 @@ def clip_grad_norm(
     home = scale.device
     fold = (
         fold_into_step
-        and takes_step_scalars(optimizer)
+        and step_kind(optimizer) is SCALARS
         and norm_type > 0
         and _op_available("check_finite_and_norm_")
         and not any(p.grad is not None and p.grad.is_sparse for p in params)
@@ -139,9 +139,8 @@ def clip_grad_norm(
                     p.grad = p.grad.coalesce()
             # what the scaler's unscale_ does from READY
             found = torch.zeros((), dtype=torch.float32, device=home)
-            allow = fp16_grads_allowed(scaler.allow_fp16_grads, optimizer)
             state["found_inf_per_device"] = unscale_optimizer_grads(
-                optimizer, inv_scale(scale), found, allow, group)
+                optimizer, inv_scale(scale), found, False, group, scaler.allow_fp16_grads)
             state["stage"] = OptState.UNSCALED
         grads = [p.grad for p in params if p.grad is not None]
         specs = _dtensor.specs_of(grads)

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..ops._extension import WATCH as _WATCH
-from .layout import _GRADS, REGISTRY, _Buffer, _data_ptr
+from .layout import GRAD_VIEWS, REGISTRY, _Buffer, _data_ptr
 
 
 def _lookup(table: Dict[int, Tuple[weakref.ref[_Buffer], int]], t: Tensor,
@@ -41,7 +41,7 @@ def _any_in(table: Dict[int, Any], tensors: Sequence[Tensor]) -> bool:
 def _first_owner(grads: Sequence[Tensor]) -> Optional[_Buffer]:
     """The buffer of which ``grads[0]`` is a grad view (by ``id``): where the answer of
     :func:`_coalesce` for lists starting with it is kept."""
-    first = _GRADS.get(id(grads[0])) if grads else None
+    first = GRAD_VIEWS.get(id(grads[0])) if grads else None
     return first[0]() if first is not None else None
 
 
@@ -60,7 +60,7 @@ def _runs(entries: List[Tuple[int, int]]) -> List[List[Tuple[int, int]]]:
 def _grad_ranges(grads: Sequence[Tensor]) -> Tuple[List[Tuple[_Buffer, int, int]], List[int]]:
     """Runs of flat grad views in ``grads`` and the positions of everything else."""
     n = len(grads)
-    first = _GRADS.get(id(grads[0]))
+    first = GRAD_VIEWS.get(id(grads[0]))
     if first is not None:
         buf, a = first[0](), first[1]
         if (buf is not None and buf.grad_ids[a:a + n] == list(map(id, grads))
@@ -69,7 +69,7 @@ def _grad_ranges(grads: Sequence[Tensor]) -> Tuple[List[Tuple[_Buffer, int, int]
     per_buf: Dict[int, Tuple[_Buffer, List[Tuple[int, int]]]] = {}
     rest: List[int] = []
     for k, g in enumerate(grads):
-        hit = _lookup(_GRADS, g, "grad_ptrs")
+        hit = _lookup(GRAD_VIEWS, g, "grad_ptrs")
         if hit is None:
             rest.append(k)
         else:
@@ -93,7 +93,7 @@ def coalesce(grads: List[Tensor]) -> List[Tensor]:
     views of a run; tensors that are not flat views stay as they are. Used by
     :class:`mixprec.GradScaler` before its unscale / inf-check / norm ops.
     """
-    if len(grads) < 2 or not _any_in(_GRADS, grads):
+    if len(grads) < 2 or not _any_in(GRAD_VIEWS, grads):
         return grads  # no flat view among them
     return _coalesce(grads)
 
@@ -130,7 +130,7 @@ def _all_flat(grads: List[Tensor], coalesced: List[Tensor]) -> bool:
 def coalesce_grads(per_device: Dict[torch.device, List[Tensor]]
                    ) -> Dict[torch.device, List[Tensor]]:
     """:func:`coalesce` for each device's list (``amp.grads.optimizer_grads``'s)."""
-    if not _GRADS:
+    if not GRAD_VIEWS:
         return per_device
     return {dev: coalesce(grads) for dev, grads in per_device.items()}
 
@@ -155,7 +155,7 @@ def kept_grads(optimizer: Any, allow_fp16: bool) -> Optional[PerDevice]:
     out or removed since. ``collect_grads`` + ``coalesce_grads`` would then find the
     same grads and the same flat slices; this replaces their two passes with one.
     """
-    if not _GRADS or torch.compiler.is_compiling():
+    if not GRAD_VIEWS or torch.compiler.is_compiling():
         return None
     try:
         kept = _KEPT.get(optimizer)
@@ -184,7 +184,7 @@ def keep_grads(optimizer: Any, allow_fp16: bool, collected: PerDevice,
                coalesced: PerDevice) -> None:
     """Keep ``coalesced`` (:func:`coalesce_grads` of ``collected``) for :func:`kept_grads`
     when every grad of every device went into a flat slice; forget it otherwise."""
-    if not _GRADS or _WATCH is None or torch.compiler.is_compiling():
+    if not GRAD_VIEWS or _WATCH is None or torch.compiler.is_compiling():
         return
     groups = tuple(optimizer.param_groups)
     snaps = ([_WATCH.watch_tensors(group["params"], True) for group in groups]

@@ -23,11 +23,9 @@ _data_ptr = Tensor.data_ptr
 # removed when the buffer is collected (weakref.finalize); while it lives, it holds
 # the objects, so an id cannot be reused.
 _PARAMS: Dict[int, Tuple[weakref.ref[_Buffer], int]] = {}
-_GRADS: Dict[int, Tuple[weakref.ref[_Buffer], int]] = {}
-#: The grad views' registry (``_GRADS``) as other layers may read it: empty when no flat
-#: grad view exists, so ``amp.grads`` skips the flat hooks with one truth test. Never
-#: written outside this module.
-GRAD_VIEWS = _GRADS
+#: The grad views' registry, the same for id(grad view). Empty when no flat grad view
+#: exists, so ``amp.grads`` skips the flat hooks with one truth test. Written only here.
+GRAD_VIEWS: Dict[int, Tuple[weakref.ref[_Buffer], int]] = {}
 #: [number of changes to the registry]: a buffer laid out or unregistered (answers kept
 #: from before a change are not reused)
 REGISTRY = [0]
@@ -102,7 +100,7 @@ class _Buffer:
         REGISTRY[0] += 1
         for i, (p, g) in enumerate(zip(params, self.grad_views)):
             _PARAMS[id(p)] = (ref, i)
-            _GRADS[id(g)] = (ref, i)
+            GRAD_VIEWS[id(g)] = (ref, i)
             self._hooks.append(p.register_post_accumulate_grad_hook(
                 _restore_hook(g, self.param_ptrs[i], self)))
         self._ref = ref
@@ -153,7 +151,7 @@ def _in_live_buffer(p: Tensor) -> bool:
 def _unregister(param_ids: List[int], grad_ids: List[int], ref: weakref.ref[_Buffer]) -> None:
     """Drop the registry entries of one buffer (not those a later buffer made since)."""
     REGISTRY[0] += 1
-    for table, ids in ((_PARAMS, param_ids), (_GRADS, grad_ids)):
+    for table, ids in ((_PARAMS, param_ids), (GRAD_VIEWS, grad_ids)):
         for i in ids:
             entry = table.get(i)
             if entry is not None and entry[0] is ref:

@@ -185,8 +185,8 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     #: The per-param state a step reads and writes besides ``step`` and
     #: ``master_param``, in the order the op takes it: ``(name, the group option that
-    #: keeps it or None for always, whether it is 8-bit with state_bits=8)``.
-    STATE: ClassVar[Tuple[Tuple[str, Optional[str], bool], ...]] = ()
+    #: keeps it or None for always, its code table with state_bits=8 or None)``.
+    STATE: ClassVar[Tuple[Tuple[str, Optional[str], Optional[str]], ...]] = ()
 
     def state_names(self, group: Dict[str, Any]) -> List[str]:
         """The names of the per-param state tensors a step of ``group`` reads and
@@ -200,7 +200,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             if option is None or group[option]:
                 names.append(n)
         if names and group.get("state_bits", 32) == 8:
-            names += [n + "_absmax" for n, _, coded in self.STATE if coded and n in names]
+            names += [absmax for n, absmax, _ in coded_states(self.STATE) if n in names]
         return names
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
@@ -575,6 +575,13 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def _default_step(self, saved: Dict[str, Any], p: Tensor) -> Tensor:
         return torch.zeros((), dtype=torch.float32, device=p.device)
+
+
+def coded_states(state: Tuple[Tuple[str, Optional[str], Optional[str]], ...]
+                 ) -> Tuple[Tuple[str, str, str], ...]:
+    """The states of a :attr:`FusedOptimizer.STATE` declaration that are 8-bit with
+    ``state_bits=8``, as ``(name, name of its block maxima, code table)``."""
+    return tuple((n, n + "_absmax", table) for n, _, table in state if table is not None)
 
 
 def params_and_kwargs_check(cls: str, lr: Union[float, Tensor], differentiable: bool,

@@ -9,7 +9,7 @@ from torch import Tensor
 from .. import ops
 from ..ops import _quant8 as q8
 from ..ops._scalars import StepScalars
-from ._base import Bucket, FusedOptimizer, params_and_kwargs_check
+from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
 from ._state8 import EightBitState, check_state_bits, split_coded
 
 __all__ = ["Adam", "AdamW", "Adam8bit", "AdamW8bit"]
@@ -131,11 +131,10 @@ class Adam(EightBitState, FusedOptimizer):
     def _decoupled(self, group: Dict[str, Any]) -> bool:
         return bool(group.get("decoupled_weight_decay", False))
 
-    STATE = (("exp_avg", None, True), ("exp_avg_sq", None, True),
-             ("max_exp_avg_sq", "amsgrad", False))
+    STATE = (("exp_avg", None, q8.SIGNED), ("exp_avg_sq", None, q8.UNSIGNED),
+             ("max_exp_avg_sq", "amsgrad", None))
     #: the 8-bit moments (EightBitState): name, maxima's name, code table
-    _MOMENTS8 = (("exp_avg", "exp_avg_absmax", q8.SIGNED),
-                 ("exp_avg_sq", "exp_avg_sq_absmax", q8.UNSIGNED))
+    _MOMENTS8 = coded_states(STATE)
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
              scalars: StepScalars, seed: int) -> None:

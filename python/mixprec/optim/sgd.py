@@ -10,7 +10,7 @@ from torch import Tensor
 from .. import ops
 from ..ops import _quant8 as q8
 from ..ops._scalars import StepScalars
-from ._base import Bucket, FusedOptimizer, params_and_kwargs_check
+from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
 from ._state8 import EightBitState, check_state_bits, split_coded
 
 __all__ = ["SGD", "SGD8bit"]
@@ -47,9 +47,9 @@ class SGD(EightBitState, FusedOptimizer):
             :class:`~mixprec.optim.Adam` (8 bits: the momentum buffer, signed code).
     """
 
-    STATE = (("momentum_buffer", "momentum", True),)
+    STATE = (("momentum_buffer", "momentum", q8.SIGNED),)
     #: the 8-bit momentum (EightBitState): name, maxima's name, code table
-    _MOMENTS8 = (("momentum_buffer", "momentum_buffer_absmax", q8.SIGNED),)
+    _MOMENTS8 = coded_states(STATE)
 
     def __init__(
         self,
