@@ -316,6 +316,34 @@ def _dict_slot(name: str, d: Dict[Any, Any], key: Any) -> _Slot:
     return _Slot(name, lambda: d.get(key), put, t, t.data_ptr())
 
 
+def _state_slot(name: str, opt: torch.optim.Optimizer, p: Tensor, key: str) -> _Slot:
+    """``opt.state[p][key]``, looked up afresh (``load_state_dict`` builds new dicts)."""
+    t = opt.state[p][key]
+
+    def get() -> Optional[Tensor]:
+        st = opt.state.get(p)
+        return None if st is None else st.get(key)
+
+    def put(v: Tensor) -> None:
+        opt.state[p][key] = v
+
+    return _Slot(name, get, put, t, t.data_ptr())
+
+
+def _group_slot(name: str, opt: torch.optim.Optimizer, i: int, key: str) -> _Slot:
+    """``opt.param_groups[i][key]``, looked up afresh (``load_state_dict`` builds new
+    group dicts)."""
+    t = opt.param_groups[i][key]
+
+    def get() -> Optional[Tensor]:
+        return opt.param_groups[i].get(key) if i < len(opt.param_groups) else None
+
+    def put(v: Tensor) -> None:
+        opt.param_groups[i][key] = v
+
+    return _Slot(name, get, put, t, t.data_ptr())
+
+
 def _grad_slot(name: str, p: Tensor) -> _Slot:
     g = p.grad
     assert g is not None
@@ -362,11 +390,11 @@ def _collect_slots(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
                 if state:
                     for name in sorted(state, key=str):
                         if isinstance(state[name], Tensor):
-                            slots.append(_dict_slot(f"{where} state[{name!r}]", state, name))
+                            slots.append(_state_slot(f"{where} state[{name!r}]", opt, p, name))
             for t, _, key in _lr_slots(opt, i):
                 if key is None:
-                    slots.append(_dict_slot(f"optimizers[{o}].param_groups[{i}]['lr']",
-                                            group, "lr"))
+                    slots.append(_group_slot(f"optimizers[{o}].param_groups[{i}]['lr']",
+                                             opt, i, "lr"))
                 else:
                     slots.append(_Slot(f"optimizers[{o}].param_groups[{i}] lr tensor",
                                        lambda t=t: t, None, t, t.data_ptr(), (o, i, key)))
@@ -531,12 +559,14 @@ class CapturedStep:
 
     def __init__(self, fn: Callable[..., Any], example_inputs: Tuple[Any, ...], *,
                  optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
-                 modules: Sequence[torch.nn.Module], max_graphs: int, warmup: int,
+                 modules: Sequence[torch.nn.Module], schedulers: Sequence[Any],
+                 max_graphs: int, warmup: int,
                  fallback: str, clone_outputs: bool, pool: Any) -> None:
         self.fn = fn
         self.optimizers = list(optimizers)
         self.scaler = scaler
         self.modules = list(modules)
+        self.schedulers = list(schedulers)
         self.max_graphs = int(max_graphs)
         self.warmup = int(warmup)
         self.fallback = fallback
@@ -568,6 +598,15 @@ class CapturedStep:
         if key in self.eager_reasons:
             return self.fn(*inputs)
         n = self._calls.get(key, 0)
+        if n == 0 and len(self._calls) >= self.max_graphs:
+            reason = (f"mixprec.capture: a new input signature would need graph "
+                      f"{len(self._calls) + 1}, but max_graphs={self.max_graphs} (this "
+                      f"signature: {key[1:]}). Pad or bucket the inputs, or raise max_graphs")
+            if self.fallback != "eager":
+                raise CaptureError(reason)
+            self.eager_reasons[key] = reason
+            log.warning("%s; running it eagerly", reason)
+            return self.fn(*inputs)
         self._calls[key] = n + 1
         if n < self.warmup:
             return self._eager(inputs)
@@ -581,16 +620,6 @@ class CapturedStep:
             return out
         if self.mode == "eager":
             return self._eager(inputs)
-        if len(self.graphs) >= self.max_graphs:
-            reason = (f"mixprec.capture: a new input signature would need graph "
-                      f"{len(self.graphs) + 1}, but max_graphs={self.max_graphs} (captured: "
-                      f"{len(self.graphs)}; this signature: {key[1:]}). Pad or bucket the "
-                      "inputs, or raise max_graphs")
-            if self.fallback != "eager":
-                raise CaptureError(reason)
-            self.eager_reasons[key] = reason
-            log.warning("%s; running it eagerly", reason)
-            return self.fn(*inputs)
         g = self._capture(key, inputs, leaves)
         return self._replay(g, leaves, copy=False)
 
@@ -663,10 +692,18 @@ class CapturedStep:
         before = _collect_slots(self.optimizers, self.scaler, self.modules)
         host = _host_fingerprint(self.optimizers, self.scaler, self.modules)
         lrs = [[g["lr"] for g in o.param_groups] for o in self.optimizers]
+        epochs = [getattr(sc, "last_epoch", None) for sc in self.schedulers]
         detector = SyncDetector()
         with self._stream_ctx(), detector:
             out = self.fn(*inputs)
         problem = self._problem(before, host, lrs, detector)
+        for k, sc in enumerate(self.schedulers):
+            if problem is None and getattr(sc, "last_epoch", None) != epochs[k]:
+                problem = (f"mixprec.capture: the step steps schedulers[{k}] "
+                           f"({type(sc).__name__}), an LR scheduler inside the body: host "
+                           "code a replay does not run. Step schedulers outside the body, "
+                           "between calls: the lr reaches the graph as a device tensor "
+                           "filled before each replay")
         if problem is not None:
             return out, problem
         sc = self.scaler
@@ -834,6 +871,7 @@ def capture_step(
     optimizers: Iterable[torch.optim.Optimizer],
     scaler: Any = None,
     modules: Iterable[torch.nn.Module] = (),
+    schedulers: Iterable[Any] = (),
     max_graphs: int = 4,
     warmup: int = 2,
     fallback: str = "error",
@@ -857,6 +895,9 @@ def capture_step(
         scaler: the :class:`mixprec.GradScaler` the body uses, or None. Its statistics
             are counted on the device from the checked step on (``scaler.stats()``
             stays right across replays); ``found_inf()`` answers for the last replay.
+        schedulers: LR schedulers of these optimizers (optional): the checked call
+            refuses a body that steps one (host code a replay does not run; an lr
+            change is caught without them too, but only when it happens at that call).
         modules: the models the body runs (optional): their buffers are persistent
             tensors (checked, re-bound after a load) and their ``training`` flags are part
             of what a graph bakes in. DDP-wrapped modules are refused.
@@ -890,7 +931,8 @@ def capture_step(
     check_optimizers(optimizers, scaler)
     check_distributed(optimizers, scaler, modules)
     step = CapturedStep(step_fn, example_inputs, optimizers=optimizers, scaler=scaler,
-                        modules=modules, max_graphs=max_graphs, warmup=warmup,
+                        modules=modules, schedulers=list(schedulers),
+                        max_graphs=max_graphs, warmup=warmup,
                         fallback=fallback, clone_outputs=clone_outputs, pool=pool)
     check_autocast(step.device.type)
     for leaf in pytree.tree_leaves(example_inputs):
