@@ -244,7 +244,8 @@ def test_harness_catches_planted_defects(planted: Callable[..., Any]) -> None:
     a.body, b.body = planted(a), planted(b)
     data = a.batches(20)
     eager = _run_eager(a, data)
-    # (the harness alone: capture_step's check would refuse the second one, below)
+    # (the harness alone: the rebuilt buffers live in the body's own dict, which
+    # capture_step's storage check does not see -- a documented limit)
     trace, static = None, (data[0][0].clone(), data[0][1].clone())
     replayed = []
     for x, y in data:
