@@ -1,0 +1,943 @@
+"""One CUDA graph per training step: :func:`capture_step`.
+
+A layer above :mod:`mixprec.optim` and :mod:`mixprec.amp`, below :mod:`mixprec.train`.
+The user hands over their step body as it is written::
+
+    def train_step(x, y):
+        opt.zero_grad(set_to_none=False)         # grads keep their storage
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.clip_grad_norm_(opt, 1.0)
+        scaler.step(opt)
+        scaler.update()
+        return loss
+
+    step = mixprec.capture.capture_step(train_step, (x0, y0), optimizers=[opt],
+                                        scaler=scaler, modules=[model])
+    for x, y in data:
+        loss = step(x, y)          # a device tensor; no host sync
+        sched.step()               # a torch LR scheduler, between calls, as usual
+
+What a call does, per input signature (shapes, dtypes, devices of the tensor leaves and
+the values of the other leaves):
+
+1. the first ``warmup`` calls run the body eagerly on a side stream (real training steps
+   on the call's inputs, as eager training would run them);
+2. the next call runs it eagerly once more under the checks (:class:`SyncDetector`: no op
+   that would sync with the host or read a device value into Python; every persistent
+   tensor -- params, grads, optimizer state, lr, the scaler's tensors, module buffers --
+   keeps its storage; no host state such as a param group's ``lr`` is changed by the
+   body; the scaler's iteration is closed by ``update()``). A failure raises
+   :class:`CaptureError` naming the cause (or, ``fallback="eager"``, logs it and runs that
+   signature eagerly from then on);
+3. the next call copies the inputs into static buffers, captures the body into a
+   :class:`torch.cuda.CUDAGraph` (all graphs share one memory pool) and replays it; every
+   later call with that signature only copies its inputs and replays.
+
+Before every replay (:meth:`CapturedStep.prepare`, also run before eager calls): each
+param group's host ``lr`` (a float a scheduler set, or a tensor it filled) is written in
+place into the lr tensor the captured kernels read (one ``fill_``/``copy_`` kernel, only
+when it changed); a persistent tensor that was replaced (``optimizer.load_state_dict``
+builds new state tensors; ``zero_grad(set_to_none=True)`` outside the step drops grads)
+is copied back into the captured storage and re-bound; a change of anything the graph
+has baked in (a hyperparameter other than ``lr``, the scaler's growth/backoff rule, a
+module's ``training`` flag, a param's storage) drops every graph and starts over at 1,
+with the reason logged. So a replay is never silently stale.
+
+On CPU (no CUDA graphs) :func:`capture_step` runs the same checks and the same
+:meth:`~CapturedStep.prepare` and then runs every call eagerly: the validation mode that
+the tests (and a user without a GPU) use.
+
+Host syncs: none per call once captured (the lr fill is an asynchronous kernel launch).
+Capturing synchronizes the device (``torch.cuda.graph`` does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import traceback
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.amp.grad_scaler import OptState
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import _dtensor
+from .amp.capability import ATTRIBUTES, HOST, LEGACY, SCALARS, step_kind
+from .amp.stats import _StatsTracker
+
+__all__ = [
+    "CaptureError",
+    "CapturedStep",
+    "SyncDetector",
+    "SyncEvent",
+    "SYNC_OPS",
+    "capture_step",
+    "check_optimizers",
+    "check_distributed",
+    "check_autocast",
+    "persistent_tensors",
+]
+
+log = logging.getLogger("mixprec.capture")
+
+_OUR_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+class CaptureError(RuntimeError):
+    """A step cannot be captured as it is written; the message names the cause and the fix."""
+
+
+# --------------------------------------------------------------------------- detector
+
+#: Ops that read a device value on the host (a sync on CUDA; during capture an error, or
+#: a value baked into the graph), by ``OpOverloadPacket`` name. Ops returning a Python
+#: number or bool are counted too, whatever their name; so are boolean-mask indexing and
+#: device-to-host copies (see :meth:`SyncDetector.why`).
+SYNC_OPS = frozenset({
+    "aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::equal",
+    "aten::allclose", "aten::nonzero", "aten::nonzero_numpy", "aten::argwhere",
+    "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
+    "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
+    "aten::bincount", "aten::histc", "aten::repeat_interleave", "aten::tolist",
+    "aten::_assert_async", "aten::is_set_to",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncEvent:
+    """One op that would sync: its name, why, and the innermost frame of user code."""
+
+    op: str
+    reason: str
+    where: str
+
+    def __str__(self) -> str:
+        return f"{self.op} ({self.reason}) at {self.where}"
+
+
+def _user_frame() -> str:
+    """The innermost frame outside torch and this module (the user's line), as text."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(_TORCH_DIR) or path == os.path.abspath(__file__):
+            continue
+        return f"{frame.filename}:{frame.lineno} ({frame.name}): {frame.line}"
+    return "<unknown>"
+
+
+class SyncDetector(TorchDispatchMode):
+    """A :class:`TorchDispatchMode` that counts every op that would sync with the host.
+
+    Counted (:meth:`why`): the ops of :data:`SYNC_OPS`; any op that returns a Python
+    number or bool (a value read back to the host); indexing with a boolean mask
+    (``aten::index``/``index_put_`` with a bool index: a ``nonzero`` on CUDA); a copy from
+    a non-CPU tensor into a CPU one. On CPU, kernels reading CPU tensors are not syncs
+    (no dispatcher op is seen); the detector counts the ops that would sync on CUDA, on
+    any device, so a CPU run proves the CUDA step sync-free. ``.item()`` of a CPU tensor
+    is counted too: under capture it bakes the value into the graph.
+
+    Args:
+        raise_on_sync: raise :class:`CaptureError` at the first one (naming the op and
+            the user's line) instead of counting.
+
+    Attributes:
+        events: the :class:`SyncEvent` seen, in order. ``count``: their number.
+    """
+
+    def __init__(self, raise_on_sync: bool = False) -> None:
+        super().__init__()
+        self.raise_on_sync = raise_on_sync
+        self.events: List[SyncEvent] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.events)
+
+    @staticmethod
+    def why(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], out: Any) -> Optional[str]:
+        """Why the call ``func(*args, **kwargs) -> out`` syncs, or None."""
+        name = func._overloadpacket._qualified_op_name
+        if name in SYNC_OPS:
+            return "reads a device value on the host"
+        if name in ("aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"):
+            indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+            for t in indices or ():
+                if isinstance(t, Tensor) and t.dtype in (torch.bool, torch.uint8):
+                    return "boolean-mask indexing (a nonzero on the device)"
+        if name in ("aten::copy_", "aten::_to_copy", "aten::_copy_from", "aten::to"):
+            src = args[1] if name in ("aten::copy_", "aten::_copy_from") else args[0]
+            dst = args[0] if name == "aten::copy_" else out
+            if (isinstance(src, Tensor) and isinstance(dst, Tensor)
+                    and src.device.type not in ("cpu", "meta") and dst.device.type == "cpu"):
+                return "copies a device tensor to the host"
+        for leaf in pytree.tree_leaves(out):
+            if isinstance(leaf, (bool, int, float, complex)) and not isinstance(leaf, Tensor):
+                return f"returns a Python {type(leaf).__name__}"
+        return None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (),
+                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        reason = self.why(func, args, kwargs, out)
+        if reason is not None:
+            event = SyncEvent(str(func), reason, _user_frame())
+            self.events.append(event)
+            if self.raise_on_sync:
+                raise CaptureError(
+                    f"mixprec.capture: the step syncs with the host: {event}. A CUDA graph "
+                    "cannot capture a host read (capture fails, or the value read at capture "
+                    "would be replayed forever). Keep the value on the device (e.g. return "
+                    "the loss tensor, log it after the step; use scaler.found_inf() instead "
+                    "of step_was_skipped)."
+                )
+        return out
+
+
+# --------------------------------------------------------------------------- checks
+
+def check_optimizers(optimizers: Sequence[torch.optim.Optimizer], scaler: Any) -> None:
+    """Refuse optimizers whose step cannot be captured. :class:`CaptureError` naming the
+    optimizer and the reason.
+
+    * mixprec's (``_step_takes_scalars``): accepted; lr, step counts and the scaler's
+      scalars are device tensors.
+    * others: every param group must have ``capturable=True`` (torch keeps step counts
+      on the device then); with an enabled scaler, the optimizer must also skip its own
+      step on the device (``_step_supports_amp_scaling``, torch's ``fused=True``), since
+      otherwise ``scaler.step`` reads ``found_inf`` on the host; torch's deprecated
+      ``grad_scaler`` protocol is refused.
+    """
+    if not optimizers:
+        raise CaptureError("mixprec.capture: optimizers=[...] is required (the optimizers "
+                           "the step body steps)")
+    enabled = scaler is not None and bool(getattr(scaler, "_enabled", False))
+    for i, opt in enumerate(optimizers):
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise CaptureError(f"mixprec.capture: optimizers[{i}] is a {type(opt).__name__}, "
+                               "not a torch.optim.Optimizer")
+        kind = step_kind(opt)
+        name = f"optimizers[{i}] ({type(opt).__module__}.{type(opt).__name__})"
+        if kind == SCALARS:
+            continue
+        if kind == LEGACY:
+            raise CaptureError(f"mixprec.capture: {name} takes the scaler itself (torch's "
+                               "deprecated grad_scaler protocol); its step is host code")
+        if enabled and kind == HOST:
+            raise CaptureError(
+                f"mixprec.capture: {name} is not a mixprec optimizer and does not take the "
+                "scaler's device tensors (no _step_supports_amp_scaling): scaler.step() "
+                "would read found_inf on the host (.item()) to skip an overflow step, a "
+                "host sync a CUDA graph cannot hold. Use mixprec.optim.Adam/AdamW/SGD (or "
+                "a torch optimizer with fused=True, capturable=True)."
+            )
+        for k, group in enumerate(opt.param_groups):
+            if not group.get("capturable", False):
+                raise CaptureError(
+                    f"mixprec.capture: {name}: param_groups[{k}] has capturable="
+                    f"{group.get('capturable')!r}; a torch optimizer reads its step count "
+                    "on the host unless capturable=True. Use mixprec.optim (always "
+                    "capturable) or pass capturable=True."
+                )
+        assert kind in (HOST, ATTRIBUTES)
+
+
+def check_distributed(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
+                      modules: Sequence[torch.nn.Module]) -> None:
+    """Refuse what is not supported under capture: FSDP2 (DTensor params), a scaler with
+    a ``process_group``, DDP-wrapped modules, a multi-rank process group. See
+    ``docs/capture.md``."""
+    for opt in optimizers:
+        for group in opt.param_groups:
+            if _dtensor.any_dtensor(group["params"]):
+                raise CaptureError(
+                    "mixprec.capture: FSDP2 (DTensor params) is not supported: its hooks "
+                    "all-gather and free unsharded params around every forward/backward "
+                    "with host-side bookkeeping that a replay does not run. Train FSDP2 "
+                    "models eagerly (or with torch.compile).")
+    if scaler is not None and getattr(scaler, "_process_group", None) is not None:
+        raise CaptureError("mixprec.capture: a GradScaler with a process_group (collective "
+                           "inf checks and norms) is not supported under capture")
+    for m in modules:
+        for sub in m.modules():
+            if isinstance(sub, torch.nn.parallel.DistributedDataParallel):
+                raise CaptureError(
+                    "mixprec.capture: DistributedDataParallel is not supported: its reducer "
+                    "rebuilds buckets and decides on the host which hooks fired. Capture a "
+                    "single-process step.")
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise CaptureError("mixprec.capture: a multi-rank torch.distributed process group is "
+                           "initialized; multi-rank steps (DDP, FSDP2) are not supported")
+
+
+def check_autocast(device_type: str) -> None:
+    """Refuse an autocast region with its weight-cast cache open around the step: the
+    cache would keep tensors of the graph's pool across replays (torch's
+    ``make_graphed_callables`` refuses it too). The step body's own ``torch.autocast``
+    is fine: its cache closes inside the captured region."""
+    enabled = torch.is_autocast_enabled(device_type)
+    if enabled and torch.is_autocast_cache_enabled():
+        raise CaptureError(
+            f"mixprec.capture: called inside an enabled torch.autocast({device_type!r}) region "
+            "with its cache enabled: the cast weights it caches would outlive the graph. "
+            "Put the autocast inside the step body, or use cache_enabled=False.")
+
+
+# --------------------------------------------------------------------------- bindings
+
+@dataclasses.dataclass
+class _Slot:
+    """One persistent tensor of the step: where it lives (``get``/``put``) and the tensor
+    the captured kernels use."""
+
+    name: str
+    get: Callable[[], Optional[Tensor]]
+    put: Optional[Callable[[Tensor], None]]  # None: cannot be re-bound (a param)
+    tensor: Tensor
+    ptr: int
+    #: for an lr tensor of mixprec's cache: (optimizer index, group index, cache key)
+    lr_key: Optional[Tuple[int, int, Any]] = None
+
+
+def _dict_slot(name: str, d: Dict[Any, Any], key: Any) -> _Slot:
+    t = d[key]
+
+    def put(v: Tensor) -> None:
+        d[key] = v
+
+    return _Slot(name, lambda: d.get(key), put, t, t.data_ptr())
+
+
+def _state_slot(name: str, opt: torch.optim.Optimizer, p: Tensor, key: str) -> _Slot:
+    """``opt.state[p][key]``, looked up afresh (``load_state_dict`` builds new dicts)."""
+    t = opt.state[p][key]
+
+    def get() -> Optional[Tensor]:
+        st = opt.state.get(p)
+        return None if st is None else st.get(key)
+
+    def put(v: Tensor) -> None:
+        opt.state[p][key] = v
+
+    return _Slot(name, get, put, t, t.data_ptr())
+
+
+def _group_slot(name: str, opt: torch.optim.Optimizer, i: int, key: str) -> _Slot:
+    """``opt.param_groups[i][key]``, looked up afresh (``load_state_dict`` builds new
+    group dicts)."""
+    t = opt.param_groups[i][key]
+
+    def get() -> Optional[Tensor]:
+        return opt.param_groups[i].get(key) if i < len(opt.param_groups) else None
+
+    def put(v: Tensor) -> None:
+        opt.param_groups[i][key] = v
+
+    return _Slot(name, get, put, t, t.data_ptr())
+
+
+def _grad_slot(name: str, p: Tensor) -> _Slot:
+    g = p.grad
+    assert g is not None
+
+    def put(v: Tensor) -> None:
+        p.grad = v
+
+    return _Slot(name, lambda: p.grad, put, g, g.data_ptr())
+
+
+def _lr_slots(opt: torch.optim.Optimizer, i: int) -> List[Tuple[Tensor, int, Any]]:
+    """The lr tensors the kernels of ``opt``'s group ``i`` read, with their cache keys
+    (mixprec: ``_lr_cache[(i, device)]``; a tensor lr: ``None``)."""
+    group = opt.param_groups[i]
+    lr = group["lr"]
+    if isinstance(lr, Tensor):
+        return [(lr, i, None)]
+    cache = getattr(opt, "_lr_cache", None)
+    if not isinstance(cache, dict):
+        return []
+    return [(t, i, key) for key, (_, t) in cache.items() if key[0] == i]
+
+
+def persistent_tensors(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
+                       modules: Sequence[torch.nn.Module]) -> List[Tuple[str, Tensor]]:
+    """Every tensor a step keeps across steps, named: params, grads, optimizer state
+    (moments, masters, 8-bit codes and block maxima, step counts), the lr tensors, the
+    scaler's scale, growth tracker and hysteresis counter, and the modules' buffers.
+    Read-only (no op runs)."""
+    return [(s.name, s.tensor) for s in _collect_slots(optimizers, scaler, modules)]
+
+
+def _collect_slots(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
+                   modules: Sequence[torch.nn.Module]) -> List[_Slot]:
+    slots: List[_Slot] = []
+    for o, opt in enumerate(optimizers):
+        for i, group in enumerate(opt.param_groups):
+            for k, p in enumerate(group["params"]):
+                where = f"optimizers[{o}].param_groups[{i}]['params'][{k}]"
+                slots.append(_Slot(where, lambda p=p: p, None, p, p.data_ptr()))
+                if p.grad is not None:
+                    slots.append(_grad_slot(where + ".grad", p))
+                state = opt.state.get(p)
+                if state:
+                    for name in sorted(state, key=str):
+                        if isinstance(state[name], Tensor):
+                            slots.append(_state_slot(f"{where} state[{name!r}]", opt, p, name))
+            for t, _, key in _lr_slots(opt, i):
+                if key is None:
+                    slots.append(_group_slot(f"optimizers[{o}].param_groups[{i}]['lr']",
+                                             opt, i, "lr"))
+                else:
+                    slots.append(_Slot(f"optimizers[{o}].param_groups[{i}] lr tensor",
+                                       lambda t=t: t, None, t, t.data_ptr(), (o, i, key)))
+    if scaler is not None and getattr(scaler, "_enabled", False):
+        for name in ("_scale", "_growth_tracker", "_hysteresis_left"):
+            if isinstance(scaler.__dict__.get(name), Tensor):
+                slots.append(_dict_slot(f"scaler.{name}", scaler.__dict__, name))
+    for m, module in enumerate(modules):
+        for mod_name, sub in module.named_modules():
+            for b_name, b in sub._buffers.items():
+                if isinstance(b, Tensor):
+                    slots.append(_dict_slot(f"modules[{m}].{mod_name}.{b_name}".replace("..", "."),
+                                            sub._buffers, b_name))
+    return slots
+
+
+def _host_fingerprint(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
+                      modules: Sequence[torch.nn.Module]) -> Tuple[Any, ...]:
+    """What a graph bakes in from the host: every param-group option but the params and a
+    mixprec optimizer's lr (which reaches the graph as a device tensor), the params'
+    identities, the scaler's rule and the modules' ``training`` flags. No op runs."""
+    out: List[Any] = []
+    for opt in optimizers:
+        device_lr = step_kind(opt) == SCALARS
+        for group in opt.param_groups:
+            items = []
+            for key in sorted(group, key=str):
+                value = group[key]
+                if key == "params":
+                    items.append((key, tuple(map(id, value))))
+                elif key == "lr" and (device_lr or isinstance(value, Tensor)):
+                    continue
+                elif isinstance(value, Tensor):
+                    items.append((key, id(value)))
+                else:
+                    items.append((key, repr(value)))
+            out.append(tuple(items))
+    if scaler is not None:
+        out.append(("scaler", bool(getattr(scaler, "_enabled", False)),
+                    getattr(scaler, "_growth_factor", None),
+                    getattr(scaler, "_backoff_factor", None),
+                    getattr(scaler, "_growth_interval", None),
+                    getattr(scaler, "_min_scale", None), getattr(scaler, "_max_scale", None),
+                    getattr(scaler, "_hysteresis", None)))
+    for module in modules:
+        out.append(tuple(sub.training for sub in module.modules()))
+    return tuple(out)
+
+
+def _describe_change(before: Tuple[Any, ...], after: Tuple[Any, ...]) -> str:
+    for a, b in zip(before, after):
+        if a != b:
+            if isinstance(a, tuple) and isinstance(b, tuple):
+                for x, y in zip(a, b):
+                    if x != y:
+                        return f"{x!r} -> {y!r}"
+            return f"{a!r} -> {b!r}"
+    return "the number of param groups or modules"
+
+
+# --------------------------------------------------------------------------- statistics
+
+class _DeviceStats(_StatsTracker):
+    """The scaler's statistics counted in place on the device at every ``update()``, so
+    that a captured ``update()`` keeps counting on every replay (the scaler's own
+    tracker appends host-side rows, which a replay does not run).
+
+    Installed as ``scaler._mp_stats`` by :func:`capture_step`; the history recorded
+    before stays in ``base`` and is added when read. Device state (on the scale's
+    device): ``counts`` int64 ``[steps, skipped, increases, decreases, last overflow
+    index (-1: none)]`` and ``prev`` (float32 0-dim, the scale before the next update).
+    ``read()`` syncs (as the scaler's ``stats()`` documents). Pickles as a plain
+    :class:`~mixprec.amp.stats._StatsTracker` with the combined numbers.
+    """
+
+    def __init__(self, base: _StatsTracker, scale: Tensor) -> None:
+        super().__init__()
+        self.base = base
+        self.base_steps = base.count  # a host int; frozen from now on
+        self.scale = scale
+        self.counts = torch.zeros(5, dtype=torch.int64, device=scale.device)
+        self.counts[4].fill_(-1)
+        self.prev = scale.detach().clone()
+
+    def needs_baseline(self) -> bool:
+        return False
+
+    def set_baseline(self, scale_before: Tensor) -> None:
+        pass
+
+    def record(self, found_inf: Optional[Tensor], scale_after: Tensor) -> None:
+        c = self.counts
+        after = scale_after.reshape(()).to(c.device)
+        if found_inf is None:
+            over = torch.zeros((), dtype=torch.bool, device=c.device)
+        else:
+            over = found_inf.reshape(()).to(c.device) != 0
+        last = torch.where(over, c[0] + self.base_steps, c[4])
+        delta = torch.stack((torch.ones_like(over), over, after > self.prev,
+                             after < self.prev)).to(torch.int64)
+        c[4].copy_(last)
+        c[:4].add_(delta)
+        self.prev.copy_(after)
+
+    def rebaseline(self) -> None:
+        self.prev.copy_(self.scale)
+
+    def fold(self) -> None:
+        pass
+
+    def read(self) -> Tuple[int, int, int, int, Optional[int]]:
+        steps, skipped, inc, dec, last = self.base.read()
+        c = self.counts.tolist()
+        best = max(-1 if last is None else last, c[4])
+        return steps + c[0], skipped + c[1], inc + c[2], dec + c[3], (None if best < 0 else best)
+
+    def __reduce__(self) -> Any:
+        steps, skipped, inc, dec, last = self.read()
+        state = {"steps": steps, "host": [skipped, inc, dec, -1 if last is None else last],
+                 "prev_scale": float(self.prev.item())}
+        return (_StatsTracker, (), state)
+
+
+# --------------------------------------------------------------------------- the step
+
+@dataclasses.dataclass
+class _Graph:
+    """One captured signature."""
+
+    graph: Any  # torch.cuda.CUDAGraph
+    static_inputs: List[Tensor]
+    static_outputs: Any
+    record: Any  # the scaler's IterationRecord of the captured update()
+
+
+def _signature(leaves: List[Any], spec: Any) -> Tuple[Any, ...]:
+    key: List[Any] = [str(spec)]
+    for leaf in leaves:
+        if isinstance(leaf, Tensor):
+            key.append(("T", tuple(leaf.shape), leaf.dtype, str(leaf.device),
+                        leaf.requires_grad))
+        else:
+            key.append(("V", repr(leaf)))
+    return tuple(key)
+
+
+class CapturedStep:
+    """The callable :func:`capture_step` returns: ``step(*inputs)`` runs one training step.
+
+    Calls take the inputs as the example (same structure; tensor leaves of the captured
+    shapes and dtypes are copied into static buffers; a new signature captures a new
+    graph, up to ``max_graphs``). Returns the body's return value: on a replay, clones
+    of the static outputs (device tensors; ``clone_outputs=False`` returns the static
+    tensors themselves, overwritten by the next replay). No host sync per call once
+    captured.
+
+    Attributes:
+        graphs: the captured graphs by signature. ``device``: where the step runs.
+        mode: ``"cuda-graph"`` or ``"eager"`` (CPU: validation mode).
+        eager_reasons: signature -> why it runs eagerly (``fallback="eager"``).
+    """
+
+    def __init__(self, fn: Callable[..., Any], example_inputs: Tuple[Any, ...], *,
+                 optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
+                 modules: Sequence[torch.nn.Module], schedulers: Sequence[Any],
+                 max_graphs: int, warmup: int,
+                 fallback: str, clone_outputs: bool, pool: Any) -> None:
+        self.fn = fn
+        self.optimizers = list(optimizers)
+        self.scaler = scaler
+        self.modules = list(modules)
+        self.schedulers = list(schedulers)
+        self.max_graphs = int(max_graphs)
+        self.warmup = int(warmup)
+        self.fallback = fallback
+        self.clone_outputs = clone_outputs
+        self.device = _step_device(self.optimizers, example_inputs)
+        self.mode = "cuda-graph" if self.device.type == "cuda" else "eager"
+        self.graphs: Dict[Tuple[Any, ...], _Graph] = {}
+        self.eager_reasons: Dict[Tuple[Any, ...], str] = {}
+        self._calls: Dict[Tuple[Any, ...], int] = {}
+        self._slots: Optional[List[_Slot]] = None
+        self._fingerprint: Optional[Tuple[Any, ...]] = None
+        self._lr_host: Dict[Tuple[int, int, Any], Any] = {}
+        self._pool = pool
+        self._side: Any = None
+        if self.mode == "eager":
+            log.info("mixprec.capture: the step runs on %s: no CUDA graphs; every call runs "
+                     "eagerly after the capture checks (validation mode)", self.device)
+
+    # -- public ------------------------------------------------------------------
+
+    def __call__(self, *inputs: Any) -> Any:
+        check_autocast(self.device.type)
+        leaves, spec = pytree.tree_flatten(inputs)
+        key = _signature(leaves, spec)
+        self.prepare()
+        g = self.graphs.get(key)
+        if g is not None:
+            return self._replay(g, leaves)
+        if key in self.eager_reasons:
+            return self.fn(*inputs)
+        n = self._calls.get(key, 0)
+        if n == 0 and len(self._calls) >= self.max_graphs:
+            reason = (f"mixprec.capture: a new input signature would need graph "
+                      f"{len(self._calls) + 1}, but max_graphs={self.max_graphs} (this "
+                      f"signature: {key[1:]}). Pad or bucket the inputs, or raise max_graphs")
+            if self.fallback != "eager":
+                raise CaptureError(reason)
+            self.eager_reasons[key] = reason
+            log.warning("%s; running it eagerly", reason)
+            return self.fn(*inputs)
+        self._calls[key] = n + 1
+        if n < self.warmup:
+            return self._eager(inputs)
+        if n == self.warmup:
+            out, problem = self._checked(inputs)
+            if problem is not None:
+                if self.fallback != "eager":
+                    raise CaptureError(problem)
+                self.eager_reasons[key] = problem
+                log.warning("mixprec.capture: running this signature eagerly: %s", problem)
+            return out
+        if self.mode == "eager":
+            return self._eager(inputs)
+        g = self._capture(key, inputs, leaves)
+        return self._replay(g, leaves, copy=False)
+
+    def prepare(self) -> None:
+        """Make the captured state current; run before every call (no host sync).
+
+        * a change of what the graphs baked in (hyperparameters but lr, the scaler's
+          rule, ``training`` flags, param storages) drops every graph (logged);
+        * a persistent tensor that was replaced (``load_state_dict``, grads set to None)
+          is copied into the captured storage and re-bound (``copy_``, in place);
+        * each group's host lr is written into the lr tensor the kernels read, when it
+          changed (``fill_``; a tensor lr that is not the captured one: ``copy_``).
+        """
+        if self._fingerprint is not None:
+            now = _host_fingerprint(self.optimizers, self.scaler, self.modules)
+            if now != self._fingerprint:
+                self.reset(f"what the graphs baked in changed: "
+                           f"{_describe_change(self._fingerprint, now)}")
+                return
+        if self._slots is not None:
+            for s in self._slots:
+                cur = s.get()
+                if cur is s.tensor:
+                    if s.put is None and cur.data_ptr() != s.ptr:
+                        self.reset(f"{s.name} moved to new storage")
+                        return
+                    continue
+                if s.put is None:
+                    self.reset(f"{s.name} was replaced")
+                    return
+                if cur is None or cur.shape != s.tensor.shape or cur.dtype != s.tensor.dtype \
+                        or cur.device != s.tensor.device:
+                    if cur is None and s.name.endswith(".grad"):
+                        s.put(s.tensor)  # dropped outside the step: the body zeroes it
+                        continue
+                    self.reset(f"{s.name} changed shape, dtype or device")
+                    return
+                with torch.no_grad():
+                    s.tensor.copy_(cur)  # e.g. optimizer.load_state_dict's new tensors
+                s.put(s.tensor)
+        self._fill_lr()
+
+    def reset(self, reason: str) -> None:
+        """Drop every graph and forget the checks: the next calls warm up and capture anew."""
+        if self.graphs or self._slots is not None:
+            log.warning("mixprec.capture: re-capturing: %s", reason)
+        self.graphs.clear()
+        self._calls.clear()
+        self._slots = None
+        self._fingerprint = None
+        self._lr_host.clear()
+
+    # -- phases ------------------------------------------------------------------
+
+    def _stream_ctx(self) -> Any:
+        if self.device.type != "cuda":
+            return _Null()
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        return _SideStream(self._side)
+
+    def _eager(self, inputs: Tuple[Any, ...]) -> Any:
+        with self._stream_ctx():
+            return self.fn(*inputs)
+
+    def _checked(self, inputs: Tuple[Any, ...]) -> Tuple[Any, Optional[str]]:
+        """One eager step under every check, run to its end (a real step, as eager
+        training would run it): ``(outputs, None)``, the slots and the host fingerprint
+        taken for the capture; or ``(outputs, why it cannot be captured)``."""
+        before = _collect_slots(self.optimizers, self.scaler, self.modules)
+        host = _host_fingerprint(self.optimizers, self.scaler, self.modules)
+        lrs = [[g["lr"] for g in o.param_groups] for o in self.optimizers]
+        epochs = [getattr(sc, "last_epoch", None) for sc in self.schedulers]
+        detector = SyncDetector()
+        with self._stream_ctx(), detector:
+            out = self.fn(*inputs)
+        problem = self._problem(before, host, lrs, detector)
+        for k, sc in enumerate(self.schedulers):
+            if problem is None and getattr(sc, "last_epoch", None) != epochs[k]:
+                problem = (f"mixprec.capture: the step steps schedulers[{k}] "
+                           f"({type(sc).__name__}), an LR scheduler inside the body: host "
+                           "code a replay does not run. Step schedulers outside the body, "
+                           "between calls: the lr reaches the graph as a device tensor "
+                           "filled before each replay")
+        if problem is not None:
+            return out, problem
+        sc = self.scaler
+        if sc is not None and getattr(sc, "_enabled", False) and sc._scale is not None \
+                and not isinstance(sc._mp_stats, _DeviceStats):
+            sc._mp_stats = _DeviceStats(sc._mp_stats, sc._scale)
+        self._slots = _collect_slots(self.optimizers, self.scaler, self.modules)
+        self._fingerprint = _host_fingerprint(self.optimizers, self.scaler, self.modules)
+        return out, None
+
+    def _problem(self, before: List[_Slot], host: Tuple[Any, ...], lrs: List[List[Any]],
+                 detector: SyncDetector) -> Optional[str]:
+        """The first reason the step just run cannot be replayed, or None."""
+        if detector.events:
+            e = detector.events[0]
+            return (f"mixprec.capture: the step syncs with the host ({detector.count} op(s)); "
+                    f"first: {e}. A CUDA graph cannot capture a host read (capture fails, or "
+                    "the value read at capture is replayed forever). Keep values on the "
+                    "device: return the loss tensor, use scaler.found_inf() instead of "
+                    "step_was_skipped, no .item()/bool()/print of a tensor in the step.")
+        after = {s.name: s for s in _collect_slots(self.optimizers, self.scaler, self.modules)}
+        for s in before:
+            now = after.get(s.name)
+            grad = s.name.endswith(".grad")
+            if now is None:
+                hint = (" (zero_grad(set_to_none=True) in the step? use set_to_none=False: "
+                        "the grads must keep their storage)") if grad else ""
+                return f"mixprec.capture: the step drops {s.name}{hint}"
+            if now.tensor is not s.tensor or now.ptr != s.ptr:
+                hint = (" (zero_grad(set_to_none=True) in the step? use set_to_none=False)"
+                        if grad else " (a tensor rebuilt instead of updated in place)")
+                return (f"mixprec.capture: the step changes the storage of {s.name}{hint}; "
+                        "a replay would keep writing the old storage")
+        for o, opt in enumerate(self.optimizers):
+            for i, group in enumerate(opt.param_groups):
+                old = lrs[o][i] if i < len(lrs[o]) else None
+                if group["lr"] is not old and group["lr"] != old:
+                    return (f"mixprec.capture: the step changes optimizers[{o}].param_groups"
+                            f"[{i}]['lr'] (an LR scheduler stepped inside the body?): host "
+                            "code a replay does not run. Step schedulers outside the body, "
+                            "between calls: the lr reaches the graph as a device tensor "
+                            "filled before each replay")
+        now_host = _host_fingerprint(self.optimizers, self.scaler, self.modules)
+        if now_host != host:
+            return (f"mixprec.capture: the step changes host state a replay would not "
+                    f"change: {_describe_change(host, now_host)}")
+        sc = self.scaler
+        if sc is not None and getattr(sc, "_enabled", False):
+            if any(st["stage"] is not OptState.READY or st["found_inf_per_device"]
+                   for st in sc._per_optimizer_states.values()):
+                return ("mixprec.capture: the step leaves the scaler's iteration open; end "
+                        "the step body with scaler.update()")
+            if sc._mp_last is None:
+                return "mixprec.capture: the scaler passed as scaler= is not updated by the step"
+        return None
+
+    def _capture(self, key: Tuple[Any, ...], inputs: Tuple[Any, ...], leaves: List[Any]) -> _Graph:
+        static = [x.detach().clone() if isinstance(x, Tensor) else x for x in leaves]
+        static_inputs = pytree.tree_unflatten(static, pytree.tree_flatten(inputs)[1])
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = self.fn(*static_inputs)
+        except CaptureError:
+            raise
+        except RuntimeError as e:
+            raise CaptureError(f"mixprec.capture: CUDA graph capture of the step failed: {e}"
+                               ) from e
+        record = getattr(self.scaler, "_mp_last", None) if self.scaler is not None else None
+        out = pytree.tree_map_only(Tensor, lambda t: t.detach(), out)  # free the autograd graph
+        g = _Graph(graph, [x for x in static if isinstance(x, Tensor)], out, record)
+        self.graphs[key] = g
+        log.info("mixprec.capture: captured graph %d for %s", len(self.graphs), key[1:])
+        return g
+
+    def _replay(self, g: _Graph, leaves: List[Any], copy: bool = True) -> Any:
+        if copy:
+            new = [x for x in leaves if isinstance(x, Tensor)]
+            for dst, src in zip(g.static_inputs, new):
+                if dst is not src:
+                    dst.copy_(src, non_blocking=True)
+        g.graph.replay()
+        if g.record is not None:
+            g.record.skipped = None  # the flags in it were rewritten by this replay
+            self.scaler._mp_last = g.record
+        if not self.clone_outputs:
+            return g.static_outputs
+        return pytree.tree_map_only(Tensor, lambda t: t.clone(), g.static_outputs)
+
+    def _fill_lr(self) -> None:
+        """Write each group's host lr into the lr tensors the kernels read (no sync): a
+        float that changed since the last fill (``fill_``), or a tensor lr that is not
+        the one read in place (``copy_``); and put the tensor back into mixprec's lr
+        cache (``load_state_dict`` empties it), so eager calls use it too."""
+        if self._slots is None:
+            return
+        for s in self._slots:
+            if s.lr_key is None:
+                continue
+            o, i, ckey = s.lr_key
+            opt = self.optimizers[o]
+            if i >= len(opt.param_groups):
+                continue
+            lr = opt.param_groups[i]["lr"]
+            t = s.tensor
+            if isinstance(lr, Tensor):
+                with torch.no_grad():
+                    t.copy_(lr.detach().reshape(()), non_blocking=True)
+                self._lr_host.pop(s.lr_key, None)
+                continue
+            value = float(lr)
+            if self._lr_host.get(s.lr_key) != value:
+                with torch.no_grad():
+                    t.fill_(value)
+                self._lr_host[s.lr_key] = value
+            cache = getattr(opt, "_lr_cache", None)
+            if isinstance(cache, dict):
+                cache[ckey] = (value, t)
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class _SideStream:
+    """Run a block on ``stream`` after the current stream's work; the current stream
+    waits for it afterwards (torch's warm-up recipe for capture)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.ctx: Any = None
+
+    def __enter__(self) -> None:
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        self.ctx = torch.cuda.stream(self.stream)
+        self.ctx.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.ctx.__exit__(*exc)
+        torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+
+
+def _step_device(optimizers: Sequence[torch.optim.Optimizer],
+                 example_inputs: Tuple[Any, ...]) -> torch.device:
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                return p.device
+    for leaf in pytree.tree_leaves(example_inputs):
+        if isinstance(leaf, Tensor):
+            return leaf.device
+    return torch.device("cpu")
+
+
+def capture_step(
+    step_fn: Callable[..., Any],
+    example_inputs: Tuple[Any, ...],
+    *,
+    optimizers: Iterable[torch.optim.Optimizer],
+    scaler: Any = None,
+    modules: Iterable[torch.nn.Module] = (),
+    schedulers: Iterable[Any] = (),
+    max_graphs: int = 4,
+    warmup: int = 2,
+    fallback: str = "error",
+    clone_outputs: bool = True,
+    pool: Any = None,
+) -> CapturedStep:
+    """Capture a training step, written as for eager training, into CUDA graphs.
+
+    Args:
+        step_fn: the step body, ``step_fn(*inputs) -> outputs`` (a tensor, a pytree of
+            tensors, or None). It must zero grads with ``set_to_none=False``, step the
+            optimizers through ``scaler.step`` (or directly, without a scaler) and end
+            with ``scaler.update()``. Gradient accumulation: loop over the micro-batches
+            inside the body (one graph holds the whole step).
+        example_inputs: a tuple (pytree) of inputs as the calls will pass them: tensors on
+            the step's device and plain values. Checked here; not trained on (the calls
+            are).
+        optimizers: every optimizer the body steps. mixprec's (lr as a device tensor);
+            others need ``capturable=True`` and, with a scaler, ``fused=True``
+            (:func:`check_optimizers`).
+        scaler: the :class:`mixprec.GradScaler` the body uses, or None. Its statistics
+            are counted on the device from the checked step on (``scaler.stats()``
+            stays right across replays); ``found_inf()`` answers for the last replay.
+        schedulers: LR schedulers of these optimizers (optional): the checked call
+            refuses a body that steps one (host code a replay does not run; an lr
+            change is caught without them too, but only when it happens at that call).
+        modules: the models the body runs (optional): their buffers are persistent
+            tensors (checked, re-bound after a load) and their ``training`` flags are part
+            of what a graph bakes in. DDP-wrapped modules are refused.
+        max_graphs: the most graphs (input signatures) kept; one more raises
+            :class:`CaptureError` (or, ``fallback="eager"``, runs eagerly, logged).
+        warmup: eager calls per signature before the checked one (on a side stream).
+        fallback: ``"error"`` (default) or ``"eager"``: what a failed check or one graph
+            too many does.
+        clone_outputs: return clones of the static outputs (default) or the static
+            tensors themselves (overwritten by the next replay).
+        pool: a memory pool (``torch.cuda.graph_pool_handle()``) to share with other
+            graphs; by default one new pool, shared by this step's graphs.
+
+    Returns:
+        A :class:`CapturedStep`. On CPU it runs every call eagerly after the same checks.
+
+    Raises:
+        CaptureError: an optimizer, a distributed setup or an enclosing autocast cache
+            that cannot be captured (here, before anything runs); later, from a call, a
+            sync, a storage change or host state changed by the body (the checked call).
+    """
+    if fallback not in ("error", "eager"):
+        raise ValueError(f"mixprec.capture: fallback must be 'error' or 'eager', got {fallback!r}")
+    if max_graphs < 1 or warmup < 0:
+        raise ValueError("mixprec.capture: max_graphs must be >= 1 and warmup >= 0")
+    if not isinstance(example_inputs, tuple):
+        raise TypeError("mixprec.capture: example_inputs must be a tuple of the step's "
+                        f"positional arguments, got {type(example_inputs).__name__}")
+    optimizers = list(optimizers)
+    modules = list(modules)
+    check_optimizers(optimizers, scaler)
+    check_distributed(optimizers, scaler, modules)
+    step = CapturedStep(step_fn, example_inputs, optimizers=optimizers, scaler=scaler,
+                        modules=modules, schedulers=list(schedulers),
+                        max_graphs=max_graphs, warmup=warmup,
+                        fallback=fallback, clone_outputs=clone_outputs, pool=pool)
+    check_autocast(step.device.type)
+    for leaf in pytree.tree_leaves(example_inputs):
+        if isinstance(leaf, Tensor) and leaf.device != step.device:
+            raise CaptureError(f"mixprec.capture: an example input is on {leaf.device}, the "
+                               f"params on {step.device}; inputs are copied into static "
+                               "buffers on the step's device")
+    return step
