@@ -31,14 +31,7 @@ bf16-sr8    bf16-sr with 8-bit moments
 ==========  ====================================================================
 
 "torch AdamW" is ``torch.optim.AdamW(fused=True)`` where torch supports it on the device,
-else ``foreach=True`` (the header says which). Every variant also has a flat-buffer row
-(``--flat-buffer``, ``<variant> +flat``): the same recipe after
-``mixprec.optim.flat_buffers(model)`` (params and grads as views of one buffer per dtype),
-with the grads zeroed by ``FlatBuffers.zero_grad()`` (one fill per buffer; the grads stay
-views and backward accumulates into them) instead of ``zero_grad(set_to_none=True)``.
-mixprec's scaler and optimizers then pass one tensor per buffer to their kernels; torch's
-GradScaler and AdamW still take the per-param views, so for ``fp32`` and ``amp-torch`` only
-the layout and the zeroing change.
+else ``foreach=True`` (the header says which).
 
 Reported per variant: the median step time over ``--steps`` steps after ``--warmup``
 steps (CUDA events around each step; on CPU ``time.perf_counter``), as the median over
@@ -215,12 +208,6 @@ VARIANTS: Tuple[Variant, ...] = (
 REFERENCE, AMP_REFERENCE = "fp32", "amp-torch"
 
 
-def flat_buffer_unavailable(variant: Variant) -> Optional[str]:
-    """Why ``variant`` cannot run in flat-buffer mode, or None when it can (all can)."""
-    del variant
-    return None
-
-
 @dataclass
 class Run:
     """One variant's model, optimizer and step function."""
@@ -256,12 +243,10 @@ def fp16_autocast_unavailable(device: torch.device) -> Optional[str]:
 
 
 def build_run(variant: Variant, init_model: GPT, data: Tuple[torch.Tensor, torch.Tensor],
-              device: torch.device, lr: float, torch_kwargs: Dict[str, bool],
-              flat_buffer: bool) -> Run:
+              device: torch.device, lr: float, torch_kwargs: Dict[str, bool]) -> Run:
     """A fresh copy of ``init_model`` on ``device`` in the variant's dtype, its optimizer,
     scaler and one-step function."""
     model = copy.deepcopy(init_model).to(device=device, dtype=variant.param_dtype)
-    flat = mixprec.optim.flat_buffers(model) if flat_buffer else None
     params = list(model.parameters())
     opt: torch.optim.Optimizer
     if variant.optimizer == "torch":
@@ -286,10 +271,7 @@ def build_run(variant: Variant, init_model: GPT, data: Tuple[torch.Tensor, torch
         return contextlib.nullcontext()
 
     def step() -> torch.Tensor:
-        if flat is not None:
-            flat.zero_grad()
-        else:
-            opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=True)
         with autocast():
             logits = model(x)
             loss = F.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
@@ -401,16 +383,15 @@ def measure(run: Run, device: torch.device, warmup: int, steps: int,
 
 @dataclass
 class Row:
-    """A table row: a variant, possibly in flat-buffer mode, and its runs (or why none)."""
+    """A table row: a variant and its runs (or why none)."""
 
     variant: Variant
-    flat: bool
     na: Optional[str] = None
     runs: List[Measurement] = field(default_factory=list)
 
     @property
     def name(self) -> str:
-        return self.variant.key + (" +flat" if self.flat else "")
+        return self.variant.key
 
     def median_s(self) -> float:
         return statistics.median(r.step_s for r in self.runs)
@@ -461,7 +442,7 @@ def run_checks(rows: Sequence[Row]) -> Tuple[List[str], int]:
         return "ok" if ok else "FAIL"
 
     measured = [r for r in rows if r.runs]
-    by_key = {r.variant.key: r for r in measured if not r.flat}
+    by_key = {r.variant.key: r for r in measured}
     for r in measured:
         losses = [x for m in r.runs for x in (m.first_loss, m.final_loss)]
         finite = all(math.isfinite(x) for x in losses)
@@ -524,8 +505,6 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variants", default=",".join(v.key for v in VARIANTS),
                     help="comma-separated subset of: " + ", ".join(v.key for v in VARIANTS))
-    ap.add_argument("--flat-buffer", choices=["off", "on", "both"], default="both",
-                    help="without / with the flat-buffer mode / both (default)")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: keep)")
     args = ap.parse_args(argv)
     batch, seq = PRESETS[args.preset] if args.preset else PRESETS["large"]
@@ -585,17 +564,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"TF32 off | torch optimizer: {torch_opt}")
 
     rows: List[Row] = []
-    flats = {"off": [False], "on": [True], "both": [False, True]}[args.flat_buffer]
-    for flat in flats:
-        for v in VARIANTS:
-            if v.key not in args.variant_keys:
-                continue
-            row = Row(v, flat)
-            if flat:
-                row.na = flat_buffer_unavailable(v)
-            if row.na is None and v.autocast:
-                row.na = amp_na
-            rows.append(row)
+    for v in VARIANTS:
+        if v.key not in args.variant_keys:
+            continue
+        row = Row(v)
+        if v.autocast:
+            row.na = amp_na
+        rows.append(row)
 
     for rep in range(args.repeats):
         for row in rows:
@@ -605,14 +580,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
-            run = build_run(row.variant, init_model, data, device, args.lr, torch_kwargs,
-                            row.flat)
+            run = build_run(row.variant, init_model, data, device, args.lr, torch_kwargs)
             row.runs.append(measure(run, device, args.warmup, args.steps, rep == 0,
                                     init_model, row.variant.param_dtype))
             del run
 
-    amp = next((r for r in rows if r.variant.key == AMP_REFERENCE and not r.flat and r.runs),
-               None)
+    amp = next((r for r in rows if r.variant.key == AMP_REFERENCE and r.runs), None)
     print()
     for line in fmt_table(rows, args.batch * args.seq, amp.median_s() if amp else None,
                           n_params):

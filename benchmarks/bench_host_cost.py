@@ -15,11 +15,13 @@ unscale torch.ops      ``torch.ops.mixprec.unscale_and_check_`` (the dispatcher)
 unscale torch          ``torch._amp_foreach_non_finite_check_and_unscale_``
 adamw mixprec          ``mixprec.optim.AdamW.step()``, fp32 params
 adamw torch fused      ``torch.optim.AdamW(fused=True).step()``, fp32 params
+adamw mixprec bf16+m   ``mixprec.optim.AdamW.step()``, bf16 params with fp32 masters
+adamw torch fused bf16 ``torch.optim.AdamW(fused=True).step()``, bf16 params (no masters)
 adamw mixprec fp16+m   ``mixprec.optim.AdamW.step(grad_scale=, found_inf=)``, fp16
                        params with fp32 masters (the unscale folded in)
-iter mixprec           ``mixprec.GradScaler``: ``step(AdamW)`` + ``update()`` (fp32)
-iter torch             ``torch.amp.GradScaler``: ``step(AdamW fused)`` + ``update()``
-iter mixprec flat      ``iter mixprec`` after ``mixprec.optim.flat_buffers(params)``
+iter mixprec           ``mixprec.GradScaler``: ``unscale_(AdamW)`` + ``step`` +
+                       ``update()`` (fp32; scale and backward excluded)
+iter torch             ``torch.amp.GradScaler``: the same with ``AdamW(fused=True)``
 =====================  ==============================================================
 
 Checked once, untimed, on the very objects that are timed: the unscale cases multiply
@@ -29,6 +31,11 @@ scale unchanged. A failed check is an error (exit status 1).
 
     python benchmarks/bench_host_cost.py [--sizes 10,100,1000,2000,4000] [--numel 1024]
 
+``--baseline DIR`` also times the mixprec cases of the package under ``DIR`` (e.g. a
+checkout of an earlier commit, with its extension built: ``DIR/mixprec``), in a child
+process right after this one's, and prints them as ``<case> (baseline)`` rows of the same
+table, with a per-tensor column (the fit's slope) for each.
+
 ``--allow-cpu --device cpu --numel 1`` runs the same cases on the CPU (one thread): the
 same Python host path (optimizer wrapper, list checks, scaler) with one-element CPU
 kernels instead of CUDA launches -- a CI-measurable stand-in for the Python part only.
@@ -37,10 +44,14 @@ kernels instead of CUDA launches -- a CI-measurable stand-in for the Python part
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -120,6 +131,11 @@ def cases(n: int, numel: int, device: str) -> Dict[str, Case]:
                                  "adamw mixprec")
     out["adamw torch fused"] = optim(lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True),
                                      torch.float32, "adamw torch fused")
+    out["adamw mixprec bf16+m"] = optim(lambda p: mixprec.optim.AdamW(p, lr=1e-3),
+                                        torch.bfloat16, "adamw mixprec bf16+m")
+    out["adamw torch fused bf16"] = optim(
+        lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True), torch.bfloat16,
+        "adamw torch fused bf16")
     scale = torch.full((), 1024.0, device=device)
     no_inf = torch.zeros((), device=device)
     out["adamw mixprec fp16+m"] = optim(lambda p: mixprec.optim.AdamW(p, lr=1e-3),
@@ -128,14 +144,13 @@ def cases(n: int, numel: int, device: str) -> Dict[str, Case]:
 
     def iteration(scaler: object, opt_fn: Callable[[List[torch.nn.Parameter]],
                                                    torch.optim.Optimizer],
-                  flat: bool, what: str) -> Case:
+                  what: str) -> Case:
         params = _params(n, numel, torch.float32, device)
-        if flat:
-            mixprec.optim.flat_buffers(params)  # params and grads become views
         opt = opt_fn(params)
         scaler.scale(torch.ones((), device=device))  # type: ignore[attr-defined]
 
         def call() -> None:
+            scaler.unscale_(opt)  # type: ignore[attr-defined]
             scaler.step(opt)  # type: ignore[attr-defined]
             scaler.update()  # type: ignore[attr-defined]
 
@@ -148,14 +163,11 @@ def cases(n: int, numel: int, device: str) -> Dict[str, Case]:
         return call, check
 
     out["iter mixprec"] = iteration(mixprec.GradScaler(device, init_scale=1.0),
-                                    lambda p: mixprec.optim.AdamW(p, lr=1e-3), False,
+                                    lambda p: mixprec.optim.AdamW(p, lr=1e-3),
                                     "iter mixprec")
     out["iter torch"] = iteration(torch.amp.GradScaler(device, init_scale=1.0),
-                                  lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True), False,
+                                  lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True),
                                   "iter torch")
-    out["iter mixprec flat"] = iteration(mixprec.GradScaler(device, init_scale=1.0),
-                                         lambda p: mixprec.optim.AdamW(p, lr=1e-3), True,
-                                         "iter mixprec flat")
     return out
 
 
@@ -174,6 +186,30 @@ def per_call_us(fn: Callable[[], None], device: str, calls: int, rounds: int) ->
     return statistics.median(times)
 
 
+def _baseline(path: str, argv: List[str], names: List[str]) -> Dict[str, Any]:
+    """The table of this script's ``names`` cases timed in a child process on the
+    mixprec package under ``path`` (same arguments otherwise)."""
+    out = []
+    skip = False
+    for a in argv:  # (drop --baseline/--cases and their values)
+        if skip:
+            skip = False
+            continue
+        if a in ("--baseline", "--cases"):
+            skip = True
+            continue
+        if not a.startswith(("--baseline=", "--cases=")):
+            out.append(a)
+    with tempfile.TemporaryDirectory() as tmp:
+        target = os.path.join(tmp, "table.json")
+        env = dict(os.environ, PYTHONPATH=path)
+        subprocess.run([sys.executable, os.path.abspath(__file__), *out, "--cases",
+                        ",".join(names), "--json", target], env=env, check=False)
+        with open(target) as f:
+            result: Dict[str, Any] = json.load(f)
+    return result
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -185,6 +221,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--allow-cpu", action="store_true",
                     help="time on the CPU: the host work plus CPU kernels over --numel "
                          "elements per tensor (use --numel 1); not a GPU figure")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="also time the mixprec cases of the package under DIR (a child "
+                         "process with PYTHONPATH=DIR), as '<case> (baseline)' rows")
+    ap.add_argument("--json", default=None, help=argparse.SUPPRESS)  # (the child's table)
     args = ap.parse_args(argv)
     on_cuda = args.device == "cuda" and torch.cuda.is_available()
     if not on_cuda and not (args.allow_cpu and args.device == "cpu"):
@@ -213,20 +253,36 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                           args.rounds))
         if on_cuda:
             torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"table": table, "failed": failed}, f)
+        return 1 if failed else 0
+    if args.baseline:
+        mine = [k for k in table if "mixprec" in k]
+        child = _baseline(args.baseline, list(argv if argv is not None else sys.argv[1:]),
+                          mine)
+        for name in mine:
+            table[f"{name} (baseline)"] = child["table"].get(name, [float("nan")] * len(sizes))
+        failed += [f"baseline {x}" for x in child["failed"]]
     width = max(len(k) for k in table)
     print(f"{'case':<{width}} " + " ".join(f"{n:>9}" for n in sizes)
-          + "  fixed us  us/tensor")
+          + "  fixed us  us/tensor  " + " ".join(f"{f'us/t @{n}':>9}" for n in sizes))
     for name, times in table.items():
         fixed, per = fit_fixed_per_tensor(sizes, times)
         print(f"{name:<{width}} " + " ".join(f"{t:>9.1f}" for t in times)
-              + f"  {fixed:>8.2f}  {per:>9.4f}")
+              + f"  {fixed:>8.2f}  {per:>9.4f}  "
+              + " ".join(f"{t / n:>9.3f}" for t, n in zip(times, sizes)))
     ref = table.get("unscale torch")
     for name in ("unscale mixprec.ops", "unscale torch.ops"):
         if ref and name in table:
             print(f"ratio {name} / unscale torch: "
                   + " ".join(f"{a / b:.2f}" for a, b in zip(table[name], ref)))
-    for a, b in (("adamw mixprec", "adamw torch fused"), ("iter mixprec", "iter torch"),
-                 ("iter mixprec flat", "iter torch")):
+    for a, b in (("adamw mixprec", "adamw torch fused"),
+                 ("adamw mixprec bf16+m", "adamw torch fused bf16"),
+                 ("iter mixprec", "iter torch"),
+                 ("adamw mixprec (baseline)", "adamw torch fused"),
+                 ("adamw mixprec bf16+m (baseline)", "adamw torch fused bf16"),
+                 ("iter mixprec (baseline)", "iter torch")):
         if a in table and b in table:
             print(f"ratio {a} / {b}: "
                   + " ".join(f"{x / y:.2f}" for x, y in zip(table[a], table[b])))

@@ -29,13 +29,11 @@ every call" (reuse switched off with ``_cuda_emulation.set_plan_reuse(False)``: 
 checks, flattening, grouping and planning of every call). Checked once, untimed: the
 reused rows reuse, the others build.
 
-The last rows time the per-step list checks mixprec does in Python (C helpers,
-csrc/python/list_watch.h) before those op calls, on n one-element fp32 params with
-grads, outside inference mode: ``FusedOptimizer._reuse`` (proving the kept tensor lists
-still hold: params, grads, state dicts), per param and in the flat-buffer mode, and
-``GradScaler._collect_grads`` (the grads handed to the scaler's ops), per tensor and in
-the flat-buffer mode (the kept all-flat answer). Checked once, untimed: the optimizer's
-lists are reused and the flat scaler answer is one slice.
+The last rows time the per-step list building mixprec does in Python before those op
+calls, on n one-element fp32 params with grads, outside inference mode:
+``FusedOptimizer._buckets`` (the op's tensor lists of a param group, built afresh every
+step) and ``GradScaler._collect_grads`` (the grads handed to the scaler's ops). Checked
+once, untimed: the lists hold every param.
 
 With ``--cpu-time`` the calling thread's CPU time is measured instead of wall time
 (``time.thread_time``; every case runs on the calling thread): on a shared machine whose
@@ -157,30 +155,24 @@ def _check_plans(n: int) -> None:
         raise SystemExit(f"error: plan_fused_adam_ planned {got} blocks, want {want}")
 
 
-def _python_cases(n: int, flat: bool) -> Dict[str, Callable[[], None]]:
-    """name -> call: the per-step list checks of an optimizer and a scaler over n params
-    (``flat``: laid out in a flat buffer), each checked once (untimed) to take its fast
-    path. (One mode per call: a live flat buffer taxes the per-param scaler path with an
-    id test per grad.)"""
+def _python_cases(n: int) -> Dict[str, Callable[[], None]]:
+    """name -> call: the per-step list building of an optimizer and a scaler over n
+    params, each checked once (untimed) to list every param."""
     params = [torch.nn.Parameter(torch.randn(1)) for _ in range(n)]
-    if flat:
-        mixprec.flat_buffers(params)
-    sum(p.sum() for p in params).backward()  # (flat: the grads are the buffer's views)
+    sum(p.sum() for p in params).backward()
     opt = mixprec.optim.AdamW(params, lr=1e-3)
-    for _ in range(3):  # (the flat state is laid out by the first steps)
-        opt.step()
+    opt.step()  # (the state exists)
     group = opt.param_groups[0]
-    if opt._reuse(0, group) is None:
-        raise SystemExit(f"error: the optimizer's lists were not reused (flat={flat})")
+    lists = opt._buckets(0, group)
+    if sum(len(b["params"]) for b in lists.values()) != n:
+        raise SystemExit(f"error: the optimizer's lists do not hold the {n} params")
     scaler = mixprec.GradScaler("cpu")
-    scaler._collect_grads(opt, False)
     grads = scaler._collect_grads(opt, False)
-    if flat and [len(g) for g in grads.values()] != [1]:
-        raise SystemExit(f"error: the flat scaler answer is not one slice: {grads}")
-    mode = "flat mode" if flat else "per param"
+    if sum(len(g) for g in grads.values()) != n:
+        raise SystemExit(f"error: the scaler's grads are not the {n} grads")
     return {
-        f"optimizer list checks (_reuse), {mode}": lambda: opt._reuse(0, group),
-        f"scaler grads (_collect_grads), {mode}": lambda: scaler._collect_grads(opt, False),
+        "optimizer lists (_buckets)": lambda: opt._buckets(0, group),
+        "scaler grads (_collect_grads)": lambda: scaler._collect_grads(opt, False),
     }
 
 
@@ -211,15 +203,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                     table[name].append(_time_us(fn, args.min_run_time, args.cpu_time))
     finally:
         _cuda_emulation.set_plan_reuse(previous)
-    for flat in (False, True):
-        py_names = list(_python_cases(1, flat))
-        for n in sizes:
-            cases = _python_cases(n, flat)
-            for name in py_names:
-                table.setdefault(name, []).append(
-                    _time_us(cases[name], args.min_run_time, args.cpu_time))
-            del cases  # (its flat buffer leaves the registry with it)
-        names += py_names
+    py_names = list(_python_cases(1))
+    for n in sizes:
+        cases = _python_cases(n)
+        for name in py_names:
+            table.setdefault(name, []).append(
+                _time_us(cases[name], args.min_run_time, args.cpu_time))
+    names += py_names
     width = max(len(n) for n in names)
     clock = "thread CPU time" if args.cpu_time else "wall time"
     print(f"us per call ({clock}); columns: n one-element fp32 tensors "

@@ -248,7 +248,6 @@ def run_all(rank: int, world: int, out_dir: str) -> None:
     r["dcp8"] = dcp_resume(mesh, os.path.join(out_dir, "ckpt8"), state_bits=8)
     r["eight_bit"] = eight_bit(mesh, world)
     r["ops"] = ops_on_dtensors(mesh)
-    r["flat"] = flat_refusal(mesh)
     r["trainer"] = trainer_modes(mesh)
     torch.save(r, os.path.join(out_dir, f"rank{rank}.pt"))
 
@@ -507,28 +506,6 @@ def ops_on_dtensors(mesh: Any) -> Result:
         out["update_scale_error"] = str(e)
     return out
 
-
-def flat_refusal(mesh: Any) -> Result:
-    """flat_buffers refuses DTensor params, in either order with fully_shard."""
-    out: Result = {}
-    m = shard(tiny_model(torch.bfloat16), mesh)
-    try:
-        mixprec.optim.flat_buffers(m)
-        out["after"] = None
-    except ValueError as e:
-        out["after"] = str(e)
-    m = tiny_model(torch.bfloat16)
-    bufs = mixprec.optim.flat_buffers(m)
-    shard(m, mesh)
-    opt = mixprec.optim.AdamW(m.parameters(), lr=1e-2)
-    try:
-        m(batch(0, torch.bfloat16)).float().sum().backward()
-        opt.step()
-        out["before"] = None
-    except (ValueError, RuntimeError) as e:
-        out["before"] = str(e)
-    bufs.remove()
-    return out
 
 
 def run_hsdp(rank: int, world: int, out_dir: str) -> None:

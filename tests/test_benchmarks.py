@@ -247,7 +247,7 @@ def test_bench_host_cost_checks_pass_and_catch_work_not_done(
     monkeypatch.setattr(mixprec.ops, "unscale_and_check_", _noop)
     monkeypatch.setattr(mixprec.optim.AdamW, "step", _noop)
     cases = bench_host_cost.cases(3, 8, "cpu")
-    for name in ("unscale mixprec.ops", "adamw mixprec", "iter mixprec", "iter mixprec flat"):
+    for name in ("unscale mixprec.ops", "adamw mixprec", "iter mixprec", "adamw mixprec bf16+m"):
         with pytest.raises(CheckFailed):
             cases[name][1]()
     fixed, per = _common.fit_fixed_per_tensor([10, 100, 1000], [7.0, 16.0, 106.0])
@@ -482,15 +482,14 @@ def test_bench_caches_catches_an_op_that_does_nothing(fails_with_noop: NoopRun, 
 
 
 # ---------------------------------------------------------------------------------------------
-# bench_launch_plan (the CPU microbenchmark of the CUDA ops' host path and the list checks)
+# bench_launch_plan (the CPU microbenchmark of the CUDA ops' host path and the lists)
 
 
 def test_bench_launch_plan_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_launch_plan.main(["--sizes", "1,30", "--min-run-time", "0.01"]) == 0
     out = capsys.readouterr().out
     for row in ("fused_adam_ fp32 CUDA host path, plan reused",
-                "optimizer list checks (_reuse), flat mode",
-                "scaler grads (_collect_grads), flat mode"):
+                "optimizer lists (_buckets)", "scaler grads (_collect_grads)"):
         assert row in out
 
 

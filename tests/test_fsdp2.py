@@ -126,13 +126,6 @@ def test_ops_on_dtensor_lists(results):
         assert "mixprec.update_scale_ takes plain tensors" in r["update_scale_error"]
 
 
-def test_flat_buffers_refuse_dtensor_params_in_either_order(results):
-    for k in range(WORLD):
-        r = results[k]["flat"]
-        assert r["after"] is not None and "fully_shard" in r["after"]
-        assert r["before"] is not None and "fully_shard" in r["before"]
-
-
 @pytest.mark.parametrize("case", ["automatic_bf16", "automatic_fp16", "gradient_scaling_fp32",
                                   "selective_bf16", "adaptive_bf16", "manual_bf16"])
 def test_trainer_modes_on_a_sharded_model(results, case):

@@ -1,32 +1,13 @@
-"""mixprec._grad_mode.no_grad: the scaler's per-iteration grad-mode switch."""
+"""Grad mode around the scaler's passes and the optimizer step: grads that require grad
+(``backward(create_graph=True)``) are unscaled with grad mode off (the ops refuse to write
+a tensor that requires grad in grad mode), the inf check only reads them, and the
+caller's grad mode comes back."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import mixprec
-from mixprec import _grad_mode
-
-
-@pytest.mark.parametrize("before", [True, False])
-def test_no_grad_turns_grad_mode_off_and_restores_it(before: bool) -> None:
-    with torch.set_grad_enabled(before):
-        with _grad_mode.no_grad():
-            assert not torch.is_grad_enabled()
-            with _grad_mode.no_grad():  # nested
-                assert not torch.is_grad_enabled()
-            assert not torch.is_grad_enabled()
-        assert torch.is_grad_enabled() is before
-        with pytest.raises(ValueError, match="inside"):
-            with _grad_mode.no_grad():
-                raise ValueError("inside")
-        assert torch.is_grad_enabled() is before
-
-
-def test_no_grad_is_torchs_while_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_grad_mode, "_IS_COMPILING", lambda: True)
-    assert isinstance(_grad_mode.no_grad(), torch.no_grad)
 
 
 def _create_graph_grads(model: torch.nn.Module, scaler: mixprec.GradScaler) -> None:

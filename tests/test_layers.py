@@ -1,6 +1,6 @@
 """The Python package's layers: no import cycle under python/mixprec (imports made only for
 type checking count too), the scaler layer (``amp``) never imports the optimizer layer
-(``optim``); both stand on ``flat`` and ``ops``; no module reads a private attribute
+(``optim``); both stand on ``ops``; no module reads a private attribute
 (``obj._name``) that another mixprec module defines; the path of a scaler iteration
 never calls back into a file it came through (a helper that takes its owner and calls it
 back does); and following ``scaler.step(optimizer)`` opens each file once (the op layer
@@ -156,9 +156,9 @@ def test_no_module_reads_another_modules_privates() -> None:
 def test_a_foreign_private_read_is_found() -> None:
     """The check itself: a planted read of the optimizer's private hook is reported."""
     sources = _sources()
-    sources["mixprec.flat.state"] += "\n\ndef _x(optimizer):\n    return optimizer._run\n"
+    sources["mixprec.amp.protocol"] += "\n\ndef _x(optimizer):\n    return optimizer._run\n"
     assert foreign_private_reads(sources) == [
-        f"mixprec.flat.state:{sources['mixprec.flat.state'].count(chr(10)) - 0}: "
+        f"mixprec.amp.protocol:{sources['mixprec.amp.protocol'].count(chr(10)) - 0}: "
         "optimizer._run"]
 
 
@@ -219,9 +219,9 @@ def callbacks(fn: Callable[[], Any], seen: Optional[List[int]] = None) -> List[s
 
 def scaler_iteration(kind: str) -> Tuple[Any, torch.optim.Optimizer, Callable[[], None]]:
     """A CPU ``mixprec.GradScaler``, an optimizer of ``kind`` (mixprec's AdamW ``"fp32"``,
-    ``"bf16 8-bit"``, ``"flat"``; ``"sgd"`` with momentum; ``"torch fused"`` AdamW,
+    ``"bf16 8-bit"``; ``"sgd"`` with momentum; ``"torch fused"`` AdamW,
     ``"torch sgd"``) over a two-layer model, and its backward pass; two iterations run, so
-    the lists and plans exist: the path of every later step."""
+    the state and plans exist: the path of every later step."""
     import mixprec
 
     torch.manual_seed(0)
@@ -237,8 +237,6 @@ def scaler_iteration(kind: str) -> Tuple[Any, torch.optim.Optimizer, Callable[[]
     elif kind == "torch sgd":
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
     else:
-        if kind == "flat":
-            mixprec.flat_buffers(model)
         opt = mixprec.optim.AdamW(model.parameters())
     scaler = mixprec.GradScaler("cpu")
 
@@ -254,10 +252,10 @@ def scaler_iteration(kind: str) -> Tuple[Any, torch.optim.Optimizer, Callable[[]
     return scaler, opt, backward
 
 
-@pytest.mark.parametrize("kind", ["fp32", "bf16 8-bit", "flat"])
+@pytest.mark.parametrize("kind", ["fp32", "bf16 8-bit"])
 def test_a_scaler_iteration_never_calls_back_up(kind: str) -> None:
     """``scaler.step`` (with and without ``clip_grad_norm_``), ``unscale_`` and ``update``
-    over mixprec's AdamW, per-param, 8-bit and flat: each file is entered from above only."""
+    over mixprec's AdamW, 32- and 8-bit: each file is entered from above only."""
     scaler, opt, backward = scaler_iteration(kind)
     paths: Dict[str, Callable[[], Any]] = {
         "step": lambda: scaler.step(opt),
@@ -283,7 +281,7 @@ def file_entries(fn: Callable[[], Any]) -> List[str]:
     file (or from outside mixprec) as ``"file (function)"``: the files a reader following
     the calls opens. Returning to a caller is not an entry; nor is a call within a file, a
     generator resumed where it is consumed, or the ``__enter__``/``__exit__`` of a context
-    manager (read with the call that made it: ``with _grad_mode.no_grad():`` is one
+    manager (read with the call that made it: ``with torch.no_grad():`` is one
     visit)."""
     entries: List[str] = []
 
@@ -304,11 +302,11 @@ def twice_entered(entries: List[str]) -> List[str]:
                   | ({"ops/__init__.py"} if len(set(ops)) != len(ops) else set()))
 
 
-STEP_KINDS = ["fp32", "bf16 8-bit", "flat", "sgd", "torch fused", "torch sgd"]
+STEP_KINDS = ["fp32", "bf16 8-bit", "sgd", "torch fused", "torch sgd"]
 
 
 def scaler_step_entries(kind: str) -> List[str]:
-    """:func:`file_entries` of ``scaler.step(optimizer)`` on a step whose lists and plans
+    """:func:`file_entries` of ``scaler.step(optimizer)`` on a step whose state and plans
     exist (every step but the first), for an optimizer of ``kind``."""
     scaler, opt, backward = scaler_iteration(kind)
     backward()

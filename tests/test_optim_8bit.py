@@ -311,38 +311,6 @@ def test_bad_arguments_are_named(kwargs, match):
         mixprec.optim.AdamW(_model(torch.float32).parameters(), **kwargs)
 
 
-@pytest.mark.parametrize("cls", ["AdamW8bit", "SGD8bit"])
-@pytest.mark.parametrize("set_to_none", [True, False])
-def test_8bit_with_flat_buffers_is_bitwise_the_plain_run(cls, set_to_none):
-    """Flat-buffer mode: the 8-bit params (their blocks start at the param, so they run
-    per tensor, grads read from the flat views) and the small float32-state params step
-    exactly as without the mode."""
-    torch.manual_seed(0)
-    plain = _model(torch.bfloat16)
-    flat = copy.deepcopy(plain)
-    bufs = mixprec.optim.flat_buffers(flat)
-    opts = [getattr(mixprec.optim, cls)(m.parameters(), **KWARGS[cls]) for m in (plain, flat)]
-    x, y = torch.randn(16, 64).bfloat16(), torch.randint(0, 10, (16,))
-    try:
-        for _ in range(3):
-            for m, opt in zip((plain, flat), opts):
-                opt.zero_grad(set_to_none=set_to_none)
-                torch.nn.functional.cross_entropy(m(x).float(), y).backward()
-                opt.step()
-        assert flat[0].weight.grad.data_ptr() != plain[0].weight.grad.data_ptr()
-        for a, b in zip(plain.parameters(), flat.parameters()):
-            assert torch.equal(a.view(torch.int16), b.view(torch.int16))
-            sa, sb = opts[0].state[a], opts[1].state[b]
-            assert sa.keys() == sb.keys()
-            for k in sa:
-                if isinstance(sa[k], torch.Tensor):
-                    assert torch.equal(sa[k], sb[k]), k
-        first = "exp_avg" if cls == "AdamW8bit" else "momentum_buffer"
-        assert opts[1].state[flat[0].weight][first].dtype == torch.uint8
-    finally:
-        bufs.remove()
-
-
 def test_manual_mode_swaps_in_an_8bit_optimizer():
     from mixprec import MixedPrecisionConfig, MixedPrecisionTrainer
 

@@ -604,9 +604,8 @@ def test_closure_and_return_value() -> None:
     torch.testing.assert_close(p.detach(), torch.tensor([0.8, -1.6]))
 
 
-# step() skips torch's profile_hook_step wrapper where it would do nothing
-# (optim/_base.py _lean_step): hooks, the profiler and grad mode must see it as they
-# see torch's optimizers.
+# step() is wrapped by torch.optim.Optimizer as every torch optimizer's is: hooks, the
+# profiler and grad mode must see it as they see torch's optimizers.
 
 
 def _hook_log(opt_cls: Callable[..., torch.optim.Optimizer], register: str
@@ -663,9 +662,9 @@ def test_step_pre_hook_replaces_arguments() -> None:
     assert not torch.equal(p.detach(), torch.tensor([1.0, -2.0]))
 
 
-def test_step_record_function_only_when_observed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No record_function block on a plain step; torch's (one, labelled as torch labels
-    it) once a hook is registered."""
+def test_step_record_function_as_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each step runs in one record_function block labelled as torch labels its own
+    optimizers' steps, with or without a hook, and torch wraps the class once."""
     names: List[str] = []
     real = torch.autograd.profiler.record_function
 
@@ -674,16 +673,16 @@ def test_step_record_function_only_when_observed(monkeypatch: pytest.MonkeyPatch
         return real(name, *args)
 
     monkeypatch.setattr(torch.autograd.profiler, "record_function", counting)
-    p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
-    p.grad = torch.tensor([0.5, 0.25])
-    opt = mixprec.optim.AdamW([p], lr=0.1)
-    opt.step()
-    assert names == []
-    handle = opt.register_step_post_hook(lambda *a: None)
-    opt.step()
-    handle.remove()
-    assert names == ["Optimizer.step#AdamW.step"]
-    assert type(opt).step.hooked  # torch does not wrap it again
+    for cls in (mixprec.optim.AdamW, torch.optim.AdamW):
+        p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+        p.grad = torch.tensor([0.5, 0.25])
+        opt = cls([p], lr=0.1)
+        opt.step()
+        handle = opt.register_step_post_hook(lambda *a: None)
+        opt.step()
+        handle.remove()
+        assert type(opt).step.hooked  # type: ignore[attr-defined]
+    assert names == ["Optimizer.step#AdamW.step"] * 4
 
 
 def test_step_seen_by_the_profiler() -> None:
@@ -723,10 +722,15 @@ def test_step_grad_mode_restored(grad_enabled: bool) -> None:
     assert p.grad is not None and not torch.equal(p.detach(), torch.tensor([1.0, -2.0]))
 
 
-def test_subclass_overriding_step_gets_torchs_wrapper() -> None:
-    """A user subclass's own step is wrapped by torch as usual; its hooks run once."""
+@pytest.mark.parametrize("base", [mixprec.optim.SGD, torch.optim.SGD])
+def test_subclass_overriding_step_gets_torchs_wrapper(base: Any) -> None:
+    """A user subclass's own step is wrapped by torch as usual, and its hooks run as they
+    do for the same subclass of torch's SGD: once around the subclass's step, and once
+    more around the base class's (torch wraps that too, once an instance of the base
+    class exists)."""
+    base([torch.nn.Parameter(torch.zeros(1))], lr=0.1)  # (the base class's step wrapped)
 
-    class Counting(mixprec.optim.SGD):
+    class Counting(base):  # type: ignore[misc, valid-type]
         calls = 0
 
         def step(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
@@ -739,7 +743,7 @@ def test_subclass_overriding_step_gets_torchs_wrapper() -> None:
     log: List[str] = []
     opt.register_step_pre_hook(lambda *a: log.append("pre"))
     opt.step()
-    assert Counting.calls == 1 and log == ["pre"]
+    assert Counting.calls == 1 and log == ["pre", "pre"]
     torch.testing.assert_close(p.detach(), torch.tensor([0.95, -2.025]))
 
 

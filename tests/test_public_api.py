@@ -54,7 +54,7 @@ SUBPACKAGES = {
         "is_torch_patched",
     },
     "mixprec.optim": {"Adam", "AdamW", "Adam8bit", "AdamW8bit", "SGD", "SGD8bit",
-                      "FusedOptimizer", "FlatBuffers", "flat_buffers"},
+                      "FusedOptimizer"},
     "mixprec.train": {
         "MixedPrecisionConfig",
         "MixedPrecisionMode",
@@ -76,14 +76,12 @@ SUBPACKAGES = {
     "mixprec.cuda.amp": {"GradScaler"},
 }
 LAYERS = ("mixprec.ops", "mixprec.amp", "mixprec.optim", "mixprec.train", "mixprec.diagnostics")
-# what mixprec re-exports from its layers: all of amp and train, most of diagnostics, the
-# flat-buffer mode of optim
+# what mixprec re-exports from its layers: all of amp and train, most of diagnostics
 TOP_LEVEL = (
     TOP_ONLY
     | SUBPACKAGES["mixprec.amp"]
     | SUBPACKAGES["mixprec.train"]
     | (SUBPACKAGES["mixprec.diagnostics"] - {"ParamHealth"})
-    | {"FlatBuffers", "flat_buffers"}
 )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
+from typing import Any, Dict
 
 import pytest
 import torch
@@ -607,3 +609,28 @@ def test_mixed_precision_aliases(tmp_path):
                         ("load_mixed_precision_state", "load_state"),
                         ("get_mixed_precision_stats", "stats")):
         assert name in getattr(MixedPrecisionTrainer, alias).__doc__
+
+
+def test_train_without_tqdm_prints_plain_progress(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """tqdm is only in the ``demo`` extra: with it not importable, the README's trainer
+    quickstart runs as it is and ``train`` prints one line at the start and one per epoch
+    instead of a bar."""
+    from test_docs import ROOT, runnable_blocks
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # (import tqdm raises ImportError)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    with pytest.raises(ImportError):
+        import tqdm.auto  # noqa: F401
+    blocks = runnable_blocks((ROOT / "README.md").read_text())
+    setup = blocks[0]
+    quickstart = next(b for b in blocks if "trainer.train(" in b)
+    namespace: Dict[str, Any] = {"__name__": "readme"}
+    exec(compile(setup + "\n" + quickstart, "README.md trainer quickstart", "exec"),  # noqa: S102
+         namespace)
+    assert len(namespace["history"]) == 2
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("train (")]
+    assert lines[0].endswith(": 16 batches"), lines
+    assert [x.split("|")[0].split(": ", 1)[1].strip() for x in lines[1:]] == [
+        "8/16 batches", "16/16 batches"], lines
+    assert "epoch 1" in lines[1] and "epoch 2" in lines[2], lines

@@ -1,14 +1,12 @@
 // The Python extension module mixprec._C. Loading it runs the static
 // registrations of every op (TORCH_LIBRARY / TORCH_LIBRARY_IMPL); the module
 // carries the build configuration as constants, the eager fast path of
-// the ops (python/fast_call.h), which mixprec.ops uses outside torch.compile,
-// and the checks behind the optimizers' list reuse (python/list_watch.h).
+// the ops (python/fast_call.h), which mixprec.ops uses outside torch.compile.
 #include <Python.h>
 
 #include "common/op_table.h"
 #include "mixprec/build_info.h"
 #include "python/fast_call.h"
-#include "python/list_watch.h"
 
 #include <iterator>
 
@@ -52,31 +50,6 @@ PyMethodDef methods[] = {
    METH_VARARGS, nullptr},
     MIXPREC_FOR_EACH_OP(MIXPREC_FAST_ENTRY_)
 #undef MIXPREC_FAST_ENTRY_
-        {"watch_tensors", mixprec::python::watch_tensors, METH_VARARGS,
-         "watch_tensors(tensors, with_grads) -> snapshot of the tensors "
-         "(objects, "
-         "data pointers, numel, dtype, device, grad present; with_grads: the "
-         "grad "
-         "objects and their data pointers), or None for a tensor subclass."},
-    {"tensors_grads", mixprec::python::tensors_grads, METH_VARARGS,
-     "tensors_grads(tensors, snapshot) -> the tensors' grads (None where "
-     "absent) "
-     "when nothing the snapshot holds changed, else None."},
-    {"dense_grads", mixprec::python::dense_grads, METH_VARARGS,
-     "dense_grads(params, allow_fp16[, specs]) -> the params' grads (those not "
-     "None; "
-     "a DTensor's: its local shard, its _spec appended to specs) when "
-     "all are dense, on one device and allowed, else None."},
-    {"set_dtensor_type", mixprec::python::set_dtensor_type, METH_O,
-     "set_dtensor_type(cls): the DTensor class, whose instances the list "
-     "checks "
-     "read through their local shards."},
-    {"watch_items", mixprec::python::watch_items, METH_O,
-     "watch_items(dicts) -> snapshot of the dicts' keys and values, or None "
-     "when an item is not a dict."},
-    {"items_unchanged", mixprec::python::items_unchanged, METH_VARARGS,
-     "items_unchanged(dicts, snapshot) -> whether the dicts hold the very same "
-     "keys and values, in the same order."},
     {"emu_plan_unscale_and_check_",
      fast<kPlanUnscaleAndCheck, OpSig<&mixprec::unscale_and_check_>>,
      METH_VARARGS, nullptr},

@@ -29,7 +29,6 @@ from .ops._extension import (
     has_cuda_kernels,
     has_extension,
 )
-from .optim import FlatBuffers, flat_buffers
 from .train import *  # noqa: F403  (every name of train.__all__)
 
 # mixprec.capture and capture_step are not in __all__ yet: tests/test_public_api.py lists
@@ -49,8 +48,6 @@ __all__ = [
     "cuda",
     *amp.__all__,
     *train.__all__,
-    "FlatBuffers",
-    "flat_buffers",
     "check_fp16_safe",
     "health_report",
     "HealthReport",

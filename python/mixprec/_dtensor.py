@@ -33,7 +33,7 @@ __all__ = ["dtensor_class", "fsdp2", "fsdp2_unavailable", "is_dtensor", "any_dte
 
 # The DTensor class once some module imported it (importing it costs about a second, so
 # mixprec never does so itself: without that module no DTensor exists), and the callbacks
-# told about it (the C list checks, csrc/python/list_watch.h).
+# told about it (the DTensor sharding rules of the ops, mixprec.ops._dtensor_rules).
 _CLS: Any = None
 _ON_FOUND: List[Callable[[Any], None]] = []
 

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
-from .. import _dtensor, _grad_mode, ops
+from .. import _dtensor, ops
 from .capability import SCALARS, step_kind
 from .grads import (
     DeviceGrads,
@@ -144,7 +144,7 @@ def clip_grad_norm(
             state["stage"] = OptState.UNSCALED
         grads = [p.grad for p in params if p.grad is not None]
         specs = _dtensor.specs_of(grads)
-        with _grad_mode.no_grad():
+        with torch.no_grad():
             if grads:
                 local = _dtensor.locals_of(grads)
                 total = total_norm(local, norm_type).to(home, torch.float32)
@@ -177,7 +177,7 @@ def _apply_deferred(scaler: ClipAccess, optimizer: torch.optim.Optimizer,
     factor = inv_scale(scaler.scale)
     if record.clip_coef is not None:
         factor = factor * record.clip_coef
-    with _grad_mode.no_grad():
+    with torch.no_grad():
         for device, grads in scaler.grads(optimizer).items():
             torch._foreach_mul_(grads, factor.to(device, non_blocking=True))
     record.deferred_unscale = False
@@ -199,7 +199,7 @@ def clip_with_norm(params: list[Tensor], max_norm: float, total: Tensor) -> None
     (DTensor grads: their local shards, by the norm of the whole)."""
     if _dtensor.any_dtensor(p.grad for p in params):
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        with _grad_mode.no_grad():
+        with torch.no_grad():
             for p in params:
                 if p.grad is not None:
                     g = _dtensor.local(p.grad)
@@ -210,7 +210,7 @@ def clip_with_norm(params: list[Tensor], max_norm: float, total: Tensor) -> None
         clip(params, max_norm, total)
         return
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch < 2.6
-    with _grad_mode.no_grad():
+    with torch.no_grad():
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(coef.to(p.grad.device))

@@ -1,7 +1,7 @@
 """The passes of :class:`mixprec.GradScaler` over an optimizer's gradients.
 
-:func:`optimizer_grads` groups the gradients by device (:func:`collect_grads`; in the
-flat-buffer mode, the kept slices of :mod:`mixprec.flat`); each pass then makes one
+:func:`optimizer_grads` groups the gradients by device (:func:`collect_grads`); each
+pass then makes one
 fused :mod:`mixprec.ops` call per device, all dtypes together, with a fresh
 0-dim float32 inf flag per device:
 
@@ -23,14 +23,13 @@ then reduced over (:mod:`mixprec._dtensor`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from operator import attrgetter
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from .. import _dtensor, _grad_mode, ops
-from .. import flat as _flat
-from ..ops._extension import WATCH as _WATCH
+from .. import _dtensor, ops
 
 __all__ = [
     "fp16_grads_allowed", "DeviceGrads", "inv_scale", "optimizer_grads",
@@ -38,6 +37,8 @@ __all__ = [
     "unscale_and_check", "check_finite", "norm_pass"]
 
 PerDevice = dict[torch.device, list[Tensor]]
+_GRAD = attrgetter("grad")
+_KIND = attrgetter("__class__", "dtype", "device", "is_sparse")
 Flags = dict[torch.device, Tensor]
 
 
@@ -74,20 +75,9 @@ def inv_scale(scale: Tensor) -> Tensor:
 def optimizer_grads(optimizer: torch.optim.Optimizer, allow_fp16: bool,
                     coalesce_sparse: bool = False) -> DeviceGrads:
     """``optimizer``'s gradients by device (:func:`collect_grads`: DTensor grads as their
-    local shards, their layouts in ``.specs``); in the flat-buffer mode one slice per run
-    of flat grad views, found in one pass per step when the same params keep the same
-    grads (:func:`mixprec.flat.kept_grads`). ``allow_fp16``: as resolved by the scaler
+    local shards, their layouts in ``.specs``). ``allow_fp16``: as resolved by the scaler
     (its setting, or :func:`fp16_grads_allowed`)."""
-    if not _flat.GRAD_VIEWS:  # no flat grads anywhere: nothing to find or keep
-        return collect_grads(optimizer, allow_fp16, coalesce_sparse)
-    kept = _flat.kept_grads(optimizer, allow_fp16)
-    if kept is not None:
-        return DeviceGrads(kept)
-    per_device = collect_grads(optimizer, allow_fp16, coalesce_sparse)
-    coalesced = _flat.coalesce_and_keep(optimizer, allow_fp16, per_device)
-    if coalesced is per_device:
-        return per_device
-    return DeviceGrads(coalesced, specs=per_device.specs)
+    return collect_grads(optimizer, allow_fp16, coalesce_sparse)
 
 
 def check_optimizer_grads(optimizer: torch.optim.Optimizer, home: torch.device,
@@ -129,15 +119,24 @@ def collect_grads(
     per_device = DeviceGrads()
     for group in optimizer.param_groups:
         params = group["params"]
-        fast = _dense_one_device(params, allow_fp16, per_device.specs)
-        if fast is not None:
-            device, grads = fast
-            if grads:
-                bucket = per_device.get(device)
-                if bucket is None:
-                    per_device[device] = grads
-                else:
-                    bucket.extend(grads)
+        # One pass over the group's grads, then one over what kinds they are: a group of
+        # dense plain tensors (no subclass: a DTensor is one) on one device, allowed, is
+        # taken whole; anything else goes through the per-param loop below (which
+        # raises the errors).
+        grads = [g for g in map(_GRAD, params) if g is not None]
+        if not grads:
+            continue
+        kinds = set(map(_KIND, grads))  # (class, dtype, device, is_sparse)
+        devices = {device for _, _, device, _ in kinds}
+        if (len(devices) == 1
+                and all(cls is Tensor and not sparse for cls, _, _, sparse in kinds)
+                and (allow_fp16 or all(dtype != torch.float16 for _, dtype, _, _ in kinds))):
+            device = devices.pop()
+            bucket = per_device.get(device)
+            if bucket is None:
+                per_device[device] = grads
+            else:
+                bucket.extend(grads)
             continue
         for param in params:
             if not isinstance(param, Tensor):
@@ -163,23 +162,6 @@ def collect_grads(
             else:
                 bucket.append(grad)
     return per_device
-
-
-def _dense_one_device(params: List[Any], allow_fp16: bool, specs: List[Any]
-                      ) -> Optional[Tuple[Optional[torch.device], List[Tensor]]]:
-    """``(device, grads)`` of a param group of plain tensors (or DTensors: their grads'
-    local shards, the grads' layouts appended to ``specs``) whose grads are all dense, on
-    one device and allowed (no float16 unless ``allow_fp16``), found in one C pass
-    (``_C.dense_grads``, csrc/python/list_watch.h); None for anything else (the per-param
-    loop then handles it, errors included), and while torch.compile traces."""
-    if torch.compiler.is_compiling() or _WATCH is None:
-        return None
-    found: List[Any] = []
-    grads = _WATCH.dense_grads(params, allow_fp16, found)
-    if grads is None:
-        return None
-    specs.extend(found)
-    return (grads[0].device if grads else None), grads
 
 
 def reduce_found_inf(per_device: Flags, home: torch.device, group: Optional[Any],
@@ -220,7 +202,7 @@ def unscale_and_check(per_device: PerDevice, inv_scale: Tensor, found_inf: Tenso
     """
     home = found_inf.device
     flags: Flags = {}
-    with _grad_mode.no_grad():
+    with torch.no_grad():
         # copies first, so they all start from the caller's (unset) flag
         targets = {
             dev: (
@@ -267,7 +249,7 @@ def norm_pass(
     home = inv_scale.device
     flags: Flags = {}
     norms: list[Tensor] = []
-    with _grad_mode.no_grad():
+    with torch.no_grad():
         for dev, grads in per_device.items():
             flag = torch.zeros((), dtype=torch.float32, device=dev)
             inv = inv_scale if dev == home else inv_scale.to(dev, non_blocking=True)

@@ -21,7 +21,6 @@ from typing import Any, Optional
 
 import torch
 
-from .. import _dtensor
 from .._version import __version__
 
 REBUILD_HINT = (
@@ -75,13 +74,6 @@ def _load() -> Optional[ModuleType]:
 #: The loaded extension module ``mixprec._C``; None when it is missing or disabled (the
 #: reference kernels run).
 EXT: Optional[ModuleType] = _load()
-#: The snapshots and one-pass checks (``watch_tensors``/``tensors_grads``,
-#: ``watch_items``/``items_unchanged``, csrc/python/list_watch.h) behind the reuse of
-#: tensor lists across steps; None without the extension (lists built every step).
-WATCH: Optional[ModuleType] = EXT if EXT is not None and hasattr(EXT, "tensors_grads") else None
-if WATCH is not None and hasattr(WATCH, "set_dtensor_type"):
-    # the list checks read a DTensor (FSDP2 param) through its local shard
-    _dtensor.on_dtensor_class(WATCH.set_dtensor_type)
 
 
 def has_extension() -> bool:

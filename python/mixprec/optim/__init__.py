@@ -6,19 +6,12 @@ grads of any of float32/float16/bfloat16, stochastic rounding for bfloat16
 params without masters, and GradScaler's ``grad_scale``/``found_inf`` read on
 the device (``_step_supports_amp_scaling``): one fused kernel per step, no
 host sync.
-
-:func:`flat_buffers` (module :mod:`mixprec.flat`) lays a model's params and
-grads out in one contiguous buffer per (device, dtype); the optimizers and
-:class:`mixprec.GradScaler` then run one tensor per buffer run instead of one per
-param.
 """
 
 from __future__ import annotations
 
-from ..flat import FlatBuffers, flat_buffers
 from ._base import FusedOptimizer
 from .adam import Adam, Adam8bit, AdamW, AdamW8bit
 from .sgd import SGD, SGD8bit
 
-__all__ = ["Adam", "AdamW", "Adam8bit", "AdamW8bit", "SGD", "SGD8bit", "FusedOptimizer",
-           "FlatBuffers", "flat_buffers"]
+__all__ = ["Adam", "AdamW", "Adam8bit", "AdamW8bit", "SGD", "SGD8bit", "FusedOptimizer"]

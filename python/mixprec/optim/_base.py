@@ -21,24 +21,18 @@ group. It owns what Adam, AdamW and SGD have in common:
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
 from itertools import chain
+from operator import itemgetter
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
 from .. import _dtensor
-from .. import flat as _flat
-from .._grad_mode import is_grad_enabled as _IS_GRAD_ENABLED
-from .._grad_mode import set_grad_enabled as _SET_GRAD_ENABLED
-from ..ops._extension import WATCH as _WATCH
 from ..ops._scalars import StepScalars
 
-#: The scalars of a step given none (a plain ``opt.step()``): one shared immutable value.
+#: The scalars of a step given none (a plain ``opt.step()``): one shared value.
 _NO_SCALARS = StepScalars(None, None, None)
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -47,88 +41,10 @@ _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 Bucket = Dict[str, List[Tensor]]
 BucketKey = Tuple[torch.device, bool]
 
-Snapshot = Tuple[Tuple[Any, ...], bytes]
-
-
-@dataclasses.dataclass
-class _GroupPlan:
-    """The op's tensor lists of one param group as :meth:`FusedOptimizer._buckets` built
-    them, and snapshots of everything they were built from, so that a later step with the
-    same params, the same state tensors and grads in the same places reuses them (the
-    grads are read afresh every step). See :meth:`FusedOptimizer._reuse`."""
-
-    group: Dict[str, Any]
-    state: Any  # the optimizer's ``state`` mapping itself
-    names: List[str]
-    master_weights: Any
-    params: Snapshot  # _C.watch_tensors(group["params"], whole)
-    dicts: List[Dict[str, Any]]  # the state dicts the lists were read from
-    items: Snapshot  # _C.watch_items(dicts)
-    # per bucket: (key, lists without "grads", positions in the group (None: all, in
-    # order)); whole: the group is one run of a flat buffer and the one bucket is
-    # flat.whole_group's, grads included (their views are then watched too)
-    buckets: List[Tuple[BucketKey, Bucket, Optional[List[int]]]]
-    whole: bool = False
-
-
-# (bound at import: read on every step)
-_PROFILER = torch.autograd.profiler
-_C_PROFILER_ENABLED = torch._C._autograd._profiler_enabled
-
-
-def _profiling() -> bool:
-    """Whether a torch profiler is recording (the python flag torch's own compiled code
-    reads, or the C profiler state of this thread)."""
-    return bool(getattr(_PROFILER, "_is_profiler_enabled", False) or _C_PROFILER_ENABLED())
-
-
-def _lean_step(func: Callable[..., Any]) -> Callable[..., Any]:
-    """``step`` as torch's :meth:`torch.optim.Optimizer.profile_hook_step` wraps it,
-    without that wrapper's cost where it does nothing.
-
-    torch wraps every optimizer class's ``step`` in a ``record_function`` block that runs
-    the step pre/post hooks; on an idle profiler that block alone costs about as much as
-    a whole mixprec step over ten tensors. Here ``func`` runs under ``torch.no_grad()``,
-    and only through torch's own wrapper (the same hooks, the same profiler label
-    ``Optimizer.step#<class>.step``) when a step hook is registered (global or on this
-    optimizer), a profiler is recording, or torch.compile traces. Marked ``hooked`` so
-    that :class:`torch.optim.Optimizer` does not wrap it again. A subclass that overrides
-    ``step`` gets torch's wrapper around its own as usual, and its ``super().step()``
-    runs hooks no second time.
-    """
-    torchs = torch.optim.Optimizer.profile_hook_step(torch.no_grad()(func))
-
-    @functools.wraps(func)
-    def step(self: FusedOptimizer, *args: Any, **kwargs: Any) -> Any:
-        compiling = torch.compiler.is_compiling()
-        if type(self).step is step and (
-                compiling or self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks
-                or _global_optimizer_pre_hooks or _global_optimizer_post_hooks
-                or _profiling()):
-            return torchs(self, *args, **kwargs)
-        # (a subclass's own step, which torch has wrapped, calls this one through super():
-        # its hooks have run there)
-        if compiling:
-            with torch.no_grad():
-                return func(self, *args, **kwargs)
-        grad_was = _IS_GRAD_ENABLED()
-        _SET_GRAD_ENABLED(False)
-        try:
-            return func(self, *args, **kwargs)
-        finally:
-            _SET_GRAD_ENABLED(grad_was)
-
-    step.hooked = True  # type: ignore[attr-defined]
-    return step
-
 
 def _on(t: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
     """A step scalar on ``device`` (copied ``non_blocking`` from elsewhere; None stays)."""
     return t if t is None or t.device == device else t.to(device, non_blocking=True)
-
-
-def _same(t: Tensor) -> Tensor:
-    return t
 
 
 def _check_sharded(cls: str, index: int, k: int, p: Tensor) -> None:
@@ -151,11 +67,19 @@ def _check_sharded(cls: str, index: int, k: int, p: Tensor) -> None:
                            f"{list(p.to_local().shape)}")
 
 
+#: How torch.optim words a bad value of each checked argument (``ValueError``).
+_INVALID = {"lr": "Invalid learning rate", "eps": "Invalid epsilon value",
+            "weight_decay": "Invalid weight_decay value", "momentum": "Invalid momentum value",
+            "dampening": "Invalid dampening value"}
+
+
 def _check_nonneg(cls: str, name: str, value: Any) -> None:
+    """``value`` must be a finite number >= 0: ValueError worded as torch's otherwise."""
     if isinstance(value, Tensor):
         return  # a tensor is not read on the host (that would sync)
     if not (value >= 0.0 and math.isfinite(value)):
-        raise ValueError(f"mixprec.optim.{cls}: {name} must be a finite number >= 0, got {value}")
+        raise ValueError(f"mixprec.optim.{cls}: {_INVALID.get(name, 'Invalid ' + name)}: "
+                         f"{value} (must be a finite number >= 0)")
 
 
 class FusedOptimizer(torch.optim.Optimizer):
@@ -177,8 +101,6 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Any, defaults: Dict[str, Any]) -> None:
         self._lr_cache: Dict[Tuple[int, torch.device], Tuple[float, Tensor]] = {}
-        self._plans: Dict[int, _GroupPlan] = {}
-        self._state_items: Optional[Snapshot] = None  # _C.watch_items([self.state])
         super().__init__(params, defaults)
 
     # -- what subclasses declare and implement ------------------------------------
@@ -193,8 +115,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         writes, besides ``step`` and ``master_param`` (e.g. ``["exp_avg",
         "exp_avg_sq"]``), in the order the op takes them: :attr:`STATE`'s entries that
         ``group`` keeps, then with ``state_bits=8`` the block maxima of the 8-bit ones
-        (``"<name>_absmax"``). Part of the contract the flat-buffer layer builds state
-        by (:mod:`mixprec.flat.state`)."""
+        (``"<name>_absmax"``)."""
         names = []
         for n, option, _ in self.STATE:  # (a loop: a comprehension costs 0.1 us more here)
             if option is None or group[option]:
@@ -222,22 +143,14 @@ class FusedOptimizer(torch.optim.Optimizer):
         super().__setstate__(state)
         if not hasattr(self, "_lr_cache"):
             self._lr_cache = {}
-        self._plans = {}
-        self._state_items = None
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 if key != "params":
                     group.setdefault(key, value)
 
-    def add_param_group(self, param_group: Dict[str, Any]) -> None:
-        """As :meth:`torch.optim.Optimizer.add_param_group`."""
-        self.__dict__.get("_plans", {}).clear()
-        super().add_param_group(param_group)
-
     def keeps_master(self, p: Tensor, group: Dict[str, Any]) -> bool:
         """Whether ``p`` (of ``group``) has a float32 master in its state: a 16-bit
-        param of a group with ``master_weights``. The flat-buffer layer's other
-        question (:mod:`mixprec.flat.state`)."""
+        param of a group with ``master_weights``."""
         return bool(group.get("master_weights", True)) and p.dtype in _LOW_PRECISION
 
     @torch.no_grad()
@@ -261,7 +174,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                     out.append(p)
         return out
 
-    @_lean_step
+    @torch.no_grad()
     def step(  # type: ignore[override]
         self,
         closure: Optional[Callable[[], Any]] = None,
@@ -286,12 +199,14 @@ class FusedOptimizer(torch.optim.Optimizer):
         defaults to the attribute of the same name (``self.grad_scale``...),
         which is how ``torch.amp.GradScaler`` hands over the first two.
 
-        Runs under ``torch.no_grad()``; step hooks and the profiler see it as they see
-        any torch optimizer's step (:func:`_lean_step`).
+        Runs under ``torch.no_grad()``. As for every torch optimizer,
+        :class:`torch.optim.Optimizer` wraps it (once per class) so that step hooks
+        and the profiler see it.
 
         Mutates the params, their masters and state; grads are read only.
         No host sync (the scalars are moved to each param device with
-        ``non_blocking=True`` when they live elsewhere).
+        ``non_blocking=True`` when they live elsewhere). Params on the ``meta``
+        device get their state created and nothing computed (no data to compute on).
 
         Returns:
             The closure's loss, or None.
@@ -318,29 +233,14 @@ class FusedOptimizer(torch.optim.Optimizer):
                     f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}"
                     f"{' of shape ' + str(list(t.shape)) if isinstance(t, Tensor) else ''}"
                 )
-        if len(self._plans) > len(self.param_groups):  # groups were removed: drop theirs
-            self._plans = {i: p for i, p in self._plans.items() if i < len(self.param_groups)}
-        # Every plan assumes self.state maps each param to the dict it was built from: one
-        # pass over the mapping per step proves it (any entry added, removed or replaced
-        # drops every plan), and the snapshot is retaken after a step that built lists.
-        # (Nothing is stored while torch.compile traces: _buckets builds every time.)
-        eager = not torch.compiler.is_compiling()
-        if eager and self._plans and not (
-                self._state_items is not None and _WATCH is not None
-                and _WATCH.items_unchanged((self.state,), self._state_items)):
-            self._plans = {}
         for index, group in enumerate(self.param_groups):
-            self._step_group(index, group, grad_scale, found_inf, clip_coef, not eager)
-        if eager and self._plans and self._state_items is None:
-            self._state_items = _WATCH.watch_items((self.state,))
+            self._step_group(index, group, grad_scale, found_inf, clip_coef)
         return loss
 
     # -- internals ------------------------------------------------------------
 
     def _init_state(self, p: Tensor, group: Dict[str, Any]) -> Dict[str, Any]:
         state = self.state[p]
-        if not state and _flat.init_state(self, p, group, state):  # flat-buffer mode
-            return state
         if "step" not in state:
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
         for name in self.state_names(group):
@@ -375,181 +275,156 @@ class FusedOptimizer(torch.optim.Optimizer):
             self._lr_cache[key] = (value, cached[1])
         return cached[1]
 
-    def _buckets(self, index: int, group: Dict[str, Any], compiling: bool
-                 ) -> Tuple[Dict[BucketKey, Bucket], Optional[bool]]:
-        """The group's params with a grad, as the op's tensor lists per (device, has master),
-        and what is known of their flat layout without a pass over them (``plain``): True,
-        none is laid out flat; False, unknown (:func:`mixprec.flat.coalesce_bucket`
-        coalesces what it can); None, each bucket is one slice of a flat buffer already
-        (:func:`mixprec.flat.whole_group`), run as it is.
+    def _check_param(self, index: int, k: int, p: Tensor, sharded: bool) -> None:
+        """The checks of ``param_groups[index]['params'][k]`` before its state is created
+        (and, for DTensor groups, every step): its dtype, a dense grad, a DTensor's layout.
+        (Afterwards the op checks what it is given before it writes anything.)"""
+        if sharded:
+            _check_sharded(type(self).__name__, index, k, p)
+        if p.dtype not in _SUPPORTED:
+            raise RuntimeError(
+                f"mixprec.optim.{type(self).__name__}: params must be float32, float16 or "
+                f"bfloat16, got {p.dtype}; use torch.optim for other dtypes"
+            )
 
-        The lists of the last step are reused when :meth:`_reuse` finds nothing changed;
-        else they are built here: the grads and dtypes are checked and missing state is
-        created (:meth:`_init_state`). (Per-param lists are kept only where no param was
-        flat, and a param laid out flat since has a new data pointer, which :meth:`_reuse`
-        sees: so reused per-param lists hold no flat param.)
+    def _sparse_grad(self, index: int, k: int) -> None:
+        """A param with a sparse grad: refused, naming it (``docs/optimizers.md``)."""
+        raise RuntimeError(
+            f"mixprec.optim.{type(self).__name__} does not support sparse gradients: "
+            f"param_groups[{index}]['params'][{k}] has one (e.g. from "
+            "nn.Embedding(sparse=True)). Use torch.optim.SGD or torch.optim.SparseAdam for "
+            "those params (in a second optimizer), or a dense gradient (sparse=False)."
+        )
+
+    def _buckets(self, index: int, group: Dict[str, Any]) -> Dict[BucketKey, Bucket]:
+        """The group's params with a grad, as the op's tensor lists per (device, has
+        master), built afresh each step as torch.optim does, in one pass over the params.
+
+        A param whose state lacks an entry (its first step, or an option that keeps more
+        state was turned on) is checked and its state completed (:meth:`_init_state`);
+        a DTensor (FSDP2) param runs as its local shard, its state as
+        :meth:`_local_state` says.
         """
-        if not compiling:
-            reused = self._reuse(index, group)
-            if reused is not None:
-                return reused, None if self._plans[index].whole else True
-        buckets: Dict[BucketKey, Bucket] = _flat.whole_group(self, group)
-        if buckets:  # flat-buffer mode: no per-param loop
-            if not compiling:
-                self._remember_whole(index, group, buckets)
-            return buckets, None
         names = self.state_names(group)
-        positions: Dict[BucketKey, List[int]] = {}
-        dicts: Dict[BucketKey, List[Dict[str, Any]]] = {}
+        take = itemgetter("step", *names)  # (one C call per param; KeyError: incomplete)
+        one = not names  # (itemgetter of one key returns the value, not a tuple)
+        masters_on = group.get("master_weights", True)
         sharded = _dtensor.any_dtensor(group["params"])
+        states = self.state
+        buckets: Dict[BucketKey, Bucket] = {}
+        rows: Dict[BucketKey, List[Any]] = {}
         for k, p in enumerate(group["params"]):
-            if p.grad is None:
+            g = p.grad
+            if g is None:
                 continue
-            if sharded:
-                _check_sharded(type(self).__name__, index, k, p)
-            if p.grad.is_sparse:
-                raise RuntimeError(
-                    f"mixprec.optim.{type(self).__name__} does not support sparse gradients"
-                )
-            if p.dtype not in _SUPPORTED:
-                raise RuntimeError(
-                    f"mixprec.optim.{type(self).__name__}: params must be float32, float16 or "
-                    f"bfloat16, got {p.dtype}; use torch.optim for other dtypes"
-                )
-            state = self._init_state(p, group)
-            master = state.get("master_param") if self.keeps_master(p, group) else None
+            if g.is_sparse:
+                self._sparse_grad(index, k)
+            state = states[p]
+            master = state.get("master_param") if masters_on else None
+            try:
+                if sharded or (master is None and masters_on and p.dtype in _LOW_PRECISION):
+                    raise KeyError("master_param")  # (checked, then completed, below)
+                row = take(state)
+            except KeyError:
+                self._check_param(index, k, p, sharded)
+                state = self._init_state(p, group)
+                master = state.get("master_param") if self.keeps_master(p, group) else None
+                row = take(state)
+            if master is not None and p.dtype not in _LOW_PRECISION:
+                master = None  # (a param turned float32 since: no master)
             key = (p.device, master is not None)
-            b = buckets.setdefault(key, {"params": [], "grads": [], "master_params": [],
-                                         "state_steps": [], **{n: [] for n in names}})
-            local = _dtensor.local if sharded else _same  # a DTensor's kernels: its shard
-            b["params"].append(local(p))
-            b["grads"].append(local(p.grad))
-            b["state_steps"].append(state["step"])
-            for n in names:
-                b[n].append(self._local_state(n, state[n], p) if sharded else state[n])
+            b = buckets.get(key)
+            if b is None:
+                b = buckets[key] = {"params": [], "grads": [], "master_params": []}
+                rows[key] = []
+            b["params"].append(p)
+            b["grads"].append(g)
             if master is not None:
-                b["master_params"].append(local(master))
-            positions.setdefault(key, []).append(k)
-            dicts.setdefault(key, []).append(state)
-        # (not kept where flat params are: flat.whole_group may take the group next step)
-        if not compiling and not _flat.any_flat(group["params"]):
-            self._remember(index, group, names, buckets, positions, dicts)
-        return buckets, False
-
-    def _remember(self, index: int, group: Dict[str, Any], names: List[str],
-                  buckets: Dict[BucketKey, Bucket], positions: Dict[BucketKey, List[int]],
-                  dicts: Dict[BucketKey, List[Dict[str, Any]]]) -> None:
-        """Keep the per-param lists (without grads, read afresh every step)."""
-        n = len(group["params"])
-        self._keep(index, group, names, False, [d for key in buckets for d in dicts[key]],
-                   [(key, {k: v for k, v in b.items() if k != "grads"},
-                     None if len(positions[key]) == n else positions[key])
-                    for key, b in buckets.items()])
-
-    def _remember_whole(self, index: int, group: Dict[str, Any],
-                        buckets: Dict[BucketKey, Bucket]) -> None:
-        """Keep flat.whole_group's one-slice bucket (grads included: their views are
-        watched too)."""
-        self._keep(index, group, self.state_names(group), True,
-                   list(map(self.state.get, group["params"])),  # (whole_group found each)
-                   [(key, bucket, None) for key, bucket in buckets.items()])
-
-    # Never traced: when dynamo runs a frame of a compiled step eagerly after a graph break
-    # (flat.whole_group is compiler-disabled), it still traces the frames that one calls;
-    # torch 2.11's dynamo then failed on the attribute write after the list watch's graph
-    # break (the H100 run of 2026-11-25: test_compiled_optimizer_step_runs_the_detection_eagerly).
-    @torch.compiler.disable
-    def _keep(self, index: int, group: Dict[str, Any], names: List[str], whole: bool,
-              dicts: List[Dict[str, Any]],
-              buckets: List[Tuple[BucketKey, Bucket, Optional[List[int]]]]) -> None:
-        """Store a group's lists with snapshots of the params (and, ``whole``, their grads)
-        and of the state dicts they were read from; the state mapping's snapshot is
-        retaken at the end of the step."""
-        snap = _WATCH.watch_tensors(group["params"], whole) if _WATCH is not None else None
-        if snap is None:  # no extension, or a tensor subclass among the params
-            return
-        self._plans[index] = _GroupPlan(
-            group=group, state=self.state, names=list(names),
-            master_weights=group.get("master_weights", True), params=snap, dicts=dicts,
-            items=_WATCH.watch_items(dicts), buckets=buckets, whole=whole)
-        self._state_items = None
-
-    def _reuse(self, index: int, group: Dict[str, Any]) -> Optional[Dict[BucketKey, Bucket]]:
-        """Last step's lists with this step's grads, or None when anything they were built
-        from changed.
-
-        Checked every step, each in one pass at C speed (``csrc/python/list_watch.h``):
-        the same group, state mapping, state names and ``master_weights``; every param the
-        very object listed, with the same data pointer, numel, dtype and device (a
-        replaced ``.data``, an added, removed, moved or replaced param misses) and a grad
-        exactly where there was one; the optimizer's ``state`` mapping holding the same
-        keys and values as after the last step that built lists (checked once per step in
-        :meth:`step`: so each param still has its state dict); and each of those state
-        dicts holding the very same keys and tensors (moments, step count, master).
-        For a group that was one run of a flat buffer (``whole``), also every grad the
-        very view object with its data pointer, and the run's step tensor still held by
-        exactly its params (:func:`mixprec.flat.reuse_whole`).
-        Anything else returns None and the lists are rebuilt. Tensors changed in place
-        keep their identity and are read afresh by the kernels; the grads' layout (a
-        sparse one is refused, naming it), sizes, dtypes and devices are checked by the op
-        before it writes anything.
-        """
-        plan = self._plans.get(index)
-        if (plan is None or plan.group is not group or plan.state is not self.state
-                or plan.master_weights != group.get("master_weights", True)):
-            return None
-        grads = _WATCH.tensors_grads(group["params"], plan.params, not plan.whole)
-        if (grads is None or plan.names != self.state_names(group)
-                or not _WATCH.items_unchanged(plan.dicts, plan.items)):
-            return None
-        if plan.whole:
-            key, bucket, _ = plan.buckets[0]
-            ok = _flat.reuse_whole(self, group["params"], bucket)
-            return {key: bucket} if ok else None
-        out: Dict[BucketKey, Bucket] = {}
-        for key, lists, ks in plan.buckets:  # (a loop: a comprehension costs 0.1 us more)
-            out[key] = {**lists, "grads": grads if ks is None else [grads[k] for k in ks]}
-        return out
+                b["master_params"].append(master)
+            rows[key].append(row)
+        for key, b in buckets.items():  # the state columns, each in one C pass
+            columns = [rows[key]] if one else list(map(list, zip(*rows[key])))
+            b["state_steps"] = columns[0]
+            for n, column in zip(names, columns[1:]):
+                b[n] = column
+            if sharded:  # a DTensor's kernels take its shard
+                for n in names:
+                    b[n] = [self._local_state(n, t, p) for t, p in zip(b[n], b["params"])]
+                for n in ("params", "grads", "master_params", "state_steps"):
+                    b[n] = _dtensor.locals_of(b[n])
+        return buckets
 
     def _step_group(self, index: int, group: Dict[str, Any], grad_scale: Optional[Tensor],
-                    found_inf: Optional[Tensor], clip_coef: Optional[Tensor],
-                    compiling: bool) -> None:
-        buckets, plain = self._buckets(index, group, compiling)
+                    found_inf: Optional[Tensor], clip_coef: Optional[Tensor]) -> None:
+        buckets = self._buckets(index, group)
         none = grad_scale is None and found_inf is None and clip_coef is None
         seed = (int(group.get("seed", 0)) * 1_000_003 + index) & 0x7FFFFFFFFFFFFFFF
         on_device: Dict[torch.device, StepScalars] = {}  # (buckets of a device share them)
         for (device, _), bucket in buckets.items():
+            if device.type == "meta":
+                continue  # no data: nothing to compute (as torch's kernels on meta tensors)
             scalars = _NO_SCALARS if none else on_device.get(device)
             if scalars is None:
                 scalars = on_device[device] = StepScalars(
                     _on(grad_scale, device), _on(found_inf, device), _on(clip_coef, device))
-            if plain is not None:  # flat-buffer mode: runs of flat params as slices
-                bucket = _flat.coalesce_bucket(self, group, bucket, plain)
             self._run(bucket, group, self._lr_tensor(index, group, device), scalars, seed)
+
+    #: Group options a loaded state dict does not change (the 8-bit mixin's
+    #: ``state_bits``: the layout is this optimizer's choice, the values are converted).
+    _KEPT_ON_LOAD: ClassVar[Tuple[str, ...]] = ()
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Load a state dict of this class or of ``torch.optim.Adam/AdamW/SGD``.
 
-        Param groups are matched as in torch. State is converted to this
-        optimizer's layout (copies, so the loaded dict is not aliased): step
-        counts become float32 tensors on the param's device, moments and
-        buffers float32, and masters are taken from the dict when present,
-        else built from the params (migration from a torch checkpoint). Keys
-        this class does not set (``master_weights``, ``stochastic_rounding``,
-        ``seed``...) are filled from its defaults.
+        Param groups are matched as in torch, and torch's load_state_dict hooks run as
+        in torch: the pre hooks first; the state is then converted to this optimizer's
+        layout, from the dict the pre hooks left, before any post hook runs (so a post
+        hook sees what a step will use). Conversion (copies, so the loaded dict is not
+        aliased): step counts become float32 tensors on the param's device, moments
+        and buffers float32, and masters are taken from the dict when present, else
+        built from the params (migration from a torch checkpoint). Keys this class does
+        not set (``master_weights``, ``stochastic_rounding``, ``seed``...) are filled
+        from its defaults. Entries of ``state`` whose key is not a param are kept as
+        they are, as torch does.
         """
-        saved_state = state_dict["state"]
-        saved_groups = state_dict["param_groups"]
-        super().load_state_dict(state_dict)
+        loaded: List[Dict[str, Any]] = []
+        kept = [{k: g[k] for k in self._KEPT_ON_LOAD if k in g} for g in self.param_groups]
+
+        def check(opt: torch.optim.Optimizer, sd: Dict[str, Any]) -> None:
+            self._check_loadable(sd)  # before anything is loaded
+            loaded.append(sd)
+
+        def convert(opt: torch.optim.Optimizer) -> None:
+            for g, options in zip(self.param_groups, kept):
+                g.update(options)
+            self._convert_loaded(loaded[-1])
+
+        # (registered now: the check runs after the user's pre hooks, the conversion
+        # before the user's post hooks; both removed again whatever happens)
+        pre = self.register_load_state_dict_pre_hook(check)
+        post = self.register_load_state_dict_post_hook(convert, prepend=True)
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            pre.remove()
+            post.remove()
+
+    def _check_loadable(self, state_dict: Dict[str, Any]) -> None:
+        """Raise before anything is loaded when ``state_dict`` cannot be (the 8-bit
+        mixin checks its coded moments); nothing to check here."""
+
+    def _convert_loaded(self, state_dict: Dict[str, Any]) -> None:
+        """Replace the state torch loaded (cast to the params' dtypes) by the saved
+        entries converted to this optimizer's layout (:meth:`_convert_state`)."""
         self._lr_cache = {}
-        self._plans = {}
+        saved_groups = state_dict["param_groups"]
         id_map = dict(zip(chain.from_iterable(g["params"] for g in saved_groups),
                           chain.from_iterable(g["params"] for g in self.param_groups)))
         group_of = {id(p): g for g in self.param_groups for p in g["params"]}
-        for key, saved in saved_state.items():
+        for key, saved in state_dict["state"].items():
             p = id_map.get(key)
             if p is None:
-                continue
+                continue  # not a param's: torch kept it as it is
             self.state[p] = self._convert_state(p, group_of[id(p)], saved)
 
     def _convert_state(self, p: Tensor, group: Dict[str, Any],
@@ -589,10 +464,10 @@ def params_and_kwargs_check(cls: str, lr: Union[float, Tensor], differentiable: 
     """The argument checks shared by the constructors (ValueError, as torch)."""
     if isinstance(lr, Tensor):
         if lr.numel() != 1:
-            raise ValueError(f"mixprec.optim.{cls}: a tensor lr must have one element, got "
+            raise ValueError(f"mixprec.optim.{cls}: Tensor lr must be 1-element, got "
                              f"shape {list(lr.shape)}")
         if not lr.is_floating_point():
-            raise ValueError(f"mixprec.optim.{cls}: a tensor lr must be floating point, got "
+            raise ValueError(f"mixprec.optim.{cls}: Tensor lr must be floating point, got "
                              f"{lr.dtype}")
     else:
         _check_nonneg(cls, "lr", lr)

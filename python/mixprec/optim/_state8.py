@@ -135,20 +135,15 @@ class EightBitState:
             return local[:q8.num_blocks(_dtensor.local(p).numel())]
         return local
 
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """As :meth:`FusedOptimizer.load_state_dict`; moments are converted to this
-        optimizer's ``state_bits`` (a 32-bit checkpoint, mixprec's or torch's, loads into
-        an 8-bit optimizer and the other way round), which each group keeps. Every 8-bit
-        entry is checked before anything is loaded: ValueError naming it otherwise."""
+    #: A loaded state dict keeps each group's ``state_bits`` (FusedOptimizer.load_state_dict):
+    #: moments are converted to it (a 32-bit checkpoint, mixprec's or torch's, loads into
+    #: an 8-bit optimizer and the other way round).
+    _KEPT_ON_LOAD = ("state_bits",)
+
+    def _check_loadable(self, state_dict: Dict[str, Any]) -> None:
+        """Every 8-bit entry of ``state_dict`` is checked before anything is loaded:
+        ValueError naming it otherwise."""
         self._check_coded(state_dict)
-        bits = [g.get("state_bits", 32) for g in self.param_groups]
-        super().load_state_dict(state_dict)  # type: ignore[misc]
-        for g, b in zip(self.param_groups, bits):
-            g["state_bits"] = b
-        # (super converted with the saved groups' state_bits: convert again now)
-        group_of = {id(p): g for g in self.param_groups for p in g["params"]}
-        for p, st in list(self.state.items()):
-            self.state[p] = self._convert_state(p, group_of[id(p)], st)
 
     def _check_coded(self, state_dict: Dict[str, Any]) -> None:
         cls = type(self).__name__

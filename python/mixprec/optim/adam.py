@@ -18,11 +18,12 @@ __all__ = ["Adam", "AdamW", "Adam8bit", "AdamW8bit"]
 def _beta(cls: str, index: int, value: Union[float, Tensor]) -> float:
     if isinstance(value, Tensor):
         if value.numel() != 1:
-            raise ValueError(f"mixprec.optim.{cls}: betas[{index}] as a tensor must have one "
-                             "element")
+            raise ValueError(f"mixprec.optim.{cls}: Invalid beta parameter at index {index}: "
+                             "a tensor beta must be 1-element")
         value = float(value.detach().cpu())  # read once, at construction
     if not 0.0 <= value < 1.0:
-        raise ValueError(f"mixprec.optim.{cls}: betas[{index}] must be in [0, 1), got {value}")
+        raise ValueError(f"mixprec.optim.{cls}: Invalid beta parameter at index {index}: "
+                         f"{value} (must be in [0, 1))")
     return float(value)
 
 
@@ -75,8 +76,8 @@ class Adam(EightBitState, FusedOptimizer):
             of at least ``min_8bit_size`` elements; smaller ones keep float32 moments.
             The step is one fused ``fused_adam8_`` per bucket of 8-bit params (codes
             read back, updated and re-quantized in one pass). Not with ``amsgrad``. With
-            flat buffers, 8-bit params run per tensor; with FSDP2 (DTensor) params the
-            blocks run over each local shard (``docs/distributed.md``).
+            FSDP2 (DTensor) params the blocks run over each local shard
+            (``docs/distributed.md``).
         min_8bit_size: the size threshold of ``state_bits=8``. Default 4096.
     """
 

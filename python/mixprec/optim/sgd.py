@@ -75,8 +75,9 @@ class SGD(EightBitState, FusedOptimizer):
                                 [("momentum", momentum), ("weight_decay", weight_decay)])
         check_state_bits(type(self).__name__, state_bits, min_8bit_size)
         if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("mixprec.optim.SGD: nesterov=True requires momentum > 0 and "
-                             f"dampening == 0, got momentum={momentum}, dampening={dampening}")
+            raise ValueError(f"mixprec.optim.{type(self).__name__}: Nesterov momentum requires a "
+                             f"momentum and zero dampening, got momentum={momentum}, "
+                             f"dampening={dampening}")
         defaults: Dict[str, Any] = {
             "lr": lr,
             "momentum": momentum,

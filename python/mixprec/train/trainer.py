@@ -84,6 +84,43 @@ _STATE_FORMAT = STATE_FORMAT  # the checkpoint format (see .checkpoint)
 
 
 # ------------------------------------------------------------------------ trainer
+class _PlainProgress:
+    """The progress display of :meth:`MixedPrecisionTrainer.train` without tqdm: the
+    methods of tqdm's bar that the trainer calls, printing one line at the start and one
+    per epoch (``set_postfix(epoch=...)``) instead of redrawing a bar."""
+
+    def __init__(self, total: Optional[int], desc: str) -> None:
+        self.total = total
+        self.desc = desc
+        self.n = 0
+        print(f"{desc}: {total if total is not None else '?'} batches", flush=True)
+
+    def update(self, n: int = 1) -> None:
+        """Count ``n`` more batches (printed with the next epoch line)."""
+        self.n += n
+
+    def set_postfix(self, **values: Any) -> None:
+        """Print the counts and ``values`` at the end of an epoch (the per-step calls,
+        without ``epoch``, print nothing)."""
+        if "epoch" in values:
+            done = f"{self.n}/{self.total}" if self.total is not None else str(self.n)
+            extra = " | ".join(f"{k} {v}" for k, v in values.items())
+            print(f"{self.desc}: {done} batches | {extra}", flush=True)
+
+    def close(self) -> None:
+        """Nothing to tear down (tqdm's bar closes its line here)."""
+
+
+def _progress_bar(total: Optional[int], desc: str) -> Any:
+    """tqdm's bar when tqdm is installed (the ``demo`` extra), else a
+    :class:`_PlainProgress` that prints one line per epoch."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _PlainProgress(total, desc)
+    return tqdm(total=total, desc=desc, unit="batch", dynamic_ncols=True, leave=True)
+
+
 class MixedPrecisionTrainer:
     """Mixed-precision training in one of five modes (see :class:`MixedPrecisionMode`).
 
@@ -372,7 +409,8 @@ class MixedPrecisionTrainer:
         val_loader: Optional[Iterable[Any]] = None,
         progress: bool = True,
     ) -> list[dict[str, Any]]:
-        """Train for ``num_epochs`` with a tqdm progress bar (``progress``), a log
+        """Train for ``num_epochs`` with a progress bar (``progress``: tqdm's when tqdm is
+        installed, the ``demo`` extra; else a printed line per epoch), a log
         line (logger ``"mixprec.trainer"``, INFO) every ``logging_frequency``
         optimizer steps and one per epoch. Returns the per-epoch dicts of
         :meth:`train_epoch`, with ``val_loss``/``val_accuracy`` and ``time_s``
@@ -529,17 +567,7 @@ class MixedPrecisionTrainer:
             total = len(loader) * num_epochs  # type: ignore[arg-type]
         except TypeError:
             total = None
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(
-                total=total,
-                desc=f"train ({self._describe()})",
-                unit="batch",
-                dynamic_ncols=True,
-                leave=True,
-            )
+        bar = _progress_bar(total, f"train ({self._describe()})") if progress else None
         history = []
         try:
             for _ in range(num_epochs):
