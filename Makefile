@@ -93,8 +93,8 @@ test-python-cpu-only: build-cpu-only
 # machine also checks AVX2 and the baseline. torch.compile tests are left out: they test
 # graph capture, which no ISA changes, and inductor's on-disk cache (keyed without
 # ATEN_CPU_CAPABILITY) hands back AVX2 code that fails to build under `default`.
-ISA_TESTS := tests/test_optim_ops.py tests/test_optim_classes.py tests/test_unscale.py tests/test_norm.py \
-  tests/test_quant8_kernels.py
+ISA_TESTS := tests/ops/test_optim_ops.py tests/optim/test_optim_classes.py tests/ops/test_unscale.py \
+  tests/ops/test_norm.py tests/ops/test_quant8_kernels.py
 
 test-isa: build
 	@caps=$$($(PY) -c "import torch, mixprec; o = ['default', 'avx2', 'avx512']; \

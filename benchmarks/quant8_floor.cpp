@@ -94,7 +94,7 @@ __attribute__((noinline)) void linear8(float* p, const float* g, int8_t* mc,
           _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(mq)), dm);
       __m512 vi =
           _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(vq)), dv);
-#ifndef QUANT8_FLOOR_BROKEN  // (tests/test_benchmarks.py: the check catches a
+#ifndef QUANT8_FLOOR_BROKEN  // (tests/project/test_benchmarks.py: the check catches a
                              // lost update)
       c.update(mi, vi, _mm512_loadu_ps(g + i), p + i);
 #endif

@@ -1,5 +1,7 @@
 """The tests' shared helpers, in one module (``from _helpers import ...``).
 
+* Paths: :data:`REPO` (the repository root), :data:`TESTS` (this folder, whatever
+  subfolder a test module sits in), :data:`DATA` (tests/data).
 * Devices: :data:`DEVICES` is the one device parametrization. Tests take a
   ``device`` argument and get it from the ``device`` fixture in conftest.py,
   which runs over :data:`DEVICES`; a test that needs a GPU whatever its
@@ -27,6 +29,12 @@ import pytest
 import torch
 
 import mixprec
+
+#: the repository root, the tests folder and its data folder (a test module in any
+#: subfolder of tests/ names paths from these, never from its own ``__file__``)
+REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+DATA = TESTS / "data"
 
 HAS_CUDA = torch.cuda.is_available()
 _NO_GPU = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")

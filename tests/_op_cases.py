@@ -2,12 +2,12 @@
 here and nowhere else among the tests that cover every op.
 
 * :data:`SAMPLES`: valid calls, ``(test id, op, builder(device) -> (args, kwargs))``.
-  ``tests/test_opcheck.py`` runs ``torch.library.opcheck`` on each, and the first sample of
-  an op drives ``tests/test_dispatch_paths.py``. An op of the table without a sample fails
+  ``tests/ops/test_opcheck.py`` runs ``torch.library.opcheck`` on each, and the first sample of
+  an op drives ``tests/ops/test_dispatch_paths.py``. An op of the table without a sample fails
   ``test_every_op_has_an_opcheck_sample``.
 * :data:`CASES`: bad calls, ``(test id, builder(device) -> (op, args), substring)``: the
   error must name the argument (the substring) and nothing may be modified
-  (``tests/test_bad_inputs.py``, against the kernels and the reference). An op without a
+  (``tests/ops/test_bad_inputs.py``, against the kernels and the reference). An op without a
   case fails ``test_every_op_has_a_bad_input_case``.
 
 Every builder makes fresh tensors on each call.
@@ -311,7 +311,7 @@ def _sample_sgd8(device):
 
 # (test id, op, args builder(device) -> (args, kwargs)). One entry per case: each
 # gets its own test id, and none can be left out of the parametrization. The first
-# entry of each op is also its sample in tests/test_dispatch_paths.py.
+# entry of each op is also its sample in tests/ops/test_dispatch_paths.py.
 SAMPLES = [
     ("unscale_and_check_", "unscale_and_check_",
      lambda d: ((_sample_grads(d), _f(d), _inv(d)), {})),

@@ -38,7 +38,7 @@ and the sanitizer by set (``--sanitizer-sets``), as benchmarks/RESULTS.md record
                                         30 / 25 / 45 % of it for unscale / scaler / optim)
 
 ``--cpu-smoke`` runs the same driver on a machine without a GPU: a CPU-only build,
-tests/test_benchmarks.py, the benchmarks with ``--quick``, ctest and train_mlp on CPU;
+tests/project/test_benchmarks.py, the benchmarks with ``--quick``, ctest and train_mlp on CPU;
 the sanitizer and the CUDA example are SKIP. Its limits are 30 minutes a part.
 
 Logs: build/gpu-check/<part>.log (one per part, overwritten), bench.log (appended),
@@ -92,7 +92,7 @@ class Result:
 
 
 # ---------------------------------------------------------------------------------------------
-# output parsers (pure functions; tests/test_benchmarks.py covers them)
+# output parsers (pure functions; tests/project/test_benchmarks.py covers them)
 
 
 def parse_pytest(text: str) -> Dict[str, int]:
@@ -428,7 +428,7 @@ class Check:
         if "tests" not in self.args.skip:
             cmd = [self.py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE"]
             if self.smoke:
-                cmd += ["tests/test_benchmarks.py"]
+                cmd += ["tests/project/test_benchmarks.py"]
             else:
                 cmd += ["tests"]
                 if self.info.get("xdist"):

@@ -1,4 +1,4 @@
-"""Writes the trainer checkpoints of ``tests/test_trainer_checkpoint_compat.py``.
+"""Writes the trainer checkpoints of ``tests/train/test_trainer_checkpoint_compat.py``.
 
 Run once, with the trainer as it was before it was split into parts (commit b6be011,
 ``python/mixprec/train/trainer.py`` in one file), from the repository root::

@@ -12,7 +12,7 @@ from torch.amp import GradScaler as EarlyImportedGradScaler
 
 import mixprec
 import mixprec.cuda.amp
-from _helpers import HAS_CUDA, INF, two_layer
+from _helpers import HAS_CUDA, INF, REPO, two_layer
 
 
 @pytest.fixture(autouse=True)
@@ -137,11 +137,10 @@ def test_pickled_torch_scaler_loads_while_patched():
 
 
 def test_drop_in_example_runs(monkeypatch, capsys):
-    import pathlib
     import runpy
     import sys
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "drop_in.py"
+    path = REPO / "examples" / "drop_in.py"
     monkeypatch.setattr(sys, "argv", [str(path), "--device", "cpu", "--iters", "8"])
     runpy.run_path(str(path), run_name="__main__")
     assert "identical loss and scale sequences: OK" in capsys.readouterr().out

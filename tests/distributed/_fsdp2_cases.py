@@ -1,4 +1,4 @@
-"""What the FSDP2 tests run in each gloo process (tests/test_fsdp2.py spawns them once per
+"""What the FSDP2 tests run in each gloo process (test_fsdp2.py beside it spawns them once per
 module and checks the results): the unchanged user code on a model sharded with
 ``fully_shard``, side by side with an unsharded copy of the same model trained on the
 same data in the same process.
@@ -28,7 +28,7 @@ Result = Dict[str, Any]
 #: where the cases run: "cpu" (gloo; the default, what CI runs) or "cuda" (nccl, one GPU
 #: per rank: ``MIXPREC_FSDP2_DEVICE=cuda MIXPREC_FSDP2_WORLD=1`` is the GPU check's run)
 DEVICE = os.environ.get("MIXPREC_FSDP2_DEVICE", "cpu")
-#: the number of processes tests/test_fsdp2.py spawns
+#: the number of processes tests/distributed/test_fsdp2.py spawns
 WORLD = int(os.environ.get("MIXPREC_FSDP2_WORLD", "2"))
 
 _WHY = _dtensor.fsdp2_unavailable()

@@ -6,8 +6,8 @@ never calls back into a file it came through (a helper that takes its owner and 
 back does); and following ``scaler.step(optimizer)`` opens each file once (the op layer
 once per op).
 
-``python tests/test_layers.py`` prints the module graph, one module per line with what it
-imports, lowest layer first; ``python tests/test_layers.py path`` the files that
+``python tests/project/test_layers.py`` prints the module graph, one module per line with what it
+imports, lowest layer first; ``python tests/project/test_layers.py path`` the files that
 ``scaler.step(optimizer)`` opens, in order, for each kind of optimizer.
 """
 
@@ -24,7 +24,8 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 import pytest
 import torch
 
-PKG = Path(__file__).resolve().parent.parent / "python" / "mixprec"
+# parents[2], not _helpers.REPO: ``python tests/project/test_layers.py`` runs it as a script
+PKG = Path(__file__).resolve().parents[2] / "python" / "mixprec"
 
 
 def _module_name(path: Path) -> str:

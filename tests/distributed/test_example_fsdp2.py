@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 import mixprec
+from _helpers import REPO
 from mixprec import _dtensor
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 PACKAGE_DIR = Path(mixprec.__file__).resolve().parents[1]  # this run's build of mixprec
 _WHY = _dtensor.fsdp2_unavailable()
 

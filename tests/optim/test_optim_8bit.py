@@ -7,15 +7,15 @@ from __future__ import annotations
 import copy
 import io
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import mixprec
+from _helpers import REPO
 from mixprec.ops import _quant8 as q8
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 from _common import gpt2_small_shapes  # noqa: E402
 
 # ------------------------------------------------------------------------ the quantizer

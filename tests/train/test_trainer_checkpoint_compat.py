@@ -7,14 +7,11 @@ and its parameters after training on from there in ``trainer_<case>_expected.pt`
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from _helpers import assert_bitwise_equal, load_module, torch_threads
+from _helpers import DATA, assert_bitwise_equal, load_module, torch_threads
 
-DATA = Path(__file__).resolve().parent / "data"
 CASES = ("automatic_fp16", "manual_bf16", "adaptive_fp16")
 
 

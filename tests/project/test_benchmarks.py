@@ -18,8 +18,9 @@ import pytest
 import torch
 
 import mixprec
+from _helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 for sub in ("benchmarks", "tools"):
     if str(ROOT / sub) not in sys.path:
         sys.path.insert(0, str(ROOT / sub))

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import mixprec
+from _helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 SCRIPT = ROOT / "benchmarks" / "bench_e2e.py"
 if str(SCRIPT.parent) not in sys.path:
     sys.path.insert(0, str(SCRIPT.parent))

@@ -1,5 +1,5 @@
 """mixprec on HSDP (``fully_shard`` over a 2 x 2 (replicate, shard) mesh): four gloo
-processes on CPU, spawned once for the module (tests/_fsdp2_cases.py ``run_hsdp``).
+processes on CPU, spawned once for the module (tests/distributed/_fsdp2_cases.py ``run_hsdp``).
 The clip norm counts each shard once (reduced over the shard dimension only), an inf in
 one process's shard makes all four skip, the params match an unsharded run, and 8-bit
 state steps each shard as its rows alone, its maxima replicated over the replicate

@@ -1,5 +1,5 @@
 """mixprec._dtensor: where FSDP2 lives in each torch, and what happens where it does not
-(the FSDP2 tests skip with that reason; tests/test_fsdp2.py)."""
+(the FSDP2 tests skip with that reason; tests/distributed/test_fsdp2.py)."""
 
 from __future__ import annotations
 

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any, Callable, Dict, List
 
 import pytest
 import torch
 
-from _helpers import assert_bitwise_equal
+from _helpers import REPO, assert_bitwise_equal
 from mixprec.ops import _cuda_emulation, _reference
 from mixprec.ops import _quant8 as q8
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 CHUNK = 65536  # the CUDA launcher's elements per block (a CPU chunk is half of it)
 ALL = (torch.float32, torch.float16, torch.bfloat16)
 

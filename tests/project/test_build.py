@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import mixprec
+from _helpers import REPO
 
 PKG_DIR = Path(mixprec.__file__).resolve().parent
 
@@ -110,7 +111,6 @@ except ImportError as e:
 # error messages crash the process (g++ 13) or lose their numbers (g++ 12). The build probes
 # the compiler before compiling and refuses; see python/mixprec/_toolchain.py.
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _system_cxx() -> str:

@@ -2,7 +2,7 @@
 
 Everything torch's GradScaler also does is parametrized over ``scaler_cls``
 (mixprec's and torch's), so these tests are known to describe torch's
-behaviour; mixprec-only features are in tests/test_grad_scaler_extras.py.
+behaviour; mixprec-only features are in the other tests/amp/test_scaler_*.py.
 """
 
 from __future__ import annotations

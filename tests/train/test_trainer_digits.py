@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from _helpers import load_module, torch_threads
+from _helpers import REPO, load_module, torch_threads
 
 pytest.importorskip("sklearn", reason="the digits data set ships with scikit-learn")
 
-_DEMO = Path(__file__).resolve().parents[1] / "examples" / "train_digits.py"
+_DEMO = REPO / "examples" / "train_digits.py"
 
 
 def _load_demo():

@@ -17,8 +17,9 @@ from typing import Optional
 import pytest
 
 import mixprec
+from _helpers import TESTS
 
-TESTS = Path(__file__).resolve().parent
+OPS = TESTS / "ops"
 ORDER = ["default", "avx2", "avx512"]
 
 
@@ -74,7 +75,7 @@ def test_op_suite_with_capability(cap: str) -> None:
     assert probe.stdout.strip() == cap, probe.stderr
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         str(TESTS / "test_unscale.py"), str(TESTS / "test_norm.py"), "-k", "cpu"],
+         str(OPS / "test_unscale.py"), str(OPS / "test_norm.py"), "-k", "cpu"],
         capture_output=True, text=True, env=env, timeout=900, cwd=TESTS.parent)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert " passed" in run.stdout
@@ -86,7 +87,7 @@ def test_isa_modules_collect_without_the_extension() -> None:
     env = {**os.environ, "MIXPREC_DISABLE_EXTENSION": "1"}
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-         str(TESTS / "test_cpu_capability.py"), str(TESTS / "test_optim_isa.py"),
+         str(OPS / "test_cpu_capability.py"), str(OPS / "test_optim_isa.py"),
          "-k", "not collect_without"],
         capture_output=True, text=True, env=env, timeout=300, cwd=TESTS.parent)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

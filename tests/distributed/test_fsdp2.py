@@ -1,5 +1,5 @@
 """mixprec on FSDP2 (``fully_shard``, DTensor params and grads): two gloo processes on
-CPU, spawned once for the module (tests/_fsdp2_cases.py runs every case in each), each
+CPU, spawned once for the module (tests/distributed/_fsdp2_cases.py runs every case in each), each
 comparing a sharded model with an unsharded copy trained on the same data.
 
 On a GPU machine, ``MIXPREC_FSDP2_DEVICE=cuda MIXPREC_FSDP2_WORLD=1`` runs the same cases

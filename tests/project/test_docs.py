@@ -5,7 +5,7 @@ What is checked, in backticked spans outside code blocks of README.md, ARCHITECT
 CONTRIBUTING.md, CHANGELOG.md and docs/*.md (benchmarks/RESULTS.md is history and names
 what existed then):
 
-* a path under a tracked top-level folder (``csrc/cpu/``, ``tests/test_docs.py``,
+* a path under a tracked top-level folder (``csrc/cpu/``, ``tests/project/test_docs.py``,
   ``csrc/common/*_math.h``): some tracked file matches it;
 * a header as C++ includes it (``mixprec/ops.h``): it is in ``csrc/include``;
 * a bare file name with a source extension (``op_table.h``): a tracked file has that name;
@@ -24,13 +24,14 @@ import fnmatch
 import importlib
 import re
 import subprocess
-from pathlib import Path
 from typing import Dict, List
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from _helpers import REPO
+
+ROOT = REPO
 DOCS = ["README.md", "ARCHITECTURE.md", "CONTRIBUTING.md", "CHANGELOG.md",
         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 SOURCE_EXT = (".py", ".md", ".h", ".cuh", ".cu", ".cpp", ".toml", ".cmake", ".in")

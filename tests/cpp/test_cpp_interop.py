@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from _helpers import REPO
+
+ROOT = REPO
 TESTS_DIR = Path(os.environ.get("MIXPREC_CPP_TESTS_DIR", ROOT / "build" / "cmake-tests"))
 INTEROP = ROOT / "tests" / "cpp" / "interop.py"
 

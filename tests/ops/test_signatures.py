@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import mixprec
+from _helpers import REPO
 from mixprec.ops import _reference
 
 pytestmark = pytest.mark.skipif(not mixprec.has_extension(),
@@ -57,9 +58,8 @@ def test_cpp_optimizers_name_every_op_argument() -> None:
     """The C++ optimizers (csrc/api/optim.cpp) call the fused ops with every argument
     named, ``/*name=*/value``, in the schema's order and with the schema's names."""
     import re
-    from pathlib import Path
 
-    src = (Path(__file__).resolve().parent.parent / "csrc" / "api" / "optim.cpp").read_text()
+    src = (REPO / "csrc" / "api" / "optim.cpp").read_text()
     for op in ("fused_adam_", "fused_sgd_"):
         call = src[src.index(f"mixprec::{op}("):]
         call = call[:call.index(");") + 1]

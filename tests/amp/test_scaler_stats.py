@@ -1,0 +1,70 @@
+"""mixprec-only GradScaler features: stats() and step_was_skipped."""
+
+from __future__ import annotations
+
+import pickle
+import random
+
+import pytest
+import torch
+
+import mixprec
+from _helpers import INF, RecordingOptimizer
+from mixprec.amp.stats import FOLD_EVERY
+
+
+# ------------------------------------------------------------------ stats / step_was_skipped
+@pytest.mark.parametrize("amp_aware", [False, True])
+def test_stats_and_step_was_skipped(device, amp_aware):
+    n = FOLD_EVERY * 2 + 9  # crosses two folds
+    rng = random.Random(1)
+    seq = [rng.random() < 0.1 for _ in range(n)]
+    seq[-3] = True
+    s = mixprec.GradScaler(device, init_scale=2.0**10, growth_interval=4)
+    p = torch.nn.Parameter(torch.zeros(3, device=device))
+    opt = RecordingOptimizer([p], supports_amp=amp_aware, lr=0.0)
+    assert not s.step_was_skipped
+    prev, inc, dec = s.get_scale(), 0, 0
+    for i, found in enumerate(seq):
+        s.scale(torch.ones((), device=device))
+        p.grad = torch.full((3,), INF if found else 1.0, device=device)
+        s.step(opt)
+        s.update()
+        assert s.step_was_skipped == found
+        cur = s.get_scale()
+        inc += cur > prev
+        dec += cur < prev
+        prev = cur
+        if i == 70:
+            mid = s.stats()
+            assert mid.steps == 71 and mid.skipped_steps == sum(seq[:71])
+    st = s.stats()
+    assert st.steps == n and st.skipped_steps == sum(seq)
+    assert st.overflow_rate == pytest.approx(sum(seq) / n)
+    assert (st.scale_increases, st.scale_decreases) == (inc, dec)
+    assert st.scale == s.get_scale()
+    assert st.last_overflow_step == max(i for i, f in enumerate(seq) if f)
+    assert st.as_dict()["steps"] == n
+    s2 = pickle.loads(pickle.dumps(s))
+    assert s2.stats() == st
+
+
+def test_stats_bounded_memory_and_disabled():
+    s = mixprec.GradScaler("cpu", init_scale=1.0, growth_interval=2)
+    n = FOLD_EVERY * 3 + 1
+    for _ in range(n):
+        _drive_one(s)
+        assert len(s._mp_stats._pending_scale) < FOLD_EVERY
+    assert s.stats().scale_increases == n // 2
+    d = mixprec.GradScaler("cpu", enabled=False)
+    assert d.stats().steps == 0 and d.stats().scale == 1.0 and not d.step_was_skipped
+    fresh = mixprec.GradScaler("cpu")
+    assert fresh.stats().last_overflow_step is None and fresh.stats().overflow_rate == 0.0
+
+
+def _drive_one(s):
+    p = torch.nn.Parameter(torch.zeros(1))
+    s.scale(torch.ones(()))
+    p.grad = torch.ones(1)
+    s.step(torch.optim.SGD([p], lr=0.0))
+    s.update()
