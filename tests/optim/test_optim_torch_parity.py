@@ -5,7 +5,6 @@ flat-buffer mode loading into the plain optimizer."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
@@ -14,8 +13,8 @@ from torch import nn
 
 import mixprec
 import mixprec.optim
+from _helpers import DATA
 
-DATA = Path(__file__).resolve().parent / "data"
 
 
 def _stepped(cls: Any, **kwargs: Any) -> torch.optim.Optimizer:
