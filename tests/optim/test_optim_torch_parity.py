@@ -16,7 +16,6 @@ import mixprec.optim
 from _helpers import DATA
 
 
-
 def _stepped(cls: Any, **kwargs: Any) -> torch.optim.Optimizer:
     torch.manual_seed(0)
     p = nn.Parameter(torch.randn(8, 4))
