@@ -46,6 +46,8 @@ NEEDS_MORE = {
 }
 #: Imports the runner tries after the blocks: blocked (not required by torch).
 PROBES = ("numpy", "tqdm", "lightning")
+#: What ``import mixprec`` (and ``mixprec.integrations``) must not even try to import.
+FRAMEWORKS = ("lightning", "pytorch_lightning", "accelerate", "transformers")
 
 
 def _dist_top_levels(dist: metadata.Distribution) -> Set[str]:
@@ -111,12 +113,15 @@ class Blocker(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         top = fullname.split(".")[0]
         if top not in allowed and not top.startswith("_sysconfigdata"):
+            attempted.add(top)
             return None  # as if not installed: "No module named ...", find_spec is None
         return importlib.machinery.PathFinder.find_spec(fullname, path, target)
 
 sys.meta_path[:] = [Blocker() if f is importlib.machinery.PathFinder else f
                     for f in sys.meta_path]
+attempted = set()
 sys.path[:0] = PATHS
+import mixprec.integrations  # (besides what the blocks import)
 results, ns = [], {"__name__": "readme"}
 for k, code in enumerate(BLOCKS):
     out = io.StringIO()
@@ -126,6 +131,7 @@ for k, code in enumerate(BLOCKS):
         results.append({"ok": True})
     except BaseException:
         results.append({"ok": False, "error": traceback.format_exc()})
+tried = sorted(attempted)
 probes = {}
 for name in PROBES:
     try:
@@ -139,7 +145,7 @@ foreign = sorted({n.split(".")[0] for n, m in list(sys.modules.items())
                   if n.split(".")[0] not in allowed and getattr(m, "__file__", None)
                   and not str(m.__file__).startswith(std)})
 print("@@RESULT@@" + json.dumps({"blocks": results, "foreign": foreign,
-                                   "probes": probes}))
+                                   "probes": probes, "tried": tried}))
 '''
 
 
@@ -195,3 +201,11 @@ library and the allowed packages is left in ``sys.modules`` after the blocks."""
         assert name not in allowed_modules()
         assert report["probes"][name] == f"No module named '{name}'"  # type: ignore[index]
     assert report["foreign"] == []
+
+
+def test_mixprec_does_not_try_to_import_a_framework() -> None:
+    """The frameworks stay optional: ``import mixprec``, ``mixprec.integrations`` and the
+    README's blocks try no framework import (not even one guarded by try/except: the
+    runner's finder records every name it refused)."""
+    tried = run_blocks()["tried"]  # type: ignore[index]
+    assert [m for m in FRAMEWORKS if m in tried] == [], tried
