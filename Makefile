@@ -34,10 +34,10 @@ help:
 	@echo "PYTHON=...    use that interpreter (with torch) instead of .venv"
 
 # --- environment -----------------------------------------------------------------------
-$(VENV)/.mixprec-env: requirements-dev.txt
+$(VENV)/.mixprec-env: requirements-dev.txt requirements-frameworks.txt
 	@test -x $(VENV)/bin/python || python3 -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(VENV)/bin/python -m pip install --quiet -r requirements-dev.txt
+	$(VENV)/bin/python -m pip install --quiet -r requirements-dev.txt -r requirements-frameworks.txt
 	@touch $@
 
 python-env:
@@ -46,6 +46,9 @@ python-env:
 	@$(PY) -c "import pytest, hypothesis, numpy" 2>/dev/null || \
 	  $(PY) -m pip install --quiet -r requirements-dev.txt || \
 	  echo "warning: could not install requirements-dev.txt into $(PY)"
+	@$(PY) -c "import transformers, accelerate, lightning" 2>/dev/null || \
+	  $(PY) -m pip install --quiet -r requirements-frameworks.txt || \
+	  echo "warning: could not install requirements-frameworks.txt into $(PY) (tests/frameworks/ will skip)"
 
 env: $(ENV_TARGET)
 
@@ -82,9 +85,11 @@ demo: build
 test-python: build
 	env $${MIXPREC_FORCE_CUDA:+MIXPREC_EXPECT_CUDA_KERNELS=1} $(PY) -m pytest tests $(PYTEST_ARGS)
 
+# tests/frameworks/ (HF Trainer, Lightning, Accelerate: Python glue over the same kernels)
+# runs once, in test-python.
 test-python-cpu-only: build-cpu-only
 	MIXPREC_EXPECT_CUDA_KERNELS=0 PYTHONPATH=$(ROOT)/$(CPU_ONLY_DIR)/pkg \
-	  $(PY) -m pytest tests $(PYTEST_ARGS)
+	  $(PY) -m pytest tests --ignore=tests/frameworks $(PYTEST_ARGS)
 
 # The CPU kernels are picked by the CPU: mixprec's per ISA (MIXPREC_CPU_CAPABILITY caps
 # them) and torch's, which the references and torch.optim run on (ATEN_CPU_CAPABILITY).
