@@ -289,3 +289,18 @@ def load_module(name: str, path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def runnable_blocks(text: str) -> List[str]:
+    """The code of the fenced blocks marked ``<!-- runnable -->`` on the line before."""
+    lines, blocks, i = text.splitlines(), [], 0
+    while i < len(lines):
+        if lines[i].strip() == "<!-- runnable -->" and i + 1 < len(lines) and \
+                lines[i + 1].startswith("```python"):
+            j = i + 2
+            while not lines[j].startswith("```"):
+                j += 1
+            blocks.append("\n".join(lines[i + 2:j]))
+            i = j
+        i += 1
+    return blocks

@@ -1,6 +1,6 @@
 """The README's runnable code blocks need nothing but torch and mixprec.
 
-``tests/test_docs.py`` runs them in the test process, where pytest, numpy, tqdm and the
+``tests/project/test_docs.py`` runs them in the test process, where pytest, numpy, tqdm and the
 frameworks are importable: a block that needs one of those still passes there. Here they
 run in a subprocess started with ``python -S`` (no ``site``: no site-packages on
 ``sys.path``, no ``.pth`` files run) whose ``sys.path`` is the standard library, the
@@ -28,22 +28,19 @@ import sys
 from functools import cache
 from importlib import metadata
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Tuple
 
 import pytest
 import torch
 
 import mixprec
-from test_docs import runnable_blocks
+from _helpers import REPO, runnable_blocks
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 BLOCKS = runnable_blocks((ROOT / "README.md").read_text())
 #: A block that needs more than torch and mixprec today, and why: xfail(strict=True),
 #: so the day it passes the marker must go.
-NEEDS_MORE = {
-    "MixedPrecisionTrainer(": ("tqdm", "the trainer's progress bar imports tqdm "
-                               "(train/trainer.py); another change makes tqdm optional"),
-}
+NEEDS_MORE: Dict[str, Tuple[str, str]] = {}
 #: Imports the runner tries after the blocks: blocked (not required by torch).
 PROBES = ("numpy", "tqdm", "lightning")
 #: What ``import mixprec`` (and ``mixprec.integrations``) must not even try to import.

@@ -29,7 +29,7 @@ from typing import Dict, List
 import pytest
 import torch
 
-from _helpers import REPO
+from _helpers import REPO, runnable_blocks
 
 ROOT = REPO
 DOCS = ["README.md", "ARCHITECTURE.md", "CONTRIBUTING.md", "CHANGELOG.md",
@@ -119,21 +119,6 @@ def _unresolved(dotted: str) -> str:
         except ImportError:
             return f"{'.'.join(parts[:k])} has no {parts[k]}"
     return ""
-
-
-def runnable_blocks(text: str) -> List[str]:
-    """The code of the fenced blocks marked ``<!-- runnable -->`` on the line before."""
-    lines, blocks, i = text.splitlines(), [], 0
-    while i < len(lines):
-        if lines[i].strip() == "<!-- runnable -->" and i + 1 < len(lines) and \
-                lines[i + 1].startswith("```python"):
-            j = i + 2
-            while not lines[j].startswith("```"):
-                j += 1
-            blocks.append("\n".join(lines[i + 2:j]))
-            i = j
-        i += 1
-    return blocks
 
 
 @pytest.mark.parametrize("doc", DOCS)
