@@ -123,12 +123,15 @@ def collect_grads(
         # dense plain tensors (no subclass: a DTensor is one) on one device, allowed, is
         # taken whole; anything else goes through the per-param loop below (which
         # raises the errors).
-        grads = [g for g in map(_GRAD, params) if g is not None]
-        if not grads:
+        try:
+            grads = [g for g in map(_GRAD, params) if g is not None]
+        except AttributeError:  # not a tensor among the params: the loop raises
+            grads = None
+        if grads == []:
             continue
-        kinds = set(map(_KIND, grads))  # (class, dtype, device, is_sparse)
+        kinds = set(map(_KIND, grads)) if grads else set()  # (class, dtype, device, sparse)
         devices = {device for _, _, device, _ in kinds}
-        if (len(devices) == 1
+        if (grads and len(devices) == 1
                 and all(cls is Tensor and not sparse for cls, _, _, sparse in kinds)
                 and (allow_fp16 or all(dtype != torch.float16 for _, dtype, _, _ in kinds))):
             device = devices.pop()

@@ -277,8 +277,11 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def _check_param(self, index: int, k: int, p: Tensor, sharded: bool) -> None:
         """The checks of ``param_groups[index]['params'][k]`` before its state is created
-        (and, for DTensor groups, every step): its dtype, a dense grad, a DTensor's layout.
-        (Afterwards the op checks what it is given before it writes anything.)"""
+        (and, for DTensor groups, every step): a dense grad, its dtype, a DTensor's layout.
+        (Afterwards the op checks what it is given, sparse grads included, before it
+        writes anything.)"""
+        if p.grad is not None and p.grad.is_sparse:
+            self._sparse_grad(index, k)
         if sharded:
             _check_sharded(type(self).__name__, index, k, p)
         if p.dtype not in _SUPPORTED:
@@ -317,12 +320,11 @@ class FusedOptimizer(torch.optim.Optimizer):
             g = p.grad
             if g is None:
                 continue
-            if g.is_sparse:
-                self._sparse_grad(index, k)
             state = states[p]
-            master = state.get("master_param") if masters_on else None
+            keeps = masters_on and p.dtype in _LOW_PRECISION  # (self.keeps_master, inline)
+            master = state.get("master_param") if keeps else None
             try:
-                if sharded or (master is None and masters_on and p.dtype in _LOW_PRECISION):
+                if sharded or (keeps and master is None):
                     raise KeyError("master_param")  # (checked, then completed, below)
                 row = take(state)
             except KeyError:
@@ -330,8 +332,6 @@ class FusedOptimizer(torch.optim.Optimizer):
                 state = self._init_state(p, group)
                 master = state.get("master_param") if self.keeps_master(p, group) else None
                 row = take(state)
-            if master is not None and p.dtype not in _LOW_PRECISION:
-                master = None  # (a param turned float32 since: no master)
             key = (p.device, master is not None)
             b = buckets.get(key)
             if b is None:
