@@ -130,3 +130,41 @@ def test_a_skipped_step_is_invisible_to_accelerate_today() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert acc.optimizer_step_was_skipped is False  # ... and Accelerate does not know
     assert sched.scheduler.last_epoch == 1  # the LR schedule advanced
+
+
+def test_lr_by_steps_taken_keeps_the_schedule_of_the_steps_taken() -> None:
+    """The fix for the gap above, without a sync: with ``lr_by_steps_taken`` the lr the
+    kernels use follows the steps taken, so an Accelerate loop (scheduler stepped after
+    every step, a skipped one included) equals a hand-written loop that steps the
+    scheduler only after a taken step (which needs one sync per step to know)."""
+    xs = data()
+
+    def run(accelerated: bool) -> List[torch.Tensor]:
+        fresh_state()
+        model = net(False)
+        optimizer = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+        sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+        scaler = mixprec.GradScaler("cpu")
+        if accelerated:
+            optimizer.lr_by_steps_taken(sched, STEPS)
+            acc = accelerate.Accelerator(cpu=True)
+            acc.scaler = scaler
+            model, optimizer, sched = acc.prepare(model, optimizer, sched)
+        for k, x in enumerate(xs):
+            loss = loss_of(model, x) * (float("inf") if k == 1 else 1.0)
+            if accelerated:
+                acc.backward(loss)
+                optimizer.step()
+                sched.step()  # Accelerate's: advances over the skipped step
+                assert acc.optimizer_step_was_skipped is False
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                if not scaler.step_was_skipped:  # one host sync
+                    sched.step()
+            optimizer.zero_grad()
+        return [p.detach().clone() for p in model.parameters()]
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)

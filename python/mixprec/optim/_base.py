@@ -47,6 +47,18 @@ def _on(t: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
     return t if t is None or t.device == device else t.to(device, non_blocking=True)
 
 
+def _lr_at(table: Dict[Optional[torch.device], Tensor], step: Tensor,
+           device: torch.device) -> Tensor:
+    """``table``'s lr after ``step`` steps taken (the last one past its end), as a 0-dim
+    float64 tensor on ``device``: a gather on the device, no sync. ``table`` holds the
+    host copy under ``None`` and the copy on each device used (state, made once)."""
+    values = table.get(device)
+    if values is None:
+        values = table[device] = table[None].to(device)
+    index = step.detach().to(torch.long).clamp(0, values.numel() - 1).reshape(1)
+    return values.index_select(0, index).reshape(())
+
+
 def _check_sharded(cls: str, index: int, k: int, p: Tensor) -> None:
     """A param of a group with DTensors (FSDP2): a DTensor whose grad is a DTensor laid out
     as the param (so that the local shards match element for element)."""
@@ -101,6 +113,9 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Any, defaults: Dict[str, Any]) -> None:
         self._lr_cache: Dict[Tuple[int, torch.device], Tuple[float, Tensor]] = {}
+        #: per param group index: the lr after k steps taken, k = 0.. (float64, on the
+        #: group's devices once used): see :meth:`lr_by_steps_taken`
+        self._lr_tables: Dict[int, Dict[Optional[torch.device], Tensor]] = {}
         super().__init__(params, defaults)
 
     # -- what subclasses declare and implement ------------------------------------
@@ -143,6 +158,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         super().__setstate__(state)
         if not hasattr(self, "_lr_cache"):
             self._lr_cache = {}
+        if not hasattr(self, "_lr_tables"):
+            self._lr_tables = {}
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 if key != "params":
@@ -173,6 +190,64 @@ class FusedOptimizer(torch.optim.Optimizer):
                 else:
                     out.append(p)
         return out
+
+    def lr_by_steps_taken(self, scheduler: Any, num_steps: int) -> None:
+        """Make each step's lr the one ``scheduler`` gives after as many steps as this
+        optimizer has **taken**, so that steps skipped on the device (an inf/NaN under a
+        GradScaler) do not advance the schedule -- without a host sync.
+
+        A skipped step is invisible on the host (no sync tells anyone), so frameworks
+        that step their LR scheduler after every optimizer step (the HF Trainer,
+        Accelerate, Lightning with torch's fused optimizers) advance it over skipped
+        steps too. With this, the lr a kernel uses is read on the device from a table of
+        ``scheduler``'s values, indexed by the step count the kernels keep (the first
+        param with a grad of the group, on each device), which a skipped step does not
+        advance. The scheduler itself is left as it was; it may go on being stepped (and
+        logged: its ``get_last_lr()`` then counts calls, not steps taken) -- ``group["lr"]``
+        no longer reaches the kernels.
+
+        Call before the first step, with the scheduler as constructed (its
+        ``last_epoch`` 0) and the optimizer's groups as they will train. The table is
+        computed now by stepping ``scheduler`` ``num_steps`` times and restoring it
+        (``state_dict``/``load_state_dict``; warnings of those calls are silenced);
+        past ``num_steps`` taken steps the last value stays. Not in the optimizer's
+        ``state_dict``: call again after building a fresh optimizer; loading a state
+        dict keeps it, and the loaded step counts index it. ``ReduceLROnPlateau``
+        (which needs metrics) is refused.
+
+        Args:
+            scheduler: a ``torch.optim.lr_scheduler.LRScheduler`` of this optimizer.
+            num_steps: how many taken steps to tabulate (e.g. the run's total).
+        """
+        import warnings
+
+        name = f"mixprec.optim.{type(self).__name__}.lr_by_steps_taken"
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            raise TypeError(f"{name}: ReduceLROnPlateau depends on metrics, not on the "
+                            "step count; it cannot be tabulated")
+        if getattr(scheduler, "optimizer", None) is not self:
+            raise ValueError(f"{name}: scheduler must be a scheduler of this optimizer")
+        if not isinstance(num_steps, int) or num_steps < 1:
+            raise ValueError(f"{name}: num_steps must be a positive int, got {num_steps!r}")
+        if getattr(scheduler, "last_epoch", 0) != 0 or any(
+                "step" in st for st in self.state.values() if isinstance(st, dict)):
+            raise RuntimeError(f"{name}: call it before the first step (the scheduler's "
+                               "last_epoch and the optimizer's step counts must be 0)")
+        saved = scheduler.state_dict()
+        lrs = [g["lr"] for g in self.param_groups]
+        rows: List[List[float]] = []
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for _ in range(num_steps):
+                    rows.append([float(g["lr"]) for g in self.param_groups])
+                    scheduler.step()
+        finally:
+            scheduler.load_state_dict(saved)
+            for g, lr in zip(self.param_groups, lrs):
+                g["lr"] = lr
+        self._lr_tables = {i: {None: torch.tensor([r[i] for r in rows], dtype=torch.float64)}
+                           for i in range(len(self.param_groups))}
 
     @torch.no_grad()
     def step(  # type: ignore[override]
@@ -367,7 +442,10 @@ class FusedOptimizer(torch.optim.Optimizer):
             if scalars is None:
                 scalars = on_device[device] = StepScalars(
                     _on(grad_scale, device), _on(found_inf, device), _on(clip_coef, device))
-            self._run(bucket, group, self._lr_tensor(index, group, device), scalars, seed)
+            table = self._lr_tables.get(index)
+            lr = self._lr_tensor(index, group, device) if table is None else \
+                _lr_at(table, bucket["state_steps"][0], device)
+            self._run(bucket, group, lr, scalars, seed)
 
     #: Group options a loaded state dict does not change (the 8-bit mixin's
     #: ``state_bits``: the layout is this optimizer's choice, the values are converted).
