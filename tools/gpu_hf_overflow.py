@@ -3,7 +3,8 @@
 A tiny GPT-2 (transformers) trained by ``transformers.Trainer(fp16=True)`` for ``--steps``
 steps, linear schedule without warm-up, an inf planted in one grad at the steps of
 ``--overflow`` (1-based), once with ``torch.optim.AdamW`` (torch's default implementation)
-and once with ``mixprec.optim.AdamW``; the same model, data and schedule. After every step it
+once with ``mixprec.optim.AdamW`` and once with ``mixprec.optim.AdamW`` given
+``lr_by_steps_taken(scheduler, steps)``; the same model, data and schedule. After every step it
 records the scheduler's lr (what the next step will use), the number of optimizer steps
 actually taken (torch: the state's ``step``; mixprec: its device step count) and whether
 Accelerate reported the step as skipped. Prints one table, side by side.
@@ -48,6 +49,8 @@ def run(kind: str, steps: int, overflow: List[int], device: str) -> List[Dict[st
     else:
         opt = mixprec.optim.AdamW(model.parameters(), lr=lr)
     sched = get_linear_schedule_with_warmup(opt, 0, steps)
+    if kind == "mixprec+table":
+        opt.lr_by_steps_taken(sched, steps)  # type: ignore[attr-defined]
     state = {"step": 0}
     records: List[Dict[str, Any]] = []
     target = model.lm_head.weight  # tied to the embedding: always has a grad
@@ -66,7 +69,11 @@ def run(kind: str, steps: int, overflow: List[int], device: str) -> List[Dict[st
             p = next(iter(opt.state))
             taken = int(opt.state[p]["step"])  # a sync: fine in a check
             acc = kw.get("accelerator") or trainer.accelerator
-            records.append({"step": st.global_step, "lr_next": sched.get_last_lr()[0],
+            # the lr the next step applies: the scheduler's, or with the table the
+            # schedule's value at the steps taken (linear, no warm-up)
+            lr_next = (lr * max(0.0, (steps - taken) / steps) if kind == "mixprec+table"
+                       else sched.get_last_lr()[0])
+            records.append({"step": st.global_step, "lr_next": lr_next,
                             "taken": taken,
                             "skipped_seen": bool(acc.optimizer_step_was_skipped)})
 
@@ -90,18 +97,19 @@ def main(argv: List[str] | None = None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("gpu_hf_overflow: needs a GPU (see the docstring)")
         return 2
-    runs = {k: run(k, a.steps, overflow, a.device) for k in ("torch", "mixprec")}
+    kinds = ("torch", "mixprec", "mixprec+table")
+    runs = {k: run(k, a.steps, overflow, a.device) for k in kinds}
     print(f"HF Trainer fp16=True, linear schedule over {a.steps} steps from lr 1e-3, "
           f"inf planted at steps {overflow}")
-    print(f"{'step':>4} | {'torch AdamW: lr next':>20} {'taken':>5} {'skip seen':>9} | "
-          f"{'mixprec AdamW: lr next':>22} {'taken':>5} {'skip seen':>9}")
-    for t, m in zip(runs["torch"], runs["mixprec"]):
-        print(f"{t['step']:>4} | {t['lr_next']:>20.6g} {t['taken']:>5} "
-              f"{str(t['skipped_seen']):>9} | "
-              f"{m['lr_next']:>22.6g} {m['taken']:>5} {str(m['skipped_seen']):>9}")
-    same = all(abs(t["lr_next"] - m["lr_next"]) < 1e-12 and t["taken"] == m["taken"]
-               for t, m in zip(runs["torch"], runs["mixprec"]))
-    print("schedules", "AGREE" if same else "DIFFER")
+    print(f"{'step':>4} | " + " | ".join(f"{k + ': lr next':>22} {'taken':>5} {'skip seen':>9}"
+                                        for k in kinds))
+    for rows in zip(*(runs[k] for k in kinds)):
+        print(f"{rows[0]['step']:>4} | " + " | ".join(
+            f"{r['lr_next']:>22.6g} {r['taken']:>5} {str(r['skipped_seen']):>9}" for r in rows))
+    for k in kinds[1:]:
+        same = all(abs(t["lr_next"] - m["lr_next"]) < 1e-12 and t["taken"] == m["taken"]
+                   for t, m in zip(runs["torch"], runs[k]))
+        print(f"{k} vs torch: schedules {'AGREE' if same else 'DIFFER'}")
     return 0
 
 
