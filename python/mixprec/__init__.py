@@ -10,25 +10,25 @@ The subpackages follow the layers of ARCHITECTURE.md:
 * :mod:`mixprec.diagnostics`: numerical health checks.
 
 Every public name is importable from ``mixprec`` itself. Importing this package
-loads the compiled kernels; see :mod:`mixprec.ops._extension` for what happens
+loads the compiled kernels; see :mod:`mixprec._extension` for what happens
 when they are missing.
 """
 
 from __future__ import annotations
 
-from . import amp, cuda, diagnostics, ops, optim, train
+from . import amp, diagnostics, ops, optim, train
 from . import capture as capture  # one CUDA graph per step; see __all__ below
 from ._cmake import cmake_prefix_path
-from ._version import __version__
-from .amp import *  # noqa: F403  (every name of amp.__all__)
-from .capture import capture_step as capture_step
-from .diagnostics import HealthReport, check_fp16_safe, compare_precisions, health_report
-from .ops._extension import (
+from ._extension import (
     MixprecExtensionWarning,
     build_info,
     has_cuda_kernels,
     has_extension,
 )
+from ._version import __version__
+from .amp import *  # noqa: F403  (every name of amp.__all__)
+from .capture import capture_step as capture_step
+from .diagnostics import HealthReport, check_fp16_safe, compare_precisions, health_report
 from .train import *  # noqa: F403  (every name of train.__all__)
 
 # mixprec.capture and capture_step are not in __all__ yet: tests/test_public_api.py lists
@@ -45,7 +45,6 @@ __all__ = [
     "optim",
     "train",
     "diagnostics",
-    "cuda",
     *amp.__all__,
     *train.__all__,
     "check_fp16_safe",

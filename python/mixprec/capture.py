@@ -63,7 +63,6 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import torch
 from torch import Tensor
-from torch.amp.grad_scaler import OptState
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -163,7 +162,7 @@ class SyncDetector(TorchDispatchMode):
     @staticmethod
     def why(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], out: Any) -> Optional[str]:
         """Why the call ``func(*args, **kwargs) -> out`` syncs, or None."""
-        name = func._overloadpacket._qualified_op_name
+        name = func.name().split(".")[0]  # "aten::add.Tensor" -> "aten::add"
         if name in SYNC_OPS:
             return "reads a device value on the host"
         if name in ("aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"):
@@ -707,9 +706,9 @@ class CapturedStep:
         if problem is not None:
             return out, problem
         sc = self.scaler
-        if sc is not None and getattr(sc, "_enabled", False) and sc._scale is not None \
+        if sc is not None and sc.scale_tensor() is not None \
                 and not isinstance(sc._mp_stats, _DeviceStats):
-            sc._mp_stats = _DeviceStats(sc._mp_stats, sc._scale)
+            sc._mp_stats = _DeviceStats(sc._mp_stats, sc.scale_tensor())
         self._slots = _collect_slots(self.optimizers, self.scaler, self.modules)
         self._fingerprint = _host_fingerprint(self.optimizers, self.scaler, self.modules)
         return out, None
@@ -752,8 +751,7 @@ class CapturedStep:
                     f"change: {_describe_change(host, now_host)}")
         sc = self.scaler
         if sc is not None and getattr(sc, "_enabled", False):
-            if any(st["stage"] is not OptState.READY or st["found_inf_per_device"]
-                   for st in sc._per_optimizer_states.values()):
+            if sc.iteration_open():
                 return ("mixprec.capture: the step leaves the scaler's iteration open; end "
                         "the step body with scaler.update()")
             if sc._mp_last is None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .ops import _extension
-from .ops._extension import build_info
+from . import _extension
+from ._extension import build_info
 
 TOOLCHAIN_KEYS = ("cxx_compiler", "cxx_compiler_version", "nvcc_version")
 

@@ -11,8 +11,8 @@ import torch
 from torch.amp import GradScaler as EarlyImportedGradScaler
 
 import mixprec
-import mixprec.cuda.amp
 from _helpers import HAS_CUDA, INF, REPO, two_layer
+from mixprec.amp._legacy import CudaGradScaler
 
 
 @pytest.fixture(autouse=True)
@@ -94,7 +94,7 @@ def test_cuda_and_cpu_amp_classes():
             s = torch.cuda.amp.GradScaler(16.0, 4.0, 0.25, 7)
         msgs = [str(x.message) for x in w]
         assert any("torch.cuda.amp.GradScaler(args...)` is deprecated" in m for m in msgs)
-        assert type(s) is mixprec.cuda.amp.GradScaler
+        assert type(s) is CudaGradScaler
         assert isinstance(s, torch.cuda.amp.GradScaler) and isinstance(s, mixprec.GradScaler)
         assert s._device == "cuda"
         assert s.is_enabled() == HAS_CUDA
@@ -109,11 +109,11 @@ def test_cuda_and_cpu_amp_classes():
         assert type(torch.cuda.amp.GradScaler(enabled=False)) is torch.cuda.amp.GradScaler
 
 
-def test_mixprec_cuda_amp_positional_order():
-    with pytest.warns(FutureWarning):
-        s = mixprec.cuda.amp.GradScaler(8.0, 3.0, 0.25, 11, False, policy="megatron")
+def test_torch_cuda_amp_positional_order():
+    with mixprec.patch_torch(), pytest.warns(FutureWarning):
+        s = torch.cuda.amp.GradScaler(8.0, 3.0, 0.25, 11, False, policy="megatron")
     assert not s.is_enabled() and s.policy == "megatron"
-    assert list(inspect.signature(mixprec.cuda.amp.GradScaler.__init__).parameters)[1:6] == [
+    assert list(inspect.signature(CudaGradScaler.__init__).parameters)[1:6] == [
         "init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled"]
 
 

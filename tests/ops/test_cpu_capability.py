@@ -49,7 +49,7 @@ def test_cpu_kernels_run_on_torchs_threads() -> None:
         pytest.skip("needs the compiled extension")
     import torch
 
-    from mixprec.ops._extension import EXT as _C
+    from mixprec._extension import EXT as _C
 
     config = (Path(torch.__file__).parent / "include" / "ATen" / "Config.h").read_text()
     clang = "clang" in str(getattr(_C, "cxx_compiler_version", "")).lower()

@@ -31,7 +31,7 @@ def _python_args(fn: Any) -> List[Tuple[str, Any]]:
 
 
 def _op_names() -> List[str]:
-    from mixprec.ops._extension import EXT as _C
+    from mixprec._extension import EXT as _C
 
     return list(_C.op_names) if _C is not None else []
 

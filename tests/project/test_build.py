@@ -169,7 +169,7 @@ def test_elf_reader_agrees_with_binutils(tmp_path):
     src = tmp_path / "probe.cpp"
     src.write_text(_toolchain._PROBE_SOURCE)
     subprocess.run([_system_cxx(), "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
-    for path in (so, Path(mixprec.ops._extension.EXT.__file__)):
+    for path in (so, Path(mixprec._extension.EXT.__file__)):
         info = _toolchain.read_elf_dynamic(path)
         dynamic = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True,
                                  check=True).stdout
@@ -188,7 +188,7 @@ def test_the_loaded_extension_uses_the_shared_libstdcxx():
     """What the GPU run's _C got wrong: it carried std::ostream::_M_insert<long> itself."""
     from mixprec import _toolchain
 
-    assert _toolchain.inspect_shared_object(mixprec.ops._extension.EXT.__file__) is None
+    assert _toolchain.inspect_shared_object(mixprec._extension.EXT.__file__) is None
 
 
 def _setup_py_copy(tmp_path: Path) -> Path:

@@ -32,7 +32,6 @@ TOP_ONLY = {
     "optim",
     "train",
     "diagnostics",
-    "cuda",
 }
 
 # subpackage -> its __all__
@@ -71,9 +70,6 @@ SUBPACKAGES = {
         "ParamHealth",
         "compare_precisions",
     },
-    # torch.cuda.amp's names: its GradScaler is a deprecated subclass of mixprec.GradScaler
-    "mixprec.cuda": {"amp"},
-    "mixprec.cuda.amp": {"GradScaler"},
 }
 LAYERS = ("mixprec.ops", "mixprec.amp", "mixprec.optim", "mixprec.train", "mixprec.diagnostics")
 # what mixprec re-exports from its layers: all of amp and train, most of diagnostics
@@ -112,4 +108,4 @@ def test_scaler_is_still_a_torch_grad_scaler() -> None:
     import torch
 
     assert issubclass(mixprec.GradScaler, torch.amp.GradScaler)
-    assert issubclass(mixprec.cuda.amp.GradScaler, mixprec.GradScaler)
+    assert not hasattr(mixprec, "cuda")  # the torch.cuda.amp shim lives in amp/_legacy.py

@@ -1,9 +1,9 @@
-"""The constructor shared by the per-device scaler classes.
+"""The per-device scaler classes ``mixprec.patch_torch()`` puts behind
+``torch.cuda.amp.GradScaler`` and ``torch.cpu.amp.GradScaler``.
 
-``mixprec.cuda.amp.GradScaler`` and the class ``mixprec.patch_torch()`` puts
-behind ``torch.cpu.amp.GradScaler`` both take torch's per-device argument
-order (no ``device``) and warn torch's deprecation message; they differ only
-in the device, a class attribute here.
+Both take torch's per-device argument order (no ``device``) and warn torch's
+deprecation message; they differ only in the device, a class attribute. Each
+subclasses torch's class too, so ``isinstance`` checks against it hold.
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ from __future__ import annotations
 import warnings
 from typing import Any, ClassVar
 
+import torch
+
 from .grad_scaler import GradScaler
 
-__all__ = ["DeviceScaler"]
+__all__ = ["DeviceScaler", "CudaGradScaler", "CpuGradScaler"]
 
 
 class DeviceScaler(GradScaler):
@@ -50,3 +52,18 @@ class DeviceScaler(GradScaler):
             enabled=enabled,
             **extras,
         )
+
+
+class CudaGradScaler(DeviceScaler, torch.cuda.amp.GradScaler):
+    """``torch.cuda.amp.GradScaler(init_scale, growth_factor, backoff_factor,
+    growth_interval, enabled)`` backed by :class:`mixprec.GradScaler`. Warns
+    ``FutureWarning`` (torch's deprecation message) and, without CUDA, ``UserWarning``
+    and disables itself, as torch's class does."""
+
+    _device = "cuda"
+
+
+class CpuGradScaler(DeviceScaler, torch.cpu.amp.GradScaler):
+    """mixprec's scaler with ``torch.cpu.amp.GradScaler``'s argument order."""
+
+    _device = "cpu"

@@ -32,23 +32,16 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..cuda.amp import GradScaler as _CudaGradScaler
-from ._legacy import DeviceScaler
+from ._legacy import CpuGradScaler, CudaGradScaler
 from .grad_scaler import GradScaler
 
 __all__ = ["patch_torch", "unpatch_torch", "is_torch_patched"]
 
-class _CpuGradScaler(DeviceScaler, torch.cpu.amp.GradScaler):
-    """mixprec's scaler with ``torch.cpu.amp.GradScaler``'s argument order."""
-
-    _device = "cpu"
-
-
 def _targets() -> list[tuple[type, type]]:
     return [
         (torch.amp.GradScaler, GradScaler),
-        (torch.cuda.amp.GradScaler, _CudaGradScaler),
-        (torch.cpu.amp.GradScaler, _CpuGradScaler),
+        (torch.cuda.amp.GradScaler, CudaGradScaler),
+        (torch.cpu.amp.GradScaler, CpuGradScaler),
     ]
 
 

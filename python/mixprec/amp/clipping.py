@@ -77,7 +77,7 @@ def _op_available(name: str) -> bool:
     """Whether ``mixprec.ops.<name>`` runs (compiled, or the reference without an extension)."""
     if not hasattr(ops, name):
         return False
-    from ..ops._extension import has_extension
+    from .._extension import has_extension
 
     return not has_extension() or hasattr(torch.ops.mixprec, name)
 

@@ -191,6 +191,12 @@ class GradScaler(torch.amp.GradScaler):
         (e.g. to log it later), do not write it; :meth:`update` changes it in place."""
         return self._scale if self._enabled else None
 
+    def iteration_open(self) -> bool:
+        """Whether an iteration is under way: some optimizer was unscaled, checked or
+        stepped since the last :meth:`update` (which closes it). No host sync."""
+        return any(st["stage"] is not OptState.READY or st["found_inf_per_device"]
+                   for st in self._per_optimizer_states.values())
+
     def fresh(self, init_scale: Optional[float] = None) -> GradScaler:
         """A new scaler with this one's settings and a fresh state.
 

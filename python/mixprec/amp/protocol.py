@@ -32,8 +32,6 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
-from ..ops._scalars import StepScalars
-
 __all__ = [
     "RECORD_KEY",
     "OptimizerRecord",
@@ -45,6 +43,27 @@ __all__ = [
     "step_with_attributes",
     "any_found",
 ]
+
+
+@dataclass(frozen=True)
+class StepScalars:
+    """The scalars a scaler hands one optimizer step, which the fused optimizer ops take as
+    their ``grad_scale``/``found_inf``/``clip_coef`` arguments (all optional, all left on
+    the device: no sync). The optimizers (:mod:`mixprec.optim`) import it from here, the
+    protocol they implement the other side of; C++ has its twin,
+    ``mixprec::optim::StepScalars``, with the same field names.
+
+    Attributes:
+        grad_scale: the loss scale the grads still carry (float32, one element), or
+            ``None`` when they are unscaled.
+        found_inf: 1.0 when a grad held inf/NaN: the step is skipped (a float32
+            one-element tensor; the int 0 where torch's attribute protocol passes one).
+        clip_coef: the folded clip's coefficient (float32, one element), or ``None``.
+    """
+
+    grad_scale: Optional[Tensor] = None
+    found_inf: Union[int, Tensor, None] = None
+    clip_coef: Optional[Tensor] = None
 
 #: Key of the :class:`OptimizerRecord` in a per-optimizer state dict.
 RECORD_KEY = "mixprec"

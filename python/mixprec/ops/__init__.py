@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
+from .._extension import MixprecExtensionWarning, has_cuda_kernels, has_extension
 from . import _dtensor_rules, _reference
-from ._extension import MixprecExtensionWarning, has_cuda_kernels, has_extension
 
 __all__ = [
     "unscale_and_check_",
@@ -82,7 +82,7 @@ if has_extension():
 
 
 def _fast_entry(name: str) -> Optional[Callable[..., Any]]:
-    from ._extension import EXT
+    from .._extension import EXT
 
     return getattr(EXT, "fast_" + name, None) if EXT is not None else None
 

@@ -34,8 +34,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from .. import _extension
 from . import __all__ as OP_NAMES
-from . import _extension
 
 NAMESPACE = "mixprec_cuda_emu"
 

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
-from ..ops._scalars import StepScalars
+from ..amp.protocol import StepScalars
 
 #: The scalars of a step given none (a plain ``opt.step()``): one shared value.
 _NO_SCALARS = StepScalars(None, None, None)

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import torch
 
-from .._version import __version__
+from ._version import __version__
 
 REBUILD_HINT = (
     "Rebuild mixprec against the installed torch: "
