@@ -30,7 +30,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo     bootstrap .venv (torch $(TORCH_VERSION)), build, run the demo"
 	@echo "make test     build (default + CPU-only) and run the Python and C++ suites"
-	@echo "make bench    run the benchmarks (see benchmarks/RESULTS.md)"
+	@echo "make bench    run the benchmarks (figures: benchmarks/README.md)"
 	@echo "PYTHON=...    use that interpreter (with torch) instead of .venv"
 
 # --- environment -----------------------------------------------------------------------

@@ -16,7 +16,7 @@ Parts (each runs even if an earlier one failed, except that nothing runs without
               every tensor is its own allocation and an access past its end is caught.
 4. bench      bench_unscale, bench_scaler, bench_optim on CUDA (each verifies its work and
               fails on impossible figures); output appended, with device, torch, commit,
-              date and command, to build/gpu-check/bench.log, ready for RESULTS.md.
+              date and command, to build/gpu-check/bench.log, ready for benchmarks/README.md.
               torchao and bitsandbytes are found in .gpu_peers/ (``make gpu-peers``) when
               that folder is there: it is put on every part's PYTHONPATH.
 5. cpp        libmixprec + tests/cpp with CMake (``make cpp-tests-build`` into
@@ -27,7 +27,7 @@ Parts (each runs even if an earlier one failed, except that nothing runs without
 Time budget on one H100 with 16 cores (hard limits; expected times from the H100 runs in
 parentheses). The parts no longer fit one 10-minute device call together: on 2026-11-25
 the build took 128 s and the suite alone 406 s; run them as separate calls (``--skip``)
-and the sanitizer by set (``--sanitizer-sets``), as benchmarks/RESULTS.md records:
+and the sanitizer by set (``--sanitizer-sets``), as the H100 runs of 2026-11-25 needed:
 
     build                        160 s  (58 s with 16 jobs, one arch, 2026-11-22; 128 s
                                         2026-11-25, with the emulation and 8-bit code)

@@ -185,7 +185,7 @@ def test_inf_grads_skip_the_step_and_leave_the_codes():
 
 def test_8bit_trains_like_32bit():
     """A small classification task, 3 seeds: the 8-bit final loss within the 32-bit seeds'
-    spread (the accuracy study on the digits and a tiny LM is in benchmarks/RESULTS.md)."""
+    spread (the accuracy study on the digits and a tiny LM is in benchmarks/README.md)."""
     finals = {8: [], 32: []}
     for seed in range(3):
         g = torch.Generator().manual_seed(100 + seed)

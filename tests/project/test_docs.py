@@ -2,8 +2,7 @@
 Markdown files exists, and the README's code blocks marked runnable run.
 
 What is checked, in backticked spans outside code blocks of README.md, ARCHITECTURE.md,
-CONTRIBUTING.md, CHANGELOG.md and docs/*.md (benchmarks/RESULTS.md is history and names
-what existed then):
+CONTRIBUTING.md, CHANGELOG.md, benchmarks/README.md and docs/*.md:
 
 * a path under a tracked top-level folder (``csrc/cpu/``, ``tests/project/test_docs.py``,
   ``csrc/common/*_math.h``): some tracked file matches it;
@@ -32,7 +31,7 @@ import torch
 from _helpers import REPO, runnable_blocks
 
 ROOT = REPO
-DOCS = ["README.md", "ARCHITECTURE.md", "CONTRIBUTING.md", "CHANGELOG.md",
+DOCS = ["README.md", "ARCHITECTURE.md", "CONTRIBUTING.md", "CHANGELOG.md", "benchmarks/README.md",
         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 SOURCE_EXT = (".py", ".md", ".h", ".cuh", ".cu", ".cpp", ".toml", ".cmake", ".in")
 _FENCE = re.compile(r"^(```|~~~)")
