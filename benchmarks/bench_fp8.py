@@ -16,7 +16,7 @@ Two modes:
   ``torch.optim.AdamW`` (``foreach=False``), fed the same gradients every step
   (teacher-forced: the gradients of the mixprec copy are copied to the torch copy), for
   ``--adamw-steps`` steps: the largest parameter difference in units of the float32
-  spacing of the weight (ulp), which must stay within ``ULP_BOUND``; and free-running
+  spacing (ulp) of |weight| + lr, which must stay within ``ULP_BOUND``; and free-running
   (each copy its own gradients), the final-loss difference.
   Check: every run trained (final loss < 0.7 x first loss) and the AdamW check holds;
   else exit status 1.
@@ -73,7 +73,7 @@ LR_LM = 3e-3
 WEIGHT_DECAY = 0.01
 TRAINED_RATIO = 0.7
 #: teacher-forced mixprec AdamW vs torch AdamW: largest |difference| in float32 ulps of
-#: the weight. Both compute the same float32 formula in a different order: each step
+#: |weight| + lr. Both compute the same float32 formula in a different order: each step
 #: rounds differently by about an ulp, and the differences add up over the steps.
 ULP_BOUND = 16.0
 
@@ -163,8 +163,8 @@ def adamw_check(data: LMData, recipe: str, steps: int) -> Tuple[float, float]:
         oa.step()
         ob.step()
         for p, q in zip(a.parameters(), b.parameters()):
-            ulp = torch.finfo(torch.float32).eps * p.detach().abs().clamp(
-                min=torch.finfo(torch.float32).tiny)
+            # an update of size lr rounds at its own scale: the ulp of |p| + lr
+            ulp = torch.finfo(torch.float32).eps * (p.detach().abs() + LR_LM)
             worst = max(worst, float(((p.detach() - q.detach()).abs() / ulp).max()))
     # free-running
     a, b, oa, ob = pair()

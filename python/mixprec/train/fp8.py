@@ -191,6 +191,10 @@ def _refuse_float8_all_gather(model: nn.Module) -> None:
                 "convert with enable_fsdp_float8_all_gather=False, as precision_level='fp8' does")
 
 
+#: the input dtypes a Float8 linear's wrapper casts to the compute dtype
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 class _Fp8Forward:
     """The forward installed on a Float8Linear: autocast off, floating inputs cast to
     ``dtype``. Holds the module, not a closure (``copy.deepcopy`` calls the copy)."""
@@ -203,8 +207,8 @@ class _Fp8Forward:
         self.device_type = device_type
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        args = cast_floating(args, self.dtype)
-        kwargs = cast_floating(kwargs, self.dtype)
+        args = cast_floating(args, self.dtype, only=_FLOATS)
+        kwargs = cast_floating(kwargs, self.dtype, only=_FLOATS)
         with torch.autocast(self.device_type, enabled=False):
             if self.prev is not None:
                 return self.prev(*args, **kwargs)
