@@ -262,8 +262,8 @@ def test_mixprec_optimizers_scaler_and_clipping_on_the_converted_model(name, rec
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_mixprec_adamw_equals_torch_adamw_on_the_converted_model(recipe):
     """Fed the same gradients (those of the mixprec copy), mixprec's AdamW and torch's
-    (foreach=False) keep the converted model's params within a few float32 ulps (of
-    |p| + lr: an update of size lr rounds at its own scale)."""
+    (foreach=False) keep the converted model's params within float32 rounding: one ulp
+    (of |p| + lr: an update of size lr rounds at its own scale) per step at most."""
     needs_torchao()
     from mixprec.train.fp8 import Fp8Handle
 
@@ -273,7 +273,8 @@ def test_mixprec_adamw_equals_torch_adamw_on_the_converted_model(recipe):
     oa = mixprec.optim.AdamW(a.parameters(), lr=1e-2, weight_decay=0.1)
     ob = torch.optim.AdamW(b.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
     worst = 0.0
-    for x, y in data(20):
+    steps = 20
+    for x, y in data(steps):
         oa.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = a(x)
@@ -285,7 +286,7 @@ def test_mixprec_adamw_equals_torch_adamw_on_the_converted_model(recipe):
         for p, q in zip(a.parameters(), b.parameters()):
             ulp = torch.finfo(torch.float32).eps * (p.detach().abs() + 1e-2)
             worst = max(worst, float(((p - q).abs() / ulp).max()))
-    assert worst <= 16, worst
+    assert worst <= steps, worst
     moved = max(float((p - q).abs().max()) for p, q in zip(a.parameters(), base.parameters()))
     assert moved > 1e-3  # it trained
 
