@@ -49,8 +49,12 @@ def libstdcxx_status() -> str | None:
 
 
 def full_info() -> dict[str, Any]:
-    """:func:`mixprec.build_info` plus the toolchain and the libstdc++ check."""
-    return {**build_info(), **toolchain_info(), "libstdcxx": libstdcxx_status()}
+    """:func:`mixprec.build_info` plus the toolchain, the libstdc++ check and whether the
+    FP8 level can run (``fp8``, ``fp8_torchao``, ``fp8_detail``: see
+    :func:`mixprec.train.fp8.fp8_info`)."""
+    from .train.fp8 import fp8_info
+
+    return {**build_info(), **toolchain_info(), "libstdcxx": libstdcxx_status(), **fp8_info()}
 
 
 def format_info() -> str:

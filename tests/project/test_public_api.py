@@ -62,6 +62,8 @@ SUBPACKAGES = {
         "MixedPrecisionManager",
         "MixedPrecisionTrainer",
         "StepMetrics",
+        "fp8_available",
+        "fp8_unavailable",
     },
     "mixprec.diagnostics": {
         "check_fp16_safe",

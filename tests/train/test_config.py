@@ -19,6 +19,7 @@ ISSUE_FIELDS = [
     "overflow_handling", "underflow_handling", "selective_layers", "logging_frequency",
     "master_weights", "optimizer_state_bits",  # (the 8-bit state issue's field)
     "max_grad_norm", "gradient_accumulation_steps",
+    "fp8_recipe", "fp8_keep_first_last", "fp8_fsdp_all_gather",  # (the FP8 issue's fields)
 ]
 
 
@@ -29,7 +30,8 @@ def test_exactly_the_issue_fields():
 def test_enums():
     assert {m.name for m in MixedPrecisionMode} == {
         "AUTOMATIC", "MANUAL", "SELECTIVE", "ADAPTIVE", "GRADIENT_SCALING"}
-    assert {m.name for m in PrecisionLevel} == {"FP16", "FP32", "BF16", "DYNAMIC", "MIXED"}
+    assert {m.name for m in PrecisionLevel} == {"FP16", "FP32", "BF16", "DYNAMIC", "MIXED",
+                                                "FP8"}
     assert mixprec.MixedPrecisionMode is MixedPrecisionMode
 
 
@@ -53,7 +55,7 @@ def test_presets(name, scale, window):
 
 @pytest.mark.parametrize("kwargs,exc,match", [
     ({"mode": "turbo"}, ValueError, "mode: expected one of"),
-    ({"precision_level": "fp8"}, ValueError, "precision_level"),
+    ({"precision_level": "fp4"}, ValueError, "precision_level"),
     ({"nan_handling": "explode"}, ValueError, "nan_handling"),
     ({"enabled": 1}, TypeError, "enabled: expected a bool"),
     ({"loss_scaling": "yes"}, TypeError, "loss_scaling"),

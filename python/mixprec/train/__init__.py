@@ -8,12 +8,14 @@ their configuration.
 * :mod:`.adaptive`: the ADAPTIVE mode's controller;
 * :mod:`.metrics`: :class:`StepMetrics`, the per-step metrics log, log lines and the plot;
 * :mod:`.checkpoint`: the trainer's checkpoint format;
+* :mod:`.fp8`: the FP8 level (torchao's Float8 linears), :func:`fp8_available`;
 * :mod:`.trainer`: :class:`MixedPrecisionTrainer`, the loop built on the manager.
 """
 
 from __future__ import annotations
 
 from .config import HandlingAction, MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
+from .fp8 import fp8_available, fp8_unavailable
 from .manager import MixedPrecisionManager
 from .trainer import MixedPrecisionTrainer, StepMetrics
 
@@ -25,4 +27,6 @@ __all__ = [
     "MixedPrecisionManager",
     "MixedPrecisionTrainer",
     "StepMetrics",
+    "fp8_available",
+    "fp8_unavailable",
 ]

@@ -22,6 +22,7 @@ __all__ = [
     "MixedPrecisionConfig",
     "HandlingAction",
     "PRESETS",
+    "FP8_RECIPES",
 ]
 
 
@@ -71,6 +72,11 @@ class PrecisionLevel(str, Enum):
     * ``DYNAMIC`` -- like ``MIXED`` at start, and the precision may change per
       module while training (what ADAPTIVE does); in the other modes it is
       the same as ``MIXED``.
+    * ``FP8`` -- the eligible ``nn.Linear`` layers computed in float8 by torchao
+      (``torchao.float8.convert_to_float8_training``, recipe ``fp8_recipe``), the rest
+      of the model in bfloat16 autocast; AUTOMATIC (float32 params) and MANUAL
+      (bfloat16 params, float32 masters) only. Needs torchao
+      (``pip install "mixprec[fp8]"``); see ``docs/fp8.md``.
     """
 
     FP16 = "fp16"
@@ -78,6 +84,15 @@ class PrecisionLevel(str, Enum):
     BF16 = "bf16"
     DYNAMIC = "dynamic"
     MIXED = "mixed"
+    FP8 = "fp8"
+
+
+#: the torchao float8 recipes ``MixedPrecisionConfig.fp8_recipe`` accepts
+#: (``torchao.float8.Float8LinearConfig.from_recipe_name``)
+FP8_RECIPES: tuple[str, ...] = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+#: the modes the FP8 level runs in
+FP8_MODES: tuple[MixedPrecisionMode, ...] = (MixedPrecisionMode.AUTOMATIC,
+                                             MixedPrecisionMode.MANUAL)
 
 
 class HandlingAction(str, Enum):
@@ -166,6 +181,15 @@ class MixedPrecisionConfig:
         max_grad_norm: clip the gradient norm to this (fused with the unscale);
             ``None`` or 0: no clipping.
         gradient_accumulation_steps: micro-batches per optimizer step (>= 1).
+        fp8_recipe: FP8 level: torchao's scaling recipe, ``"tensorwise"`` (default),
+            ``"rowwise"`` or ``"rowwise_with_gw_hp"`` (see ``docs/fp8.md``).
+        fp8_keep_first_last: FP8 level: keep the first and the last eligible
+            ``nn.Linear`` (in ``named_modules`` order) in bfloat16, as torchao and
+            torchtitan advise. Ignored when a ``fp8_module_filter`` is passed to the
+            trainer/manager.
+        fp8_fsdp_all_gather: FP8 level: torchao's float8 all-gather under FSDP2
+            (``enable_fsdp_float8_all_gather``). Refused for now (``True`` raises):
+            unmeasured on GPU, and gloo (the CPU tests) cannot all-gather float8.
     """
 
     enabled: bool = True
@@ -195,6 +219,9 @@ class MixedPrecisionConfig:
     optimizer_state_bits: int = 32
     max_grad_norm: Optional[float] = None
     gradient_accumulation_steps: int = 1
+    fp8_recipe: str = "tensorwise"
+    fp8_keep_first_last: bool = True
+    fp8_fsdp_all_gather: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -216,6 +243,8 @@ class MixedPrecisionConfig:
             "memory_efficiency",
             "performance_monitoring",
             "master_weights",
+            "fp8_keep_first_last",
+            "fp8_fsdp_all_gather",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(
@@ -304,6 +333,25 @@ class MixedPrecisionConfig:
             raise ValueError(
                 "MixedPrecisionConfig.selective_layers: SELECTIVE mode needs at least one "
                 "pattern (e.g. ['features.*'] or ['Conv2d'])"
+            )
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(
+                f"MixedPrecisionConfig.fp8_recipe: expected one of {list(FP8_RECIPES)}, got "
+                f"{self.fp8_recipe!r}"
+            )
+        if self.fp8_fsdp_all_gather:
+            raise ValueError(
+                "MixedPrecisionConfig.fp8_fsdp_all_gather=True is refused for now: torchao's "
+                "float8 all-gather under FSDP2 (tensorwise only, GPU only: gloo cannot "
+                "all-gather float8) has not been measured on a GPU with mixprec's optimizers; "
+                "leave it False (the weights are all-gathered in their own dtype and cast to "
+                "float8 after the all-gather)"
+            )
+        if (self.precision_level is PrecisionLevel.FP8 and self.enabled
+                and self.mode not in FP8_MODES):
+            raise ValueError(
+                f"MixedPrecisionConfig.precision_level=FP8 runs in mode AUTOMATIC or MANUAL, "
+                f"got mode {self.mode.name}"  # type: ignore[union-attr]
             )
         if self.mode is MixedPrecisionMode.GRADIENT_SCALING and not self.gradient_scaling:
             raise ValueError(

@@ -40,7 +40,8 @@ from .. import _dtensor
 from ..amp.autocast import cast_floating
 from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle, apply_policy
-from .config import MixedPrecisionConfig, MixedPrecisionMode
+from .config import MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
+from .fp8 import Fp8Handle, ModuleFilter
 from .metrics import StepResult
 from .modes import NAME_PREC, PREC_NAME, ModeStrategy, strategy_for
 
@@ -105,6 +106,9 @@ class MixedPrecisionManager:
         adapt_in_step: ADAPTIVE: evaluate every ``config.logging_frequency`` steps inside
             :meth:`step` (one host sync each). The trainer turns it off and calls
             :meth:`adapt` at its log steps, which sync anyway.
+        fp8_module_filter: FP8 level: ``(module, fqn) -> bool``, which eligible linears
+            torchao converts (replaces ``config.fp8_keep_first_last``); see
+            :mod:`mixprec.train.fp8`.
 
     Attributes:
         model, optimizer, config, device, scaler, strategy (the mode's
@@ -112,7 +116,8 @@ class MixedPrecisionManager:
         ``bfloat16``, ``None`` for float32), loss_scaling, policy_handle,
         adaptive (the :class:`~mixprec.train.adaptive.AdaptiveController` or ``None``),
         adaptive_decisions (list of dicts: step, module, from, to, reason), overrides
-        (``{module: precision}`` ADAPTIVE promotions), steps (calls of :meth:`step`).
+        (``{module: precision}`` ADAPTIVE promotions), steps (calls of :meth:`step`),
+        fp8 (the :class:`~mixprec.train.fp8.Fp8Handle` of the FP8 level, else ``None``).
     """
 
     def __init__(
@@ -123,6 +128,7 @@ class MixedPrecisionManager:
         *,
         device: Union[str, torch.device, None] = None,
         adapt_in_step: bool = True,
+        fp8_module_filter: Optional[ModuleFilter] = None,
     ) -> None:
         cfg = config if config is not None else MixedPrecisionConfig()
         if not isinstance(cfg, MixedPrecisionConfig):
@@ -146,6 +152,12 @@ class MixedPrecisionManager:
         self.overrides: dict[str, str] = {}
         self.root_precision: Optional[str] = None
         self.policy_handle: Optional[PolicyHandle] = None
+        self.fp8: Optional[Fp8Handle] = None
+        if cfg.enabled and cfg.precision_level is PrecisionLevel.FP8:
+            # before MANUAL's conversion: the swap keeps the Parameter objects
+            assert self.compute_dtype is not None
+            self.fp8 = Fp8Handle(model, cfg.fp8_recipe, self.compute_dtype, self.device.type,
+                                 fp8_module_filter, cfg.fp8_keep_first_last)
         self.optimizer: Any = self.strategy.prepare(self, optimizer)
         self.loss_scaling = self.strategy.loss_scaling(self.eventual_dtype)
         self._fixed_scale: Optional[float] = None
@@ -200,10 +212,14 @@ class MixedPrecisionManager:
             self.policy_handle = apply_policy(self.model, policy)
 
     def close(self) -> None:
-        """Take the policy and the ADAPTIVE hooks off the model (params stay converted)."""
+        """Take the policy, the FP8 forward wrappers and the ADAPTIVE hooks off the model
+        (params and Float8 linears stay converted)."""
         if self.policy_handle is not None:
             self.policy_handle.remove()
             self.policy_handle = None
+        if self.fp8 is not None:
+            self.fp8.remove()
+            self.fp8 = None
         if self.adaptive is not None:
             self.adaptive.remove()
 
@@ -420,11 +436,22 @@ class MixedPrecisionManager:
             "scale_decreases": sst.scale_decreases,
             "last_overflow_step": sst.last_overflow_step,
             "loss_scaling": self.loss_scaling,
-            "compute_dtype": PREC_NAME.get(self.compute_dtype, "fp32"),
+            "compute_dtype": self.precision_name,
             "mode": self.mode.value,
             "adaptive_decisions": [dict(d) for d in self.adaptive_decisions],
         }
 
+    @property
+    def precision_name(self) -> str:
+        """``"fp16"``, ``"bf16"``, ``"fp32"`` (the compute dtype), or ``"fp8"`` at the FP8
+        level (Float8 linears, the rest in bfloat16)."""
+        if self.fp8 is not None:
+            return "fp8"
+        return PREC_NAME.get(self.compute_dtype, "fp32")
+
     def describe(self) -> str:
-        """``"<mode>, <precision>"``, e.g. ``"automatic, fp16"``."""
-        return f"{self.mode.value}, {PREC_NAME.get(self.compute_dtype, 'fp32')}"
+        """``"<mode>, <precision>"``, e.g. ``"automatic, fp16"`` or
+        ``"automatic, fp8 (tensorwise)"``."""
+        if self.fp8 is not None:
+            return f"{self.mode.value}, fp8 ({self.fp8.recipe})"
+        return f"{self.mode.value}, {self.precision_name}"

@@ -38,7 +38,8 @@ def level_dtype(level: Any, device: torch.device) -> Optional[torch.dtype]:
     """The low-precision dtype of a :class:`PrecisionLevel` on ``device`` (``None``: fp32)."""
     if level is PrecisionLevel.FP16:
         return torch.float16
-    if level is PrecisionLevel.BF16:
+    if level in (PrecisionLevel.BF16, PrecisionLevel.FP8):
+        # FP8: the Float8 linears' inputs and the rest of the model are in bfloat16
         return torch.bfloat16
     if level is PrecisionLevel.FP32:
         return None

@@ -246,6 +246,8 @@ class MixedPrecisionTrainer:
         optimizer: torch.optim.Optimizer,
         criterion: Callable[..., Tensor],
         scheduler: Any = None,
+        *,
+        fp8_module_filter: Optional[Callable[[nn.Module, str], bool]] = None,
     ) -> MixedPrecisionTrainer:
         """Prepare ``model``/``optimizer`` for the configured mode.
 
@@ -256,14 +258,18 @@ class MixedPrecisionTrainer:
         equivalent with the same param groups and hyper-parameters (masters
         initialised from the float32 weights before conversion), and
         ``scheduler`` is re-pointed to it; use ``trainer.optimizer`` afterwards.
-        Returns ``self``. Calling it again first undoes the previous policy.
+        At the FP8 level the eligible ``nn.Linear`` layers become torchao Float8
+        linears (``fp8_module_filter(module, fqn)`` picks them; see
+        :mod:`mixprec.train.fp8`). Returns ``self``. Calling it again first undoes
+        the previous policy.
         """
         self.config.validate()
         if self.mixed_precision_manager is not None:
             self.mixed_precision_manager.close()
             self.mixed_precision_manager = None
         manager = MixedPrecisionManager(
-            model, optimizer, self.config, device=self._device_arg, adapt_in_step=False
+            model, optimizer, self.config, device=self._device_arg, adapt_in_step=False,
+            fp8_module_filter=fp8_module_filter,
         )
         self.mixed_precision_manager = manager
         self.model, self.criterion, self.scheduler = model, criterion, scheduler
@@ -431,6 +437,9 @@ class MixedPrecisionTrainer:
 
     # ------------------------------------------------------------------ reports
     def _describe(self) -> str:
+        m = self.mixed_precision_manager
+        if m is not None:
+            return m.describe()
         return f"{self.mode.value}, {PREC_NAME.get(self.compute_dtype, 'fp32')}"
 
     def _history(self) -> tuple[list[int], Optional[Tensor]]:
@@ -457,7 +466,7 @@ class MixedPrecisionTrainer:
             current_scale=sst.scale if manager.scaler.is_enabled() else 1.0,
             scale_increases=sst.scale_increases + self._scaler_offsets[1],
             scale_decreases=sst.scale_decreases + self._scaler_offsets[2],
-            compute_dtype=PREC_NAME.get(self.compute_dtype, "fp32"),
+            compute_dtype=manager.precision_name,
             mode=self.mode.value,
             peak_memory=self.peak_memory,
             activation_memory=self.activation_memory,

@@ -1,0 +1,251 @@
+"""The FP8 precision level: torchao's Float8 linears under mixprec's trainer and manager.
+
+``MixedPrecisionConfig(precision_level="fp8")`` converts the eligible ``nn.Linear`` layers
+of the model with ``torchao.float8.convert_to_float8_training`` (recipe
+``config.fp8_recipe``) and runs the rest of the model in bfloat16 autocast (AUTOMATIC) or
+with bfloat16 params and float32 masters (MANUAL). torchao is optional
+(``pip install "mixprec[fp8]"``); :func:`fp8_unavailable` says why the level cannot run.
+
+Eligible: an ``nn.Linear`` (not already a ``Float8Linear``) whose ``in_features`` and
+``out_features`` are multiples of 16 (float8 GEMMs need it), and -- by default -- not the
+first or the last ``nn.Linear`` of the model (``named_modules`` order), which torchao and
+torchtitan advise keeping in high precision. A ``module_filter_fn(module, fqn) -> bool``
+replaces that first/last rule (the multiple-of-16 rule always holds).
+
+Autocast. torchao's ``Float8Linear.forward`` casts its input to the *CUDA* autocast dtype
+(``torch.get_autocast_gpu_dtype()``) when CUDA autocast is on, and does nothing under CPU
+autocast: on the CPU the float8 matmul then sees float32 inputs whose product autocast turns
+to bfloat16, and the backward of ``rowwise_with_gw_hp`` (its high-precision weight
+gradient) fails on a bfloat16/float32 mismatch. :class:`Fp8Handle` therefore runs every
+converted linear with autocast off and its floating inputs cast to the compute dtype
+(bfloat16) -- on every device: on CUDA this is what torchao does itself under a bfloat16
+autocast, so the numbers do not change there.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor, nn
+
+from .._dtensor import is_dtensor
+from ..amp.autocast import cast_floating
+
+__all__ = [
+    "FP8_INSTALL",
+    "fp8_unavailable",
+    "fp8_available",
+    "fp8_info",
+    "require_torchao",
+    "fp8_eligible",
+    "default_module_filter",
+    "convert_model",
+    "float8_linears",
+    "Fp8Handle",
+]
+
+#: what to install for the FP8 level
+FP8_INSTALL = 'pip install "mixprec[fp8]" (or: pip install torchao>=0.18)'
+
+#: a ``module_filter_fn``: ``(module, fully qualified name) -> convert it``
+ModuleFilter = Callable[[nn.Module, str], bool]
+
+
+def _torchao_float8() -> Any:
+    """``torchao.float8`` or ImportError."""
+    return importlib.import_module("torchao.float8")
+
+
+def fp8_unavailable() -> Optional[str]:
+    """``None`` when the FP8 level can run here; else why not (a sentence naming the
+    install). Host only; imports torchao."""
+    if not hasattr(torch, "float8_e4m3fn"):
+        return f"this torch ({torch.__version__}) has no float8 dtypes"
+    try:
+        _torchao_float8()
+    except ImportError as e:
+        return f"torchao is not installed or does not import ({e}); {FP8_INSTALL}"
+    except Exception as e:  # a torchao built for another torch may fail otherwise
+        return f"torchao does not import with torch {torch.__version__} ({e!r}); {FP8_INSTALL}"
+    return None
+
+
+def fp8_available() -> bool:
+    """Whether ``precision_level="fp8"`` can run here (see :func:`fp8_unavailable`)."""
+    return fp8_unavailable() is None
+
+
+def fp8_info() -> dict[str, Any]:
+    """For ``mixprec.info``: ``fp8`` (bool), ``fp8_torchao`` (its version or ``None``),
+    ``fp8_detail`` (why not, or where float8 matmuls run fast)."""
+    why = fp8_unavailable()
+    version = None
+    if why is None:
+        version = getattr(importlib.import_module("torchao"), "__version__", "unknown")
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            fast = (major, minor) >= (8, 9)
+            detail = (f"GPU sm{major}{minor}: "
+                      + ("float8 tensor cores" if fast else
+                         "no float8 tensor cores (sm89+ needed); torchao's matmuls will fail"))
+        else:
+            detail = "no GPU: float8 matmuls run on the CPU (correct, slow; for tests)"
+    else:
+        detail = why
+    return {"fp8": why is None, "fp8_torchao": version, "fp8_detail": detail}
+
+
+def require_torchao() -> Any:
+    """``torchao.float8``, or ImportError saying what to install."""
+    try:
+        return _torchao_float8()
+    except ImportError as e:
+        raise ImportError(
+            f'MixedPrecisionConfig(precision_level="fp8") needs torchao, which is not '
+            f"installed or does not import ({e}): {FP8_INSTALL}"
+        ) from e
+
+
+def _is_float8_linear(module: nn.Module) -> bool:
+    return type(module).__name__ == "Float8Linear" or any(
+        c.__name__ == "Float8Linear" for c in type(module).__mro__)
+
+
+def fp8_eligible(module: nn.Module) -> bool:
+    """An ``nn.Linear`` (not yet converted) with both dimensions multiples of 16."""
+    return (isinstance(module, nn.Linear) and not _is_float8_linear(module)
+            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+
+def default_module_filter(model: nn.Module, keep_first_last: bool = True) -> ModuleFilter:
+    """The default ``module_filter_fn`` for ``model``: every eligible linear, except (with
+    ``keep_first_last``) the first and the last ``nn.Linear`` of the model."""
+    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    kept = {linears[0], linears[-1]} if keep_first_last and linears else set()
+
+    def keep(module: nn.Module, fqn: str) -> bool:
+        return fqn not in kept
+
+    return keep
+
+
+def float8_linears(model: nn.Module) -> list[str]:
+    """The qualified names of the model's ``Float8Linear`` modules."""
+    return [name for name, m in model.named_modules() if _is_float8_linear(m)]
+
+
+def convert_model(
+    model: nn.Module,
+    recipe: str = "tensorwise",
+    module_filter_fn: Optional[ModuleFilter] = None,
+    keep_first_last: bool = True,
+) -> list[str]:
+    """Convert ``model``'s eligible linears to torchao ``Float8Linear`` in place (what the
+    FP8 level does at setup; call it yourself *before* ``fully_shard``); returns the names
+    of the model's Float8 linears (converted now or before).
+
+    ``module_filter_fn(module, fqn)``: which eligible linears to convert (default
+    :func:`default_module_filter`); the multiple-of-16 rule always applies.
+    Raises ImportError without torchao, ValueError for an unknown recipe, a root
+    ``nn.Linear`` (torchao would return a new module) or a model sharded with
+    ``fully_shard`` whose eligible linears are not converted yet.
+    """
+    from .config import FP8_RECIPES
+
+    f8 = require_torchao()
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"fp8 recipe: expected one of {list(FP8_RECIPES)}, got {recipe!r}")
+    if isinstance(model, nn.Linear):
+        raise ValueError(
+            "the FP8 level converts the nn.Linear layers inside a model; the model itself is "
+            "an nn.Linear (wrap it, e.g. nn.Sequential(linear))")
+    user = module_filter_fn or default_module_filter(model, keep_first_last)
+
+    def chosen(module: nn.Module, fqn: str) -> bool:
+        return fp8_eligible(module) and bool(user(module, fqn))
+
+    todo = [(n, m) for n, m in model.named_modules() if n and chosen(m, n)]
+    for name, m in todo:
+        if any(is_dtensor(p) for p in m.parameters(recurse=False)):
+            raise ValueError(
+                f"precision_level=fp8: {name!r} is sharded (fully_shard) and not converted; "
+                "convert before sharding: mixprec.train.fp8.convert_model(model, recipe) "
+                "(with the same module filter), then fully_shard(model), then set up the "
+                "trainer/manager with precision_level='fp8'")
+    if todo:
+        config = f8.Float8LinearConfig.from_recipe_name(recipe)
+        f8.convert_to_float8_training(model, module_filter_fn=chosen, config=config)
+    return float8_linears(model)
+
+
+def _refuse_float8_all_gather(model: nn.Module) -> None:
+    for name, p in model.named_parameters():
+        inner = p.to_local() if is_dtensor(p) else p  # type: ignore[attr-defined]
+        if type(inner) not in (nn.Parameter, Tensor) and "Float8" in type(inner).__name__:
+            raise ValueError(
+                f"precision_level=fp8: param {name!r} is a {type(inner).__name__} (torchao's "
+                "enable_fsdp_float8_all_gather=True); the float8 all-gather is refused for now "
+                "(unmeasured on GPU with mixprec's optimizers; gloo cannot all-gather float8): "
+                "convert with enable_fsdp_float8_all_gather=False, as precision_level='fp8' does")
+
+
+#: the input dtypes a Float8 linear's wrapper casts to the compute dtype
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class _Fp8Forward:
+    """The forward installed on a Float8Linear: autocast off, floating inputs cast to
+    ``dtype``. Holds the module, not a closure (``copy.deepcopy`` calls the copy)."""
+
+    def __init__(self, module: nn.Module, prev: Optional[Callable[..., Any]],
+                 dtype: torch.dtype, device_type: str) -> None:
+        self.module = module
+        self.prev = prev
+        self.dtype = dtype
+        self.device_type = device_type
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args = cast_floating(args, self.dtype, only=_FLOATS)
+        kwargs = cast_floating(kwargs, self.dtype, only=_FLOATS)
+        with torch.autocast(self.device_type, enabled=False):
+            if self.prev is not None:
+                return self.prev(*args, **kwargs)
+            return type(self.module).forward(self.module, *args, **kwargs)
+
+
+class Fp8Handle:
+    """The FP8 level on a model: its Float8 linears and their forward wrappers.
+
+    Attributes:
+        recipe: the torchao recipe name.
+        modules: qualified names of the Float8 linears.
+        dtype: the dtype their inputs (and outputs) are in (bfloat16).
+    """
+
+    def __init__(self, model: nn.Module, recipe: str, dtype: torch.dtype, device_type: str,
+                 module_filter_fn: Optional[ModuleFilter] = None,
+                 keep_first_last: bool = True) -> None:
+        self.model = model
+        self.recipe = recipe
+        self.dtype = dtype
+        self.modules = convert_model(model, recipe, module_filter_fn, keep_first_last)
+        _refuse_float8_all_gather(model)
+        self._installed: list[tuple[nn.Module, bool, Any]] = []
+        by_name = dict(model.named_modules())
+        for name in self.modules:
+            m = by_name[name]
+            had = "forward" in m.__dict__
+            prev = m.__dict__.get("forward")
+            self._installed.append((m, had, prev))
+            m.forward = _Fp8Forward(m, prev, dtype, device_type)  # type: ignore[method-assign]
+
+    def remove(self) -> None:
+        """Take the forward wrappers off (the linears stay Float8; idempotent)."""
+        for m, had, prev in reversed(self._installed):
+            if had:
+                m.forward = prev  # type: ignore[method-assign]
+            else:
+                m.__dict__.pop("forward", None)
+        self._installed.clear()
