@@ -435,10 +435,6 @@ def test_moments_of_a_tensor_subclass_param_are_plain(kwargs):
     assert moments and set(moments.values()) == {torch.Tensor}, moments
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "mixprec.optim creates masters with p.detach().to(torch.float32, copy=True), which "
-    "keeps a tensor subclass (optim/_base.py _init_state and _convert_state, "
-    "optim/_state8.py): needs an optimizer change (see docs/fp8.md, 'Known limits')"))
 @pytest.mark.parametrize("kwargs", SUBCLASS_KW, ids=["32bit", "8bit", "sr"])
 def test_masters_of_a_tensor_subclass_param_are_plain(kwargs):
     opt, p = _subclass_param_step(**kwargs)

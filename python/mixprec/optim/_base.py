@@ -47,6 +47,19 @@ def _on(t: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
     return t if t is None or t.device == device else t.to(device, non_blocking=True)
 
 
+def float32_copy(p: Tensor) -> Tensor:
+    """A float32 copy of ``p``'s values: a master weight. A tensor subclass that is not a
+    DTensor (torchao's float8 weight wrapper, whose ``to``/``clone`` keep the subclass and
+    whose ``data_ptr()`` is 0) gets a plain tensor: optimizer state is never a subclass.
+    A DTensor stays a DTensor (its state is sharded like it)."""
+    t = p.detach()
+    if type(t) is not Tensor and not _dtensor.is_dtensor(t):
+        out = torch.empty(t.shape, dtype=torch.float32, device=t.device)
+        out.copy_(t)
+        return out
+    return t.to(torch.float32, copy=True)
+
+
 def _lr_at(table: Dict[Optional[torch.device], Tensor], step: Tensor,
            device: torch.device) -> Tensor:
     """``table``'s lr after ``step`` steps taken (the last one past its end), as a 0-dim
@@ -186,7 +199,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 if master is not None:
                     out.append(master)
                 elif self.keeps_master(p, group):
-                    out.append(p.detach().float())
+                    out.append(float32_copy(p))
                 else:
                     out.append(p)
         return out
@@ -323,7 +336,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 state[name] = torch.zeros_like(p, dtype=torch.float32,
                                                memory_format=torch.preserve_format)
         if self.keeps_master(p, group) and state.get("master_param") is None:
-            state["master_param"] = p.detach().to(torch.float32, copy=True)
+            state["master_param"] = float32_copy(p)
         return state
 
     def _local_state(self, name: str, t: Tensor, p: Tensor) -> Tensor:
@@ -523,7 +536,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         else:
             out["step"] = self._default_step(saved, p)
         if self.keeps_master(p, group) and out.get("master_param") is None:
-            out["master_param"] = p.detach().to(torch.float32, copy=True)
+            out["master_param"] = float32_copy(p)
         return out
 
     def _default_step(self, saved: Dict[str, Any], p: Tensor) -> Tensor:

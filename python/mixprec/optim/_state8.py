@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .. import _dtensor
 from ..ops import _quant8 as q8
+from ._base import float32_copy
 
 __all__ = ["QUANT", "EightBitState", "check_state_bits", "split_coded"]
 
@@ -96,7 +97,7 @@ class EightBitState:
                                                    memory_format=torch.preserve_format)
                     state[absname] = torch.zeros(0, dtype=torch.float32, device=p.device)
         if self.keeps_master(p, group) and state.get("master_param") is None:  # type: ignore[attr-defined]
-            state["master_param"] = p.detach().to(torch.float32, copy=True)
+            state["master_param"] = float32_copy(p)
         return state
 
     def _convert_state(self, p: Tensor, group: Dict[str, Any],
