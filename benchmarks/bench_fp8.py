@@ -37,7 +37,7 @@ Two modes:
 
 ``--tiny`` shrinks the speed study to a few seconds on any device (hidden 64, 2 layers,
 batch 2 x 32 tokens, 3 steps): ``--device cpu --tiny`` exercises the GPU mode's code on
-the CPU (tests/test_fp8.py runs it).
+the CPU (tests/train/test_fp8.py runs it).
 
 Usage:
     PYTHONPATH=python python benchmarks/bench_fp8.py [--steps-lm N] [--threads N]

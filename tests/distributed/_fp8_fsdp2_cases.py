@@ -1,7 +1,8 @@
-"""What tests/test_fp8_fsdp2.py runs in each gloo process: the FP8 level (torchao's Float8
-linears) on a model sharded with ``fully_shard``, side by side with its unsharded twin
-trained on the same data in the same process (as tests/_fsdp2_cases.py does for the other
-levels: every rank feeds the same batch, so the sharded run can match bit for bit)."""
+"""What tests/distributed/test_fp8_fsdp2.py runs in each gloo process: the FP8 level
+(torchao's Float8 linears) on a model sharded with ``fully_shard``, side by side with its
+unsharded twin trained on the same data in the same process (as
+tests/distributed/_fsdp2_cases.py does for the other levels: every rank feeds the same
+batch, so the sharded run can match bit for bit)."""
 
 from __future__ import annotations
 

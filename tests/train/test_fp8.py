@@ -2,13 +2,12 @@
 bfloat16) on the CPU: conversion and its filter, CPU autocast, mixprec's optimizers,
 scaler and clipping on the converted model, mixprec AdamW == torch AdamW there, checkpoint
 round trips, torch.compile, the refusals, and the missing-torchao error. Everything but the
-missing-torchao test skips without torchao. FSDP2: tests/test_fp8_fsdp2.py."""
+missing-torchao test skips without torchao. FSDP2: tests/distributed/test_fp8_fsdp2.py."""
 
 from __future__ import annotations
 
 import copy
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,11 +17,11 @@ from torch.utils._pytree import tree_map
 
 import mixprec
 import mixprec.optim
-from _helpers import assert_bitwise_equal, torch_threads
+from _helpers import REPO, assert_bitwise_equal, torch_threads
 from mixprec import MixedPrecisionConfig, MixedPrecisionManager, MixedPrecisionTrainer
 
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 @pytest.fixture(autouse=True)

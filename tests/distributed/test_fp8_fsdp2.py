@@ -1,8 +1,8 @@
 """The FP8 level on FSDP2 (``fully_shard``): two gloo processes on CPU, spawned once for the
-module (tests/_fp8_fsdp2_cases.py), each comparing a converted, sharded model with its
+module (tests/distributed/_fp8_fsdp2_cases.py), each comparing a converted, sharded model with its
 unsharded twin, per recipe, in AUTOMATIC and MANUAL mode, with mixprec's AdamW (32- and
 8-bit moments), the scaler and clipping. FSDP2's float8 all-gather is refused (gloo cannot
-all-gather float8; tests/test_fp8.py tests the refusal)."""
+all-gather float8; tests/train/test_fp8.py tests the refusal)."""
 
 from __future__ import annotations
 
