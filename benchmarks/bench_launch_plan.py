@@ -56,7 +56,8 @@ import torch.utils.benchmark as tb
 
 import mixprec
 from _common import fit_fixed_per_tensor
-from mixprec.ops import _cuda_emulation, _extension
+from mixprec import _extension
+from mixprec.ops import _cuda_emulation
 
 
 def _time_us(fn: Callable[[], None], min_run_time: float, cpu_time: bool = False) -> float:

@@ -7,7 +7,7 @@ set -u
 export PYTHONUNBUFFERED=1 CXX=/usr/bin/g++ CC=/usr/bin/gcc TORCH_CUDA_ARCH_LIST=9.0a \
   MIXPREC_FORCE_CUDA=1 MAX_JOBS=8
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-DEADLINE=${DEADLINE:-470}
+DEADLINE=${DEADLINE:-500}
 PY=python3; ROOT=$PWD; B=$ROOT/.gpuwork/before
 t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
@@ -49,6 +49,11 @@ for t in before after; do
 done
 run "hf overflow after" 45 90 "$OUT/hf.log" env PYTHONPATH=$ROOT/python $PY tools/gpu_hf_overflow.py \
   --steps 12 --overflow 3,7
+run "capture correctness" 60 170 "$OUT/capture.log" env PYTHONPATH=$ROOT/python $PY \
+  tools/gpu_capture_check.py --only correctness --correctness-limit 55
+run "capture timings" 50 110 "$OUT/capture.log" env PYTHONPATH=$ROOT/python $PY \
+  tools/gpu_capture_check.py --only timings --workloads gpt2_1x128,gpt2_8x1024,convnet \
+  --variants captured,eager --timing-limit 35
 export PYTHONPATH=$ROOT/python:$ROOT/.gpu_peers
 run "bench_optim after" 80 110 "$OUT/bench_optim.log" $PY benchmarks/bench_optim.py \
   --device cuda --rounds 1 --min-run-time 0.2
@@ -61,5 +66,6 @@ el done
 grep -E "^(variant|amp-|fp16|bf16|fp32|###|\(rc)" "$E" | cut -c1-110
 grep -E "^(###|set|2000|gpt2|ratio|\(rc)" "$M" | cut -c1-110
 grep -vE "Warning|warn|W1126|^\{" "$OUT/hf.log" | tail -16
+tail -30 "$OUT/capture.log"
 grep -E "AdamW8bit|ratio|###|\(rc" "$OUT/bench_optim.log" 2>/dev/null | cut -c1-110
 grep -E "ERROR SUMMARY|FAIL|gpu_workload:|###|\(rc" "$OUT/memcheck.log" 2>/dev/null | head -20

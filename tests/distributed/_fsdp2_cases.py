@@ -254,7 +254,7 @@ def run_all(rank: int, world: int, out_dir: str) -> None:
 
 def plan_reuse(mesh: Any) -> Result:
     """Whether every step calls the extension's fast entry with plain local tensors."""
-    from mixprec.ops import _extension
+    from mixprec import _extension
 
     model = shard(tiny_model(torch.bfloat16), mesh)
     opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
