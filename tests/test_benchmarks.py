@@ -488,7 +488,7 @@ def test_bench_caches_catches_an_op_that_does_nothing(fails_with_noop: NoopRun, 
 def test_bench_launch_plan_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_launch_plan.main(["--sizes", "1,30", "--min-run-time", "0.01"]) == 0
     out = capsys.readouterr().out
-    for row in ("fused_adam_ fp32 CUDA host path, plan reused",
+    for row in ("fused_adam_ fp32 CUDA host path, built every call",
                 "optimizer list checks (_reuse), flat mode",
                 "scaler grads (_collect_grads), flat mode"):
         assert row in out

@@ -18,19 +18,13 @@ host cost of the CUDA ops without a GPU (benchmarks/bench_launch_plan.py);
 ``planned_small_launches()`` counts the launches that fit the small kernel-argument
 table (``SmallTensorListMeta``), which launch faster.
 
-The CUDA launchers reuse their launch plan when a call passes the same tensors as a
-recent one (``PlanCache`` in csrc/cuda/launch_plan.h). ``plan_cache_stats()`` counts
-plan builds and reuses of every launcher in the process (emulated or not),
-``set_plan_reuse()`` switches reuse off and on, and ``clear_plan_cache()`` forgets
-every stored plan (tests/test_plan_reuse.py).
-
 Nothing in mixprec calls these ops; they are slow (one emulated thread at a time)
 and exist so that CI, which has no GPU, executes the CUDA code paths.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
@@ -64,9 +58,6 @@ def _define() -> None:
         lib.define("planned_blocks() -> int")
         lib.define("planned_launches() -> int")
         lib.define("planned_small_launches() -> int")
-        lib.define("plan_cache_stats() -> int[]")
-        lib.define("set_plan_reuse(bool enabled) -> bool")
-        lib.define("clear_plan_cache() -> ()")
         _library = lib
 
 
@@ -82,33 +73,3 @@ def ops() -> torch._ops._OpNamespace:
             "built from this checkout"
         )
     return getattr(torch.ops, NAMESPACE)
-
-
-class PlanCacheStats(NamedTuple):
-    """Totals since load, over every CUDA launcher of the process (all threads)."""
-
-    builds: int
-    """Plans built (argument checks, flattening, grouping, planning)."""
-    reuses: int
-    """Calls that found their plan stored and skipped all of that."""
-    uncacheable: int
-    """Builds not stored: the call needed contiguous copies of strided tensors."""
-
-
-def plan_cache_stats() -> PlanCacheStats:
-    """The plan-reuse counters (subtract two readings to count a stretch of calls)."""
-    builds, reuses, uncacheable = ops().plan_cache_stats()
-    return PlanCacheStats(builds, reuses, uncacheable)
-
-
-def set_plan_reuse(enabled: bool) -> bool:
-    """Switches plan reuse on or off for every launcher; returns the previous setting.
-
-    Off, every call builds its plan and stores none (the host cost without reuse).
-    """
-    return bool(ops().set_plan_reuse(enabled))
-
-
-def clear_plan_cache() -> None:
-    """Forgets the plans stored by every launcher on every thread."""
-    ops().clear_plan_cache()
