@@ -1,7 +1,8 @@
 # mixprec — the two commands of the README:
 #   make demo    bootstrap .venv, build, run the example training job
 #   make test    bootstrap .venv, build (CUDA-torch build + a MIXPREC_FORCE_CPU=1 build),
-#                run the Python suite against both, and the C++ (ctest) suite
+#                run the Python suite against both, a focused part of it with the fast
+#                entry off (MIXPREC_FAST_ENTRY=0), and the C++ (ctest) suite
 # With PYTHON=/path/to/python an existing interpreter that already has torch is used
 # instead of .venv (e.g. on a GPU machine without network).
 SHELL := /bin/bash
@@ -25,7 +26,8 @@ CPU_ONLY_DIR := build/cpu-only
 PYTEST_ARGS ?=
 
 .PHONY: help env python-env build build-cpu-only demo test test-python test-python-cpu-only \
-        test-cpp test-isa test-oldest lint format bench clean gpu-peers
+        test-cpp test-isa test-oldest test-no-fast-entry test-no-fast-entry-focused lint format \
+        bench clean gpu-peers
 
 help:
 	@echo "make demo     bootstrap .venv (torch $(TORCH_VERSION)), build, run the demo"
@@ -121,9 +123,24 @@ test-oldest:
 	$(MAKE) --no-print-directory test-python-cpu-only \
 	  PYTHON=$(ROOT)/$(OLDEST_DIR)/venv/bin/python CPU_ONLY_DIR=$(OLDEST_DIR)
 
+# The eager fast entry switched off (MIXPREC_FAST_ENTRY=0: every op through
+# torch.ops.mixprec.*, csrc/python/fast_call.h unused). test-no-fast-entry runs the whole
+# Python suite that way (on demand: a third full run is too long for `make test`);
+# `make test` runs the focused set FAST_ENTRY_OFF_TESTS (the ops' entry paths, the scaler,
+# the optimizers; tests/test_fast_entry.py also compares a run with the switch off to one
+# with it on, bit for bit).
+FAST_ENTRY_OFF_TESTS := tests/test_fast_entry.py tests/test_dispatch_paths.py tests/test_unscale.py \
+  tests/test_grad_scaler.py tests/test_optim_ops.py
+
+test-no-fast-entry: build
+	MIXPREC_FAST_ENTRY=0 $(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-no-fast-entry-focused: build
+	MIXPREC_FAST_ENTRY=0 $(PY) -m pytest $(FAST_ENTRY_OFF_TESTS) $(PYTEST_ARGS)
+
 -include cmake/cpp.mk
 
-test: test-python test-python-cpu-only test-cpp test-isa
+test: test-python test-python-cpu-only test-cpp test-isa test-no-fast-entry-focused
 
 # C++ sources clang-format checks (.clang-format); `make format` rewrites them in place
 CPP_FORMAT_FILES = $(shell git ls-files 'csrc/*.h' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh' \
