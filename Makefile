@@ -25,6 +25,15 @@ endif
 CPU_ONLY_DIR := build/cpu-only
 PYTEST_ARGS ?=
 
+# The test-only extension mixprec._cuda_emulation_C (csrc/cuda_emulation: the CUDA launchers
+# run on the CPU) is built beside _C when MIXPREC_BUILD_TEST_EXT=1: for every goal that runs
+# the Python tests, never for `make build` / `make demo` alone.
+TEST_GOALS := test test-python test-python-cpu-only test-no-fast-entry test-no-fast-entry-focused \
+  test-isa test-oldest
+ifneq ($(filter $(TEST_GOALS),$(MAKECMDGOALS)),)
+export MIXPREC_BUILD_TEST_EXT := 1
+endif
+
 .PHONY: help env python-env build build-cpu-only demo test test-python test-python-cpu-only \
         test-cpp test-isa test-oldest test-no-fast-entry test-no-fast-entry-focused lint format \
         bench clean gpu-peers
@@ -57,8 +66,8 @@ env: $(ENV_TARGET)
 # from scratch, so the install is redone only when a C++ source or the build files change,
 # or for another interpreter / FORCE setting (the stamp's name).
 NATIVE_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
-EDITABLE_STAMP := build/.editable-$(shell printf '%s|%s|%s|%s' '$(PY)' '$(MIXPREC_FORCE_CUDA)' \
-  '$(MIXPREC_FORCE_CPU)' '$(TORCH_CUDA_ARCH_LIST)' | md5sum | cut -c1-12)
+EDITABLE_STAMP := build/.editable-$(shell printf '%s|%s|%s|%s|%s' '$(PY)' '$(MIXPREC_FORCE_CUDA)' \
+  '$(MIXPREC_FORCE_CPU)' '$(TORCH_CUDA_ARCH_LIST)' '$(MIXPREC_BUILD_TEST_EXT)' | md5sum | cut -c1-12)
 
 $(EDITABLE_STAMP): $(NATIVE_SOURCES) | env
 	$(PY) -m pip install --no-build-isolation --no-deps --quiet -e .
@@ -72,7 +81,8 @@ build: env $(EDITABLE_STAMP)
 build-cpu-only: env
 	@rm -rf $(CPU_ONLY_DIR)/pkg && mkdir -p $(CPU_ONLY_DIR)/pkg
 	cp -r python/mixprec $(CPU_ONLY_DIR)/pkg/mixprec
-	@rm -rf $(CPU_ONLY_DIR)/pkg/mixprec/_C*.so $(CPU_ONLY_DIR)/pkg/mixprec/__pycache__
+	@rm -rf $(CPU_ONLY_DIR)/pkg/mixprec/_C*.so $(CPU_ONLY_DIR)/pkg/mixprec/_cuda_emulation_C*.so \
+	  $(CPU_ONLY_DIR)/pkg/mixprec/__pycache__
 	MIXPREC_FORCE_CUDA= MIXPREC_FORCE_CPU=1 $(PY) setup.py --quiet build_ext --build-lib $(CPU_ONLY_DIR)/pkg \
 	  --build-temp $(CPU_ONLY_DIR)/temp
 	PYTHONPATH=$(CPU_ONLY_DIR)/pkg $(PY) -m mixprec.info
@@ -124,7 +134,7 @@ test-oldest:
 	  PYTHON=$(ROOT)/$(OLDEST_DIR)/venv/bin/python CPU_ONLY_DIR=$(OLDEST_DIR)
 
 # The eager fast entry switched off (MIXPREC_FAST_ENTRY=0: every op through
-# torch.ops.mixprec.*, csrc/python/fast_call.h unused). test-no-fast-entry runs the whole
+# torch.ops.mixprec.*, csrc/python_entry/fast_call.h unused). test-no-fast-entry runs the whole
 # Python suite that way (on demand: a third full run is too long for `make test`);
 # `make test` runs the focused set FAST_ENTRY_OFF_TESTS (the ops' entry paths, the scaler,
 # the optimizers; tests/test_fast_entry.py also compares a run with the switch off to one
@@ -190,4 +200,5 @@ gpu-peers: env
 	@du -sh .gpu_peers
 
 clean:
-	rm -rf build dist python/*.egg-info python/mixprec/_C*.so python/mixprec/_cpp demo_report.png
+	rm -rf build dist python/*.egg-info python/mixprec/_C*.so python/mixprec/_cuda_emulation_C*.so \
+	  python/mixprec/_cpp demo_report.png

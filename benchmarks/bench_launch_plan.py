@@ -3,7 +3,8 @@
 ``torch.ops.mixprec_cuda_emu.plan_<op>`` runs everything the CUDA op does on the
 host -- argument checks, flattening, dtype grouping, slot wiring, launch plans --
 and launches nothing (mixprec.ops._cuda_emulation). It is called here through the
-same eager fast entry as the real ops (``mixprec._C.emu_plan_<op>``), under
+same eager fast entry as the real ops (``emu_plan_<op>`` of the test extension
+mixprec._cuda_emulation_C, built with ``MIXPREC_BUILD_TEST_EXT=1``), under
 ``torch.inference_mode()`` (the emulated ops have no Autograd-key kernel; the
 real ops' costs a few ns per written tensor and is left out, also for the
 controls). Timing it over n tensors gives the per-call (fixed) and per-tensor

@@ -1,6 +1,6 @@
 """The eager fast entry as one seam with one switch.
 
-``mixprec._C.fast_<op>`` (csrc/python/fast_call.h) is the only part of mixprec that reads
+``mixprec._C.fast_<op>`` (csrc/python_entry/fast_call.h) is the only part of mixprec that reads
 CPython and torch-binding internals. ``MIXPREC_FAST_ENTRY=0``, read once at import,
 routes every op through ``torch.ops.mixprec.*`` instead. These tests prove:
 
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CSRC = ROOT / "csrc"
 #: The fast entry, the one file allowed to read CPython / torch-binding internals; and the
 #: list checks' helpers, which another change removes (csrc/python/list_watch.h).
-ALLOWED = {"python/fast_call.h", "python/list_watch.h"}
+ALLOWED = {"python_entry/fast_call.h", "python/list_watch.h"}
 
 # One run: ops, optimizer steps and scaler iterations; the results and which fast
 # entries were called (each mixprec._C.fast_<op> wrapped by a counter) go to argv[1].

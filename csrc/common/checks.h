@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "common/op_table.h"
+#include "op_table.h"
 
 namespace mixprec {
 namespace checks {

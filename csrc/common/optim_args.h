@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/op_table.h"
+#include "op_table.h"
 
 namespace mixprec {
 namespace optim {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/checks.h"
-#include "common/op_table.h"
+#include "op_table.h"
 #include "common/norm_math.h"
 #include "common/unscale_math.h"
 #include "cuda/launch_plan.h"

@@ -1,7 +1,9 @@
 """The CUDA backend of every op, run on the CPU: a testing aid for machines without a GPU.
 
-``mixprec._C`` carries, besides the real kernels, the CUDA launchers of
-``csrc/cuda/*.h`` instantiated with a host executor (``csrc/cuda_emulation``):
+The test-only extension ``mixprec._cuda_emulation_C`` (built beside ``mixprec._C`` when
+``MIXPREC_BUILD_TEST_EXT=1``, as ``make test`` does; never part of a plain install)
+carries the CUDA launchers of ``csrc/cuda/*.h`` instantiated with a host executor
+(``csrc/cuda_emulation``):
 the same argument checks, flattening, dtype grouping, slot wiring, launch plans
 (``TensorListMeta``) and kernel bodies as the CUDA kernels, run over an emulated
 grid (every block, every thread, one after the other) on CPU tensors. They are
@@ -14,7 +16,8 @@ on CUDA tensors (up to device libm rounding in p-norms; see host_exec.h).
 ``ops().plan_<op>`` (every op) does the launcher's host work only --
 checks, flattening, grouping, launch plans -- and launches nothing; with
 ``planned_blocks()`` / ``planned_launches()`` (totals since load) it measures the
-host cost of the CUDA ops without a GPU (benchmarks/bench_launch_plan.py);
+host cost of the CUDA ops without a GPU (benchmarks/bench_launch_plan.py, through the
+module's fast entries ``module().emu_plan_<op>``);
 ``planned_small_launches()`` counts the launches that fit the small kernel-argument
 table (``SmallTensorListMeta``), which launch faster.
 
@@ -24,6 +27,8 @@ and exist so that CI, which has no GPU, executes the CUDA code paths.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Optional
 
 import torch
@@ -33,12 +38,30 @@ from . import _extension
 
 NAMESPACE = "mixprec_cuda_emu"
 
+MODULE = "mixprec._cuda_emulation_C"
+
 _library: Optional[torch.library.Library] = None
+_module: Optional[ModuleType] = None
+_tried = False
+
+
+def module() -> Optional[ModuleType]:
+    """The test extension (its import registers the emulated launchers), loaded on first
+    use after ``mixprec._C``; None when it was not built."""
+    global _module, _tried
+    if not _tried and _extension.EXT is not None:
+        _tried = True
+        try:
+            _module = importlib.import_module(MODULE)
+        except ModuleNotFoundError as exc:
+            if exc.name != MODULE:
+                raise
+    return _module
 
 
 def available() -> bool:
-    """Whether the loaded extension carries the emulated CUDA launchers."""
-    if _extension.EXT is None:
+    """Whether the test extension with the emulated CUDA launchers is built and loads."""
+    if module() is None:
         return False
     _define()
     return all(
@@ -65,11 +88,11 @@ def ops() -> torch._ops._OpNamespace:
     """``torch.ops.mixprec_cuda_emu``, its schemas defined on first use.
 
     Raises:
-        RuntimeError: when the extension is not loaded or lacks the emulation.
+        RuntimeError: when the test extension is not built (or mixprec._C not loaded).
     """
     if not available():
         raise RuntimeError(
-            "mixprec: the CUDA emulation needs the compiled extension (mixprec._C) "
-            "built from this checkout"
+            "mixprec: the CUDA emulation needs the test extension mixprec._cuda_emulation_C: "
+            "build with MIXPREC_BUILD_TEST_EXT=1 (make test does)"
         )
     return getattr(torch.ops, NAMESPACE)

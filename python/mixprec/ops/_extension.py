@@ -40,7 +40,7 @@ def _flag_off(name: str) -> bool:
 
 
 #: Whether :mod:`mixprec.ops` enters the ops through the extension's direct entry
-#: (``mixprec._C.fast_<op>``, csrc/python/fast_call.h: the one part of mixprec that reads
+#: (``mixprec._C.fast_<op>``, csrc/python_entry/fast_call.h: the one part of mixprec that reads
 #: CPython and torch-binding internals). ``MIXPREC_FAST_ENTRY=0``, read once here at
 #: import, routes every op through ``torch.ops.mixprec.*`` instead: the same kernels and
 #: results, a slower host path (every list element converted to an IValue).
