@@ -38,6 +38,20 @@ void check_grad_member(const char* op, const char* name, size_t i,
 
 bool is_supported_float(c10::ScalarType t);
 
+// a == b for sizes or strides, inline: the planners compare a few int64 per
+// tensor, where IntArrayRef's == calls memcmp.
+inline bool same_dims(c10::IntArrayRef a, c10::IntArrayRef b) {
+  if (a.size() != b.size()) {
+    return false;
+  }
+  for (size_t k = 0; k < a.size(); ++k) {
+    if (a[k] != b[k]) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // The arguments of the unscale family (unscale_and_check_, check_finite_,
 // unscale_and_norm_): found_inf (float32, one element) on a `backend` device,
 // inv_scale (when given) likewise on the same device, and the tensor list as

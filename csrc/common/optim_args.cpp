@@ -34,9 +34,9 @@ void check_member(const char* op, const char* name, size_t i,
   TORCH_CHECK(t.device() == device, "mixprec.", op, ": ", name, "[", i,
               "] is on ", t.device(), " but params[0] is on ", device,
               "; call the op once per device");
-  TORCH_CHECK(t.sizes() == param.sizes(), "mixprec.", op, ": ", name, "[", i,
-              "] has shape ", t.sizes(), " but params[", i, "] has shape ",
-              param.sizes());
+  TORCH_CHECK(checks::same_dims(t.sizes(), param.sizes()), "mixprec.", op, ": ",
+              name, "[", i, "] has shape ", t.sizes(), " but params[", i,
+              "] has shape ", param.sizes());
   if (written && !t.is_non_overlapping_and_dense()) {  // (dense: no overlap)
     TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "mixprec.",
                 op, ": ", name, "[", i,

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/checks.h"
 #include "common/optim_args.h"
 #include "common/optim_dispatch.h"
 #include "common/optim_math.h"
@@ -347,7 +348,8 @@ class FlatRows {
     bool direct = p.is_non_overlapping_and_dense();
     for (int l = 1; l < count_ && direct; ++l) {
       const at::Tensor& t = lists_[l][i];
-      direct = t.is_non_overlapping_and_dense() && t.strides() == p.strides();
+      direct = t.is_non_overlapping_and_dense() &&
+               checks::same_dims(t.strides(), p.strides());
     }
     for (int l = 0; l < count_; ++l) {
       const at::Tensor& t = lists_[l][i];
