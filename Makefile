@@ -1,7 +1,8 @@
 # mixprec — the two commands of the README:
 #   make demo    bootstrap .venv, build, run the example training job
 #   make test    bootstrap .venv, build (CUDA-torch build + a MIXPREC_FORCE_CPU=1 build),
-#                run the Python suite against both, and the C++ (ctest) suite
+#                run the Python suite against both, a focused part of it with the fast
+#                entry off (MIXPREC_FAST_ENTRY=0), and the C++ (ctest) suite
 # With PYTHON=/path/to/python an existing interpreter that already has torch is used
 # instead of .venv (e.g. on a GPU machine without network).
 SHELL := /bin/bash
@@ -24,8 +25,18 @@ endif
 CPU_ONLY_DIR := build/cpu-only
 PYTEST_ARGS ?=
 
+# The test-only extension mixprec._cuda_emulation_C (csrc/cuda_emulation: the CUDA launchers
+# run on the CPU) is built beside _C when MIXPREC_BUILD_TEST_EXT=1: for every goal that runs
+# the Python tests, never for `make build` / `make demo` alone.
+TEST_GOALS := test test-python test-python-cpu-only test-no-fast-entry test-no-fast-entry-focused \
+  test-isa test-oldest
+ifneq ($(filter $(TEST_GOALS),$(MAKECMDGOALS)),)
+export MIXPREC_BUILD_TEST_EXT := 1
+endif
+
 .PHONY: help env python-env build build-cpu-only demo test test-python test-python-cpu-only \
-        test-cpp test-isa test-oldest lint format bench clean gpu-peers
+        test-cpp test-isa test-oldest test-no-fast-entry test-no-fast-entry-focused lint format \
+        bench clean gpu-peers
 
 help:
 	@echo "make demo     bootstrap .venv (torch $(TORCH_VERSION)), build, run the demo"
@@ -58,8 +69,8 @@ env: $(ENV_TARGET)
 # from scratch, so the install is redone only when a C++ source or the build files change,
 # or for another interpreter / FORCE setting (the stamp's name).
 NATIVE_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
-EDITABLE_STAMP := build/.editable-$(shell printf '%s|%s|%s|%s' '$(PY)' '$(MIXPREC_FORCE_CUDA)' \
-  '$(MIXPREC_FORCE_CPU)' '$(TORCH_CUDA_ARCH_LIST)' | md5sum | cut -c1-12)
+EDITABLE_STAMP := build/.editable-$(shell printf '%s|%s|%s|%s|%s' '$(PY)' '$(MIXPREC_FORCE_CUDA)' \
+  '$(MIXPREC_FORCE_CPU)' '$(TORCH_CUDA_ARCH_LIST)' '$(MIXPREC_BUILD_TEST_EXT)' | md5sum | cut -c1-12)
 
 $(EDITABLE_STAMP): $(NATIVE_SOURCES) | env
 	$(PY) -m pip install --no-build-isolation --no-deps --quiet -e .
@@ -73,7 +84,8 @@ build: env $(EDITABLE_STAMP)
 build-cpu-only: env
 	@rm -rf $(CPU_ONLY_DIR)/pkg && mkdir -p $(CPU_ONLY_DIR)/pkg
 	cp -r python/mixprec $(CPU_ONLY_DIR)/pkg/mixprec
-	@rm -rf $(CPU_ONLY_DIR)/pkg/mixprec/_C*.so $(CPU_ONLY_DIR)/pkg/mixprec/__pycache__
+	@rm -rf $(CPU_ONLY_DIR)/pkg/mixprec/_C*.so $(CPU_ONLY_DIR)/pkg/mixprec/_cuda_emulation_C*.so \
+	  $(CPU_ONLY_DIR)/pkg/mixprec/__pycache__
 	MIXPREC_FORCE_CUDA= MIXPREC_FORCE_CPU=1 $(PY) setup.py --quiet build_ext --build-lib $(CPU_ONLY_DIR)/pkg \
 	  --build-temp $(CPU_ONLY_DIR)/temp
 	PYTHONPATH=$(CPU_ONLY_DIR)/pkg $(PY) -m mixprec.info
@@ -126,9 +138,25 @@ test-oldest:
 	$(MAKE) --no-print-directory test-python-cpu-only \
 	  PYTHON=$(ROOT)/$(OLDEST_DIR)/venv/bin/python CPU_ONLY_DIR=$(OLDEST_DIR)
 
+# The eager fast entry switched off (MIXPREC_FAST_ENTRY=0: every op through
+# torch.ops.mixprec.*, csrc/python_entry/fast_call.h unused). test-no-fast-entry runs the whole
+# Python suite that way (on demand: a third full run is too long for `make test`);
+# `make test` runs the focused set FAST_ENTRY_OFF_TESTS (the ops' entry paths, the scaler,
+# the optimizers; tests/ops/test_fast_entry.py also compares a run with the switch off to one
+# with it on, bit for bit).
+FAST_ENTRY_OFF_TESTS := tests/ops/test_fast_entry.py tests/ops/test_dispatch_paths.py \
+  tests/ops/test_unscale.py tests/amp/test_scaler_torch_api.py tests/ops/test_optim_ops.py \
+  tests/optim/test_variants.py
+
+test-no-fast-entry: build
+	MIXPREC_FAST_ENTRY=0 $(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-no-fast-entry-focused: build
+	MIXPREC_FAST_ENTRY=0 $(PY) -m pytest $(FAST_ENTRY_OFF_TESTS) $(PYTEST_ARGS)
+
 -include cmake/cpp.mk
 
-test: test-python test-python-cpu-only test-cpp test-isa
+test: test-python test-python-cpu-only test-cpp test-isa test-no-fast-entry-focused
 
 # C++ sources clang-format checks (.clang-format); `make format` rewrites them in place
 CPP_FORMAT_FILES = $(shell git ls-files 'csrc/*.h' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh' \
@@ -178,4 +206,5 @@ gpu-peers: env
 	@du -sh .gpu_peers
 
 clean:
-	rm -rf build dist python/*.egg-info python/mixprec/_C*.so python/mixprec/_cpp demo_report.png
+	rm -rf build dist python/*.egg-info python/mixprec/_C*.so python/mixprec/_cuda_emulation_C*.so \
+	  python/mixprec/_cpp demo_report.png

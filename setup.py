@@ -9,6 +9,11 @@ Configuration (printed at build time, recorded in the binary for
   nvcc or a CUDA build of torch is missing); ``MIXPREC_FORCE_CPU=1`` leaves
   them out.
 * ``TORCH_CUDA_ARCH_LIST`` picks the GPU architectures; default "8.0;9.0+PTX".
+* ``MIXPREC_BUILD_TEST_EXT=1`` also builds the test-only extension
+  ``mixprec._cuda_emulation_C`` (csrc/cuda_emulation/: the CUDA launchers run on
+  the CPU, for tests/test_cuda_emulation.py and benchmarks/bench_launch_plan.py),
+  in every configuration, CPU-only included. ``make test`` sets it; wheels and
+  plain installs leave it out.
 * ``MIXPREC_BUNDLE_CPP=1`` also builds libmixprec (the C++ API, no Python) with
   CMake, same configuration rules, and installs it with its headers and CMake
   package files into ``mixprec/_cpp`` -- what ``mixprec.cmake_prefix_path``
@@ -26,7 +31,9 @@ Configuration (printed at build time, recorded in the binary for
   binary (``python -m mixprec.info``).
 
 Sources come from the csrc/ folders by glob; CMakeLists.txt globs the same
-folders (csrc/python/ is the Python module and is built here only).
+folders (csrc/python_entry/ -- the Python module's entry points, the init of
+``mixprec._C`` and the eager fast entry -- and the test-only csrc/cuda_emulation/
+are built here only).
 """
 
 from __future__ import annotations
@@ -192,17 +199,26 @@ def _openmp_flags(cxx_version: str) -> list[str]:
     return ["-fopenmp"] if omp and gcc else []
 
 
-def _sources(with_cuda: bool) -> list[str]:
-    # csrc/cuda_emulation/ (the CUDA launchers run on the CPU, for tests) is
-    # built into every variant, CPU-only included, and only into _C.
-    patterns = ["csrc/*.cpp", "csrc/common/*.cpp", "csrc/cpu/*.cpp", "csrc/api/*.cpp",
-                "csrc/python/*.cpp", "csrc/cuda_emulation/*.cpp"]
-    if with_cuda:
-        patterns.append("csrc/cuda/*.cu")
+def _glob(patterns: list[str]) -> list[str]:
     files: list[str] = []
     for pattern in patterns:
         files.extend(sorted(glob.glob(pattern, root_dir=ROOT)))
     return files
+
+
+def _sources(with_cuda: bool) -> list[str]:
+    patterns = ["csrc/*.cpp", "csrc/common/*.cpp", "csrc/cpu/*.cpp", "csrc/api/*.cpp",
+                "csrc/python_entry/*.cpp"]
+    if with_cuda:
+        patterns.append("csrc/cuda/*.cu")
+    return _glob(patterns)
+
+
+def _test_ext_sources() -> list[str]:
+    # The emulated launchers, their module and their own copy of the host-side checks
+    # (csrc/cuda_emulation/host_checks.cpp includes csrc/common/*.cpp). Host code only:
+    # a C++ extension in every configuration.
+    return _glob(["csrc/cuda_emulation/*.cpp"])
 
 
 def _write_build_config(out_dir: Path, values: dict[str, str]) -> None:
@@ -294,9 +310,20 @@ def _extensions() -> tuple[list, dict]:
         include_dirs=include_dirs,
         **kwargs,
     )
+    exts = [ext]
+    if _flag("MIXPREC_BUILD_TEST_EXT"):
+        print("mixprec: MIXPREC_BUILD_TEST_EXT=1: also building mixprec._cuda_emulation_C "
+              "(tests only)", flush=True)
+        exts.append(cpp_extension.CppExtension(
+            name="mixprec._cuda_emulation_C",
+            sources=_test_ext_sources(),
+            include_dirs=include_dirs,
+            extra_compile_args={"cxx": cxx_flags},
+            extra_link_args=openmp,
+        ))
     build_ext = _with_cpp_bundle(
         cpp_extension.BuildExtension.with_options(no_python_abi_suffix=False))
-    return [ext], {"build_ext": build_ext}
+    return exts, {"build_ext": build_ext}
 
 
 def _bundle_cpp(package_dir: Path) -> None:

@@ -21,7 +21,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/library.h>
 
-#include "common/op_table.h"
+#include "op_table.h"
 
 #include <optional>
 #include <string>

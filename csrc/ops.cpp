@@ -4,7 +4,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "common/op_table.h"
+#include "op_table.h"
 
 namespace mixprec {
 namespace detail {

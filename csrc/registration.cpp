@@ -1,10 +1,10 @@
 // The one TORCH_LIBRARY block of mixprec: every op of MIXPREC_FOR_EACH_OP,
-// with its schema from csrc/common/op_table.h (where the contract comments
+// with its schema from csrc/op_table.h (where the contract comments
 // are). Kernels register themselves per backend (csrc/cpu, csrc/cuda) and at
 // the Autograd key (autograd.cpp).
 #include <torch/library.h>
 
-#include "common/op_table.h"
+#include "op_table.h"
 
 TORCH_LIBRARY(mixprec, m) {
 #define MIXPREC_DEF_(op) m.def(::mixprec::OpInfo<&::mixprec::op>::kSchema);

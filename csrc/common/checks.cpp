@@ -50,28 +50,33 @@ void check_scalar_tensor(const char* op, const char* name, const at::Tensor& t,
               device, " (the device of ", device_of, "), got ", t.device());
 }
 
+void check_grad_member(const char* op, const char* name, size_t i,
+                       const at::Tensor& t, const c10::Device& device,
+                       bool written) {
+  TORCH_CHECK(t.defined(), "mixprec.", op, ": ", name, "[", i,
+              "] is undefined");
+  TORCH_CHECK(t.layout() == at::kStrided, "mixprec.", op, ": ", name, "[", i,
+              "] must be a dense (strided) tensor, got layout ", t.layout(),
+              "; coalesce sparse gradients and pass "
+              "their values() instead");
+  TORCH_CHECK(is_supported_float(t.scalar_type()), "mixprec.", op, ": ", name,
+              "[", i, "] must be float32, float16, bfloat16 or float64, got ",
+              t.scalar_type());
+  TORCH_CHECK(t.device() == device, "mixprec.", op, ": ", name, "[", i,
+              "] is on ", t.device(), " but found_inf is on ", device,
+              "; call the op once per device");
+  if (written && !t.is_non_overlapping_and_dense()) {
+    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "mixprec.",
+                op, ": ", name, "[", i,
+                "] has internal overlap (e.g. an expanded tensor), so an "
+                "in-place write would touch an element more than once");
+  }
+}
+
 void check_grad_list(const char* op, const char* name, at::TensorList tensors,
                      const c10::Device& device, bool written) {
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const at::Tensor& t = tensors[i];
-    TORCH_CHECK(t.defined(), "mixprec.", op, ": ", name, "[", i,
-                "] is undefined");
-    TORCH_CHECK(t.layout() == at::kStrided, "mixprec.", op, ": ", name, "[", i,
-                "] must be a dense (strided) tensor, got layout ", t.layout(),
-                "; coalesce sparse gradients and pass "
-                "their values() instead");
-    TORCH_CHECK(is_supported_float(t.scalar_type()), "mixprec.", op, ": ", name,
-                "[", i, "] must be float32, float16, bfloat16 or float64, got ",
-                t.scalar_type());
-    TORCH_CHECK(t.device() == device, "mixprec.", op, ": ", name, "[", i,
-                "] is on ", t.device(), " but found_inf is on ", device,
-                "; call the op once per device");
-    if (written && !t.is_non_overlapping_and_dense()) {
-      TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes,
-                  "mixprec.", op, ": ", name, "[", i,
-                  "] has internal overlap (e.g. an expanded tensor), so an "
-                  "in-place write would touch an element more than once");
-    }
+    check_grad_member(op, name, i, tensors[i], device, written);
   }
 }
 
@@ -138,10 +143,11 @@ ScaleBounds check_update_scale_ext_args(const OpArgs<&update_scale_ext_>& a) {
 namespace mixprec {
 namespace checks {
 
-void check_unscale_args(const char* op, at::TensorList tensors,
-                        const at::Tensor& found_inf,
-                        const at::Tensor* inv_scale, c10::DeviceType backend,
-                        bool read_only) {
+c10::Device check_unscale_args(const char* op, at::TensorList tensors,
+                               const at::Tensor& found_inf,
+                               const at::Tensor* inv_scale,
+                               c10::DeviceType backend, bool read_only,
+                               bool each_tensor) {
   TORCH_CHECK(found_inf.defined() && found_inf.device().type() == backend,
               "mixprec.", op, ": found_inf must be a ",
               c10::DeviceTypeName(backend, /*lower_case=*/true),
@@ -154,8 +160,11 @@ void check_unscale_args(const char* op, at::TensorList tensors,
     check_scalar_tensor(op, "inv_scale", *inv_scale, at::kFloat, device,
                         "found_inf");
   }
-  check_grad_list(op, inv_scale != nullptr ? "grads" : "tensors", tensors,
-                  device, inv_scale != nullptr && !read_only);
+  if (each_tensor) {
+    check_grad_list(op, inv_scale != nullptr ? "grads" : "tensors", tensors,
+                    device, inv_scale != nullptr && !read_only);
+  }
+  return device;
 }
 
 void check_norm_type(const char* op, double norm_type) {

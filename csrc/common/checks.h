@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "common/op_table.h"
+#include "op_table.h"
 
 namespace mixprec {
 namespace checks {
@@ -30,17 +30,40 @@ void check_scalar_tensor(const char* op, const char* name, const at::Tensor& t,
 // element once).
 void check_grad_list(const char* op, const char* name, at::TensorList tensors,
                      const c10::Device& device, bool written);
+// The same checks for tensors[i] == t alone (check_grad_list is a loop of it),
+// for launchers that check while they plan, in one pass over the list.
+void check_grad_member(const char* op, const char* name, size_t i,
+                       const at::Tensor& t, const c10::Device& device,
+                       bool written);
 
 bool is_supported_float(c10::ScalarType t);
+
+// a == b for sizes or strides, inline: the planners compare a few int64 per
+// tensor, where IntArrayRef's == calls memcmp.
+inline bool same_dims(c10::IntArrayRef a, c10::IntArrayRef b) {
+  if (a.size() != b.size()) {
+    return false;
+  }
+  for (size_t k = 0; k < a.size(); ++k) {
+    if (a[k] != b[k]) {
+      return false;
+    }
+  }
+  return true;
+}
 
 // The arguments of the unscale family (unscale_and_check_, check_finite_,
 // unscale_and_norm_): found_inf (float32, one element) on a `backend` device,
 // inv_scale (when given) likewise on the same device, and the tensor list as
 // in check_grad_list (written when inv_scale is given, unless read_only).
-void check_unscale_args(const char* op, at::TensorList tensors,
-                        const at::Tensor& found_inf,
-                        const at::Tensor* inv_scale, c10::DeviceType backend,
-                        bool read_only = false);
+// With each_tensor false the list's tensors are left to the caller, which
+// must run check_grad_member on every one of them before it writes anything.
+// Returns the device of the call (found_inf's).
+c10::Device check_unscale_args(const char* op, at::TensorList tensors,
+                               const at::Tensor& found_inf,
+                               const at::Tensor* inv_scale,
+                               c10::DeviceType backend, bool read_only = false,
+                               bool each_tensor = true);
 
 // norm_type must be > 0 (inf allowed) and not NaN.
 void check_norm_type(const char* op, double norm_type);

@@ -34,10 +34,10 @@ void check_member(const char* op, const char* name, size_t i,
   TORCH_CHECK(t.device() == device, "mixprec.", op, ": ", name, "[", i,
               "] is on ", t.device(), " but params[0] is on ", device,
               "; call the op once per device");
-  TORCH_CHECK(t.sizes() == param.sizes(), "mixprec.", op, ": ", name, "[", i,
-              "] has shape ", t.sizes(), " but params[", i, "] has shape ",
-              param.sizes());
-  if (written) {
+  TORCH_CHECK(checks::same_dims(t.sizes(), param.sizes()), "mixprec.", op, ": ",
+              name, "[", i, "] has shape ", t.sizes(), " but params[", i,
+              "] has shape ", param.sizes());
+  if (written && !t.is_non_overlapping_and_dense()) {  // (dense: no overlap)
     TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "mixprec.",
                 op, ": ", name, "[", i,
                 "] has internal overlap (e.g. an expanded tensor), so an "
@@ -47,10 +47,12 @@ void check_member(const char* op, const char* name, size_t i,
 
 }  // namespace
 
-void check_optim_args(const char* op, const OptimLists& lists,
+void check_optim_args(const OptimLists& lists,
                       const std::vector<bool>& state_required,
                       const OptimScalars& scalars, bool stochastic_rounding,
-                      c10::DeviceType backend) {
+                      c10::DeviceType backend, bool each_param) {
+  TORCH_INTERNAL_ASSERT(lists.op != nullptr);
+  const char* op = lists.op;
   const size_t n = lists.params.size();
   TORCH_CHECK(lists.grads.size() == n, "mixprec.", op, ": grads has ",
               lists.grads.size(), " tensors but params has ", n);
@@ -103,7 +105,18 @@ void check_optim_args(const char* op, const OptimLists& lists,
     check_scalar(op, "clip_coef", **scalars.clip_coef, device, false);
   }
 
-  for (size_t i = 0; i < n; ++i) {
+  if (each_param) {
+    for (size_t i = 0; i < n; ++i) {
+      check_optim_param(lists, i, device);
+    }
+  }
+}
+
+void check_optim_param(const OptimLists& lists, size_t i,
+                       const c10::Device& device) {
+  const char* op = lists.op;
+  const bool masters = !lists.master_params.empty();
+  {
     const at::Tensor& p = lists.params[i];
     TORCH_CHECK(p.defined(), "mixprec.", op, ": params[", i, "] is undefined");
     TORCH_CHECK(is_param_dtype(p.scalar_type()), "mixprec.", op, ": params[", i,

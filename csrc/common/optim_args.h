@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/op_table.h"
+#include "op_table.h"
 
 namespace mixprec {
 namespace optim {
@@ -40,6 +40,7 @@ struct OptimLists {
   std::vector<StateList> states;
   at::TensorList master_params;
   at::TensorList state_steps;
+  const char* op = nullptr;  // the op's name, for messages
 };
 
 // The one-element scalars of a call.
@@ -55,11 +56,19 @@ struct OptimScalars {
 // grads float32/float16/bfloat16; states, masters and steps float32; masters
 // only for 16-bit params), shapes equal to the param's, dense layouts, no
 // internal overlap in what is written, and one-element scalars on the same
-// device. `stochastic_rounding` requires no masters.
-void check_optim_args(const char* op, const OptimLists& lists,
+// device. `stochastic_rounding` requires no masters. With each_param false,
+// only the call is checked (list lengths, the device, the scalars): the
+// caller must then run check_optim_param on every param before it writes
+// anything (the CUDA launchers check while they plan, in one pass).
+void check_optim_args(const OptimLists& lists,
                       const std::vector<bool>& state_required,
                       const OptimScalars& scalars, bool stochastic_rounding,
-                      c10::DeviceType backend);
+                      c10::DeviceType backend, bool each_param = true);
+
+// The checks of param i and of its tensors in every list (the per-param part
+// of check_optim_args); `device` is the call's (params[0]'s).
+void check_optim_param(const OptimLists& lists, size_t i,
+                       const c10::Device& device);
 
 // Hyper-parameter checks (host floats); `op` names the op in messages.
 void check_adam_hparams(double beta1, double beta2, double weight_decay,
@@ -70,9 +79,13 @@ void check_sgd_hparams(double weight_decay, double momentum, double dampening,
 // The argument checks of the fused_adam_ / fused_sgd_ kernels of `backend`
 // (check_optim_args, then the hyper-parameters). They return the call's
 // lists (states: exp_avgs, exp_avg_sqs, max_exp_avg_sqs / momentum_buffers)
-// for FlatSet.
+// for FlatSet. With each_param false they check the call only
+// (check_optim_args' each_param), not the hyper-parameters either: the caller
+// runs check_optim_param for every param, then the hyper-parameter checks
+// (the same order of checks, so the same first error).
 inline OptimLists check_fused_adam_args(const OpArgs<&fused_adam_>& a,
-                                        c10::DeviceType backend) {
+                                        c10::DeviceType backend,
+                                        bool each_param = true) {
   MIXPREC_BIND(a, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
                master_params, state_steps, lr, beta1, beta2, weight_decay, eps,
                amsgrad, grad_scale, found_inf, clip_coef, stochastic_rounding)
@@ -83,15 +96,20 @@ inline OptimLists check_fused_adam_args(const OpArgs<&fused_adam_>& a,
                     {"max_exp_avg_sqs", max_exp_avg_sqs}},
                    master_params,
                    state_steps};
-  check_optim_args("fused_adam_", lists, {true, true, amsgrad},
+  lists.op = "fused_adam_";
+  check_optim_args(lists, {true, true, amsgrad},
                    {&lr, &grad_scale, &found_inf, &clip_coef},
-                   stochastic_rounding, backend);
+                   stochastic_rounding, backend, each_param);
+  if (!each_param) {
+    return lists;
+  }
   check_adam_hparams(beta1, beta2, weight_decay, eps);
   return lists;
 }
 
 inline OptimLists check_fused_sgd_args(const OpArgs<&fused_sgd_>& a,
-                                       c10::DeviceType backend) {
+                                       c10::DeviceType backend,
+                                       bool each_param = true) {
   MIXPREC_BIND(a, params, grads, momentum_buffers, master_params, state_steps,
                lr, weight_decay, momentum, dampening, nesterov, grad_scale,
                found_inf, clip_coef, stochastic_rounding)
@@ -100,9 +118,13 @@ inline OptimLists check_fused_sgd_args(const OpArgs<&fused_sgd_>& a,
                    {{"momentum_buffers", momentum_buffers}},
                    master_params,
                    state_steps};
-  check_optim_args("fused_sgd_", lists, {momentum != 0.0},
+  lists.op = "fused_sgd_";
+  check_optim_args(lists, {momentum != 0.0},
                    {&lr, &grad_scale, &found_inf, &clip_coef},
-                   stochastic_rounding, backend);
+                   stochastic_rounding, backend, each_param);
+  if (!each_param) {
+    return lists;
+  }
   check_sgd_hparams(weight_decay, momentum, dampening, nesterov);
   return lists;
 }
@@ -110,7 +132,8 @@ inline OptimLists check_fused_sgd_args(const OpArgs<&fused_sgd_>& a,
 // The checks of the 8-bit ops (fused_adam8_, fused_sgd8_): the lists as above
 // with the codes and their maxima; fused_sgd8_ requires momentum > 0.
 inline OptimLists check_fused_adam8_args(const OpArgs<&fused_adam8_>& a,
-                                         c10::DeviceType backend) {
+                                         c10::DeviceType backend,
+                                         bool each_param = true) {
   MIXPREC_BIND(a, params, grads, exp_avgs, exp_avg_absmax, exp_avg_sqs,
                exp_avg_sq_absmax, master_params, state_steps, lr, beta1, beta2,
                weight_decay, eps, grad_scale, found_inf, clip_coef,
@@ -123,9 +146,13 @@ inline OptimLists check_fused_adam8_args(const OpArgs<&fused_adam8_>& a,
         exp_avg_sq_absmax}},
       master_params,
       state_steps};
-  check_optim_args("fused_adam8_", lists, {true, true},
+  lists.op = "fused_adam8_";
+  check_optim_args(lists, {true, true},
                    {&lr, &grad_scale, &found_inf, &clip_coef},
-                   stochastic_rounding, backend);
+                   stochastic_rounding, backend, each_param);
+  if (!each_param) {
+    return lists;
+  }
   check_adam_hparams(beta1, beta2, weight_decay, eps, "fused_adam8_");
   return lists;
 }
@@ -133,7 +160,8 @@ inline OptimLists check_fused_adam8_args(const OpArgs<&fused_adam8_>& a,
 void check_sgd8_momentum(double momentum);
 
 inline OptimLists check_fused_sgd8_args(const OpArgs<&fused_sgd8_>& a,
-                                        c10::DeviceType backend) {
+                                        c10::DeviceType backend,
+                                        bool each_param = true) {
   MIXPREC_BIND(a, params, grads, momentum_buffers, momentum_absmax,
                master_params, state_steps, lr, weight_decay, momentum,
                dampening, nesterov, grad_scale, found_inf, clip_coef,
@@ -145,9 +173,12 @@ inline OptimLists check_fused_sgd8_args(const OpArgs<&fused_sgd8_>& a,
                      "momentum_absmax", momentum_absmax}},
                    master_params,
                    state_steps};
-  check_optim_args("fused_sgd8_", lists, {true},
-                   {&lr, &grad_scale, &found_inf, &clip_coef},
-                   stochastic_rounding, backend);
+  lists.op = "fused_sgd8_";
+  check_optim_args(lists, {true}, {&lr, &grad_scale, &found_inf, &clip_coef},
+                   stochastic_rounding, backend, each_param);
+  if (!each_param) {
+    return lists;
+  }
   check_sgd_hparams(weight_decay, momentum, dampening, nesterov, "fused_sgd8_");
   return lists;
 }

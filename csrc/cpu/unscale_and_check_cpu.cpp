@@ -3,7 +3,7 @@
 #include <torch/library.h>
 
 #include "common/checks.h"
-#include "common/op_table.h"
+#include "op_table.h"
 #include "cpu/multi_tensor_cpu.h"
 #include "cpu/span_kernels.h"
 

@@ -7,7 +7,7 @@
 
 #include "common/checks.h"
 #include "common/norm_math.h"
-#include "common/op_table.h"
+#include "op_table.h"
 #include "cpu/multi_tensor_cpu.h"
 #include "cpu/span_kernels.h"
 

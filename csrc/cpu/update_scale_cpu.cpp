@@ -3,7 +3,7 @@
 #include <torch/library.h>
 
 #include "common/checks.h"
-#include "common/op_table.h"
+#include "op_table.h"
 #include "common/update_scale_math.h"
 
 namespace mixprec {

@@ -99,42 +99,27 @@ AdamKernelArgs adam_kernel_args(const A& op_args) {
 
 template <class Exec>
 void fused_adam_launch(const OpArgs<&fused_adam_>& op_args) {
-  MIXPREC_BIND(op_args, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
-               master_params, state_steps, lr, beta1, beta2, weight_decay, eps,
-               amsgrad, grad_scale, found_inf, clip_coef, stochastic_rounding)
-  // The plan's key (PlanCache, launch_plan.h): every list and the flags and
-  // scalars that check_optim_args reads; the hyper-parameters are checked
-  // every call.
-  static thread_local PlanCache<OptimPlan<AdamSlot::kDepth>> cache;
-  auto visit = [&](auto& k) {
-    return k.value(amsgrad) && k.value(stochastic_rounding) && k.list(params) &&
-           k.list(grads) && k.list(exp_avgs) && k.list(exp_avg_sqs) &&
-           k.list(max_exp_avg_sqs) && k.list(master_params) &&
-           k.list(state_steps) && k.scalar(lr) &&
-           k.optional_scalar(grad_scale) && k.optional_scalar(found_inf) &&
-           k.optional_scalar(clip_coef);
-  };
-  auto fill = [&](const optim::FlatSet& fs, size_t i,
+  MIXPREC_BIND(op_args, state_steps, beta1, beta2, weight_decay, eps, amsgrad,
+               stochastic_rounding)
+  auto fill = [&](const FlatRows& fs, const at::Tensor* const* v, size_t i,
                   void*(&a)[AdamSlot::kDepth]) {
-    const std::vector<optim::TensorRefs>& v = fs.views;
     const int vm_view = fs.state_view[2];  // max_exp_avg_sqs (amsgrad)
-    void* p = v[0][i]->data_ptr();
+    void* p = v[0]->data_ptr();
     a[AdamSlot::kParam] = p;
-    a[AdamSlot::kGrad] = v[1][i]->data_ptr();
-    a[AdamSlot::kExpAvg] = v[fs.state_view[0]][i]->data_ptr();
-    a[AdamSlot::kExpAvgSq] = v[fs.state_view[1]][i]->data_ptr();
-    a[AdamSlot::kMaxExpAvgSq] = vm_view >= 0 ? v[vm_view][i]->data_ptr() : p;
+    a[AdamSlot::kGrad] = v[1]->data_ptr();
+    a[AdamSlot::kExpAvg] = v[fs.state_view[0]]->data_ptr();
+    a[AdamSlot::kExpAvgSq] = v[fs.state_view[1]]->data_ptr();
+    a[AdamSlot::kMaxExpAvgSq] = vm_view >= 0 ? v[vm_view]->data_ptr() : p;
     a[AdamSlot::kMaster] =
-        fs.master_view >= 0 ? v[fs.master_view][i]->data_ptr() : p;
+        fs.master_view >= 0 ? v[fs.master_view]->data_ptr() : p;
     a[AdamSlot::kStep] = state_steps[i].data_ptr();
   };
   auto make_args = [&] { return adam_kernel_args(op_args); };
   launch_optim<Exec, AdamSlot::kDepth, AdamOp>(
-      cache, visit,
-      [&] { return optim::check_fused_adam_args(op_args, Exec::kBackend); },
+      optim::check_fused_adam_args(op_args, Exec::kBackend,
+                                   /*each_param=*/false),
       [&] { optim::check_adam_hparams(beta1, beta2, weight_decay, eps); }, fill,
-      make_args, params, master_params, state_steps, amsgrad,
-      stochastic_rounding);
+      make_args, amsgrad, stochastic_rounding);
 }
 
 // fused_adam8_'s slots: the moments as codes (per element, flattened with
@@ -191,43 +176,30 @@ using Adam8Op = Optim8Op<P, G, kHasMaster, Adam8Rule>;
 
 template <class Exec>
 void fused_adam8_launch(const OpArgs<&fused_adam8_>& op_args) {
-  MIXPREC_BIND(op_args, params, grads, exp_avgs, exp_avg_absmax, exp_avg_sqs,
-               exp_avg_sq_absmax, master_params, state_steps, lr, beta1, beta2,
-               weight_decay, eps, grad_scale, found_inf, clip_coef,
-               stochastic_rounding)
-  static thread_local PlanCache<OptimPlan<Adam8Slot::kDepth>> cache;
-  auto visit = [&](auto& k) {
-    return k.value(stochastic_rounding) && k.list(params) && k.list(grads) &&
-           k.list(exp_avgs) && k.list(exp_avg_absmax) && k.list(exp_avg_sqs) &&
-           k.list(exp_avg_sq_absmax) && k.list(master_params) &&
-           k.list(state_steps) && k.scalar(lr) &&
-           k.optional_scalar(grad_scale) && k.optional_scalar(found_inf) &&
-           k.optional_scalar(clip_coef);
-  };
-  auto fill = [&](const optim::FlatSet& fs, size_t i,
+  MIXPREC_BIND(op_args, exp_avg_absmax, exp_avg_sq_absmax, state_steps, beta1,
+               beta2, weight_decay, eps, stochastic_rounding)
+  auto fill = [&](const FlatRows& fs, const at::Tensor* const* v, size_t i,
                   void*(&a)[Adam8Slot::kDepth]) {
-    const std::vector<optim::TensorRefs>& v = fs.views;
-    void* p = v[0][i]->data_ptr();
+    void* p = v[0]->data_ptr();
     a[Adam8Slot::kParam] = p;
-    a[Adam8Slot::kGrad] = v[1][i]->data_ptr();
-    a[Adam8Slot::kExpAvg] = v[fs.state_view[0]][i]->data_ptr();
+    a[Adam8Slot::kGrad] = v[1]->data_ptr();
+    a[Adam8Slot::kExpAvg] = v[fs.state_view[0]]->data_ptr();
     a[Adam8Slot::kExpAvgAbsmax] = exp_avg_absmax[i].data_ptr();
-    a[Adam8Slot::kExpAvgSq] = v[fs.state_view[1]][i]->data_ptr();
+    a[Adam8Slot::kExpAvgSq] = v[fs.state_view[1]]->data_ptr();
     a[Adam8Slot::kExpAvgSqAbsmax] = exp_avg_sq_absmax[i].data_ptr();
     a[Adam8Slot::kMaster] =
-        fs.master_view >= 0 ? v[fs.master_view][i]->data_ptr() : p;
+        fs.master_view >= 0 ? v[fs.master_view]->data_ptr() : p;
     a[Adam8Slot::kStep] = state_steps[i].data_ptr();
   };
   auto make_args = [&] { return adam_kernel_args(op_args); };
   launch_optim<Exec, Adam8Slot::kDepth, Adam8Op>(
-      cache, visit,
-      [&] { return optim::check_fused_adam8_args(op_args, Exec::kBackend); },
+      optim::check_fused_adam8_args(op_args, Exec::kBackend,
+                                    /*each_param=*/false),
       [&] {
         optim::check_adam_hparams(beta1, beta2, weight_decay, eps,
                                   "fused_adam8_");
       },
-      fill, make_args, params, master_params, state_steps, false,
-      stochastic_rounding);
+      fill, make_args, false, stochastic_rounding);
 }
 
 }  // namespace cuda

@@ -12,11 +12,13 @@
 
 #include <algorithm>
 #include <array>
+#include <deque>
 #include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "common/checks.h"
 #include "common/optim_args.h"
 #include "common/optim_dispatch.h"
 #include "common/optim_math.h"
@@ -103,18 +105,6 @@ struct IncrementStepsOp {
     }
   }
 };
-
-// The step-count pointers of `steps`, kStepsPerLaunch per launch.
-inline void plan_steps(at::TensorList steps, std::vector<StepPtrs>& out) {
-  for (size_t i = 0; i < steps.size(); ++i) {
-    if (i % kStepsPerLaunch == 0) {
-      out.emplace_back();
-      out.back().n = 0;
-    }
-    StepPtrs& s = out.back();
-    s.ptr[s.n++] = steps[i].data_ptr<float>();
-  }
-}
 
 template <class Exec>
 void increment_steps(const std::vector<StepPtrs>& launches,
@@ -324,30 +314,93 @@ struct OptimOp {
   }
 };
 
-// Parameter indices grouped by (param dtype, grad dtype), in list order
-// within a group; groups in a fixed order (param dtype, then grad dtype, each
-// as half, float, bfloat16). Empty params are left out (they have no chunks).
-struct DtypePairGroups {
-  static constexpr std::array<at::ScalarType, 3> kDtypes{at::kHalf, at::kFloat,
-                                                         at::kBFloat16};
-  std::array<std::vector<uint32_t>, 9> idx;
+// The tensors of one parameter as the kernels see them, param by param:
+// row(i) holds param i's tensor in every list in use -- params, grads, the
+// states in use, the masters (FlatSet's lists, optim_args.h) -- the caller's
+// own tensors when all are dense with the param's strides, else contiguous
+// copies, the written ones copied back by finish(). FlatSet's rule, one
+// param at a time, so that a launcher plans in one pass over its lists.
+class FlatRows {
+ public:
+  static constexpr int kMaxLists = 6;  // params, grads, 3 states, masters
 
-  explicit DtypePairGroups(const optim::TensorRefs& params,
-                           const optim::TensorRefs& grads) {
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i]->numel() == 0) {
-        continue;
+  explicit FlatRows(const optim::OptimLists& in) {
+    add(in.params, true);
+    add(in.grads, false);
+    TORCH_INTERNAL_ASSERT(in.states.size() <= state_view.size());
+    for (size_t s = 0; s < in.states.size(); ++s) {
+      const at::TensorList list = in.states[s].list;
+      state_view[s] = list.empty() ? -1 : count_;
+      if (!list.empty()) {
+        add(list, true);
       }
-      std::vector<uint32_t>& g = idx[3 * slot(params[i]->scalar_type()) +
-                                     slot(grads[i]->scalar_type())];
-      if (g.empty()) {
-        g.reserve(params.size());
-      }
-      g.push_back(static_cast<uint32_t>(i));
+    }
+    if (!in.master_params.empty()) {
+      master_view = count_;
+      add(in.master_params, true);
     }
   }
 
-  static int slot(at::ScalarType t) { return dtype_index(kDtypes, t); }
+  // Param i's tensors, by list (index with state_view / master_view); valid
+  // until the next call.
+  const at::Tensor* const* row(size_t i) {
+    const at::Tensor& p = lists_[0][i];
+    bool direct = p.is_non_overlapping_and_dense();
+    for (int l = 1; l < count_ && direct; ++l) {
+      const at::Tensor& t = lists_[l][i];
+      direct = t.is_non_overlapping_and_dense() &&
+               checks::same_dims(t.strides(), p.strides());
+    }
+    for (int l = 0; l < count_; ++l) {
+      const at::Tensor& t = lists_[l][i];
+      if (direct) {
+        row_[l] = &t;
+      } else {
+        owned_.push_back(t.contiguous());
+        if (written_[l] && !owned_.back().is_same(t)) {
+          copy_back_.emplace_back(t, owned_.back());
+        }
+        row_[l] = &owned_.back();
+      }
+    }
+    return row_.data();
+  }
+
+  void finish() {
+    for (auto& pr : copy_back_) {
+      pr.first.copy_(pr.second);
+    }
+  }
+
+  // The row index of the call's state list s; -1 for a state not in use.
+  std::array<int, 3> state_view{-1, -1, -1};
+  int master_view = -1;  // the row index of the masters; -1 without
+
+ private:
+  void add(at::TensorList list, bool written) {
+    TORCH_INTERNAL_ASSERT(count_ < kMaxLists);
+    lists_[count_] = list;
+    written_[count_] = written;
+    ++count_;
+  }
+
+  std::array<at::TensorList, kMaxLists> lists_;
+  std::array<bool, kMaxLists> written_{};
+  int count_ = 0;
+  std::array<const at::Tensor*, kMaxLists> row_{};
+  std::deque<at::Tensor> owned_;  // contiguous copies (stable addresses)
+  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back_;  // (orig, flat)
+};
+
+// The (param dtype, grad dtype) groups of a plan: params grouped by the
+// pair, in list order within a group; groups in a fixed order (param dtype,
+// then grad dtype, each as half, float, bfloat16).
+struct DtypePairGroups {
+  static constexpr std::array<at::ScalarType, 3> kDtypes{at::kHalf, at::kFloat,
+                                                         at::kBFloat16};
+  static int group(at::ScalarType param, at::ScalarType grad) {
+    return 3 * dtype_index(kDtypes, param) + dtype_index(kDtypes, grad);
+  }
 };
 
 // The plan of one fused-optimizer call: the launches of each (param dtype,
@@ -357,42 +410,7 @@ template <int Depth>
 struct OptimPlan {
   std::array<Launches<Depth>, 9> groups;
   std::vector<StepPtrs> steps;
-
-  void clear() {  // (keeps the capacity)
-    for (Launches<Depth>& g : groups) {
-      g.clear();
-    }
-    steps.clear();
-  }
 };
-
-// Builds the plan of the flat params `fs` and their step counts into `out`.
-// fill(i, addresses) writes the Depth list addresses of param i (an index
-// into fs.views). Returns whether the plan may be stored for reuse: not when
-// fs made contiguous copies, whose addresses change every call.
-template <int Depth, typename Fill>
-bool build_optim_plan(const optim::FlatSet& fs, at::TensorList state_steps,
-                      Fill&& fill, OptimPlan<Depth>& out) {
-  const DtypePairGroups groups(fs.views[0], fs.views[1]);
-  PlanList<Depth> entries;
-  for (int k = 0; k < 9; ++k) {
-    const std::vector<uint32_t>& idx = groups.idx[k];
-    if (idx.empty()) {
-      continue;
-    }
-    entries.clear();
-    entries.reserve(idx.size());
-    for (uint32_t i : idx) {
-      PlanEntry<Depth> e;
-      fill(static_cast<size_t>(i), e.addresses);
-      e.numel = fs.views[0][i]->numel();
-      entries.push_back(e);
-    }
-    plan_launches(entries, out.groups[k]);
-  }
-  plan_steps(state_steps, out.steps);
-  return fs.owned.empty();
-}
 
 // Runs the groups of `plan` with Op<P, G, kHasMaster, kHasOption> per (param
 // dtype, grad dtype) group, where kHasMaster says whether there are master
@@ -437,55 +455,72 @@ void run_optim_plan(const OptimPlan<Depth>& plan, bool masters, bool option,
   }
 }
 
-// What every fused-optimizer launcher does around its own parts (the key,
-// the checks, the slot wiring, the kernel arguments):
-// - look the call up in `cache` by `visit` (PlanCache, launch_plan.h);
-// - on a miss, run the full argument checks (`check_all`, returning the
-//   lists); on a hit, only the hyper-parameter checks (`check_hparams`);
-// - on a miss, build the plan from the FlatSet of the lists, `fill(fs, i,
-//   addresses)` wiring param i's slots, and store it when it may be reused;
+// What every fused-optimizer launcher does around its own parts (the
+// checks, the slot wiring, the kernel arguments), in one pass over the lists:
+// - `lists` are the call's, checked as a call (check_fused_*_args with
+//   each_param false: lengths, device, scalars);
+// - for each param i: its checks (check_optim_param), its flat tensors
+//   (FlatRows), its step pointer, and, unless it is empty, its slots wired by
+//   `fill(rows, row, i, addresses)` into the launches of its dtype group;
+// - then the hyper-parameter checks `check_hparams` (after every tensor
+//   check, as check_fused_*_args orders them);
 // - run Op over the plan with the kernel arguments `make_args()` (made after
-//   the checks, so a bad argument gets the checks' message), then increment
-//   the step counts unless found_inf.
+//   the checks, so a bad argument gets the checks' message), copy the
+//   flattened copies back, then increment the step counts unless found_inf.
 template <class Exec, int Depth,
-          template <typename, typename, bool, bool> class Op, class Visit,
-          class CheckAll, class CheckHparams, class Fill, class MakeArgs>
-void launch_optim(PlanCache<OptimPlan<Depth>>& cache, const Visit& visit,
-                  const CheckAll& check_all, const CheckHparams& check_hparams,
-                  const Fill& fill, const MakeArgs& make_args,
-                  at::TensorList params, at::TensorList master_params,
-                  at::TensorList state_steps, bool option,
+          template <typename, typename, bool, bool> class Op,
+          class CheckHparams, class Fill, class MakeArgs>
+void launch_optim(const optim::OptimLists& lists,
+                  const CheckHparams& check_hparams, const Fill& fill,
+                  const MakeArgs& make_args, bool option,
                   bool stochastic_rounding) {
-  const OptimPlan<Depth>* plan = cache.find(visit);
-  std::optional<optim::OptimLists> lists;
-  if (plan == nullptr) {
-    lists.emplace(check_all());
-    if (params.empty()) {
-      return;
-    }
-  } else {
+  const size_t n = lists.params.size();
+  if (n == 0) {
     check_hparams();
+    return;
   }
-  typename Exec::Guard guard(params[0].device());
-  const bool masters = !master_params.empty();
+  const c10::Device device = lists.params[0].device();
+  typename Exec::Guard guard(device);
+  const bool masters = !lists.master_params.empty();
 
-  std::optional<optim::FlatSet> fs;
-  if (plan == nullptr) {
-    plan = &cache.build(visit, [&](OptimPlan<Depth>& out) {
-      fs.emplace(*lists);
-      return build_optim_plan<Depth>(
-          *fs, state_steps,
-          [&](size_t i, void*(&a)[Depth]) { fill(*fs, i, a); }, out);
-    });
+  FlatRows rows(lists);
+  OptimPlan<Depth> plan;
+  std::array<std::optional<LaunchPlanner<Depth>>, 9> planners;
+  plan.steps.reserve(n / kStepsPerLaunch + 1);
+  for (size_t i = 0; i < n; ++i) {
+    optim::check_optim_param(lists, i, device);
+    if (i % kStepsPerLaunch == 0) {
+      plan.steps.emplace_back();
+      plan.steps.back().n = 0;
+    }
+    StepPtrs& s = plan.steps.back();
+    s.ptr[s.n++] = static_cast<float*>(lists.state_steps[i].data_ptr());
+    const int64_t numel = lists.params[i].numel();
+    if (numel == 0) {
+      continue;  // no chunks (its step count is still incremented)
+    }
+    const at::Tensor* const* row = rows.row(i);
+    const int k =
+        DtypePairGroups::group(row[0]->scalar_type(), row[1]->scalar_type());
+    if (!planners[k]) {
+      planners[k].emplace(plan.groups[k], n - i);
+    }
+    void* addresses[Depth];
+    fill(rows, row, i, addresses);
+    planners[k]->add(addresses, numel);
   }
+  for (auto& p : planners) {
+    if (p) {
+      p->finish();
+    }
+  }
+  check_hparams();
 
   auto args = make_args();
-  run_optim_plan<Exec, Depth, Op>(*plan, masters, option, stochastic_rounding,
+  run_optim_plan<Exec, Depth, Op>(plan, masters, option, stochastic_rounding,
                                   args);
-  if (fs) {
-    fs->finish();
-  }
-  increment_steps<Exec>(plan->steps, args.found_inf);
+  rows.finish();
+  increment_steps<Exec>(plan.steps, args.found_inf);
 }
 
 }  // namespace cuda

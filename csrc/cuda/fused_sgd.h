@@ -78,43 +78,28 @@ SgdKernelArgs sgd_kernel_args(const A& op_args) {
 
 template <class Exec>
 void fused_sgd_launch(const OpArgs<&fused_sgd_>& op_args) {
-  MIXPREC_BIND(op_args, params, grads, momentum_buffers, master_params,
-               state_steps, lr, weight_decay, momentum, dampening, nesterov,
-               grad_scale, found_inf, clip_coef, stochastic_rounding)
-  // The plan's key (PlanCache, launch_plan.h): every list and the flags and
-  // scalars that check_optim_args reads; the hyper-parameters are checked
-  // every call.
+  MIXPREC_BIND(op_args, state_steps, weight_decay, momentum, dampening,
+               nesterov, stochastic_rounding)
   const bool has_mom = momentum != 0.0;
-  static thread_local PlanCache<OptimPlan<SgdSlot::kDepth>> cache;
-  auto visit = [&](auto& k) {
-    return k.value(has_mom) && k.value(stochastic_rounding) && k.list(params) &&
-           k.list(grads) && k.list(momentum_buffers) && k.list(master_params) &&
-           k.list(state_steps) && k.scalar(lr) &&
-           k.optional_scalar(grad_scale) && k.optional_scalar(found_inf) &&
-           k.optional_scalar(clip_coef);
-  };
-  auto fill = [&](const optim::FlatSet& fs, size_t i,
+  auto fill = [&](const FlatRows& fs, const at::Tensor* const* v, size_t i,
                   void*(&a)[SgdSlot::kDepth]) {
-    const std::vector<optim::TensorRefs>& v = fs.views;
     const int buf_view = fs.state_view[0];  // momentum_buffers (momentum != 0)
-    void* p = v[0][i]->data_ptr();
+    void* p = v[0]->data_ptr();
     a[SgdSlot::kParam] = p;
-    a[SgdSlot::kGrad] = v[1][i]->data_ptr();
-    a[SgdSlot::kMomentumBuffer] =
-        buf_view >= 0 ? v[buf_view][i]->data_ptr() : p;
+    a[SgdSlot::kGrad] = v[1]->data_ptr();
+    a[SgdSlot::kMomentumBuffer] = buf_view >= 0 ? v[buf_view]->data_ptr() : p;
     a[SgdSlot::kMaster] =
-        fs.master_view >= 0 ? v[fs.master_view][i]->data_ptr() : p;
+        fs.master_view >= 0 ? v[fs.master_view]->data_ptr() : p;
     a[SgdSlot::kStep] = state_steps[i].data_ptr();
   };
   auto make_args = [&] { return sgd_kernel_args(op_args); };
   launch_optim<Exec, SgdSlot::kDepth, SgdOp>(
-      cache, visit,
-      [&] { return optim::check_fused_sgd_args(op_args, Exec::kBackend); },
+      optim::check_fused_sgd_args(op_args, Exec::kBackend,
+                                  /*each_param=*/false),
       [&] {
         optim::check_sgd_hparams(weight_decay, momentum, dampening, nesterov);
       },
-      fill, make_args, params, master_params, state_steps, has_mom,
-      stochastic_rounding);
+      fill, make_args, has_mom, stochastic_rounding);
 }
 
 // fused_sgd8_'s slots: the momentum buffer as codes and maxima.
@@ -163,41 +148,29 @@ using Sgd8Op = Optim8Op<P, G, kHasMaster, Sgd8Rule>;
 
 template <class Exec>
 void fused_sgd8_launch(const OpArgs<&fused_sgd8_>& op_args) {
-  MIXPREC_BIND(op_args, params, grads, momentum_buffers, momentum_absmax,
-               master_params, state_steps, lr, weight_decay, momentum,
-               dampening, nesterov, grad_scale, found_inf, clip_coef,
-               stochastic_rounding)
-  static thread_local PlanCache<OptimPlan<Sgd8Slot::kDepth>> cache;
-  auto visit = [&](auto& k) {
-    return k.value(stochastic_rounding) && k.list(params) && k.list(grads) &&
-           k.list(momentum_buffers) && k.list(momentum_absmax) &&
-           k.list(master_params) && k.list(state_steps) && k.scalar(lr) &&
-           k.optional_scalar(grad_scale) && k.optional_scalar(found_inf) &&
-           k.optional_scalar(clip_coef);
-  };
-  auto fill = [&](const optim::FlatSet& fs, size_t i,
+  MIXPREC_BIND(op_args, momentum_absmax, state_steps, weight_decay, momentum,
+               dampening, nesterov, stochastic_rounding)
+  auto fill = [&](const FlatRows& fs, const at::Tensor* const* v, size_t i,
                   void*(&a)[Sgd8Slot::kDepth]) {
-    const std::vector<optim::TensorRefs>& v = fs.views;
-    void* p = v[0][i]->data_ptr();
+    void* p = v[0]->data_ptr();
     a[Sgd8Slot::kParam] = p;
-    a[Sgd8Slot::kGrad] = v[1][i]->data_ptr();
-    a[Sgd8Slot::kMomentumBuffer] = v[fs.state_view[0]][i]->data_ptr();
+    a[Sgd8Slot::kGrad] = v[1]->data_ptr();
+    a[Sgd8Slot::kMomentumBuffer] = v[fs.state_view[0]]->data_ptr();
     a[Sgd8Slot::kMomentumAbsmax] = momentum_absmax[i].data_ptr();
     a[Sgd8Slot::kMaster] =
-        fs.master_view >= 0 ? v[fs.master_view][i]->data_ptr() : p;
+        fs.master_view >= 0 ? v[fs.master_view]->data_ptr() : p;
     a[Sgd8Slot::kStep] = state_steps[i].data_ptr();
   };
   auto make_args = [&] { return sgd_kernel_args(op_args); };
   launch_optim<Exec, Sgd8Slot::kDepth, Sgd8Op>(
-      cache, visit,
-      [&] { return optim::check_fused_sgd8_args(op_args, Exec::kBackend); },
+      optim::check_fused_sgd8_args(op_args, Exec::kBackend,
+                                   /*each_param=*/false),
       [&] {
         optim::check_sgd8_momentum(momentum);
         optim::check_sgd_hparams(weight_decay, momentum, dampening, nesterov,
                                  "fused_sgd8_");
       },
-      fill, make_args, params, master_params, state_steps, false,
-      stochastic_rounding);
+      fill, make_args, false, stochastic_rounding);
 }
 
 }  // namespace cuda

@@ -30,9 +30,7 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdint>
-#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -128,18 +126,6 @@ struct alignas(sizeof(T) * N) AlignedVector {
   T val[N];
 };
 
-// One tensor of a plan: its address in each of the Depth lists, and its
-// number of elements (the same in every list). Built by the launchers in one
-// pass over their arguments, without copying or reference-counting tensors.
-template <int Depth>
-struct PlanEntry {
-  void* addresses[Depth];
-  int64_t numel;
-};
-
-template <int Depth>
-using PlanList = std::vector<PlanEntry<Depth>>;
-
 // One launch of a plan: the kernel argument and its number of blocks; when
 // its tensors and blocks fit the small table, also a copy of it there, which
 // is what gets launched (small). (The empty constructor leaves the tables
@@ -174,72 +160,91 @@ struct Launch {
 template <int Depth>
 using Launches = std::vector<Launch<Depth>>;
 
-// Packs the chunks of the non-empty entries into launches, appended to `out`
-// in order. A tensor too long for the blocks left in a launch goes on in the
-// next launch as its tensor 0. block_offset numbers the blocks of `entries`
-// from 0 across the launches.
+// Packs the chunks of tensors into launches, one tensor at a time, appended
+// to `out` in order: the planners call add() in their one pass over the
+// argument lists (no per-tensor allocation: the tables are filled in place),
+// then finish(). Empty tensors are skipped. A tensor too long for the blocks
+// left in a launch goes on in the next launch as its tensor 0. block_offset
+// numbers the planner's blocks from 0 across its launches.
 template <int Depth>
-void plan_launches(const PlanList<Depth>& entries, Launches<Depth>& out) {
-  constexpr int kMaxTensors = TensorListMeta<Depth>::kMaxTensors;
-  int nt = 0;
-  int nb = 0;
-  int64_t offset = 0;
-  TensorListMeta<Depth>* meta = nullptr;
-  auto open = [&] {
-    out.emplace_back();
-    meta = &out.back().meta;
-    meta->block_offset = offset;
-  };
-  auto close = [&](Launch<Depth>& l) {  // nb blocks over nt tensors
-    l.blocks = nb;
-    l.tensors = nt;
-    l.shrink();
-  };
-  for (const PlanEntry<Depth>& e : entries) {
-    const int64_t numel = e.numel;
+class LaunchPlanner {
+ public:
+  static constexpr int kMaxTensors = TensorListMeta<Depth>::kMaxTensors;
+
+  // `tensors`: how many add() calls to expect (reserves the launches they
+  // need at least; more are appended when blocks run out first).
+  LaunchPlanner(Launches<Depth>& out, size_t tensors) : out_(out) {
+    out_.reserve(out_.size() + tensors / kMaxTensors + 1);
+  }
+  LaunchPlanner(const LaunchPlanner&) = delete;
+  LaunchPlanner& operator=(const LaunchPlanner&) = delete;
+
+  void add(void* const (&addresses)[Depth], int64_t numel) {
     if (numel == 0) {
-      continue;
+      return;
     }
-    if (meta == nullptr) {
+    if (meta_ == nullptr) {
       open();
     }
     for (int d = 0; d < Depth; ++d) {
-      meta->addresses[d][nt] = e.addresses[d];
+      meta_->addresses[d][nt_] = addresses[d];
     }
-    meta->numel[nt] = numel;
-    ++nt;
+    meta_->numel[nt_] = numel;
+    ++nt_;
     const int64_t chunks = (numel + kChunkSize - 1) / kChunkSize;
     TORCH_CHECK(chunks <= INT32_MAX, "mixprec: tensor too large (", numel,
                 " elements)");
     for (int64_t c = 0; c < chunks; ++c) {
-      meta->block_to_tensor[nb] = static_cast<uint16_t>(nt - 1);
-      meta->block_to_chunk[nb] = static_cast<int32_t>(c);
-      ++nb;
+      meta_->block_to_tensor[nb_] = static_cast<uint16_t>(nt_ - 1);
+      meta_->block_to_chunk[nb_] = static_cast<int32_t>(c);
+      ++nb_;
       const bool last_chunk = c == chunks - 1;
-      if (nb == kMaxBlocks || (nt == kMaxTensors && last_chunk)) {
-        close(out.back());
-        offset += nb;
-        nb = 0;
+      if (nb_ == kMaxBlocks || (nt_ == kMaxTensors && last_chunk)) {
+        close();
         if (last_chunk) {
-          nt = 0;
-          meta = nullptr;  // the next non-empty entry opens a launch
+          meta_ = nullptr;  // the next non-empty tensor opens a launch
         } else {  // the current tensor goes on in the next launch, as tensor 0
-          const int last = nt - 1;
-          open();  // (may move the vector: index the previous launch anew)
-          const TensorListMeta<Depth>& prev = out[out.size() - 2].meta;
+          open();
           for (int d = 0; d < Depth; ++d) {
-            meta->addresses[d][0] = prev.addresses[d][last];
+            meta_->addresses[d][0] = addresses[d];
           }
-          meta->numel[0] = prev.numel[last];
-          nt = 1;
+          meta_->numel[0] = numel;
+          nt_ = 1;
         }
       }
     }
   }
-  if (nb > 0) {
-    close(out.back());
+
+  // Closes the last launch (call once, after the last add()).
+  void finish() {
+    if (nb_ > 0) {
+      close();
+    }
+    meta_ = nullptr;
   }
-}
+
+ private:
+  void open() {
+    out_.emplace_back();
+    meta_ = &out_.back().meta;
+    meta_->block_offset = offset_;
+  }
+  void close() {  // nb_ blocks over nt_ tensors
+    Launch<Depth>& l = out_.back();
+    l.blocks = nb_;
+    l.tensors = nt_;
+    l.shrink();
+    offset_ += nb_;
+    nb_ = 0;
+    nt_ = 0;
+  }
+
+  Launches<Depth>& out_;
+  TensorListMeta<Depth>* meta_ = nullptr;  // the open launch's table
+  int nt_ = 0;                             // its tensors
+  int nb_ = 0;                             // its blocks
+  int64_t offset_ = 0;                     // blocks of the closed launches
+};
 
 // Blocks of a list of launches.
 template <int Depth>
@@ -267,139 +272,6 @@ void run_launches(const Launches<Depth>& launches, const Op& op,
   }
 }
 
-// ---------------------------------------------------------------------------
-// Plan reuse across steps.
-//
-// An optimizer passes the same params, grads and states step after step, and
-// the scaler the same grads (always, with zero_grad(set_to_none=False); with
-// set_to_none=True the caching allocator often hands back the same addresses).
-// Each launcher therefore keeps, per thread, its last kEntries plans with the
-// key they were built for, and a call whose key equals a stored key skips the
-// per-tensor argument checks, the flattening, the dtype grouping and the
-// planning: it launches the stored launches.
-//
-// Why a reused plan can never be wrong. A plan (the launches' TensorListMeta
-// tables, the dtype groups, the step pointers) is pure metadata: a
-// deterministic function of, for every tensor of every list, its data
-// pointer, dtype, device, layout, sizes and strides (numel, density, the
-// direct-or-copied choice of FlatSet / DtypeGroups and every check follow from
-// these), of the list lengths, and of the op's flags that the launcher passes
-// to them. It holds no tensor, no reference count and no device memory, and it
-// reads no tensor's values: the kernels read the data through the addresses
-// at run time. The key is exactly that input, written word by word (PlanKey),
-// so two calls with equal keys make equal plans, and the stored plan is the
-// plan the call would build. The same holds for the per-tensor checks: they
-// read only what the key holds, so a call with the key of a call that passed
-// them passes them (the launchers still run every check that reads anything
-// else: the hyper-parameters, norm_type). A tensor freed and another
-// allocated at the same address with the same dtype, sizes and strides is, to
-// the plan, the same tensor: reusing is then correct, and so is rebuilding.
-// Any difference -- another address, shape, stride, dtype or device, a tensor
-// added, removed, reordered or moved to another slot, a changed flag -- makes
-// the keys differ and the plan is rebuilt from scratch. (The word sequence
-// parses one way only: list lengths come before the lists and a tensor's tag,
-// which holds its dim, before its sizes and strides; so equal sequences mean
-// equal inputs.) The one-element scalars (found_inf, inv_scale, lr, ...) are
-// not part of a plan: their addresses go to the kernels every call; the key
-// holds their dtype, device, layout and numel, which their checks read.
-// Maintenance rule: a check or a planner that comes to read another property
-// of a tensor must add it to the key (KeyWriter and KeyMatcher).
-//
-// Calls that need contiguous copies (strided tensors) are never stored: the
-// copies get new addresses every call. A plan is stored only once it is
-// complete (an exception while building leaves no entry behind). No host
-// sync, no device memory; memory is bounded by kEntries plans per launcher
-// and thread, each the size of its call's key and launches.
-
-// Process-wide switch and counters (for tests and benchmarks; relaxed
-// atomics, one increment per call).
-struct PlanReuse {
-  static inline std::atomic<bool> enabled{true};
-  // Entries stored before the latest clear() are ignored by every thread.
-  static inline std::atomic<uint64_t> epoch{1};
-  static inline std::atomic<int64_t> builds{0};       // plans built
-  static inline std::atomic<int64_t> reuses{0};       // plans reused
-  static inline std::atomic<int64_t> uncacheable{0};  // builds not stored
-  static void clear() { epoch.fetch_add(1, std::memory_order_relaxed); }
-};
-
-// A launcher's plan key, one int64 word after another. Written by a visit
-// function, the one definition of what the key holds, run either with a
-// KeyWriter (store) or with a KeyMatcher (compare, stopping at the first
-// difference), so that the stored key and the compared one cannot diverge:
-//   template <class K> bool visit(K& k) {
-//     return k.value(flag) && k.list(tensors) && k.scalar(found_inf) ...; }
-// No member touches a reference count or syncs with the device.
-struct PlanKey {
-  std::vector<int64_t> words;
-
-  // dtype, layout, device and dim of a defined tensor in one word; undefined
-  // tensors are -1.
-  static int64_t tag(const at::Tensor& t) {
-    if (!t.defined()) {
-      return -1;
-    }
-    const c10::Device d = t.device();
-    return static_cast<int64_t>(static_cast<uint8_t>(t.scalar_type())) |
-           static_cast<int64_t>(static_cast<uint8_t>(t.layout())) << 8 |
-           static_cast<int64_t>(static_cast<uint8_t>(d.type())) << 16 |
-           static_cast<int64_t>(static_cast<uint8_t>(d.index() + 1)) << 24 |
-           static_cast<int64_t>(t.dim()) << 32;
-  }
-};
-
-struct KeyWriter {
-  std::vector<int64_t>& w;
-  bool value(int64_t v) {
-    w.push_back(v);
-    return true;
-  }
-  // A tensor of a list: tag, then (strided tensors) data pointer, sizes and
-  // strides. data_ptr() is the accessor the planners use.
-  bool tensor(const at::Tensor& t) {
-    const int64_t tg = PlanKey::tag(t);
-    w.push_back(tg);
-    if (tg != -1 && t.layout() == at::kStrided) {
-      w.push_back(
-          static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr())));
-      for (int64_t s : t.sizes()) {
-        w.push_back(s);
-      }
-      for (int64_t s : t.strides()) {
-        w.push_back(s);
-      }
-    }
-    return true;
-  }
-  // A one-element argument read by the kernels through a pointer passed each
-  // call (found_inf, lr, ...): its checks read tag and numel only.
-  bool scalar(const at::Tensor& t) {
-    const int64_t tg = PlanKey::tag(t);
-    w.push_back(tg);
-    if (tg != -1) {
-      w.push_back(t.numel());
-    }
-    return true;
-  }
-  bool list(at::TensorList ts) {
-    value(static_cast<int64_t>(ts.size()));
-    for (const at::Tensor& t : ts) {
-      tensor(t);
-    }
-    return true;
-  }
-  bool optional_scalar(const std::optional<at::Tensor>& t) {
-    value(t.has_value());
-    return !t.has_value() || scalar(*t);
-  }
-};
-
-// How far ahead of the tensor being matched its list's TensorImpls are
-// prefetched: a list's tensors are separate heap objects, so matching is a
-// chain of cache misses the prefetches overlap (measured with
-// benchmarks/bench_launch_plan.py).
-constexpr size_t kPrefetchAhead = 8;
-
 // The position of dtype `t` in a launcher's dtype groups `dtypes`. The op's
 // checks let only those dtypes through, so any other reaching here is a bug.
 template <size_t N>
@@ -411,147 +283,6 @@ int dtype_index(const std::array<at::ScalarType, N>& dtypes, at::ScalarType t) {
   }
   TORCH_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a launcher");
 }
-
-// Asks for the cache lines of ts[i]'s TensorImpl that a key reads (none when
-// i is past the end).
-inline void prefetch_tensor(at::TensorList ts, size_t i) {
-  if (i < ts.size()) {
-    const char* impl =
-        reinterpret_cast<const char*>(ts[i].unsafeGetTensorImpl());
-    __builtin_prefetch(impl);
-    __builtin_prefetch(impl + 64);
-    __builtin_prefetch(impl + 128);
-  }
-}
-
-struct KeyMatcher {
-  const int64_t* w;
-  const int64_t* end;
-  bool value(int64_t v) { return w != end && *w++ == v; }
-  bool tensor(const at::Tensor& t) {
-    const int64_t tg = PlanKey::tag(t);
-    if (!value(tg)) {
-      return false;
-    }
-    if (tg == -1 || t.layout() != at::kStrided) {
-      return true;
-    }
-    const int64_t dim = t.dim();
-    if (end - w < 1 + 2 * dim) {
-      return false;
-    }
-    if (*w++ !=
-        static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()))) {
-      return false;
-    }
-    const int64_t* sz = t.sizes().data();
-    const int64_t* st = t.strides().data();
-    for (int64_t i = 0; i < dim; ++i) {
-      if (w[i] != sz[i] || w[dim + i] != st[i]) {
-        return false;
-      }
-    }
-    w += 2 * dim;
-    return true;
-  }
-  bool scalar(const at::Tensor& t) {
-    const int64_t tg = PlanKey::tag(t);
-    return value(tg) && (tg == -1 || value(t.numel()));
-  }
-  bool list(at::TensorList ts) {
-    if (!value(static_cast<int64_t>(ts.size()))) {
-      return false;
-    }
-    const size_t n = ts.size();
-    for (size_t i = 0; i < n; ++i) {
-      prefetch_tensor(ts, i + kPrefetchAhead);
-      if (!tensor(ts[i])) {
-        return false;
-      }
-    }
-    return true;
-  }
-  bool optional_scalar(const std::optional<at::Tensor>& t) {
-    return value(t.has_value()) && (!t.has_value() || scalar(*t));
-  }
-};
-
-// The last kEntries plans of one launcher on one thread (a thread_local of
-// the launcher), most recently used first. Plan: a struct of vectors with
-// clear().
-template <class Plan>
-class PlanCache {
- public:
-  static constexpr int kEntries = 4;
-
-  // The stored plan for the key that `visit` describes; null when none.
-  template <class Visit>
-  const Plan* find(const Visit& visit) {
-    if (!PlanReuse::enabled.load(std::memory_order_relaxed)) {
-      return nullptr;
-    }
-    const uint64_t epoch = PlanReuse::epoch.load(std::memory_order_relaxed);
-    for (int i = 0; i < kEntries; ++i) {
-      Entry& e = entries_[order_[i]];
-      if (e.epoch != epoch) {
-        continue;
-      }
-      const std::vector<int64_t>& w = e.key.words;
-      KeyMatcher m{w.data(), w.data() + w.size()};
-      if (visit(m) && m.w == m.end) {
-        touch(i);
-        PlanReuse::reuses.fetch_add(1, std::memory_order_relaxed);
-        return &e.plan;
-      }
-    }
-    return nullptr;
-  }
-
-  // Builds a plan with build_fn(plan) -> bool (whether it may be stored) and
-  // returns it; stored, in place of the least recently used entry, under the
-  // key that `visit` describes when reuse is on and build_fn says so. Call it
-  // once the argument checks have passed. The plan returned is valid until the
-  // next call on this cache.
-  template <class Visit, class Build>
-  const Plan& build(const Visit& visit, Build&& build_fn) {
-    PlanReuse::builds.fetch_add(1, std::memory_order_relaxed);
-    scratch_.clear();
-    const bool storable = build_fn(scratch_);
-    if (!storable) {
-      PlanReuse::uncacheable.fetch_add(1, std::memory_order_relaxed);
-    }
-    if (!storable || !PlanReuse::enabled.load(std::memory_order_relaxed)) {
-      return scratch_;
-    }
-    Entry& e = entries_[order_[kEntries - 1]];
-    e.epoch = 0;                  // invalid until its key is complete
-    std::swap(e.plan, scratch_);  // (scratch_ keeps the old entry's capacity)
-    e.key.words.clear();
-    KeyWriter wr{e.key.words};
-    visit(wr);
-    e.epoch = PlanReuse::epoch.load(std::memory_order_relaxed);
-    touch(kEntries - 1);
-    return e.plan;
-  }
-
- private:
-  struct Entry {
-    PlanKey key;
-    Plan plan;
-    uint64_t epoch = 0;  // 0: empty
-  };
-  // moves order_[i] to the front
-  void touch(int i) {
-    const int e = order_[i];
-    for (; i > 0; --i) {
-      order_[i] = order_[i - 1];
-    }
-    order_[0] = e;
-  }
-  std::array<Entry, kEntries> entries_;
-  std::array<int, kEntries> order_{0, 1, 2, 3};
-  Plan scratch_;
-};
 
 // The `where` of functors that run as one block, not over a plan (step
 // increments, the scale update, the final norm).

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/checks.h"
-#include "common/op_table.h"
+#include "op_table.h"
 #include "common/norm_math.h"
 #include "common/unscale_math.h"
 #include "cuda/launch_plan.h"
@@ -155,20 +155,36 @@ struct FinishNormOp {
   }
 };
 
-// The non-empty tensors of a list as plan entries grouped by dtype, in one
-// pass: dense tensors by their own address (not copied, not
-// reference-counted: the caller's list outlives the groups), strided ones by a
-// contiguous copy, copied back by finish() when `written`.
-struct DtypeGroups {
+// The plan of one call of the unscale family, built in one pass over the
+// list: each tensor is checked (check_grad_member), then planned in its
+// dtype's group -- a dense tensor by its own address (not copied, not
+// reference-counted: the caller's list outlives the plan), a strided one by
+// a contiguous copy, copied back by finish() when written.
+struct UnscalePlan {
   // Group order (fixed: it orders the norm partials).
   static constexpr std::array<at::ScalarType, 4> kDtypes{
       at::kHalf, at::kFloat, at::kDouble, at::kBFloat16};
-  std::array<PlanList<1>, 4> lists;
-  std::vector<at::Tensor> owned;  // contiguous copies of strided inputs
+  std::array<Launches<1>, 4> groups;  // empty for a dtype not in the list
+  std::vector<at::Tensor> owned;      // contiguous copies of strided inputs
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (orig, dense)
 
-  DtypeGroups(at::TensorList tensors, bool written) {
-    for (const at::Tensor& t : tensors) {
+  // Checks the call (check_unscale_args) and plans `tensors`; `device` is set
+  // to the call's device once the scalars are checked.
+  template <class Guard>
+  UnscalePlan(const char* op, at::TensorList tensors,
+              const at::Tensor& found_inf, const at::Tensor* inv_scale,
+              c10::DeviceType backend, bool read_only,
+              std::optional<Guard>& guard) {
+    const c10::Device device =
+        checks::check_unscale_args(op, tensors, found_inf, inv_scale, backend,
+                                   read_only, /*each_tensor=*/false);
+    guard.emplace(device);
+    const bool written = inv_scale != nullptr && !read_only;
+    const char* name = inv_scale != nullptr ? "grads" : "tensors";
+    std::array<std::optional<LaunchPlanner<1>>, 4> planners;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const at::Tensor& t = tensors[i];
+      checks::check_grad_member(op, name, i, t, device, written);
       const int64_t n = t.numel();
       if (n == 0) {
         continue;
@@ -183,26 +199,31 @@ struct DtypeGroups {
           copy_back.emplace_back(t, owned.back());
         }
       }
-      PlanList<1>& list = lists[group(t.scalar_type())];
-      if (list.empty()) {
-        list.reserve(tensors.size());
+      const int k = dtype_index(kDtypes, t.scalar_type());
+      if (!planners[k]) {
+        planners[k].emplace(groups[k], tensors.size() - i);
       }
-      list.push_back(PlanEntry<1>{{data}, n});
+      void* const addresses[1] = {data};
+      planners[k]->add(addresses, n);
+    }
+    for (auto& p : planners) {
+      if (p) {
+        p->finish();
+      }
     }
   }
 
-  static int group(at::ScalarType t) { return dtype_index(kDtypes, t); }
-
-  // f(dtype, entries) for each non-empty group, in group order.
+  // f(dtype, launches) for each non-empty group, in group order.
   template <typename F>
   void for_each(F&& f) const {
     for (int k = 0; k < 4; ++k) {
-      if (!lists[k].empty()) {
-        f(kDtypes[k], lists[k]);
+      if (!groups[k].empty()) {
+        f(kDtypes[k], groups[k]);
       }
     }
   }
 
+  // Copies the written copies back into the caller's strided tensors.
   void finish() {
     for (auto& pr : copy_back) {
       pr.first.copy_(pr.second);
@@ -210,75 +231,16 @@ struct DtypeGroups {
   }
 };
 
-// The plan of one call of the unscale family: the launches of each dtype
-// group (DtypeGroups order; empty for a dtype not in the list).
-struct UnscalePlan {
-  std::array<Launches<1>, 4> groups;
-
-  void clear() {
-    for (Launches<1>& g : groups) {
-      g.clear();  // (keeps the capacity)
-    }
-  }
-  // f(dtype, launches) for each non-empty group, in group order.
-  template <typename F>
-  void for_each(F&& f) const {
-    for (int k = 0; k < 4; ++k) {
-      if (!groups[k].empty()) {
-        f(DtypeGroups::kDtypes[k], groups[k]);
-      }
-    }
-  }
-};
-
-// The plan of a call of the unscale family: reused from `cache` when the key
-// matches a stored one (PlanCache, launch_plan.h), else built after the
-// argument checks; then copies of strided tensors live in `copies`, which the
-// caller must finish(). `guard` is set to found_inf's device (after the
-// checks).
-template <class Exec>
-const UnscalePlan& unscale_family_plan(
-    PlanCache<UnscalePlan>& cache, const char* op, at::TensorList tensors,
-    const at::Tensor& found_inf, const at::Tensor* inv_scale, bool read_only,
-    std::optional<typename Exec::Guard>& guard,
-    std::optional<DtypeGroups>& copies) {
-  // The key: everything check_unscale_args and DtypeGroups read (the op
-  // string only names the op in messages).
-  auto visit = [&](auto& k) {
-    return k.value(inv_scale != nullptr) && k.value(read_only) &&
-           k.scalar(found_inf) &&
-           (inv_scale == nullptr || k.scalar(*inv_scale)) && k.list(tensors);
-  };
-  const UnscalePlan* plan = cache.find(visit);
-  if (plan != nullptr) {
-    guard.emplace(found_inf.device());
-    return *plan;
-  }
-  checks::check_unscale_args(op, tensors, found_inf, inv_scale, Exec::kBackend,
-                             read_only);
-  guard.emplace(found_inf.device());
-  return cache.build(visit, [&](UnscalePlan& out) {
-    copies.emplace(tensors, /*written=*/inv_scale != nullptr && !read_only);
-    for (int k = 0; k < 4; ++k) {
-      plan_launches(copies->lists[k], out.groups[k]);
-    }
-    return copies->owned.empty();  // copies have new addresses every call
-  });
-}
-
 // unscale_and_check_ (inv_scale given) and check_finite_ (inv_scale null):
 // one plan per dtype present in the list.
 template <class Exec>
 void finite_check_launch(const char* op, at::TensorList tensors,
                          const at::Tensor& found_inf,
                          const at::Tensor* inv_scale) {
-  static thread_local PlanCache<UnscalePlan> cache;
   const bool unscale = inv_scale != nullptr;
   std::optional<typename Exec::Guard> guard;
-  std::optional<DtypeGroups> copies;
-  const UnscalePlan& plan =
-      unscale_family_plan<Exec>(cache, op, tensors, found_inf, inv_scale,
-                                /*read_only=*/false, guard, copies);
+  UnscalePlan plan(op, tensors, found_inf, inv_scale, Exec::kBackend,
+                   /*read_only=*/false, guard);
   float* found_ptr = found_inf.data_ptr<float>();
   const float* inv_ptr = unscale ? inv_scale->data_ptr<float>() : nullptr;
   plan.for_each([&](at::ScalarType dtype, const Launches<1>& launches) {
@@ -295,18 +257,16 @@ void finite_check_launch(const char* op, at::TensorList tensors,
           }
         });
   });
-  if (copies) {
-    copies->finish();
-  }
+  plan.finish();
 }
 
 // unscale_and_norm_ (in_place) and check_finite_and_norm_: the pass writes
 // one norm partial per block; one block then combines the partials in
 // double, in a fixed order (deterministic), and writes the norm.
 template <class Exec, int Kind>
-at::Tensor norm_run(const UnscalePlan& plan, std::optional<DtypeGroups>& copies,
-                    const at::Tensor& found_inf, const at::Tensor& inv_scale,
-                    double norm_type, bool in_place) {
+at::Tensor norm_run(UnscalePlan& plan, const at::Tensor& found_inf,
+                    const at::Tensor& inv_scale, double norm_type,
+                    bool in_place) {
   int64_t blocks = 0;
   plan.for_each([&](at::ScalarType, const Launches<1>& launches) {
     blocks += count_blocks(launches);
@@ -333,9 +293,7 @@ at::Tensor norm_run(const UnscalePlan& plan, std::optional<DtypeGroups>& copies,
         });
     offset += count_blocks(launches);
   });
-  if (copies) {
-    copies->finish();
-  }
+  plan.finish();
   at::Tensor out = at::empty({}, found_inf.options());
   Exec::launch_single_block(kBlockSize, FinishNormOp<Kind>{},
                             static_cast<const double*>(part_ptr), blocks,
@@ -347,16 +305,13 @@ template <class Exec>
 at::Tensor norm_launch(const char* op, at::TensorList grads,
                        const at::Tensor& found_inf, const at::Tensor& inv_scale,
                        double norm_type, bool in_place) {
-  static thread_local PlanCache<UnscalePlan> cache;
   std::optional<typename Exec::Guard> guard;
-  std::optional<DtypeGroups> copies;
-  const UnscalePlan& plan =
-      unscale_family_plan<Exec>(cache, op, grads, found_inf, &inv_scale,
-                                /*read_only=*/!in_place, guard, copies);
-  checks::check_norm_type(op, norm_type);  // not in the key: every call
+  UnscalePlan plan(op, grads, found_inf, &inv_scale, Exec::kBackend,
+                   /*read_only=*/!in_place, guard);
+  checks::check_norm_type(op, norm_type);
   return math::dispatch_norm_kind(math::norm_kind(norm_type), [&](auto kind) {
-    return norm_run<Exec, decltype(kind)::value>(
-        plan, copies, found_inf, inv_scale, norm_type, in_place);
+    return norm_run<Exec, decltype(kind)::value>(plan, found_inf, inv_scale,
+                                                 norm_type, in_place);
   });
 }
 

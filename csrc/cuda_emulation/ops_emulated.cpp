@@ -9,8 +9,6 @@
 // dispatch never reaches them.
 #include <torch/library.h>
 
-#include <vector>
-
 // The launchers, one header per op family (a new family adds its header).
 #include "cuda/fused_adam.h"
 #include "cuda/fused_sgd.h"
@@ -25,19 +23,6 @@ namespace {
 int64_t planned_blocks() { return PlanOnlyExec::blocks.load(); }
 int64_t planned_launches() { return PlanOnlyExec::launches.load(); }
 int64_t planned_small_launches() { return PlanOnlyExec::small_launches.load(); }
-
-// Plan reuse (cuda::PlanReuse, launch_plan.h): the counters of every CUDA
-// launcher in this process (emulated, plan-only and, in a CUDA build, the
-// real ones), the switch, and clearing every thread's stored plans.
-std::vector<int64_t> plan_cache_stats() {
-  using cuda::PlanReuse;
-  return {PlanReuse::builds.load(), PlanReuse::reuses.load(),
-          PlanReuse::uncacheable.load()};
-}
-bool set_plan_reuse(bool enabled) {
-  return cuda::PlanReuse::enabled.exchange(enabled);
-}
-void clear_plan_cache() { cuda::PlanReuse::clear(); }
 
 }  // namespace
 }  // namespace cuda_emulation
@@ -60,14 +45,10 @@ TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CPU, m) {
 #undef MIXPREC_EMULATE
 }
 
-// Counters of PlanOnlyExec and of plan reuse (no tensor arguments: a
-// CatchAll kernel).
+// Counters of PlanOnlyExec (no tensor arguments: a CatchAll kernel).
 TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CompositeExplicitAutograd, m) {
   m.impl("planned_blocks", &mixprec::cuda_emulation::planned_blocks);
   m.impl("planned_launches", &mixprec::cuda_emulation::planned_launches);
   m.impl("planned_small_launches",
          &mixprec::cuda_emulation::planned_small_launches);
-  m.impl("plan_cache_stats", &mixprec::cuda_emulation::plan_cache_stats);
-  m.impl("set_plan_reuse", &mixprec::cuda_emulation::set_plan_reuse);
-  m.impl("clear_plan_cache", &mixprec::cuda_emulation::clear_plan_cache);
 }

@@ -34,6 +34,18 @@ class MixprecExtensionWarning(UserWarning):
     """Issued once when ``mixprec._C`` cannot be found and the slow path is used."""
 
 
+def _flag_off(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("0", "false", "no", "off")
+
+
+#: Whether :mod:`mixprec.ops` enters the ops through the extension's direct entry
+#: (``mixprec._C.fast_<op>``, csrc/python_entry/fast_call.h: the one part of mixprec that reads
+#: CPython and torch-binding internals). ``MIXPREC_FAST_ENTRY=0``, read once here at
+#: import, routes every op through ``torch.ops.mixprec.*`` instead: the same kernels and
+#: results, a slower host path (every list element converted to an IValue).
+FAST_ENTRY: bool = not _flag_off("MIXPREC_FAST_ENTRY")
+
+
 def _load() -> Optional[ModuleType]:
     if os.environ.get("MIXPREC_DISABLE_EXTENSION", "") == "1":
         warnings.warn(

@@ -18,7 +18,7 @@ def toolchain_info() -> dict[str, str | None]:
     (first line of its ``--version``) and ``nvcc_version`` (nvcc's release
     line; None without CUDA kernels). All None without the extension or for a
     build that predates the record (module constants set in
-    csrc/python/module.cpp from csrc/build_info.cpp).
+    csrc/python_entry/module.cpp from csrc/build_info.cpp).
     """
     module = _extension.EXT
     return {key: (getattr(module, key, "") or None) if module is not None else None

@@ -2,7 +2,7 @@
 // registered, i.e. libmixprec must stay on the link line (--no-as-needed on the
 // exported target) and its static registrations must run at load.
 //
-// The ops come from MIXPREC_FOR_EACH_OP (csrc/common/op_table.h; only the
+// The ops come from MIXPREC_FOR_EACH_OP (csrc/op_table.h; only the
 // names are used, no libmixprec symbol), and the list is checked against the
 // dispatcher both ways, so an op added to the library but not to the list
 // fails here too.
@@ -12,7 +12,7 @@
 #include <set>
 #include <string>
 
-#include "common/op_table.h"
+#include "op_table.h"
 
 namespace {
 

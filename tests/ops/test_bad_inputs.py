@@ -44,7 +44,7 @@ def test_bad_input_rejected_and_nothing_modified(device, impl, case):
 
 
 def test_every_op_has_a_bad_input_case():
-    """Every op of the table (csrc/common/op_table.h, _C.op_names) needs a case here."""
+    """Every op of the table (csrc/op_table.h, _C.op_names) needs a case here."""
     if not mixprec.has_extension():
         pytest.skip("the op table comes from the compiled extension")
     from mixprec import _C

@@ -17,6 +17,7 @@ boundary inside one tensor.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List
 
 import pytest
@@ -25,8 +26,10 @@ import torch
 from _helpers import assert_bitwise_equal, ulps
 from mixprec.ops import _cuda_emulation
 
+# (MIXPREC_BUILD_TEST_EXT=1, as make test sets it: the tests run, and fail without it)
 pytestmark = pytest.mark.skipif(
-    not _cuda_emulation.available(), reason="needs mixprec._C with the CUDA emulation"
+    not _cuda_emulation.available() and os.environ.get("MIXPREC_BUILD_TEST_EXT") != "1",
+    reason="needs the test extension mixprec._cuda_emulation_C (MIXPREC_BUILD_TEST_EXT=1)",
 )
 
 LOW = (torch.float16, torch.bfloat16)
@@ -181,6 +184,87 @@ def test_small_table_in_optimizer_plans() -> None:
         emu().plan_fused_adam_(*d.values(), *_adam_scalars(True, True))
         assert emu().planned_small_launches() - smalls == small
         assert emu().planned_launches() - launches == 2
+
+
+def _model_launches(numels: List[int], max_tensors: int) -> int:
+    """Launches a plan of tensors of these sizes takes: launch_plan.h's packing, written
+    out (empty tensors take none; a launch closes at MAX_BLOCKS blocks, the tensor going
+    on in the next, or at max_tensors tensors after the last one's last chunk)."""
+    launches = tensors = blocks = 0
+    open_ = False
+    for n in numels:
+        if n == 0:
+            continue
+        if not open_:
+            launches, open_ = launches + 1, True
+        tensors += 1
+        chunks = -(-n // CHUNK)
+        for c in range(chunks):
+            blocks += 1
+            last = c == chunks - 1
+            if blocks == MAX_BLOCKS or (tensors == max_tensors and last):
+                blocks = 0
+                if last:
+                    tensors, open_ = 0, False
+                else:
+                    launches, tensors = launches + 1, 1
+    return launches
+
+
+def _planned(call: Any) -> tuple:
+    """(launches, blocks) planned by call()."""
+    launches, blocks = emu().planned_launches(), emu().planned_blocks()
+    call()
+    return emu().planned_launches() - launches, emu().planned_blocks() - blocks
+
+
+# more tensors than one launch holds (exactly two full launches at depth 7: a launch
+# holding one tensor fewer would take three), zero-size tensors at the ends and between,
+# one tensor of several chunks, sizes mixed
+PLAN_SIZES = ([0] + [5] * (2 * MAX_TENSORS[7] - 41) + [0, 3 * CHUNK + 1, 0]
+              + [1 + i % 9 for i in range(40)] + [0])
+
+
+@pytest.mark.parametrize("sizes", [PLAN_SIZES, [], [0, 0], [2 * CHUNK] * 3])
+def test_optimizer_plan_launches_and_blocks(sizes: List[int]) -> None:
+    # one (param dtype, grad dtype) group: its launches and blocks as the packing model
+    # says, plus one step-increment launch (one block) per 256 params
+    d = _adam_inputs(torch.float16, torch.float16, True, True, [(n,) for n in sizes])
+    steps = -(-len(sizes) // 256)
+    want = (_model_launches(sizes, MAX_TENSORS[7]) + steps,
+            sum(-(-n // CHUNK) for n in sizes) + steps)
+    assert _planned(lambda: emu().plan_fused_adam_(*d.values(), *_adam_scalars(True, True))) \
+        == want
+
+
+@pytest.mark.parametrize("sizes", [PLAN_SIZES, [], [0, 0],
+                                   [2 * CHUNK] * 3 + [CHUNK + 1] * (MAX_BLOCKS // 2 + 1)])
+def test_unscale_plan_launches_and_blocks(sizes: List[int]) -> None:
+    # (planned only, nothing is read or written: one tensor per size, repeated)
+    one = {n: torch.zeros(n) for n in set(sizes)}
+    grads = [one[n] for n in sizes]
+    want = (_model_launches(sizes, MAX_TENSORS[1]), sum(-(-n // CHUNK) for n in sizes))
+    assert _planned(lambda: emu().plan_unscale_and_check_(grads, torch.zeros(1),
+                                                          torch.ones(1))) == want
+
+
+def test_optimizer_plans_per_dtype_group_match_the_cpu_kernel() -> None:
+    # zero-size tensors and sizes mixed across three (param, grad) dtype groups, more
+    # tensors than one launch holds in one of them: the emulated kernel equals the CPU one
+    n = MAX_TENSORS[7] + 20
+    shapes = [((0 if i % 17 == 0 else 1 + (i * 5) % 23),) for i in range(n)]
+    d = _adam_inputs(torch.float16, torch.float16, True, False, shapes)
+    for i in range(0, n, 4):
+        d["params"][i] = d["params"][i].to(torch.bfloat16)
+        d["master_params"][i] = d["params"][i].float() + 1e-2
+    for i in range(1, n, 4):
+        d["grads"][i] = d["grads"][i].float()
+    a, b = _clone(d), _clone(d)
+    emu().fused_adam_(*a.values(), *_adam_scalars(False, True))
+    torch.ops.mixprec.fused_adam_(*b.values(), *_adam_scalars(False, True))
+    for k in d:
+        for x, y in zip(a[k], b[k]):
+            assert ulps(x, y) <= 1, k
 
 
 # ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ def test_opcheck(device, op_name, build):
 
 
 def test_every_op_has_an_opcheck_sample():
-    """Every op of the table (csrc/common/op_table.h, exported as _C.op_names) needs a sample."""
+    """Every op of the table (csrc/op_table.h, exported as _C.op_names) needs a sample."""
     sampled = {op for _, op, _ in SAMPLES}
     assert set(_C.op_names) == sampled, (
         f"without an opcheck sample: {sorted(set(_C.op_names) - sampled)}; "

@@ -198,7 +198,8 @@ def _setup_py_copy(tmp_path: Path) -> Path:
     root = tmp_path / "src"
     shutil.copytree(REPO / "csrc", root / "csrc")
     shutil.copytree(REPO / "python", root / "python",
-                    ignore=shutil.ignore_patterns("_C*.so", "_cpp", "__pycache__"))
+                    ignore=shutil.ignore_patterns("_C*.so", "_cuda_emulation_C*.so", "_cpp",
+                                                  "__pycache__"))
     shutil.copy2(REPO / "setup.py", root / "setup.py")
     return root
 

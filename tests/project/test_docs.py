@@ -161,7 +161,7 @@ def ops_table_rows(text: str) -> List[str]:
 
 
 def test_every_op_has_a_row_in_the_ops_guide() -> None:
-    """docs/ops.md has one row per op of the table (csrc/common/op_table.h), in its order."""
+    """docs/ops.md has one row per op of the table (csrc/op_table.h), in its order."""
     import mixprec
 
     if not mixprec.has_extension():

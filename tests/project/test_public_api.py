@@ -3,7 +3,7 @@
 The list is written out here on purpose. A name that disappears, moves without a
 re-export, or appears without being added here fails this test, so a change of the
 public surface is always a deliberate edit of this file; the ops of ``mixprec.ops`` are
-the op table's (``csrc/common/op_table.h``), whose edit is the deliberate one.
+the op table's (``csrc/op_table.h``), whose edit is the deliberate one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 import mixprec
 
-#: The ops of csrc/common/op_table.h, as the extension exports them (``_C.op_names``); the
+#: The ops of csrc/op_table.h, as the extension exports them (``_C.op_names``); the
 #: ops ``mixprec.ops`` wraps are that list exactly (without the extension, its own list).
 OP_TABLE = (list(mixprec._C.op_names) if mixprec.has_extension()
             else list(mixprec.ops.__all__))
@@ -36,7 +36,7 @@ TOP_ONLY = {
 
 # subpackage -> its __all__
 SUBPACKAGES = {
-    # the op table (csrc/common/op_table.h): adding an op there is the deliberate edit
+    # the op table (csrc/op_table.h): adding an op there is the deliberate edit
     "mixprec.ops": set(OP_TABLE),
     "mixprec.amp": {
         "GradScaler",

@@ -1,11 +1,11 @@
 // mixprec ops for C++ (LibTorch) callers. Each function is a typed call
 // through the PyTorch dispatcher to torch.ops.mixprec.<name>, so C++ and
 // Python reach the same kernels. Semantics and argument rules: see the
-// schema comments in csrc/common/op_table.h and the Python docs
+// schema comments in csrc/op_table.h and the Python docs
 // (mixprec.ops).
 //
 // These declarations are the one C++ statement of each op's signature: the
-// rest of mixprec takes it from here with decltype (csrc/common/op_table.h).
+// rest of mixprec takes it from here with decltype (csrc/op_table.h).
 #pragma once
 
 #include "mixprec/export.h"
@@ -91,7 +91,7 @@ inline void update_scale_ext_(const at::Tensor& scale,
 }
 
 // One fused Adam/AdamW step (decoupled_weight_decay selects AdamW) over all
-// params of one device; see the schema comment in common/op_table.h and
+// params of one device; see the schema comment in csrc/op_table.h and
 // mixprec.ops.fused_adam_. Lists: params (fp32/fp16/bf16), grads (same
 // shapes, fp32/fp16/bf16), exp_avgs/exp_avg_sqs (fp32), max_exp_avg_sqs (fp32,
 // empty unless amsgrad), master_params (fp32, empty or one per 16-bit param),

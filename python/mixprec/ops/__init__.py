@@ -82,9 +82,11 @@ if has_extension():
 
 
 def _fast_entry(name: str) -> Optional[Callable[..., Any]]:
-    from .._extension import EXT
+    from .._extension import EXT, FAST_ENTRY
 
-    return getattr(EXT, "fast_" + name, None) if EXT is not None else None
+    if EXT is None or not FAST_ENTRY:  # MIXPREC_FAST_ENTRY=0: torch.ops only
+        return None
+    return getattr(EXT, "fast_" + name, None)
 
 
 # The extension's direct entry per op (mixprec._C.fast_<op>): the same typed
@@ -92,7 +94,8 @@ def _fast_entry(name: str) -> Optional[Callable[..., Any]]:
 # to IValues -- for a list of N tensors that conversion costs more than the
 # op's own host work. It answers NotImplemented for arguments it does not take
 # (tensor subclasses, TorchFunctionModes, ...), and is skipped while
-# torch.compile traces (dynamo sees torch.ops.mixprec.<op>).
+# torch.compile traces (dynamo sees torch.ops.mixprec.<op>). MIXPREC_FAST_ENTRY=0 (read
+# once at import, _extension.FAST_ENTRY) switches it off: every op goes through torch.ops.
 _Route = tuple[Optional[Callable[..., Any]], Callable[..., Any]]
 #: (op, device) -> (fast entry or None, the op otherwise): the extension's state is fixed
 #: at import, so the route is decided once per device (keyed by the device itself:

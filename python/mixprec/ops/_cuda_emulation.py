@@ -1,7 +1,9 @@
 """The CUDA backend of every op, run on the CPU: a testing aid for machines without a GPU.
 
-``mixprec._C`` carries, besides the real kernels, the CUDA launchers of
-``csrc/cuda/*.h`` instantiated with a host executor (``csrc/cuda_emulation``):
+The test-only extension ``mixprec._cuda_emulation_C`` (built beside ``mixprec._C`` when
+``MIXPREC_BUILD_TEST_EXT=1``, as ``make test`` does; never part of a plain install)
+carries the CUDA launchers of ``csrc/cuda/*.h`` instantiated with a host executor
+(``csrc/cuda_emulation``):
 the same argument checks, flattening, dtype grouping, slot wiring, launch plans
 (``TensorListMeta``) and kernel bodies as the CUDA kernels, run over an emulated
 grid (every block, every thread, one after the other) on CPU tensors. They are
@@ -14,15 +16,10 @@ on CUDA tensors (up to device libm rounding in p-norms; see host_exec.h).
 ``ops().plan_<op>`` (every op) does the launcher's host work only --
 checks, flattening, grouping, launch plans -- and launches nothing; with
 ``planned_blocks()`` / ``planned_launches()`` (totals since load) it measures the
-host cost of the CUDA ops without a GPU (benchmarks/bench_launch_plan.py);
+host cost of the CUDA ops without a GPU (benchmarks/bench_launch_plan.py, through the
+module's fast entries ``module().emu_plan_<op>``);
 ``planned_small_launches()`` counts the launches that fit the small kernel-argument
 table (``SmallTensorListMeta``), which launch faster.
-
-The CUDA launchers reuse their launch plan when a call passes the same tensors as a
-recent one (``PlanCache`` in csrc/cuda/launch_plan.h). ``plan_cache_stats()`` counts
-plan builds and reuses of every launcher in the process (emulated or not),
-``set_plan_reuse()`` switches reuse off and on, and ``clear_plan_cache()`` forgets
-every stored plan (tests/test_plan_reuse.py).
 
 Nothing in mixprec calls these ops; they are slow (one emulated thread at a time)
 and exist so that CI, which has no GPU, executes the CUDA code paths.
@@ -30,7 +27,9 @@ and exist so that CI, which has no GPU, executes the CUDA code paths.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+import importlib
+from types import ModuleType
+from typing import Optional
 
 import torch
 
@@ -39,12 +38,30 @@ from . import __all__ as OP_NAMES
 
 NAMESPACE = "mixprec_cuda_emu"
 
+MODULE = "mixprec._cuda_emulation_C"
+
 _library: Optional[torch.library.Library] = None
+_module: Optional[ModuleType] = None
+_tried = False
+
+
+def module() -> Optional[ModuleType]:
+    """The test extension (its import registers the emulated launchers), loaded on first
+    use after ``mixprec._C``; None when it was not built."""
+    global _module, _tried
+    if not _tried and _extension.EXT is not None:
+        _tried = True
+        try:
+            _module = importlib.import_module(MODULE)
+        except ModuleNotFoundError as exc:
+            if exc.name != MODULE:
+                raise
+    return _module
 
 
 def available() -> bool:
-    """Whether the loaded extension carries the emulated CUDA launchers."""
-    if _extension.EXT is None:
+    """Whether the test extension with the emulated CUDA launchers is built and loads."""
+    if module() is None:
         return False
     _define()
     return all(
@@ -64,9 +81,6 @@ def _define() -> None:
         lib.define("planned_blocks() -> int")
         lib.define("planned_launches() -> int")
         lib.define("planned_small_launches() -> int")
-        lib.define("plan_cache_stats() -> int[]")
-        lib.define("set_plan_reuse(bool enabled) -> bool")
-        lib.define("clear_plan_cache() -> ()")
         _library = lib
 
 
@@ -74,41 +88,11 @@ def ops() -> torch._ops._OpNamespace:
     """``torch.ops.mixprec_cuda_emu``, its schemas defined on first use.
 
     Raises:
-        RuntimeError: when the extension is not loaded or lacks the emulation.
+        RuntimeError: when the test extension is not built (or mixprec._C not loaded).
     """
     if not available():
         raise RuntimeError(
-            "mixprec: the CUDA emulation needs the compiled extension (mixprec._C) "
-            "built from this checkout"
+            "mixprec: the CUDA emulation needs the test extension mixprec._cuda_emulation_C: "
+            "build with MIXPREC_BUILD_TEST_EXT=1 (make test does)"
         )
     return getattr(torch.ops, NAMESPACE)
-
-
-class PlanCacheStats(NamedTuple):
-    """Totals since load, over every CUDA launcher of the process (all threads)."""
-
-    builds: int
-    """Plans built (argument checks, flattening, grouping, planning)."""
-    reuses: int
-    """Calls that found their plan stored and skipped all of that."""
-    uncacheable: int
-    """Builds not stored: the call needed contiguous copies of strided tensors."""
-
-
-def plan_cache_stats() -> PlanCacheStats:
-    """The plan-reuse counters (subtract two readings to count a stretch of calls)."""
-    builds, reuses, uncacheable = ops().plan_cache_stats()
-    return PlanCacheStats(builds, reuses, uncacheable)
-
-
-def set_plan_reuse(enabled: bool) -> bool:
-    """Switches plan reuse on or off for every launcher; returns the previous setting.
-
-    Off, every call builds its plan and stores none (the host cost without reuse).
-    """
-    return bool(ops().set_plan_reuse(enabled))
-
-
-def clear_plan_cache() -> None:
-    """Forgets the plans stored by every launcher on every thread."""
-    ops().clear_plan_cache()

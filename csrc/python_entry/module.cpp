@@ -1,12 +1,13 @@
 // The Python extension module mixprec._C. Loading it runs the static
 // registrations of every op (TORCH_LIBRARY / TORCH_LIBRARY_IMPL); the module
 // carries the build configuration as constants, the eager fast path of
-// the ops (python/fast_call.h), which mixprec.ops uses outside torch.compile.
+// the ops (python_entry/fast_call.h), which mixprec.ops uses outside
+// torch.compile.
 #include <Python.h>
 
-#include "common/op_table.h"
+#include "op_table.h"
 #include "mixprec/build_info.h"
-#include "python/fast_call.h"
+#include "python_entry/fast_call.h"
 
 #include <iterator>
 
@@ -14,22 +15,7 @@ namespace {
 
 using mixprec::OpInfo;
 using mixprec::OpSig;
-using mixprec::python::FastCall;
-
-// fast_<op>(*args): the op with positional arguments, or NotImplemented
-// when the arguments need torch.ops (see fast_call.h).
-template <const char* Name, class Sig>
-PyObject* fast(PyObject* /*self*/, PyObject* args) {
-  return FastCall<Name, Sig>::call(args);
-}
-
-// The host work of the CUDA launchers alone (csrc/cuda_emulation,
-// mixprec._cuda_emulation), through the same fast entry as the real ops: for
-// measuring the CUDA path's host cost without a GPU.
-constexpr char kPlanUnscaleAndCheck[] =
-    "mixprec_cuda_emu::plan_unscale_and_check_";
-constexpr char kPlanFusedAdam[] = "mixprec_cuda_emu::plan_fused_adam_";
-constexpr char kPlanFusedSgd[] = "mixprec_cuda_emu::plan_fused_sgd_";
+using mixprec::python::fast_entry;
 
 PyObject* cpu_capability(PyObject* /*self*/, PyObject* /*args*/) {
   return PyUnicode_FromString(mixprec::cpu_capability().c_str());
@@ -45,18 +31,11 @@ PyMethodDef methods[] = {
     {"cpu_kernel_threads", cpu_kernel_threads, METH_NOARGS,
      "How many threads the CPU kernels' loops run on now (1 when built without "
      "torch's parallel backend)."},
-#define MIXPREC_FAST_ENTRY_(op)                                         \
-  {"fast_" #op, fast<OpInfo<&mixprec::op>::kName, OpSig<&mixprec::op>>, \
+#define MIXPREC_FAST_ENTRY_(op)                                               \
+  {"fast_" #op, fast_entry<OpInfo<&mixprec::op>::kName, OpSig<&mixprec::op>>, \
    METH_VARARGS, nullptr},
     MIXPREC_FOR_EACH_OP(MIXPREC_FAST_ENTRY_)
 #undef MIXPREC_FAST_ENTRY_
-    {"emu_plan_unscale_and_check_",
-     fast<kPlanUnscaleAndCheck, OpSig<&mixprec::unscale_and_check_>>,
-     METH_VARARGS, nullptr},
-    {"emu_plan_fused_adam_", fast<kPlanFusedAdam, OpSig<&mixprec::fused_adam_>>,
-     METH_VARARGS, nullptr},
-    {"emu_plan_fused_sgd_", fast<kPlanFusedSgd, OpSig<&mixprec::fused_sgd_>>,
-     METH_VARARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 

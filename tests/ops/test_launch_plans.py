@@ -1,29 +1,24 @@
-"""Plan reuse across steps in the CUDA launchers, run by the CUDA emulation on the CPU.
+"""Launch plans built call by call, run by the CUDA emulation on the CPU.
 
-The CUDA launchers keep their last few launch plans per thread (``PlanCache`` in
-csrc/cuda/launch_plan.h) and reuse one when a call's key -- the data pointer,
-dtype, device, layout, sizes and strides of every tensor of every list, the list
-lengths, the flags and the scalars' kinds -- equals a stored key; then they skip the
-per-tensor checks, the flattening, the grouping and the planning. These tests run the
-emulated launchers (``mixprec.ops._cuda_emulation``) and prove:
+The CUDA launchers build their launch plan from scratch at every call (one pass over the
+tensor lists: checks, flattening, dtype grouping, launch tables; csrc/cuda/launch_plan.h
+``LaunchPlanner``). These tests run the emulated launchers
+(``mixprec.ops._cuda_emulation``) over sequences of calls in which the tensors change
+between calls in every way a stale plan could miss -- a tensor replaced, the same
+address with another size, dtype or strides, tensors added, removed or reordered, a
+tensor moved to another slot, a flag changed, a buffer freed and reallocated -- and
+check every call against the CPU kernel (or its error). The scalars (found_inf,
+inv_scale, lr, ...) are read every call. Random sequences of such changes (hypothesis)
+check the same together.
 
-- identical calls reuse (the counters say so) and give the CPU kernel's results;
-- every kind of change is seen: a tensor replaced (another address), the same address
-  with another size, dtype or strides, tensors added, removed or reordered, a tensor
-  moved to another slot, a flag or an option changed; each gives the CPU kernel's
-  result (or its error) afterwards, and the counters show a rebuild;
-- a tensor freed and another allocated at the same address with the same shape gives
-  the right result whether the plan is reused or rebuilt;
-- the scalars (found_inf, inv_scale, lr, ...) are read every call, never taken from a
-  stored plan;
-- the cache holds a bounded number of plans, per thread, and can be switched off.
-
-A random sequence of such changes (hypothesis) checks the same properties together.
+(Until now the launchers kept their last plans per thread and reused one when a call's
+key matched; these tests were written for that cache and still guard against any
+reuse of metadata across calls.)
 """
 
 from __future__ import annotations
 
-import threading
+import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
@@ -35,37 +30,17 @@ from _helpers import assert_bitwise_equal
 from _helpers import ulps as ulp_distance
 from mixprec.ops import _cuda_emulation
 
+# (MIXPREC_BUILD_TEST_EXT=1, as make test sets it: the tests run, and fail without it)
 pytestmark = pytest.mark.skipif(
-    not _cuda_emulation.available(), reason="needs mixprec._C with the CUDA emulation"
+    not _cuda_emulation.available() and os.environ.get("MIXPREC_BUILD_TEST_EXT") != "1",
+    reason="needs the test extension mixprec._cuda_emulation_C (MIXPREC_BUILD_TEST_EXT=1)",
 )
 
 CAP = 64  # capacity of the buffers the tensors view (room for resizes in place)
-ENTRIES = 4  # PlanCache::kEntries
 
 
 def emu() -> Any:
     return _cuda_emulation.ops()
-
-
-@pytest.fixture(autouse=True)
-def _fresh_cache() -> Any:
-    previous = _cuda_emulation.set_plan_reuse(True)
-    _cuda_emulation.clear_plan_cache()
-    yield
-    _cuda_emulation.set_plan_reuse(previous)
-
-
-class Counter:
-    """Plan builds and reuses since the last ``take()``."""
-
-    def __init__(self) -> None:
-        self._last = _cuda_emulation.plan_cache_stats()
-
-    def take(self) -> Tuple[int, int]:
-        now = _cuda_emulation.plan_cache_stats()
-        delta = (now.builds - self._last.builds, now.reuses - self._last.reuses)
-        self._last = now
-        return delta
 
 
 def _view(buf: torch.Tensor, dtype: torch.dtype, n: int, stride: int = 1) -> torch.Tensor:
@@ -199,34 +174,27 @@ def step_both(s: OptState, call: Callable[..., None] = adam_call, **kw: Any) -> 
 
 
 # ---------------------------------------------------------------------------
-# Identical calls reuse.
+# Repeated calls with the same tensors.
 
 @pytest.mark.parametrize("pdt,gdt,masters,amsgrad", [
     (torch.float32, torch.float32, False, False),
     (torch.float16, torch.float16, True, True),
     (torch.bfloat16, torch.float32, True, False),
 ])
-def test_adam_identical_calls_reuse(pdt: torch.dtype, gdt: torch.dtype, masters: bool,
-                                    amsgrad: bool) -> None:
+def test_adam_repeated_calls_match_the_cpu_kernel(pdt: torch.dtype, gdt: torch.dtype,
+                                                  masters: bool, amsgrad: bool) -> None:
     s = OptState([5, 17, 0, 33], pdt, gdt, masters, amsgrad)
-    c = Counter()
-    step_both(s)
-    assert c.take() == (1, 0)
-    for _ in range(3):
+    for _ in range(4):
         step_both(s)
-        assert c.take() == (0, 1)
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_sgd_identical_calls_reuse_and_momentum_is_part_of_the_key(momentum: float) -> None:
+def test_sgd_momentum_switched_between_calls(momentum: float) -> None:
     s = OptState([5, 17, 33], torch.float16, torch.float16, True, False)
-    c = Counter()
     step_both(s, sgd_call, momentum=momentum)
     step_both(s, sgd_call, momentum=momentum)
-    assert c.take() == (1, 1)
-    # momentum on <-> off changes the lists the launcher reads: a new plan
+    # momentum on <-> off changes the lists the launcher reads
     step_both(s, sgd_call, momentum=0.5 if momentum == 0.0 else 0.0)
-    assert c.take() == (1, 0)
 
 
 def _unscale_ops() -> List[Tuple[str, Callable[..., Any], Callable[..., Any]]]:
@@ -262,31 +230,18 @@ def _unscale_both(op: Tuple[str, Callable[..., Any], Callable[..., Any]],
 
 
 @pytest.mark.parametrize("which", range(4))
-def test_unscale_family_identical_calls_reuse(which: int) -> None:
+def test_unscale_family_repeated_calls(which: int) -> None:
     op = _unscale_ops()[which]
     grads = [torch.randn(n) for n in (3, 40, 0, 17)] + [torch.randn(9).half()]
-    c = Counter()
     _unscale_both(op, grads)
-    assert c.take() == (1, 0)
     for _ in range(3):
         _unscale_both(op, grads, inv=0.25)
-        assert c.take() == (0, 1)
     # float64 check of the last unscale (the writing ops)
     if op[0] in ("unscale_and_check_", "unscale_and_norm_"):
         g = [torch.randn(7, dtype=torch.float64)]
         want = g[0] * 0.125
         emu().unscale_and_check_(g, torch.zeros(1), torch.full((1,), 0.125))
         assert_bitwise_equal(g[0], want)
-
-
-def test_plan_only_launchers_reuse_too() -> None:
-    grads = [torch.randn(4) for _ in range(10)]
-    c = Counter()
-    blocks = emu().planned_blocks()
-    for _ in range(3):
-        emu().plan_unscale_and_check_(grads, torch.zeros(1), torch.ones(1))
-    assert c.take() == (1, 2)
-    assert emu().planned_blocks() - blocks == 30  # a reused plan covers the same blocks
 
 
 # ---------------------------------------------------------------------------
@@ -396,87 +351,54 @@ CHANGES: Dict[str, Callable[[OptState], None]] = {
 def test_adam_change_is_never_missed(change: str, masters: bool) -> None:
     pdt = torch.float16 if masters else torch.float32
     s = OptState([5, 17, 9, 33], pdt, torch.float32, masters, amsgrad=True)
-    c = Counter()
     step_both(s)
     step_both(s)
-    assert c.take() == (1, 1)
     CHANGES[change](s)
     step_both(s)
-    assert c.take() == (1, 0), "the change must rebuild the plan"
-    step_both(s)  # and the new plan is stored, unless it needs copies (strided)
-    assert c.take() == ((1, 0) if change == "strided-same-address" else (0, 1))
-
-
-def test_strided_calls_are_never_stored() -> None:
-    s = OptState([5, 17], torch.float32, torch.float32, False, amsgrad=False)
-    _change_strided_same_address(s)
-    before = _cuda_emulation.plan_cache_stats()
-    for _ in range(3):
-        step_both(s)
-    after = _cuda_emulation.plan_cache_stats()
-    assert (after.builds - before.builds, after.reuses - before.reuses,
-            after.uncacheable - before.uncacheable) == (3, 0, 3)
+    step_both(s)
 
 
 @pytest.mark.parametrize("flag", ["amsgrad", "masters", "stochastic_rounding"])
-def test_adam_flags_are_part_of_the_key(flag: str) -> None:
+def test_adam_flags_changed_between_calls(flag: str) -> None:
     if flag == "amsgrad":
         s = OptState([5, 17], torch.float32, torch.float32, False, amsgrad=True)
         step_both(s)
         # the same tensors, amsgrad off: max_exp_avg_sqs must now be empty
-        c = Counter()
         s.amsgrad = False
         step_both(s)
-        assert c.take() == (1, 0)
     elif flag == "masters":
         s = OptState([5, 17], torch.bfloat16, torch.float32, True, amsgrad=False)
         step_both(s)
-        c = Counter()
         s.masters = False  # bf16 params updated in place
         step_both(s)
-        assert c.take() == (1, 0)
     else:
         s = OptState([5, 60], torch.bfloat16, torch.float32, False, amsgrad=False)
         step_both(s, sr=False)
-        c = Counter()
         step_both(s, sr=True)
-        assert c.take() == (1, 0)
         step_both(s, sr=True)
-        assert c.take() == (0, 1)
 
 
 def test_scalars_are_read_every_call() -> None:
-    # lr, found_inf and the rest are not part of the plan: a reused plan reads them
+    # lr, found_inf and the rest are read on the device every call
     s = OptState([5, 17, 33], torch.float16, torch.float16, True, amsgrad=False)
     step_both(s)
-    c = Counter()
     before = {k: [t.clone() for t in v] for k, v in s.sides["emu"].items()}
     step_both(s, skip=True)  # found_inf set: nothing changes, step counts included
     for k, v in s.sides["emu"].items():
         for x, y in zip(v, before[k]):
             assert_bitwise_equal(x, y)
     step_both(s, lr=0.5)
-    assert c.take() == (0, 2)
 
 
 # ---------------------------------------------------------------------------
 # Freed and reallocated.
 
-def test_freed_and_reallocated_same_shape_is_correct_either_way() -> None:
+def test_freed_and_reallocated_same_shape() -> None:
     op = _unscale_ops()[0]
-    c = Counter()
-    last_ptrs: Optional[List[int]] = None
     for _ in range(20):
-        # (the allocator may or may not hand the same addresses back; both are checked)
+        # (the allocator may or may not hand the same addresses back)
         grads = [torch.randn(40), torch.randn(40).half()]
-        ptrs = [g.data_ptr() for g in grads]
         _unscale_both(op, grads)
-        built, reused = c.take()
-        if ptrs == last_ptrs:
-            assert (built, reused) == (0, 1)  # the same key: reusing is correct
-        else:
-            assert built + reused == 1
-        last_ptrs = ptrs
         del grads
 
 
@@ -485,12 +407,10 @@ def test_freed_and_reallocated_other_dtype_at_same_address() -> None:
     # each a fresh tensor object: the key sees the dtype
     op = _unscale_ops()[0]
     storage = torch.zeros(32)
-    c = Counter()
     _unscale_both(op, [storage[:16].normal_()])
     g = storage.view(torch.bfloat16)[:16]
     g.normal_()
     _unscale_both(op, [g])
-    assert c.take() == (2, 0)
 
 
 # ---------------------------------------------------------------------------
@@ -501,8 +421,6 @@ def test_unscale_changes_are_never_missed() -> None:
     buf = torch.zeros(CAP)
     base = [buf[:10], torch.randn(20), torch.randn(5).half()]
     for op in ops:
-        _cuda_emulation.clear_plan_cache()
-        c = Counter()
         variants = {
             "base": base,
             "grow-same-address": [buf[:30], base[1], base[2]],
@@ -514,41 +432,36 @@ def test_unscale_changes_are_never_missed() -> None:
             "replace": [buf[:10].clone(), base[1], base[2]],
             "empty": [],
         }
-        for name, grads in variants.items():
+        for grads in variants.values():
             for g in grads:
                 _fill(g, torch.Generator().manual_seed(1))
             _unscale_both(op, grads)
-            assert c.take() == (1, 0), (op[0], name)
             _unscale_both(op, grads)
-            assert c.take() == ((1, 0) if name == "strided-same-address" else (0, 1)), (
-                op[0], name)
 
 
-def test_unscale_and_check_and_check_finite_do_not_share_a_plan_by_mistake() -> None:
+def test_unscale_and_check_after_check_finite_on_the_same_list() -> None:
     grads = [torch.randn(8), torch.randn(8)]
     grads[1][3] = float("inf")
-    c = Counter()
     f = torch.zeros(1)
     emu().check_finite_(grads, f)
     assert f.item() == 1.0
     before = [g.clone() for g in grads]
     f.zero_()
     emu().unscale_and_check_(grads, f, torch.full((1,), 0.5))
-    assert c.take() == (2, 0)
     assert f.item() == 1.0
     assert_bitwise_equal(grads[0], before[0] * 0.5)
 
 
 # ---------------------------------------------------------------------------
-# Errors after a stored plan: the checks of a changed call still run.
+# Errors after good calls: the checks of every call run.
 
-def test_bad_input_after_a_stored_plan_still_raises_the_cpu_error() -> None:
+def test_bad_input_after_good_calls_raises_the_cpu_error() -> None:
     s = OptState([6, 12], torch.float32, torch.float32, False, amsgrad=False)
     step_both(s)
     step_both(s)
 
     def both_raise(change: Callable[[List[List[torch.Tensor]]], None]) -> str:
-        """The stored lists with `change` applied: both kernels raise the same error."""
+        """The lists with `change` applied: both kernels raise the same error."""
         msgs = []
         for side, fn in (("emu", emu().fused_adam_), ("cpu", torch.ops.mixprec.fused_adam_)):
             lists = [list(x) for x in s.lists(side)]
@@ -576,22 +489,17 @@ def test_bad_input_after_a_stored_plan_still_raises_the_cpu_error() -> None:
     assert "exp_avgs[0]" in both_raise(half_state)
     assert "params[0]" in both_raise(expanded_param)
     assert "max_exp_avg_sqs" in both_raise(amsgrad_list)
-    c = Counter()
-    # a bad hyper-parameter (not in the key) with the stored tensors: the plan is
-    # found, and the check still runs
+    # a bad hyper-parameter with the same tensors
     with pytest.raises(RuntimeError, match="beta1"):
         adam(emu().fused_adam_, s.lists("emu"), False, beta1=1.5)
-    assert c.take() == (0, 1)
-    # a bad scalar with the stored tensors: found_inf of two elements
+    # a bad scalar with the same tensors: found_inf of two elements
     with pytest.raises(RuntimeError, match="found_inf"):
         adam(emu().fused_adam_, s.lists("emu"), False, found_inf=torch.zeros(2))
-    assert c.take() == (0, 0)  # another key: checked, rejected, nothing built
-    # nothing was modified, and the good call still reuses its plan
+    # nothing was modified, and the good call still matches the CPU kernel
     step_both(s)
-    assert c.take() == (0, 1)
 
 
-def test_bad_norm_type_after_a_stored_plan_still_raises() -> None:
+def test_bad_norm_type_after_good_calls_raises() -> None:
     grads = [torch.randn(8)]
     emu().unscale_and_norm_(grads, torch.zeros(1), torch.ones(1), 2.0)
     with pytest.raises(RuntimeError, match="norm_type"):
@@ -601,72 +509,6 @@ def test_bad_norm_type_after_a_stored_plan_still_raises() -> None:
     with pytest.raises(RuntimeError, match="grads"):
         emu().unscale_and_norm_(grads + [torch.ones(2, dtype=torch.int32)], torch.zeros(1),
                                 torch.ones(1), 2.0)
-
-
-# ---------------------------------------------------------------------------
-# Bounded, per thread, switchable.
-
-def test_cache_holds_a_bounded_number_of_plans() -> None:
-    op = _unscale_ops()[0]
-    sets = [[torch.randn(4 + k)] for k in range(ENTRIES + 1)]
-    c = Counter()
-    for _ in range(2):  # as many sets as entries, cycled: all stored
-        for g in sets[:ENTRIES]:
-            _unscale_both(op, g)
-    assert c.take() == (ENTRIES, ENTRIES)
-    _cuda_emulation.clear_plan_cache()
-    for _ in range(2):  # one set more, cycled: the least recently used goes, every time
-        for g in sets:
-            _unscale_both(op, g)
-    assert c.take() == (2 * (ENTRIES + 1), 0)
-
-
-def test_two_param_groups_alternating_both_reuse() -> None:
-    a = OptState([5, 17], torch.float32, torch.float32, False, amsgrad=False, seed=1)
-    b = OptState([9, 3, 12], torch.float16, torch.float16, True, amsgrad=False, seed=2)
-    step_both(a)
-    step_both(b)
-    c = Counter()
-    for _ in range(3):
-        step_both(a)
-        step_both(b)
-    assert c.take() == (0, 6)
-
-
-def test_each_thread_has_its_own_plans() -> None:
-    grads = [torch.randn(8)]
-    emu().check_finite_(grads, torch.zeros(1))
-    c = Counter()
-    seen: List[Tuple[int, int]] = []
-
-    def other() -> None:
-        inner = Counter()
-        emu().check_finite_(grads, torch.zeros(1))
-        emu().check_finite_(grads, torch.zeros(1))
-        seen.append(inner.take())
-
-    t = threading.Thread(target=other)
-    t.start()
-    t.join()
-    assert seen == [(1, 1)]  # built in the new thread, not taken from this one's
-    emu().check_finite_(grads, torch.zeros(1))
-    assert c.take() == (1, 2)
-
-
-def test_reuse_can_be_switched_off_and_cleared() -> None:
-    grads = [torch.randn(8)]
-    emu().check_finite_(grads, torch.zeros(1))
-    c = Counter()
-    assert _cuda_emulation.set_plan_reuse(False) is True
-    for _ in range(2):
-        emu().check_finite_(grads, torch.zeros(1))
-    assert c.take() == (2, 0)
-    assert _cuda_emulation.set_plan_reuse(True) is False
-    emu().check_finite_(grads, torch.zeros(1))  # the plan stored before is still valid
-    assert c.take() == (0, 1)
-    _cuda_emulation.clear_plan_cache()
-    emu().check_finite_(grads, torch.zeros(1))
-    assert c.take() == (1, 0)
 
 
 # ---------------------------------------------------------------------------
@@ -752,21 +594,9 @@ def test_random_changes_match_the_cpu_kernel(
     pdt, masters, amsgrad = config
     s = OptState(sizes, pdt, torch.float32, masters, amsgrad)
     step_both(s)
-    last_cacheable = all(
-        t.is_contiguous() and t.numel() > 0 for v in s.sides["emu"].values() for t in v)
     for kind, i, n in steps:
         kw = _mutate(s, kind, i, n)
-        c = Counter()
         step_both(s, **kw)
-        built, reused = c.take()
-        assert built + reused == 1
-        if kind in ("none", "skip", "lr") and last_cacheable:
-            assert reused == 1, "an unchanged call must reuse its plan"
-        # (zero-size tensors left out: on torch 2.13 a strided empty tensor that
-        # is_contiguous() calls contiguous was copied by the launcher, which makes the plan
-        # uncacheable; the layout flags of empty tensors are not this test's subject)
-        last_cacheable = all(
-            t.is_contiguous() and t.numel() > 0 for v in s.sides["emu"].values() for t in v)
 
 
 @settings(max_examples=25, deadline=None,
@@ -798,8 +628,6 @@ def test_random_unscale_lists_match_the_cpu_kernel(
     for k, n, stride, dt in changes:
         if k < len(grads):
             grads[k] = make(k, n, stride, dt)  # same address, another view
-        c = Counter()
         for g in grads:
             _fill(g, torch.Generator().manual_seed(3))
         _unscale_both(op, grads)
-        assert sum(c.take()) == 1

@@ -1,4 +1,9 @@
-// A direct Python entry to mixprec's ops for the eager hot path.
+// A direct Python entry to mixprec's ops for the eager hot path: the one
+// part of mixprec that reads CPython and torch-binding internals (the Python
+// tensor's struct, borrowed tuple items); tests/test_fast_entry.py keeps every
+// other C++ source free of them. MIXPREC_FAST_ENTRY=0 (read once by
+// mixprec.ops._extension) leaves it unused: every op then goes through
+// torch.ops.mixprec.*.
 //
 // torch.ops.mixprec.<op>(...) converts every argument to an IValue, and a
 // tensor-list argument of N tensors costs N reference-count round trips, each
@@ -235,6 +240,14 @@ struct FastCall<Name, Ret(Args...)> {
     }
   }
 };
+
+// fast_entry<Name, Sig>: FastCall<Name, Sig>::call as a METH_VARARGS function
+// of a module's method table ("fast_<op>"; the op with positional arguments,
+// or NotImplemented when the arguments need torch.ops).
+template <const char* Name, class Sig>
+PyObject* fast_entry(PyObject* /*self*/, PyObject* args) {
+  return FastCall<Name, Sig>::call(args);
+}
 
 }  // namespace python
 }  // namespace mixprec
