@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -147,6 +147,25 @@ def test_detector_counts_each_kind_of_sync(sync: Callable[..., Any]) -> None:
         (t * 2).add_(1).sum()
         torch.where(mask, t, -t)
     assert quiet.count == 0
+
+
+@torch.library.custom_op("mixprec_test::with_size", mutates_args=())
+def _with_size(t: Tensor) -> Tuple[Tensor, int]:
+    return t * 2, t.shape[0]
+
+
+@_with_size.register_fake
+def _(t: Tensor) -> Tuple[Tensor, int]:
+    return torch.empty_like(t), t.shape[0]
+
+
+def test_an_op_returning_a_size_is_not_a_sync() -> None:
+    """An int an op returns is a size it knows on the host, not a device read (cuDNN
+    attention returns its max sequence lengths so: counted as syncs, they made every
+    attention model uncapturable on the H200, 2026-11-26)."""
+    with SyncDetector() as det:
+        torch.ops.mixprec_test.with_size(torch.ones(3))
+    assert det.count == 0, [str(e) for e in det.events]
 
 
 # --------------------------------------------------------------------------- harness

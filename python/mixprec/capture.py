@@ -134,8 +134,9 @@ def _user_frame() -> str:
 class SyncDetector(TorchDispatchMode):
     """A :class:`TorchDispatchMode` that counts every op that would sync with the host.
 
-    Counted (:meth:`why`): the ops of :data:`SYNC_OPS`; any op that returns a Python
-    number or bool (a value read back to the host); indexing with a boolean mask
+    Counted (:meth:`why`): the ops of :data:`SYNC_OPS`; any other op that returns a
+    Python float or bool (a value read back to the host; an int is a size the op knows on
+    the host, as cuDNN attention's max sequence lengths); indexing with a boolean mask
     (``aten::index``/``index_put_`` with a bool index: a ``nonzero`` on CUDA); a copy from
     a non-CPU tensor into a CPU one. On CPU, kernels reading CPU tensors are not syncs
     (no dispatcher op is seen); the detector counts the ops that would sync on CUDA, on
@@ -177,7 +178,10 @@ class SyncDetector(TorchDispatchMode):
                     and src.device.type not in ("cpu", "meta") and dst.device.type == "cpu"):
                 return "copies a device tensor to the host"
         for leaf in pytree.tree_leaves(out):
-            if isinstance(leaf, (bool, int, float, complex)) and not isinstance(leaf, Tensor):
+            # (an int is a size or a count the op knows on the host -- cuDNN attention
+            # returns its max sequence lengths so -- not a device read; a bool or a float
+            # from an op not listed above is)
+            if isinstance(leaf, (bool, float, complex)) and not isinstance(leaf, Tensor):
                 return f"returns a Python {type(leaf).__name__}"
         return None
 
