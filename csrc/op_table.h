@@ -7,7 +7,7 @@
 //
 //   * MIXPREC_FOR_EACH_OP(X) drives the schema registration
 //     (registration.cpp), the Autograd-key kernels (autograd.cpp), the fast
-//     entries and the op list of mixprec._C (python/module.cpp), the typed
+//     entries and the op list of mixprec._C (csrc/python_entry/module.cpp), the typed
 //     dispatcher calls behind the public functions (ops.cpp) and the C++ link
 //     test;
 //   * the C++ signature of an op is decltype of its public function

@@ -4,6 +4,6 @@
 // here rather than the same sources twice in setup.py: the two extensions
 // would write the same object files.) A new csrc/common/*.cpp that the
 // launchers call goes here too; missing, the module fails to load (an
-// undefined symbol), and with it tests/test_cuda_emulation.py.
+// undefined symbol), and with it tests/ops/test_cuda_emulation.py.
 #include "common/checks.cpp"
 #include "common/optim_args.cpp"

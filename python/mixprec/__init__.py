@@ -31,7 +31,7 @@ from .capture import capture_step as capture_step
 from .diagnostics import HealthReport, check_fp16_safe, compare_precisions, health_report
 from .train import *  # noqa: F403  (every name of train.__all__)
 
-# mixprec.capture and capture_step are not in __all__ yet: tests/test_public_api.py lists
+# mixprec.capture and capture_step are not in __all__ yet: tests/project/test_public_api.py lists
 # the public names and is to be edited deliberately (with them) by its owner.
 __all__ = [
     "__version__",

@@ -14,7 +14,7 @@
         optimizer.state_dict()) loads into mixprec.optim (and torch.optim) and
         continues with the same losses; one saved by Python loads in C++.
     python interop.py example --bin PATH [--twin PATH] [-- ARGS...]
-        examples/cpp/train_mlp and its Python twin print the same losses
+        examples/cpp/train_mlp.cpp and its Python twin print the same losses
         (1e-6 relative), scales and skipped steps.
 
 Exit status 77 (ctest: skipped) when this Python cannot import mixprec with

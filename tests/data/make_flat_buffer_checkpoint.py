@@ -1,5 +1,5 @@
 """Writes ``flat_buffer_checkpoint.pt``, the fixture of
-``tests/test_optim_classes.py::test_flat_buffer_checkpoint_loads_into_the_plain_optimizer``.
+``tests/optim/test_optim_torch_parity.py::test_flat_buffer_checkpoint_loads_into_the_plain_optimizer``.
 
 The flat-buffer mode (``mixprec.optim.flat_buffers``) was removed after commit 9471ec2.
 This script was run once, at that commit (the last one with the mode), from the

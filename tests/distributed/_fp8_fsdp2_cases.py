@@ -30,7 +30,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    # leave without the interpreter's shutdown (see tests/_fsdp2_cases.py)
+    # leave without the interpreter's shutdown (see tests/distributed/_fsdp2_cases.py)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

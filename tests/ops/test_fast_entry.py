@@ -27,9 +27,8 @@ from _helpers import REPO, assert_bitwise_equal
 
 ROOT = REPO
 CSRC = ROOT / "csrc"
-#: The fast entry, the one file allowed to read CPython / torch-binding internals; and the
-#: list checks' helpers, which another change removes (csrc/python/list_watch.h).
-ALLOWED = {"python_entry/fast_call.h", "python/list_watch.h"}
+#: The fast entry, the one file allowed to read CPython / torch-binding internals.
+ALLOWED = {"python_entry/fast_call.h"}
 
 # One run: ops, optimizer steps and scaler iterations; the results and which fast
 # entries were called (each mixprec._C.fast_<op> wrapped by a counter) go to argv[1].
@@ -39,7 +38,7 @@ import sys
 import torch
 
 import mixprec
-from mixprec.ops import _extension
+from mixprec import _extension
 
 calls = {}
 ext = _extension.EXT
@@ -130,7 +129,7 @@ def test_switch_off_gives_the_same_bits_through_torch_ops(tmp_path: Path) -> Non
 
 
 def test_the_switch_is_read_once_at_import() -> None:
-    from mixprec.ops import _extension
+    from mixprec import _extension
 
     assert _extension.FAST_ENTRY is (os.environ.get("MIXPREC_FAST_ENTRY", "1").strip().lower()
                                      not in ("0", "false", "no", "off"))

@@ -394,7 +394,7 @@ def test_reference_device_mismatch_raises() -> None:
 
 def test_class_argument_errors() -> None:
     p = [torch.nn.Parameter(torch.randn(3))]
-    # (torch's wording: tests/test_optim_torch_parity.py has the rest)
+    # (torch's wording: tests/optim/test_optim_torch_parity.py has the rest)
     with pytest.raises(ValueError, match="Invalid learning rate: -1.0"):
         mixprec.optim.AdamW(p, lr=-1.0)
     with pytest.raises(ValueError, match=r"Invalid beta parameter at index 0: 1.0 \(must be in"):

@@ -174,3 +174,81 @@ def test_a_missing_ops_row_is_found() -> None:
     text = (ROOT / "docs" / "ops.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| `check_finite_("))
     assert "check_finite_" not in ops_table_rows(text.replace(row + "\n", ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# Repository paths named in code comments and docstrings
+
+#: where code comments are read, and the tracked top-level folders a named path may start with
+CODE_DIRS = ("python", "csrc", "tests", "benchmarks", "tools", "examples", "cmake")
+_CODE_PATH = re.compile(r"(?<![\w./-])((?:python|csrc|tests|benchmarks|tools|docs|examples|cmake)"
+                        r"/[\w.*-]+(?:/[\w.*-]+)*)")
+_CPP_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def code_comments(path: str, text: str) -> List[str]:
+    """The comments and docstrings of a source file: ``#`` comments and triple-quoted strings
+    of Python, ``//`` and ``/* */`` comments of C++/CUDA/CMake-free sources, ``#`` comments of
+    CMake files."""
+    if path.endswith(".py"):
+        import io
+        import tokenize
+
+        out: List[str] = []
+        try:
+            for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+                if tok.type == tokenize.COMMENT or (
+                        tok.type == tokenize.STRING and tok.string.lstrip("rbuRBU")[:3]
+                        in ('"""', "'''")):
+                    out.append(tok.string)
+        except (tokenize.TokenError, IndentationError):
+            return [text]
+        return out
+    if path.endswith((".h", ".cuh", ".cu", ".cpp", ".in")):
+        return _CPP_COMMENT.findall(text)
+    if path.endswith((".cmake", "CMakeLists.txt")):
+        return re.findall(r"#[^\n]*", text)
+    return []
+
+
+def comment_path_problems(files: Dict[str, str], tracked: List[str]) -> List[str]:
+    """The repository paths named in the comments of ``files`` (path -> text) that match no
+    tracked file (one line each: ``file: `path```)."""
+    bad: List[str] = []
+    for name, text in files.items():
+        for comment in code_comments(name, text):
+            for m in _CODE_PATH.finditer(comment):
+                token = m.group(1).rstrip("/.,:;")
+                # a placeholder continues the name (tests/data/trainer_<case>.pt): a prefix
+                pattern = token + ("*" if comment[m.end():m.end() + 1] in "<{" else "")
+                if "::" in pattern:
+                    pattern = pattern.split("::", 1)[0]
+                if not any(fnmatch.fnmatch(f, pattern) or f.startswith(pattern + "/")
+                           for f in tracked):
+                    bad.append(f"{name}: `{token}`")
+    return bad
+
+
+def test_paths_named_in_code_comments_exist() -> None:
+    """Every repository path a comment or docstring names (``csrc/cuda/launch_plan.h``,
+    ``tests/data/*.pt``) matches a tracked file: a move or removal updates its mentions."""
+    tracked = _tracked()
+    files = {f: (ROOT / f).read_text(errors="replace") for f in tracked
+             if f.startswith(CODE_DIRS) and (ROOT / f).is_file()
+             and f.endswith((".py", ".h", ".cuh", ".cu", ".cpp", ".in", ".cmake",
+                             "CMakeLists.txt"))}
+    assert comment_path_problems(files, tracked) == []
+
+
+def test_a_stale_path_in_a_comment_is_found() -> None:
+    """The check itself: a comment naming a gone file is reported; code and existing paths
+    are not."""
+    tracked = _tracked()
+    files = {
+        "x.py": '"""See csrc/cuda/no_such_plan.h."""\n# and tests/project/test_docs.py\n'
+                's = "tests/gone_in_a_string.py"\n',
+        "y.cpp": "// csrc/cpu/gone_*.cpp\n/* python/mixprec/ops/__init__.py */ int x;\n"
+                 "// tests/data/trainer_<case>.pt\n",
+    }
+    assert comment_path_problems(files, tracked) == [
+        "x.py: `csrc/cuda/no_such_plan.h`", "y.cpp: `csrc/cpu/gone_*.cpp`"]
