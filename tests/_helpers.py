@@ -304,3 +304,16 @@ def runnable_blocks(text: str) -> List[str]:
             i = j
         i += 1
     return blocks
+
+
+def scaled_grad_params(device: str, dtypes: List[torch.dtype],
+                       seed: int = 0) -> List[torch.nn.Parameter]:
+    """One param per dtype (shape ``(5 + k, 3)``) on ``device``, each with a grad scaled by
+    1024 (a scaler's loss scale), from a generator seeded with ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    ps = []
+    for k, dt in enumerate(dtypes):
+        p = torch.nn.Parameter(torch.randn(5 + k, 3, generator=g).to(device, dt))
+        p.grad = (torch.randn(5 + k, 3, generator=g) * 1024).to(device, dt)
+        ps.append(p)
+    return ps

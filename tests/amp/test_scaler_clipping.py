@@ -12,24 +12,14 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 import mixprec
-from _helpers import INF
+from _helpers import INF, scaled_grad_params
 from mixprec import ops
-
-
-def _params(device, dtypes, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ps = []
-    for k, dt in enumerate(dtypes):
-        p = torch.nn.Parameter(torch.randn(5 + k, 3, generator=g).to(device, dt))
-        p.grad = (torch.randn(5 + k, 3, generator=g) * 1024).to(device, dt)
-        ps.append(p)
-    return ps
 
 
 # ------------------------------------------------------------------ clip_grad_norm_
 def _clip_pair(device, norm_type, dtypes, max_norm=0.5, inf=False, seed=0):
-    ps_a = _params(device, dtypes, seed)
-    ps_b = _params(device, dtypes, seed)
+    ps_a = scaled_grad_params(device, dtypes, seed)
+    ps_b = scaled_grad_params(device, dtypes, seed)
     if inf:
         ps_a[0].grad[0, 0] = INF
         ps_b[0].grad[0, 0] = INF
@@ -72,7 +62,7 @@ def test_clip_grad_norm_with_inf_skips_step(device):
 
 
 def test_clip_grad_norm_after_unscale_and_after_step():
-    ps = _params("cpu", [torch.float32, torch.float32])
+    ps = scaled_grad_params("cpu", [torch.float32, torch.float32])
     ref = [p.grad.clone() / 8 for p in ps]
     opt = torch.optim.SGD(ps, lr=0.1)
     s = mixprec.GradScaler("cpu", init_scale=8.0)
@@ -95,7 +85,7 @@ def test_clip_grad_norm_sparse_and_disabled():
     n = s.clip_grad_norm_(opt, 1e9)
     torch.testing.assert_close(n, torch.linalg.vector_norm(dense), rtol=1e-6, atol=0)
     d = mixprec.GradScaler("cpu", enabled=False)
-    ps = _params("cpu", [torch.float32])
+    ps = scaled_grad_params("cpu", [torch.float32])
     ref = ps[0].grad.clone()
     n2 = d.clip_grad_norm_(torch.optim.SGD(ps, lr=0.1), 1.0)
     torch.testing.assert_close(n2, torch.linalg.vector_norm(ref))

@@ -8,18 +8,8 @@ import pytest
 import torch
 
 import mixprec
-from _helpers import INF, RecordingOptimizer, cuda_only, two_layer
+from _helpers import INF, RecordingOptimizer, cuda_only, scaled_grad_params, two_layer
 from mixprec import ops
-
-
-def _params(device, dtypes, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ps = []
-    for k, dt in enumerate(dtypes):
-        p = torch.nn.Parameter(torch.randn(5 + k, 3, generator=g).to(device, dt))
-        p.grad = (torch.randn(5 + k, 3, generator=g) * 1024).to(device, dt)
-        ps.append(p)
-    return ps
 
 
 # ------------------------------------------------------------------ fused unscale
@@ -32,7 +22,7 @@ def test_one_op_call_per_device_for_all_dtypes(device, monkeypatch):
         real(grads, found_inf, inv_scale)
 
     monkeypatch.setattr(ops, "unscale_and_check_", counting)
-    ps = _params(device, [torch.float32, torch.bfloat16, torch.float16, torch.float32,
+    ps = scaled_grad_params(device, [torch.float32, torch.bfloat16, torch.float16, torch.float32,
                           torch.float64])
     opt = torch.optim.SGD(ps, lr=0.1)
     s = mixprec.GradScaler(device, init_scale=1024.0, allow_fp16_grads=True)
@@ -45,7 +35,7 @@ def test_one_op_call_per_device_for_all_dtypes(device, monkeypatch):
 
 
 def test_bitwise_equal_to_torch_unscale(device):
-    ps = _params(device, [torch.float32, torch.float32, torch.float64])
+    ps = scaled_grad_params(device, [torch.float32, torch.float32, torch.float64])
     ref = [p.grad.clone() for p in ps]
     opt = torch.optim.SGD(ps, lr=0.1)
     s = mixprec.GradScaler(device, init_scale=3.0)
@@ -80,7 +70,7 @@ def test_bf16_grads_train_and_skip(device):
 def test_check_only_path_leaves_grads_untouched(monkeypatch):
     used = []
     monkeypatch.setattr(ops, "unscale_and_check_", lambda *a: used.append(a))
-    ps = _params("cpu", [torch.float32, torch.bfloat16])
+    ps = scaled_grad_params("cpu", [torch.float32, torch.bfloat16])
     ps[0].grad[0, 0] = -0.0
     ref = [p.grad.clone() for p in ps]
     opt = RecordingOptimizer(ps, supports_amp=True)
@@ -129,7 +119,7 @@ def test_allow_fp16_grads(allow, attrs, ok):
 
 @cuda_only
 def test_bf16_and_mixed_grads_on_cuda():
-    ps = _params("cuda", [torch.bfloat16, torch.float32, torch.float16])
+    ps = scaled_grad_params("cuda", [torch.bfloat16, torch.float32, torch.float16])
     expected = [(p.grad.float() / 64).to(p.dtype) for p in ps]
     s = mixprec.GradScaler("cuda", init_scale=64.0, allow_fp16_grads=True)
     s.scale(torch.ones((), device="cuda"))

@@ -248,16 +248,16 @@ def test_unscale_plan_launches_and_blocks(sizes: List[int]) -> None:
                                                           torch.ones(1))) == want
 
 
-def test_optimizer_plans_per_dtype_group_match_the_cpu_kernel() -> None:
-    # zero-size tensors and sizes mixed across three (param, grad) dtype groups, more
-    # tensors than one launch holds in one of them: the emulated kernel equals the CPU one
-    n = MAX_TENSORS[7] + 20
-    shapes = [((0 if i % 17 == 0 else 1 + (i * 5) % 23),) for i in range(n)]
+def _emulated_and_cpu_mixed_adam(shapes: list, every: int) -> tuple:
+    """fused_adam_ emulated and on the CPU over ``shapes`` in three (param, grad) dtype
+    groups (bf16 params every ``every``-th tensor, fp32 grads the one after), held to each
+    other within one ulp: (the inputs, the emulated result, the CPU result)."""
+    n = len(shapes)
     d = _adam_inputs(torch.float16, torch.float16, True, False, shapes)
-    for i in range(0, n, 4):
+    for i in range(0, n, every):
         d["params"][i] = d["params"][i].to(torch.bfloat16)
         d["master_params"][i] = d["params"][i].float() + 1e-2
-    for i in range(1, n, 4):
+    for i in range(1, n, every):
         d["grads"][i] = d["grads"][i].float()
     a, b = _clone(d), _clone(d)
     emu().fused_adam_(*a.values(), *_adam_scalars(False, True))
@@ -265,6 +265,15 @@ def test_optimizer_plans_per_dtype_group_match_the_cpu_kernel() -> None:
     for k in d:
         for x, y in zip(a[k], b[k]):
             assert ulps(x, y) <= 1, k
+    return d, a, b
+
+
+def test_optimizer_plans_per_dtype_group_match_the_cpu_kernel() -> None:
+    # zero-size tensors and sizes mixed across three (param, grad) dtype groups, more
+    # tensors than one launch holds in one of them: the emulated kernel equals the CPU one
+    n = MAX_TENSORS[7] + 20
+    _emulated_and_cpu_mixed_adam([((0 if i % 17 == 0 else 1 + (i * 5) % 23),)
+                                  for i in range(n)], 4)
 
 
 # ---------------------------------------------------------------------------
@@ -493,19 +502,7 @@ def test_fused_adam_layouts(layout: str, pdt: torch.dtype, masters: bool) -> Non
 def test_fused_adam_mixed_dtypes_many_tensors_and_skip() -> None:
     # more tensors than one launch holds (depth 7), three dtype groups
     n = MAX_TENSORS[7] + 9
-    shapes = [(1 + (i * 7) % 50,) for i in range(n)]
-    d = _adam_inputs(torch.float16, torch.float16, True, False, shapes)
-    for i in range(0, n, 3):
-        d["params"][i] = d["params"][i].to(torch.bfloat16)
-        d["master_params"][i] = d["params"][i].float() + 1e-2
-    for i in range(1, n, 3):
-        d["grads"][i] = d["grads"][i].float()
-    a, b = _clone(d), _clone(d)
-    emu().fused_adam_(*a.values(), *_adam_scalars(False, True))
-    torch.ops.mixprec.fused_adam_(*b.values(), *_adam_scalars(False, True))
-    for k in d:
-        for x, y in zip(a[k], b[k]):
-            assert ulps(x, y) <= 1, k
+    d, a, _ = _emulated_and_cpu_mixed_adam([(1 + (i * 7) % 50,) for i in range(n)], 3)
     for p, mp in zip(a["params"], a["master_params"]):
         assert_bitwise_equal(p, mp.to(p.dtype))
     # found_inf set: nothing changes, step counts included

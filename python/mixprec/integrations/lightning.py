@@ -94,7 +94,27 @@ def clip_unscaled(
     return None
 
 
-class MixedPrecision(_LightningMixedPrecision):
+class _ClipsUnscaled:
+    """The clipping both plugins share: :func:`clip_unscaled` with the plugin's scaler
+    (``None`` without one), the last norm kept as ``grad_norm`` (a device tensor)."""
+
+    grad_norm: Optional[Tensor] = None
+
+    def clip_gradients(
+        self,
+        optimizer: Optimizer,
+        clip_val: Union[int, float] = 0.0,
+        gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM,
+    ) -> None:
+        """Clip the unscaled gradients (:func:`clip_unscaled`) instead of refusing
+        optimizers that unscale in their step."""
+        norm = clip_unscaled(optimizer, clip_val, gradient_clip_algorithm,
+                             getattr(self, "scaler", None))
+        if norm is not None:
+            self.grad_norm = norm
+
+
+class MixedPrecision(_ClipsUnscaled, _LightningMixedPrecision):
     """Lightning's ``MixedPrecision`` plugin (``16-mixed``, ``bf16-mixed``), with
     :class:`mixprec.GradScaler` as the default scaler of ``16-mixed`` and gradient
     clipping that works with optimizers that unscale in their step (mixprec's; torch's
@@ -125,20 +145,8 @@ class MixedPrecision(_LightningMixedPrecision):
         super().__init__(precision, device, scaler)
         self.grad_norm: Optional[Tensor] = None
 
-    def clip_gradients(  # type: ignore[override]
-        self,
-        optimizer: Optimizer,
-        clip_val: Union[int, float] = 0.0,
-        gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM,
-    ) -> None:
-        """Clip the unscaled gradients (:func:`clip_unscaled`) instead of refusing
-        optimizers that unscale in their step."""
-        norm = clip_unscaled(optimizer, clip_val, gradient_clip_algorithm, self.scaler)
-        if norm is not None:
-            self.grad_norm = norm
 
-
-class HalfPrecision(_LightningHalfPrecision):
+class HalfPrecision(_ClipsUnscaled, _LightningHalfPrecision):
     """Lightning's ``HalfPrecision`` plugin (``bf16-true``, ``16-true``: the model's
     params in 16 bits; mixprec's optimizers keep float32 masters of them), with the
     clipping of :class:`MixedPrecision` (no scaler: the grads are clipped in place) and
@@ -147,17 +155,6 @@ class HalfPrecision(_LightningHalfPrecision):
     def __init__(self, precision: Literal["bf16-true", "16-true"] = "bf16-true") -> None:
         super().__init__(precision)
         self.grad_norm: Optional[Tensor] = None
-
-    def clip_gradients(  # type: ignore[override]
-        self,
-        optimizer: Optimizer,
-        clip_val: Union[int, float] = 0.0,
-        gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM,
-    ) -> None:
-        """Clip the gradients in place (:func:`clip_unscaled` without a scaler)."""
-        norm = clip_unscaled(optimizer, clip_val, gradient_clip_algorithm, None)
-        if norm is not None:
-            self.grad_norm = norm
 
 
 def precision_plugin(
