@@ -468,3 +468,57 @@ def test_bench_fp8_gpu_mode_code_runs_tiny_on_the_cpu(capsys):
                  "torchao fp8 tensorwise + torch fused AdamW"]:
         assert part in out
     assert "check passed" in out
+
+
+# ----------------------------------------------------------------------------- captured step
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_capture_step_takes_a_converted_model(recipe: str) -> None:
+    """``capture_step`` on a model with torchao's Float8 linears: its checks find no host
+    sync and no refusal (torchao's scales stay on the device), and its CPU mode trains as
+    the eager loop does, bit for bit over 6 steps with an overflow. (The dispatcher-level
+    replay harness of tests/_replay.py cannot stand in for a CUDA graph here: torchao
+    builds its float8 wrappers in Python, outside the dispatcher, so a recorded trace holds
+    the recording step's wrappers; replayed, it diverges from the first replay. Replay
+    correctness of an FP8 step is for the GPU check, tools/gpu_capture_check.py.)"""
+    needs_torchao()
+    from mixprec.capture import capture_step
+    from mixprec.train.fp8 import convert_model
+
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randn(16, 32, generator=g), torch.randn(16, 32, generator=g))
+            for _ in range(6)]
+
+    def build() -> tuple:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))
+        assert convert_model(model, recipe, keep_first_last=False)
+        opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
+        scaler = mixprec.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2)
+
+        def body(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            opt.zero_grad(set_to_none=False)
+            loss = nn.functional.mse_loss(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            return loss.detach()
+
+        return model, opt, scaler, body
+
+    def batch(k: int) -> tuple:
+        x, y = data[k]
+        return (x * float("inf") if k == 3 else x), y  # one overflow: a skipped step
+
+    model_e, _, scaler_e, body_e = build()
+    eager = [body_e(*batch(k)) for k in range(len(data))]
+    model_c, opt_c, scaler_c, body_c = build()
+    step = capture_step(body_c, data[0], optimizers=[opt_c], scaler=scaler_c,
+                        modules=[model_c], warmup=1)
+    out = [step(*batch(k)) for k in range(len(data))]
+    assert step.mode == "eager"  # (CPU)
+    for a, b in zip(eager, out):
+        assert_bitwise_equal(a, b)
+    for p, q in zip(model_e.parameters(), model_c.parameters()):
+        assert_bitwise_equal(p.detach(), q.detach())
+    assert scaler_c.stats().skipped_steps == scaler_e.stats().skipped_steps == 1
