@@ -283,11 +283,14 @@ def file_entries(fn: Callable[[], Any]) -> List[str]:
     the calls opens. Returning to a caller is not an entry; nor is a call within a file, a
     generator resumed where it is consumed, or the ``__enter__``/``__exit__`` of a context
     manager (read with the call that made it: ``with torch.no_grad():`` is one
-    visit)."""
+    visit), nor what the op layer (``ops/__init__.py``) calls on an op's behalf (it is
+    entered once per op: with ``MIXPREC_FAST_ENTRY=0`` each op's route asks
+    ``_dtensor.py`` for the DTensor class)."""
     entries: List[str] = []
 
     def on_call(f: str, below: List[str], name: str) -> None:
-        if (not below or below[-1] != f) and name not in ("__enter__", "__exit__"):
+        if (not below or below[-1] != f) and name not in ("__enter__", "__exit__") \
+                and "ops/__init__.py" not in below:
             entries.append(f"{f} ({name})")
 
     _trace(fn, on_call)
