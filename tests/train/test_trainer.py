@@ -634,3 +634,14 @@ def test_train_without_tqdm_prints_plain_progress(monkeypatch: pytest.MonkeyPatc
     assert [x.split("|")[0].split(": ", 1)[1].strip() for x in lines[1:]] == [
         "8/16 batches", "16/16 batches"], lines
     assert "epoch 1" in lines[1] and "epoch 2" in lines[2], lines
+
+
+def test_plot_without_matplotlib_names_the_install(monkeypatch, tmp_path) -> None:
+    """matplotlib is only in the demo extra: plotting without it says what to install."""
+    import sys
+
+    from mixprec.train.metrics import plot_history
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ImportError, match="needs matplotlib: pip install matplotlib"):
+        plot_history([0], None, "t", tmp_path / "x.png")

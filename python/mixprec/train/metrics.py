@@ -389,7 +389,11 @@ def plot_history(
 ) -> str:
     """Write a 2x2 PNG (loss, log2 scale, cumulative skipped steps, grad norm per
     optimizer step) with matplotlib's Agg backend. Returns the path."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:  # (only the demo extra installs it)
+        raise ImportError("mixprec: plotting the training history needs matplotlib: "
+                          "pip install matplotlib (or mixprec[demo])") from exc
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
