@@ -2,7 +2,7 @@
 
 ``torch.ops.mixprec_cuda_emu.plan_<op>`` runs everything the CUDA op does on the
 host -- argument checks, flattening, dtype grouping, slot wiring, launch plans --
-and launches nothing (mixprec.ops._cuda_emulation). It is called here through the
+and launches nothing (tests/_cuda_emulation.py). It is called here through the
 same eager fast entry as the real ops (``emu_plan_<op>`` of the test extension
 mixprec._cuda_emulation_C, built with ``MIXPREC_BUILD_TEST_EXT=1``), under
 ``torch.inference_mode()`` (the emulated ops have no Autograd-key kernel; the
@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import sys
 import time
@@ -57,7 +58,10 @@ import torch.utils.benchmark as tb
 import mixprec
 from _common import fit_fixed_per_tensor
 from mixprec import _extension
-from mixprec.ops import _cuda_emulation
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tests"))  # the test-only emulation's loader
+import _cuda_emulation  # noqa: E402
 
 
 def _time_us(fn: Callable[[], None], min_run_time: float, cpu_time: bool = False) -> float:

@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, min(args.threads, os.cpu_count() or 1)))
 
     print(f"mixprec {mixprec.__version__} | torch {torch.__version__} | device {args.device} "
-          f"| threads {torch.get_num_threads()} | compiled kernels {mixprec.has_extension()}")
+          f"| threads {torch.get_num_threads()} | CUDA kernels {mixprec.has_cuda_kernels()}")
     data = load_digits_tensors(args.seed)
     print(f"digits: {len(data[1])} train / {len(data[3])} test images (8x8), "
           f"{args.epochs} epochs, batch 64")

@@ -95,14 +95,14 @@ def _sgd(device, **changes):
 
 
 def _q8(device, params, table):
-    from mixprec.ops import _quant8 as q8
+    from mixprec.optim import _quant8 as q8
 
     pairs = [q8.quantize(torch.randn(p.shape, device=device), table) for p in params]
     return [c for c, _ in pairs], [a for _, a in pairs]
 
 
 def _adam8(device, **changes):
-    from mixprec.ops import _quant8 as q8
+    from mixprec.optim import _quant8 as q8
 
     params = [torch.randn(600, device=device).half(), torch.randn(3, 4, device=device).half()]
     m, ma = _q8(device, params, q8.SIGNED)
@@ -120,7 +120,7 @@ def _adam8(device, **changes):
 
 
 def _sgd8(device, **changes):
-    from mixprec.ops import _quant8 as q8
+    from mixprec.optim import _quant8 as q8
 
     params = [torch.randn(300, device=device), torch.randn(2, 3, device=device)]
     b, ba = _q8(device, params, q8.SIGNED)
@@ -284,7 +284,7 @@ def _sample_sgd(device):
 
 
 def _sample_adam8(device):
-    from mixprec.ops import _quant8 as q8
+    from mixprec.optim import _quant8 as q8
 
     params, grads, _, masters, steps = _optim_lists(device, 0, True)
     params = [torch.randn(600, device=device).half()] + params  # more than one block
@@ -299,7 +299,7 @@ def _sample_adam8(device):
 
 
 def _sample_sgd8(device):
-    from mixprec.ops import _quant8 as q8
+    from mixprec.optim import _quant8 as q8
 
     params, grads, _, _, steps = _optim_lists(device, 0, False)
     params = [p.to(torch.bfloat16) for p in params]

@@ -22,9 +22,9 @@ Per set:
   ``unscale_and_norm_`` / ``check_finite_and_norm_`` (2-norm against float64 within the
   float32 accumulation's bound; inf-norm exact), ``update_scale_`` (bitwise
   ``torch._amp_update_scale_`` over a sequence of steps), ``update_scale_ext_`` (bitwise
-  torch's with hysteresis 1 and no bounds; bitwise ``mixprec.ops._reference`` with
+  torch's with hysteresis 1 and no bounds; bitwise ``_reference (tests/_reference.py)`` with
   hysteresis 2 and bounds), ``fused_adam_`` (AMSGrad, Adam-L2, maximize, clip_coef) and
-  ``fused_sgd_`` (Nesterov) called directly, against ``mixprec.ops._reference`` within the
+  ``fused_sgd_`` (Nesterov) called directly, against ``_reference (tests/_reference.py)`` within the
   rounding of one float32 update (sets of up to 200 tensors: the reference loops over
   tensors in Python); ``fused_adam8_`` / ``fused_sgd8_`` (8-bit state) over two steps,
   bitwise against the CPU kernel on copies (same sets);
@@ -60,7 +60,9 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the references
 
+import _reference  # noqa: E402
 import mixprec  # noqa: E402
 import mixprec.optim  # noqa: E402
 from _common import (  # noqa: E402
@@ -87,7 +89,6 @@ from _common import (  # noqa: E402
     sync,
     verify_unscale_fn,
 )
-from mixprec.ops import _reference  # noqa: E402
 
 SETS: Dict[str, Callable[[], List[Shape]]] = {
     "odd": lambda: [(1,), (3,), (4097,), (33, 65), (2**15 + 7,)],
@@ -340,7 +341,7 @@ def check_fused_direct(shapes: Sequence[Shape], device: torch.device,
                        gen: torch.Generator) -> str:
     """fused_adam_ (AMSGrad, Adam-L2, maximize, grad_scale, clip_coef) and fused_sgd_
     (Nesterov) called directly, fp16 params with masters and bf16 grads, against the
-    pure-PyTorch reference ``mixprec.ops._reference`` (:func:`_close_to_reference`); every
+    pure-PyTorch reference ``_reference (tests/_reference.py)`` (:func:`_close_to_reference`); every
     master must move."""
     params = randn(shapes, torch.float16, device, gen)
     inputs = {
@@ -376,7 +377,7 @@ def check_fused_direct(shapes: Sequence[Shape], device: torch.device,
     for k in order:
         for i, (x, y, x0) in enumerate(zip(a[k], b[k], inputs[k])):
             _close_to_reference(x, y, x0, f"fused_sgd_ {k}[{i}]")
-    return "fused_adam_ and fused_sgd_ match mixprec.ops._reference"
+    return "fused_adam_ and fused_sgd_ match _reference (tests/_reference.py)"
 
 
 def check_fused8_direct(shapes: Sequence[Shape], device: torch.device,
@@ -385,7 +386,7 @@ def check_fused8_direct(shapes: Sequence[Shape], device: torch.device,
     clip_coef; two steps, so codes written by the first are read by the second) on the
     device against the CPU kernel on copies: bitwise (the same float32 operations, IEEE
     division and sqrt on both, no contraction)."""
-    from mixprec.ops import _quant8 as q8
+    from mixprec.optim import _quant8 as q8
 
     params = randn(shapes, torch.float16, device, gen)
     m = [q8.quantize(t, q8.SIGNED) for t in randn(shapes, torch.float32, device, gen, std=0.1)]

@@ -93,7 +93,7 @@ at::Tensor zeros_f32_like(const at::Tensor& p) {
                         at::MemoryFormat::Preserve);
 }
 
-// ---- 8-bit state: the layout of python/mixprec/ops/_quant8.py and
+// ---- 8-bit state: the layout of python/mixprec/optim/_quant8.py and
 // optim/_state8.py ("quant" names it), with the same tables
 // (common/quant8_math.h) and the same rounding as its quantize().
 constexpr const char* kQuant = "dynamic8/b256";

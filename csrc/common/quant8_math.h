@@ -2,7 +2,7 @@
 // fused_sgd8_), shared by the CPU kernels, the CUDA kernels and their host
 // emulation. No ATen types.
 //
-// The format is python/mixprec/ops/_quant8.py's, which is the reference: a
+// The format is python/mixprec/optim/_quant8.py's, which is the reference: a
 // state tensor is cut, in element order, into blocks of kBlock = 256; a block
 // keeps one float32 absmax A and one code per element. Reading back:
 // value(table, code) * A. Writing: the code of y = x / A (IEEE division; y = 0

@@ -2,7 +2,7 @@
 // MIXPREC_BUILD_TEST_EXT=1, which `make test` sets; never shipped): loading
 // it registers the emulated CUDA launchers (ops_emulated.cpp) as the CPU
 // kernels of mixprec_cuda_emu, whose schemas
-// python/mixprec/ops/_cuda_emulation.py defines (mixprec._C must be loaded
+// tests/_cuda_emulation.py defines (mixprec._C must be loaded
 // first). The module carries the plan-only launchers' eager fast entries
 // (emu_plan_<op>, through python_entry/fast_call.h like mixprec._C's), for
 // measuring the CUDA path's host cost without a GPU

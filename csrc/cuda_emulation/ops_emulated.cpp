@@ -2,7 +2,7 @@
 // tensors: the same argument checks, flattening, dtype grouping, slot wiring,
 // launch plans and functor bodies as the CUDA kernels, over an emulated grid.
 // Registered as the CPU kernels of the private namespace mixprec_cuda_emu,
-// whose schemas python/mixprec/ops/_cuda_emulation.py copies from mixprec's, so
+// whose schemas tests/_cuda_emulation.py copies from mixprec's, so
 // that tests call torch.ops.mixprec_cuda_emu.<op> exactly like the real op.
 //
 // A testing aid: nothing in mixprec calls these kernels, and the real ops'

@@ -2,16 +2,15 @@
 
 The subpackages follow the layers of ARCHITECTURE.md:
 
-* :mod:`mixprec.ops`: the fused ops (``torch.ops.mixprec.*``), their pure-PyTorch
-  reference and the loading of the compiled extension ``mixprec._C``;
+* :mod:`mixprec.ops`: the fused ops (``torch.ops.mixprec.*``);
 * :mod:`mixprec.amp`: :class:`GradScaler`, :class:`autocast`, precision policies;
 * :mod:`mixprec.optim`: the fused master-weight optimizers;
 * :mod:`mixprec.train`: :class:`MixedPrecisionTrainer` and its configuration;
 * :mod:`mixprec.diagnostics`: numerical health checks.
 
 Every public name is importable from ``mixprec`` itself. Importing this package
-loads the compiled kernels; see :mod:`mixprec._extension` for what happens
-when they are missing.
+loads the compiled kernels (:mod:`mixprec._extension`; :class:`ImportError` when they
+are missing or were built against another torch).
 """
 
 from __future__ import annotations
@@ -19,12 +18,7 @@ from __future__ import annotations
 from . import amp, diagnostics, ops, optim, train
 from . import capture as capture  # one CUDA graph per step; see __all__ below
 from ._cmake import cmake_prefix_path
-from ._extension import (
-    MixprecExtensionWarning,
-    build_info,
-    has_cuda_kernels,
-    has_extension,
-)
+from ._extension import build_info, has_cuda_kernels
 from ._version import __version__
 from .amp import *  # noqa: F403  (every name of amp.__all__)
 from .capture import capture_step as capture_step
@@ -35,11 +29,9 @@ from .train import *  # noqa: F403  (every name of train.__all__)
 # the public names and is to be edited deliberately (with them) by its owner.
 __all__ = [
     "__version__",
-    "MixprecExtensionWarning",
     "build_info",
     "cmake_prefix_path",
     "has_cuda_kernels",
-    "has_extension",
     "ops",
     "amp",
     "optim",

@@ -1,10 +1,6 @@
 """The CPU kernels exist once per instruction set (default, AVX2, AVX-512) and the best
 one is picked at run time, so the main run only exercises one of them. Here the op
-tests run again with each other set forced through MIXPREC_CPU_CAPABILITY.
-
-Nothing here touches the extension at collection time: without it (a failed build,
-MIXPREC_DISABLE_EXTENSION=1) every test reports its own skip instead of the module
-failing to import."""
+tests run again with each other set forced through MIXPREC_CPU_CAPABILITY."""
 
 from __future__ import annotations
 
@@ -24,17 +20,13 @@ ORDER = ["default", "avx2", "avx512"]
 
 
 def native_capability() -> Optional[str]:
-    """The kernel set mixprec picked on this machine; None without the extension."""
-    if not mixprec.has_extension():
-        return None
+    """The kernel set mixprec picked on this machine."""
     return mixprec.build_info().get("cpu_capability")
 
 
 def require_below_native(cap: str) -> None:
-    """Skip unless the extension is loaded and `cap` is a set below the one it picked."""
+    """Skip unless `cap` is a set below the one mixprec picked."""
     native = native_capability()
-    if native is None:
-        pytest.skip("needs the compiled extension")
     assert native in ORDER, f"unknown CPU capability {native!r}"
     if ORDER.index(cap) >= ORDER.index(native):
         pytest.skip(f"{cap} is not below this machine's {native}")
@@ -45,8 +37,6 @@ def test_cpu_kernels_run_on_torchs_threads() -> None:
     compiled for torch's OpenMP (setup.py ``_openmp_flags``), so with 2 threads its loops
     run in 2 chunks, with 1 in 1. Compiled without ``-fopenmp`` they would run serially
     (1 chunk) whatever ``torch.set_num_threads`` says, as every build before did."""
-    if not mixprec.has_extension():
-        pytest.skip("needs the compiled extension")
     import torch
 
     from mixprec._extension import EXT as _C
@@ -80,16 +70,3 @@ def test_op_suite_with_capability(cap: str) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert " passed" in run.stdout
 
-
-def test_isa_modules_collect_without_the_extension() -> None:
-    """With the extension switched off, the ISA test modules are collected and their
-    tests skip (exit status 0), instead of an error at import."""
-    env = {**os.environ, "MIXPREC_DISABLE_EXTENSION": "1"}
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-         str(OPS / "test_cpu_capability.py"), str(OPS / "test_optim_isa.py"),
-         "-k", "not collect_without"],
-        capture_output=True, text=True, env=env, timeout=300, cwd=TESTS.parent)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "error" not in run.stdout.lower(), run.stdout[-3000:]
-    assert "needs the compiled extension" in run.stdout, run.stdout[-3000:]

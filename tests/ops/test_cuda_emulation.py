@@ -1,6 +1,6 @@
 """The CUDA backend's code, run on the CPU (CI has no GPU).
 
-``torch.ops.mixprec_cuda_emu.<op>`` (mixprec.ops._cuda_emulation) runs the CUDA
+``torch.ops.mixprec_cuda_emu.<op>`` (tests/_cuda_emulation.py) runs the CUDA
 launcher of <op> -- argument checks, flattening, dtype grouping, slot wiring,
 launch plan, kernel bodies -- over an emulated grid on CPU tensors. These tests
 hold it to the CPU kernels (which every other test holds to torch) and to
@@ -23,8 +23,8 @@ from typing import Any, Dict, List
 import pytest
 import torch
 
+import _cuda_emulation
 from _helpers import assert_bitwise_equal, ulps
-from mixprec.ops import _cuda_emulation
 
 # (MIXPREC_BUILD_TEST_EXT=1, as make test sets it: the tests run, and fail without it)
 pytestmark = pytest.mark.skipif(

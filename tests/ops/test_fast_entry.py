@@ -19,10 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
-import pytest
 import torch
 
-import mixprec
 from _helpers import REPO, assert_bitwise_equal
 
 ROOT = REPO
@@ -112,7 +110,6 @@ def _flat(x: Any) -> List[torch.Tensor]:
     return [t for v in x for t in _flat(v)]
 
 
-@pytest.mark.skipif(not mixprec.has_extension(), reason="needs the compiled extension")
 def test_switch_off_gives_the_same_bits_through_torch_ops(tmp_path: Path) -> None:
     on, off = _run(tmp_path, "1"), _run(tmp_path, "0")
     # the switch decides the entry: on, every op of the run came through its fast entry;

@@ -3,7 +3,7 @@
 The CUDA launchers build their launch plan from scratch at every call (one pass over the
 tensor lists: checks, flattening, dtype grouping, launch tables; csrc/cuda/launch_plan.h
 ``LaunchPlanner``). These tests run the emulated launchers
-(``mixprec.ops._cuda_emulation``) over sequences of calls in which the tensors change
+(``tests/_cuda_emulation.py``) over sequences of calls in which the tensors change
 between calls in every way a stale plan could miss -- a tensor replaced, the same
 address with another size, dtype or strides, tensors added, removed or reordered, a
 tensor moved to another slot, a flag changed, a buffer freed and reallocated -- and
@@ -26,9 +26,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import _cuda_emulation
 from _helpers import assert_bitwise_equal
 from _helpers import ulps as ulp_distance
-from mixprec.ops import _cuda_emulation
 
 # (MIXPREC_BUILD_TEST_EXT=1, as make test sets it: the tests run, and fail without it)
 pytestmark = pytest.mark.skipif(

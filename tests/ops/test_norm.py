@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import _reference
 import mixprec
 from _helpers import assert_bitwise_equal
-from mixprec.ops import _reference
 
 NORMS = [2.0, 1.0, float("inf"), 3.0, 0.5]
 

@@ -17,8 +17,7 @@ import mixprec
 import mixprec.optim
 
 ORDER = ["default", "avx2", "avx512"]
-NATIVE = mixprec.build_info().get("cpu_capability", "default") if mixprec.has_extension() \
-    else "default"
+NATIVE = mixprec.build_info()["cpu_capability"]
 
 SCRIPT = r"""
 import hashlib, torch, mixprec, mixprec.optim
@@ -47,7 +46,6 @@ print(mixprec.build_info().get("cpu_capability"), h.hexdigest())
 """
 
 
-@pytest.mark.skipif(not mixprec.has_extension(), reason="needs the compiled extension")
 def test_every_cpu_isa_gives_the_same_bits() -> None:
     caps = [c for c in ORDER if ORDER.index(c) <= ORDER.index(NATIVE)] \
         if NATIVE in ORDER else ["default"]
@@ -80,7 +78,6 @@ def _with_threads(n: int, fn: Callable[[], List[torch.Tensor]]) -> List[torch.Te
         torch.set_num_threads(old)
 
 
-@pytest.mark.skipif(not mixprec.has_extension(), reason="needs the compiled extension")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_unscale_and_norm_same_bits_for_every_thread_count(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(1)
@@ -106,7 +103,6 @@ def test_unscale_and_norm_same_bits_for_every_thread_count(dtype: torch.dtype) -
             assert torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8)), n
 
 
-@pytest.mark.skipif(not mixprec.has_extension(), reason="needs the compiled extension")
 def test_inf_found_in_any_chunk_for_every_thread_count() -> None:
     for where in range(len(SIZES)):
         g = [torch.ones(n) for n in SIZES]
@@ -122,7 +118,6 @@ def test_inf_found_in_any_chunk_for_every_thread_count() -> None:
             assert float(_with_threads(n, run)[0]) == 1.0, (where, n)
 
 
-@pytest.mark.skipif(not mixprec.has_extension(), reason="needs the compiled extension")
 def test_fused_adam_same_bits_for_every_thread_count() -> None:
     gen = torch.Generator().manual_seed(2)
     p0 = [torch.randn(n, generator=gen).to(torch.bfloat16) for n in SIZES]

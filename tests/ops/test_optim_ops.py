@@ -1,7 +1,7 @@
 """Tests of the fused_adam_ and fused_sgd_ ops (the kernels under mixprec.optim).
 
 CPU always, CUDA where a GPU is present (the ``device`` fixture). References:
-mixprec.ops._reference (the pure-PyTorch op) and a float64 step with an error bound
+tests/_reference.py (the pure-PyTorch op) and a float64 step with an error bound
 derived from float32 rounding; bad inputs; opcheck and torch.compile of the ops.
 The optimizer classes are tested in test_optim_classes.py.
 """
@@ -13,11 +13,11 @@ from typing import Any, Callable, Dict, List
 import pytest
 import torch
 
+import _reference
 import mixprec
 import mixprec.optim
 from _helpers import all_bitwise_equal, cuda_only, snapshot_optimizer
 from mixprec import ops
-from mixprec.ops import _reference
 
 
 def test_stochastic_rounding_kernel_equals_reference() -> None:

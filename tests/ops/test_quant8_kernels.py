@@ -1,6 +1,6 @@
 """The fused 8-bit-state ops (``fused_adam8_``, ``fused_sgd8_``): the CPU kernel and the
 CUDA launcher (run on the CPU by the emulation) against the pure-PyTorch reference
-(``mixprec.ops._reference``), bit for bit: params, masters, codes, maxima and step counts,
+(``tests/_reference.py``), bit for bit: params, masters, codes, maxima and step counts,
 over several steps (so codes written by one step are read back by the next), every
 param/grad dtype pair, masters, stochastic rounding, block and chunk boundaries, strided
 and misaligned tensors. The rounding to codes is also tested on its own at the places it
@@ -17,9 +17,10 @@ from typing import Any, Callable, Dict, List
 import pytest
 import torch
 
+import _cuda_emulation
+import _reference
 from _helpers import REPO, assert_bitwise_equal
-from mixprec.ops import _cuda_emulation, _reference
-from mixprec.ops import _quant8 as q8
+from mixprec.optim import _quant8 as q8
 
 ROOT = REPO
 CHUNK = 65536  # the CUDA launcher's elements per block (a CPU chunk is half of it)

@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import _reference
 import mixprec
 from _helpers import assert_bitwise_equal, bits
-from mixprec.ops import _reference
 
 TORCH_DTYPES = [torch.float32, torch.float16, torch.float64]  # what torch's op accepts
 ALL_DTYPES = TORCH_DTYPES + [torch.bfloat16]

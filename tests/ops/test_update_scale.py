@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import _reference
 import mixprec
 from _helpers import assert_bitwise_equal
-from mixprec.ops import _reference
 
 
 def state(device: str, scale: float, tracker: int = 0, hyst: int | None = None):

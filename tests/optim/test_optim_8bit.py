@@ -1,4 +1,4 @@
-"""8-bit optimizer state: the block-wise quantizer (mixprec.ops._quant8) at its documented
+"""8-bit optimizer state: the block-wise quantizer (mixprec.optim._quant8) at its documented
 bound, the 8-bit Adam step against the 32-bit step it must equal up to quantization, its
 checkpoints, memory and bad inputs."""
 
@@ -13,7 +13,7 @@ import torch
 
 import mixprec
 from _helpers import REPO
-from mixprec.ops import _quant8 as q8
+from mixprec.optim import _quant8 as q8
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from _common import gpt2_small_shapes  # noqa: E402

@@ -475,11 +475,9 @@ def test_bench_caches_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
         assert name in out
 
 
-@pytest.mark.parametrize("op,what", [("check_finite_", "planted inf"),
-                                     ("fused_adam_", "lr tensors: a param did not move")])
-def test_bench_caches_catches_an_op_that_does_nothing(fails_with_noop: NoopRun, op: str,
-                                                      what: str) -> None:
-    assert what in fails_with_noop(op, bench_caches.main, CACHES_QUICK)
+def test_bench_caches_catches_an_op_that_does_nothing(fails_with_noop: NoopRun) -> None:
+    assert "lr tensors: a param did not move" in fails_with_noop(
+        "fused_adam_", bench_caches.main, CACHES_QUICK)
 
 
 # ---------------------------------------------------------------------------------------------

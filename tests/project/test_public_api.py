@@ -16,17 +16,14 @@ import mixprec
 
 #: The ops of csrc/op_table.h, as the extension exports them (``_C.op_names``); the
 #: ops ``mixprec.ops`` wraps are that list exactly (without the extension, its own list).
-OP_TABLE = (list(mixprec._C.op_names) if mixprec.has_extension()
-            else list(mixprec.ops.__all__))
+OP_TABLE = list(mixprec._C.op_names)
 
 # Names of mixprec itself; the rest of the top level is what the layers below export.
 TOP_ONLY = {
     "__version__",
-    "MixprecExtensionWarning",
     "build_info",
     "cmake_prefix_path",
     "has_cuda_kernels",
-    "has_extension",
     "ops",
     "amp",
     "optim",

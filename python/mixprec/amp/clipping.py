@@ -73,15 +73,6 @@ class ClipAccess:
         return optimizer_grads(optimizer, allow, coalesce_sparse)
 
 
-def _op_available(name: str) -> bool:
-    """Whether ``mixprec.ops.<name>`` runs (compiled, or the reference without an extension)."""
-    if not hasattr(ops, name):
-        return False
-    from .._extension import has_extension
-
-    return not has_extension() or hasattr(torch.ops.mixprec, name)
-
-
 def clip_grad_norm(
     scaler: ClipAccess,
     optimizer: torch.optim.Optimizer,
@@ -101,7 +92,6 @@ def clip_grad_norm(
         fold_into_step
         and step_kind(optimizer) is SCALARS
         and norm_type > 0
-        and _op_available("check_finite_and_norm_")
         and not any(p.grad is not None and p.grad.is_sparse for p in params)
     )
     record = record_of(state)
@@ -126,7 +116,7 @@ def clip_grad_norm(
             state["found_inf_per_device"] = reduce_found_inf(flags, home, group, specs)
             state["stage"] = OptState.UNSCALED
             record.deferred_unscale = True
-    elif state["stage"] is OptState.READY and norm_type > 0 and _op_available("unscale_and_norm_"):
+    elif state["stage"] is OptState.READY and norm_type > 0:
         per_device = scaler.grads(optimizer, coalesce_sparse=True)
         specs = per_device.specs
         flags, total = norm_pass(per_device, ops.unscale_and_norm_, inv_scale(scale), norm_type)

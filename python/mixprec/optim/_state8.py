@@ -2,7 +2,7 @@
 
 A param with at least ``min_8bit_size`` elements keeps each of its moments (the class's
 ``_MOMENTS8``: name, name of the maxima, code table) as uint8 codes of the param's shape
-plus float32 block maxima (:mod:`mixprec.ops._quant8`), and ``state["quant"] = QUANT``
+plus float32 block maxima (:mod:`mixprec.optim._quant8`), and ``state["quant"] = QUANT``
 names the layout. A smaller param keeps float32 moments and empty maxima (so that every
 param of a bucket has an entry in every list). The step runs the class's ``_run8`` on the
 8-bit params of a bucket (:func:`split_coded`) and its usual op on the rest.
@@ -21,13 +21,13 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
-from ..ops import _quant8 as q8
+from . import _quant8 as q8
 from ._base import float32_copy
 
 __all__ = ["QUANT", "EightBitState", "check_state_bits", "split_coded"]
 
 #: what a quantized param's state records under "quant": the code tables of
-#: mixprec.ops._quant8 and the block size
+#: mixprec.optim._quant8 and the block size
 QUANT = "dynamic8/b256"
 
 Bucket = Dict[str, List[Tensor]]

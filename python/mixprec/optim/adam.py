@@ -8,7 +8,7 @@ from torch import Tensor
 
 from .. import ops
 from ..amp.protocol import StepScalars
-from ..ops import _quant8 as q8
+from . import _quant8 as q8
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
 from ._state8 import EightBitState, check_state_bits, split_coded
 
@@ -72,7 +72,7 @@ class Adam(EightBitState, FusedOptimizer):
         stochastic_rounding: stochastic rounding of bf16 params without masters.
         seed: stochastic-rounding seed (int). Default 0.
         state_bits: 32 (default) or 8: block-wise 8-bit moments (one byte per element
-            and one float32 maximum per block of 256, ``mixprec.ops._quant8``) for params
+            and one float32 maximum per block of 256, ``mixprec.optim._quant8``) for params
             of at least ``min_8bit_size`` elements; smaller ones keep float32 moments.
             The step is one fused ``fused_adam8_`` per bucket of 8-bit params (codes
             read back, updated and re-quantized in one pass). Not with ``amsgrad``. With

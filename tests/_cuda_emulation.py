@@ -33,8 +33,8 @@ from typing import Optional
 
 import torch
 
-from .. import _extension
-from . import __all__ as OP_NAMES
+from mixprec import _extension
+from mixprec.ops import __all__ as OP_NAMES
 
 NAMESPACE = "mixprec_cuda_emu"
 

@@ -1,11 +1,9 @@
-"""Pure-PyTorch versions of every mixprec op.
+"""Pure-PyTorch versions of every mixprec op: the oracle the tests hold the kernels to.
 
-Two jobs: the oracle the tests compare the kernels against, and the fallback
-:mod:`mixprec.ops` uses when the compiled extension is missing or has no
-kernel for a device. Each function has the op's exact signature and
-semantics, validates its arguments with the same rules, never syncs with the
-host (everything stays in device tensors) and is bitwise equal to the kernel
-for the same inputs.
+Each function has the op's exact signature and semantics, validates its arguments with
+the same rules (:mod:`_reference_checks`), never syncs with the host (everything stays in
+device tensors) and is bitwise equal to the kernel for the same inputs. mixprec itself
+never calls them (a build without kernels for a device raises, as torch's ops do).
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from ._checks import (
+from _reference_checks import (
     _check_finite_nonneg,
     _check_list,
     _check_norm_args,
@@ -472,7 +470,7 @@ def fused_adam8_(
     stochastic_rounding: bool = False,
     seed: int = 0,
 ) -> None:
-    """One Adam/AdamW step with block-wise 8-bit moments (:mod:`mixprec.ops._quant8`).
+    """One Adam/AdamW step with block-wise 8-bit moments (:mod:`mixprec.optim._quant8`).
 
     ``exp_avgs``/``exp_avg_sqs``: uint8 codes of each param's shape (tables
     ``dynamic8-signed``/``dynamic8-unsigned``), ``exp_avg_absmax``/``exp_avg_sq_absmax``:
@@ -481,7 +479,7 @@ def fused_adam8_(
     not offered), and quantized again; with ``found_inf`` set nothing changes (codes and
     maxima included). Mutates params, masters, codes, maxima and step counts.
     """
-    from . import _quant8 as q8
+    from mixprec.optim import _quant8 as q8
 
     op = "fused_adam8_"
     _check_optim(op, params, grads, [], master_params, state_steps, lr,
@@ -529,7 +527,7 @@ def fused_sgd8_(
     each param's shape, float32 maxima per block of 256): read back in float32, updated as
     :func:`fused_sgd_` updates a float32 buffer, quantized again; nothing changes with
     ``found_inf`` set."""
-    from . import _quant8 as q8
+    from mixprec.optim import _quant8 as q8
 
     op = "fused_sgd8_"
     if not 0.0 < momentum < float("inf"):
@@ -559,7 +557,7 @@ def fused_sgd8_(
 def _check_codes8(op: str, params: Sequence[Tensor],
                   lists: Sequence[tuple[str, str, Sequence[Tensor], Sequence[Tensor]]]) -> None:
     """The 8-bit ops' checks of their code and maxima lists (before anything is written)."""
-    from . import _quant8 as q8
+    from mixprec.optim import _quant8 as q8
 
     n = len(params)
     for name, absname, codes_list, absmax_list in lists:
@@ -595,7 +593,7 @@ def _check_codes8(op: str, params: Sequence[Tensor],
 def _requantize(values: Sequence[Tensor], codes: Sequence[Tensor], maxima: Sequence[Tensor],
                 table: str, keep: Optional[Tensor]) -> None:
     """Quantize ``values`` into ``codes``/``maxima`` in place, unless ``keep``."""
-    from . import _quant8 as q8
+    from mixprec.optim import _quant8 as q8
 
     for x, c, a in zip(values, codes, maxima):
         new_c, new_a = q8.quantize(x, table)

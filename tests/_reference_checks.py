@@ -1,4 +1,4 @@
-"""Argument validation of the pure-PyTorch reference ops (:mod:`mixprec.ops._reference`).
+"""Argument validation of the pure-PyTorch reference ops (:mod:`_reference`).
 
 The same rules, checked in the same order and reported with the same messages,
 as the compiled kernels' validation: a rejected call raises before any tensor
