@@ -59,10 +59,10 @@ def _flag(name: str) -> bool:
 
 
 def _load_toolchain_checks():
-    """python/mixprec/_toolchain.py, loaded by path (the package needs torch + _C)."""
+    """tools/toolchain_checks.py, loaded by path (tools/ is not a package)."""
     name = "_mixprec_build_toolchain"
     spec = importlib.util.spec_from_file_location(
-        name, ROOT / "python" / "mixprec" / "_toolchain.py")
+        name, ROOT / "tools" / "toolchain_checks.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -99,7 +99,7 @@ def check_cxx_toolchain(compilers: list[str | list[str]], allow: bool | None = N
     """Refuse C++ compilers that link libstdc++ statically into shared objects.
 
     Each compiler command links a small shared object with ``-shared -fPIC``
-    (plus ``LDFLAGS``) that is then inspected (python/mixprec/_toolchain.py).
+    (plus ``LDFLAGS``) that is then inspected (tools/toolchain_checks.py).
     Exits with the cause and the fix, or only warns when ``allow`` (default:
     ``MIXPREC_ALLOW_STATIC_LIBSTDCXX=1``). A compiler that cannot build the
     probe at all, or a non-ELF platform, gets a warning: the real build then

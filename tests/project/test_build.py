@@ -1,8 +1,9 @@
-"""Build configuration, `python -m mixprec.info`, the missing-extension fallback and the
-torch-mismatch error."""
+"""Build configuration, `python -m mixprec.info`, the missing-extension and torch-mismatch
+errors, and the build's libstdc++ checks (tools/toolchain_checks.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -16,6 +17,18 @@ import mixprec
 from _helpers import REPO
 
 PKG_DIR = Path(mixprec.__file__).resolve().parent
+
+
+def _load_toolchain_checks():
+    """tools/toolchain_checks.py, loaded by path as setup.py loads it."""
+    spec = importlib.util.spec_from_file_location(
+        "_toolchain_checks", REPO / "tools" / "toolchain_checks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_toolchain = _load_toolchain_checks()
 
 
 def test_build_info_keys_and_values():
@@ -89,7 +102,7 @@ except ImportError as e:
 # ---- the C++ toolchain: libstdc++ must be linked as a shared library ---------------------------
 # A compiler (wrapper) that links libstdc++ statically into shared objects builds a _C whose
 # error messages crash the process (g++ 13) or lose their numbers (g++ 12). The build probes
-# the compiler before compiling and refuses; see python/mixprec/_toolchain.py.
+# the compiler before compiling and refuses; see tools/toolchain_checks.py.
 
 
 
@@ -121,14 +134,12 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
 
 @linux_only
 def test_probe_accepts_the_system_compiler():
-    from mixprec import _toolchain
 
     assert _toolchain.probe_compiler(_system_cxx()) is None
 
 
 @linux_only
 def test_probe_reports_a_wrapper_that_links_libstdcxx_statically(tmp_path):
-    from mixprec import _toolchain
 
     problem = _toolchain.probe_compiler(str(_static_libstdcxx_wrapper(tmp_path)))
     assert problem is not None
@@ -141,7 +152,6 @@ def test_probe_reports_a_wrapper_that_links_libstdcxx_statically(tmp_path):
 @linux_only
 def test_elf_reader_agrees_with_binutils(tmp_path):
     """The pure-Python ELF reader (no binutils needed at build time) against readelf/nm."""
-    from mixprec import _toolchain
 
     if not (shutil.which("readelf") and shutil.which("nm")):
         pytest.skip("binutils (readelf, nm) not installed")
@@ -166,7 +176,6 @@ def test_elf_reader_agrees_with_binutils(tmp_path):
 @linux_only
 def test_the_loaded_extension_uses_the_shared_libstdcxx():
     """What the GPU run's _C got wrong: it carried std::ostream::_M_insert<long> itself."""
-    from mixprec import _toolchain
 
     assert _toolchain.inspect_shared_object(mixprec._extension.EXT.__file__) is None
 
@@ -203,7 +212,7 @@ def test_setup_py_refuses_a_compiler_that_links_libstdcxx_statically(tmp_path):
 
 
 @linux_only
-def test_info_reports_the_toolchain_and_shared_libstdcxx():
+def test_info_reports_the_toolchain():
     from mixprec import info
 
     tools = info.toolchain_info()
@@ -217,7 +226,6 @@ def test_info_reports_the_toolchain_and_shared_libstdcxx():
               for key, value in (line.split(" : ", 1) for line in text.splitlines())}
     assert fields["cxx_compiler"] == tools["cxx_compiler"]
     assert fields["cxx_compiler_version"] == tools["cxx_compiler_version"]
-    assert fields["libstdcxx"] == "shared"
 
 
 # ---- mixprec.cmake_prefix_path -----------------------------------------------------------------

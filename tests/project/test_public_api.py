@@ -28,7 +28,6 @@ TOP_ONLY = {
     "amp",
     "optim",
     "train",
-    "diagnostics",
 }
 
 # subpackage -> its __all__
@@ -62,22 +61,10 @@ SUBPACKAGES = {
         "fp8_available",
         "fp8_unavailable",
     },
-    "mixprec.diagnostics": {
-        "check_fp16_safe",
-        "health_report",
-        "HealthReport",
-        "ParamHealth",
-        "compare_precisions",
-    },
 }
-LAYERS = ("mixprec.ops", "mixprec.amp", "mixprec.optim", "mixprec.train", "mixprec.diagnostics")
-# what mixprec re-exports from its layers: all of amp and train, most of diagnostics
-TOP_LEVEL = (
-    TOP_ONLY
-    | SUBPACKAGES["mixprec.amp"]
-    | SUBPACKAGES["mixprec.train"]
-    | (SUBPACKAGES["mixprec.diagnostics"] - {"ParamHealth"})
-)
+LAYERS = ("mixprec.ops", "mixprec.amp", "mixprec.optim", "mixprec.train")
+# what mixprec re-exports from its layers: all of amp and train
+TOP_LEVEL = TOP_ONLY | SUBPACKAGES["mixprec.amp"] | SUBPACKAGES["mixprec.train"]
 
 
 def test_top_level_all_is_the_public_list() -> None:
