@@ -19,47 +19,27 @@ The user hands over their step body as it is written::
         loss = step(x, y)          # a device tensor; no host sync
         sched.step()               # a torch LR scheduler, between calls, as usual
 
-What a call does, per input signature (shapes, dtypes, devices of the tensor leaves and
-the values of the other leaves):
+Per input signature, the first ``warmup`` calls run the body eagerly on a side stream,
+the next one runs it eagerly under the checks (:class:`SyncDetector`; every persistent
+tensor keeps its storage; the body changes no host state; the scaler's iteration is
+closed), and the next one captures it into a :class:`torch.cuda.CUDAGraph` (one memory
+pool for all) and replays it; later calls copy their inputs into static buffers and
+replay. :meth:`CapturedStep.prepare` runs before every call: the lr tensors are filled
+from the host lr, replaced state (a checkpoint load) is copied into the captured
+storages, and a change of what a graph baked in drops every graph (logged). On CPU the
+same checks and ``prepare`` run, and every call is eager. The guide: docs/capture.md.
 
-1. the first ``warmup`` calls run the body eagerly on a side stream (real training steps
-   on the call's inputs, as eager training would run them);
-2. the next call runs it eagerly once more under the checks (:class:`SyncDetector`: no op
-   that would sync with the host or read a device value into Python; every persistent
-   tensor -- params, grads, optimizer state, lr, the scaler's tensors, module buffers --
-   keeps its storage; no host state such as a param group's ``lr`` is changed by the
-   body; the scaler's iteration is closed by ``update()``). A failure raises
-   :class:`CaptureError` naming the cause (or, ``fallback="eager"``, logs it and runs that
-   signature eagerly from then on);
-3. the next call copies the inputs into static buffers, captures the body into a
-   :class:`torch.cuda.CUDAGraph` (all graphs share one memory pool) and replays it; every
-   later call with that signature only copies its inputs and replays.
-
-Before every replay (:meth:`CapturedStep.prepare`, also run before eager calls): each
-param group's host ``lr`` (a float a scheduler set, or a tensor it filled) is written in
-place into the lr tensor the captured kernels read (one ``fill_``/``copy_`` kernel, only
-when it changed); a persistent tensor that was replaced (``optimizer.load_state_dict``
-builds new state tensors; ``zero_grad(set_to_none=True)`` outside the step drops grads)
-is copied back into the captured storage and re-bound; a change of anything the graph
-has baked in (a hyperparameter other than ``lr``, the scaler's growth/backoff rule, a
-module's ``training`` flag, a param's storage) drops every graph and starts over at 1,
-with the reason logged. So a replay is never silently stale.
-
-On CPU (no CUDA graphs) :func:`capture_step` runs the same checks and the same
-:meth:`~CapturedStep.prepare` and then runs every call eagerly: the validation mode that
-the tests (and a user without a GPU) use.
-
-Host syncs: none per call once captured (the lr fill is an asynchronous kernel launch).
-Capturing synchronizes the device (``torch.cuda.graph`` does).
+Host syncs: none per call once captured. Capturing synchronizes the device.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import traceback
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -310,51 +290,32 @@ class _Slot:
     lr_key: Optional[Tuple[int, int, Any]] = None
 
 
-def _dict_slot(name: str, d: Dict[Any, Any], key: Any) -> _Slot:
-    t = d[key]
+def _slot(name: str, get: Callable[[], Optional[Tensor]],
+          put: Optional[Callable[[Tensor], None]] = None,
+          lr_key: Optional[Tuple[int, int, Any]] = None) -> _Slot:
+    t = get()
+    assert t is not None
+    return _Slot(name, get, put, t, t.data_ptr(), lr_key)
 
-    def put(v: Tensor) -> None:
-        d[key] = v
 
-    return _Slot(name, lambda: d.get(key), put, t, t.data_ptr())
-
-
-def _state_slot(name: str, opt: torch.optim.Optimizer, p: Tensor, key: str) -> _Slot:
-    """``opt.state[p][key]``, looked up afresh (``load_state_dict`` builds new dicts)."""
-    t = opt.state[p][key]
-
+def _entry(owner: Callable[[], Any], key: Any) -> Tuple[Callable[[], Optional[Tensor]],
+                                                        Callable[[Tensor], None]]:
+    """``get``/``put`` of ``owner()[key]``, the owner looked up afresh at every use
+    (``load_state_dict`` builds new state and group dicts)."""
     def get() -> Optional[Tensor]:
-        st = opt.state.get(p)
-        return None if st is None else st.get(key)
+        d = owner()
+        return None if d is None else d.get(key)
 
     def put(v: Tensor) -> None:
-        opt.state[p][key] = v
+        owner()[key] = v
 
-    return _Slot(name, get, put, t, t.data_ptr())
-
-
-def _group_slot(name: str, opt: torch.optim.Optimizer, i: int, key: str) -> _Slot:
-    """``opt.param_groups[i][key]``, looked up afresh (``load_state_dict`` builds new
-    group dicts)."""
-    t = opt.param_groups[i][key]
-
-    def get() -> Optional[Tensor]:
-        return opt.param_groups[i].get(key) if i < len(opt.param_groups) else None
-
-    def put(v: Tensor) -> None:
-        opt.param_groups[i][key] = v
-
-    return _Slot(name, get, put, t, t.data_ptr())
+    return get, put
 
 
-def _grad_slot(name: str, p: Tensor) -> _Slot:
-    g = p.grad
-    assert g is not None
-
-    def put(v: Tensor) -> None:
-        p.grad = v
-
-    return _Slot(name, lambda: p.grad, put, g, g.data_ptr())
+def _attr(obj: Any, name: str) -> Tuple[Callable[[], Optional[Tensor]],
+                                        Callable[[Tensor], None]]:
+    """``get``/``put`` of ``obj.<name>`` (a grad, a module buffer, the scaler's tensors)."""
+    return (lambda: getattr(obj, name, None)), (lambda v: setattr(obj, name, v))
 
 
 def _lr_slots(opt: torch.optim.Optimizer, i: int) -> List[Tuple[Tensor, int, Any]]:
@@ -386,31 +347,31 @@ def _collect_slots(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
         for i, group in enumerate(opt.param_groups):
             for k, p in enumerate(group["params"]):
                 where = f"optimizers[{o}].param_groups[{i}]['params'][{k}]"
-                slots.append(_Slot(where, lambda p=p: p, None, p, p.data_ptr()))
+                slots.append(_slot(where, lambda p=p: p))
                 if p.grad is not None:
-                    slots.append(_grad_slot(where + ".grad", p))
-                state = opt.state.get(p)
-                if state:
-                    for name in sorted(state, key=str):
-                        if isinstance(state[name], Tensor):
-                            slots.append(_state_slot(f"{where} state[{name!r}]", opt, p, name))
+                    slots.append(_slot(where + ".grad", *_attr(p, "grad")))
+                state = opt.state.get(p) or {}
+                for name in sorted(state, key=str):
+                    if isinstance(state[name], Tensor):
+                        slots.append(_slot(f"{where} state[{name!r}]",
+                                           *_entry(lambda opt=opt, p=p: opt.state.get(p), name)))
             for t, _, key in _lr_slots(opt, i):
+                name = f"optimizers[{o}].param_groups[{i}]"
                 if key is None:
-                    slots.append(_group_slot(f"optimizers[{o}].param_groups[{i}]['lr']",
-                                             opt, i, "lr"))
+                    groups = opt.param_groups
+                    slots.append(_slot(name + "['lr']", *_entry(
+                        lambda g=groups, i=i: g[i] if i < len(g) else None, "lr")))
                 else:
-                    slots.append(_Slot(f"optimizers[{o}].param_groups[{i}] lr tensor",
-                                       lambda t=t: t, None, t, t.data_ptr(), (o, i, key)))
+                    slots.append(_slot(name + " lr tensor", lambda t=t: t, None, (o, i, key)))
     if scaler is not None and getattr(scaler, "_enabled", False):
         for name in ("_scale", "_growth_tracker", "_hysteresis_left"):
-            if isinstance(scaler.__dict__.get(name), Tensor):
-                slots.append(_dict_slot(f"scaler.{name}", scaler.__dict__, name))
+            if isinstance(getattr(scaler, name, None), Tensor):
+                slots.append(_slot(f"scaler.{name}", *_attr(scaler, name)))
     for m, module in enumerate(modules):
         for mod_name, sub in module.named_modules():
-            for b_name, b in sub._buffers.items():
-                if isinstance(b, Tensor):
-                    slots.append(_dict_slot(f"modules[{m}].{mod_name}.{b_name}".replace("..", "."),
-                                            sub._buffers, b_name))
+            for b_name, _ in sub.named_buffers(recurse=False):
+                where = f"modules[{m}].{mod_name}.{b_name}".replace("..", ".")
+                slots.append(_slot(where, *_attr(sub, b_name)))
     return slots
 
 
@@ -679,10 +640,10 @@ class CapturedStep:
 
     def _stream_ctx(self) -> Any:
         if self.device.type != "cuda":
-            return _Null()
+            return contextlib.nullcontext()
         if self._side is None:
             self._side = torch.cuda.Stream(self.device)
-        return _SideStream(self._side)
+        return _side_stream(self._side)
 
     def _eager(self, inputs: Tuple[Any, ...]) -> Any:
         with self._stream_ctx():
@@ -828,30 +789,15 @@ class CapturedStep:
                 cache[ckey] = (value, t)
 
 
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-class _SideStream:
+@contextlib.contextmanager
+def _side_stream(stream: Any) -> Iterator[None]:
     """Run a block on ``stream`` after the current stream's work; the current stream
     waits for it afterwards (torch's warm-up recipe for capture)."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.ctx: Any = None
-
-    def __enter__(self) -> None:
-        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
-        self.ctx = torch.cuda.stream(self.stream)
-        self.ctx.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.ctx.__exit__(*exc)
-        torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+    current = torch.cuda.current_stream(stream.device)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        yield
+    current.wait_stream(stream)
 
 
 def _step_device(optimizers: Sequence[torch.optim.Optimizer],
