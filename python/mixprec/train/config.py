@@ -190,6 +190,11 @@ class MixedPrecisionConfig:
         fp8_fsdp_all_gather: FP8 level: torchao's float8 all-gather under FSDP2
             (``enable_fsdp_float8_all_gather``). Refused for now (``True`` raises):
             unmeasured on GPU, and gloo (the CPU tests) cannot all-gather float8.
+        capture: run each training step through :func:`mixprec.capture_step` (one CUDA
+            graph per step, replayed; on CPU the same checks, eager): the trainer's
+            ``train_step`` and :meth:`MixedPrecisionManager.make_step`. Refused in
+            ADAPTIVE mode and with ``gradient_accumulation_steps > 1``; see
+            ``docs/trainer.md``.
     """
 
     enabled: bool = True
@@ -222,6 +227,7 @@ class MixedPrecisionConfig:
     fp8_recipe: str = "tensorwise"
     fp8_keep_first_last: bool = True
     fp8_fsdp_all_gather: bool = False
+    capture: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -245,6 +251,7 @@ class MixedPrecisionConfig:
             "master_weights",
             "fp8_keep_first_last",
             "fp8_fsdp_all_gather",
+            "capture",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(
@@ -352,6 +359,18 @@ class MixedPrecisionConfig:
             raise ValueError(
                 f"MixedPrecisionConfig.precision_level=FP8 runs in mode AUTOMATIC or MANUAL, "
                 f"got mode {self.mode.name}"  # type: ignore[union-attr]
+            )
+        if self.capture and self.enabled and self.mode is MixedPrecisionMode.ADAPTIVE:
+            raise ValueError(
+                "MixedPrecisionConfig.capture=True is refused in mode ADAPTIVE: its evaluations "
+                "read overflow counts on the host and re-wrap module forwards, which a "
+                "captured graph would not follow; use another mode or capture=False"
+            )
+        if self.capture and self.gradient_accumulation_steps > 1:
+            raise ValueError(
+                "MixedPrecisionConfig.capture=True needs gradient_accumulation_steps=1: a graph "
+                "holds one whole optimizer step and train_step takes one micro-batch; "
+                "accumulate inside a step of MixedPrecisionManager.make_step instead"
             )
         if self.mode is MixedPrecisionMode.GRADIENT_SCALING and not self.gradient_scaling:
             raise ValueError(

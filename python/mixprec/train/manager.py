@@ -30,8 +30,9 @@ already did. :meth:`~MixedPrecisionManager.stats` and
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +41,7 @@ from .. import _dtensor
 from ..amp.autocast import cast_floating
 from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle, apply_policy
+from ..capture import CapturedStep, CaptureError, capture_step
 from .config import MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
 from .fp8 import Fp8Handle, ModuleFilter
 from .metrics import StepResult
@@ -48,6 +50,7 @@ from .modes import NAME_PREC, PREC_NAME, ModeStrategy, strategy_for
 __all__ = ["MixedPrecisionManager", "StepResult"]
 
 _MANAGER_FORMAT = 1
+logger = logging.getLogger("mixprec.trainer")
 
 
 def _underflow_flag(
@@ -152,6 +155,8 @@ class MixedPrecisionManager:
         self.overrides: dict[str, str] = {}
         self.root_precision: Optional[str] = None
         self.policy_handle: Optional[PolicyHandle] = None
+        self.plan_version = 0  # counts install_policy calls: a captured step re-captures
+        self._in_made_step = False
         self.fp8: Optional[Fp8Handle] = None
         if cfg.enabled and cfg.precision_level is PrecisionLevel.FP8:
             # before MANUAL's conversion: the swap keeps the Parameter objects
@@ -210,6 +215,7 @@ class MixedPrecisionManager:
         policy = self.strategy.policy(self)
         if policy is not None:
             self.policy_handle = apply_policy(self.model, policy)
+        self.plan_version += 1
 
     def close(self) -> None:
         """Take the policy, the FP8 forward wrappers and the ADAPTIVE hooks off the model
@@ -265,9 +271,15 @@ class MixedPrecisionManager:
         ``optimizer``: default :attr:`optimizer`. Clipping to ``config.max_grad_norm``
         is fused with the unscale. With ``performance_monitoring`` (and in ADAPTIVE
         mode) the per-param grad norms and the underflow check run on the device.
-        Host syncs: see the module docstring.
+        Host syncs: see the module docstring. With ``config.capture`` it must be called
+        inside a step of :meth:`make_step` (``RuntimeError`` otherwise).
         """
         cfg = self.config
+        if cfg.capture and not self._in_made_step:
+            raise RuntimeError(
+                "MixedPrecisionConfig.capture=True: MixedPrecisionManager.step() was called "
+                "outside a captured step; write the whole step as a function and run it "
+                "through manager.make_step(step_fn, example_inputs) (or set capture=False)")
         opt = optimizer if optimizer is not None else self.optimizer
         scaler = self.scaler
         dev = self.device
@@ -325,6 +337,28 @@ class MixedPrecisionManager:
         if adaptive is not None and self.adapt_in_step:
             self._adapt_window(result)
         return result
+
+    def make_step(self, step_fn: Callable[..., Any], example_inputs: tuple[Any, ...],
+                  **capture_kwargs: Any) -> Callable[..., Any]:
+        """The training step ``step_fn`` as the manager runs it: ``step_fn`` itself, or
+        with ``config.capture`` a callable running it through :func:`mixprec.capture_step`
+        (over :attr:`optimizer`, :attr:`scaler` and :attr:`model`; one CUDA graph per
+        input signature, replayed; on CPU eager after the same checks).
+
+        ``step_fn(*inputs)`` is one whole step: ``optimizer.zero_grad(set_to_none=False)``,
+        the forward in :meth:`autocast`, :meth:`backward`, :meth:`step`; it returns
+        tensors (e.g. the loss), not host values. ``example_inputs``: a tuple of inputs
+        on :attr:`device`, as the calls will pass them. ``capture_kwargs``: keyword
+        arguments of :func:`~mixprec.capture_step` (``schedulers``, ``max_graphs``,
+        ``warmup``, ``fallback``, ``clone_outputs``, ``pool``). What cannot be captured
+        raises :class:`mixprec.capture.CaptureError` naming the setting. The callable
+        counts :attr:`steps` (a replay runs no Python) and re-captures after a new
+        scaler (:meth:`reset_scaler`) or a re-installed policy (:meth:`restore_plan`,
+        :meth:`load_state_dict`). No host sync per call once captured.
+        """
+        if not self.config.capture:
+            return step_fn
+        return _MadeStep(self, step_fn, example_inputs, capture_kwargs)
 
     @property
     def step_was_skipped(self) -> bool:
@@ -455,3 +489,50 @@ class MixedPrecisionManager:
         if self.fp8 is not None:
             return f"{self.mode.value}, fp8 ({self.fp8.recipe})"
         return f"{self.mode.value}, {self.precision_name}"
+
+
+@contextlib.contextmanager
+def _naming_the_setting() -> Iterator[None]:
+    try:
+        yield
+    except CaptureError as e:
+        raise CaptureError(f"MixedPrecisionConfig.capture=True: {e}") from e
+
+
+class _MadeStep:
+    """The step of :meth:`MixedPrecisionManager.make_step` with ``config.capture``."""
+
+    def __init__(self, manager: MixedPrecisionManager, fn: Callable[..., Any],
+                 example_inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.manager = manager
+        self.fn = fn
+        self.example_inputs = example_inputs
+        self.kwargs = kwargs
+        self.captured: Optional[CapturedStep] = None
+        self._built_for: tuple[Any, ...] = ()
+
+    def _body(self, *inputs: Any) -> Any:
+        m = self.manager
+        m._in_made_step = True
+        try:
+            return self.fn(*inputs)
+        finally:
+            m._in_made_step = False
+
+    def __call__(self, *inputs: Any) -> Any:
+        m = self.manager
+        key = (m.scaler, m.optimizer, m.plan_version)
+        if self.captured is None or key[2] != self._built_for[2] or any(
+                a is not b for a, b in zip(key[:2], self._built_for)):
+            if self.captured is not None:
+                logger.info("mixprec: re-capturing the step (new scaler, optimizer or policy)")
+            with _naming_the_setting():
+                self.captured = capture_step(
+                    self._body, self.example_inputs, optimizers=[m.optimizer],
+                    scaler=m.scaler, modules=[m.model], **self.kwargs)
+            self._built_for = key
+        steps = m.steps
+        with _naming_the_setting():
+            out = self.captured(*inputs)
+        m.steps = steps + 1
+        return out

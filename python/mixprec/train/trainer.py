@@ -234,6 +234,7 @@ class MixedPrecisionTrainer:
         self.activation_memory: Optional[int] = None
         self._measure_activations = True
         self._last_log: dict[str, Any] = {}
+        self._step_fn: Optional[Callable[..., Any]] = None  # config.capture: made at step 1
         if self.mixed_precision_manager is not None:
             self.mixed_precision_manager.steps = 0
 
@@ -320,23 +321,22 @@ class MixedPrecisionTrainer:
             ``optimizer_step`` (whether this call stepped).
 
         Mutates the model's grads, params, optimizer/scaler state and counters.
-        Syncs only as described in the module docstring.
+        Syncs only as described in the module docstring. With ``config.capture`` the
+        step runs through :meth:`MixedPrecisionManager.make_step` (one CUDA graph,
+        replayed; grads are zeroed in place, never freed; the first step builds it
+        and a refused setup raises :class:`mixprec.capture.CaptureError` there).
         """
         manager = self._manager()
         assert self.model is not None
         cfg = self.config
         accum = cfg.gradient_accumulation_steps
         self.model.train()
+        if cfg.capture:
+            return self._captured_step(data, target)
         if self._micro == 0:
             # memory_efficiency: grads were set to None at the previous step
             self.optimizer.zero_grad(set_to_none=cfg.memory_efficiency)
-        if self._measure_activations and cfg.performance_monitoring:
-            loss, self.activation_memory = measured_forward(
-                lambda: self._forward_loss(data, target), self._params()
-            )
-            self._measure_activations = False
-        else:
-            loss = self._forward_loss(data, target)
+        loss = self._first_measured_loss(data, target)
         manager.backward(loss / accum if accum > 1 else loss)
         self.micro_steps += 1
         self._micro += 1
@@ -345,6 +345,35 @@ class MixedPrecisionTrainer:
         if self._micro < accum:
             return StepMetrics.micro_batch(detached, memory_usage(manager.device), self._lr())
         return self._optimizer_step()
+
+    def _first_measured_loss(self, data: Any, target: Any) -> Tensor:
+        """The forward's loss; the first one also measures the activation memory."""
+        if not (self._measure_activations and self.config.performance_monitoring):
+            return self._forward_loss(data, target)
+        loss, self.activation_memory = measured_forward(
+            lambda: self._forward_loss(data, target), self._params()
+        )
+        self._measure_activations = False
+        return loss
+
+    def _captured_step(self, data: Any, target: Any) -> StepMetrics:
+        """``config.capture``: the whole step through the manager's captured step."""
+        manager = self._manager()
+        inputs = (to_device(data, manager.device), to_device(target, manager.device))
+        if self._step_fn is None:
+            scheds = [] if self.scheduler is None else [self.scheduler]
+            self._step_fn = manager.make_step(self._step_body, inputs, schedulers=scheds)
+        row, values = self._step_fn(*inputs)
+        self.micro_steps += 1
+        return self._finish_step(row, values)
+
+    def _step_body(self, data: Any, target: Any) -> tuple[Tensor, dict[str, Any]]:
+        """The captured step: device work only, no host read."""
+        manager = self._manager()
+        self.optimizer.zero_grad(set_to_none=False)  # a graph's grads keep their storage
+        loss = self._first_measured_loss(data, target)
+        manager.backward(loss)
+        return step_row(loss.detach(), manager.step(self.optimizer), manager.device)
 
     def flush(self) -> Optional[StepMetrics]:
         """Step on the gradients of an unfinished accumulation (e.g. at epoch end).
@@ -363,16 +392,20 @@ class MixedPrecisionTrainer:
     def _optimizer_step(self) -> StepMetrics:
         manager = self._manager()
         assert self._step_loss is not None
-        dev = manager.device
         step_loss = self._step_loss / self._micro if self._micro > 1 else self._step_loss
         result = manager.step(self.optimizer)
-        if self.scheduler is not None and not manager.step_was_skipped:
-            self.scheduler.step()
-        row, values = step_row(step_loss, result, dev)
-        self._metrics.record(row)
-        self.optimizer_steps += 1
         self._micro = 0
         self._step_loss = None
+        return self._finish_step(*step_row(step_loss, result, manager.device))
+
+    def _finish_step(self, row: Tensor, values: dict[str, Any]) -> StepMetrics:
+        """After an optimizer step: the scheduler, the metrics row, memory, a log step."""
+        manager = self._manager()
+        dev = manager.device
+        if self.scheduler is not None and not manager.step_was_skipped:
+            self.scheduler.step()
+        self._metrics.record(row)
+        self.optimizer_steps += 1
         mem = memory_usage(dev)
         self.peak_memory = max(
             self.peak_memory,
