@@ -19,19 +19,51 @@ Decisions are logged (logger ``mixprec.trainer``) and kept in the manager's
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from ..amp.autocast import resolve_precision
-from .config import PREC_NAME
+from ..amp.module_policy import PolicyHandle
+from .config import PREC_NAME, MixedPrecisionConfig
 from .metrics import memory_capacity, memory_usage
-from .protocols import PlanHost
 
-__all__ = ["AdaptiveController"]
+__all__ = ["AdaptiveController", "PlanHost"]
 
 logger = logging.getLogger("mixprec.trainer")
+
+
+class PlanHost(Protocol):
+    """The precision plan of a managed model, read and changed in place.
+
+    Attributes:
+        model: the managed model.
+        config: its configuration.
+        device: where the model runs.
+        compute_dtype: the low-precision dtype in use (``None``: float32).
+        eventual_dtype: the low-precision dtype the mode may switch to.
+        root_precision: the model-wide precision name (``"fp16"``, ``"bf16"``,
+            ``"fp32"``), or ``None`` before the first plan.
+        overrides: per-module precision names that differ from the root.
+        policy_handle: the installed precision policy, or ``None``.
+        loss_scaling: whether the loss is scaled.
+        adaptive_decisions: the ADAPTIVE decisions so far (appended to).
+    """
+
+    model: nn.Module
+    config: MixedPrecisionConfig
+    device: torch.device
+    compute_dtype: Optional[torch.dtype]
+    eventual_dtype: Optional[torch.dtype]
+    root_precision: Optional[str]
+    overrides: dict[str, str]
+    policy_handle: Optional[PolicyHandle]
+    loss_scaling: bool
+    adaptive_decisions: list[dict[str, Any]]
+
+    def install_policy(self) -> None:
+        """(Re)install the precision policy that the plan describes."""
 
 
 class AdaptiveController:
@@ -131,31 +163,19 @@ class AdaptiveController:
             frac = memory_usage(m.device) / cap
             if frac > cfg.adaptive_threshold:
                 new = PREC_NAME[m.eventual_dtype]
-                self._decide(
-                    step,
-                    "<model>",
-                    "fp32",
-                    new,
-                    f"memory use {frac:.1%} > adaptive_threshold {cfg.adaptive_threshold:.1%}",
-                )
+                self._decide(step, "<model>", "fp32", new, f"memory use {frac:.1%} > "
+                             f"adaptive_threshold {cfg.adaptive_threshold:.1%}")
                 m.root_precision = new
                 m.compute_dtype = m.eventual_dtype
                 m.install_policy()
                 return
         rate = overflows / max(steps, 1)
-        at_min = (
-            m.loss_scaling
-            and cfg.min_scale is not None
-            and last_scale <= cfg.min_scale
-            and overflows > 0
-        )
+        at_min = (m.loss_scaling and cfg.min_scale is not None and last_scale <= cfg.min_scale
+                  and overflows > 0)
         if not (rate > cfg.overflow_threshold or at_min):
             return
-        reason = (
-            f"overflow rate {rate:.0%} > overflow_threshold {cfg.overflow_threshold:.0%}"
-            if rate > cfg.overflow_threshold
-            else f"scale reached min_scale {cfg.min_scale}"
-        )
+        reason = (f"overflow rate {rate:.0%} > overflow_threshold {cfg.overflow_threshold:.0%}"
+                  if rate > cfg.overflow_threshold else f"scale reached min_scale {cfg.min_scale}")
         low = [i for i in self.fwd_order if self._precision(self.names[i]) in ("fp16", "bf16")]
         target: Optional[int] = None
         for i in low:  # forward origin: first module whose output was non-finite

@@ -33,18 +33,9 @@ from torch import Tensor, nn
 from .._dtensor import is_dtensor
 from ..amp.autocast import cast_floating
 
-__all__ = [
-    "FP8_INSTALL",
-    "fp8_unavailable",
-    "fp8_available",
-    "fp8_info",
-    "require_torchao",
-    "fp8_eligible",
-    "default_module_filter",
-    "convert_model",
-    "float8_linears",
-    "Fp8Handle",
-]
+__all__ = ["FP8_INSTALL", "fp8_unavailable", "fp8_available", "fp8_info", "require_torchao",
+           "fp8_eligible", "default_module_filter", "convert_model", "float8_linears",
+           "Fp8Handle"]
 
 #: what to install for the FP8 level
 FP8_INSTALL = 'pip install "mixprec[fp8]" (or: pip install torchao>=0.18)'
@@ -53,18 +44,13 @@ FP8_INSTALL = 'pip install "mixprec[fp8]" (or: pip install torchao>=0.18)'
 ModuleFilter = Callable[[nn.Module, str], bool]
 
 
-def _torchao_float8() -> Any:
-    """``torchao.float8`` or ImportError."""
-    return importlib.import_module("torchao.float8")
-
-
 def fp8_unavailable() -> Optional[str]:
     """``None`` when the FP8 level can run here; else why not (a sentence naming the
     install). Host only; imports torchao."""
     if not hasattr(torch, "float8_e4m3fn"):
         return f"this torch ({torch.__version__}) has no float8 dtypes"
     try:
-        _torchao_float8()
+        importlib.import_module("torchao.float8")
     except ImportError as e:
         return f"torchao is not installed or does not import ({e}); {FP8_INSTALL}"
     except Exception as e:  # a torchao built for another torch may fail otherwise
@@ -100,7 +86,7 @@ def fp8_info() -> dict[str, Any]:
 def require_torchao() -> Any:
     """``torchao.float8``, or ImportError saying what to install."""
     try:
-        return _torchao_float8()
+        return importlib.import_module("torchao.float8")
     except ImportError as e:
         raise ImportError(
             f'MixedPrecisionConfig(precision_level="fp8") needs torchao, which is not '

@@ -1,21 +1,7 @@
 """``MixedPrecisionManager``: the per-mode mixed-precision logic, for any training loop.
 
-A hand-written loop::
-
-    manager = mixprec.MixedPrecisionManager(model, optimizer, config)
-    optimizer = manager.optimizer            # MANUAL mode: the converted mixprec optimizer
-    for x, y in loader:
-        optimizer.zero_grad(set_to_none=True)
-        with manager.autocast():
-            loss = criterion(model(x), y)
-        manager.backward(loss)
-        applied = manager.step()             # a StepResult; bool(applied) syncs once
-        if scheduler is not None and not manager.step_was_skipped:
-            scheduler.step()
-    print(manager.stats())
-    torch.save(manager.state_dict(), "mp.pt")
-
-:class:`~mixprec.MixedPrecisionTrainer` is built on it (``trainer.mixed_precision_manager``).
+:class:`~mixprec.MixedPrecisionTrainer` is built on it (``trainer.mixed_precision_manager``);
+a hand-written loop is in ``docs/trainer.md``.
 
 Host syncs: :meth:`~MixedPrecisionManager.autocast` and :meth:`~MixedPrecisionManager.backward`
 never sync. :meth:`~MixedPrecisionManager.step` does not either, except (as
@@ -53,10 +39,8 @@ _MANAGER_FORMAT = 1
 logger = logging.getLogger("mixprec.trainer")
 
 
-def _underflow_flag(
-    grads: list[Tensor], dtype: Optional[torch.dtype], threshold: float, device: torch.device,
-    groups: list[Any],
-) -> Tensor:
+def _underflow_flag(grads: list[Tensor], dtype: Optional[torch.dtype], threshold: float,
+                    device: torch.device, groups: list[Any]) -> Tensor:
     """1.0 when the fraction of nonzero scaled grads that flush to zero in ``dtype``
     (float32 for ``None``) exceeds ``threshold`` (device, no sync). ``grads`` may be the
     local shards of DTensor grads: the counts are then summed over ``groups``
@@ -135,10 +119,8 @@ class MixedPrecisionManager:
     ) -> None:
         cfg = config if config is not None else MixedPrecisionConfig()
         if not isinstance(cfg, MixedPrecisionConfig):
-            raise TypeError(
-                f"MixedPrecisionManager: config must be a MixedPrecisionConfig, got "
-                f"{type(cfg).__name__}"
-            )
+            raise TypeError(f"MixedPrecisionManager: config must be a MixedPrecisionConfig, "
+                            f"got {type(cfg).__name__}")
         cfg.validate()
         self.config = cfg
         if device is not None:
@@ -185,16 +167,10 @@ class MixedPrecisionManager:
         if self.loss_scaling:
             self._fixed_scale = None if cfg.dynamic_loss_scaling else float(cfg.initial_scale)
             return GradScaler(
-                self.device.type,
-                init_scale=cfg.initial_scale,
-                growth_factor=cfg.scale_factor,
-                backoff_factor=cfg.backoff_factor,
-                growth_interval=cfg.scale_window,
-                enabled=enabled,
-                min_scale=cfg.min_scale,
-                max_scale=cfg.max_scale,
-                hysteresis=cfg.hysteresis,
-            )
+                self.device.type, init_scale=cfg.initial_scale, growth_factor=cfg.scale_factor,
+                backoff_factor=cfg.backoff_factor, growth_interval=cfg.scale_window,
+                enabled=enabled, min_scale=cfg.min_scale, max_scale=cfg.max_scale,
+                hysteresis=cfg.hysteresis)
         # no loss scaling: scale pinned at 1.0, the scaler only checks and skips
         self._fixed_scale = 1.0
         return GradScaler(self.device.type, init_scale=1.0, enabled=enabled)
@@ -202,10 +178,8 @@ class MixedPrecisionManager:
     def reset_scaler(self) -> None:
         """Replace the scaler by a fresh one (initial scale, no statistics)."""
         old = self.scaler
-        self.scaler = old.fresh(None if not old.is_enabled() else self._initial_scale())
-
-    def _initial_scale(self) -> float:
-        return float(self.config.initial_scale) if self.loss_scaling else 1.0
+        scale = float(self.config.initial_scale) if self.loss_scaling else 1.0
+        self.scaler = old.fresh(scale if old.is_enabled() else None)
 
     def install_policy(self) -> None:
         """(Re)apply the precision policy for the current plan (root precision, overrides)."""
@@ -295,9 +269,8 @@ class MixedPrecisionManager:
         scale_before = scale.clone()
         norms: Optional[list[Tensor]] = None
         adaptive = self.adaptive
-        if grads and (
-            adaptive is not None or (cfg.performance_monitoring and not cfg.max_grad_norm)
-        ):
+        monitor = cfg.performance_monitoring and not cfg.max_grad_norm
+        if grads and (adaptive is not None or monitor):
             with torch.no_grad():
                 norms = _grad_norms(grads, shard_groups)
         if adaptive is not None and norms is not None:
@@ -322,10 +295,7 @@ class MixedPrecisionManager:
         if enabled:
             scaler.step(opt)
             found = scaler.found_inf(opt).to(dev)  # no sync
-            if self._fixed_scale is not None:
-                scaler.update(new_scale=self._fixed_scale)
-            else:
-                scaler.update()
+            scaler.update(new_scale=self._fixed_scale)  # None: by the scale rule
             scale_after = scaler.scale_tensor()
             assert scale_after is not None
         else:
@@ -353,7 +323,7 @@ class MixedPrecisionManager:
         ``warmup``, ``fallback``, ``clone_outputs``, ``pool``). What cannot be captured
         raises :class:`mixprec.capture.CaptureError` naming the setting. The callable
         counts :attr:`steps` (a replay runs no Python) and re-captures after a new
-        scaler (:meth:`reset_scaler`) or a re-installed policy (:meth:`restore_plan`,
+        scaler (:meth:`reset_scaler`) or a re-installed policy (:meth:`load_plan_state`,
         :meth:`load_state_dict`). No host sync per call once captured.
         """
         if not self.config.capture:
@@ -379,33 +349,15 @@ class MixedPrecisionManager:
             steps, self._window_start = self.steps - self._window_start, self.steps
             self.adapt(overflows, steps, scale)
 
-    def adapt(
-        self, overflows: float, steps: int, last_scale: float, step: Optional[int] = None
-    ) -> None:
+    def adapt(self, overflows: float, steps: int, last_scale: float,
+              step: Optional[int] = None) -> None:
         """ADAPTIVE: evaluate a window of ``steps`` optimizer steps, ``overflows`` of
         which overflowed, that ended with scale ``last_scale`` at optimizer step
         ``step`` (default :attr:`steps`); may promote a module or turn low precision
         on. A no-op in the other modes. One host sync."""
         if self.adaptive is not None:
-            self.adaptive.evaluate(
-                overflows, steps, last_scale, self.steps if step is None else step
-            )
-
-    def restore_plan(
-        self,
-        decisions: list[dict[str, Any]],
-        overrides: dict[str, str],
-        root_precision: Optional[str],
-    ) -> None:
-        """Restore a saved precision plan (ADAPTIVE decisions and promotions) and
-        re-apply the policy."""
-        self.adaptive_decisions = [dict(d) for d in decisions]
-        self.overrides = dict(overrides)
-        if root_precision is not None:
-            self.root_precision = root_precision
-            if self.strategy.dtype_follows_plan:
-                self.compute_dtype = NAME_PREC.get(root_precision, self.compute_dtype)
-        self.install_policy()
+            self.adaptive.evaluate(overflows, steps, last_scale,
+                                   self.steps if step is None else step)
 
     # ------------------------------------------------------------------ state, stats
     def plan_state(self) -> dict[str, Any]:
@@ -422,8 +374,16 @@ class MixedPrecisionManager:
         return state
 
     def load_plan_state(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`plan_state`."""
-        self.restore_plan(state["decisions"], state["overrides"], state.get("root_precision"))
+        """Inverse of :meth:`plan_state`: restores the ADAPTIVE decisions and promotions
+        and re-applies the policy."""
+        self.adaptive_decisions = [dict(d) for d in state["decisions"]]
+        self.overrides = dict(state["overrides"])
+        root = state.get("root_precision")
+        if root is not None:
+            self.root_precision = root
+            if self.strategy.dtype_follows_plan:
+                self.compute_dtype = NAME_PREC.get(root, self.compute_dtype)
+        self.install_policy()
         if "fwd_counts" in state and self.adaptive is not None:
             self.adaptive.load_counts(state["fwd_counts"], state["bwd_counts"])
 
@@ -444,9 +404,8 @@ class MixedPrecisionManager:
         """Restore :meth:`state_dict` (scaler, plan, step count); the config is not
         changed (the manager keeps its own)."""
         if state.get("format") != _MANAGER_FORMAT:
-            raise ValueError(
-                f"MixedPrecisionManager.load_state_dict: unknown format {state.get('format')!r}"
-            )
+            raise ValueError(f"MixedPrecisionManager.load_state_dict: unknown format "
+                             f"{state.get('format')!r}")
         if state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         self.load_plan_state(state["adaptive"])
