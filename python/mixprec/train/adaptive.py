@@ -79,29 +79,23 @@ class AdaptiveController:
 
     def __init__(self, manager: PlanHost) -> None:
         self.manager = manager
-        model = manager.model
-        device = manager.device
         # candidates: modules owning parameters, in registration order; the
         # forward order is learned at the first forward
         self.names: list[str] = []
-        self._index: dict[int, int] = {}
-        for name, module in model.named_modules():
-            if name and any(True for _ in module.parameters(recurse=False)):
-                self._index[id(module)] = len(self.names)
-                self.names.append(name)
         self.fwd_order: list[int] = []
         self._fwd_seen: set[int] = set()
         self._param_owner: dict[int, int] = {}
         self._hooks: list[Any] = []
-        for module in model.modules():
-            idx = self._index.get(id(module))
-            if idx is None:
+        for name, module in manager.model.named_modules():
+            params = list(module.parameters(recurse=False))
+            if not name or not params:
                 continue
-            for p in module.parameters(recurse=False):
-                self._param_owner[id(p)] = idx
-            self._hooks.append(module.register_forward_hook(self._make_hook(idx)))
-        self.fwd_counts = torch.zeros(len(self.names), device=device)
-        self.bwd_counts = torch.zeros(len(self.names), device=device)
+            for p in params:
+                self._param_owner[id(p)] = len(self.names)
+            self._hooks.append(module.register_forward_hook(self._make_hook(len(self.names))))
+            self.names.append(name)
+        self.fwd_counts = torch.zeros(len(self.names), device=manager.device)
+        self.bwd_counts = torch.zeros(len(self.names), device=manager.device)
         self._owner_cache: dict[tuple[int, ...], Tensor] = {}
 
     def remove(self) -> None:
@@ -196,8 +190,7 @@ class AdaptiveController:
         old = self._precision(name)
         dev_type = m.device.type
         bf16_ok = resolve_precision(dev_type, "bf16")[0] is not None and (
-            dev_type != "cuda" or torch.cuda.is_bf16_supported()
-        )
+            dev_type != "cuda" or torch.cuda.is_bf16_supported())
         new = "bf16" if (old == "fp16" and bf16_ok) else "fp32"
         self._decide(step, name, old, new, reason)
         m.overrides[name] = new

@@ -16,22 +16,13 @@ from typing import Any, Optional, Union
 
 import torch
 
-__all__ = [
-    "MixedPrecisionMode",
-    "PrecisionLevel",
-    "MixedPrecisionConfig",
-    "HandlingAction",
-    "PRESETS",
-    "FP8_RECIPES",
-]
+__all__ = ["MixedPrecisionMode", "PrecisionLevel", "MixedPrecisionConfig", "HandlingAction",
+           "PRESETS", "FP8_RECIPES"]
 
 
 #: compute dtype <-> precision name (``None`` is float32: no low precision)
-PREC_NAME: dict[Optional[torch.dtype], str] = {
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    None: "fp32",
-}
+PREC_NAME: dict[Optional[torch.dtype], str] = {torch.float16: "fp16", torch.bfloat16: "bf16",
+                                               None: "fp32"}
 NAME_PREC: dict[str, Optional[torch.dtype]] = {v: k for k, v in PREC_NAME.items()}
 
 
@@ -356,8 +347,7 @@ class MixedPrecisionConfig:
         """``"conservative"``, ``"standard"`` or ``"aggressive"``, with overrides."""
         if name not in PRESETS:
             raise ValueError(
-                f"MixedPrecisionConfig.preset: expected one of {sorted(PRESETS)}, got {name!r}"
-            )
+                f"MixedPrecisionConfig.preset: expected one of {sorted(PRESETS)}, got {name!r}")
         return cls(**{**PRESETS[name], **overrides})
 
     # ------------------------------------------------------------------ dicts

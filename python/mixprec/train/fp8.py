@@ -67,20 +67,16 @@ def fp8_info() -> dict[str, Any]:
     """For ``mixprec.info``: ``fp8`` (bool), ``fp8_torchao`` (its version or ``None``),
     ``fp8_detail`` (why not, or where float8 matmuls run fast)."""
     why = fp8_unavailable()
-    version = None
-    if why is None:
-        version = getattr(importlib.import_module("torchao"), "__version__", "unknown")
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            fast = (major, minor) >= (8, 9)
-            detail = (f"GPU sm{major}{minor}: "
-                      + ("float8 tensor cores" if fast else
-                         "no float8 tensor cores (sm89+ needed); torchao's matmuls will fail"))
-        else:
-            detail = "no GPU: float8 matmuls run on the CPU (correct, slow; for tests)"
-    else:
-        detail = why
-    return {"fp8": why is None, "fp8_torchao": version, "fp8_detail": detail}
+    if why is not None:
+        return {"fp8": False, "fp8_torchao": None, "fp8_detail": why}
+    version = getattr(importlib.import_module("torchao"), "__version__", "unknown")
+    detail = "no GPU: float8 matmuls run on the CPU (correct, slow; for tests)"
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        detail = f"GPU sm{major}{minor}: " + (
+            "float8 tensor cores" if (major, minor) >= (8, 9) else
+            "no float8 tensor cores (sm89+ needed); torchao's matmuls will fail")
+    return {"fp8": True, "fp8_torchao": version, "fp8_detail": detail}
 
 
 def require_torchao() -> Any:

@@ -107,16 +107,10 @@ class MixedPrecisionManager:
         fp8 (the :class:`~mixprec.train.fp8.Fp8Handle` of the FP8 level, else ``None``).
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        config: Optional[MixedPrecisionConfig] = None,
-        *,
-        device: Union[str, torch.device, None] = None,
-        adapt_in_step: bool = True,
-        fp8_module_filter: Optional[ModuleFilter] = None,
-    ) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 config: Optional[MixedPrecisionConfig] = None, *,
+                 device: Union[str, torch.device, None] = None, adapt_in_step: bool = True,
+                 fp8_module_filter: Optional[ModuleFilter] = None) -> None:
         cfg = config if config is not None else MixedPrecisionConfig()
         if not isinstance(cfg, MixedPrecisionConfig):
             raise TypeError(f"MixedPrecisionManager: config must be a MixedPrecisionConfig, "
@@ -450,14 +444,6 @@ class MixedPrecisionManager:
         return f"{self.mode.value}, {self.precision_name}"
 
 
-@contextlib.contextmanager
-def _naming_the_setting() -> Iterator[None]:
-    try:
-        yield
-    except CaptureError as e:
-        raise CaptureError(f"MixedPrecisionConfig.capture=True: {e}") from e
-
-
 class _MadeStep:
     """The step of :meth:`MixedPrecisionManager.make_step` with ``config.capture``."""
 
@@ -467,8 +453,8 @@ class _MadeStep:
         self.fn = fn
         self.example_inputs = example_inputs
         self.kwargs = kwargs
-        self.captured: Optional[CapturedStep] = None
-        self._built_for: tuple[Any, ...] = ()
+        self.captured: Optional[CapturedStep] = None  # (holds the scaler and optimizer)
+        self._built_for: tuple[int, int, int] = (0, 0, 0)
 
     def _body(self, *inputs: Any) -> Any:
         m = self.manager
@@ -480,18 +466,19 @@ class _MadeStep:
 
     def __call__(self, *inputs: Any) -> Any:
         m = self.manager
-        key = (m.scaler, m.optimizer, m.plan_version)
-        if self.captured is None or key[2] != self._built_for[2] or any(
-                a is not b for a, b in zip(key[:2], self._built_for)):
-            if self.captured is not None:
-                logger.info("mixprec: re-capturing the step (new scaler, optimizer or policy)")
-            with _naming_the_setting():
+        key = (id(m.scaler), id(m.optimizer), m.plan_version)
+        steps = m.steps
+        try:
+            if self.captured is None or key != self._built_for:
+                if self.captured is not None:
+                    logger.info("mixprec: re-capturing the step (new scaler, optimizer or "
+                                "policy)")
                 self.captured = capture_step(
                     self._body, self.example_inputs, optimizers=[m.optimizer],
                     scaler=m.scaler, modules=[m.model], **self.kwargs)
-            self._built_for = key
-        steps = m.steps
-        with _naming_the_setting():
+                self._built_for = key
             out = self.captured(*inputs)
+        except CaptureError as e:  # (the setting named, the cause kept)
+            raise CaptureError(f"MixedPrecisionConfig.capture=True: {e}") from e
         m.steps = steps + 1
         return out

@@ -1,13 +1,6 @@
-"""The trainer's per-step metrics: recorded on the device, read at log steps, plotted.
-
-* :class:`StepMetrics`: the lazy dict :meth:`mixprec.MixedPrecisionTrainer.train_step` returns;
-* :class:`MetricsLog`: one device row per optimizer step (:data:`COLS`), running totals and a
-  bounded history; a :class:`mixprec.amp.stats.FoldingLog`, the mechanism the GradScaler's
-  statistics use too;
-* :func:`log_window`: the log line and the ``nan/overflow/underflow_handling`` actions of a
-  log step;
-* :func:`plot_history`: the PNG of :meth:`mixprec.MixedPrecisionTrainer.plot`;
-* :func:`memory_usage`: bytes in use on a device, without a sync.
+"""The trainer's per-step metrics: recorded on the device (:class:`StepResult`,
+:class:`StepMetrics`, :class:`MetricsLog`), read at log steps (:func:`log_window`), plotted
+(:func:`plot_history`); and :func:`memory_usage`, bytes in use on a device without a sync.
 """
 
 from __future__ import annotations

@@ -236,18 +236,15 @@ def to_mixprec_optimizer(opt: torch.optim.Optimizer, master_weights: bool,
         raise TypeError(
             f"MixedPrecisionTrainer (MANUAL mode): cannot convert {type(opt).__name__} to a "
             "mixprec master-weight optimizer; pass torch.optim.SGD/Adam/AdamW or a "
-            "mixprec.optim optimizer"
-        )
+            "mixprec.optim optimizer")
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
     defaults = {k: v for k, v in opt.defaults.items() if k in accepted}
     defaults.pop("differentiable", None)
-    groups = []
-    for g in opt.param_groups:
-        # keep accepted hyper-parameters and keys torch does not define
-        # (initial_lr from a scheduler, user tags)
-        groups.append(
-            {k: v for k, v in g.items() if k == "params" or k in accepted or k not in opt.defaults}
-        )
+    # keep accepted hyper-parameters and keys torch does not define (initial_lr from a
+    # scheduler, user tags)
+    groups = [{k: v for k, v in g.items()
+               if k == "params" or k in accepted or k not in opt.defaults}
+              for g in opt.param_groups]
     defaults["master_weights"] = master_weights
     new = bits(cls(groups, **defaults))
     if opt.state:

@@ -55,6 +55,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import Tensor, nn
+from torch.utils import _pytree as pytree
 
 from .. import _dtensor
 from ..amp.autocast import cast_floating
@@ -82,23 +83,14 @@ STATE_FORMAT = 1
 
 
 def to_device(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, Tensor):
-        return obj.to(device, non_blocking=True)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_device(o, device) for o in obj)
-    if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
-    return obj
+    """The tensors of a (nested) batch moved to ``device`` (``non_blocking``)."""
+    return pytree.tree_map_only(Tensor, lambda t: t.to(device, non_blocking=True), obj)
 
 
 def batch_size(obj: Any) -> int:
-    if isinstance(obj, Tensor):
-        return int(obj.shape[0]) if obj.dim() else 1
-    if isinstance(obj, (list, tuple)) and obj:
-        return batch_size(obj[0])
-    if isinstance(obj, dict) and obj:
-        return batch_size(next(iter(obj.values())))
-    return 1
+    """The first dimension of the first leaf of a (nested) batch, if it is a tensor; else 1."""
+    leaf = next(iter(pytree.tree_leaves(obj)), None)
+    return int(leaf.shape[0]) if isinstance(leaf, Tensor) and leaf.dim() else 1
 
 
 def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
@@ -194,13 +186,9 @@ class MixedPrecisionTrainer:
     :meth:`stats`.
     """
 
-    def __init__(
-        self,
-        config: Optional[MixedPrecisionConfig] = None,
-        *,
-        device: Union[str, torch.device, None] = None,
-        history_size: int = 4096,
-    ) -> None:
+    def __init__(self, config: Optional[MixedPrecisionConfig] = None, *,
+                 device: Union[str, torch.device, None] = None,
+                 history_size: int = 4096) -> None:
         self.config = config if config is not None else MixedPrecisionConfig()
         if not isinstance(self.config, MixedPrecisionConfig):
             raise TypeError(f"MixedPrecisionTrainer: config must be a MixedPrecisionConfig, "
@@ -232,8 +220,7 @@ class MixedPrecisionTrainer:
     @property
     def scaler(self) -> Optional[GradScaler]:
         """The manager's :class:`mixprec.GradScaler` (``None`` before setup)."""
-        m = self.mixed_precision_manager
-        return None if m is None else m.scaler
+        return getattr(self.mixed_precision_manager, "scaler", None)
 
     @scaler.setter
     def scaler(self, scaler: GradScaler) -> None:
@@ -242,8 +229,7 @@ class MixedPrecisionTrainer:
     @property
     def compute_dtype(self) -> Optional[torch.dtype]:
         """The low-precision dtype in use (``None``: float32, or before setup)."""
-        m = self.mixed_precision_manager
-        return None if m is None else m.compute_dtype
+        return getattr(self.mixed_precision_manager, "compute_dtype", None)
 
     @property
     def loss_scaling(self) -> bool:
@@ -253,14 +239,12 @@ class MixedPrecisionTrainer:
     @property
     def policy_handle(self) -> Optional[PolicyHandle]:
         """The precision policy on the model, or ``None``."""
-        m = self.mixed_precision_manager
-        return None if m is None else m.policy_handle
+        return getattr(self.mixed_precision_manager, "policy_handle", None)
 
     @property
     def adaptive_decisions(self) -> list[dict[str, Any]]:
         """ADAPTIVE decisions so far (dicts: step, module, from, to, reason)."""
-        m = self.mixed_precision_manager
-        return [] if m is None else m.adaptive_decisions
+        return getattr(self.mixed_precision_manager, "adaptive_decisions", [])
 
     def _manager(self) -> MixedPrecisionManager:
         if self.mixed_precision_manager is None or self.model is None:
@@ -283,15 +267,10 @@ class MixedPrecisionTrainer:
         if self.mixed_precision_manager is not None:
             self.mixed_precision_manager.steps = 0
 
-    def setup_training(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        criterion: Callable[..., Tensor],
-        scheduler: Any = None,
-        *,
-        fp8_module_filter: Optional[Callable[[nn.Module, str], bool]] = None,
-    ) -> MixedPrecisionTrainer:
+    def setup_training(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                       criterion: Callable[..., Tensor], scheduler: Any = None, *,
+                       fp8_module_filter: Optional[Callable[[nn.Module, str], bool]] = None,
+                       ) -> MixedPrecisionTrainer:
         """Prepare ``model``/``optimizer`` for the configured mode.
 
         Mutates ``model``: forwards wrapped by a precision policy (AUTOMATIC,
@@ -485,23 +464,14 @@ class MixedPrecisionTrainer:
         steps = self.optimizer_steps - start_steps
         vals = self._metrics.read_totals(since=start_totals) if steps else [0.0] * len(COLS)
         d = max(steps, 1)
-        return {
-            "epoch_loss": vals[C["loss"]] / d,
-            "num_batches": batches,
-            "optimizer_steps": steps,
-            "overflow_steps": int(vals[C["overflow"]]),
-            "underflow_steps": int(vals[C["underflow"]]),
-            "nan_steps": int(vals[C["nan"]]),
-            "average_scale": vals[C["scale"]] / d,
-        }
+        return {"epoch_loss": vals[C["loss"]] / d, "num_batches": batches,
+                "optimizer_steps": steps, "overflow_steps": int(vals[C["overflow"]]),
+                "underflow_steps": int(vals[C["underflow"]]), "nan_steps": int(vals[C["nan"]]),
+                "average_scale": vals[C["scale"]] / d}
 
-    def train(
-        self,
-        loader: Iterable[Any],
-        num_epochs: int,
-        val_loader: Optional[Iterable[Any]] = None,
-        progress: bool = True,
-    ) -> list[dict[str, Any]]:
+    def train(self, loader: Iterable[Any], num_epochs: int,
+              val_loader: Optional[Iterable[Any]] = None,
+              progress: bool = True) -> list[dict[str, Any]]:
         """Train for ``num_epochs`` with a progress bar (``progress``: tqdm's when tqdm is
         installed, the ``demo`` extra; else a printed line per epoch), a log
         line (logger ``"mixprec.trainer"``, INFO) every ``logging_frequency``
@@ -576,11 +546,8 @@ class MixedPrecisionTrainer:
         finally:
             model.train(was_training)
         vals = torch.stack([loss_sum, correct.double()]).tolist()
-        return {
-            "loss": vals[0] / max(n, 1),
-            "accuracy": (vals[1] / max(n, 1)) if classify and n else None,
-            "num_samples": n,
-        }
+        return {"loss": vals[0] / max(n, 1),
+                "accuracy": (vals[1] / max(n, 1)) if classify and n else None, "num_samples": n}
 
     # ------------------------------------------------------------------ reports
     def _describe(self) -> str:
@@ -602,22 +569,15 @@ class MixedPrecisionTrainer:
         most ``history_size``), ``compute_dtype``, ``mode``, ``peak_memory``,
         ``activation_memory``, ``adaptive_decisions``.
         """
-        manager = self._manager()
         n = self.optimizer_steps
-        out: dict[str, Any] = {"total_steps": n, "micro_steps": self.micro_steps}
-        out.update(self._metrics.summary(n))
-        sst = manager.scaler.stats()
-        out.update(
-            current_scale=sst.scale if manager.scaler.is_enabled() else 1.0,
-            scale_increases=sst.scale_increases + self._scaler_offsets[1],
-            scale_decreases=sst.scale_decreases + self._scaler_offsets[2],
-            compute_dtype=manager.precision_name,
-            mode=self.mode.value,
-            peak_memory=self.peak_memory,
-            activation_memory=self.activation_memory,
-            adaptive_decisions=[dict(d) for d in self.adaptive_decisions],
-        )
-        return out
+        ms = self._manager().stats()
+        return {"total_steps": n, "micro_steps": self.micro_steps, **self._metrics.summary(n),
+                "current_scale": ms["current_scale"],
+                "scale_increases": ms["scale_increases"] + self._scaler_offsets[1],
+                "scale_decreases": ms["scale_decreases"] + self._scaler_offsets[2],
+                "compute_dtype": ms["compute_dtype"], "mode": ms["mode"],
+                "peak_memory": self.peak_memory, "activation_memory": self.activation_memory,
+                "adaptive_decisions": ms["adaptive_decisions"]}
 
     def get_mixed_precision_stats(self) -> dict[str, Any]:
         """Alias of :meth:`stats` (the name used by the system mixprec replaces)."""
@@ -660,16 +620,12 @@ class MixedPrecisionTrainer:
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "config": self.config.to_dict(),
             "counters": {
-                "optimizer_steps": self.optimizer_steps,
-                "micro_steps": self.micro_steps,
-                "epochs_done": self.epochs_done,
-                "micro": self._micro,
-                "log_step": self._metrics.log_step,
-                "scaler_steps": sst.steps + offsets[0],
+                "optimizer_steps": self.optimizer_steps, "micro_steps": self.micro_steps,
+                "epochs_done": self.epochs_done, "micro": self._micro,
+                "log_step": self._metrics.log_step, "scaler_steps": sst.steps + offsets[0],
                 "scale_increases": sst.scale_increases + offsets[1],
                 "scale_decreases": sst.scale_decreases + offsets[2],
-                "peak_memory": self.peak_memory,
-            },
+                "peak_memory": self.peak_memory},
             **self._metrics.state(),
             "adaptive": manager.plan_state(),
             "rng": {"cpu": torch.get_rng_state(),
@@ -731,8 +687,7 @@ class MixedPrecisionTrainer:
         """Alias of :meth:`save_state` (the name used by the system mixprec replaces)."""
         self.save_state(path)
 
-    def load_mixed_precision_state(
-        self, path: Union[str, os.PathLike[str]], strict_config: bool = False
-    ) -> None:
+    def load_mixed_precision_state(self, path: Union[str, os.PathLike[str]],
+                                   strict_config: bool = False) -> None:
         """Alias of :meth:`load_state` (the name used by the system mixprec replaces)."""
         self.load_state(path, strict_config)
