@@ -7,9 +7,9 @@ their configuration.
 * :mod:`.modes`: one strategy object per mode, used by the manager;
 * :mod:`.adaptive`: the ADAPTIVE mode's controller;
 * :mod:`.metrics`: :class:`StepMetrics`, the per-step metrics log, log lines and the plot;
-* :mod:`.checkpoint`: the trainer's checkpoint format;
 * :mod:`.fp8`: the FP8 level (torchao's Float8 linears), :func:`fp8_available`;
-* :mod:`.trainer`: :class:`MixedPrecisionTrainer`, the loop built on the manager.
+* :mod:`.trainer`: :class:`MixedPrecisionTrainer`, the loop built on the manager, and its
+  checkpoint format.
 """
 
 from __future__ import annotations
@@ -19,14 +19,6 @@ from .fp8 import fp8_available, fp8_unavailable
 from .manager import MixedPrecisionManager
 from .trainer import MixedPrecisionTrainer, StepMetrics
 
-__all__ = [
-    "MixedPrecisionConfig",
-    "MixedPrecisionMode",
-    "PrecisionLevel",
-    "HandlingAction",
-    "MixedPrecisionManager",
-    "MixedPrecisionTrainer",
-    "StepMetrics",
-    "fp8_available",
-    "fp8_unavailable",
-]
+__all__ = ["MixedPrecisionConfig", "MixedPrecisionMode", "PrecisionLevel", "HandlingAction",
+           "MixedPrecisionManager", "MixedPrecisionTrainer", "StepMetrics", "fp8_available",
+           "fp8_unavailable"]

@@ -19,19 +19,51 @@ Decisions are logged (logger ``mixprec.trainer``) and kept in the manager's
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from ..amp.autocast import resolve_precision
-from .config import PREC_NAME
+from ..amp.module_policy import PolicyHandle
+from .config import PREC_NAME, MixedPrecisionConfig
 from .metrics import memory_capacity, memory_usage
-from .protocols import PlanHost
 
-__all__ = ["AdaptiveController"]
+__all__ = ["AdaptiveController", "PlanHost"]
 
 logger = logging.getLogger("mixprec.trainer")
+
+
+class PlanHost(Protocol):
+    """The precision plan of a managed model, read and changed in place.
+
+    Attributes:
+        model: the managed model.
+        config: its configuration.
+        device: where the model runs.
+        compute_dtype: the low-precision dtype in use (``None``: float32).
+        eventual_dtype: the low-precision dtype the mode may switch to.
+        root_precision: the model-wide precision name (``"fp16"``, ``"bf16"``,
+            ``"fp32"``), or ``None`` before the first plan.
+        overrides: per-module precision names that differ from the root.
+        policy_handle: the installed precision policy, or ``None``.
+        loss_scaling: whether the loss is scaled.
+        adaptive_decisions: the ADAPTIVE decisions so far (appended to).
+    """
+
+    model: nn.Module
+    config: MixedPrecisionConfig
+    device: torch.device
+    compute_dtype: Optional[torch.dtype]
+    eventual_dtype: Optional[torch.dtype]
+    root_precision: Optional[str]
+    overrides: dict[str, str]
+    policy_handle: Optional[PolicyHandle]
+    loss_scaling: bool
+    adaptive_decisions: list[dict[str, Any]]
+
+    def install_policy(self) -> None:
+        """(Re)install the precision policy that the plan describes."""
 
 
 class AdaptiveController:
@@ -47,29 +79,23 @@ class AdaptiveController:
 
     def __init__(self, manager: PlanHost) -> None:
         self.manager = manager
-        model = manager.model
-        device = manager.device
         # candidates: modules owning parameters, in registration order; the
         # forward order is learned at the first forward
         self.names: list[str] = []
-        self._index: dict[int, int] = {}
-        for name, module in model.named_modules():
-            if name and any(True for _ in module.parameters(recurse=False)):
-                self._index[id(module)] = len(self.names)
-                self.names.append(name)
         self.fwd_order: list[int] = []
         self._fwd_seen: set[int] = set()
         self._param_owner: dict[int, int] = {}
         self._hooks: list[Any] = []
-        for module in model.modules():
-            idx = self._index.get(id(module))
-            if idx is None:
+        for name, module in manager.model.named_modules():
+            params = list(module.parameters(recurse=False))
+            if not name or not params:
                 continue
-            for p in module.parameters(recurse=False):
-                self._param_owner[id(p)] = idx
-            self._hooks.append(module.register_forward_hook(self._make_hook(idx)))
-        self.fwd_counts = torch.zeros(len(self.names), device=device)
-        self.bwd_counts = torch.zeros(len(self.names), device=device)
+            for p in params:
+                self._param_owner[id(p)] = len(self.names)
+            self._hooks.append(module.register_forward_hook(self._make_hook(len(self.names))))
+            self.names.append(name)
+        self.fwd_counts = torch.zeros(len(self.names), device=manager.device)
+        self.bwd_counts = torch.zeros(len(self.names), device=manager.device)
         self._owner_cache: dict[tuple[int, ...], Tensor] = {}
 
     def remove(self) -> None:
@@ -131,31 +157,19 @@ class AdaptiveController:
             frac = memory_usage(m.device) / cap
             if frac > cfg.adaptive_threshold:
                 new = PREC_NAME[m.eventual_dtype]
-                self._decide(
-                    step,
-                    "<model>",
-                    "fp32",
-                    new,
-                    f"memory use {frac:.1%} > adaptive_threshold {cfg.adaptive_threshold:.1%}",
-                )
+                self._decide(step, "<model>", "fp32", new, f"memory use {frac:.1%} > "
+                             f"adaptive_threshold {cfg.adaptive_threshold:.1%}")
                 m.root_precision = new
                 m.compute_dtype = m.eventual_dtype
                 m.install_policy()
                 return
         rate = overflows / max(steps, 1)
-        at_min = (
-            m.loss_scaling
-            and cfg.min_scale is not None
-            and last_scale <= cfg.min_scale
-            and overflows > 0
-        )
+        at_min = (m.loss_scaling and cfg.min_scale is not None and last_scale <= cfg.min_scale
+                  and overflows > 0)
         if not (rate > cfg.overflow_threshold or at_min):
             return
-        reason = (
-            f"overflow rate {rate:.0%} > overflow_threshold {cfg.overflow_threshold:.0%}"
-            if rate > cfg.overflow_threshold
-            else f"scale reached min_scale {cfg.min_scale}"
-        )
+        reason = (f"overflow rate {rate:.0%} > overflow_threshold {cfg.overflow_threshold:.0%}"
+                  if rate > cfg.overflow_threshold else f"scale reached min_scale {cfg.min_scale}")
         low = [i for i in self.fwd_order if self._precision(self.names[i]) in ("fp16", "bf16")]
         target: Optional[int] = None
         for i in low:  # forward origin: first module whose output was non-finite
@@ -176,8 +190,7 @@ class AdaptiveController:
         old = self._precision(name)
         dev_type = m.device.type
         bf16_ok = resolve_precision(dev_type, "bf16")[0] is not None and (
-            dev_type != "cuda" or torch.cuda.is_bf16_supported()
-        )
+            dev_type != "cuda" or torch.cuda.is_bf16_supported())
         new = "bf16" if (old == "fp16" and bf16_ok) else "fp32"
         self._decide(step, name, old, new, reason)
         m.overrides[name] = new

@@ -16,22 +16,13 @@ from typing import Any, Optional, Union
 
 import torch
 
-__all__ = [
-    "MixedPrecisionMode",
-    "PrecisionLevel",
-    "MixedPrecisionConfig",
-    "HandlingAction",
-    "PRESETS",
-    "FP8_RECIPES",
-]
+__all__ = ["MixedPrecisionMode", "PrecisionLevel", "MixedPrecisionConfig", "HandlingAction",
+           "PRESETS", "FP8_RECIPES"]
 
 
 #: compute dtype <-> precision name (``None`` is float32: no low precision)
-PREC_NAME: dict[Optional[torch.dtype], str] = {
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    None: "fp32",
-}
+PREC_NAME: dict[Optional[torch.dtype], str] = {torch.float16: "fp16", torch.bfloat16: "bf16",
+                                               None: "fp32"}
 NAME_PREC: dict[str, Optional[torch.dtype]] = {v: k for k, v in PREC_NAME.items()}
 
 
@@ -190,6 +181,11 @@ class MixedPrecisionConfig:
         fp8_fsdp_all_gather: FP8 level: torchao's float8 all-gather under FSDP2
             (``enable_fsdp_float8_all_gather``). Refused for now (``True`` raises):
             unmeasured on GPU, and gloo (the CPU tests) cannot all-gather float8.
+        capture: run each training step through :func:`mixprec.capture_step` (one CUDA
+            graph per step, replayed; on CPU the same checks, eager): the trainer's
+            ``train_step`` and :meth:`MixedPrecisionManager.make_step`. Refused in
+            ADAPTIVE mode and with ``gradient_accumulation_steps > 1``; see
+            ``docs/trainer.md``.
     """
 
     enabled: bool = True
@@ -222,6 +218,7 @@ class MixedPrecisionConfig:
     fp8_recipe: str = "tensorwise"
     fp8_keep_first_last: bool = True
     fp8_fsdp_all_gather: bool = False
+    capture: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -236,36 +233,22 @@ class MixedPrecisionConfig:
         self.precision_level = _enum(PrecisionLevel, "precision_level", self.precision_level)
         for name in ("nan_handling", "overflow_handling", "underflow_handling"):
             setattr(self, name, _enum(HandlingAction, name, getattr(self, name)))
-        for name in (
-            "enabled",
-            "gradient_scaling",
-            "dynamic_loss_scaling",
-            "memory_efficiency",
-            "performance_monitoring",
-            "master_weights",
-            "fp8_keep_first_last",
-            "fp8_fsdp_all_gather",
-        ):
+        for name in ("enabled", "gradient_scaling", "dynamic_loss_scaling", "memory_efficiency",
+                     "performance_monitoring", "master_weights", "fp8_keep_first_last",
+                     "fp8_fsdp_all_gather", "capture"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(
-                    f"MixedPrecisionConfig.{name}: expected a bool, got {getattr(self, name)!r}"
-                )
-        if self.optimizer_state_bits not in (8, 32) or isinstance(self.optimizer_state_bits,
-                                                                   bool):
+                    f"MixedPrecisionConfig.{name}: expected a bool, got {getattr(self, name)!r}")
+        bits = self.optimizer_state_bits
+        if bits not in (8, 32) or isinstance(bits, bool):
             raise ValueError(
-                f"MixedPrecisionConfig.optimizer_state_bits: expected 8 or 32, got "
-                f"{self.optimizer_state_bits!r}"
-            )
+                f"MixedPrecisionConfig.optimizer_state_bits: expected 8 or 32, got {bits!r}")
         if self.loss_scaling is not None and not isinstance(self.loss_scaling, bool):
-            raise TypeError(
-                f"MixedPrecisionConfig.loss_scaling: expected None or a bool, got "
-                f"{self.loss_scaling!r}"
-            )
+            raise TypeError(f"MixedPrecisionConfig.loss_scaling: expected None or a bool, got "
+                            f"{self.loss_scaling!r}")
         if self.loss_scaling and not self.gradient_scaling:
-            raise ValueError(
-                "MixedPrecisionConfig.loss_scaling=True needs gradient_scaling=True (scaled "
-                "gradients must be unscaled by the GradScaler)"
-            )
+            raise ValueError("MixedPrecisionConfig.loss_scaling=True needs gradient_scaling=True "
+                             "(scaled gradients must be unscaled by the GradScaler)")
 
         def number(name: str, low: float, high: float, low_open: bool, high_open: bool) -> None:
             v = getattr(self, name)
@@ -274,11 +257,9 @@ class MixedPrecisionConfig:
             ok_low = v > low if low_open else v >= low
             ok_high = v < high if high_open else v <= high
             if not (ok_low and ok_high):
-                lb = "(" if low_open else "["
-                hb = ")" if high_open else "]"
+                lb, hb = "(" if low_open else "[", ")" if high_open else "]"
                 raise ValueError(
-                    f"MixedPrecisionConfig.{name}: must be in {lb}{low}, {high}{hb}, got {v!r}"
-                )
+                    f"MixedPrecisionConfig.{name}: must be in {lb}{low}, {high}{hb}, got {v!r}")
 
         number("initial_scale", 0.0, math.inf, True, True)
         number("scale_factor", 1.0, math.inf, True, True)
@@ -286,77 +267,64 @@ class MixedPrecisionConfig:
         number("overflow_threshold", 0.0, 1.0, False, False)
         number("underflow_threshold", 0.0, 1.0, False, False)
         number("adaptive_threshold", 0.0, 1.0, True, False)
-        for name, low in (
-            ("scale_window", 1),
-            ("hysteresis", 1),
-            ("logging_frequency", 1),
-            ("gradient_accumulation_steps", 1),
-        ):
+        for name in ("scale_window", "hysteresis", "logging_frequency",
+                     "gradient_accumulation_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"MixedPrecisionConfig.{name}: expected an int, got {v!r}")
-            if v < low:
-                raise ValueError(f"MixedPrecisionConfig.{name}: must be >= {low}, got {v}")
+            if v < 1:
+                raise ValueError(f"MixedPrecisionConfig.{name}: must be >= 1, got {v}")
         for name in ("min_scale", "max_scale"):
             if getattr(self, name) is not None:
                 number(name, 0.0, math.inf, True, True)
-        if (
-            self.min_scale is not None
-            and self.max_scale is not None
-            and self.min_scale > self.max_scale
-        ):
+        low, high, init = self.min_scale, self.max_scale, self.initial_scale
+        if low is not None and high is not None and low > high:
             raise ValueError(
-                f"MixedPrecisionConfig.min_scale ({self.min_scale}) must not exceed "
-                f"max_scale ({self.max_scale})"
-            )
-        if self.min_scale is not None and self.initial_scale < self.min_scale:
+                f"MixedPrecisionConfig.min_scale ({low}) must not exceed max_scale ({high})")
+        if low is not None and init < low:
             raise ValueError(
-                f"MixedPrecisionConfig.initial_scale ({self.initial_scale}) is below "
-                f"min_scale ({self.min_scale})"
-            )
-        if self.max_scale is not None and self.initial_scale > self.max_scale:
+                f"MixedPrecisionConfig.initial_scale ({init}) is below min_scale ({low})")
+        if high is not None and init > high:
             raise ValueError(
-                f"MixedPrecisionConfig.initial_scale ({self.initial_scale}) is above "
-                f"max_scale ({self.max_scale})"
-            )
+                f"MixedPrecisionConfig.initial_scale ({init}) is above max_scale ({high})")
         if self.max_grad_norm is not None:
             number("max_grad_norm", 0.0, math.inf, False, True)
-        if not isinstance(self.selective_layers, (list, tuple)) or not all(
-            isinstance(s, str) for s in self.selective_layers
-        ):
-            raise TypeError(
-                "MixedPrecisionConfig.selective_layers: expected a list of str (glob patterns "
-                f"or class names), got {self.selective_layers!r}"
-            )
-        self.selective_layers = list(self.selective_layers)
-        if self.mode is MixedPrecisionMode.SELECTIVE and self.enabled and not self.selective_layers:
-            raise ValueError(
-                "MixedPrecisionConfig.selective_layers: SELECTIVE mode needs at least one "
-                "pattern (e.g. ['features.*'] or ['Conv2d'])"
-            )
+        layers = self.selective_layers
+        if not isinstance(layers, (list, tuple)) or not all(isinstance(s, str) for s in layers):
+            raise TypeError("MixedPrecisionConfig.selective_layers: expected a list of str (glob "
+                            f"patterns or class names), got {layers!r}")
+        self.selective_layers = list(layers)
+        if self.mode is MixedPrecisionMode.SELECTIVE and self.enabled and not layers:
+            raise ValueError("MixedPrecisionConfig.selective_layers: SELECTIVE mode needs at "
+                             "least one pattern (e.g. ['features.*'] or ['Conv2d'])")
         if self.fp8_recipe not in FP8_RECIPES:
-            raise ValueError(
-                f"MixedPrecisionConfig.fp8_recipe: expected one of {list(FP8_RECIPES)}, got "
-                f"{self.fp8_recipe!r}"
-            )
+            raise ValueError(f"MixedPrecisionConfig.fp8_recipe: expected one of "
+                             f"{list(FP8_RECIPES)}, got {self.fp8_recipe!r}")
         if self.fp8_fsdp_all_gather:
             raise ValueError(
                 "MixedPrecisionConfig.fp8_fsdp_all_gather=True is refused for now: torchao's "
                 "float8 all-gather under FSDP2 (tensorwise only, GPU only: gloo cannot "
                 "all-gather float8) has not been measured on a GPU with mixprec's optimizers; "
                 "leave it False (the weights are all-gathered in their own dtype and cast to "
-                "float8 after the all-gather)"
-            )
+                "float8 after the all-gather)")
         if (self.precision_level is PrecisionLevel.FP8 and self.enabled
                 and self.mode not in FP8_MODES):
             raise ValueError(
                 f"MixedPrecisionConfig.precision_level=FP8 runs in mode AUTOMATIC or MANUAL, "
-                f"got mode {self.mode.name}"  # type: ignore[union-attr]
-            )
+                f"got mode {self.mode.name}")  # type: ignore[union-attr]
+        if self.capture and self.enabled and self.mode is MixedPrecisionMode.ADAPTIVE:
+            raise ValueError(
+                "MixedPrecisionConfig.capture=True is refused in mode ADAPTIVE: its evaluations "
+                "read overflow counts on the host and re-wrap module forwards, which a "
+                "captured graph would not follow; use another mode or capture=False")
+        if self.capture and self.gradient_accumulation_steps > 1:
+            raise ValueError(
+                "MixedPrecisionConfig.capture=True needs gradient_accumulation_steps=1: a graph "
+                "holds one whole optimizer step and train_step takes one micro-batch; "
+                "accumulate inside a step of MixedPrecisionManager.make_step instead")
         if self.mode is MixedPrecisionMode.GRADIENT_SCALING and not self.gradient_scaling:
             raise ValueError(
-                "MixedPrecisionConfig: mode GRADIENT_SCALING needs gradient_scaling=True"
-            )
+                "MixedPrecisionConfig: mode GRADIENT_SCALING needs gradient_scaling=True")
 
     # ------------------------------------------------------------------ presets
     @classmethod
@@ -379,20 +347,18 @@ class MixedPrecisionConfig:
         """``"conservative"``, ``"standard"`` or ``"aggressive"``, with overrides."""
         if name not in PRESETS:
             raise ValueError(
-                f"MixedPrecisionConfig.preset: expected one of {sorted(PRESETS)}, got {name!r}"
-            )
+                f"MixedPrecisionConfig.preset: expected one of {sorted(PRESETS)}, got {name!r}")
         return cls(**{**PRESETS[name], **overrides})
 
     # ------------------------------------------------------------------ dicts
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain Python values (enums as their string values)."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            out[f.name] = (
-                v.value if isinstance(v, Enum) else (list(v) if isinstance(v, (list, tuple)) else v)
-            )
-        return out
+        def plain(v: Any) -> Any:
+            if isinstance(v, Enum):
+                return v.value
+            return list(v) if isinstance(v, (list, tuple)) else v
+
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MixedPrecisionConfig:

@@ -33,18 +33,9 @@ from torch import Tensor, nn
 from .._dtensor import is_dtensor
 from ..amp.autocast import cast_floating
 
-__all__ = [
-    "FP8_INSTALL",
-    "fp8_unavailable",
-    "fp8_available",
-    "fp8_info",
-    "require_torchao",
-    "fp8_eligible",
-    "default_module_filter",
-    "convert_model",
-    "float8_linears",
-    "Fp8Handle",
-]
+__all__ = ["FP8_INSTALL", "fp8_unavailable", "fp8_available", "fp8_info", "require_torchao",
+           "fp8_eligible", "default_module_filter", "convert_model", "float8_linears",
+           "Fp8Handle"]
 
 #: what to install for the FP8 level
 FP8_INSTALL = 'pip install "mixprec[fp8]" (or: pip install torchao>=0.18)'
@@ -53,18 +44,13 @@ FP8_INSTALL = 'pip install "mixprec[fp8]" (or: pip install torchao>=0.18)'
 ModuleFilter = Callable[[nn.Module, str], bool]
 
 
-def _torchao_float8() -> Any:
-    """``torchao.float8`` or ImportError."""
-    return importlib.import_module("torchao.float8")
-
-
 def fp8_unavailable() -> Optional[str]:
     """``None`` when the FP8 level can run here; else why not (a sentence naming the
     install). Host only; imports torchao."""
     if not hasattr(torch, "float8_e4m3fn"):
         return f"this torch ({torch.__version__}) has no float8 dtypes"
     try:
-        _torchao_float8()
+        importlib.import_module("torchao.float8")
     except ImportError as e:
         return f"torchao is not installed or does not import ({e}); {FP8_INSTALL}"
     except Exception as e:  # a torchao built for another torch may fail otherwise
@@ -81,26 +67,22 @@ def fp8_info() -> dict[str, Any]:
     """For ``mixprec.info``: ``fp8`` (bool), ``fp8_torchao`` (its version or ``None``),
     ``fp8_detail`` (why not, or where float8 matmuls run fast)."""
     why = fp8_unavailable()
-    version = None
-    if why is None:
-        version = getattr(importlib.import_module("torchao"), "__version__", "unknown")
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            fast = (major, minor) >= (8, 9)
-            detail = (f"GPU sm{major}{minor}: "
-                      + ("float8 tensor cores" if fast else
-                         "no float8 tensor cores (sm89+ needed); torchao's matmuls will fail"))
-        else:
-            detail = "no GPU: float8 matmuls run on the CPU (correct, slow; for tests)"
-    else:
-        detail = why
-    return {"fp8": why is None, "fp8_torchao": version, "fp8_detail": detail}
+    if why is not None:
+        return {"fp8": False, "fp8_torchao": None, "fp8_detail": why}
+    version = getattr(importlib.import_module("torchao"), "__version__", "unknown")
+    detail = "no GPU: float8 matmuls run on the CPU (correct, slow; for tests)"
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        detail = f"GPU sm{major}{minor}: " + (
+            "float8 tensor cores" if (major, minor) >= (8, 9) else
+            "no float8 tensor cores (sm89+ needed); torchao's matmuls will fail")
+    return {"fp8": True, "fp8_torchao": version, "fp8_detail": detail}
 
 
 def require_torchao() -> Any:
     """``torchao.float8``, or ImportError saying what to install."""
     try:
-        return _torchao_float8()
+        return importlib.import_module("torchao.float8")
     except ImportError as e:
         raise ImportError(
             f'MixedPrecisionConfig(precision_level="fp8") needs torchao, which is not '

@@ -1,21 +1,7 @@
 """``MixedPrecisionManager``: the per-mode mixed-precision logic, for any training loop.
 
-A hand-written loop::
-
-    manager = mixprec.MixedPrecisionManager(model, optimizer, config)
-    optimizer = manager.optimizer            # MANUAL mode: the converted mixprec optimizer
-    for x, y in loader:
-        optimizer.zero_grad(set_to_none=True)
-        with manager.autocast():
-            loss = criterion(model(x), y)
-        manager.backward(loss)
-        applied = manager.step()             # a StepResult; bool(applied) syncs once
-        if scheduler is not None and not manager.step_was_skipped:
-            scheduler.step()
-    print(manager.stats())
-    torch.save(manager.state_dict(), "mp.pt")
-
-:class:`~mixprec.MixedPrecisionTrainer` is built on it (``trainer.mixed_precision_manager``).
+:class:`~mixprec.MixedPrecisionTrainer` is built on it (``trainer.mixed_precision_manager``);
+a hand-written loop is in ``docs/trainer.md``.
 
 Host syncs: :meth:`~MixedPrecisionManager.autocast` and :meth:`~MixedPrecisionManager.backward`
 never sync. :meth:`~MixedPrecisionManager.step` does not either, except (as
@@ -30,8 +16,9 @@ already did. :meth:`~MixedPrecisionManager.stats` and
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +27,7 @@ from .. import _dtensor
 from ..amp.autocast import cast_floating
 from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle, apply_policy
+from ..capture import CapturedStep, CaptureError, capture_step
 from .config import MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
 from .fp8 import Fp8Handle, ModuleFilter
 from .metrics import StepResult
@@ -48,12 +36,11 @@ from .modes import NAME_PREC, PREC_NAME, ModeStrategy, strategy_for
 __all__ = ["MixedPrecisionManager", "StepResult"]
 
 _MANAGER_FORMAT = 1
+logger = logging.getLogger("mixprec.trainer")
 
 
-def _underflow_flag(
-    grads: list[Tensor], dtype: Optional[torch.dtype], threshold: float, device: torch.device,
-    groups: list[Any],
-) -> Tensor:
+def _underflow_flag(grads: list[Tensor], dtype: Optional[torch.dtype], threshold: float,
+                    device: torch.device, groups: list[Any]) -> Tensor:
     """1.0 when the fraction of nonzero scaled grads that flush to zero in ``dtype``
     (float32 for ``None``) exceeds ``threshold`` (device, no sync). ``grads`` may be the
     local shards of DTensor grads: the counts are then summed over ``groups``
@@ -120,22 +107,14 @@ class MixedPrecisionManager:
         fp8 (the :class:`~mixprec.train.fp8.Fp8Handle` of the FP8 level, else ``None``).
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        config: Optional[MixedPrecisionConfig] = None,
-        *,
-        device: Union[str, torch.device, None] = None,
-        adapt_in_step: bool = True,
-        fp8_module_filter: Optional[ModuleFilter] = None,
-    ) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 config: Optional[MixedPrecisionConfig] = None, *,
+                 device: Union[str, torch.device, None] = None, adapt_in_step: bool = True,
+                 fp8_module_filter: Optional[ModuleFilter] = None) -> None:
         cfg = config if config is not None else MixedPrecisionConfig()
         if not isinstance(cfg, MixedPrecisionConfig):
-            raise TypeError(
-                f"MixedPrecisionManager: config must be a MixedPrecisionConfig, got "
-                f"{type(cfg).__name__}"
-            )
+            raise TypeError(f"MixedPrecisionManager: config must be a MixedPrecisionConfig, "
+                            f"got {type(cfg).__name__}")
         cfg.validate()
         self.config = cfg
         if device is not None:
@@ -152,6 +131,8 @@ class MixedPrecisionManager:
         self.overrides: dict[str, str] = {}
         self.root_precision: Optional[str] = None
         self.policy_handle: Optional[PolicyHandle] = None
+        self.plan_version = 0  # counts install_policy calls: a captured step re-captures
+        self._in_made_step = False
         self.fp8: Optional[Fp8Handle] = None
         if cfg.enabled and cfg.precision_level is PrecisionLevel.FP8:
             # before MANUAL's conversion: the swap keeps the Parameter objects
@@ -180,16 +161,10 @@ class MixedPrecisionManager:
         if self.loss_scaling:
             self._fixed_scale = None if cfg.dynamic_loss_scaling else float(cfg.initial_scale)
             return GradScaler(
-                self.device.type,
-                init_scale=cfg.initial_scale,
-                growth_factor=cfg.scale_factor,
-                backoff_factor=cfg.backoff_factor,
-                growth_interval=cfg.scale_window,
-                enabled=enabled,
-                min_scale=cfg.min_scale,
-                max_scale=cfg.max_scale,
-                hysteresis=cfg.hysteresis,
-            )
+                self.device.type, init_scale=cfg.initial_scale, growth_factor=cfg.scale_factor,
+                backoff_factor=cfg.backoff_factor, growth_interval=cfg.scale_window,
+                enabled=enabled, min_scale=cfg.min_scale, max_scale=cfg.max_scale,
+                hysteresis=cfg.hysteresis)
         # no loss scaling: scale pinned at 1.0, the scaler only checks and skips
         self._fixed_scale = 1.0
         return GradScaler(self.device.type, init_scale=1.0, enabled=enabled)
@@ -197,10 +172,8 @@ class MixedPrecisionManager:
     def reset_scaler(self) -> None:
         """Replace the scaler by a fresh one (initial scale, no statistics)."""
         old = self.scaler
-        self.scaler = old.fresh(None if not old.is_enabled() else self._initial_scale())
-
-    def _initial_scale(self) -> float:
-        return float(self.config.initial_scale) if self.loss_scaling else 1.0
+        scale = float(self.config.initial_scale) if self.loss_scaling else 1.0
+        self.scaler = old.fresh(scale if old.is_enabled() else None)
 
     def install_policy(self) -> None:
         """(Re)apply the precision policy for the current plan (root precision, overrides)."""
@@ -210,6 +183,7 @@ class MixedPrecisionManager:
         policy = self.strategy.policy(self)
         if policy is not None:
             self.policy_handle = apply_policy(self.model, policy)
+        self.plan_version += 1
 
     def close(self) -> None:
         """Take the policy, the FP8 forward wrappers and the ADAPTIVE hooks off the model
@@ -265,9 +239,15 @@ class MixedPrecisionManager:
         ``optimizer``: default :attr:`optimizer`. Clipping to ``config.max_grad_norm``
         is fused with the unscale. With ``performance_monitoring`` (and in ADAPTIVE
         mode) the per-param grad norms and the underflow check run on the device.
-        Host syncs: see the module docstring.
+        Host syncs: see the module docstring. With ``config.capture`` it must be called
+        inside a step of :meth:`make_step` (``RuntimeError`` otherwise).
         """
         cfg = self.config
+        if cfg.capture and not self._in_made_step:
+            raise RuntimeError(
+                "MixedPrecisionConfig.capture=True: MixedPrecisionManager.step() was called "
+                "outside a captured step; write the whole step as a function and run it "
+                "through manager.make_step(step_fn, example_inputs) (or set capture=False)")
         opt = optimizer if optimizer is not None else self.optimizer
         scaler = self.scaler
         dev = self.device
@@ -283,9 +263,8 @@ class MixedPrecisionManager:
         scale_before = scale.clone()
         norms: Optional[list[Tensor]] = None
         adaptive = self.adaptive
-        if grads and (
-            adaptive is not None or (cfg.performance_monitoring and not cfg.max_grad_norm)
-        ):
+        monitor = cfg.performance_monitoring and not cfg.max_grad_norm
+        if grads and (adaptive is not None or monitor):
             with torch.no_grad():
                 norms = _grad_norms(grads, shard_groups)
         if adaptive is not None and norms is not None:
@@ -310,10 +289,7 @@ class MixedPrecisionManager:
         if enabled:
             scaler.step(opt)
             found = scaler.found_inf(opt).to(dev)  # no sync
-            if self._fixed_scale is not None:
-                scaler.update(new_scale=self._fixed_scale)
-            else:
-                scaler.update()
+            scaler.update(new_scale=self._fixed_scale)  # None: by the scale rule
             scale_after = scaler.scale_tensor()
             assert scale_after is not None
         else:
@@ -325,6 +301,28 @@ class MixedPrecisionManager:
         if adaptive is not None and self.adapt_in_step:
             self._adapt_window(result)
         return result
+
+    def make_step(self, step_fn: Callable[..., Any], example_inputs: tuple[Any, ...],
+                  **capture_kwargs: Any) -> Callable[..., Any]:
+        """The training step ``step_fn`` as the manager runs it: ``step_fn`` itself, or
+        with ``config.capture`` a callable running it through :func:`mixprec.capture_step`
+        (over :attr:`optimizer`, :attr:`scaler` and :attr:`model`; one CUDA graph per
+        input signature, replayed; on CPU eager after the same checks).
+
+        ``step_fn(*inputs)`` is one whole step: ``optimizer.zero_grad(set_to_none=False)``,
+        the forward in :meth:`autocast`, :meth:`backward`, :meth:`step`; it returns
+        tensors (e.g. the loss), not host values. ``example_inputs``: a tuple of inputs
+        on :attr:`device`, as the calls will pass them. ``capture_kwargs``: keyword
+        arguments of :func:`~mixprec.capture_step` (``schedulers``, ``max_graphs``,
+        ``warmup``, ``fallback``, ``clone_outputs``, ``pool``). What cannot be captured
+        raises :class:`mixprec.capture.CaptureError` naming the setting. The callable
+        counts :attr:`steps` (a replay runs no Python) and re-captures after a new
+        scaler (:meth:`reset_scaler`) or a re-installed policy (:meth:`load_plan_state`,
+        :meth:`load_state_dict`). No host sync per call once captured.
+        """
+        if not self.config.capture:
+            return step_fn
+        return _MadeStep(self, step_fn, example_inputs, capture_kwargs)
 
     @property
     def step_was_skipped(self) -> bool:
@@ -345,33 +343,15 @@ class MixedPrecisionManager:
             steps, self._window_start = self.steps - self._window_start, self.steps
             self.adapt(overflows, steps, scale)
 
-    def adapt(
-        self, overflows: float, steps: int, last_scale: float, step: Optional[int] = None
-    ) -> None:
+    def adapt(self, overflows: float, steps: int, last_scale: float,
+              step: Optional[int] = None) -> None:
         """ADAPTIVE: evaluate a window of ``steps`` optimizer steps, ``overflows`` of
         which overflowed, that ended with scale ``last_scale`` at optimizer step
         ``step`` (default :attr:`steps`); may promote a module or turn low precision
         on. A no-op in the other modes. One host sync."""
         if self.adaptive is not None:
-            self.adaptive.evaluate(
-                overflows, steps, last_scale, self.steps if step is None else step
-            )
-
-    def restore_plan(
-        self,
-        decisions: list[dict[str, Any]],
-        overrides: dict[str, str],
-        root_precision: Optional[str],
-    ) -> None:
-        """Restore a saved precision plan (ADAPTIVE decisions and promotions) and
-        re-apply the policy."""
-        self.adaptive_decisions = [dict(d) for d in decisions]
-        self.overrides = dict(overrides)
-        if root_precision is not None:
-            self.root_precision = root_precision
-            if self.strategy.dtype_follows_plan:
-                self.compute_dtype = NAME_PREC.get(root_precision, self.compute_dtype)
-        self.install_policy()
+            self.adaptive.evaluate(overflows, steps, last_scale,
+                                   self.steps if step is None else step)
 
     # ------------------------------------------------------------------ state, stats
     def plan_state(self) -> dict[str, Any]:
@@ -388,8 +368,16 @@ class MixedPrecisionManager:
         return state
 
     def load_plan_state(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`plan_state`."""
-        self.restore_plan(state["decisions"], state["overrides"], state.get("root_precision"))
+        """Inverse of :meth:`plan_state`: restores the ADAPTIVE decisions and promotions
+        and re-applies the policy."""
+        self.adaptive_decisions = [dict(d) for d in state["decisions"]]
+        self.overrides = dict(state["overrides"])
+        root = state.get("root_precision")
+        if root is not None:
+            self.root_precision = root
+            if self.strategy.dtype_follows_plan:
+                self.compute_dtype = NAME_PREC.get(root, self.compute_dtype)
+        self.install_policy()
         if "fwd_counts" in state and self.adaptive is not None:
             self.adaptive.load_counts(state["fwd_counts"], state["bwd_counts"])
 
@@ -410,9 +398,8 @@ class MixedPrecisionManager:
         """Restore :meth:`state_dict` (scaler, plan, step count); the config is not
         changed (the manager keeps its own)."""
         if state.get("format") != _MANAGER_FORMAT:
-            raise ValueError(
-                f"MixedPrecisionManager.load_state_dict: unknown format {state.get('format')!r}"
-            )
+            raise ValueError(f"MixedPrecisionManager.load_state_dict: unknown format "
+                             f"{state.get('format')!r}")
         if state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         self.load_plan_state(state["adaptive"])
@@ -455,3 +442,43 @@ class MixedPrecisionManager:
         if self.fp8 is not None:
             return f"{self.mode.value}, fp8 ({self.fp8.recipe})"
         return f"{self.mode.value}, {self.precision_name}"
+
+
+class _MadeStep:
+    """The step of :meth:`MixedPrecisionManager.make_step` with ``config.capture``."""
+
+    def __init__(self, manager: MixedPrecisionManager, fn: Callable[..., Any],
+                 example_inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.manager = manager
+        self.fn = fn
+        self.example_inputs = example_inputs
+        self.kwargs = kwargs
+        self.captured: Optional[CapturedStep] = None  # (holds the scaler and optimizer)
+        self._built_for: tuple[int, int, int] = (0, 0, 0)
+
+    def _body(self, *inputs: Any) -> Any:
+        m = self.manager
+        m._in_made_step = True
+        try:
+            return self.fn(*inputs)
+        finally:
+            m._in_made_step = False
+
+    def __call__(self, *inputs: Any) -> Any:
+        m = self.manager
+        key = (id(m.scaler), id(m.optimizer), m.plan_version)
+        steps = m.steps
+        try:
+            if self.captured is None or key != self._built_for:
+                if self.captured is not None:
+                    logger.info("mixprec: re-capturing the step (new scaler, optimizer or "
+                                "policy)")
+                self.captured = capture_step(
+                    self._body, self.example_inputs, optimizers=[m.optimizer],
+                    scaler=m.scaler, modules=[m.model], **self.kwargs)
+                self._built_for = key
+            out = self.captured(*inputs)
+        except CaptureError as e:  # (the setting named, the cause kept)
+            raise CaptureError(f"MixedPrecisionConfig.capture=True: {e}") from e
+        m.steps = steps + 1
+        return out

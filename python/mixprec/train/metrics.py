@@ -1,13 +1,6 @@
-"""The trainer's per-step metrics: recorded on the device, read at log steps, plotted.
-
-* :class:`StepMetrics`: the lazy dict :meth:`mixprec.MixedPrecisionTrainer.train_step` returns;
-* :class:`MetricsLog`: one device row per optimizer step (:data:`COLS`), running totals and a
-  bounded history; a :class:`mixprec.amp.stats.FoldingLog`, the mechanism the GradScaler's
-  statistics use too;
-* :func:`log_window`: the log line and the ``nan/overflow/underflow_handling`` actions of a
-  log step;
-* :func:`plot_history`: the PNG of :meth:`mixprec.MixedPrecisionTrainer.plot`;
-* :func:`memory_usage`: bytes in use on a device, without a sync.
+"""The trainer's per-step metrics: recorded on the device (:class:`StepResult`,
+:class:`StepMetrics`, :class:`MetricsLog`), read at log steps (:func:`log_window`), plotted
+(:func:`plot_history`); and :func:`memory_usage`, bytes in use on a device without a sync.
 """
 
 from __future__ import annotations
@@ -51,14 +44,8 @@ class StepResult:
 
     __slots__ = ("found_inf", "scale", "grad_norm", "underflow", "checked", "_applied", "_host")
 
-    def __init__(
-        self,
-        found_inf: Tensor,
-        scale: Tensor,
-        grad_norm: Optional[Tensor],
-        underflow: Tensor,
-        checked: bool,
-    ) -> None:
+    def __init__(self, found_inf: Tensor, scale: Tensor, grad_norm: Optional[Tensor],
+                 underflow: Tensor, checked: bool) -> None:
         self.found_inf = found_inf
         self.scale = scale
         self.grad_norm = grad_norm
@@ -71,10 +58,8 @@ class StepResult:
     def applied(self) -> Tensor:
         """0-dim bool tensor (no sync)."""
         if self._applied is None:
-            if self.checked:
-                self._applied = self.found_inf == 0
-            else:
-                self._applied = torch.ones((), dtype=torch.bool, device=self.found_inf.device)
+            self._applied = (self.found_inf == 0 if self.checked else
+                             torch.ones((), dtype=torch.bool, device=self.found_inf.device))
         return self._applied
 
     def __bool__(self) -> bool:
@@ -144,24 +129,18 @@ class StepMetrics(Mapping[str, Any]):
             return self._cache[key]
         v = self._values[key]
         if isinstance(v, Tensor):
-            item = v.item()
-            v = (
-                bool(item)
-                if v.dtype == torch.bool or key.endswith(("_detected", "_skipped"))
-                else float(item)
-            )
+            flag = v.dtype == torch.bool or key.endswith(("_detected", "_skipped"))
+            v = bool(v.item()) if flag else float(v.item())
         self._cache[key] = v
         return v
 
     @classmethod
     def micro_batch(cls, loss: Tensor, memory: int, lr: Any) -> StepMetrics:
         """The metrics of a micro-batch that did not end an accumulation (no step)."""
-        values: dict[str, Any] = {"loss": loss}
-        for key in ("current_scale", "overflow_detected", "underflow_detected", "nan_detected"):
-            values[key] = None
-        values.update(step_skipped=None, grad_norm=None, memory_usage=memory, lr=lr)
-        values["optimizer_step"] = False
-        return cls(values)
+        none = ("current_scale", "overflow_detected", "underflow_detected", "nan_detected",
+                "step_skipped", "grad_norm")
+        return cls({"loss": loss, **dict.fromkeys(none), "memory_usage": memory, "lr": lr,
+                    "optimizer_step": False})
 
     def tensor(self, key: str) -> Any:
         """The raw value: a 0-dim device tensor for device metrics (no sync)."""
@@ -177,9 +156,8 @@ class StepMetrics(Mapping[str, Any]):
         return "StepMetrics(" + ", ".join(f"{k}={self[k]!r}" for k in self) + ")"
 
 
-def step_row(
-    step_loss: Tensor, result: StepResult, device: torch.device
-) -> tuple[Tensor, dict[str, Any]]:
+def step_row(step_loss: Tensor, result: StepResult,
+             device: torch.device) -> tuple[Tensor, dict[str, Any]]:
     """The :data:`COLS` row of an optimizer step and the device values of its
     :class:`StepMetrics` (all but ``memory_usage``, ``lr``, ``optimizer_step``); device
     work only, no sync.
@@ -194,17 +172,9 @@ def step_row(
         nan = torch.maximum(nan, torch.isnan(grad_norm).float())
     gn = grad_norm.float() if grad_norm is not None else torch.full((), math.nan, device=device)
     gn_ok = torch.isfinite(gn) & (found == 0)
-    row = torch.stack(
-        [
-            step_loss.float().to(device),
-            result.scale.float().to(device),
-            found.to(device),
-            result.underflow.to(device),
-            nan.to(device),
-            torch.where(gn_ok, gn, zero),
-            gn_ok.float(),
-        ]
-    )
+    row = torch.stack([step_loss.float().to(device), result.scale.float().to(device),
+                       found.to(device), result.underflow.to(device), nan.to(device),
+                       torch.where(gn_ok, gn, zero), gn_ok.float()])
     values = {
         "loss": step_loss,
         "current_scale": result.scale,
@@ -273,9 +243,8 @@ class MetricsLog(FoldingLog[Tensor]):
         in one host sync; starts the next window."""
         assert self.totals is not None and self.log_snapshot is not None
         last = self.last()
-        both = torch.stack(
-            [self.totals - self.log_snapshot, last if last is not None else self.totals]
-        )
+        both = torch.stack([self.totals - self.log_snapshot,
+                            last if last is not None else self.totals])
         window, cur = both.tolist()
         self.log_snapshot = self.totals.clone()
         self.log_step = self.count
@@ -316,9 +285,8 @@ class MetricsLog(FoldingLog[Tensor]):
             "history_steps": steps,
         }
 
-    def restore(
-        self, state: Mapping[str, Any], step: int, log_step: int, device: torch.device
-    ) -> None:
+    def restore(self, state: Mapping[str, Any], step: int, log_step: int,
+                device: torch.device) -> None:
         """Load :meth:`state`'s keys; row indices continue at ``step``."""
         self.count = int(step)
         self.log_step = int(log_step)
@@ -344,9 +312,8 @@ def last_values(step: int, window: list[float], cur: list[float], lr: Any) -> di
     }
 
 
-def log_window(
-    config: MixedPrecisionConfig, step: int, steps: int, window: list[float], last: dict[str, Any]
-) -> None:
+def log_window(config: MixedPrecisionConfig, step: int, steps: int, window: list[float],
+               last: dict[str, Any]) -> None:
     """Write the log line of a log step and apply the handling actions.
 
     ``window``: the column sums of the ``steps`` optimizer steps since the
@@ -354,25 +321,13 @@ def log_window(
     ``grad_norm``, ``lr``). Raises ``FloatingPointError`` for a ``"raise"``
     action whose event occurred in the window.
     """
-    logger.info(
-        "step %d | loss %.4f | scale %g | lr %.3g | grad norm %.3g | overflows %d/%d "
-        "| underflows %d | nan %d",
-        step,
-        last["loss"],
-        last["scale"],
-        float(last["lr"]),
-        last["grad_norm"],
-        int(window[C["overflow"]]),
-        steps,
-        int(window[C["underflow"]]),
-        int(window[C["nan"]]),
-    )
-    for key, col in (
-        ("nan_handling", "nan"),
-        ("overflow_handling", "overflow"),
-        ("underflow_handling", "underflow"),
-    ):
+    logger.info("step %d | loss %.4f | scale %g | lr %.3g | grad norm %.3g | overflows %d/%d "
+                "| underflows %d | nan %d", step, last["loss"], last["scale"], float(last["lr"]),
+                last["grad_norm"], int(window[C["overflow"]]), steps,
+                int(window[C["underflow"]]), int(window[C["nan"]]))
+    for col in ("nan", "overflow", "underflow"):
         n = int(window[C[col]])
+        key = f"{col}_handling"
         action = getattr(config, key)
         if not n:
             continue
@@ -384,9 +339,8 @@ def log_window(
 
 
 # ------------------------------------------------------------------------ plot
-def plot_history(
-    steps: list[int], hist: Optional[Tensor], title: str, path: Union[str, os.PathLike[str]]
-) -> str:
+def plot_history(steps: list[int], hist: Optional[Tensor], title: str,
+                 path: Union[str, os.PathLike[str]]) -> str:
     """Write a 2x2 PNG (loss, log2 scale, cumulative skipped steps, grad norm per
     optimizer step) with matplotlib's Agg backend. Returns the path."""
     try:
@@ -406,32 +360,23 @@ def plot_history(
     else:
         h = hist.cpu()
         s = torch.tensor(steps, dtype=torch.float64)
-        ax = axes[0, 0]
-        ax.plot(s, h[:, C["loss"]], lw=1)
-        ax.set_title("loss")
-        ax = axes[0, 1]
-        ax.plot(s, torch.log2(h[:, C["scale"]].clamp(min=1e-30)), lw=1, color="tab:orange")
-        ax.set_title("log2(loss scale)")
-        ax = axes[1, 0]
         skipped = h[:, C["overflow"]] > 0
-        ax.plot(s, torch.cumsum(skipped.double(), 0), lw=1, color="tab:red")
-        if skipped.any():
-            ax.scatter(
-                s[skipped],
-                torch.cumsum(skipped.double(), 0)[skipped],
-                s=12,
-                color="tab:red",
-                label="skipped step",
-            )
-            ax.legend(loc="lower right")
-        ax.set_title("skipped steps (cumulative)")
-        ax = axes[1, 1]
         ok = h[:, C["grad_norm_ok"]] > 0
+        axes[0, 0].plot(s, h[:, C["loss"]], lw=1)
+        axes[0, 1].plot(s, torch.log2(h[:, C["scale"]].clamp(min=1e-30)), lw=1,
+                        color="tab:orange")
+        axes[1, 0].plot(s, torch.cumsum(skipped.double(), 0), lw=1, color="tab:red")
+        if skipped.any():
+            axes[1, 0].scatter(s[skipped], torch.cumsum(skipped.double(), 0)[skipped], s=12,
+                               color="tab:red", label="skipped step")
+            axes[1, 0].legend(loc="lower right")
         if ok.any():
-            ax.plot(s[ok], h[ok, C["grad_norm"]], lw=1, color="tab:green")
+            axes[1, 1].plot(s[ok], h[ok, C["grad_norm"]], lw=1, color="tab:green")
         else:
-            ax.text(0.5, 0.5, "not computed", ha="center", va="center")
-        ax.set_title("gradient norm (unscaled)")
+            axes[1, 1].text(0.5, 0.5, "not computed", ha="center", va="center")
+        for ax, title in zip(axes.flat, ("loss", "log2(loss scale)", "skipped steps (cumulative)",
+                                         "gradient norm (unscaled)")):
+            ax.set_title(title)
         for ax in axes.flat:
             ax.set_xlabel("optimizer step")
             ax.grid(alpha=0.3)

@@ -1,17 +1,8 @@
 """One strategy object per :class:`MixedPrecisionMode`: what differs between the modes.
 
 :class:`MixedPrecisionManager <mixprec.train.manager.MixedPrecisionManager>` asks its
-strategy, instead of testing the mode, for:
-
-* the compute dtype at start, and the one loss scaling is decided on (:meth:`compute_dtype`,
-  :meth:`eventual_dtype`, :meth:`loss_scaling`, :meth:`uses_scaler`);
-* preparing model and optimizer (:meth:`prepare`: MANUAL converts params to 16 bits and the
-  optimizer to a mixprec master-weight one);
-* the precision policy put on the model (:meth:`policy`);
-* the dtype the forward's floating inputs are cast to (:meth:`input_dtype`, MANUAL);
-* the ADAPTIVE controller (:meth:`controller`);
-* whether a restored plan changes the compute dtype (:attr:`dtype_follows_plan`).
-
+strategy (dtypes, loss scaling, model/optimizer preparation, policy, input casts, the ADAPTIVE
+controller) instead of testing the mode.
 ``config.enabled=False`` selects :class:`Disabled` whatever the mode.
 """
 
@@ -26,12 +17,10 @@ from torch import Tensor, nn
 from .._dtensor import is_dtensor
 from ..amp.autocast import resolve_precision
 from ..amp.module_policy import DEFAULT_FP32_MODULES, PrecisionPolicy
-from .adaptive import AdaptiveController
+from .adaptive import AdaptiveController, PlanHost
 from .config import NAME_PREC, PREC_NAME, MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
-from .protocols import PlanHost
 
 __all__ = ["ModeStrategy", "strategy_for", "PREC_NAME", "NAME_PREC"]
-
 
 
 def level_dtype(level: Any, device: torch.device) -> Optional[torch.dtype]:
@@ -50,7 +39,6 @@ def level_dtype(level: Any, device: torch.device) -> Optional[torch.dtype]:
 class ModeStrategy:
     """The default behaviour (AUTOMATIC); each mode overrides what differs."""
 
-    mode: ClassVar[Optional[MixedPrecisionMode]] = MixedPrecisionMode.AUTOMATIC
     #: a restored precision plan (checkpoint) also sets the compute dtype
     dtype_follows_plan: ClassVar[bool] = True
 
@@ -62,17 +50,15 @@ class ModeStrategy:
         """The dtype the model computes in at start (``None``: float32)."""
         return level_dtype(self.config.precision_level, device)
 
-    def eventual_dtype(
-        self, dtype: Optional[torch.dtype], device: torch.device
-    ) -> Optional[torch.dtype]:
+    def eventual_dtype(self, dtype: Optional[torch.dtype],
+                       device: torch.device) -> Optional[torch.dtype]:
         """The low dtype the run may use at some point (loss scaling is decided on it)."""
         return dtype
 
     def loss_scaling(self, eventual: Optional[torch.dtype]) -> bool:
         """Multiply the loss by the scale: ``config.loss_scaling``, by default for float16."""
-        cfg = self.config
-        if cfg.loss_scaling is not None:
-            return cfg.loss_scaling
+        if self.config.loss_scaling is not None:
+            return self.config.loss_scaling
         return eventual == torch.float16
 
     def uses_scaler(self) -> bool:
@@ -88,12 +74,9 @@ class ModeStrategy:
         """The policy to put on the model (``None``: none); sets ``manager.root_precision``."""
         if manager.root_precision is None or manager.root_precision not in NAME_PREC:
             manager.root_precision = PREC_NAME[manager.compute_dtype]
-        return PrecisionPolicy(
-            precision=manager.root_precision,
-            device_type=manager.device.type,
-            low_precision_modules=self.low_precision_modules(),
-            module_precisions=dict(manager.overrides),
-        )
+        return PrecisionPolicy(precision=manager.root_precision, device_type=manager.device.type,
+                               low_precision_modules=self.low_precision_modules(),
+                               module_precisions=dict(manager.overrides))
 
     def low_precision_modules(self) -> Optional[tuple[str, ...]]:
         """SELECTIVE: the only modules that run in low precision (``None``: all)."""
@@ -115,8 +98,6 @@ class Automatic(ModeStrategy):
 class Selective(ModeStrategy):
     """float32 params; only ``config.selective_layers`` run in low precision."""
 
-    mode = MixedPrecisionMode.SELECTIVE
-
     def low_precision_modules(self) -> Optional[tuple[str, ...]]:
         return tuple(self.config.selective_layers)
 
@@ -124,15 +105,10 @@ class Selective(ModeStrategy):
 class Adaptive(ModeStrategy):
     """Like AUTOMATIC, with the :class:`~mixprec.train.adaptive.AdaptiveController`."""
 
-    mode = MixedPrecisionMode.ADAPTIVE
-
-    def eventual_dtype(
-        self, dtype: Optional[torch.dtype], device: torch.device
-    ) -> Optional[torch.dtype]:
-        if dtype is not None:
-            return dtype
-        # starts in float32; memory pressure may turn low precision on
-        return resolve_precision(device.type, "auto")[0]
+    def eventual_dtype(self, dtype: Optional[torch.dtype],
+                       device: torch.device) -> Optional[torch.dtype]:
+        # starts in float32 or not; memory pressure may turn low precision on
+        return dtype if dtype is not None else resolve_precision(device.type, "auto")[0]
 
     def controller(self, manager: PlanHost) -> Optional[AdaptiveController]:
         return AdaptiveController(manager)
@@ -141,7 +117,6 @@ class Adaptive(ModeStrategy):
 class Manual(ModeStrategy):
     """16-bit params (norms stay float32), float32 masters in a mixprec optimizer."""
 
-    mode = MixedPrecisionMode.MANUAL
     dtype_follows_plan = False
 
     def prepare(self, manager: PlanHost, optimizer: Any) -> Any:
@@ -161,12 +136,9 @@ class Manual(ModeStrategy):
 
     def policy(self, manager: PlanHost) -> Optional[PrecisionPolicy]:
         manager.root_precision = PREC_NAME[manager.compute_dtype]
-        return PrecisionPolicy(
-            precision=None,
-            restore_input_dtype=True,
-            device_type=manager.device.type,
-            module_precisions=dict(manager.overrides),
-        )
+        return PrecisionPolicy(precision=None, restore_input_dtype=True,
+                               device_type=manager.device.type,
+                               module_precisions=dict(manager.overrides))
 
     def input_dtype(self, manager: PlanHost) -> Optional[torch.dtype]:
         return manager.compute_dtype
@@ -175,14 +147,11 @@ class Manual(ModeStrategy):
 class GradientScaling(ModeStrategy):
     """float32 compute, dynamic loss scaling only."""
 
-    mode = MixedPrecisionMode.GRADIENT_SCALING
-
     def compute_dtype(self, device: torch.device) -> Optional[torch.dtype]:
         return None
 
     def loss_scaling(self, eventual: Optional[torch.dtype]) -> bool:
-        cfg = self.config
-        return cfg.loss_scaling if cfg.loss_scaling is not None else True
+        return self.config.loss_scaling is not False  # None: on
 
     def policy(self, manager: PlanHost) -> Optional[PrecisionPolicy]:
         manager.root_precision = "fp32"
@@ -191,8 +160,6 @@ class GradientScaling(ModeStrategy):
 
 class Disabled(GradientScaling):
     """``config.enabled=False``: plain float32 training, no scaler, no policy."""
-
-    mode = None
 
     def loss_scaling(self, eventual: Optional[torch.dtype]) -> bool:
         return False
@@ -269,18 +236,15 @@ def to_mixprec_optimizer(opt: torch.optim.Optimizer, master_weights: bool,
         raise TypeError(
             f"MixedPrecisionTrainer (MANUAL mode): cannot convert {type(opt).__name__} to a "
             "mixprec master-weight optimizer; pass torch.optim.SGD/Adam/AdamW or a "
-            "mixprec.optim optimizer"
-        )
+            "mixprec.optim optimizer")
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
     defaults = {k: v for k, v in opt.defaults.items() if k in accepted}
     defaults.pop("differentiable", None)
-    groups = []
-    for g in opt.param_groups:
-        # keep accepted hyper-parameters and keys torch does not define
-        # (initial_lr from a scheduler, user tags)
-        groups.append(
-            {k: v for k, v in g.items() if k == "params" or k in accepted or k not in opt.defaults}
-        )
+    # keep accepted hyper-parameters and keys torch does not define (initial_lr from a
+    # scheduler, user tags)
+    groups = [{k: v for k, v in g.items()
+               if k == "params" or k in accepted or k not in opt.defaults}
+              for g in opt.param_groups]
     defaults["master_weights"] = master_weights
     new = bits(cls(groups, **defaults))
     if opt.state:

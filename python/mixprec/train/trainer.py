@@ -1,20 +1,8 @@
 """``MixedPrecisionTrainer``: a mixed-precision training loop done right, in five modes.
 
-Typical use::
-
-    config = mixprec.MixedPrecisionConfig(mode="automatic", precision_level="bf16")
-    trainer = mixprec.MixedPrecisionTrainer(config)
-    trainer.setup_training(model, optimizer, criterion, scheduler)
-    trainer.train(train_loader, num_epochs=5, val_loader=val_loader)
-    print(trainer.stats())
-    trainer.save_state("run.pt")          # later: trainer.load_state("run.pt")
-    trainer.plot("report.png")
-
 The trainer is a loop around a :class:`~mixprec.train.manager.MixedPrecisionManager`
 (``trainer.mixed_precision_manager``), which holds the per-mode logic and can be used
-without the trainer. The parts: :mod:`.config`, :mod:`.modes` (one strategy per mode),
-:mod:`.adaptive` (the ADAPTIVE controller), :mod:`.metrics` (per-step metrics, log
-lines, plot), :mod:`.checkpoint` (``save_state`` / ``load_state``).
+without the trainer.
 
 Host syncs. A training step issues no device-to-host read, except:
 
@@ -32,10 +20,34 @@ The dict :meth:`~MixedPrecisionTrainer.train_step` returns is lazy: reading
 :meth:`~MixedPrecisionTrainer.train_epoch`, :meth:`~MixedPrecisionTrainer.evaluate`,
 :meth:`~MixedPrecisionTrainer.stats`, :meth:`~MixedPrecisionTrainer.save_state`
 and :meth:`~MixedPrecisionTrainer.plot` sync once each.
+
+The checkpoint (:meth:`~MixedPrecisionTrainer.save_state`) is one ``torch.save`` of a dict
+of tensors and plain values (``torch.load(path, weights_only=True)`` reads it), format
+:data:`STATE_FORMAT` (``1``)::
+
+    format        1
+    model         model.state_dict()
+    optimizer     optimizer.state_dict() (with the float32 masters in MANUAL mode)
+    scaler        scaler.state_dict() ({} when disabled)
+    scheduler     scheduler.state_dict() or None
+    config        MixedPrecisionConfig.to_dict()
+    counters      optimizer_steps, micro_steps, epochs_done, micro (micro-batches of an
+                  unfinished accumulation), log_step, scaler_steps, scale_increases,
+                  scale_decreases, peak_memory
+    totals, log_snapshot, history, history_steps
+                  the per-step metrics (see mixprec.train.metrics.MetricsLog)
+    adaptive      decisions, overrides, root_precision (+ fwd_counts, bwd_counts in ADAPTIVE)
+    rng           cpu: torch.get_rng_state(); cuda: every device's, or []
+    pending_loss  the summed loss of an unfinished accumulation, or None
+    pending_grads the grads of an unfinished accumulation (param order), or None
+
+Every file written since the format was introduced loads; a test loads files written by
+the trainer before it was split into parts (``tests/data/trainer_*.pt``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Iterable
@@ -43,26 +55,13 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import Tensor, nn
+from torch.utils import _pytree as pytree
 
+from .. import _dtensor
 from ..amp.autocast import cast_floating
 from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle
-from .checkpoint import (
-    STATE_FORMAT,
-    Progress,
-    TrainerParts,
-    read_trainer_state,
-    restore_modules,
-    restore_progress,
-    save_trainer_state,
-)
 from .config import MixedPrecisionConfig, MixedPrecisionMode
-from .loops import (
-    evaluate_model,
-    measured_forward,
-    rebind_scheduler,
-    to_device,
-)
 from .manager import MixedPrecisionManager
 from .metrics import (
     COLS,
@@ -76,18 +75,64 @@ from .metrics import (
     plot_history,
     step_row,
 )
-from .modes import PREC_NAME
 
-__all__ = ["MixedPrecisionTrainer", "StepMetrics", "memory_usage"]
+__all__ = ["MixedPrecisionTrainer", "StepMetrics", "memory_usage", "STATE_FORMAT"]
 
-_STATE_FORMAT = STATE_FORMAT  # the checkpoint format (see .checkpoint)
+#: The version of the checkpoint layout (the dict's ``"format"``).
+STATE_FORMAT = 1
 
 
-# ------------------------------------------------------------------------ trainer
+def to_device(obj: Any, device: torch.device) -> Any:
+    """The tensors of a (nested) batch moved to ``device`` (``non_blocking``)."""
+    return pytree.tree_map_only(Tensor, lambda t: t.to(device, non_blocking=True), obj)
+
+
+def batch_size(obj: Any) -> int:
+    """The first dimension of the first leaf of a (nested) batch, if it is a tensor; else 1."""
+    leaf = next(iter(pytree.tree_leaves(obj)), None)
+    return int(leaf.shape[0]) if isinstance(leaf, Tensor) and leaf.dim() else 1
+
+
+def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Point ``scheduler`` at ``optimizer`` (and mark its step as tracked, as torch does)."""
+    scheduler.optimizer = optimizer
+    step = optimizer.step
+    if hasattr(step, "_wrapped_by_lr_sched"):
+        return
+    func = step.__func__  # type: ignore[attr-defined]
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        optimizer._opt_called = True  # type: ignore[attr-defined]
+        return func.__get__(optimizer, type(optimizer))(*args, **kwargs)
+
+    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    optimizer.step = wrapper  # type: ignore[method-assign]
+
+
+def measured_forward(forward: Callable[[], Tensor], params: list[Tensor]) -> tuple[Tensor, int]:
+    """Run ``forward()`` while adding up the bytes autograd saves for backward, except
+    the ``params``' storages; returns ``(loss, activation bytes)``."""
+    seen: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        try:
+            key = t.untyped_storage().data_ptr()
+            seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
+        except (RuntimeError, NotImplementedError):
+            pass
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = forward()
+    # (a DTensor param, FSDP2's, has no storage of its own: its local shard's is read)
+    param_ptrs = {_dtensor.local(p).untyped_storage().data_ptr() for p in params}
+    return loss, sum(v for k, v in seen.items() if k not in param_ptrs)
+
+
 class _PlainProgress:
-    """The progress display of :meth:`MixedPrecisionTrainer.train` without tqdm: the
-    methods of tqdm's bar that the trainer calls, printing one line at the start and one
-    per epoch (``set_postfix(epoch=...)``) instead of redrawing a bar."""
+    """The progress display without tqdm: the tqdm methods the trainer calls, printing one
+    line at the start and one per epoch (``set_postfix(epoch=...)``)."""
 
     def __init__(self, total: Optional[int], desc: str) -> None:
         self.total = total
@@ -96,24 +141,19 @@ class _PlainProgress:
         print(f"{desc}: {total if total is not None else '?'} batches", flush=True)
 
     def update(self, n: int = 1) -> None:
-        """Count ``n`` more batches (printed with the next epoch line)."""
         self.n += n
 
     def set_postfix(self, **values: Any) -> None:
-        """Print the counts and ``values`` at the end of an epoch (the per-step calls,
-        without ``epoch``, print nothing)."""
         if "epoch" in values:
             done = f"{self.n}/{self.total}" if self.total is not None else str(self.n)
             extra = " | ".join(f"{k} {v}" for k, v in values.items())
             print(f"{self.desc}: {done} batches | {extra}", flush=True)
 
     def close(self) -> None:
-        """Nothing to tear down (tqdm's bar closes its line here)."""
+        pass
 
 
 def _progress_bar(total: Optional[int], desc: str) -> Any:
-    """tqdm's bar when tqdm is installed (the ``demo`` extra), else a
-    :class:`_PlainProgress` that prints one line per epoch."""
     try:
         from tqdm.auto import tqdm
     except ImportError:
@@ -146,24 +186,17 @@ class MixedPrecisionTrainer:
     :meth:`stats`.
     """
 
-    def __init__(
-        self,
-        config: Optional[MixedPrecisionConfig] = None,
-        *,
-        device: Union[str, torch.device, None] = None,
-        history_size: int = 4096,
-    ) -> None:
+    def __init__(self, config: Optional[MixedPrecisionConfig] = None, *,
+                 device: Union[str, torch.device, None] = None,
+                 history_size: int = 4096) -> None:
         self.config = config if config is not None else MixedPrecisionConfig()
         if not isinstance(self.config, MixedPrecisionConfig):
-            raise TypeError(
-                f"MixedPrecisionTrainer: config must be a MixedPrecisionConfig, got "
-                f"{type(self.config).__name__}"
-            )
+            raise TypeError(f"MixedPrecisionTrainer: config must be a MixedPrecisionConfig, "
+                            f"got {type(self.config).__name__}")
         self.config.validate()
         if history_size < 16:
             raise ValueError(
-                f"MixedPrecisionTrainer: history_size must be >= 16, got {history_size}"
-            )
+                f"MixedPrecisionTrainer: history_size must be >= 16, got {history_size}")
         self._device_arg = None if device is None else torch.device(device)
         self.history_size = int(history_size)
         self.model: Optional[nn.Module] = None
@@ -187,8 +220,7 @@ class MixedPrecisionTrainer:
     @property
     def scaler(self) -> Optional[GradScaler]:
         """The manager's :class:`mixprec.GradScaler` (``None`` before setup)."""
-        m = self.mixed_precision_manager
-        return None if m is None else m.scaler
+        return getattr(self.mixed_precision_manager, "scaler", None)
 
     @scaler.setter
     def scaler(self, scaler: GradScaler) -> None:
@@ -197,8 +229,7 @@ class MixedPrecisionTrainer:
     @property
     def compute_dtype(self) -> Optional[torch.dtype]:
         """The low-precision dtype in use (``None``: float32, or before setup)."""
-        m = self.mixed_precision_manager
-        return None if m is None else m.compute_dtype
+        return getattr(self.mixed_precision_manager, "compute_dtype", None)
 
     @property
     def loss_scaling(self) -> bool:
@@ -208,14 +239,12 @@ class MixedPrecisionTrainer:
     @property
     def policy_handle(self) -> Optional[PolicyHandle]:
         """The precision policy on the model, or ``None``."""
-        m = self.mixed_precision_manager
-        return None if m is None else m.policy_handle
+        return getattr(self.mixed_precision_manager, "policy_handle", None)
 
     @property
     def adaptive_decisions(self) -> list[dict[str, Any]]:
         """ADAPTIVE decisions so far (dicts: step, module, from, to, reason)."""
-        m = self.mixed_precision_manager
-        return [] if m is None else m.adaptive_decisions
+        return getattr(self.mixed_precision_manager, "adaptive_decisions", [])
 
     def _manager(self) -> MixedPrecisionManager:
         if self.mixed_precision_manager is None or self.model is None:
@@ -234,21 +263,14 @@ class MixedPrecisionTrainer:
         self.activation_memory: Optional[int] = None
         self._measure_activations = True
         self._last_log: dict[str, Any] = {}
+        self._step_fn: Optional[Callable[..., Any]] = None  # config.capture: made at step 1
         if self.mixed_precision_manager is not None:
             self.mixed_precision_manager.steps = 0
 
-    def _require_setup(self) -> None:
-        self._manager()
-
-    def setup_training(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        criterion: Callable[..., Tensor],
-        scheduler: Any = None,
-        *,
-        fp8_module_filter: Optional[Callable[[nn.Module, str], bool]] = None,
-    ) -> MixedPrecisionTrainer:
+    def setup_training(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                       criterion: Callable[..., Tensor], scheduler: Any = None, *,
+                       fp8_module_filter: Optional[Callable[[nn.Module, str], bool]] = None,
+                       ) -> MixedPrecisionTrainer:
         """Prepare ``model``/``optimizer`` for the configured mode.
 
         Mutates ``model``: forwards wrapped by a precision policy (AUTOMATIC,
@@ -269,14 +291,12 @@ class MixedPrecisionTrainer:
             self.mixed_precision_manager = None
         manager = MixedPrecisionManager(
             model, optimizer, self.config, device=self._device_arg, adapt_in_step=False,
-            fp8_module_filter=fp8_module_filter,
-        )
+            fp8_module_filter=fp8_module_filter)
         self.mixed_precision_manager = manager
         self.model, self.criterion, self.scheduler = model, criterion, scheduler
         self.optimizer = manager.optimizer
         if scheduler is not None and getattr(scheduler, "optimizer", self.optimizer) is not (
-            self.optimizer
-        ):
+                self.optimizer):
             rebind_scheduler(scheduler, self.optimizer)
         self._reset_counters()
         return self
@@ -320,23 +340,22 @@ class MixedPrecisionTrainer:
             ``optimizer_step`` (whether this call stepped).
 
         Mutates the model's grads, params, optimizer/scaler state and counters.
-        Syncs only as described in the module docstring.
+        Syncs only as described in the module docstring. With ``config.capture`` the
+        step runs through :meth:`MixedPrecisionManager.make_step` (one CUDA graph,
+        replayed; grads are zeroed in place, never freed; the first step builds it
+        and a refused setup raises :class:`mixprec.capture.CaptureError` there).
         """
         manager = self._manager()
         assert self.model is not None
         cfg = self.config
         accum = cfg.gradient_accumulation_steps
         self.model.train()
+        if cfg.capture:
+            return self._captured_step(data, target)
         if self._micro == 0:
             # memory_efficiency: grads were set to None at the previous step
             self.optimizer.zero_grad(set_to_none=cfg.memory_efficiency)
-        if self._measure_activations and cfg.performance_monitoring:
-            loss, self.activation_memory = measured_forward(
-                lambda: self._forward_loss(data, target), self._params()
-            )
-            self._measure_activations = False
-        else:
-            loss = self._forward_loss(data, target)
+        loss = self._first_measured_loss(data, target)
         manager.backward(loss / accum if accum > 1 else loss)
         self.micro_steps += 1
         self._micro += 1
@@ -346,15 +365,41 @@ class MixedPrecisionTrainer:
             return StepMetrics.micro_batch(detached, memory_usage(manager.device), self._lr())
         return self._optimizer_step()
 
+    def _first_measured_loss(self, data: Any, target: Any) -> Tensor:
+        """The forward's loss; the first one also measures the activation memory."""
+        if not (self._measure_activations and self.config.performance_monitoring):
+            return self._forward_loss(data, target)
+        loss, self.activation_memory = measured_forward(
+            lambda: self._forward_loss(data, target), self._params())
+        self._measure_activations = False
+        return loss
+
+    def _captured_step(self, data: Any, target: Any) -> StepMetrics:
+        """``config.capture``: the whole step through the manager's captured step."""
+        manager = self._manager()
+        inputs = (to_device(data, manager.device), to_device(target, manager.device))
+        if self._step_fn is None:
+            scheds = [] if self.scheduler is None else [self.scheduler]
+            self._step_fn = manager.make_step(self._step_body, inputs, schedulers=scheds)
+        row, values = self._step_fn(*inputs)
+        self.micro_steps += 1
+        return self._finish_step(row, values)
+
+    def _step_body(self, data: Any, target: Any) -> tuple[Tensor, dict[str, Any]]:
+        """The captured step: device work only, no host read."""
+        manager = self._manager()
+        self.optimizer.zero_grad(set_to_none=False)  # a graph's grads keep their storage
+        loss = self._first_measured_loss(data, target)
+        manager.backward(loss)
+        return step_row(loss.detach(), manager.step(self.optimizer), manager.device)
+
     def flush(self) -> Optional[StepMetrics]:
         """Step on the gradients of an unfinished accumulation (e.g. at epoch end).
 
         Returns the metrics of that step, or ``None`` when nothing was pending.
         """
-        self._require_setup()
-        if self._micro == 0:
-            return None
-        return self._optimizer_step()
+        self._manager()
+        return None if self._micro == 0 else self._optimizer_step()
 
     def _lr(self) -> float:
         lr = self.optimizer.param_groups[0]["lr"]
@@ -363,38 +408,34 @@ class MixedPrecisionTrainer:
     def _optimizer_step(self) -> StepMetrics:
         manager = self._manager()
         assert self._step_loss is not None
-        dev = manager.device
         step_loss = self._step_loss / self._micro if self._micro > 1 else self._step_loss
         result = manager.step(self.optimizer)
-        if self.scheduler is not None and not manager.step_was_skipped:
-            self.scheduler.step()
-        row, values = step_row(step_loss, result, dev)
-        self._metrics.record(row)
-        self.optimizer_steps += 1
         self._micro = 0
         self._step_loss = None
-        mem = memory_usage(dev)
-        self.peak_memory = max(
-            self.peak_memory,
-            mem if dev.type != "cuda" else int(torch.cuda.max_memory_allocated(dev)),
-        )
-        metrics = StepMetrics(
-            {**values, "memory_usage": mem, "lr": self._lr(), "optimizer_step": True}
-        )
-        if self.optimizer_steps % self.config.logging_frequency == 0:
-            self._log_and_adapt()
-        return metrics
+        return self._finish_step(*step_row(step_loss, result, manager.device))
 
-    # ------------------------------------------------------------------ logging
-    def _log_and_adapt(self) -> None:
-        """At a log step: one sync, a log line, handling actions, ADAPTIVE."""
+    def _finish_step(self, row: Tensor, values: dict[str, Any]) -> StepMetrics:
+        """After an optimizer step: the scheduler, the metrics row, memory, a log step."""
         manager = self._manager()
-        since = self._metrics.log_step
-        window, cur = self._metrics.read_window()
-        steps = self.optimizer_steps - since
-        self._last_log = last_values(self.optimizer_steps, window, cur, self._lr())
-        log_window(self.config, self.optimizer_steps, steps, window, self._last_log)
-        manager.adapt(window[C["overflow"]], steps, cur[C["scale"]], self.optimizer_steps)
+        dev = manager.device
+        if self.scheduler is not None and not manager.step_was_skipped:
+            self.scheduler.step()
+        self._metrics.record(row)
+        self.optimizer_steps += 1
+        mem = memory_usage(dev)
+        peak = mem if dev.type != "cuda" else int(torch.cuda.max_memory_allocated(dev))
+        self.peak_memory = max(self.peak_memory, peak)
+        metrics = StepMetrics(
+            {**values, "memory_usage": mem, "lr": self._lr(), "optimizer_step": True})
+        if self.optimizer_steps % self.config.logging_frequency == 0:
+            # a log step: one sync, a log line, handling actions, ADAPTIVE
+            since = self._metrics.log_step
+            window, cur = self._metrics.read_window()
+            steps = self.optimizer_steps - since
+            self._last_log = last_values(self.optimizer_steps, window, cur, self._lr())
+            log_window(self.config, self.optimizer_steps, steps, window, self._last_log)
+            manager.adapt(window[C["overflow"]], steps, cur[C["scale"]], self.optimizer_steps)
+        return metrics
 
     # ------------------------------------------------------------------ loops
     def train_epoch(self, loader: Iterable[Any], _bar: Any = None) -> dict[str, Any]:
@@ -405,16 +446,32 @@ class MixedPrecisionTrainer:
         ``num_batches``, ``overflow_steps``, ``underflow_steps``, ``nan_steps``,
         ``average_scale`` and ``optimizer_steps``. One host sync at the end.
         """
-        self._require_setup()
-        return self._run_epoch(loader, _bar)
+        self._manager()
+        totals = self._metrics.totals
+        start_totals = None if totals is None else totals.clone()
+        start_steps = self.optimizer_steps
+        batches = 0
+        for data, target in loader:
+            self.train_step(data, target)
+            batches += 1
+            if _bar is not None:
+                _bar.update(1)
+                last = self._last_log
+                if last and last.get("step") == self.optimizer_steps:
+                    _bar.set_postfix(loss=f"{last['loss']:.4f}", scale=f"{last['scale']:g}")
+        self.flush()
+        self.epochs_done += 1
+        steps = self.optimizer_steps - start_steps
+        vals = self._metrics.read_totals(since=start_totals) if steps else [0.0] * len(COLS)
+        d = max(steps, 1)
+        return {"epoch_loss": vals[C["loss"]] / d, "num_batches": batches,
+                "optimizer_steps": steps, "overflow_steps": int(vals[C["overflow"]]),
+                "underflow_steps": int(vals[C["underflow"]]), "nan_steps": int(vals[C["nan"]]),
+                "average_scale": vals[C["scale"]] / d}
 
-    def train(
-        self,
-        loader: Iterable[Any],
-        num_epochs: int,
-        val_loader: Optional[Iterable[Any]] = None,
-        progress: bool = True,
-    ) -> list[dict[str, Any]]:
+    def train(self, loader: Iterable[Any], num_epochs: int,
+              val_loader: Optional[Iterable[Any]] = None,
+              progress: bool = True) -> list[dict[str, Any]]:
         """Train for ``num_epochs`` with a progress bar (``progress``: tqdm's when tqdm is
         installed, the ``demo`` extra; else a printed line per epoch), a log
         line (logger ``"mixprec.trainer"``, INFO) every ``logging_frequency``
@@ -422,9 +479,40 @@ class MixedPrecisionTrainer:
         :meth:`train_epoch`, with ``val_loss``/``val_accuracy`` and ``time_s``
         added (``val_*`` only with ``val_loader``).
         """
-        self._require_setup()
-        return self._run_epochs(loader, num_epochs, val_loader, progress)
+        self._manager()
+        if num_epochs < 0:
+            raise ValueError(
+                f"MixedPrecisionTrainer.train: num_epochs must be >= 0, got {num_epochs}")
+        try:
+            total = len(loader) * num_epochs  # type: ignore[arg-type]
+        except TypeError:
+            total = None
+        bar = _progress_bar(total, f"train ({self._describe()})") if progress else None
+        history = []
+        try:
+            for _ in range(num_epochs):
+                t0 = time.perf_counter()
+                result = self.train_epoch(loader, _bar=bar)
+                result["time_s"] = time.perf_counter() - t0
+                extra = ""
+                if val_loader is not None:
+                    ev = self.evaluate(val_loader)
+                    result["val_loss"], result["val_accuracy"] = ev["loss"], ev["accuracy"]
+                    if ev["accuracy"] is not None:
+                        extra = f" | val loss {ev['loss']:.4f} | val acc {ev['accuracy']:.4f}"
+                result["epoch"] = self.epochs_done
+                history.append(result)
+                logger.info("epoch %d | loss %.4f | overflow steps %d | avg scale %g | %.2fs%s",
+                            self.epochs_done, result["epoch_loss"], result["overflow_steps"],
+                            result["average_scale"], result["time_s"], extra)
+                if bar is not None:
+                    bar.set_postfix(epoch=self.epochs_done, loss=f"{result['epoch_loss']:.4f}")
+        finally:
+            if bar is not None:
+                bar.close()
+        return history
 
+    @torch.no_grad()
     def evaluate(self, loader: Iterable[Any]) -> dict[str, Any]:
         """Mean loss (weighted by batch size) and, for class-index targets with
         ``[N, C]`` outputs, accuracy, over ``loader``; in eval mode, with the
@@ -432,15 +520,39 @@ class MixedPrecisionTrainer:
         host sync at the end.
         """
         manager = self._manager()
-        assert self.model is not None and self.criterion is not None
-        return evaluate_model(manager, self.model, self.criterion, loader)
+        model, criterion, dev = self.model, self.criterion, manager.device
+        assert model is not None and criterion is not None
+        was_training = model.training
+        model.eval()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
+        correct = torch.zeros((), dtype=torch.int64, device=dev)
+        n = 0
+        classify = True
+        try:
+            for data, target in loader:
+                data, target = to_device(data, dev), to_device(target, dev)
+                with manager.autocast():
+                    out = model(data)
+                out = cast_floating(out, torch.float32)
+                bs = batch_size(target)
+                with torch.autocast(dev.type, enabled=False):
+                    loss_sum += criterion(out, target).double() * bs
+                classify = (classify and isinstance(out, Tensor) and isinstance(target, Tensor)
+                            and out.dim() == 2 and not target.is_floating_point()
+                            and target.dim() == 1)
+                if classify:
+                    correct += (out.argmax(1) == target).sum()
+                n += bs
+        finally:
+            model.train(was_training)
+        vals = torch.stack([loss_sum, correct.double()]).tolist()
+        return {"loss": vals[0] / max(n, 1),
+                "accuracy": (vals[1] / max(n, 1)) if classify and n else None, "num_samples": n}
 
     # ------------------------------------------------------------------ reports
     def _describe(self) -> str:
         m = self.mixed_precision_manager
-        if m is not None:
-            return m.describe()
-        return f"{self.mode.value}, {PREC_NAME.get(self.compute_dtype, 'fp32')}"
+        return m.describe() if m is not None else f"{self.mode.value}, fp32"
 
     def _history(self) -> tuple[list[int], Optional[Tensor]]:
         """``(steps, rows)`` of the kept per-step rows (columns: ``metrics.COLS``)."""
@@ -457,22 +569,15 @@ class MixedPrecisionTrainer:
         most ``history_size``), ``compute_dtype``, ``mode``, ``peak_memory``,
         ``activation_memory``, ``adaptive_decisions``.
         """
-        manager = self._manager()
         n = self.optimizer_steps
-        out: dict[str, Any] = {"total_steps": n, "micro_steps": self.micro_steps}
-        out.update(self._metrics.summary(n))
-        sst = manager.scaler.stats()
-        out.update(
-            current_scale=sst.scale if manager.scaler.is_enabled() else 1.0,
-            scale_increases=sst.scale_increases + self._scaler_offsets[1],
-            scale_decreases=sst.scale_decreases + self._scaler_offsets[2],
-            compute_dtype=manager.precision_name,
-            mode=self.mode.value,
-            peak_memory=self.peak_memory,
-            activation_memory=self.activation_memory,
-            adaptive_decisions=[dict(d) for d in self.adaptive_decisions],
-        )
-        return out
+        ms = self._manager().stats()
+        return {"total_steps": n, "micro_steps": self.micro_steps, **self._metrics.summary(n),
+                "current_scale": ms["current_scale"],
+                "scale_increases": ms["scale_increases"] + self._scaler_offsets[1],
+                "scale_decreases": ms["scale_decreases"] + self._scaler_offsets[2],
+                "compute_dtype": ms["compute_dtype"], "mode": ms["mode"],
+                "peak_memory": self.peak_memory, "activation_memory": self.activation_memory,
+                "adaptive_decisions": ms["adaptive_decisions"]}
 
     def get_mixed_precision_stats(self) -> dict[str, Any]:
         """Alias of :meth:`stats` (the name used by the system mixprec replaces)."""
@@ -491,7 +596,7 @@ class MixedPrecisionTrainer:
         """Write a PNG of loss, log2 scale, skipped steps and grad norm per
         optimizer step (matplotlib, Agg backend: no display needed). One sync.
         Returns the path."""
-        self._require_setup()
+        self._manager()
         steps, hist = self._history()
         return plot_history(steps, hist, f"mixprec trainer: {self._describe()}", path)
 
@@ -502,129 +607,87 @@ class MixedPrecisionTrainer:
         ADAPTIVE decisions and overrides, RNG states and the grads of an
         unfinished accumulation. Only tensors and plain Python values, so
         ``torch.load(path, weights_only=True)`` reads it (layout: see
-        :mod:`mixprec.train.checkpoint`). One host sync."""
-        self._require_setup()
-        save_trainer_state(self._parts(), path)
+        :mod:`mixprec.train.trainer`). One host sync."""
+        manager = self._manager()
+        assert self.model is not None
+        sst = manager.scaler.stats()
+        offsets = self._scaler_offsets
+        state: dict[str, Any] = {
+            "format": STATE_FORMAT,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": manager.scaler.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "config": self.config.to_dict(),
+            "counters": {
+                "optimizer_steps": self.optimizer_steps, "micro_steps": self.micro_steps,
+                "epochs_done": self.epochs_done, "micro": self._micro,
+                "log_step": self._metrics.log_step, "scaler_steps": sst.steps + offsets[0],
+                "scale_increases": sst.scale_increases + offsets[1],
+                "scale_decreases": sst.scale_decreases + offsets[2],
+                "peak_memory": self.peak_memory},
+            **self._metrics.state(),
+            "adaptive": manager.plan_state(),
+            "rng": {"cpu": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+            "pending_loss": None if self._step_loss is None else self._step_loss.cpu(),
+            "pending_grads": [None if p.grad is None else p.grad.detach().cpu()
+                              for p in self._params()] if self._micro else None,
+        }
+        torch.save(state, os.fspath(path))
 
     def load_state(self, path: Union[str, os.PathLike[str]], strict_config: bool = False) -> None:
         """Restore a :meth:`save_state` file (``weights_only=True``) into this
         trainer, after :meth:`setup_training` with the same model architecture
         and optimizer type. A config that differs from the saved one is
-        reported with a warning (``strict_config=True``: ``ValueError``).
+        reported with a warning (``strict_config=True``: ``ValueError``; a field
+        added since the file was written counts as saved at its default).
         ADAPTIVE overrides are re-applied. Mutates model, optimizer, scaler,
         scheduler, counters and the global RNG states."""
         manager = self._manager()
         assert self.model is not None
-        state = read_trainer_state(path, self.config, strict_config)
-        restore_modules(state, self.model, self.optimizer, self.scheduler, manager)
+        state = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"MixedPrecisionTrainer.load_state: unknown format "
+                             f"{state.get('format')!r} in {path}")
+        mine, defaults = self.config.to_dict(), type(self.config)().to_dict()
+        diff = sorted(k for k in mine if state["config"].get(k, defaults[k]) != mine[k])
+        if diff:
+            msg = f"MixedPrecisionTrainer.load_state: config differs from the saved one in {diff}"
+            if strict_config:
+                raise ValueError(msg)
+            logger.warning(msg)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if state["scaler"]:
+            manager.scaler.load_state_dict(state["scaler"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
         self._reset_counters()
-        prog = restore_progress(state, self._parts())
-        self.optimizer_steps, self.micro_steps = prog.optimizer_steps, prog.micro_steps
-        self.epochs_done, self._micro = prog.epochs_done, prog.micro
-        self._scaler_offsets = list(prog.scaler_offsets)
-        self.peak_memory = prog.peak_memory
+        c = state["counters"]
+        self.optimizer_steps, self.micro_steps = int(c["optimizer_steps"]), int(c["micro_steps"])
+        self.epochs_done, self._micro = int(c["epochs_done"]), int(c["micro"])
+        self._scaler_offsets = [int(c["scaler_steps"]), int(c["scale_increases"]),
+                                int(c["scale_decreases"])]
+        self.peak_memory = int(c["peak_memory"])
+        manager.steps = self.optimizer_steps
+        self._metrics.restore(state, self.optimizer_steps, int(c["log_step"]), manager.device)
+        manager.load_plan_state(state["adaptive"])
+        torch.set_rng_state(state["rng"]["cpu"])
+        if state["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        if state["pending_grads"] is not None:
+            for p, g in zip(self._params(), state["pending_grads"]):
+                p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)
         if state["pending_loss"] is not None:
             self._step_loss = state["pending_loss"].to(manager.device)
         self._measure_activations = False
-
-    def _run_epoch(self, loader: Iterable[Any], bar: Any) -> dict[str, Any]:
-        """The body of :meth:`MixedPrecisionTrainer.train_epoch`."""
-        totals = self._metrics.totals
-        start_totals = None if totals is None else totals.clone()
-        start_steps = self.optimizer_steps
-        batches = 0
-        for data, target in loader:
-            self.train_step(data, target)
-            batches += 1
-            if bar is not None:
-                bar.update(1)
-                if self._last_log and self._last_log.get("step") == self.optimizer_steps:
-                    bar.set_postfix(
-                        loss=f"{self._last_log['loss']:.4f}", scale=f"{self._last_log['scale']:g}"
-                    )
-        self.flush()
-        self.epochs_done += 1
-        steps = self.optimizer_steps - start_steps
-        if steps == 0:
-            vals = [0.0] * len(COLS)
-        else:
-            vals = self._metrics.read_totals(since=start_totals)
-        d = max(steps, 1)
-        return {
-            "epoch_loss": vals[C["loss"]] / d,
-            "num_batches": batches,
-            "optimizer_steps": steps,
-            "overflow_steps": int(vals[C["overflow"]]),
-            "underflow_steps": int(vals[C["underflow"]]),
-            "nan_steps": int(vals[C["nan"]]),
-            "average_scale": vals[C["scale"]] / d,
-        }
-
-
-    def _run_epochs(
-        self,
-        loader: Iterable[Any],
-        num_epochs: int,
-        val_loader: Optional[Iterable[Any]],
-        progress: bool,
-    ) -> list[dict[str, Any]]:
-        """The body of :meth:`MixedPrecisionTrainer.train`."""
-        if num_epochs < 0:
-            raise ValueError(
-                f"MixedPrecisionTrainer.train: num_epochs must be >= 0, got {num_epochs}")
-        try:
-            total = len(loader) * num_epochs  # type: ignore[arg-type]
-        except TypeError:
-            total = None
-        bar = _progress_bar(total, f"train ({self._describe()})") if progress else None
-        history = []
-        try:
-            for _ in range(num_epochs):
-                t0 = time.perf_counter()
-                result = self.train_epoch(loader, _bar=bar)
-                result["time_s"] = time.perf_counter() - t0
-                if val_loader is not None:
-                    ev = self.evaluate(val_loader)
-                    result["val_loss"] = ev["loss"]
-                    result["val_accuracy"] = ev["accuracy"]
-                result["epoch"] = self.epochs_done
-                history.append(result)
-                extra = (
-                    f" | val loss {result['val_loss']:.4f} | val acc {result['val_accuracy']:.4f}"
-                    if val_loader is not None and result.get("val_accuracy") is not None
-                    else ""
-                )
-                logger.info(
-                    "epoch %d | loss %.4f | overflow steps %d | avg scale %g | %.2fs%s",
-                    self.epochs_done,
-                    result["epoch_loss"],
-                    result["overflow_steps"],
-                    result["average_scale"],
-                    result["time_s"],
-                    extra,
-                )
-                if bar is not None:
-                    bar.set_postfix(epoch=self.epochs_done, loss=f"{result['epoch_loss']:.4f}")
-        finally:
-            if bar is not None:
-                bar.close()
-        return history
-
-    def _parts(self) -> TrainerParts:
-        """This trainer's pieces as the checkpoint functions take them."""
-        manager = self._manager()
-        assert self.model is not None
-        progress = Progress(self.optimizer_steps, self.micro_steps, self.epochs_done,
-                            self._micro, tuple(self._scaler_offsets), self.peak_memory)
-        return TrainerParts(self.model, self.optimizer, self.scheduler, self.config, manager,
-                            self._metrics, progress, self._step_loss, self._params())
 
     def save_mixed_precision_state(self, path: Union[str, os.PathLike[str]]) -> None:
         """Alias of :meth:`save_state` (the name used by the system mixprec replaces)."""
         self.save_state(path)
 
-    def load_mixed_precision_state(
-        self, path: Union[str, os.PathLike[str]], strict_config: bool = False
-    ) -> None:
+    def load_mixed_precision_state(self, path: Union[str, os.PathLike[str]],
+                                   strict_config: bool = False) -> None:
         """Alias of :meth:`load_state` (the name used by the system mixprec replaces)."""
         self.load_state(path, strict_config)
