@@ -367,7 +367,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer,
   TORCH_CHECK(state.stage != OptState::STEPPED,
               "step() has already been called since the last update().");
   if (dynamic_cast<optim::FusedOptimizer*>(&optimizer) != nullptr) {
-    return step_amp_aware(optimizer, state);
+    return step_amp_aware(optimizer, state, /*read_flag=*/true);
   }
   if (state.stage == OptState::READY) {
     unscale_(optimizer);
@@ -389,8 +389,24 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer,
   return ran;
 }
 
+void GradScaler::step_no_sync(torch::optim::Optimizer& optimizer) {
+  if (!enabled_) {
+    optimizer.step();
+    return;
+  }
+  TORCH_CHECK(dynamic_cast<optim::FusedOptimizer*>(&optimizer) != nullptr,
+              "GradScaler::step_no_sync: the optimizer is not a "
+              "mixprec::optim optimizer; stepping it only when its grads are "
+              "finite reads the inf flag on the host (use step())");
+  check_scale_growth_tracker("step");
+  auto& state = state_of(optimizer);
+  TORCH_CHECK(state.stage != OptState::STEPPED,
+              "step() has already been called since the last update().");
+  step_amp_aware(optimizer, state, /*read_flag=*/false);
+}
+
 bool GradScaler::step_amp_aware(torch::optim::Optimizer& optimizer,
-                                PerOptimizerState& state) {
+                                PerOptimizerState& state, bool read_flag) {
   auto& fused = dynamic_cast<optim::FusedOptimizer&>(optimizer);
   if (state.stage == OptState::READY) {
     check_inf_per_device(optimizer);
@@ -418,6 +434,9 @@ bool GradScaler::step_amp_aware(torch::optim::Optimizer& optimizer,
   if (!found_inf) {
     host_found_[&optimizer] = false;
     return true;
+  }
+  if (!read_flag) {
+    return true;  // (not known on the host: update() keeps the device flag)
   }
   const bool skipped = found_inf->item<double>() != 0.0;
   host_found_[&optimizer] = skipped;
@@ -659,8 +678,7 @@ bool GradScaler::step_was_skipped() {
     return false;
   }
   if (last_found_device_.defined()) {
-    last_found_host_ = last_found_device_.item<double>() != 0.0;
-    last_found_device_ = at::Tensor();
+    return last_found_device_.item<double>() != 0.0;
   }
   return last_found_host_.value_or(false);
 }

@@ -13,6 +13,7 @@
 #include <torch/optim/serialize.h>
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -231,6 +232,24 @@ at::Tensor FusedOptimizer::lr_tensor(
     it->second.first = value;
   }
   return it->second.second;
+}
+
+std::vector<at::Tensor> FusedOptimizer::lr_tensors() {
+  std::vector<at::Tensor> out;
+  const auto& groups = param_groups();
+  for (size_t index = 0; index < groups.size(); ++index) {
+    std::vector<c10::Device> devices;
+    for (const auto& p : groups[index].params()) {
+      if (std::find(devices.begin(), devices.end(), p.device()) ==
+          devices.end()) {
+        devices.push_back(p.device());
+      }
+    }
+    for (const auto& device : devices) {
+      out.push_back(lr_tensor(index, groups[index], device));
+    }
+  }
+  return out;
 }
 
 std::vector<at::Tensor> FusedOptimizer::master_params() {

@@ -121,6 +121,14 @@ class MIXPREC_API GradScaler {
   bool step(torch::optim::Optimizer& optimizer,
             torch::optim::Optimizer::LossClosure closure = nullptr);
 
+  // step() without the host read: a mixprec::optim optimizer's step is
+  // enqueued with the scale and the inf flag and skipped on the device, and
+  // nothing is returned (step_was_skipped() tells after update(), with one
+  // sync). What a step captured in a CUDA graph calls (mixprec::CapturedStep,
+  // <mixprec/capture.h>). c10::Error for another optimizer while enabled: it
+  // can only be skipped by reading the flag on the host. Disabled: steps it.
+  void step_no_sync(torch::optim::Optimizer& optimizer);
+
   // Unscale + inf check + total norm in one pass, then clip the gradients to
   // max_norm (torch.nn.utils.clip_grad_norm_'s coefficient). Counts as this
   // iteration's unscale_. Returns the total norm before clipping (float32
@@ -162,8 +170,10 @@ class MIXPREC_API GradScaler {
   c10::DeviceType device_type() const { return device_type_; }
 
   // Whether the optimizer steps of the last iteration closed by update() were
-  // skipped; false before the first update and when disabled. At most one
-  // host sync (then cached).
+  // skipped; false before the first update and when disabled. Known on the
+  // host after step(); after step_no_sync() it reads the device flag: one
+  // host sync per call (not cached: a replayed CUDA graph of the step
+  // rewrites that flag).
   bool step_was_skipped();
 
   // The stage of `optimizer` in the current iteration.
@@ -219,7 +229,7 @@ class MIXPREC_API GradScaler {
                                       const char* what);
   void check_inf_per_device(torch::optim::Optimizer& optimizer);
   bool step_amp_aware(torch::optim::Optimizer& optimizer,
-                      PerOptimizerState& state);
+                      PerOptimizerState& state, bool read_flag);
   void record_iteration(const std::optional<at::Tensor>& found);
 
   c10::DeviceType device_type_;

@@ -83,6 +83,14 @@ class MIXPREC_API FusedOptimizer : public torch::optim::Optimizer {
   // before its first step), else the param itself.
   std::vector<at::Tensor> master_params();
 
+  // The float64 0-dim tensors the fused kernels read the lr from, one per
+  // (param group, device of its params), in group order, each holding its
+  // group's current lr (filled where the lr changed, created where missing;
+  // no host sync). step() does this for the groups it steps; a replayed CUDA
+  // graph of a step does not, so mixprec::CapturedStep calls this before
+  // every call: an lr set between calls reaches the graph.
+  std::vector<at::Tensor> lr_tensors();
+
   // The optimizer as the Python class's state_dict(): {"state": {index:
   // {"step", "exp_avg", ..., "master_param"}}, "param_groups": [{"lr", ...,
   // "params": [indices]}]}, params numbered in group order. Save it with

@@ -1,0 +1,629 @@
+// mixprec::CapturedStep (mixprec/capture.h): python/mixprec/capture.py's
+// capture_step for LibTorch programs, smaller: one graph per CapturedStep
+// (no signature cache, no eager fallback), and an error wherever the Python
+// class would drop its graphs and capture anew.
+#include "mixprec/capture.h"
+
+#include "mixprec/grad_scaler.h"
+#include "mixprec/optim.h"
+
+#include "mixprec_build_config.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
+#include <c10/util/Exception.h>
+
+#if MIXPREC_WITH_CUDA_KERNELS
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+
+namespace mixprec {
+
+namespace {
+
+constexpr const char* kWho = "mixprec::CapturedStep: ";
+
+// ---- host syncs: the dispatcher ops that read a device value on the host
+// (python/mixprec/capture.py's SYNC_OPS), seen through a RecordFunction
+// observer (C++ has no dispatch mode). On CUDA the checked call also runs
+// under c10::cuda's sync debug mode, which catches any other sync.
+constexpr const char* kSyncOps[] = {"aten::_local_scalar_dense",
+                                    "aten::item",
+                                    "aten::is_nonzero",
+                                    "aten::equal",
+                                    "aten::allclose",
+                                    "aten::nonzero",
+                                    "aten::nonzero_numpy",
+                                    "aten::argwhere",
+                                    "aten::masked_select",
+                                    "aten::unique",
+                                    "aten::_unique",
+                                    "aten::_unique2",
+                                    "aten::unique_dim",
+                                    "aten::unique_consecutive",
+                                    "aten::unique_dim_consecutive",
+                                    "aten::bincount",
+                                    "aten::histc",
+                                    "aten::repeat_interleave",
+                                    "aten::_assert_async",
+                                    "aten::is_set_to"};
+
+std::mutex g_sync_mutex;
+std::vector<std::string>* g_sync_seen = nullptr;  // the watch's list
+
+std::unique_ptr<at::ObserverContext> on_op(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  for (const char* op : kSyncOps) {
+    if (std::strcmp(name, op) == 0) {
+      std::lock_guard<std::mutex> lock(g_sync_mutex);
+      if (g_sync_seen != nullptr) g_sync_seen->emplace_back(name);
+      break;
+    }
+  }
+  return nullptr;
+}
+
+// While alive: the sync ops this thread runs (and the autograd threads its
+// backward calls use: they inherit the thread-local observer) are appended to
+// `seen`; on CUDA any sync raises (SyncDebugMode::L_ERROR).
+class SyncWatch {
+ public:
+  SyncWatch(std::vector<std::string>& seen, bool cuda) {
+    {
+      std::lock_guard<std::mutex> lock(g_sync_mutex);
+      TORCH_CHECK(g_sync_seen == nullptr, kWho,
+                  "another thread is in a checked call; run them one at a "
+                  "time");
+      g_sync_seen = &seen;
+    }
+    handle_ = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(&on_op).scopes({at::RecordScope::FUNCTION}));
+#if MIXPREC_WITH_CUDA_KERNELS
+    if (cuda) {
+      previous_ = c10::cuda::warning_state().get_sync_debug_mode();
+      c10::cuda::warning_state().set_sync_debug_mode(
+          c10::cuda::SyncDebugMode::L_ERROR);
+      cuda_ = true;
+    }
+#else
+    (void)cuda;
+#endif
+  }
+  ~SyncWatch() {
+#if MIXPREC_WITH_CUDA_KERNELS
+    if (cuda_) c10::cuda::warning_state().set_sync_debug_mode(previous_);
+#endif
+    at::removeCallback(handle_);
+    std::lock_guard<std::mutex> lock(g_sync_mutex);
+    g_sync_seen = nullptr;
+  }
+  SyncWatch(const SyncWatch&) = delete;
+  SyncWatch& operator=(const SyncWatch&) = delete;
+
+ private:
+  at::CallbackHandle handle_;
+#if MIXPREC_WITH_CUDA_KERNELS
+  c10::cuda::SyncDebugMode previous_ = c10::cuda::SyncDebugMode::L_DISABLED;
+  bool cuda_ = false;
+#endif
+};
+
+// ---- what a graph holds: tensors by address, hyperparameters by value.
+
+// A tensor and the address of its data when recorded.
+struct Held {
+  at::Tensor t;
+  const void* data = nullptr;
+  explicit Held(at::Tensor x = {})
+      : t(std::move(x)), data(t.defined() ? t.data_ptr() : nullptr) {}
+  // x is this tensor, with its data where it was
+  bool same(const at::Tensor& x) const {
+    if (!t.defined()) return !x.defined();
+    return x.defined() && x.is_same(t) && x.data_ptr() == data;
+  }
+};
+
+std::string describe(const at::Tensor& t) {
+  if (!t.defined()) return "nothing";
+  return c10::str(t.scalar_type(), " ", t.sizes(), " on ", t.device());
+}
+
+// The state tensors of a mixprec::optim param state, by name.
+std::vector<std::pair<const char*, at::Tensor*>> state_slots(
+    torch::optim::OptimizerParamState& s) {
+  if (auto* a = dynamic_cast<optim::AdamParamState*>(&s)) {
+    return {{"step", &a->step()},
+            {"exp_avg", &a->exp_avg()},
+            {"exp_avg_sq", &a->exp_avg_sq()},
+            {"max_exp_avg_sq", &a->max_exp_avg_sq()},
+            {"master_param", &a->master_param()},
+            {"exp_avg_absmax", &a->exp_avg_absmax()},
+            {"exp_avg_sq_absmax", &a->exp_avg_sq_absmax()}};
+  }
+  if (auto* g = dynamic_cast<optim::SGDParamState*>(&s)) {
+    return {{"step", &g->step()},
+            {"momentum_buffer", &g->momentum_buffer()},
+            {"master_param", &g->master_param()},
+            {"momentum_buffer_absmax", &g->momentum_buffer_absmax()}};
+  }
+  TORCH_CHECK(false, kWho,
+              "a param's optimizer state is not a mixprec::optim state");
+}
+
+// The options a graph bakes in: all but lr (full precision).
+std::string baked_options(const torch::optim::OptimizerOptions& options) {
+  std::ostringstream os;
+  os.precision(17);
+  const auto adam = [&](const auto& o) {
+    os << "betas=(" << std::get<0>(o.betas()) << ", " << std::get<1>(o.betas())
+       << "), eps=" << o.eps() << ", weight_decay=" << o.weight_decay()
+       << ", amsgrad=" << o.amsgrad() << ", maximize=" << o.maximize()
+       << ", master_weights=" << o.master_weights()
+       << ", stochastic_rounding=" << o.stochastic_rounding()
+       << ", seed=" << o.seed() << ", state_bits=" << o.state_bits()
+       << ", min_8bit_size=" << o.min_8bit_size();
+  };
+  if (const auto* a = dynamic_cast<const optim::AdamOptions*>(&options)) {
+    adam(*a);
+    os << ", decoupled_weight_decay=" << a->decoupled_weight_decay();
+  } else if (const auto* w =
+                 dynamic_cast<const optim::AdamWOptions*>(&options)) {
+    adam(*w);
+  } else if (const auto* g = dynamic_cast<const optim::SGDOptions*>(&options)) {
+    os << "momentum=" << g->momentum() << ", dampening=" << g->dampening()
+       << ", weight_decay=" << g->weight_decay()
+       << ", nesterov=" << g->nesterov() << ", maximize=" << g->maximize()
+       << ", master_weights=" << g->master_weights()
+       << ", stochastic_rounding=" << g->stochastic_rounding()
+       << ", seed=" << g->seed() << ", state_bits=" << g->state_bits()
+       << ", min_8bit_size=" << g->min_8bit_size();
+  } else {
+    TORCH_CHECK(false, kWho, "a param group has options of another optimizer");
+  }
+  return os.str();
+}
+
+std::string scaler_rule(const GradScaler* s) {
+  if (s == nullptr) return "";
+  std::ostringstream os;
+  os.precision(17);
+  os << "enabled=" << s->is_enabled()
+     << ", growth_factor=" << s->get_growth_factor()
+     << ", backoff_factor=" << s->get_backoff_factor()
+     << ", growth_interval=" << s->get_growth_interval()
+     << ", hysteresis=" << s->hysteresis()
+     << ", min_scale=" << (s->min_scale() ? c10::str(*s->min_scale()) : "none")
+     << ", max_scale=" << (s->max_scale() ? c10::str(*s->max_scale()) : "none");
+  return os.str();
+}
+
+struct ParamRecord {
+  Held param, grad;
+  bool has_state = false;
+  std::vector<std::pair<const char*, Held>> state;
+};
+
+struct OptimizerRecord {
+  std::vector<size_t> group_sizes;
+  std::vector<std::string> options;  // baked_options per group
+  std::vector<double> lrs;
+  std::vector<ParamRecord> params;  // in group order
+};
+
+// Everything the step's graph holds, at one moment.
+struct Record {
+  std::vector<OptimizerRecord> optimizers;
+  Held scale;
+  std::string scaler;
+};
+
+// A captured state tensor to refill from the one the state holds now.
+struct Restore {
+  at::Tensor* slot;
+  at::Tensor captured;
+};
+
+// c10::Error for an input that the static buffer `like` cannot take.
+void check_input(size_t i, const at::Tensor& x, const at::Tensor& like) {
+  TORCH_CHECK(x.defined(), kWho, "inputs[", i, "] is undefined");
+  TORCH_CHECK(
+      x.sizes() == like.sizes() && x.scalar_type() == like.scalar_type() &&
+          x.device() == like.device(),
+      kWho, "inputs[", i, "]: expected ", describe(like),
+      " (as the example input), got ", describe(x),
+      "; a step is captured for one input signature: another shape, dtype "
+      "or device needs its own CapturedStep (or pad the batch)");
+}
+
+}  // namespace
+
+// ================================================================ Impl
+struct CapturedStep::Impl {
+  StepFn fn;
+  std::vector<at::Tensor> inputs;  // the static buffers
+  std::vector<optim::FusedOptimizer*> optimizers;
+  GradScaler* scaler = nullptr;
+  int64_t warmup = 2;
+  int64_t calls = 0;
+  std::optional<Record> fixed;  // what the graph holds, from the checked call
+  bool cuda = false;
+  c10::Device device = c10::kCPU;
+  at::Tensor loss;  // the graph's output
+#if MIXPREC_WITH_CUDA_KERNELS
+  std::optional<c10::cuda::CUDAStream> side;
+  c10::MempoolId_t pool{0, 0};
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+#endif
+
+  Record record() const;
+  std::vector<Restore> check_against(const Record& rec, const char* when,
+                                     bool restorable);
+  at::Tensor run_eager();
+  at::Tensor run_checked();
+  at::Tensor capture_and_replay();
+};
+
+Record CapturedStep::Impl::record() const {
+  Record rec;
+  for (auto* opt : optimizers) {
+    OptimizerRecord o;
+    for (auto& group : opt->param_groups()) {
+      o.group_sizes.push_back(group.params().size());
+      o.options.push_back(baked_options(group.options()));
+      o.lrs.push_back(group.options().get_lr());
+      for (auto& p : group.params()) {
+        ParamRecord r;
+        r.param = Held(p);
+        r.grad = Held(p.grad());
+        auto it = opt->state().find(p.unsafeGetTensorImpl());
+        if (it != opt->state().end()) {
+          r.has_state = true;
+          for (const auto& [name, slot] : state_slots(*it->second)) {
+            r.state.emplace_back(name, Held(*slot));
+          }
+        }
+        o.params.push_back(std::move(r));
+      }
+    }
+    rec.optimizers.push_back(std::move(o));
+  }
+  if (scaler != nullptr) rec.scale = Held(scaler->scale_tensor());
+  rec.scaler = scaler_rule(scaler);
+  return rec;
+}
+
+// The live params, grads, optimizer state and options and the scaler against
+// `rec`: c10::Error at the first difference the graph cannot follow. A state
+// tensor replaced by one of the same shape, dtype and device is returned for
+// copying back when `restorable` (a checkpoint loaded between calls), and is
+// an error otherwise.
+std::vector<Restore> CapturedStep::Impl::check_against(const Record& rec,
+                                                       const char* when,
+                                                       bool restorable) {
+  std::vector<Restore> restores;
+  for (size_t k = 0; k < optimizers.size(); ++k) {
+    auto* opt = optimizers[k];
+    const OptimizerRecord& o = rec.optimizers[k];
+    auto& groups = opt->param_groups();
+    TORCH_CHECK(groups.size() == o.group_sizes.size(), kWho, "optimizers[", k,
+                "] has ", groups.size(), " param groups, ",
+                o.group_sizes.size(), " ", when,
+                " (the graph steps the groups it was captured with)");
+    size_t index = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      auto& params = groups[g].params();
+      TORCH_CHECK(params.size() == o.group_sizes[g], kWho, "optimizers[", k,
+                  "] param group ", g, " has ", params.size(), " params, ",
+                  o.group_sizes[g], " ", when);
+      const std::string options = baked_options(groups[g].options());
+      TORCH_CHECK(options == o.options[g], kWho, "optimizers[", k,
+                  "] param group ", g, "'s options changed ", when, ": ",
+                  o.options[g], " -> ", options,
+                  ". The graph bakes in every hyperparameter but lr; build a "
+                  "new CapturedStep to change them");
+      for (size_t j = 0; j < params.size(); ++j, ++index) {
+        const at::Tensor& p = params[j];
+        const ParamRecord& r = o.params[index];
+        const std::string where =
+            c10::str("optimizers[", k, "] group ", g, " param ", j);
+        TORCH_CHECK(r.param.same(p), kWho, where,
+                    " is another tensor or in "
+                    "new storage ",
+                    when,
+                    " (the graph holds the old "
+                    "address): load values into params in place (copy_ under "
+                    "a NoGradGuard), not with set_ / set_data / to()");
+        TORCH_CHECK(r.grad.same(p.grad()), kWho, where, "'s grad is ",
+                    p.grad().defined() ? "a new tensor" : "gone", " ", when,
+                    " (the graph accumulates into the old one): zero grads "
+                    "with zero_grad(/*set_to_none=*/false) inside the step, "
+                    "and leave them alone between calls");
+        if (!r.has_state) continue;
+        auto it = opt->state().find(p.unsafeGetTensorImpl());
+        TORCH_CHECK(it != opt->state().end(), kWho, where,
+                    " has no optimizer state ", when,
+                    " (the graph updates the state it was captured with)");
+        const auto slots = state_slots(*it->second);
+        TORCH_CHECK(slots.size() == r.state.size(), kWho, where,
+                    "'s optimizer state is of another optimizer ", when);
+        for (size_t m = 0; m < slots.size(); ++m) {
+          const Held& held = r.state[m].second;
+          const at::Tensor& now = *slots[m].second;
+          if (held.same(now)) continue;
+          const bool fits = held.t.defined() && now.defined() &&
+                            held.t.data_ptr() == held.data &&
+                            now.sizes() == held.t.sizes() &&
+                            now.scalar_type() == held.t.scalar_type() &&
+                            now.device() == held.t.device();
+          TORCH_CHECK(fits, kWho, where, "'s state '", r.state[m].first,
+                      "' was ", describe(held.t), " and is now ", describe(now),
+                      " (", when,
+                      "); the graph holds the "
+                      "old tensor: load a checkpoint of the same layout");
+          TORCH_CHECK(restorable, kWho, where, "'s state '", r.state[m].first,
+                      "' was replaced by a new tensor ", when,
+                      "; the step must update optimizer state in place");
+          restores.push_back({slots[m].second, held.t});
+        }
+      }
+    }
+  }
+  if (scaler != nullptr) {
+    TORCH_CHECK(rec.scale.same(scaler->scale_tensor()), kWho,
+                "the scaler's scale tensor is another tensor ", when,
+                " (the graph holds the old one)");
+    const std::string rule = scaler_rule(scaler);
+    TORCH_CHECK(rule == rec.scaler, kWho, "the scaler's rule changed ", when,
+                ": ", rec.scaler, " -> ", rule,
+                ". The graph bakes it in; build a new CapturedStep to change "
+                "it");
+  }
+  return restores;
+}
+
+at::Tensor CapturedStep::Impl::run_eager() {
+#if MIXPREC_WITH_CUDA_KERNELS
+  if (cuda) {
+    // on a side stream, ordered after the current stream's work and before
+    // its next (as torch.cuda.graph's warm-up)
+    c10::cuda::CUDAGuard device_guard(device);
+    const auto current = c10::cuda::getCurrentCUDAStream(device.index());
+    c10::cuda::CUDAEvent before;
+    before.record(current);
+    before.block(*side);
+    at::Tensor loss;
+    {
+      c10::cuda::CUDAStreamGuard stream_guard(*side);
+      loss = fn(inputs);
+    }
+    c10::cuda::CUDAEvent after;
+    after.record(*side);
+    after.block(current);
+    return loss;
+  }
+#endif
+  return fn(inputs);
+}
+
+at::Tensor CapturedStep::Impl::run_checked() {
+  Record before = record();
+  std::vector<std::string> syncs;
+  at::Tensor loss;
+  {
+    SyncWatch watch(syncs, cuda);
+    loss = run_eager();
+  }
+  TORCH_CHECK(
+      syncs.empty(), kWho, "the step reads a device value on the host (",
+      syncs.empty() ? "" : syncs.front(),
+      "): a CUDA graph cannot capture that (capture fails, or the value read "
+      "at capture is replayed forever). GradScaler::step() returns whether "
+      "the step ran, which reads the inf flag: call scaler.step_no_sync(opt) "
+      "in the step; .item(), bool(tensor), printing a tensor, nonzero() and "
+      "boolean-mask indexing read it too");
+  if (scaler != nullptr) {
+    for (auto* opt : optimizers) {
+      TORCH_CHECK(scaler->stage(*opt) == OptState::READY, kWho,
+                  "the step leaves the scaler's iteration open: end it with "
+                  "scaler.update()");
+    }
+  }
+  for (size_t k = 0; k < optimizers.size(); ++k) {
+    const auto& groups = optimizers[k]->param_groups();
+    for (size_t g = 0; g < groups.size() && g < before.optimizers[k].lrs.size();
+         ++g) {
+      TORCH_CHECK(groups[g].options().get_lr() == before.optimizers[k].lrs[g],
+                  kWho, "optimizers[", k, "] param group ", g,
+                  "'s lr changed inside the step (a scheduler stepped in "
+                  "it?): a graph replays the lr it was captured with; set "
+                  "the lr between calls, CapturedStep writes it into the "
+                  "graph");
+    }
+  }
+  check_against(before, "after the step", /*restorable=*/false);
+  fixed = std::move(before);
+  return loss;
+}
+
+at::Tensor CapturedStep::Impl::capture_and_replay() {
+#if MIXPREC_WITH_CUDA_KERNELS
+  c10::cuda::CUDAGuard device_guard(device);
+  const auto current = c10::cuda::getCurrentCUDAStream(device.index());
+  c10::cuda::CUDAEvent before;
+  before.record(current);
+  before.block(*side);
+  if (pool == c10::MempoolId_t{0, 0}) pool = at::cuda::graph_pool_handle();
+  auto captured = std::make_unique<at::cuda::CUDAGraph>();
+  {
+    c10::cuda::CUDAStreamGuard stream_guard(*side);
+    captured->capture_begin(pool);
+    try {
+      loss = fn(inputs);
+    } catch (...) {
+      try {
+        captured->capture_end();
+      } catch (...) {  // the step's error is the one to report
+      }
+      throw;
+    }
+    captured->capture_end();
+  }
+  c10::cuda::CUDAEvent after;
+  after.record(*side);
+  after.block(current);
+  TORCH_CHECK(loss.defined(), kWho, "the step must return the loss");
+  loss = loss.detach();
+  graph = std::move(captured);
+  check_against(*fixed, "after capture", /*restorable=*/false);
+  graph->replay();
+  return loss.clone();
+#else
+  TORCH_INTERNAL_ASSERT(false, "capture without CUDA kernels");
+#endif
+}
+
+// ================================================================ public
+CapturedStep::CapturedStep(StepFn step,
+                           const std::vector<at::Tensor>& example_inputs,
+                           std::vector<torch::optim::Optimizer*> optimizers,
+                           GradScaler* scaler, CapturedStepOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  TORCH_CHECK(step, kWho, "the step is empty");
+  TORCH_CHECK_VALUE(options.warmup() >= 1, kWho,
+                    "warmup must be >= 1 (the eager calls create the "
+                    "optimizer state the graph holds), got ",
+                    options.warmup());
+  TORCH_CHECK_VALUE(!optimizers.empty(), kWho,
+                    "give the optimizers the step steps");
+  std::vector<at::Tensor> tensors;
+  for (size_t k = 0; k < optimizers.size(); ++k) {
+    TORCH_CHECK_VALUE(optimizers[k] != nullptr, kWho, "optimizers[", k,
+                      "] is null");
+    auto* fused = dynamic_cast<optim::FusedOptimizer*>(optimizers[k]);
+    TORCH_CHECK_VALUE(
+        fused != nullptr, kWho, "optimizers[", k,
+        "] is not a mixprec::optim optimizer: torch::optim's C++ optimizers "
+        "count steps and compute their bias corrections on the host, which a "
+        "graph would replay frozen");
+    for (const auto& g : fused->param_groups()) {
+      baked_options(g.options());  // (throws for foreign options)
+      for (const auto& p : g.params()) tensors.push_back(p);
+    }
+    s.optimizers.push_back(fused);
+  }
+  for (size_t i = 0; i < example_inputs.size(); ++i) {
+    TORCH_CHECK_VALUE(example_inputs[i].defined(), kWho, "example_inputs[", i,
+                      "] is undefined");
+    tensors.push_back(example_inputs[i]);
+  }
+  for (const auto& t : tensors) {
+    if (t.is_cuda() && !s.cuda) {
+      s.cuda = true;
+      s.device = t.device();
+    }
+  }
+  if (s.cuda) {
+#if MIXPREC_WITH_CUDA_KERNELS
+    for (const auto& t : tensors) {
+      TORCH_CHECK_VALUE(t.device() == s.device, kWho,
+                        "a captured step runs on one CUDA device: the params "
+                        "and inputs are on ",
+                        s.device, " and ", t.device());
+    }
+    s.side = c10::cuda::getStreamFromPool(false, s.device.index());
+#else
+    TORCH_CHECK(false, kWho,
+                "this libmixprec was built without CUDA kernels; it cannot "
+                "run or capture a CUDA step");
+#endif
+  }
+  for (const auto& x : example_inputs) {
+    s.inputs.push_back(at::empty_like(x));
+  }
+  s.fn = std::move(step);
+  s.scaler = scaler;
+  s.warmup = options.warmup();
+}
+
+CapturedStep::~CapturedStep() = default;
+
+int64_t CapturedStep::calls() const { return impl_->calls; }
+
+bool CapturedStep::graphed() const {
+#if MIXPREC_WITH_CUDA_KERNELS
+  return impl_->graph != nullptr;
+#else
+  return false;
+#endif
+}
+
+at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
+  Impl& s = *impl_;
+  // Every check before any write.
+  TORCH_CHECK(inputs.size() == s.inputs.size(), kWho, "expected ",
+              s.inputs.size(), " inputs (as the example), got ", inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_input(i, inputs[i], s.inputs[i]);
+  }
+  for (auto type : {c10::DeviceType::CUDA, c10::DeviceType::CPU}) {
+    TORCH_CHECK(!at::autocast::is_autocast_enabled(type) ||
+                    !at::autocast::is_autocast_cache_enabled(),
+                kWho,
+                "called inside an autocast region with its cast cache "
+                "on: the weights' casts made at capture would outlive the "
+                "graph; open the region inside the step");
+  }
+  std::vector<Restore> restores;
+  if (s.fixed) {
+    restores = s.check_against(*s.fixed, "since the checked call",
+                               /*restorable=*/true);
+  }
+  {
+    at::NoGradGuard no_grad;
+    for (auto& r : restores) {
+      r.captured.copy_(*r.slot);  // the checkpoint's values, in place
+      *r.slot = r.captured;
+    }
+    for (auto* opt : s.optimizers) {
+      opt->lr_tensors();  // each group's lr into the tensor the graph reads
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      s.inputs[i].copy_(inputs[i]);
+    }
+  }
+  at::Tensor loss;
+  if (s.calls < s.warmup) {
+    loss = s.run_eager();
+  } else if (s.calls == s.warmup) {
+    loss = s.run_checked();
+  } else if (!s.cuda) {
+    loss = s.run_eager();
+  } else {
+#if MIXPREC_WITH_CUDA_KERNELS
+    if (s.graph == nullptr) {
+      loss = s.capture_and_replay();
+    } else {
+      s.graph->replay();
+      loss = s.loss.clone();
+    }
+#endif
+  }
+  TORCH_CHECK(loss.defined(), kWho, "the step must return the loss");
+  ++s.calls;
+  return loss.detach();
+}
+
+}  // namespace mixprec

@@ -1,0 +1,114 @@
+// mixprec::CapturedStep -- a whole training step in one CUDA graph, for
+// LibTorch programs: the C++ form of Python's mixprec.capture_step
+// (docs/capture.md). The step is written as for eager training and ends in
+// scaler.update(); on CUDA it is captured once (at::cuda::CUDAGraph) and each
+// later call copies its inputs into static buffers and replays the graph:
+// one launch, no host sync, the loss returned as a device tensor.
+//
+//   mixprec::optim::AdamW opt(params, mixprec::optim::AdamWOptions(3e-4));
+//   mixprec::GradScaler scaler(torch::kCUDA);
+//   mixprec::CapturedStep step(
+//       [&](const std::vector<at::Tensor>& in) {
+//         opt.zero_grad(/*set_to_none=*/false);  // grads keep their storage
+//         at::Tensor loss;
+//         {
+//           mixprec::AutocastGuard autocast(torch::kCUDA, torch::kHalf);
+//           loss = loss_fn(model->forward(in[0]), in[1]);
+//         }
+//         scaler.scale(loss).backward();
+//         scaler.clip_grad_norm_(opt, 1.0);
+//         scaler.step_no_sync(opt);  // step() would read the inf flag
+//         scaler.update();
+//         return loss;
+//       },
+//       {x0, y0}, {&opt}, &scaler);
+//   for (...) {
+//     at::Tensor loss = step({x, y});  // x, y: the shapes of x0, y0
+//     opt.param_groups()[0].options().set_lr(next_lr);  // reaches the graph
+//   }
+//
+// A call: the first `warmup` calls run the step eagerly (on a side stream on
+// CUDA); the next runs it eagerly under the checks below (the checked call);
+// the next captures it and replays the graph; later calls replay. Every call
+// is a training step on its own inputs, so a captured run is, call for call,
+// the eager loop. `example_inputs` fix the inputs' shapes, dtypes and
+// devices; they are not trained on. Without CUDA tensors there is no graph:
+// every call runs eagerly, with the same checks (graphed() stays false).
+//
+// Before every call, without a host sync: each param group's lr is written
+// into the device tensor the fused kernels read (FusedOptimizer::
+// lr_tensors()); optimizer state replaced since the checked call (a
+// load_state_dict or torch::load of a checkpoint) is copied into the
+// captured tensors, which are put back into the state, so training goes on
+// bit for bit.
+//
+// c10::Error naming the cause, before anything changes:
+//  * at construction: an optimizer that is not a mixprec::optim optimizer
+//    (torch::optim's C++ optimizers count steps on the host), warmup < 1;
+//  * at a call: an input whose shape, dtype or device differs from the
+//    example's (a new shape needs a new CapturedStep: one graph, no cache);
+//    a param, a grad or a state tensor in new storage, or with another shape
+//    or dtype, since the checked call (the graph holds the old addresses:
+//    load params in place with copy_, and call zero_grad(false));
+//    a changed hyperparameter other than lr, or a changed scaler rule (the
+//    graph bakes them in); a call inside an autocast region with its cast
+//    cache on;
+//  * by the checked call, after running the step: an op that reads a device
+//    value on the host (.item(), bool(), GradScaler::step()'s answer, ...;
+//    on CUDA also any sync, under c10::cuda's sync debug mode), a persistent
+//    tensor given new storage or an lr set inside the step, an iteration not
+//    closed by scaler.update().
+// Host code inside the step runs at capture only (on CUDA): a counter or an
+// `if` on a host value is frozen.
+#pragma once
+
+#include "mixprec/export.h"
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace mixprec {
+
+class GradScaler;
+
+struct MIXPREC_API CapturedStepOptions {
+  // eager calls before the checked call (>= 1: they create the optimizer
+  // state and the scale the graph then holds)
+  TORCH_ARG(int64_t, warmup) = 2;
+};
+
+class MIXPREC_API CapturedStep {
+ public:
+  // The step: takes the static input tensors, returns the loss.
+  using StepFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+
+  // `optimizers`: every optimizer the step steps (mixprec::optim ones);
+  // `scaler`: the step's GradScaler, or nullptr. Both must outlive this.
+  CapturedStep(StepFn step, const std::vector<at::Tensor>& example_inputs,
+               std::vector<torch::optim::Optimizer*> optimizers,
+               GradScaler* scaler = nullptr, CapturedStepOptions options = {});
+  ~CapturedStep();
+  CapturedStep(const CapturedStep&) = delete;
+  CapturedStep& operator=(const CapturedStep&) = delete;
+
+  // One training step on `inputs` (copied into the static buffers); returns
+  // the loss, detached (on a replay a copy of the graph's output).
+  at::Tensor operator()(const std::vector<at::Tensor>& inputs);
+
+  // Calls made so far.
+  int64_t calls() const;
+  // Whether a CUDA graph was captured (later calls replay it).
+  bool graphed() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mixprec
