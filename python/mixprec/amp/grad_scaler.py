@@ -253,13 +253,8 @@ class GradScaler(torch.amp.GradScaler):
         found_inf: Tensor,
         allow_fp16: bool,
     ) -> dict[torch.device, Tensor]:
-        """Unscale ``optimizer``'s grads in place and check them for inf/NaN (torch's hook).
-
-        One :func:`mixprec.ops.unscale_and_check_` call per device, all dtypes
-        together (:func:`mixprec.amp.grads.unscale_optimizer_grads`). Returns
-        ``{device: found_inf}``, reduced over ``process_group`` when set, else over
-        the meshes of DTensor grads. No host sync. torch's :meth:`unscale_` calls it.
-        """
+        """torch's hook behind :meth:`unscale_`: :func:`mixprec.amp.grads.unscale_optimizer_grads`
+        (one fused op per device; ``{device: found_inf}``, reduced). No host sync."""
         return grads.unscale_optimizer_grads(optimizer, inv_scale, found_inf, allow_fp16,
                                              self._process_group, self._allow_fp16_grads)
 

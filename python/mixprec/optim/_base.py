@@ -169,10 +169,8 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
-        if not hasattr(self, "_lr_cache"):
-            self._lr_cache = {}
-        if not hasattr(self, "_lr_tables"):
-            self._lr_tables = {}
+        self.__dict__.setdefault("_lr_cache", {})
+        self.__dict__.setdefault("_lr_tables", {})
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 if key != "params":
