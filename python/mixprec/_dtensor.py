@@ -193,9 +193,7 @@ def reduce_groups(specs: Sequence[Any], shard_only: bool) -> List[Any]:
     last = _LAST.get(shard_only)
     if last is not None and last[0] == key:
         return last[1]
-    seen: dict = {}
-    for spec in key:
-        seen.setdefault((spec.mesh, tuple(spec.placements)), None)
+    seen = dict.fromkeys((spec.mesh, tuple(spec.placements)) for spec in key)  # in order
     groups: List[Any] = []
     per_key = []
     for mesh, placements in seen:

@@ -114,11 +114,7 @@ class autocast(torch.autocast):
         self._saved = threading.local()
 
     def _stack(self) -> list[tuple[Any, Any, Any]]:
-        stack = getattr(self._saved, "stack", None)
-        if stack is None:
-            stack = []
-            self._saved.stack = stack
-        return stack
+        return self._saved.__dict__.setdefault("stack", [])  # this thread's
 
     def __enter__(self) -> autocast:  # type: ignore[override]
         super().__enter__()

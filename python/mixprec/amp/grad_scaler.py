@@ -259,12 +259,9 @@ class GradScaler(torch.amp.GradScaler):
                                              self._process_group, self._allow_fp16_grads)
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Check ``optimizer``'s grads for inf/NaN without unscaling them (torch's hook).
-
-        For optimizers that unscale inside their own step. Read-only on the
-        grads (torch instead unscales by 1.0, rewriting them). Records and
-        returns ``{device: found_inf}``. No host sync.
-        """
+        """torch's hook for optimizers that unscale in their own step: records and returns
+        :func:`mixprec.amp.grads.check_optimizer_grads` (read only on the grads, where torch
+        unscales them by 1.0). No host sync."""
         scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
         result = grads.check_optimizer_grads(optimizer, scale.device, self._process_group)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = result
@@ -392,11 +389,8 @@ class GradScaler(torch.amp.GradScaler):
         if self._mp_stats.needs_baseline():
             self._mp_stats.set_baseline(scale.clone())
         states = self._per_optimizer_states
-        flags = [
-            f.to(device=scale.device, non_blocking=True)
-            for s in states.values()
-            for f in s["found_inf_per_device"].values()
-        ]
+        flags = [f.to(device=scale.device, non_blocking=True)
+                 for s in states.values() for f in s["found_inf_per_device"].values()]
         found: Optional[Tensor]
         if new_scale is not None:
             super().update(new_scale)  # torch's checks of new_scale; resets the states

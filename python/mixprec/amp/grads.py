@@ -43,11 +43,9 @@ class DeviceGrads(dict):  # type: ignore[type-arg]
     shard), and in :attr:`specs` the layouts (``DTensorSpec``) of the DTensor grads, in
     order (empty without any)."""
 
-    specs: List[Any]
-
-    def __init__(self, *args: Any, specs: Optional[List[Any]] = None) -> None:
-        super().__init__(*args)
-        self.specs = specs if specs is not None else []
+    def __init__(self) -> None:
+        super().__init__()
+        self.specs: List[Any] = []
 
 
 def fp16_grads_allowed(setting: Optional[bool], optimizer: torch.optim.Optimizer) -> bool:
