@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .. import _dtensor
 from . import _quant8 as q8
-from ._base import Bucket
+from ._base import Bucket, float32_copy
 
 __all__ = ["QUANT", "EightBitState", "check_state_bits", "split_coded"]
 
@@ -77,13 +77,13 @@ class EightBitState:
                 and p.numel() >= group.get("min_8bit_size", 4096))
 
     def _init_state(self, p: Tensor, group: Dict[str, Any]) -> Dict[str, Any]:
-        # the 8-bit moments here (after the step, as the base class orders them); the base
-        # class then completes the state (step, master)
         moments = self._moments8(group)
+        if group.get("state_bits", 32) != 8 or not moments:
+            return super()._init_state(p, group)  # type: ignore[misc]
         state = self.state[p]
-        if group.get("state_bits", 32) == 8 and moments and state.get(moments[0][0]) is None:
-            if "step" not in state:
-                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        if "step" not in state:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        if state.get(moments[0][0]) is None:
             if self._quantized(p, group):
                 for name, absname, table in moments:
                     state[name], state[absname] = zero_state(p, table)
@@ -93,7 +93,9 @@ class EightBitState:
                     state[name] = torch.zeros_like(p, dtype=torch.float32,
                                                    memory_format=torch.preserve_format)
                     state[absname] = torch.zeros(0, dtype=torch.float32, device=p.device)
-        return super()._init_state(p, group)  # type: ignore[misc]
+        if self.keeps_master(p, group) and state.get("master_param") is None:  # type: ignore[attr-defined]
+            state["master_param"] = float32_copy(p)
+        return state
 
     def _convert_state(self, p: Tensor, group: Dict[str, Any],
                        saved: Dict[str, Any]) -> Dict[str, Any]:
