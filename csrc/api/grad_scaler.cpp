@@ -31,7 +31,7 @@ std::string repr_double(double v) {
   return os.str();
 }
 
-// check_extras() of python/mixprec/amp/policies.py.
+// The checks of resolve_options() in python/mixprec/amp/policies.py.
 void check_extras(const GradScalerOptions& o) {
   TORCH_CHECK_VALUE(o.hysteresis() >= 1,
                     "mixprec.GradScaler: hysteresis must be an int >= 1, got ",

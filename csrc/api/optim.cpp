@@ -920,7 +920,7 @@ void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
   }
   const auto saved_state = st->value().toGenericDict();
   // Every 8-bit entry is checked before anything is loaded (as the Python
-  // _check_coded): its layout name, the codes' shape and the maxima's.
+  // _check_loadable of optim/_state8.py): its layout name, the codes' shape and the maxima's.
   for (size_t i = 0; i < groups.size(); ++i) {
     const auto ids =
         saved_groups[i].toGenericDict().find("params")->value().toListRef();

@@ -68,25 +68,22 @@ class MissingCppPackage(str):
 
     __slots__ = ()
 
-    def _checked(self) -> str:
+    def __str__(self) -> str:
         if not has_cpp_package():
             raise FileNotFoundError(missing_cpp_package_message())
         return str.__str__(self)
 
-    def __str__(self) -> str:
-        return self._checked()
-
     def __format__(self, spec: str) -> str:
-        return format(self._checked(), spec)
+        return format(str(self), spec)
 
     def __add__(self, other: Any) -> str:
-        return self._checked() + other
+        return str(self) + other
 
     def __radd__(self, other: Any) -> str:
-        return other + self._checked()
+        return other + str(self)
 
     def __mod__(self, other: Any) -> str:
-        return self._checked() % other
+        return str(self) % other
 
     def __repr__(self) -> str:
         return f"MissingCppPackage({str.__repr__(self)})"

@@ -12,9 +12,8 @@ whole tensor is then reduced over the mesh dimensions the tensor is split over:
 * a norm: the p-th powers summed over the ``Shard`` dimensions only, so that the replicas
   of HSDP (``Replicate`` x ``Shard``) count each shard once.
 
-Import paths differ between torch versions (``torch.distributed.tensor`` from 2.5,
-``torch.distributed._tensor`` before; ``torch.distributed.fsdp.fully_shard`` from 2.6,
-``torch.distributed._composable.fsdp`` before). Where a piece is missing, the names here
+``fully_shard`` is in ``torch.distributed.fsdp`` from torch 2.6,
+``torch.distributed._composable.fsdp`` before. Where a piece is missing, the names here
 say why (:func:`fsdp2`). This module imports nothing of mixprec.
 """
 
@@ -48,15 +47,12 @@ def on_dtensor_class(callback: Callable[[Any], None]) -> None:
 def dtensor_class() -> Any:
     """torch's DTensor class if a module of this process imported it, else None."""
     global _CLS
-    if _CLS is None:
-        for name in ("torch.distributed.tensor", "torch.distributed._tensor"):
-            mod = sys.modules.get(name)
-            cls = getattr(mod, "DTensor", None) if mod is not None else None
-            if cls is not None:
-                _CLS = cls
-                for callback in _ON_FOUND:
-                    callback(cls)
-                break
+    if _CLS is None:  # (the old path torch.distributed._tensor imports this one)
+        cls = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+        if cls is not None:
+            _CLS = cls
+            for callback in _ON_FOUND:
+                callback(cls)
     return _CLS
 
 
@@ -125,10 +121,7 @@ def shard_like(t: Tensor, p: Tensor, what: str) -> Tensor:
         return t.redistribute(p.device_mesh, p.placements)
     from torch.distributed.tensor import distribute_tensor
 
-    try:
-        return distribute_tensor(t, p.device_mesh, p.placements, src_data_rank=None)
-    except TypeError:  # torch < 2.7: no src_data_rank (then rank 0's values are sent)
-        return distribute_tensor(t, p.device_mesh, p.placements)
+    return distribute_tensor(t, p.device_mesh, p.placements, src_data_rank=None)
 
 
 def _dims(placements: Sequence[Any], shard_only: bool) -> Tuple[int, ...]:
@@ -200,9 +193,7 @@ def reduce_groups(specs: Sequence[Any], shard_only: bool) -> List[Any]:
     last = _LAST.get(shard_only)
     if last is not None and last[0] == key:
         return last[1]
-    seen: dict = {}
-    for spec in key:
-        seen.setdefault((spec.mesh, tuple(spec.placements)), None)
+    seen = dict.fromkeys((spec.mesh, tuple(spec.placements)) for spec in key)  # in order
     groups: List[Any] = []
     per_key = []
     for mesh, placements in seen:

@@ -54,7 +54,7 @@ def test_stats_bounded_memory_and_disabled():
     n = FOLD_EVERY * 3 + 1
     for _ in range(n):
         _drive_one(s)
-        assert len(s._mp_stats._pending_scale) < FOLD_EVERY
+        assert len(s._mp_stats.pending) < FOLD_EVERY
     assert s.stats().scale_increases == n // 2
     d = mixprec.GradScaler("cpu", enabled=False)
     assert d.stats().steps == 0 and d.stats().scale == 1.0 and not d.step_was_skipped

@@ -42,16 +42,8 @@ class DeviceScaler(GradScaler):
             FutureWarning,
             stacklevel=2,
         )
-        GradScaler.__init__(
-            self,
-            device,
-            init_scale=init_scale,
-            growth_factor=growth_factor,
-            backoff_factor=backoff_factor,
-            growth_interval=growth_interval,
-            enabled=enabled,
-            **extras,
-        )
+        GradScaler.__init__(self, device, init_scale, growth_factor, backoff_factor,
+                            growth_interval, enabled, **extras)
 
 
 class CudaGradScaler(DeviceScaler, torch.cuda.amp.GradScaler):

@@ -27,8 +27,7 @@ state on exit::
 from __future__ import annotations
 
 import inspect
-from types import TracebackType
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
@@ -36,14 +35,6 @@ from ._legacy import CpuGradScaler, CudaGradScaler
 from .grad_scaler import GradScaler
 
 __all__ = ["patch_torch", "unpatch_torch", "is_torch_patched"]
-
-def _targets() -> list[tuple[type, type]]:
-    return [
-        (torch.amp.GradScaler, GradScaler),
-        (torch.cuda.amp.GradScaler, CudaGradScaler),
-        (torch.cpu.amp.GradScaler, CpuGradScaler),
-    ]
-
 
 # The hooks are installed on first use and then stay; ``_active`` switches them.
 # (Deleting a ``__new__`` assigned to a class does not give it back
@@ -71,10 +62,11 @@ def is_torch_patched() -> bool:
 
 def _apply() -> None:
     global _active
-    for target, replacement in _targets():
-        if target in _installed:
-            continue
-        if "__new__" in target.__dict__:  # torch defines its own: leave that class alone
+    for target, replacement in ((torch.amp.GradScaler, GradScaler),
+                                (torch.cuda.amp.GradScaler, CudaGradScaler),
+                                (torch.cpu.amp.GradScaler, CpuGradScaler)):
+        # (a class whose __new__ is torch's own is left alone)
+        if target in _installed or "__new__" in target.__dict__:
             continue
         target.__new__ = staticmethod(_make_new(target, replacement))  # type: ignore[assignment]
         _installed.add(target)
@@ -97,12 +89,7 @@ class _TorchPatch:
         _apply()
         return self
 
-    def __exit__(
-        self,
-        exc_type: Optional[type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
-    ) -> None:
+    def __exit__(self, *exc: Any) -> None:
         if not self._was_patched:
             unpatch_torch()
 

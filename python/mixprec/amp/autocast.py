@@ -29,19 +29,6 @@ _NAME_TO_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.f
 _LOW = (torch.float16, torch.bfloat16)
 
 
-
-def _bf16_supported(device_type: str) -> bool:
-    if device_type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return device_type in ("cpu", "xpu", "mps") or device_type == "hpu"
-
-
-def _fp16_supported(device_type: str) -> bool:
-    if device_type == "cuda":
-        return torch.cuda.is_available()
-    return device_type in ("cpu", "xpu", "mps", "hpu")
-
-
 def resolve_precision(device_type: str, precision: str) -> tuple[Optional[torch.dtype], bool]:
     """Map a precision name to ``(autocast dtype or None, needs_loss_scaling)``.
 
@@ -55,11 +42,12 @@ def resolve_precision(device_type: str, precision: str) -> tuple[Optional[torch.
             f"mixprec.autocast: precision must be one of {PRECISIONS}, got {precision!r}"
         )
     if precision == "auto":
-        if _bf16_supported(device_type):
-            return torch.bfloat16, False
-        if _fp16_supported(device_type):
-            return torch.float16, True
-        return None, False
+        if device_type != "cuda":
+            supported = device_type in ("cpu", "xpu", "mps", "hpu")
+            return (torch.bfloat16, False) if supported else (None, False)
+        if not torch.cuda.is_available():
+            return None, False
+        return (torch.bfloat16, False) if torch.cuda.is_bf16_supported() else (torch.float16, True)
     dtype = _NAME_TO_DTYPE[precision]
     if dtype == torch.float32:
         return None, False
@@ -120,22 +108,13 @@ class autocast(torch.autocast):
             dtype, enabled = None, False
         super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
         self.needs_loss_scaling: bool = bool(needs_scaling and self._enabled)
-        if not self._enabled:
-            self.precision = "fp32"
-        else:
-            self.precision = (
-                "fp16"
-                if self.fast_dtype == torch.float16
-                else ("bf16" if self.fast_dtype == torch.bfloat16 else str(self.fast_dtype))
-            )
+        names = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+        name = names.get(self.fast_dtype, str(self.fast_dtype))
+        self.precision = name if self._enabled else "fp32"
         self._saved = threading.local()
 
     def _stack(self) -> list[tuple[Any, Any, Any]]:
-        stack = getattr(self._saved, "stack", None)
-        if stack is None:
-            stack = []
-            self._saved.stack = stack
-        return stack
+        return self._saved.__dict__.setdefault("stack", [])  # this thread's
 
     def __enter__(self) -> autocast:  # type: ignore[override]
         super().__enter__()
@@ -189,13 +168,8 @@ def cast_floating(obj: Any, dtype: torch.dtype, only: Sequence[torch.dtype] = _L
 def _first_low_dtype(obj: Any) -> Optional[torch.dtype]:
     if isinstance(obj, torch.Tensor):
         return obj.dtype if obj.dtype in _LOW else None
-    if isinstance(obj, (tuple, list)):
-        for o in obj:
-            d = _first_low_dtype(o)
-            if d is not None:
-                return d
-    if isinstance(obj, dict):
-        for o in obj.values():
+    if isinstance(obj, (tuple, list, dict)):
+        for o in obj.values() if isinstance(obj, dict) else obj:
             d = _first_low_dtype(o)
             if d is not None:
                 return d

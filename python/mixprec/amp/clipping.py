@@ -12,13 +12,13 @@
    unscales, checks and measures in one pass; then an in-place clip
    (:func:`clip_with_norm`).
 3. **unfused** (``unscale_`` already ran, ``norm_type`` 0, or the op is not
-   available): ``unscale_`` if still needed, torch's norm (:func:`total_norm`)
-   and the in-place clip.
+   available): ``unscale_`` if still needed, torch's ``get_total_norm`` and the
+   in-place clip.
 
-With a ``process_group`` the norm is reduced over the ranks
-(:func:`all_reduce_norm`); without one, DTensor (FSDP2) grads are measured on their
-local shards and the norm is reduced over the ``Shard`` dimensions of their mesh
-(not over ``Replicate`` ones: HSDP counts each shard once). No branch syncs with the host.
+With a ``process_group`` the norm is reduced over the ranks; without one, DTensor (FSDP2)
+grads are measured on their local shards and the norm is reduced over the ``Shard``
+dimensions of their mesh (not over ``Replicate`` ones: HSDP counts each shard once). No
+branch syncs with the host.
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ from .. import _dtensor, ops
 from .capability import SCALARS, step_kind
 from .grads import (
     DeviceGrads,
+    collect_grads,
     fp16_grads_allowed,
     inv_scale,
     norm_pass,
-    optimizer_grads,
     reduce_found_inf,
     unscale_optimizer_grads,
 )
 from .protocol import record_of
 
-__all__ = ["ClipAccess", "clip_grad_norm", "total_norm", "clip_with_norm", "all_reduce_norm"]
+__all__ = ["ClipAccess", "clip_grad_norm", "clip_with_norm"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class ClipAccess:
               ) -> DeviceGrads:
         """``optimizer``'s grads by device, as the scaler collects them."""
         allow = fp16_grads_allowed(self.allow_fp16_grads, optimizer)
-        return optimizer_grads(optimizer, allow, coalesce_sparse)
+        return collect_grads(optimizer, allow, coalesce_sparse)
 
 
 def clip_grad_norm(
@@ -137,11 +137,11 @@ def clip_grad_norm(
         with torch.no_grad():
             if grads:
                 local = _dtensor.locals_of(grads)
-                total = total_norm(local, norm_type).to(home, torch.float32)
+                total = torch.nn.utils.get_total_norm(local, norm_type).to(home, torch.float32)
             else:
                 total = torch.zeros((), dtype=torch.float32, device=home)
     if group is not None:
-        total = all_reduce_norm(total, norm_type, group)
+        total = _dtensor.all_reduce_norm(total, norm_type, [group])
     elif specs:
         total = _dtensor.all_reduce_norm(total, norm_type,
                                          _dtensor.reduce_groups(specs, shard_only=True))
@@ -174,38 +174,15 @@ def _apply_deferred(scaler: ClipAccess, optimizer: torch.optim.Optimizer,
     record.clip_coef = None
 
 
-def total_norm(grads: list[Tensor], norm_type: float) -> Tensor:
-    """torch's total p-norm of ``grads`` (``torch.nn.utils.get_total_norm`` where it exists)."""
-    get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)
-    if get_total_norm is not None:
-        return get_total_norm(grads, norm_type)
-    norms = [torch.linalg.vector_norm(g, norm_type) for g in grads]  # torch < 2.6
-    first = norms[0].device
-    return torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), norm_type)
-
-
 def clip_with_norm(params: list[Tensor], max_norm: float, total: Tensor) -> None:
     """Scale grads by ``min(1, max_norm / (total + 1e-6))`` as torch's clipping does
     (DTensor grads: their local shards, by the norm of the whole)."""
-    if _dtensor.any_dtensor(p.grad for p in params):
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        with torch.no_grad():
-            for p in params:
-                if p.grad is not None:
-                    g = _dtensor.local(p.grad)
-                    g.mul_(coef.to(g.device))
+    if not _dtensor.any_dtensor(p.grad for p in params):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         return
-    clip = getattr(torch.nn.utils, "clip_grads_with_norm_", None)
-    if clip is not None:
-        clip(params, max_norm, total)
-        return
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch < 2.6
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     with torch.no_grad():
         for p in params:
             if p.grad is not None:
-                p.grad.mul_(coef.to(p.grad.device))
-
-
-def all_reduce_norm(total: Tensor, norm_type: float, group: Any) -> Tensor:
-    """Combine the ranks' norms of disjoint shards into the norm of the whole."""
-    return _dtensor.all_reduce_norm(total, norm_type, [group])
+                g = _dtensor.local(p.grad)
+                g.mul_(coef.to(g.device))

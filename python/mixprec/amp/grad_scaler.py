@@ -42,10 +42,6 @@ from .stats import ScalerStats, _StatsTracker
 __all__ = ["GradScaler", "ScalePolicy", "POLICIES", "OptState"]
 
 
-def _amp_definitely_not_available() -> bool:
-    return bool(torch.cuda.amp.common.amp_definitely_not_available())
-
-
 class GradScaler(torch.amp.GradScaler):
     """Gradient scaler for mixed-precision training; a drop-in for :class:`torch.amp.GradScaler`.
 
@@ -123,7 +119,8 @@ class GradScaler(torch.amp.GradScaler):
         init_scale, growth_interval = options.init_scale, options.growth_interval
         self._device = device
         self._enabled = enabled
-        if self._device == "cuda" and enabled and _amp_definitely_not_available():
+        if (self._device == "cuda" and enabled
+                and torch.cuda.amp.common.amp_definitely_not_available()):
             warnings.warn(
                 "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.",
                 stacklevel=2,
@@ -194,8 +191,7 @@ class GradScaler(torch.amp.GradScaler):
     def iteration_open(self) -> bool:
         """Whether an iteration is under way: some optimizer was unscaled, checked or
         stepped since the last :meth:`update` (which closes it). No host sync."""
-        return any(st["stage"] is not OptState.READY or st["found_inf_per_device"]
-                   for st in self._per_optimizer_states.values())
+        return any(map(protocol.was_checked, self._per_optimizer_states.values()))
 
     def fresh(self, init_scale: Optional[float] = None) -> GradScaler:
         """A new scaler with this one's settings and a fresh state.
@@ -223,8 +219,7 @@ class GradScaler(torch.amp.GradScaler):
         )
 
     def _scale_rule(self) -> ScaleRule:
-        """The scale-update rule as it stands (torch's setters change its factors). Built
-        every ``update()``: keeping it measured within noise (``bench_caches.py``)."""
+        """The scale-update rule as it stands (torch's setters change its factors)."""
         return ScaleRule(self._growth_factor, self._backoff_factor, self._growth_interval,
                          self._min_scale, self._max_scale, self._hysteresis)
 
@@ -246,10 +241,10 @@ class GradScaler(torch.amp.GradScaler):
     def _collect_grads(
         self, optimizer: torch.optim.Optimizer, allow_fp16: bool, coalesce_sparse: bool = False
     ) -> grads.DeviceGrads:
-        """The optimizer's gradients by device (:func:`mixprec.amp.grads.optimizer_grads`),
+        """The optimizer's gradients by device (:func:`mixprec.amp.grads.collect_grads`),
         fp16 grads allowed by ``allow_fp16`` or by this scaler's ``allow_fp16_grads``."""
         allow_fp16 = allow_fp16 or grads.fp16_grads_allowed(self._allow_fp16_grads, optimizer)
-        return grads.optimizer_grads(optimizer, allow_fp16, coalesce_sparse)
+        return grads.collect_grads(optimizer, allow_fp16, coalesce_sparse)
 
     def _unscale_grads_(
         self,
@@ -258,23 +253,15 @@ class GradScaler(torch.amp.GradScaler):
         found_inf: Tensor,
         allow_fp16: bool,
     ) -> dict[torch.device, Tensor]:
-        """Unscale ``optimizer``'s grads in place and check them for inf/NaN (torch's hook).
-
-        One :func:`mixprec.ops.unscale_and_check_` call per device, all dtypes
-        together (:func:`mixprec.amp.grads.unscale_optimizer_grads`). Returns
-        ``{device: found_inf}``, reduced over ``process_group`` when set, else over
-        the meshes of DTensor grads. No host sync. torch's :meth:`unscale_` calls it.
-        """
+        """torch's hook behind :meth:`unscale_`: :func:`mixprec.amp.grads.unscale_optimizer_grads`
+        (one fused op per device; ``{device: found_inf}``, reduced). No host sync."""
         return grads.unscale_optimizer_grads(optimizer, inv_scale, found_inf, allow_fp16,
                                              self._process_group, self._allow_fp16_grads)
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Check ``optimizer``'s grads for inf/NaN without unscaling them (torch's hook).
-
-        For optimizers that unscale inside their own step. Read-only on the
-        grads (torch instead unscales by 1.0, rewriting them). Records and
-        returns ``{device: found_inf}``. No host sync.
-        """
+        """torch's hook for optimizers that unscale in their own step: records and returns
+        :func:`mixprec.amp.grads.check_optimizer_grads` (read only on the grads, where torch
+        unscales them by 1.0). No host sync."""
         scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
         result = grads.check_optimizer_grads(optimizer, scale.device, self._process_group)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = result
@@ -402,11 +389,8 @@ class GradScaler(torch.amp.GradScaler):
         if self._mp_stats.needs_baseline():
             self._mp_stats.set_baseline(scale.clone())
         states = self._per_optimizer_states
-        flags = [
-            f.to(device=scale.device, non_blocking=True)
-            for s in states.values()
-            for f in s["found_inf_per_device"].values()
-        ]
+        flags = [f.to(device=scale.device, non_blocking=True)
+                 for s in states.values() for f in s["found_inf_per_device"].values()]
         found: Optional[Tensor]
         if new_scale is not None:
             super().update(new_scale)  # torch's checks of new_scale; resets the states
@@ -414,9 +398,7 @@ class GradScaler(torch.amp.GradScaler):
         else:
             if not flags:
                 raise AssertionError("No inf checks were recorded prior to update.")
-            found = flags[0]
-            for f in flags[1:]:
-                found = found + f  # not in place: flags[0] is an optimizer's own flag
+            found = sum(flags[1:], flags[0])  # not in place: flags[0] is an optimizer's own
             rule = self._scale_rule()
             if self._hysteresis_left is None and rule.extended:
                 self._hysteresis_left = torch.full(
@@ -424,12 +406,8 @@ class GradScaler(torch.amp.GradScaler):
                 )
             apply_scale_rule(rule, scale, tracker, found, self._hysteresis_left)
             self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
-        self._record_iteration(states, found)
-
-    def _record_iteration(self, states: dict[int, dict[str, Any]], found: Optional[Tensor]) -> None:
-        assert self._scale is not None
         self._mp_last = protocol.close_iteration(states, found)
-        self._mp_stats.record(found, self._scale.clone())
+        self._mp_stats.record(found, scale.clone())
 
     def _home(self) -> torch.device:
         return self._scale.device if self._scale is not None else torch.device(self._device)

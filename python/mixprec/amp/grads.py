@@ -1,9 +1,8 @@
 """The passes of :class:`mixprec.GradScaler` over an optimizer's gradients.
 
-:func:`optimizer_grads` groups the gradients by device (:func:`collect_grads`); each
-pass then makes one
-fused :mod:`mixprec.ops` call per device, all dtypes together, with a fresh
-0-dim float32 inf flag per device:
+:func:`collect_grads` groups the gradients by device; each pass then makes one fused
+:mod:`mixprec.ops` call per device, all dtypes together, with a fresh 0-dim float32 inf
+flag per device:
 
 * :func:`unscale_and_check` -- :func:`mixprec.ops.unscale_and_check_` (``unscale_``;
   :func:`unscale_optimizer_grads` is the whole of it, from the optimizer to the flags);
@@ -14,11 +13,8 @@ fused :mod:`mixprec.ops` call per device, all dtypes together, with a fresh
   :func:`mixprec.ops.check_finite_and_norm_` (``clip_grad_norm_``).
 
 :func:`reduce_found_inf` all-reduces the flags (MAX) over a process group, or over
-the meshes of DTensor (FSDP2) grads. Nothing here syncs with the host.
-
-DTensor grads are collected as their local shards: every pass runs on the shards,
-and :class:`DeviceGrads` keeps the DTensors, whose meshes the verdicts and norms are
-then reduced over (:mod:`mixprec._dtensor`).
+the meshes of DTensor (FSDP2) grads, whose local shards the passes run on
+(:class:`DeviceGrads` keeps their layouts). Nothing here syncs with the host.
 """
 
 from __future__ import annotations
@@ -32,9 +28,9 @@ from torch import Tensor
 from .. import _dtensor, ops
 
 __all__ = [
-    "fp16_grads_allowed", "DeviceGrads", "inv_scale", "optimizer_grads",
-    "check_optimizer_grads", "unscale_optimizer_grads", "collect_grads", "reduce_found_inf",
-    "unscale_and_check", "check_finite", "norm_pass"]
+    "fp16_grads_allowed", "DeviceGrads", "inv_scale", "check_optimizer_grads",
+    "unscale_optimizer_grads", "collect_grads", "reduce_found_inf", "unscale_and_check",
+    "check_finite", "norm_pass"]
 
 PerDevice = dict[torch.device, list[Tensor]]
 _GRAD = attrgetter("grad")
@@ -47,11 +43,9 @@ class DeviceGrads(dict):  # type: ignore[type-arg]
     shard), and in :attr:`specs` the layouts (``DTensorSpec``) of the DTensor grads, in
     order (empty without any)."""
 
-    specs: List[Any]
-
-    def __init__(self, *args: Any, specs: Optional[List[Any]] = None) -> None:
-        super().__init__(*args)
-        self.specs = specs if specs is not None else []
+    def __init__(self) -> None:
+        super().__init__()
+        self.specs: List[Any] = []
 
 
 def fp16_grads_allowed(setting: Optional[bool], optimizer: torch.optim.Optimizer) -> bool:
@@ -72,21 +66,13 @@ def inv_scale(scale: Tensor) -> Tensor:
     return scale.double().reciprocal().float()
 
 
-def optimizer_grads(optimizer: torch.optim.Optimizer, allow_fp16: bool,
-                    coalesce_sparse: bool = False) -> DeviceGrads:
-    """``optimizer``'s gradients by device (:func:`collect_grads`: DTensor grads as their
-    local shards, their layouts in ``.specs``). ``allow_fp16``: as resolved by the scaler
-    (its setting, or :func:`fp16_grads_allowed`)."""
-    return collect_grads(optimizer, allow_fp16, coalesce_sparse)
-
-
 def check_optimizer_grads(optimizer: torch.optim.Optimizer, home: torch.device,
                           group: Optional[Any]) -> Flags:
     """The inf check of an optimizer that unscales in its own step: :func:`check_finite`
     over ``optimizer``'s grads (read only, any dtype), the flags reduced (MAX) over
     ``group`` or the meshes of DTensor grads (:func:`reduce_found_inf`, onto ``home``).
     Returns ``{device: found_inf}``. No host sync."""
-    per_device = optimizer_grads(optimizer, True)
+    per_device = collect_grads(optimizer, True)
     return reduce_found_inf(check_finite(per_device), home, group, per_device.specs)
 
 
@@ -100,7 +86,7 @@ def unscale_optimizer_grads(optimizer: torch.optim.Optimizer, inv: Tensor, found
     ``setting`` says so. Returns ``{device: found_inf}`` (on ``found_inf``'s device).
     No host sync."""
     allow_fp16 = allow_fp16 or fp16_grads_allowed(setting, optimizer)
-    per_device = optimizer_grads(optimizer, allow_fp16)
+    per_device = collect_grads(optimizer, allow_fp16)
     flags = unscale_and_check(per_device, inv, found_inf)
     return reduce_found_inf(flags, found_inf.device, group, per_device.specs)
 
@@ -109,7 +95,8 @@ def collect_grads(
     optimizer: torch.optim.Optimizer, allow_fp16: bool, coalesce_sparse: bool = False
 ) -> DeviceGrads:
     """The optimizer's gradients (values of sparse ones, local shards of DTensor ones)
-    grouped by device; the DTensor grads' layouts in ``.specs``.
+    grouped by device; the DTensor grads' layouts in ``.specs``. ``allow_fp16``: as
+    resolved by the scaler (its setting, or :func:`fp16_grads_allowed`).
 
     ``ValueError("Attempting to unscale FP16 gradients.")`` for a float16
     gradient unless ``allow_fp16``. Float16 sparse gradients are coalesced
@@ -134,12 +121,7 @@ def collect_grads(
         if (grads and len(devices) == 1
                 and all(cls is Tensor and not sparse for cls, _, _, sparse in kinds)
                 and (allow_fp16 or all(dtype != torch.float16 for _, dtype, _, _ in kinds))):
-            device = devices.pop()
-            bucket = per_device.get(device)
-            if bucket is None:
-                per_device[device] = grads
-            else:
-                bucket.extend(grads)
+            per_device.setdefault(devices.pop(), []).extend(grads)
             continue
         for param in params:
             if not isinstance(param, Tensor):
@@ -159,11 +141,7 @@ def collect_grads(
                     grad = grad.coalesce()
                     param.grad = grad
                 grad = grad._values()
-            bucket = per_device.get(grad.device)
-            if bucket is None:
-                per_device[grad.device] = [grad]
-            else:
-                bucket.append(grad)
+            per_device.setdefault(grad.device, []).append(grad)
     return per_device
 
 
@@ -184,13 +162,9 @@ def reduce_found_inf(per_device: Flags, home: torch.device, group: Optional[Any]
         return per_device
     import torch.distributed as dist
 
-    flags = list(per_device.values())
-    if not flags:
-        combined = torch.zeros((), dtype=torch.float32, device=home)
-    else:
-        combined = flags[0].to(home)
-        for f in flags[1:]:
-            combined = combined + f.to(home)
+    flags = [f.to(home) for f in per_device.values()]
+    combined = (sum(flags[1:], flags[0]) if flags
+                else torch.zeros((), dtype=torch.float32, device=home))
     _dtensor.all_reduce(combined, dist.ReduceOp.MAX, groups)
     return {home: combined}
 
@@ -204,25 +178,16 @@ def unscale_and_check(per_device: PerDevice, inv_scale: Tensor, found_inf: Tenso
     copy. Returns ``{device: found_inf on that device}``.
     """
     home = found_inf.device
-    flags: Flags = {}
     with torch.no_grad():
         # copies first, so they all start from the caller's (unset) flag
-        targets = {
-            dev: (
-                (found_inf, inv_scale)
-                if dev == home
-                else (
-                    found_inf.to(dev, non_blocking=True, copy=True),
-                    inv_scale.to(dev, non_blocking=True, copy=True),
-                )
-            )
-            for dev in per_device
-        }
+        targets = {dev: (found_inf, inv_scale) if dev == home
+                   else (found_inf.to(dev, non_blocking=True, copy=True),
+                         inv_scale.to(dev, non_blocking=True, copy=True))
+                   for dev in per_device}
         for dev, grads in per_device.items():
             flag, inv = targets[dev]
             ops.unscale_and_check_(grads, flag, inv)
-            flags[dev] = flag
-    return flags
+    return {dev: flag for dev, (flag, _) in targets.items()}
 
 
 def check_finite(per_device: PerDevice) -> Flags:

@@ -15,7 +15,10 @@ Nothing here synchronizes with the device.
 from __future__ import annotations
 
 import fnmatch
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
+from functools import partial
+from itertools import chain
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -31,22 +34,16 @@ __all__ = [
     "DEFAULT_FP32_MODULES",
 ]
 
-def _norm_types() -> tuple[type[nn.Module], ...]:
-    types: list[type[nn.Module]] = [
-        nn.modules.batchnorm._BatchNorm,
-        nn.modules.instancenorm._InstanceNorm,
-        nn.LayerNorm,
-        nn.GroupNorm,
-        nn.LocalResponseNorm,
-    ]
-    rms = getattr(nn, "RMSNorm", None)  # torch >= 2.4
-    if rms is not None:
-        types.append(rms)
-    return tuple(types)
-
-
 #: Module types kept in float32 by default: normalization layers and losses.
-DEFAULT_FP32_MODULES: tuple[type[nn.Module], ...] = _norm_types() + (nn.modules.loss._Loss,)
+DEFAULT_FP32_MODULES: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.LocalResponseNorm,
+    nn.RMSNorm,
+    nn.modules.loss._Loss,
+)
 
 
 # ----------------------------------------------------------------------- policy
@@ -138,44 +135,32 @@ def _matches(spec: ModuleSpec, name: str, module: nn.Module) -> bool:
     return fnmatch.fnmatchcase(name, spec) or _class_name(module) == spec
 
 
+@dataclass(eq=False)
 class _PolicyForward:
-    """The forward installed on a module: runs the original in a context.
+    """The forward installed on a module: runs the original (``prev``, an instance
+    forward it replaced, else the class's) in ``ctx``.
 
     Holds the module (not a closure), so ``copy.deepcopy`` of a model gives a
     copy whose wrappers call the copy.
     """
 
-    def __init__(
-        self,
-        module: nn.Module,
-        prev: Optional[Callable[..., Any]],
-        ctx: Optional[autocast],
-        cast_inputs_to: Optional[torch.dtype],
-        cast_outputs_to: Optional[torch.dtype],
-        restore_input_dtype: bool,
-    ) -> None:
-        self.module = module
-        self.prev = prev
-        self.ctx = ctx
-        self.cast_inputs_to = cast_inputs_to
-        self.cast_outputs_to = cast_outputs_to
-        self.restore_input_dtype = restore_input_dtype
-
-    def _call_original(self, *args: Any, **kwargs: Any) -> Any:
-        if self.prev is not None:
-            return self.prev(*args, **kwargs)
-        return type(self.module).forward(self.module, *args, **kwargs)
+    module: nn.Module
+    prev: Optional[Callable[..., Any]]
+    ctx: Optional[autocast]
+    cast_inputs_to: Optional[torch.dtype] = None
+    cast_outputs_to: Optional[torch.dtype] = None
+    restore_input_dtype: bool = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         in_dtype = _first_low_dtype((args, kwargs)) if self.restore_input_dtype else None
         if self.cast_inputs_to is not None:
             args = cast_floating(args, self.cast_inputs_to)
             kwargs = cast_floating(kwargs, self.cast_inputs_to)
-        if self.ctx is not None:
-            with self.ctx:
-                out = self._call_original(*args, **kwargs)
-        else:
-            out = self._call_original(*args, **kwargs)
+        forward = self.prev
+        if forward is None:
+            forward = partial(type(self.module).forward, self.module)
+        with self.ctx if self.ctx is not None else nullcontext():
+            out = forward(*args, **kwargs)
         if in_dtype is not None:
             out = cast_floating(out, in_dtype, only=(torch.float32,))
         elif self.cast_outputs_to is not None:
@@ -225,22 +210,6 @@ class PolicyHandle:
         self.remove()
 
 
-def _model_device_type(model: nn.Module) -> str:
-    for t in model.parameters():
-        return t.device.type
-    for t in model.buffers():
-        return t.device.type
-    return "cpu"
-
-
-def _precision_of(dtype: Optional[torch.dtype]) -> str:
-    if dtype == torch.float16:
-        return "fp16"
-    if dtype == torch.bfloat16:
-        return "bf16"
-    return "fp32"
-
-
 def apply_policy(model: nn.Module, policy: Optional[PrecisionPolicy] = None) -> PolicyHandle:
     """Apply ``policy`` to ``model`` by wrapping module forwards; reversible.
 
@@ -276,31 +245,20 @@ def apply_policy(model: nn.Module, policy: Optional[PrecisionPolicy] = None) -> 
             "mixprec.remove_policy(model)) first"
         )
     policy = policy if policy is not None else PrecisionPolicy()
-    device_type = policy.device_type or _model_device_type(model)
+    first = next(chain(model.parameters(), model.buffers()), None)
+    device_type = policy.device_type or (first.device.type if first is not None else "cpu")
     handle = PolicyHandle(model, policy)
     selective = policy.low_precision_modules is not None
-
     if policy.precision is not None:
-        root_dtype, _ = resolve_precision(device_type, policy.precision)
+        low_dtype, _ = resolve_precision(device_type, policy.precision)
     else:
-        root_dtype = None
-    low_dtype = root_dtype
-    if low_dtype is None and policy.precision is None:
         low_dtype = torch.get_autocast_dtype(device_type)
 
-    def region_for(prec: str) -> autocast:
-        return autocast(device_type, precision=prec)
-
     # the root
-    root_prec = policy.precision
-    if selective:
-        root_ctx: Optional[autocast] = region_for("fp32")
-        handle.precisions[""] = "fp32"
-    elif root_prec is not None:
-        root_ctx = region_for(root_prec)
+    root_ctx: Optional[autocast] = None
+    if selective or policy.precision is not None:
+        root_ctx = autocast(device_type, precision="fp32" if selective else policy.precision)
         handle.precisions[""] = root_ctx.precision
-    else:
-        root_ctx = None
     # below the root, in named_modules order (parents before children)
     selected: list[str] = []
     if selective:
@@ -323,7 +281,7 @@ def apply_policy(model: nn.Module, policy: Optional[PrecisionPolicy] = None) -> 
             prec = "fp32"
         elif selective:
             if name in selected:
-                prec = _precision_of(low_dtype)
+                prec = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(low_dtype, "fp32")
             elif not inside_selected(name) and next(module.children(), None) is None:
                 # a float32 leaf outside every selected subtree: cast its inputs
                 # up, since they may come from a low-precision module
@@ -333,32 +291,17 @@ def apply_policy(model: nn.Module, policy: Optional[PrecisionPolicy] = None) -> 
                 prec = override
         if prec is None:
             continue
-        ctx = region_for(prec)
+        ctx = autocast(device_type, precision=prec)
         is_fp32 = ctx.precision == "fp32"  # autocast off in this region
         handle.precisions[name] = ctx.precision
-        handle._install(
-            module,
-            _PolicyForward(
-                module,
-                module.__dict__.get("forward"),
-                ctx,
-                cast_inputs_to=torch.float32 if is_fp32 else None,
-                cast_outputs_to=None,
-                restore_input_dtype=is_fp32 and policy.restore_input_dtype,
-            ),
-        )
+        handle._install(module, _PolicyForward(
+            module, module.__dict__.get("forward"), ctx,
+            cast_inputs_to=torch.float32 if is_fp32 else None,
+            restore_input_dtype=is_fp32 and policy.restore_input_dtype))
     if root_ctx is not None or policy.cast_outputs:
-        handle._install(
-            model,
-            _PolicyForward(
-                model,
-                model.__dict__.get("forward"),
-                root_ctx,
-                cast_inputs_to=None,
-                cast_outputs_to=torch.float32 if policy.cast_outputs else None,
-                restore_input_dtype=False,
-            ),
-        )
+        handle._install(model, _PolicyForward(
+            model, model.__dict__.get("forward"), root_ctx,
+            cast_outputs_to=torch.float32 if policy.cast_outputs else None))
     model._mixprec_policy = handle  # type: ignore[assignment]
     return handle
 

@@ -86,10 +86,6 @@ class ScalerOptions:
     min_scale: Optional[float]
     max_scale: Optional[float]
 
-    def uses_ext_rule(self) -> bool:
-        """Whether the update needs :func:`mixprec.ops.update_scale_ext_` (hysteresis or bounds)."""
-        return self.hysteresis != 1 or self.min_scale is not None or self.max_scale is not None
-
 
 def resolve_options(
     policy: str,
@@ -110,33 +106,12 @@ def resolve_options(
             f"mixprec.GradScaler: policy must be one of {sorted(POLICIES)}, got {policy!r}"
         )
     preset = POLICIES[policy]
-    if init_scale == TORCH_INIT_SCALE:
-        init_scale = preset.init_scale
+    init_scale = preset.init_scale if init_scale == TORCH_INIT_SCALE else init_scale
     if growth_interval == TORCH_GROWTH_INTERVAL:
         growth_interval = preset.growth_interval
-    if hysteresis is None:
-        hysteresis = preset.hysteresis
-    if min_scale is None:
-        min_scale = preset.min_scale
-    if max_scale is None:
-        max_scale = preset.max_scale
-    check_extras(allow_fp16_grads, min_scale, max_scale, hysteresis)
-    return ScalerOptions(
-        init_scale=init_scale,
-        growth_interval=growth_interval,
-        hysteresis=int(hysteresis),
-        min_scale=None if min_scale is None else float(min_scale),
-        max_scale=None if max_scale is None else float(max_scale),
-    )
-
-
-def check_extras(
-    allow_fp16_grads: Optional[bool],
-    min_scale: Optional[float],
-    max_scale: Optional[float],
-    hysteresis: int,
-) -> None:
-    """Validate the arguments :class:`~mixprec.GradScaler` adds to torch's."""
+    hysteresis = preset.hysteresis if hysteresis is None else hysteresis
+    min_scale = preset.min_scale if min_scale is None else min_scale
+    max_scale = preset.max_scale if max_scale is None else max_scale
     if allow_fp16_grads is not None and not isinstance(allow_fp16_grads, bool):
         raise TypeError(
             "mixprec.GradScaler: allow_fp16_grads must be None, True or False, got "
@@ -151,6 +126,13 @@ def check_extras(
         raise ValueError(
             f"mixprec.GradScaler: min_scale ({min_scale}) must not exceed max_scale ({max_scale})"
         )
+    return ScalerOptions(
+        init_scale=init_scale,
+        growth_interval=growth_interval,
+        hysteresis=int(hysteresis),
+        min_scale=None if min_scale is None else float(min_scale),
+        max_scale=None if max_scale is None else float(max_scale),
+    )
 
 
 @dataclass(frozen=True)

@@ -134,13 +134,10 @@ def any_found(flags: Iterable[Tensor], home: torch.device) -> Tensor:
 
     A fresh tensor (never one of the flags). No host sync.
     """
-    total: Optional[Tensor] = None
-    for flag in flags:
-        flag = flag.to(home, non_blocking=True)
-        total = flag if total is None else total + flag
-    if total is None:
+    moved = [f.to(home, non_blocking=True) for f in flags]
+    if not moved:
         return torch.zeros((), dtype=torch.float32, device=home)
-    return (total > 0).to(torch.float32).reshape(())
+    return (sum(moved[1:], moved[0]) > 0).to(torch.float32).reshape(())
 
 
 def close_iteration(states: dict[int, dict[str, Any]], found: Optional[Tensor]) -> IterationRecord:
@@ -233,10 +230,7 @@ def step_amp_aware(
     No host sync.
     """
     scalars = step_scalars(optimizer, state, scale, direct)
-    if direct:
-        retval = step_direct(optimizer, scalars, args, kwargs)
-    else:
-        retval = step_with_attributes(optimizer, scalars, args, kwargs)
+    retval = (step_direct if direct else step_with_attributes)(optimizer, scalars, args, kwargs)
     state["stage"] = OptState.STEPPED
     return retval
 
@@ -253,16 +247,13 @@ def step_scalars(
     when the optimizer has no gradients, a zero tensor for the ``direct``
     protocol and the int 0 for the attribute one (as torch passes it).
     """
-    flags = list(state["found_inf_per_device"].values())
+    flags = [f.to(scale.device, non_blocking=True)
+             for f in state["found_inf_per_device"].values()]
     found_inf: Union[int, Tensor]
-    if not flags:
-        found_inf = torch.zeros((), dtype=torch.float32, device=scale.device) if direct else 0
-    elif len(flags) == 1 and flags[0].device == scale.device:
-        found_inf = flags[0]
+    if flags:
+        found_inf = sum(flags[1:], flags[0])  # flags[0] itself when alone
     else:
-        found_inf = flags[0].to(scale.device, non_blocking=True)
-        for f in flags[1:]:
-            found_inf = found_inf + f.to(scale.device, non_blocking=True)
+        found_inf = torch.zeros((), dtype=torch.float32, device=scale.device) if direct else 0
     record = peek_record(state)
     preset = getattr(optimizer, "grad_scale", _MISSING)
     grad_scale: Optional[Tensor]
@@ -288,13 +279,7 @@ def step_direct(
 
     Keyword arguments the caller passed to ``scaler.step`` win over the scaler's.
     """
-    call: dict[str, Any] = {
-        "grad_scale": scalars.grad_scale,
-        "found_inf": scalars.found_inf,
-        "clip_coef": scalars.clip_coef,
-    }
-    call.update(kwargs)
-    return optimizer.step(*args, **call)
+    return optimizer.step(*args, **{**vars(scalars), **kwargs})
 
 
 def step_with_attributes(

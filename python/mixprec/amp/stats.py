@@ -17,7 +17,7 @@ on it, so there is one way to record per-step device values without a sync.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Generic, Optional, TypeVar
 
 import torch
@@ -59,15 +59,7 @@ class ScalerStats:
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as a ``dict`` (for loggers)."""
-        return {
-            "steps": self.steps,
-            "skipped_steps": self.skipped_steps,
-            "overflow_rate": self.overflow_rate,
-            "scale_increases": self.scale_increases,
-            "scale_decreases": self.scale_decreases,
-            "scale": self.scale,
-            "last_overflow_step": self.last_overflow_step,
-        }
+        return asdict(self)
 
 
 class FoldingLog(Generic[Row]):
@@ -125,7 +117,7 @@ class _StatsTracker(FoldingLog[tuple[Optional[Tensor], Tensor]]):
     """Device-side counters behind :meth:`mixprec.GradScaler.stats`.
 
     A :class:`FoldingLog` whose rows are ``(found_inf, scale_after)`` of one
-    update. Host state: ``steps`` (a Python int, known without a sync) and the
+    update. Host state: ``count`` (the updates recorded, known without a sync) and the
     values already read back (``_host``). Device state: the pending rows and,
     once something was folded, ``_counts`` (int64 ``[skipped, increases,
     decreases]``) and ``_last`` (int64 0-dim, -1 for none), both on the
@@ -139,20 +131,6 @@ class _StatsTracker(FoldingLog[tuple[Optional[Tensor], Tensor]]):
         self._counts: Optional[Tensor] = None
         self._last: Optional[Tensor] = None
         self._prev_scale: Optional[Tensor] = None
-
-    @property
-    def steps(self) -> int:
-        """Updates recorded so far."""
-        return self.count
-
-    @steps.setter
-    def steps(self, value: int) -> None:
-        self.count = int(value)
-
-    @property
-    def _pending_scale(self) -> list[Tensor]:
-        """The scales of the pending updates (oldest first)."""
-        return [scale for _, scale in self._pending]
 
     # -- recording (no host sync) -------------------------------------------------
     def needs_baseline(self) -> bool:
@@ -204,7 +182,7 @@ class _StatsTracker(FoldingLog[tuple[Optional[Tensor], Tensor]]):
             c = self._counts.tolist()
             skipped, inc, dec = skipped + c[0], inc + c[1], dec + c[2]
             last = max(last, int(self._last.item()))
-        return self.steps, skipped, inc, dec, (None if last < 0 else last)
+        return self.count, skipped, inc, dec, (None if last < 0 else last)
 
     def __getstate__(self) -> dict[str, Any]:
         steps, skipped, inc, dec, last = self.read()
@@ -217,7 +195,7 @@ class _StatsTracker(FoldingLog[tuple[Optional[Tensor], Tensor]]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()  # type: ignore[misc]
-        self.steps = int(state["steps"])
+        self.count = int(state["steps"])
         self._host = [int(v) for v in state["host"]]
         if state.get("prev_scale") is not None:
             self._prev_scale = torch.tensor(float(state["prev_scale"]), dtype=torch.float32)

@@ -39,22 +39,14 @@ def _unwrap(args: Sequence[Any]) -> Tuple[List[Any], List[Tensor]]:
     """The arguments with every DTensor (alone or in a list) replaced by its local shard,
     and the DTensors met, in order."""
     seen: List[Tensor] = []
-    out: List[Any] = []
-    for a in args:
-        if isinstance(a, (list, tuple)):
-            items = []
-            for t in a:
-                if _dtensor.is_dtensor(t):
-                    seen.append(t)
-                    items.append(t._local_tensor)
-                else:
-                    items.append(t)
-            out.append(items)
-        elif _dtensor.is_dtensor(a):
-            seen.append(a)
-            out.append(a._local_tensor)
-        else:
-            out.append(a)
+
+    def one(t: Any) -> Any:
+        if not _dtensor.is_dtensor(t):
+            return t
+        seen.append(t)
+        return t._local_tensor
+
+    out = [[one(t) for t in a] if isinstance(a, (list, tuple)) else one(a) for a in args]
     return out, seen
 
 
@@ -118,12 +110,7 @@ def register(dtensor_cls: Any) -> None:
         return
     for name in _CHECKS + _NORMS + _OPTIMIZERS + _SCALE:
         packet = getattr(torch.ops.mixprec, name, None)
-        if packet is None:
-            continue
-        if name in _OPTIMIZERS:
-            rule = _optimizer_rule(name)
-        elif name in _SCALE:
-            rule = _refuse(name)
-        else:
-            rule = _check_rule(name)
-        handlers[packet.default] = rule
+        if packet is not None:
+            make = (_optimizer_rule if name in _OPTIMIZERS
+                    else _refuse if name in _SCALE else _check_rule)
+            handlers[packet.default] = make(name)

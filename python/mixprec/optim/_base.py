@@ -111,8 +111,9 @@ class FusedOptimizer(torch.optim.Optimizer):
     """Base class of :class:`~mixprec.optim.Adam`, :class:`~mixprec.optim.AdamW`
     and :class:`~mixprec.optim.SGD`; not used directly.
 
-    Subclasses define ``state_names(group)`` (their float32 per-param state
-    besides step/master) and ``_run(bucket, group, lr, scalars)``.
+    Subclasses declare :attr:`STATE` (their per-param state besides step/master) and
+    define ``_run(bucket, group, args)``: the ops' step, ``args`` the keyword arguments
+    every fused optimizer op takes (``lr``, ``grad_scale``... ``seed``), theirs to extend.
     """
 
     #: GradScaler contract (torch's): this optimizer unscales in its own kernel
@@ -152,8 +153,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             names += [absmax for n, absmax, _ in coded_states(self.STATE) if n in names]
         return names
 
-    def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
-             scalars: StepScalars, seed: int) -> None:
+    def _run(self, bucket: Bucket, group: Dict[str, Any], args: Dict[str, Any]) -> None:
         raise NotImplementedError
 
     # -- public API -------------------------------------------------------------
@@ -169,10 +169,8 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
-        if not hasattr(self, "_lr_cache"):
-            self._lr_cache = {}
-        if not hasattr(self, "_lr_tables"):
-            self._lr_tables = {}
+        self.__dict__.setdefault("_lr_cache", {})
+        self.__dict__.setdefault("_lr_tables", {})
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 if key != "params":
@@ -369,7 +367,12 @@ class FusedOptimizer(torch.optim.Optimizer):
         (Afterwards the op checks what it is given, sparse grads included, before it
         writes anything.)"""
         if p.grad is not None and p.grad.is_sparse:
-            self._sparse_grad(index, k)
+            raise RuntimeError(
+                f"mixprec.optim.{type(self).__name__} does not support sparse gradients: "
+                f"param_groups[{index}]['params'][{k}] has one (e.g. from "
+                "nn.Embedding(sparse=True)). Use torch.optim.SGD or torch.optim.SparseAdam "
+                "for those params (in a second optimizer), or a dense gradient (sparse=False)."
+            )
         if sharded:
             _check_sharded(type(self).__name__, index, k, p)
         if p.dtype not in _SUPPORTED:
@@ -377,15 +380,6 @@ class FusedOptimizer(torch.optim.Optimizer):
                 f"mixprec.optim.{type(self).__name__}: params must be float32, float16 or "
                 f"bfloat16, got {p.dtype}; use torch.optim for other dtypes"
             )
-
-    def _sparse_grad(self, index: int, k: int) -> None:
-        """A param with a sparse grad: refused, naming it (``docs/optimizers.md``)."""
-        raise RuntimeError(
-            f"mixprec.optim.{type(self).__name__} does not support sparse gradients: "
-            f"param_groups[{index}]['params'][{k}] has one (e.g. from "
-            "nn.Embedding(sparse=True)). Use torch.optim.SGD or torch.optim.SparseAdam for "
-            "those params (in a second optimizer), or a dense gradient (sparse=False)."
-        )
 
     def _buckets(self, index: int, group: Dict[str, Any]) -> Dict[BucketKey, Bucket]:
         """The group's params with a grad, as the op's tensor lists per (device, has
@@ -458,7 +452,10 @@ class FusedOptimizer(torch.optim.Optimizer):
             table = self._lr_tables.get(index)
             lr = self._lr_tensor(index, group, device) if table is None else \
                 _lr_at(table, bucket["state_steps"][0], device)
-            self._run(bucket, group, lr, scalars, seed)
+            sr = bool(group.get("stochastic_rounding", False)) and not bucket["master_params"]
+            self._run(bucket, group, dict(
+                vars(scalars), lr=lr, weight_decay=float(group["weight_decay"]),
+                maximize=bool(group["maximize"]), stochastic_rounding=sr, seed=seed))
 
     #: Group options a loaded state dict does not change (the 8-bit mixin's
     #: ``state_bits``: the layout is this optimizer's choice, the values are converted).

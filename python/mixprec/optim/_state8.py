@@ -4,12 +4,12 @@ A param with at least ``min_8bit_size`` elements keeps each of its moments (the 
 ``_MOMENTS8``: name, name of the maxima, code table) as uint8 codes of the param's shape
 plus float32 block maxima (:mod:`mixprec.optim._quant8`), and ``state["quant"] = QUANT``
 names the layout. A smaller param keeps float32 moments and empty maxima (so that every
-param of a bucket has an entry in every list). The step runs the class's ``_run8`` on the
+param of a bucket has an entry in every list). The step runs the class's 8-bit op on the
 8-bit params of a bucket (:func:`split_coded`) and its usual op on the rest.
 
 Checkpoints: the codes, the maxima and ``quant`` are saved as they are; loading converts
 to the loading optimizer's ``state_bits`` (a float32 moment is quantized, codes are read
-back to float32), after every 8-bit entry of the dict was checked (:meth:`_check_coded`),
+back to float32), after every 8-bit entry of the dict was checked (:meth:`_check_loadable`),
 so a corrupted one changes nothing.
 """
 
@@ -22,15 +22,13 @@ from torch import Tensor
 
 from .. import _dtensor
 from . import _quant8 as q8
-from ._base import float32_copy
+from ._base import Bucket, float32_copy
 
 __all__ = ["QUANT", "EightBitState", "check_state_bits", "split_coded"]
 
 #: what a quantized param's state records under "quant": the code tables of
 #: mixprec.optim._quant8 and the block size
 QUANT = "dynamic8/b256"
-
-Bucket = Dict[str, List[Tensor]]
 
 
 def check_state_bits(cls: str, state_bits: Any, min_8bit_size: Any) -> None:
@@ -43,11 +41,10 @@ def check_state_bits(cls: str, state_bits: Any, min_8bit_size: Any) -> None:
                          f"{min_8bit_size!r}")
 
 
-def split_coded(bucket: Bucket, group: Dict[str, Any], first: str
-                ) -> Tuple[Optional[Bucket], Bucket]:
+def split_coded(bucket: Bucket, first: str) -> Tuple[Optional[Bucket], Bucket]:
     """``(the bucket's 8-bit params, the rest)``, told apart by the dtype of moment
     ``first``; ``(None, bucket)`` when none is 8-bit."""
-    if group.get("state_bits", 32) != 8 or first not in bucket:
+    if first not in bucket:
         return None, bucket
     coded = [c.dtype == torch.uint8 for c in bucket[first]]
     if not any(coded):
@@ -144,9 +141,6 @@ class EightBitState:
     def _check_loadable(self, state_dict: Dict[str, Any]) -> None:
         """Every 8-bit entry of ``state_dict`` is checked before anything is loaded:
         ValueError naming it otherwise."""
-        self._check_coded(state_dict)
-
-    def _check_coded(self, state_dict: Dict[str, Any]) -> None:
         cls = type(self).__name__
         params = [p for g in self.param_groups for p in g["params"]]
         keys = [k for g in state_dict.get("param_groups", []) for k in g.get("params", [])]

@@ -7,7 +7,6 @@ from typing import Any, Dict, Optional, Tuple, Union
 from torch import Tensor
 
 from .. import ops
-from ..amp.protocol import StepScalars
 from . import _quant8 as q8
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
 from ._state8 import EightBitState, check_state_bits, split_coded
@@ -137,56 +136,26 @@ class Adam(EightBitState, FusedOptimizer):
     #: the 8-bit moments (EightBitState): name, maxima's name, code table
     _MOMENTS8 = coded_states(STATE)
 
-    def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
-             scalars: StepScalars, seed: int) -> None:
-        if group.get("state_bits", 32) == 8:
-            coded, bucket = split_coded(bucket, group, "exp_avg")
-            if coded is not None:
-                self._run8(coded, group, lr, scalars, seed)
-        if not bucket["params"]:
-            return
+    def _run(self, bucket: Bucket, group: Dict[str, Any], args: Dict[str, Any]) -> None:
         beta1, beta2 = group["betas"]
-        masters = bucket["master_params"]
-        ops.fused_adam_(
-            params=bucket["params"],
-            grads=bucket["grads"],
-            exp_avgs=bucket["exp_avg"],
-            exp_avg_sqs=bucket["exp_avg_sq"],
-            max_exp_avg_sqs=bucket.get("max_exp_avg_sq", []),
-            master_params=masters,
-            state_steps=bucket["state_steps"],
-            lr=lr,
-            beta1=float(beta1),
-            beta2=float(beta2),
-            weight_decay=float(group["weight_decay"]),
-            eps=float(group["eps"]),
-            amsgrad=bool(group["amsgrad"]),
-            maximize=bool(group["maximize"]),
-            decoupled_weight_decay=self._decoupled(group),
-            grad_scale=scalars.grad_scale,
-            found_inf=scalars.found_inf,
-            clip_coef=scalars.clip_coef,
-            stochastic_rounding=bool(group.get("stochastic_rounding", False)) and not masters,
-            seed=seed,
-        )
-
-
-    def _run8(self, b: Bucket, group: Dict[str, Any], lr: Tensor,
-              scalars: StepScalars, seed: int) -> None:
-        """The 8-bit params of a bucket: one ``fused_adam8_``."""
-        beta1, beta2 = group["betas"]
-        masters = b["master_params"]
-        ops.fused_adam8_(
-            params=b["params"], grads=b["grads"], exp_avgs=b["exp_avg"],
-            exp_avg_absmax=b["exp_avg_absmax"], exp_avg_sqs=b["exp_avg_sq"],
-            exp_avg_sq_absmax=b["exp_avg_sq_absmax"], master_params=masters,
-            state_steps=b["state_steps"], lr=lr, beta1=float(beta1), beta2=float(beta2),
-            weight_decay=float(group["weight_decay"]), eps=float(group["eps"]),
-            maximize=bool(group["maximize"]), decoupled_weight_decay=self._decoupled(group),
-            grad_scale=scalars.grad_scale, found_inf=scalars.found_inf,
-            clip_coef=scalars.clip_coef,
-            stochastic_rounding=bool(group.get("stochastic_rounding", False)) and not masters,
-            seed=seed)
+        args.update(beta1=float(beta1), beta2=float(beta2), eps=float(group["eps"]),
+                    decoupled_weight_decay=self._decoupled(group))
+        coded = None
+        if group.get("state_bits", 32) == 8:  # (a 32-bit group has nothing to split)
+            coded, bucket = split_coded(bucket, "exp_avg")
+        if coded is not None:  # the 8-bit params: one fused_adam8_
+            ops.fused_adam8_(
+                params=coded["params"], grads=coded["grads"], exp_avgs=coded["exp_avg"],
+                exp_avg_absmax=coded["exp_avg_absmax"], exp_avg_sqs=coded["exp_avg_sq"],
+                exp_avg_sq_absmax=coded["exp_avg_sq_absmax"],
+                master_params=coded["master_params"], state_steps=coded["state_steps"], **args)
+        if bucket["params"]:
+            ops.fused_adam_(
+                params=bucket["params"], grads=bucket["grads"], exp_avgs=bucket["exp_avg"],
+                exp_avg_sqs=bucket["exp_avg_sq"],
+                max_exp_avg_sqs=bucket.get("max_exp_avg_sq", []),
+                master_params=bucket["master_params"], state_steps=bucket["state_steps"],
+                amsgrad=bool(group["amsgrad"]), **args)
 
 
 class AdamW(Adam):

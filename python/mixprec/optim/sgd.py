@@ -8,7 +8,6 @@ import torch
 from torch import Tensor
 
 from .. import ops
-from ..amp.protocol import StepScalars
 from . import _quant8 as q8
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
 from ._state8 import EightBitState, check_state_bits, split_coded
@@ -102,46 +101,24 @@ class SGD(EightBitState, FusedOptimizer):
         taken = 1.0 if isinstance(saved.get("momentum_buffer"), Tensor) else 0.0
         return torch.full((), taken, dtype=torch.float32, device=p.device)
 
-    def _run(self, bucket: Bucket, group: Dict[str, Any], lr: Tensor,
-             scalars: StepScalars, seed: int) -> None:
+    def _run(self, bucket: Bucket, group: Dict[str, Any], args: Dict[str, Any]) -> None:
+        args.update(momentum=float(group["momentum"]), dampening=float(group["dampening"]),
+                    nesterov=bool(group["nesterov"]))
         coded = None
         if group.get("state_bits", 32) == 8:  # (a 32-bit group has nothing to split)
-            coded, bucket = split_coded(bucket, group, "momentum_buffer")
-        if coded is not None:
-            masters8 = coded["master_params"]
+            coded, bucket = split_coded(bucket, "momentum_buffer")
+        if coded is not None:  # the 8-bit params: one fused_sgd8_
             ops.fused_sgd8_(
                 params=coded["params"], grads=coded["grads"],
                 momentum_buffers=coded["momentum_buffer"],
-                momentum_absmax=coded["momentum_buffer_absmax"], master_params=masters8,
-                state_steps=coded["state_steps"], lr=lr,
-                weight_decay=float(group["weight_decay"]), momentum=float(group["momentum"]),
-                dampening=float(group["dampening"]), nesterov=bool(group["nesterov"]),
-                maximize=bool(group["maximize"]), grad_scale=scalars.grad_scale,
-                found_inf=scalars.found_inf, clip_coef=scalars.clip_coef,
-                stochastic_rounding=bool(group.get("stochastic_rounding", False))
-                and not masters8,
-                seed=seed)
-        if not bucket["params"]:
-            return
-        masters = bucket["master_params"]
-        ops.fused_sgd_(
-            params=bucket["params"],
-            grads=bucket["grads"],
-            momentum_buffers=bucket.get("momentum_buffer", []),
-            master_params=masters,
-            state_steps=bucket["state_steps"],
-            lr=lr,
-            weight_decay=float(group["weight_decay"]),
-            momentum=float(group["momentum"]),
-            dampening=float(group["dampening"]),
-            nesterov=bool(group["nesterov"]),
-            maximize=bool(group["maximize"]),
-            grad_scale=scalars.grad_scale,
-            found_inf=scalars.found_inf,
-            clip_coef=scalars.clip_coef,
-            stochastic_rounding=bool(group.get("stochastic_rounding", False)) and not masters,
-            seed=seed,
-        )
+                momentum_absmax=coded["momentum_buffer_absmax"],
+                master_params=coded["master_params"], state_steps=coded["state_steps"], **args)
+        if bucket["params"]:
+            ops.fused_sgd_(
+                params=bucket["params"], grads=bucket["grads"],
+                momentum_buffers=bucket.get("momentum_buffer", []),
+                master_params=bucket["master_params"], state_steps=bucket["state_steps"],
+                **args)
 
 
 class SGD8bit(SGD):
