@@ -189,6 +189,8 @@ def _setup_py_copy(tmp_path: Path) -> Path:
     shutil.copytree(REPO / "python", root / "python",
                     ignore=shutil.ignore_patterns("_C*.so", "_cuda_emulation_C*.so", "_cpp",
                                                   "__pycache__"))
+    (root / "tools").mkdir()
+    shutil.copy2(REPO / "tools" / "toolchain_checks.py", root / "tools" / "toolchain_checks.py")
     shutil.copy2(REPO / "setup.py", root / "setup.py")
     return root
 
