@@ -494,8 +494,8 @@ def test_baked_hyperparameter_change_recaptures(caplog: pytest.LogCaptureFixture
 
 
 def test_lr_reaches_the_captured_tensor_in_place() -> None:
-    """A host lr change (scheduler) and an optimizer load (which empties mixprec's lr
-    cache) both land in the lr tensor captured at the checked step, by fill_."""
+    """A host lr change (scheduler) and an optimizer load both land in the lr tensor
+    captured at the checked step, by fill_ (the optimizer keeps that tensor)."""
     s = Setup("fp32")
     step = s.capture(warmup=0)
     x, y = s.batches(1)[0]

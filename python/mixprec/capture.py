@@ -48,7 +48,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _dtensor
 from .amp.capability import ATTRIBUTES, HOST, LEGACY, SCALARS, step_kind
-from .amp.stats import _StatsTracker
 
 __all__ = [
     "CaptureError",
@@ -286,13 +285,13 @@ class _Slot:
     put: Optional[Callable[[Tensor], None]]  # None: cannot be re-bound (a param)
     tensor: Tensor
     ptr: int
-    #: for an lr tensor of mixprec's cache: (optimizer index, group index, cache key)
-    lr_key: Optional[Tuple[int, int, Any]] = None
+    #: for mixprec's lr tensor of a float lr: (optimizer index, group index)
+    lr_key: Optional[Tuple[int, int]] = None
 
 
 def _slot(name: str, get: Callable[[], Optional[Tensor]],
           put: Optional[Callable[[Tensor], None]] = None,
-          lr_key: Optional[Tuple[int, int, Any]] = None) -> _Slot:
+          lr_key: Optional[Tuple[int, int]] = None) -> _Slot:
     t = get()
     assert t is not None
     return _Slot(name, get, put, t, t.data_ptr(), lr_key)
@@ -318,17 +317,19 @@ def _attr(obj: Any, name: str) -> Tuple[Callable[[], Optional[Tensor]],
     return (lambda: getattr(obj, name, None)), (lambda v: setattr(obj, name, v))
 
 
-def _lr_slots(opt: torch.optim.Optimizer, i: int) -> List[Tuple[Tensor, int, Any]]:
-    """The lr tensors the kernels of ``opt``'s group ``i`` read, with their cache keys
-    (mixprec: ``_lr_cache[(i, device)]``; a tensor lr: ``None``)."""
-    group = opt.param_groups[i]
-    lr = group["lr"]
-    if isinstance(lr, Tensor):
-        return [(lr, i, None)]
-    cache = getattr(opt, "_lr_cache", None)
-    if not isinstance(cache, dict):
-        return []
-    return [(t, i, key) for key, (_, t) in cache.items() if key[0] == i]
+def _lr_slot(name: str, opt: torch.optim.Optimizer, o: int, i: int) -> Optional[_Slot]:
+    """The lr tensor the kernels of ``opt``'s group ``i`` read: the group's own tensor lr
+    (re-bindable), mixprec's device tensor for a float lr, or None (a float lr of a torch
+    optimizer: part of what a graph bakes in)."""
+    groups = opt.param_groups
+    if isinstance(groups[i]["lr"], Tensor):
+        return _slot(name + "['lr']",
+                     *_entry(lambda g=groups, i=i: g[i] if i < len(g) else None, "lr"))
+    if step_kind(opt) != SCALARS:
+        return None
+    device = groups[i]["params"][0].device if groups[i]["params"] else torch.device("cpu")
+    t = opt.lr_tensor(i, device)  # type: ignore[attr-defined]
+    return _slot(name + " lr tensor", lambda: t, None, (o, i))
 
 
 def persistent_tensors(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
@@ -355,14 +356,9 @@ def _collect_slots(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
                     if isinstance(state[name], Tensor):
                         slots.append(_slot(f"{where} state[{name!r}]",
                                            *_entry(lambda opt=opt, p=p: opt.state.get(p), name)))
-            for t, _, key in _lr_slots(opt, i):
-                name = f"optimizers[{o}].param_groups[{i}]"
-                if key is None:
-                    groups = opt.param_groups
-                    slots.append(_slot(name + "['lr']", *_entry(
-                        lambda g=groups, i=i: g[i] if i < len(g) else None, "lr")))
-                else:
-                    slots.append(_slot(name + " lr tensor", lambda t=t: t, None, (o, i, key)))
+            lr = _lr_slot(f"optimizers[{o}].param_groups[{i}]", opt, o, i)
+            if lr is not None:
+                slots.append(lr)
     if scaler is not None and getattr(scaler, "_enabled", False):
         for name in ("_scale", "_growth_tracker", "_hysteresis_left"):
             if isinstance(getattr(scaler, name, None), Tensor):
@@ -417,69 +413,6 @@ def _describe_change(before: Tuple[Any, ...], after: Tuple[Any, ...]) -> str:
                         return f"{x!r} -> {y!r}"
             return f"{a!r} -> {b!r}"
     return "the number of param groups or modules"
-
-
-# --------------------------------------------------------------------------- statistics
-
-class _DeviceStats(_StatsTracker):
-    """The scaler's statistics counted in place on the device at every ``update()``, so
-    that a captured ``update()`` keeps counting on every replay (the scaler's own
-    tracker appends host-side rows, which a replay does not run).
-
-    Installed as ``scaler._mp_stats`` by :func:`capture_step`; the history recorded
-    before stays in ``base`` and is added when read. Device state (on the scale's
-    device): ``counts`` int64 ``[steps, skipped, increases, decreases, last overflow
-    index (-1: none)]`` and ``prev`` (float32 0-dim, the scale before the next update).
-    ``read()`` syncs (as the scaler's ``stats()`` documents). Pickles as a plain
-    :class:`~mixprec.amp.stats._StatsTracker` with the combined numbers.
-    """
-
-    def __init__(self, base: _StatsTracker, scale: Tensor) -> None:
-        super().__init__()
-        self.base = base
-        self.base_steps = base.count  # a host int; frozen from now on
-        self.scale = scale
-        self.counts = torch.zeros(5, dtype=torch.int64, device=scale.device)
-        self.counts[4].fill_(-1)
-        self.prev = scale.detach().clone()
-
-    def needs_baseline(self) -> bool:
-        return False
-
-    def set_baseline(self, scale_before: Tensor) -> None:
-        pass
-
-    def record(self, found_inf: Optional[Tensor], scale_after: Tensor) -> None:
-        c = self.counts
-        after = scale_after.reshape(()).to(c.device)
-        if found_inf is None:
-            over = torch.zeros((), dtype=torch.bool, device=c.device)
-        else:
-            over = found_inf.reshape(()).to(c.device) != 0
-        last = torch.where(over, c[0] + self.base_steps, c[4])
-        delta = torch.stack((torch.ones_like(over), over, after > self.prev,
-                             after < self.prev)).to(torch.int64)
-        c[4].copy_(last)
-        c[:4].add_(delta)
-        self.prev.copy_(after)
-
-    def rebaseline(self) -> None:
-        self.prev.copy_(self.scale)
-
-    def fold(self) -> None:
-        pass
-
-    def read(self) -> Tuple[int, int, int, int, Optional[int]]:
-        steps, skipped, inc, dec, last = self.base.read()
-        c = self.counts.tolist()
-        best = max(-1 if last is None else last, c[4])
-        return steps + c[0], skipped + c[1], inc + c[2], dec + c[3], (None if best < 0 else best)
-
-    def __reduce__(self) -> Any:
-        steps, skipped, inc, dec, last = self.read()
-        state = {"steps": steps, "host": [skipped, inc, dec, -1 if last is None else last],
-                 "prev_scale": float(self.prev.item())}
-        return (_StatsTracker, (), state)
 
 
 # --------------------------------------------------------------------------- the step
@@ -542,7 +475,6 @@ class CapturedStep:
         self._calls: Dict[Tuple[Any, ...], int] = {}
         self._slots: Optional[List[_Slot]] = None
         self._fingerprint: Optional[Tuple[Any, ...]] = None
-        self._lr_host: Dict[Tuple[int, int, Any], Any] = {}
         self._pool = pool
         self._side: Any = None
         if self.mode == "eager":
@@ -563,13 +495,10 @@ class CapturedStep:
             return self.fn(*inputs)
         n = self._calls.get(key, 0)
         if n == 0 and len(self._calls) >= self.max_graphs:
-            reason = (f"mixprec.capture: a new input signature would need graph "
-                      f"{len(self._calls) + 1}, but max_graphs={self.max_graphs} (this "
-                      f"signature: {key[1:]}). Pad or bucket the inputs, or raise max_graphs")
-            if self.fallback != "eager":
-                raise CaptureError(reason)
-            self.eager_reasons[key] = reason
-            log.warning("%s; running it eagerly", reason)
+            self._fall_back(key, f"mixprec.capture: a new input signature would need graph "
+                            f"{len(self._calls) + 1}, but max_graphs={self.max_graphs} (this "
+                            f"signature: {key[1:]}). Pad or bucket the inputs, or raise "
+                            "max_graphs")
             return self.fn(*inputs)
         self._calls[key] = n + 1
         if n < self.warmup:
@@ -577,10 +506,7 @@ class CapturedStep:
         if n == self.warmup:
             out, problem = self._checked(inputs)
             if problem is not None:
-                if self.fallback != "eager":
-                    raise CaptureError(problem)
-                self.eager_reasons[key] = problem
-                log.warning("mixprec.capture: running this signature eagerly: %s", problem)
+                self._fall_back(key, problem)
             return out
         if self.mode == "eager":
             return self._eager(inputs)
@@ -626,6 +552,14 @@ class CapturedStep:
                 s.put(s.tensor)
         self._fill_lr()
 
+    def _fall_back(self, key: Tuple[Any, ...], reason: str) -> None:
+        """Raise :class:`CaptureError`, or (``fallback="eager"``) run ``key`` eagerly from
+        now on, logged."""
+        if self.fallback != "eager":
+            raise CaptureError(reason)
+        self.eager_reasons[key] = reason
+        log.warning("mixprec.capture: running this signature eagerly: %s", reason)
+
     def reset(self, reason: str) -> None:
         """Drop every graph and forget the checks: the next calls warm up and capture anew."""
         if self.graphs or self._slots is not None:
@@ -634,7 +568,6 @@ class CapturedStep:
         self._calls.clear()
         self._slots = None
         self._fingerprint = None
-        self._lr_host.clear()
 
     # -- phases ------------------------------------------------------------------
 
@@ -663,17 +596,9 @@ class CapturedStep:
         problem = self._problem(before, host, lrs, detector)
         for k, sc in enumerate(self.schedulers):
             if problem is None and getattr(sc, "last_epoch", None) != epochs[k]:
-                problem = (f"mixprec.capture: the step steps schedulers[{k}] "
-                           f"({type(sc).__name__}), an LR scheduler inside the body: host "
-                           "code a replay does not run. Step schedulers outside the body, "
-                           "between calls: the lr reaches the graph as a device tensor "
-                           "filled before each replay")
+                problem = _scheduler_in_body(f"schedulers[{k}] ({type(sc).__name__})")
         if problem is not None:
             return out, problem
-        sc = self.scaler
-        if sc is not None and sc.scale_tensor() is not None \
-                and not isinstance(sc._mp_stats, _DeviceStats):
-            sc._mp_stats = _DeviceStats(sc._mp_stats, sc.scale_tensor())
         self._slots = _collect_slots(self.optimizers, self.scaler, self.modules)
         self._fingerprint = _host_fingerprint(self.optimizers, self.scaler, self.modules)
         return out, None
@@ -705,11 +630,8 @@ class CapturedStep:
             for i, group in enumerate(opt.param_groups):
                 old = lrs[o][i] if i < len(lrs[o]) else None
                 if group["lr"] is not old and group["lr"] != old:
-                    return (f"mixprec.capture: the step changes optimizers[{o}].param_groups"
-                            f"[{i}]['lr'] (an LR scheduler stepped inside the body?): host "
-                            "code a replay does not run. Step schedulers outside the body, "
-                            "between calls: the lr reaches the graph as a device tensor "
-                            "filled before each replay")
+                    return _scheduler_in_body(f"optimizers[{o}].param_groups[{i}]['lr'] (an "
+                                              "LR scheduler stepped inside the body?)")
         now_host = _host_fingerprint(self.optimizers, self.scaler, self.modules)
         if now_host != host:
             return (f"mixprec.capture: the step changes host state a replay would not "
@@ -759,34 +681,25 @@ class CapturedStep:
         return pytree.tree_map_only(Tensor, lambda t: t.clone(), g.static_outputs)
 
     def _fill_lr(self) -> None:
-        """Write each group's host lr into the lr tensors the kernels read (no sync): a
-        float that changed since the last fill (``fill_``), or a tensor lr that is not
-        the one read in place (``copy_``); and put the tensor back into mixprec's lr
-        cache (``load_state_dict`` empties it), so eager calls use it too."""
-        if self._slots is None:
-            return
-        for s in self._slots:
+        """Bring each captured lr tensor of mixprec's up to date with its group's lr
+        (:meth:`mixprec.optim.FusedOptimizer.lr_tensor`: ``fill_`` when it changed; a
+        tensor lr the kernels do not read in place is copied in). No sync."""
+        for s in self._slots or ():
             if s.lr_key is None:
                 continue
-            o, i, ckey = s.lr_key
+            o, i = s.lr_key
             opt = self.optimizers[o]
-            if i >= len(opt.param_groups):
-                continue
-            lr = opt.param_groups[i]["lr"]
-            t = s.tensor
-            if isinstance(lr, Tensor):
+            if i < len(opt.param_groups):
                 with torch.no_grad():
-                    t.copy_(lr.detach().reshape(()), non_blocking=True)
-                self._lr_host.pop(s.lr_key, None)
-                continue
-            value = float(lr)
-            if self._lr_host.get(s.lr_key) != value:
-                with torch.no_grad():
-                    t.fill_(value)
-                self._lr_host[s.lr_key] = value
-            cache = getattr(opt, "_lr_cache", None)
-            if isinstance(cache, dict):
-                cache[ckey] = (value, t)
+                    t = opt.lr_tensor(i, s.tensor.device)  # type: ignore[attr-defined]
+                    if t is not s.tensor:
+                        s.tensor.copy_(t.reshape(()), non_blocking=True)
+
+
+def _scheduler_in_body(what: str) -> str:
+    return (f"mixprec.capture: the step changes {what}: host code a replay does not run. "
+            "Step schedulers outside the body, between calls: the lr reaches the graph as "
+            "a device tensor filled before each replay")
 
 
 @contextlib.contextmanager
@@ -841,8 +754,8 @@ def capture_step(
             others need ``capturable=True`` and, with a scaler, ``fused=True``
             (:func:`check_optimizers`).
         scaler: the :class:`mixprec.GradScaler` the body uses, or None. Its statistics
-            are counted on the device from the checked step on (``scaler.stats()``
-            stays right across replays); ``found_inf()`` answers for the last replay.
+            are counted on the device (``scaler.stats()`` counts replays);
+            ``found_inf()`` answers for the last replay.
         schedulers: LR schedulers of these optimizers (optional): the checked call
             refuses a body that steps one (host code a replay does not run; an lr
             change is caught without them too, but only when it happens at that call).

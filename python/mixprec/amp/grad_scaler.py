@@ -386,8 +386,7 @@ class GradScaler(torch.amp.GradScaler):
         if not self._enabled:
             return
         scale, tracker = self._check_scale_growth_tracker("update")
-        if self._mp_stats.needs_baseline():
-            self._mp_stats.set_baseline(scale.clone())
+        self._mp_stats.start(scale)
         states = self._per_optimizer_states
         flags = [f.to(device=scale.device, non_blocking=True)
                  for s in states.values() for f in s["found_inf_per_device"].values()]
@@ -407,7 +406,7 @@ class GradScaler(torch.amp.GradScaler):
             apply_scale_rule(rule, scale, tracker, found, self._hysteresis_left)
             self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         self._mp_last = protocol.close_iteration(states, found)
-        self._mp_stats.record(found, scale.clone())
+        self._mp_stats.record(found, scale)
 
     def _home(self) -> torch.device:
         return self._scale.device if self._scale is not None else torch.device(self._device)
@@ -502,7 +501,8 @@ class GradScaler(torch.amp.GradScaler):
         self._init_hysteresis_left = left
         if self._hysteresis_left is not None:
             self._hysteresis_left.fill_(left)
-        self._mp_stats.rebaseline()
+        if self._scale is not None:
+            self._mp_stats.rebaseline(self._scale)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

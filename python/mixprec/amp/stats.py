@@ -1,18 +1,13 @@
-"""Statistics counted on the device, read lazily: :class:`FoldingLog` and the scaler's.
+"""Statistics counted on the device, read lazily.
 
-:class:`mixprec.GradScaler` records, at every :meth:`~mixprec.GradScaler.update`,
-whether the iteration overflowed and what the scale became. Nothing is read
-back to the host while training: each update appends two references (the
-iteration's 0-dim ``found_inf`` tensor and a 0-dim copy of the new scale) to a
-short pending list, and every :data:`FOLD_EVERY` updates the list is folded
-into a handful of device-side counters with a few vectorised ops. Memory is
-therefore bounded (at most ``FOLD_EVERY`` pairs of 0-dim tensors plus four
-counters), the per-update cost is one tiny device copy, and a host sync happens
-only when :meth:`mixprec.GradScaler.stats` is called.
-
-The pending-list-and-fold mechanism is :class:`FoldingLog`; the scaler's tracker
-and the trainer's per-step metrics (:mod:`mixprec.train.metrics`) are both built
-on it, so there is one way to record per-step device values without a sync.
+* :class:`ScalerStats` and the scaler's counters (``_StatsTracker``): at every
+  :meth:`~mixprec.GradScaler.update`, a few tiny device ops add the iteration to five
+  int64 counters in place (steps, skipped steps, scale increases and decreases, the
+  last overflow's index). Nothing is read back to the host while training, and the
+  same ops run on every replay of a CUDA graph that captured ``update()``; a host sync
+  happens only when :meth:`mixprec.GradScaler.stats` is called.
+* :class:`FoldingLog`: per-step device rows kept pending and folded in blocks (the
+  trainer's metrics history, :mod:`mixprec.train.metrics`).
 """
 
 from __future__ import annotations
@@ -113,89 +108,66 @@ class FoldingLog(Generic[Row]):
         raise NotImplementedError
 
 
-class _StatsTracker(FoldingLog[tuple[Optional[Tensor], Tensor]]):
-    """Device-side counters behind :meth:`mixprec.GradScaler.stats`.
+class _StatsTracker:
+    """Device-side counters behind :meth:`mixprec.GradScaler.stats`, updated in place.
 
-    A :class:`FoldingLog` whose rows are ``(found_inf, scale_after)`` of one
-    update. Host state: ``count`` (the updates recorded, known without a sync) and the
-    values already read back (``_host``). Device state: the pending rows and,
-    once something was folded, ``_counts`` (int64 ``[skipped, increases,
-    decreases]``) and ``_last`` (int64 0-dim, -1 for none), both on the
-    scale's device. Pickles as plain numbers.
+    Device state, on the scale's device, created at the first update: ``_counts``
+    (int64 ``[steps, skipped, increases, decreases, last overflow index (-1: none)]``)
+    and ``_prev`` (float32 0-dim: the scale the next update starts from). Host state:
+    ``_host``, the same five numbers restored from a pickle (added when read). Every
+    tensor keeps its storage from its creation on (a captured ``update()`` replays
+    into it). Pickles as plain numbers (the format of every earlier version).
     """
 
     def __init__(self) -> None:
-        super().__init__(FOLD_EVERY)
-        # skipped, increases, decreases, last overflow step (-1: none)
-        self._host: list[int] = [0, 0, 0, -1]
+        self._host: list[int] = [0, 0, 0, 0, -1]
         self._counts: Optional[Tensor] = None
-        self._last: Optional[Tensor] = None
-        self._prev_scale: Optional[Tensor] = None
+        self._prev: Optional[Tensor] = None
 
-    # -- recording (no host sync) -------------------------------------------------
-    def needs_baseline(self) -> bool:
-        """True when the scale before the next update must be captured."""
-        return self._prev_scale is None and not self._pending
+    def start(self, scale: Tensor) -> None:
+        """Before an update: the scale it starts from, when none is known (no host sync)."""
+        if self._prev is None:
+            self._prev = scale.detach().reshape(()).clone()
+        elif self._prev.device != scale.device:  # restored from a pickle
+            self._prev = self._prev.to(scale.device)
 
-    def set_baseline(self, scale_before: Tensor) -> None:
-        """Give the scale (a 0-dim copy) the next update starts from."""
-        self._prev_scale = scale_before
+    def record(self, found_inf: Optional[Tensor], scale: Tensor) -> None:
+        """After an update: ``found_inf`` (the iteration's combined 0-dim float32 flag, or
+        ``None`` when no inf check ran) and the new ``scale``. A few tiny device ops."""
+        assert self._prev is not None, "start() comes first"
+        after = scale.detach().reshape(())
+        if self._counts is None:  # filled on the device (no host-to-device copy)
+            self._counts = torch.zeros(5, dtype=torch.int64, device=after.device)
+            self._counts[4].fill_(-1)
+        c = self._counts
+        over = (torch.zeros((), dtype=torch.bool, device=c.device) if found_inf is None
+                else found_inf.reshape(()) != 0)
+        c[4].copy_(torch.where(over, c[0] + self._host[0], c[4]))
+        c[:4].add_(torch.stack((torch.ones_like(over), over, after > self._prev,
+                                after < self._prev)))
+        self._prev.copy_(after)
 
-    def record(self, found_inf: Optional[Tensor], scale_after: Tensor) -> None:
-        """Record one update. ``found_inf``: the iteration's combined 0-dim
-        float32 flag (``None`` when no inf check ran); ``scale_after``: a 0-dim
-        copy of the new scale. Both must stay unmodified afterwards."""
-        self.append((found_inf, scale_after))
+    def rebaseline(self, scale: Tensor) -> None:
+        """The scale was set outside an update (a loaded state dict): count from it."""
+        if self._prev is not None:
+            self._prev.copy_(scale.detach().reshape(()))
 
-    def _fold_rows(self, rows: list[tuple[Optional[Tensor], Tensor]], first_index: int) -> None:
-        scales = torch.stack([scale for _, scale in rows])
-        dev = scales.device
-        if self._prev_scale is None:  # baseline lost (e.g. after load_state_dict)
-            prev0 = scales[:1]
-        else:
-            prev0 = self._prev_scale.reshape(1).to(dev)
-        prev = torch.cat((prev0, scales[:-1]))
-        zero = torch.zeros((), dtype=torch.float32, device=dev)
-        found = torch.stack([zero if f is None else f.reshape(()).to(dev) for f, _ in rows])
-        over = found != 0
-        counts = torch.stack((over.sum(), (scales > prev).sum(), (scales < prev).sum()))
-        index = torch.arange(first_index, first_index + scales.numel(), device=dev)
-        last = torch.where(over, index, torch.full_like(index, -1)).max()
-        if self._counts is None or self._last is None:
-            self._counts, self._last = counts, last
-        else:
-            self._counts = self._counts + counts
-            self._last = torch.maximum(self._last, last)
-        self._prev_scale = scales[-1]
-
-    def rebaseline(self) -> None:
-        """Forget the previous scale (it was changed outside an update)."""
-        self.fold()
-        self._prev_scale = None
-
-    # -- reading (host sync) ------------------------------------------------------
     def read(self) -> tuple[int, int, int, int, Optional[int]]:
         """``(steps, skipped, increases, decreases, last_overflow_step)``; syncs."""
-        self.fold()
-        skipped, inc, dec, last = self._host
-        if self._counts is not None and self._last is not None:
-            c = self._counts.tolist()
-            skipped, inc, dec = skipped + c[0], inc + c[1], dec + c[2]
-            last = max(last, int(self._last.item()))
-        return self.count, skipped, inc, dec, (None if last < 0 else last)
+        c = [0, 0, 0, 0, -1] if self._counts is None else self._counts.tolist()
+        h = self._host
+        last = max(h[4], c[4])
+        return (h[0] + c[0], h[1] + c[1], h[2] + c[2], h[3] + c[3],
+                None if last < 0 else last)
 
     def __getstate__(self) -> dict[str, Any]:
         steps, skipped, inc, dec, last = self.read()
-        prev = None if self._prev_scale is None else float(self._prev_scale.item())
-        return {
-            "steps": steps,
-            "host": [skipped, inc, dec, -1 if last is None else last],
-            "prev_scale": prev,
-        }
+        prev = None if self._prev is None else float(self._prev.item())
+        return {"steps": steps, "host": [skipped, inc, dec, -1 if last is None else last],
+                "prev_scale": prev}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()  # type: ignore[misc]
-        self.count = int(state["steps"])
-        self._host = [int(v) for v in state["host"]]
+        self._host = [int(state["steps"]), *(int(v) for v in state["host"])]
         if state.get("prev_scale") is not None:
-            self._prev_scale = torch.tensor(float(state["prev_scale"]), dtype=torch.float32)
+            self._prev = torch.tensor(float(state["prev_scale"]), dtype=torch.float32)

@@ -341,8 +341,17 @@ class FusedOptimizer(torch.optim.Optimizer):
         """What the kernels take for state ``name`` of DTensor param ``p``: its shard."""
         return _dtensor.local(t)
 
-    def _lr_tensor(self, index: int, group: Dict[str, Any], device: torch.device) -> Tensor:
-        lr = group["lr"]
+    def lr_tensor(self, index: int, device: torch.device) -> Tensor:
+        """The 0-dim lr tensor the kernels of ``param_groups[index]`` read on ``device``.
+
+        A tensor ``lr`` (float32/float64, one element, on ``device``) is returned itself,
+        read in place; another tensor, converted. A float ``lr`` is kept as one float64
+        tensor per (group, device) for the optimizer's life (checkpoint loads included),
+        refilled in place (``fill_``, no sync) when the group's ``lr`` changed: a CUDA
+        graph that captured the step reads the new value once this ran before its replay
+        (:func:`mixprec.capture_step` calls it).
+        """
+        lr = self.param_groups[index]["lr"]
         if isinstance(lr, Tensor):
             if lr.device == device and lr.dtype in (torch.float32, torch.float64) \
                     and lr.numel() == 1:
@@ -450,7 +459,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 scalars = on_device[device] = StepScalars(
                     _on(grad_scale, device), _on(found_inf, device), _on(clip_coef, device))
             table = self._lr_tables.get(index)
-            lr = self._lr_tensor(index, group, device) if table is None else \
+            lr = self.lr_tensor(index, device) if table is None else \
                 _lr_at(table, bucket["state_steps"][0], device)
             sr = bool(group.get("stochastic_rounding", False)) and not bucket["master_params"]
             self._run(bucket, group, dict(
@@ -504,7 +513,6 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _convert_loaded(self, state_dict: Dict[str, Any]) -> None:
         """Replace the state torch loaded (cast to the params' dtypes) by the saved
         entries converted to this optimizer's layout (:meth:`_convert_state`)."""
-        self._lr_cache = {}
         saved_groups = state_dict["param_groups"]
         id_map = dict(zip(chain.from_iterable(g["params"] for g in saved_groups),
                           chain.from_iterable(g["params"] for g in self.param_groups)))
