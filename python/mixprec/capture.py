@@ -596,7 +596,9 @@ class CapturedStep:
         problem = self._problem(before, host, lrs, detector)
         for k, sc in enumerate(self.schedulers):
             if problem is None and getattr(sc, "last_epoch", None) != epochs[k]:
-                problem = _scheduler_in_body(f"schedulers[{k}] ({type(sc).__name__})")
+                problem = _scheduler_in_body(
+                    f"schedulers[{k}] ({type(sc).__name__}), an LR scheduler stepped inside the "
+                    "body")
         if problem is not None:
             return out, problem
         self._slots = _collect_slots(self.optimizers, self.scaler, self.modules)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+from pathlib import Path
 from typing import Any, Dict
 
 import pytest
@@ -616,6 +617,7 @@ def test_train_without_tqdm_prints_plain_progress(monkeypatch: pytest.MonkeyPatc
     """tqdm is only in the ``demo`` extra: with it not importable, the README's trainer
     quickstart runs as it is and ``train`` prints one line at the start and one per epoch
     instead of a bar."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "project"))
     from test_docs import ROOT, runnable_blocks
 
     monkeypatch.setitem(sys.modules, "tqdm", None)  # (import tqdm raises ImportError)
