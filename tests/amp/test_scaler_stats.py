@@ -54,12 +54,12 @@ def test_stats_counted_in_place_and_disabled():
     s = mixprec.GradScaler("cpu", init_scale=1.0, growth_interval=2)
     _drive_one(s)
     tracker = s._mp_stats
-    held = (tracker._counts.data_ptr(), tracker._prev.data_ptr())
+    held = (tracker._counts.data_ptr(), tracker._row.data_ptr(), tracker._prev.data_ptr())
     n = 193
     for _ in range(n - 1):
         _drive_one(s)
-    assert (tracker._counts.data_ptr(), tracker._prev.data_ptr()) == held
-    assert set(vars(tracker)) == {"_host", "_counts", "_prev"}
+    assert (tracker._counts.data_ptr(), tracker._row.data_ptr(), tracker._prev.data_ptr()) == held
+    assert set(vars(tracker)) == {"_host", "_counts", "_row", "_prev"}
     assert s.stats().scale_increases == n // 2
     d = mixprec.GradScaler("cpu", enabled=False)
     assert d.stats().steps == 0 and d.stats().scale == 1.0 and not d.step_was_skipped

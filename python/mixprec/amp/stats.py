@@ -112,16 +112,19 @@ class _StatsTracker:
     """Device-side counters behind :meth:`mixprec.GradScaler.stats`, updated in place.
 
     Device state, on the scale's device, created at the first update: ``_counts``
-    (int64 ``[steps, skipped, increases, decreases, last overflow index (-1: none)]``)
-    and ``_prev`` (float32 0-dim: the scale the next update starts from). Host state:
-    ``_host``, the same five numbers restored from a pickle (added when read). Every
-    tensor keeps its storage from its creation on (a captured ``update()`` replays
-    into it). Pickles as plain numbers (the format of every earlier version).
+    (int64 ``[steps, skipped, increases, decreases, last overflow index (-1: none)]``),
+    ``_row`` (bool ``[1, overflowed, grew, shrank]`` of the last update) and ``_prev``
+    (float32 0-dim: the scale the next update starts from). Every tensor keeps its
+    storage from its creation on (a captured ``update()`` replays into it); an update
+    costs six tiny device ops (written with ``out=``, no allocation). Pickles as plain
+    numbers (the format of every earlier version); ``_host`` holds them until the first
+    update after an unpickle.
     """
 
     def __init__(self) -> None:
         self._host: list[int] = [0, 0, 0, 0, -1]
         self._counts: Optional[Tensor] = None
+        self._row: Optional[Tensor] = None
         self._prev: Optional[Tensor] = None
 
     def start(self, scale: Tensor) -> None:
@@ -133,19 +136,27 @@ class _StatsTracker:
 
     def record(self, found_inf: Optional[Tensor], scale: Tensor) -> None:
         """After an update: ``found_inf`` (the iteration's combined 0-dim float32 flag, or
-        ``None`` when no inf check ran) and the new ``scale``. A few tiny device ops."""
+        ``None`` when no inf check ran) and the new ``scale``."""
         assert self._prev is not None, "start() comes first"
-        after = scale.detach().reshape(())
-        if self._counts is None:  # filled on the device (no host-to-device copy)
+        after, prev = scale.detach().reshape(()), self._prev
+        if self._counts is None or self._row is None:  # filled on the device (no copy)
             self._counts = torch.zeros(5, dtype=torch.int64, device=after.device)
-            self._counts[4].fill_(-1)
-        c = self._counts
-        over = (torch.zeros((), dtype=torch.bool, device=c.device) if found_inf is None
-                else found_inf.reshape(()) != 0)
-        c[4].copy_(torch.where(over, c[0] + self._host[0], c[4]))
-        c[:4].add_(torch.stack((torch.ones_like(over), over, after > self._prev,
-                                after < self._prev)))
-        self._prev.copy_(after)
+            for k, v in enumerate(self._host):
+                if v:
+                    self._counts[k].fill_(v)
+            self._host = [0, 0, 0, 0, -1]
+            self._row = torch.zeros(4, dtype=torch.bool, device=after.device)
+            self._row[0].fill_(True)
+        c, row = self._counts, self._row
+        if found_inf is None:
+            row[1].fill_(False)
+        else:
+            torch.ne(found_inf.reshape(()), 0, out=row[1])
+        torch.where(row[1], c[0], c[4], out=c[4])  # the index of this update
+        torch.gt(after, prev, out=row[2])
+        torch.lt(after, prev, out=row[3])
+        c[:4].add_(row)
+        prev.copy_(after)
 
     def rebaseline(self, scale: Tensor) -> None:
         """The scale was set outside an update (a loaded state dict): count from it."""
@@ -154,11 +165,8 @@ class _StatsTracker:
 
     def read(self) -> tuple[int, int, int, int, Optional[int]]:
         """``(steps, skipped, increases, decreases, last_overflow_step)``; syncs."""
-        c = [0, 0, 0, 0, -1] if self._counts is None else self._counts.tolist()
-        h = self._host
-        last = max(h[4], c[4])
-        return (h[0] + c[0], h[1] + c[1], h[2] + c[2], h[3] + c[3],
-                None if last < 0 else last)
+        c = self._host if self._counts is None else self._counts.tolist()
+        return c[0], c[1], c[2], c[3], (None if c[4] < 0 else c[4])
 
     def __getstate__(self) -> dict[str, Any]:
         steps, skipped, inc, dec, last = self.read()
