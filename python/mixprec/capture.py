@@ -200,7 +200,7 @@ def check_optimizers(optimizers: Sequence[torch.optim.Optimizer], scaler: Any) -
     if not optimizers:
         raise CaptureError("mixprec.capture: optimizers=[...] is required (the optimizers "
                            "the step body steps)")
-    enabled = scaler is not None and bool(getattr(scaler, "_enabled", False))
+    enabled = scaler is not None and scaler.is_enabled()
     for i, opt in enumerate(optimizers):
         if not isinstance(opt, torch.optim.Optimizer):
             raise CaptureError(f"mixprec.capture: optimizers[{i}] is a {type(opt).__name__}, "
@@ -244,7 +244,7 @@ def check_distributed(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
                     "all-gather and free unsharded params around every forward/backward "
                     "with host-side bookkeeping that a replay does not run. Train FSDP2 "
                     "models eagerly (or with torch.compile).")
-    if scaler is not None and getattr(scaler, "_process_group", None) is not None:
+    if scaler is not None and getattr(scaler, "process_group", None) is not None:
         raise CaptureError("mixprec.capture: a GradScaler with a process_group (collective "
                            "inf checks and norms) is not supported under capture")
     for m in modules:
@@ -359,7 +359,7 @@ def _collect_slots(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
             lr = _lr_slot(f"optimizers[{o}].param_groups[{i}]", opt, o, i)
             if lr is not None:
                 slots.append(lr)
-    if scaler is not None and getattr(scaler, "_enabled", False):
+    if scaler is not None and scaler.is_enabled():
         for name in ("_scale", "_growth_tracker", "_hysteresis_left"):
             if isinstance(getattr(scaler, name, None), Tensor):
                 slots.append(_slot(f"scaler.{name}", *_attr(scaler, name)))
@@ -393,12 +393,11 @@ def _host_fingerprint(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
                     items.append((key, repr(value)))
             out.append(tuple(items))
     if scaler is not None:
-        out.append(("scaler", bool(getattr(scaler, "_enabled", False)),
-                    getattr(scaler, "_growth_factor", None),
-                    getattr(scaler, "_backoff_factor", None),
-                    getattr(scaler, "_growth_interval", None),
-                    getattr(scaler, "_min_scale", None), getattr(scaler, "_max_scale", None),
-                    getattr(scaler, "_hysteresis", None)))
+        rule = (scaler.get_growth_factor(), scaler.get_backoff_factor(),
+                scaler.get_growth_interval(),
+                *(getattr(scaler, k, None) for k in ("min_scale", "max_scale", "hysteresis"))
+                ) if scaler.is_enabled() else ()
+        out.append(("scaler", scaler.is_enabled(), *rule))
     for module in modules:
         out.append(tuple(sub.training for sub in module.modules()))
     return tuple(out)
@@ -639,7 +638,7 @@ class CapturedStep:
             return (f"mixprec.capture: the step changes host state a replay would not "
                     f"change: {_describe_change(host, now_host)}")
         sc = self.scaler
-        if sc is not None and getattr(sc, "_enabled", False):
+        if sc is not None and sc.is_enabled():
             if sc.iteration_open():
                 return ("mixprec.capture: the step leaves the scaler's iteration open; end "
                         "the step body with scaler.update()")
