@@ -4,24 +4,8 @@
 # .gpu_peers (torchao, bitsandbytes for Python 3.12). Results under $OUT.
 #   run(command="bash tools/gpu_session3.sh", carry=[".gpu_peers"], timeout_s=590)
 set -u
-export PYTHONUNBUFFERED=1 CXX=/usr/bin/g++ CC=/usr/bin/gcc TORCH_CUDA_ARCH_LIST=9.0a \
-  MIXPREC_FORCE_CUDA=1 MAX_JOBS=14
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-DEADLINE=${DEADLINE:-560}
-PY=python3; ROOT=$PWD
-t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
-run() {  # run NAME NEED LIMIT LOG CMD...: only with NEED seconds left, for at most LIMIT
-  local name=$1 need=$2 limit=$3 log=$4; shift 4
-  local l; l=$(left)
-  if [ "$l" -lt "$need" ]; then el "SKIP $name ($l s left)"; echo "SKIP $name" >> "$log"; return; fi
-  [ "$limit" -gt "$l" ] && limit=$l
-  el "$name"; echo "### $name: $*" >> "$log"
-  timeout "$limit" "$@" >> "$log" 2>&1; local rc=$?
-  el "$name rc=$rc"; echo "(rc=$rc)" >> "$log"
-}
-{ nvidia-smi -L; $PY -c "import torch,sys;print(torch.__version__, sys.version.split()[0])"; \
-  date -u; } > "$OUT/build.log" 2>&1; cat "$OUT/build.log"
+export MAX_JOBS=14 DEADLINE=${DEADLINE:-560}
+. tools/gpu_common.sh
 timeout 300 $PY setup.py build_ext --inplace >> "$OUT/build.log" 2>&1; echo "build rc=$?"
 # the C++ API and its GPU test build in the background while the Python checks run
 ( timeout 420 make cpp-tests-build PYTHON="$(command -v $PY)" > "$OUT/cpp_build.log" 2>&1; \
