@@ -30,6 +30,12 @@ for t in before after; do
   run "scaler $t" 30 80 "$M" env PYTHONPATH=$d/python $PY $d/benchmarks/bench_scaler.py \
     --device cuda --rounds 1 --min-run-time 0.2
 done
+if [ "${ONLY_TIMINGS:-0}" = 1 ]; then  # tools/gpu_session4.sh: the before/after timings only
+  el done
+  grep -E "^(variant|amp-|fp16|bf16|fp32|###|\(rc)" "$E" | cut -c1-110
+  grep -E "^(###|set|2000|gpt2|ratio|\(rc)" "$M" | cut -c1-110
+  exit 0
+fi
 run "hf overflow after" 45 90 "$OUT/hf.log" env PYTHONPATH=$ROOT/python $PY tools/gpu_hf_overflow.py \
   --steps 12 --overflow 3,7
 run "capture correctness" 60 170 "$OUT/capture.log" env PYTHONPATH=$ROOT/python $PY \
