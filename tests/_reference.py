@@ -578,13 +578,14 @@ def _check_codes8(op: str, params: Sequence[Tensor],
                 raise RuntimeError(
                     f"mixprec.{op}: {name}[{i}] must be contiguous uint8 codes, got "
                     f"{codes.dtype}{'' if codes.is_contiguous() else ' (not contiguous)'}")
-            want = (q8.num_blocks(p.numel()),)
+            want = q8.absmax_shape(p.shape)
             if (absmax.dtype != torch.float32 or tuple(absmax.shape) != want
                     or not absmax.is_contiguous()):
                 raise RuntimeError(
                     f"mixprec.{op}: {absname}[{i}] must be a contiguous float32 tensor of "
-                    f"shape {list(want)} (one per block of {q8.BLOCK} elements of "
-                    f"params[{i}]), got {absmax.dtype} of shape {list(absmax.shape)}")
+                    f"shape {list(want)} (one per block of up to {q8.BLOCK} elements of "
+                    f"each row of params[{i}]), got {absmax.dtype} of shape "
+                    f"{list(absmax.shape)}")
             if absmax.device != p.device:
                 raise RuntimeError(f"mixprec.{op}: {absname}[{i}] is on {absmax.device} but "
                                    f"params[0] is on {p.device}")

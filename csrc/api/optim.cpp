@@ -95,62 +95,81 @@ at::Tensor zeros_f32_like(const at::Tensor& p) {
 }
 
 // ---- 8-bit state: the layout of python/mixprec/optim/_quant8.py and
-// optim/_state8.py ("quant" names it), with the same tables
-// (common/quant8_math.h) and the same rounding as its quantize().
-constexpr const char* kQuant = "dynamic8/b256";
+// optim/_state8.py ("quant" names it): blocks inside rows (q8::RowBlocks),
+// encoded and decoded with the kernels' element functions
+// (common/quant8_math.h), so a converted checkpoint holds the codes a step
+// would write.
+constexpr const char* kQuant = "dynamic8/rows/b256";
+// The previous layout: blocks of kBlock over the flattened tensor. Its maxima
+// are 1-D, so a 1-D maxima of codes with two or more dims marks it (for fewer
+// dims the two layouts are the same).
+constexpr const char* kFlatQuant = "dynamic8/b256";
 
 int64_t num_blocks(int64_t n) { return (n + q8::kBlock - 1) / q8::kBlock; }
 
-at::Tensor q8_table(const float* values, int64_t n, c10::Device device) {
-  return at::from_blob(const_cast<float*>(values), {n}, at::kFloat)
-      .to(device, /*non_blocking=*/false, /*copy=*/true);
+std::vector<int64_t> absmax_sizes(const at::Tensor& t) {
+  return q8::absmax_sizes<std::vector<int64_t>>(t.sizes().data(), t.dim());
 }
 
 // A fresh 8-bit moment of p: the codes of zero (contiguous) and zero maxima.
 std::pair<at::Tensor, at::Tensor> zero_codes(const at::Tensor& p, int table) {
   const auto opts = at::TensorOptions(p.device());
   return {at::full(p.sizes(), q8::zero_lo(table), opts.dtype(at::kByte)),
-          at::zeros({num_blocks(p.numel())}, opts.dtype(at::kFloat))};
+          at::zeros(absmax_sizes(p), opts.dtype(at::kFloat))};
 }
 
-// (codes, absmax) of x: _quant8.quantize, operation by operation.
+// The blocks of a tensor of these sizes: the row layout, or with `flat` the
+// previous one (one row of all its elements).
+q8::RowBlocks blocks_of(const at::Tensor& t, bool flat) {
+  return q8::RowBlocks(flat ? t.numel()
+                            : q8::row_length(t.sizes().data(), t.dim()));
+}
+
+// (codes, absmax) of x in the row layout: _quant8.quantize, block by block on
+// the host with q8::encode (a checkpoint conversion, not a step).
 std::pair<at::Tensor, at::Tensor> quantize8(const at::Tensor& x, int table) {
+  const at::Tensor xc = x.to(at::kCPU, at::kFloat).contiguous();
+  at::Tensor codes = at::empty(x.sizes(), at::TensorOptions().dtype(at::kByte));
+  at::Tensor absmax =
+      at::empty(absmax_sizes(x), at::TensorOptions().dtype(at::kFloat));
   const int64_t n = x.numel();
-  const int64_t nb = num_blocks(n);
-  const at::Tensor values =
-      q8_table(q8::kQ8Values + table * 256, 256, x.device());
-  // the midpoints between neighbours, in float64 rounded to float32 (as
-  // _quant8._table_cpu makes them)
-  const at::Tensor v64 = values.to(at::kDouble);
-  const at::Tensor mids =
-      ((v64.narrow(0, 1, 255) + v64.narrow(0, 0, 255)) / 2).to(at::kFloat);
-  at::Tensor flat = x.reshape({-1}).to(at::kFloat);
-  flat = at::cat({flat, at::zeros({nb * q8::kBlock - n}, flat.options())});
-  const at::Tensor b = flat.view({nb, q8::kBlock});
-  const at::Tensor absmax = std::get<0>(b.abs().max(1));
-  const at::Tensor a = absmax.unsqueeze(1);
-  const at::Tensor y = at::where(a > 0, b / a, at::zeros_like(b)).contiguous();
-  at::Tensor idx = at::searchsorted(mids, y, /*out_int32=*/false,
-                                    /*right=*/false);
-  const at::Tensor on_zero = values.eq(0).index({idx}).logical_and(y.ne(0));
-  idx = at::where(on_zero.logical_and(y > 0),
-                  at::full_like(idx, q8::small_pos(table)), idx);
-  idx = at::where(on_zero.logical_and(y < 0),
-                  at::full_like(idx, q8::small_neg(table)), idx);
-  at::Tensor codes =
-      idx.to(at::kByte).reshape({-1}).narrow(0, 0, n).view(x.sizes());
-  return {codes.contiguous(), absmax};
+  if (n > 0) {
+    const q8::RowBlocks rb = blocks_of(x, false);
+    const float* v = xc.data_ptr<float>();
+    uint8_t* c = codes.data_ptr<uint8_t>();
+    float* a = absmax.data_ptr<float>();
+    for (int64_t k = 0, e = 0; e < n; ++k) {
+      const int64_t len = rb.length(k);
+      float m = 0.0f;
+      for (int64_t j = 0; j < len; ++j) m = q8::abs_max(m, v[e + j]);
+      for (int64_t j = 0; j < len; ++j) c[e + j] = q8::encode(v[e + j], m, table);
+      a[k] = m;
+      e += len;
+    }
+  }
+  return {codes.to(x.device()), absmax.to(x.device())};
 }
 
-// The float32 values of codes with per-block maxima: _quant8.dequantize.
+// The float32 values of codes with per-block maxima (_quant8.dequantize; with
+// `flat`, the previous layout's).
 at::Tensor dequantize8(const at::Tensor& codes, const at::Tensor& absmax,
-                       int table) {
+                       int table, bool flat = false) {
+  const at::Tensor cc = codes.to(at::kCPU).contiguous();
+  const at::Tensor ac = absmax.to(at::kCPU, at::kFloat).contiguous();
+  at::Tensor out = at::empty(codes.sizes(), at::TensorOptions().dtype(at::kFloat));
   const int64_t n = codes.numel();
-  const at::Tensor values =
-      q8_table(q8::kQ8Values + table * 256, 256, codes.device());
-  const at::Tensor v = values.index({codes.reshape({-1}).to(at::kLong)});
-  const at::Tensor scale = absmax.repeat_interleave(q8::kBlock).narrow(0, 0, n);
-  return (v * scale).view(codes.sizes());
+  if (n > 0) {
+    const q8::RowBlocks rb = blocks_of(codes, flat);
+    const uint8_t* c = cc.data_ptr<uint8_t>();
+    const float* a = ac.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    for (int64_t k = 0, e = 0; e < n; ++k) {
+      const int64_t len = rb.length(k);
+      for (int64_t j = 0; j < len; ++j) o[e + j] = q8::decode(c[e + j], a[k], table);
+      e += len;
+    }
+  }
+  return out.to(codes.device());
 }
 
 // A loaded moment (and its maxima) in the layout the group wants now: read
@@ -160,7 +179,8 @@ void convert_moment(at::Tensor& m, at::Tensor& absmax, int table, bool coded,
                     bool eight_bit_group, const at::Tensor& p) {
   if (!m.defined()) return;
   if (m.scalar_type() == at::kByte) {
-    m = dequantize8(m, absmax.to(m.device(), at::kFloat), table);
+    const bool flat = m.dim() >= 2 && absmax.dim() == 1;  // (kFlatQuant)
+    m = dequantize8(m, absmax, table, flat);
   }
   if (coded) {
     std::tie(m, absmax) = quantize8(m, table);
@@ -530,7 +550,7 @@ template <typename Options>
 bool AdamBase<Options>::coded(
     const at::Tensor& p, const torch::optim::OptimizerParamGroup& group) const {
   const auto& o = static_cast<const Options&>(group.options());
-  return o.state_bits() == 8 && p.numel() >= o.min_8bit_size();
+  return o.state_bits() == 8 && p.dim() >= 2 && p.numel() >= o.min_8bit_size();
 }
 
 template <typename Options>
@@ -795,41 +815,47 @@ at::Tensor state_tensor(const c10::impl::GenericDict& s, const char* key) {
 }
 
 // The checks of one saved param state's 8-bit entries (codes: uint8 of the
-// param's shape; maxima: float32 of shape (num_blocks)); c10::Error naming
-// the entry otherwise.
+// param's shape; maxima: float32 of the shape of the layout "quant" names);
+// c10::Error naming the entry otherwise.
 void check_coded(const char* cls, const c10::IValue& key,
                  const c10::impl::GenericDict& ps, const at::Tensor& p) {
   static const std::pair<const char*, const char*> kMoments[] = {
       {"exp_avg", "exp_avg_absmax"},
       {"exp_avg_sq", "exp_avg_sq_absmax"},
       {"momentum_buffer", "momentum_buffer_absmax"}};
+  const std::string where =
+      c10::str("mixprec.optim.", cls, ".load_state_dict: state[", key, "]");
   bool any = false;
   for (const auto& [codes_name, absmax_name] : kMoments) {
     const at::Tensor c = state_tensor(ps, codes_name);
+    if (c.defined() && c.scalar_type() == at::kByte) any = true;
+  }
+  if (!any) return;
+  auto q = ps.find("quant");
+  const std::string layout = q != ps.end() && q->value().isString()
+                                 ? q->value().toStringRef()
+                                 : std::string("(none)");
+  TORCH_CHECK_VALUE(layout == kQuant || layout == kFlatQuant, where,
+                    ": unknown 8-bit layout '", layout,
+                    "' (this version reads '", kQuant, "' and '", kFlatQuant,
+                    "')");
+  for (const auto& [codes_name, absmax_name] : kMoments) {
+    const at::Tensor c = state_tensor(ps, codes_name);
     if (!c.defined() || c.scalar_type() != at::kByte) continue;
-    any = true;
-    const std::string where =
-        c10::str("mixprec.optim.", cls, ".load_state_dict: state[", key, "]");
     TORCH_CHECK_VALUE(c.sizes() == p.sizes(), where, "['", codes_name,
                       "']: expected uint8 codes of shape ", p.sizes(),
                       ", got shape ", c.sizes());
     const at::Tensor a = state_tensor(ps, absmax_name);
-    const int64_t nb = num_blocks(p.numel());
+    const std::vector<int64_t> want = layout == kQuant
+                                          ? absmax_sizes(p)
+                                          : std::vector<int64_t>{num_blocks(p.numel())};
     TORCH_CHECK_VALUE(a.defined() && a.scalar_type() == at::kFloat &&
-                          a.dim() == 1 && a.size(0) == nb,
-                      where, "['", absmax_name,
-                      "']: expected float32 of shape [", nb, "], got ",
+                          a.sizes() == at::IntArrayRef(want),
+                      where, "['", absmax_name, "']: expected float32 of shape ",
+                      at::IntArrayRef(want), " ('", layout, "' layout), got ",
                       a.defined()
                           ? c10::str(a.scalar_type(), " of shape ", a.sizes())
                           : std::string("nothing"));
-  }
-  if (any) {
-    auto q = ps.find("quant");
-    const bool ok = q != ps.end() && q->value().isString() &&
-                    q->value().toStringRef() == kQuant;
-    TORCH_CHECK_VALUE(ok, "mixprec.optim.", cls, ".load_state_dict: state[",
-                      key, "]: unknown 8-bit layout (this version reads '",
-                      kQuant, "')");
   }
 }
 
@@ -1059,7 +1085,7 @@ void SGD::load(torch::serialize::InputArchive& archive) {
 bool SGD::coded(const at::Tensor& p,
                 const torch::optim::OptimizerParamGroup& group) const {
   const auto& o = static_cast<const SGDOptions&>(group.options());
-  return o.state_bits() == 8 && o.momentum() != 0 &&
+  return o.state_bits() == 8 && o.momentum() != 0 && p.dim() >= 2 &&
          p.numel() >= o.min_8bit_size();
 }
 

@@ -145,14 +145,16 @@ void check_optim_param(const OptimLists& lists, size_t i,
                   "] must be contiguous uint8 codes, got ", x.scalar_type(),
                   x.is_contiguous() ? "" : " (not contiguous)");
       const at::Tensor& a = st.absmax[i];
-      const int64_t blocks = (p.numel() + q8::kBlock - 1) / q8::kBlock;
+      const std::vector<int64_t> want_v =
+          q8::absmax_sizes<std::vector<int64_t>>(p.sizes().data(), p.dim());
+      const at::IntArrayRef want(want_v);
       TORCH_CHECK(a.defined() && a.layout() == at::kStrided &&
-                      a.scalar_type() == at::kFloat && a.dim() == 1 &&
-                      a.size(0) == blocks && a.is_contiguous(),
+                      a.scalar_type() == at::kFloat && a.sizes() == want &&
+                      a.is_contiguous(),
                   "mixprec.", op, ": ", st.absmax_name, "[", i,
-                  "] must be a contiguous float32 tensor of shape [", blocks,
-                  "] (one per block of ", q8::kBlock, " elements of params[", i,
-                  "]), got ",
+                  "] must be a contiguous float32 tensor of shape ", want,
+                  " (one per block of up to ", q8::kBlock,
+                  " elements of each row of params[", i, "]), got ",
                   a.defined() ? c10::toString(a.scalar_type()) : "undefined",
                   " of shape ", a.defined() ? a.sizes() : at::IntArrayRef{});
       TORCH_CHECK(a.device() == device, "mixprec.", op, ": ", st.absmax_name,

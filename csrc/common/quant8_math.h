@@ -3,7 +3,10 @@
 // emulation. No ATen types.
 //
 // The format is python/mixprec/optim/_quant8.py's, which is the reference: a
-// state tensor is cut, in element order, into blocks of kBlock = 256; a block
+// state tensor is cut into rows (numel / size(0) elements for two or more
+// dims; a tensor of fewer dims is one row), each row, in element order, into
+// blocks of kBlock = 256 (the last block of a row holds the rest: a block
+// never spans two rows, so no sharding by rows cuts one; RowBlocks); a block
 // keeps one float32 absmax A and one code per element. Reading back:
 // value(table, code) * A. Writing: the code of y = x / A (IEEE division; y = 0
 // when A = 0) is the number of table midpoints below y (ties take the lower
@@ -28,7 +31,48 @@
 namespace mixprec {
 namespace q8 {
 
-constexpr int kBlock = 256;  // elements per absmax
+constexpr int kBlock = 256;  // elements per absmax (at most: see RowBlocks)
+
+// The blocks of a state tensor of `row` elements per row (> 0), numbered row
+// by row: block k is the (k % per_row)-th of row k / per_row.
+struct RowBlocks {
+  int64_t row;      // elements per row
+  int64_t per_row;  // blocks per row
+
+  C10_HOST_DEVICE explicit RowBlocks(int64_t row_elements)
+      : row(row_elements), per_row((row_elements + kBlock - 1) / kBlock) {}
+  // The first element of block k.
+  C10_HOST_DEVICE int64_t start(int64_t k) const {
+    return (k / per_row) * row + (k % per_row) * kBlock;
+  }
+  // The elements of block k (kBlock, or the rest of its row).
+  C10_HOST_DEVICE int64_t length(int64_t k) const {
+    const int64_t rest = row - (k % per_row) * kBlock;
+    return rest < kBlock ? rest : kBlock;
+  }
+  // The block that starts at element e (a block start).
+  C10_HOST_DEVICE int64_t block_at(int64_t e) const {
+    return (e / row) * per_row + (e % row) / kBlock;
+  }
+};
+
+// Elements per row of a tensor with `dim` sizes `sizes` (host): the product
+// of sizes[1:] for two or more dims, of all sizes for fewer.
+inline int64_t row_length(const int64_t* sizes, int64_t dim) {
+  int64_t n = 1;
+  for (int64_t d = dim >= 2 ? 1 : 0; d < dim; ++d) {
+    n *= sizes[d];
+  }
+  return n;
+}
+
+// The sizes of the block maxima of such a tensor (host): {sizes[0], blocks
+// per row} for two or more dims, {blocks} for fewer (_quant8.absmax_shape).
+template <class Sizes>
+Sizes absmax_sizes(const int64_t* sizes, int64_t dim) {
+  const int64_t per_row = RowBlocks(row_length(sizes, dim)).per_row;
+  return dim >= 2 ? Sizes{sizes[0], per_row} : Sizes{per_row};
+}
 
 // The tables: 0 for first moments and momentum (signed), 1 for second
 // moments (unsigned).

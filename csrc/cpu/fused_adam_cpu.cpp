@@ -21,7 +21,8 @@ namespace {
 // spans of `lists` (run(fs, span, span_args) calls the span kernel) and the
 // step counts. Args: OpArgs of either op (arguments read by name).
 template <class Args, class Run>
-void adam_pass(const Args& args, const optim::OptimLists& lists, Run&& run) {
+void adam_pass(const Args& args, const optim::OptimLists& lists, Run&& run,
+               bool coded = false) {
   MIXPREC_BIND(args, params, state_steps, lr, beta1, beta2, weight_decay, eps,
                maximize, decoupled_weight_decay, grad_scale, found_inf,
                clip_coef, stochastic_rounding, seed)
@@ -43,7 +44,11 @@ void adam_pass(const Args& args, const optim::OptimLists& lists, Run&& run) {
     steps[t] = math::make_adam_step(lr_v, beta1, beta2, weight_decay,
                                     static_cast<double>(step_after[t]));
   }
-  for_each_span(fs, stochastic_rounding, [&](const ParamSpan& s) {
+  // 8-bit state: each param's elements per row (the blocks' layout)
+  const std::vector<int64_t> rows =
+      coded ? row_lengths(fs.views[0]) : std::vector<int64_t>();
+  for_each_span(
+      fs, stochastic_rounding, [&](const ParamSpan& s) {
     const AdamSpanArgs a{
         gc,
         k,
@@ -53,8 +58,8 @@ void adam_pass(const Args& args, const optim::OptimLists& lists, Run&& run) {
                             static_cast<uint32_t>(step_after[s.t]), s.sr_stream)
              : 0u,
         s.sr_index_base};
-    run(fs, s, a);
-  });
+    run(fs, s, a, coded ? rows[s.t] : 0);
+  }, coded ? &rows : nullptr);
   fs.finish();
   for (size_t t = 0; t < n; ++t) {
     state_steps[t].template data_ptr<float>()[0] = step_after[t];
@@ -65,7 +70,8 @@ void fused_adam_cpu(const OpArgs<&fused_adam_>& args) {
   const SpanKernels& kernels = span_kernels();
   adam_pass(
       args, optim::check_fused_adam_args(args, c10::DeviceType::CPU),
-      [&](const optim::FlatSet& fs, const ParamSpan& s, const AdamSpanArgs& a) {
+      [&](const optim::FlatSet& fs, const ParamSpan& s, const AdamSpanArgs& a,
+            int64_t) {
         // exp_avgs, exp_avg_sqs, max_exp_avg_sqs (-1 without amsgrad)
         // and master_params (-1 without masters) in fs
         kernels.adam(s.param_dtype, s.grad_dtype, s.p, s.g,
@@ -84,12 +90,14 @@ void fused_adam8_cpu(const OpArgs<&fused_adam8_>& args) {
   const SpanKernels& kernels = span_kernels();
   adam_pass(
       args, optim::check_fused_adam8_args(args, c10::DeviceType::CPU),
-      [&](const optim::FlatSet& fs, const ParamSpan& s, const AdamSpanArgs& a) {
+      [&](const optim::FlatSet& fs, const ParamSpan& s, const AdamSpanArgs& a,
+            int64_t row) {
         kernels.adam8(s.param_dtype, s.grad_dtype, s.p, s.g,
-                      s.coded(fs, fs.state_view[0], exp_avg_absmax),
-                      s.coded(fs, fs.state_view[1], exp_avg_sq_absmax),
+                      s.coded(fs, fs.state_view[0], exp_avg_absmax, row),
+                      s.coded(fs, fs.state_view[1], exp_avg_sq_absmax, row),
                       s.f32(fs, fs.master_view), s.n, a);
-      });
+      },
+      /*coded=*/true);
 }
 
 }  // namespace

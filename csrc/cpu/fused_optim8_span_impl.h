@@ -156,16 +156,24 @@ struct StateMax {
   float absmax(int k) const { return reduce_abs_max(vec[k], scalar[k]); }
 };
 
+// The length of the block at column `col` of a row of `row` elements.
+inline int64_t coded_block_length(int64_t row, int64_t col) {
+  return row - col < q8::kBlock ? row - col : q8::kBlock;
+}
+
 // The 8-bit spans run the 32-bit element loops of fused_optim_span_impl.h
-// on one state block at a time, its moments read back into block buffers.
+// on one state block at a time, its moments read back into block buffers. A
+// span starts at a block and ends at one; the blocks run row by row
+// (CodedSpan), so a block holds q8::kBlock elements or the rest of its row.
 template <typename P, typename G, bool kMaster>
 void adam8_span(P* p, const G* g, const CodedSpan& mc, const CodedSpan& vc,
                 float* master, int64_t n, const AdamSpanArgs& a) {
   alignas(64) float mq[q8::kBlock];
   alignas(64) float vq[q8::kBlock];
   AdamSpanArgs ab = a;
-  for (int64_t off = 0, blk = 0; off < n; off += q8::kBlock, ++blk) {
-    const int64_t len = n - off < q8::kBlock ? n - off : q8::kBlock;
+  int64_t col = mc.col;
+  for (int64_t off = 0, blk = 0; off < n; ++blk) {
+    const int64_t len = coded_block_length(mc.row, col);
     decode_block(mc.codes + off, mc.absmax[blk], q8::kSigned, len, mq);
     decode_block(vc.codes + off, vc.absmax[blk], q8::kUnsigned, len, vq);
     ab.index_base = a.index_base + static_cast<uint32_t>(off);
@@ -179,6 +187,8 @@ void adam8_span(P* p, const G* g, const CodedSpan& mc, const CodedSpan& vc,
     encode_block(vq, new_av, q8::kUnsigned, len, vc.codes + off);
     mc.absmax[blk] = new_am;
     vc.absmax[blk] = new_av;
+    off += len;
+    col = col + len == mc.row ? 0 : col + len;
   }
 }
 
@@ -187,8 +197,9 @@ void sgd8_span(P* p, const G* g, const CodedSpan& bc, float* master, int64_t n,
                const SgdSpanArgs& a) {
   alignas(64) float bq[q8::kBlock];
   SgdSpanArgs ab = a;
-  for (int64_t off = 0, blk = 0; off < n; off += q8::kBlock, ++blk) {
-    const int64_t len = n - off < q8::kBlock ? n - off : q8::kBlock;
+  int64_t col = bc.col;
+  for (int64_t off = 0, blk = 0; off < n; ++blk) {
+    const int64_t len = coded_block_length(bc.row, col);
     if (!a.first) {
       decode_block(bc.codes + off, bc.absmax[blk], q8::kSigned, len, bq);
     }
@@ -199,6 +210,8 @@ void sgd8_span(P* p, const G* g, const CodedSpan& bc, float* master, int64_t n,
     const float new_ab = seen.absmax(0);
     encode_block(bq, new_ab, q8::kSigned, len, bc.codes + off);
     bc.absmax[blk] = new_ab;
+    off += len;
+    col = col + len == bc.row ? 0 : col + len;
   }
 }
 

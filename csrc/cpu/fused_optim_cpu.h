@@ -69,21 +69,36 @@ struct ParamSpan {
   }
 
   // The 8-bit state `view` of the FlatSet (uint8 codes) from element `begin`,
-  // with its maxima `absmax` (the call's list: contiguous, one per block;
-  // `begin` is a multiple of the block size, as every chunk start is).
-  CodedSpan coded(const optim::FlatSet& fs, int view,
-                  at::TensorList absmax) const {
+  // with its maxima `absmax` (the call's list: contiguous, one per block) and
+  // `row` elements per row (`begin` is a block's first element, as every
+  // chunk start of for_each_span with rows is).
+  CodedSpan coded(const optim::FlatSet& fs, int view, at::TensorList absmax,
+                  int64_t row) const {
     return CodedSpan{fs.views[view][t]->data_ptr<uint8_t>() + begin,
-                     absmax[t].data_ptr<float>() + begin / q8::kBlock};
+                     absmax[t].data_ptr<float>() +
+                         q8::RowBlocks(row).block_at(begin),
+                     row, begin % row};
   }
 };
 
+// Elements per row of each param of `params` (8-bit state's row layout,
+// common/quant8_math.h).
+inline std::vector<int64_t> row_lengths(const optim::TensorRefs& params) {
+  std::vector<int64_t> rows(params.size());
+  for (size_t t = 0; t < params.size(); ++t) {
+    rows[t] = q8::row_length(params[t]->sizes().data(), params[t]->dim());
+  }
+  return rows;
+}
+
 // Calls fn(const ParamSpan&) for every chunk of every parameter of `fs`, in
 // parallel (a WorkList over the params), with the SR element numbering of the
-// CUDA kernels.
+// CUDA kernels. With `rows` (8-bit state: each param's elements per row),
+// chunks start and end at blocks: the WorkList runs over kBlock slots per
+// block (q8::RowBlocks), mapped back to elements.
 template <typename Fn>
-void for_each_span(const optim::FlatSet& fs, bool stochastic_rounding,
-                   Fn&& fn) {
+void for_each_span(const optim::FlatSet& fs, bool stochastic_rounding, Fn&& fn,
+                   const std::vector<int64_t>* rows = nullptr) {
   const optim::TensorRefs& P = fs.views[0];
   const optim::TensorRefs& G = fs.views[1];
   const std::vector<uint32_t> sr_base =
@@ -91,19 +106,31 @@ void for_each_span(const optim::FlatSet& fs, bool stochastic_rounding,
                           : std::vector<uint32_t>(P.size(), 0);
   WorkList work;
   for (size_t t = 0; t < P.size(); ++t) {
-    work.add(static_cast<int32_t>(t), P[t]->numel());
+    const int64_t n = P[t]->numel();
+    const bool slots = rows != nullptr && n > 0;
+    work.add(static_cast<int32_t>(t),
+             slots ? n / (*rows)[t] * q8::RowBlocks((*rows)[t]).per_row *
+                         q8::kBlock
+                   : n);
   }
   work.for_each([&](const WorkItem& it) {
     const size_t t = static_cast<size_t>(it.tensor);
     const at::Tensor& pt = *P[t];
     const at::Tensor& gt = *G[t];
-    const int64_t b = it.begin;
+    int64_t b = it.begin;
+    int64_t e = it.end;
+    if (rows != nullptr) {  // block slots (multiples of kBlock) -> elements
+      const q8::RowBlocks rb((*rows)[t]);
+      const int64_t blocks = pt.numel() / rb.row * rb.per_row;
+      b = rb.start(b / q8::kBlock);
+      e = e / q8::kBlock == blocks ? pt.numel() : rb.start(e / q8::kBlock);
+    }
     const int64_t psz = static_cast<int64_t>(pt.element_size());
     const int64_t gsz = static_cast<int64_t>(gt.element_size());
     const ParamSpan span{
         t,
         b,
-        it.end - it.begin,
+        e - b,
         span_dtype(pt.scalar_type()),
         span_dtype(gt.scalar_type()),
         static_cast<char*>(pt.data_ptr()) + b * psz,

@@ -19,7 +19,8 @@ namespace {
 // What fused_sgd_cpu and fused_sgd8_cpu share around their element loops
 // (as adam_pass in fused_adam_cpu.cpp).
 template <class Args, class Run>
-void sgd_pass(const Args& args, const optim::OptimLists& lists, Run&& run) {
+void sgd_pass(const Args& args, const optim::OptimLists& lists, Run&& run,
+              bool coded = false) {
   MIXPREC_BIND(args, params, state_steps, lr, weight_decay, momentum, dampening,
                nesterov, maximize, grad_scale, found_inf, clip_coef,
                stochastic_rounding, seed)
@@ -39,7 +40,11 @@ void sgd_pass(const Args& args, const optim::OptimLists& lists, Run&& run) {
   for (size_t t = 0; t < n; ++t) {
     step_before[t] = state_steps[t].template data_ptr<float>()[0];
   }
-  for_each_span(fs, stochastic_rounding, [&](const ParamSpan& s) {
+  // 8-bit state: each param's elements per row (the blocks' layout)
+  const std::vector<int64_t> rows =
+      coded ? row_lengths(fs.views[0]) : std::vector<int64_t>();
+  for_each_span(
+      fs, stochastic_rounding, [&](const ParamSpan& s) {
     const SgdSpanArgs a{
         gc,
         k,
@@ -51,8 +56,8 @@ void sgd_pass(const Args& args, const optim::OptimLists& lists, Run&& run) {
                             s.sr_stream)
              : 0u,
         s.sr_index_base};
-    run(fs, s, a);
-  });
+    run(fs, s, a, coded ? rows[s.t] : 0);
+  }, coded ? &rows : nullptr);
   fs.finish();
   for (size_t t = 0; t < n; ++t) {
     state_steps[t].template data_ptr<float>()[0] = step_before[t] + 1.0f;
@@ -63,7 +68,8 @@ void fused_sgd_cpu(const OpArgs<&fused_sgd_>& args) {
   const SpanKernels& kernels = span_kernels();
   sgd_pass(
       args, optim::check_fused_sgd_args(args, c10::DeviceType::CPU),
-      [&](const optim::FlatSet& fs, const ParamSpan& s, const SgdSpanArgs& a) {
+      [&](const optim::FlatSet& fs, const ParamSpan& s, const SgdSpanArgs& a,
+            int64_t) {
         // momentum_buffers (-1 without momentum), master_params (-1
         // without masters) in fs
         kernels.sgd(s.param_dtype, s.grad_dtype, s.p, s.g,
@@ -78,11 +84,13 @@ void fused_sgd8_cpu(const OpArgs<&fused_sgd8_>& args) {
   const SpanKernels& kernels = span_kernels();
   sgd_pass(
       args, optim::check_fused_sgd8_args(args, c10::DeviceType::CPU),
-      [&](const optim::FlatSet& fs, const ParamSpan& s, const SgdSpanArgs& a) {
+      [&](const optim::FlatSet& fs, const ParamSpan& s, const SgdSpanArgs& a,
+            int64_t row) {
         kernels.sgd8(s.param_dtype, s.grad_dtype, s.p, s.g,
-                     s.coded(fs, fs.state_view[0], momentum_absmax),
+                     s.coded(fs, fs.state_view[0], momentum_absmax, row),
                      s.f32(fs, fs.master_view), s.n, a);
-      });
+      },
+      /*coded=*/true);
 }
 
 }  // namespace

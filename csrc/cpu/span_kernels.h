@@ -58,11 +58,15 @@ struct SgdSpanArgs {
 };
 
 // One 8-bit state over a span that starts at a block boundary: the codes of
-// its first element and the absmax of its first block (q8::kBlock elements
-// each; common/quant8_math.h).
+// its first element, the absmax of its first block, the state's elements per
+// row and the column (index in its row) of the span's first element. The
+// blocks run row by row (common/quant8_math.h): q8::kBlock elements, or the
+// rest of a row.
 struct CodedSpan {
   uint8_t* codes;
   float* absmax;
+  int64_t row;
+  int64_t col;
 };
 
 struct SpanKernels {

@@ -134,6 +134,8 @@ struct Adam8Slot {
     kExpAvgSqAbsmax,
     kMaster,
     kStep,
+    kRow,     // (an integer: elements per row of the state)
+    kSrBase,  // (an integer: the SR number of element 0)
     kDepth
   };
 };
@@ -148,6 +150,8 @@ struct Adam8Rule {
   static constexpr int kGrad = Adam8Slot::kGrad;
   static constexpr int kMaster = Adam8Slot::kMaster;
   static constexpr int kStep = Adam8Slot::kStep;
+  static constexpr int kRow = Adam8Slot::kRow;
+  static constexpr int kSrBase = Adam8Slot::kSrBase;
   static constexpr int kStates = 2;
   MIXPREC_HD static constexpr int codes_slot(int k) {
     return k == 0 ? Adam8Slot::kExpAvg : Adam8Slot::kExpAvgSq;
@@ -199,7 +203,8 @@ void fused_adam8_launch(const OpArgs<&fused_adam8_>& op_args) {
         optim::check_adam_hparams(beta1, beta2, weight_decay, eps,
                                   "fused_adam8_");
       },
-      fill, make_args, false, stochastic_rounding);
+      fill, make_args, false, stochastic_rounding,
+      Adam8Slot::kRow, Adam8Slot::kSrBase);
 }
 
 }  // namespace cuda

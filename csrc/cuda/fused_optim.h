@@ -22,6 +22,7 @@
 #include "common/optim_args.h"
 #include "common/optim_dispatch.h"
 #include "common/optim_math.h"
+#include "common/quant8_math.h"
 #include "cuda/launch_plan.h"
 
 namespace mixprec {
@@ -163,14 +164,20 @@ struct StepFrame {
   uint32_t key;
   uint32_t base;
 
+  // The frame at element `start` of the block's tensor (the span's first
+  // element unless given: Optim8Op starts at each state block).
   template <class Meta>
   MIXPREC_HD static StepFrame make(const Meta& meta, GridPos pos,
-                                   const typename Rule::Args& a) {
+                                   const typename Rule::Args& a,
+                                   int64_t start = -1) {
     const BlockSpan s = block_span(meta, pos.block);
+    if (start < 0) {
+      start = s.start;
+    }
     auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
     float* mp = nullptr;
     if constexpr (kHasMaster) {
-      mp = static_cast<float*>(list(Rule::kMaster)) + s.start;
+      mp = static_cast<float*>(list(Rule::kMaster)) + start;
     }
     const float step_before = *static_cast<const float*>(list(Rule::kStep));
     const typename Rule::Block blk = Rule::block(a, step_before);
@@ -183,8 +190,8 @@ struct StepFrame {
     }
     return StepFrame{
         s,
-        static_cast<P*>(list(Rule::kParam)) + s.start,
-        static_cast<const G*>(list(Rule::kGrad)) + s.start,
+        static_cast<P*>(list(Rule::kParam)) + start,
+        static_cast<const G*>(list(Rule::kGrad)) + start,
         mp,
         blk,
         Rule::loads_states(blk),
@@ -467,13 +474,19 @@ void run_optim_plan(const OptimPlan<Depth>& plan, bool masters, bool option,
 // - run Op over the plan with the kernel arguments `make_args()` (made after
 //   the checks, so a bad argument gets the checks' message), copy the
 //   flattened copies back, then increment the step counts unless found_inf.
+// 8-bit state (Optim8Op) gives `row_slot` and `sr_slot`: each param is then
+// planned over kBlock slots per state block (q8::RowBlocks), and two of its
+// slots carry integers: its elements per row, and the SR number of its
+// element 0 (the chunks of kSrChunk of the params before it in its dtype
+// group, as the CPU kernels number them).
 template <class Exec, int Depth,
           template <typename, typename, bool, bool> class Op,
           class CheckHparams, class Fill, class MakeArgs>
 void launch_optim(const optim::OptimLists& lists,
                   const CheckHparams& check_hparams, const Fill& fill,
                   const MakeArgs& make_args, bool option,
-                  bool stochastic_rounding) {
+                  bool stochastic_rounding, int row_slot = -1,
+                  int sr_slot = -1) {
   const size_t n = lists.params.size();
   if (n == 0) {
     check_hparams();
@@ -486,6 +499,7 @@ void launch_optim(const optim::OptimLists& lists,
   FlatRows rows(lists);
   OptimPlan<Depth> plan;
   std::array<std::optional<LaunchPlanner<Depth>>, 9> planners;
+  std::array<int64_t, 9> sr_chunks{};  // per group: kSrChunk chunks so far
   plan.steps.reserve(n / kStepsPerLaunch + 1);
   for (size_t i = 0; i < n; ++i) {
     optim::check_optim_param(lists, i, device);
@@ -507,7 +521,20 @@ void launch_optim(const optim::OptimLists& lists,
     }
     void* addresses[Depth];
     fill(rows, row, i, addresses);
-    planners[k]->add(addresses, numel);
+    int64_t planned = numel;
+    if (row_slot >= 0) {
+      const at::Tensor& p = lists.params[i];
+      const q8::RowBlocks rb(q8::row_length(p.sizes().data(), p.dim()));
+      addresses[row_slot] =
+          reinterpret_cast<void*>(static_cast<uintptr_t>(rb.row));
+      planned = numel / rb.row * rb.per_row * q8::kBlock;
+    }
+    if (sr_slot >= 0) {
+      addresses[sr_slot] = reinterpret_cast<void*>(static_cast<uintptr_t>(
+          static_cast<uint32_t>(sr_chunks[k] * math::kSrChunk)));
+    }
+    sr_chunks[k] += (numel + math::kSrChunk - 1) / math::kSrChunk;
+    planners[k]->add(addresses, planned);
   }
   for (auto& p : planners) {
     if (p) {

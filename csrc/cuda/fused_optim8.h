@@ -2,11 +2,16 @@
 // (fused_adam8_ in fused_adam.h, fused_sgd8_ in fused_sgd.h), on the plans
 // and launcher of fused_optim.h.
 //
-// A state block (q8::kBlock = 256 elements, one absmax) needs the new values
-// of all its elements before any code can be written, so the functor is
-// warp-cooperative (WarpRounds, launch_plan.h): one warp owns one state block
-// per round, each lane 8 of its elements (two runs of 4: elements 4l..4l+3
-// and 128+4l..128+4l+3, so a warp's loads are contiguous). Phase 1 reads the
+// A state block (up to q8::kBlock = 256 elements of one row, one absmax;
+// q8::RowBlocks) needs the new values of all its elements before any code can
+// be written, so the functor is warp-cooperative (WarpRounds, launch_plan.h):
+// one warp owns one state block per round, each lane up to 8 of its elements
+// (two runs of 4: elements 4l..4l+3 and 128+4l..128+4l+3, so a warp's loads
+// are contiguous). The plan runs over kBlock slots per state block (so every
+// CUDA block starts at a state block: launch_optim's row slot), and the
+// functor maps its rounds to the blocks' elements with the row length that
+// travels in the Rule's kRow slot; the SR numbers are the element's, from
+// the tensor's base in the kSrBase slot (the CPU kernels' numbering). Phase 1 reads the
 // codes back with the old absmax, runs the optimizer's element update, writes
 // the param (and master) and keeps the new state values in registers, with
 // their per-lane |max|; the warp takes the maximum; phase 2 writes the codes
@@ -30,7 +35,8 @@ static_assert(q8::kBlock == 2 * kOptVec * kWarpSize,
 
 // Rule supplies what OptimOp's Rule does (fused_optim.h), with kStates 8-bit
 // states: codes_slot(k), absmax_slot(k) and table(k) (q8::kSigned or
-// q8::kUnsigned) instead of state_slot / uses_state.
+// q8::kUnsigned) instead of state_slot / uses_state, and the slots kRow and
+// kSrBase (integers, not addresses: launch_optim writes them).
 template <typename P, typename G, bool kHasMaster, class Rule>
 struct Optim8Op {
   static constexpr int kStates = Rule::kStates;
@@ -51,41 +57,62 @@ struct Optim8Op {
     return static_cast<int>((s.length + q8::kBlock - 1) / q8::kBlock);
   }
 
-  // The first element (in the block's span) of run j of `lane` in `round`.
-  MIXPREC_HD static int64_t run_start(int round, int j, int lane) {
-    return static_cast<int64_t>(round) * q8::kBlock +
-           j * (kOptVec * kWarpSize) + kOptVec * lane;
+  // The first element (in its state block) of run j of `lane`.
+  MIXPREC_HD static int64_t run_start(int j, int lane) {
+    return j * (kOptVec * kWarpSize) + kOptVec * lane;
   }
 
-  // How many of the kOptVec elements from i0 lie in a span of `length`.
+  // How many of the kOptVec elements from i0 lie in a block of `length`.
   MIXPREC_HD static int run_count(int64_t i0, int64_t length) {
     const int64_t rest = length - i0;
     return rest <= 0 ? 0 : (rest < kOptVec ? static_cast<int>(rest) : kOptVec);
+  }
+
+  // The state block of `round` in this CUDA block: its number qb, first
+  // element and length.
+  struct StateBlock {
+    int64_t qb;
+    int64_t start;
+    int64_t length;
+  };
+  template <class Meta>
+  MIXPREC_HD static StateBlock state_block(const Meta& meta, const BlockSpan& s,
+                                           int round) {
+    const q8::RowBlocks rb(static_cast<int64_t>(reinterpret_cast<uintptr_t>(
+        meta.addresses[Rule::kRow][s.tensor])));
+    const int64_t qb = s.start / q8::kBlock + round;
+    return StateBlock{qb, rb.start(qb), rb.length(qb)};
   }
 
   template <class Meta>
   MIXPREC_HD void phase1(const Meta& meta, GridPos pos, int round, int lane,
                          Lane& st, float (&maxes)[kStates],
                          const Args& a) const {
-    const auto [s, p, g, mp, blk, load_states, gc, key, base] =
-        StepFrame<P, G, kHasMaster, Rule>::make(meta, pos, a);
+    const BlockSpan s = block_span(meta, pos.block);
+    const StateBlock sb = state_block(meta, s, round);
+    const auto [unused, p, g, mp, blk, load_states, gc, key, unused_base] =
+        StepFrame<P, G, kHasMaster, Rule>::make(meta, pos, a, sb.start);
+    const uint32_t base =
+        a.sr ? static_cast<uint32_t>(reinterpret_cast<uintptr_t>(
+                   meta.addresses[Rule::kSrBase][s.tensor])) +
+                   static_cast<uint32_t>(sb.start)
+             : 0u;
     auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
-    const int64_t qb = s.start / q8::kBlock + round;  // state block
     const uint8_t* codes[kStates];
     float old_max[kStates];
 #pragma unroll
     for (int k = 0; k < kStates; ++k) {
       codes[k] =
-          static_cast<const uint8_t*>(list(Rule::codes_slot(k))) + s.start;
-      old_max[k] = static_cast<const float*>(list(Rule::absmax_slot(k)))[qb];
+          static_cast<const uint8_t*>(list(Rule::codes_slot(k))) + sb.start;
+      old_max[k] = static_cast<const float*>(list(Rule::absmax_slot(k)))[sb.qb];
       maxes[k] = 0.0f;
     }
     const bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) &&
                          (!kHasMaster || vec_aligned<float>(mp));
 #pragma unroll
     for (int j = 0; j < kRuns; ++j) {
-      const int64_t i0 = run_start(round, j, lane);
-      const int count = run_count(i0, s.length);
+      const int64_t i0 = run_start(j, lane);
+      const int count = run_count(i0, sb.length);
       float w[kOptVec] = {};
       float gr[kOptVec] = {};
       if (count == kOptVec && aligned) {
@@ -146,17 +173,17 @@ struct Optim8Op {
                          const Lane& st, const float (&maxes)[kStates],
                          const Args&) const {
     const BlockSpan s = block_span(meta, pos.block);
+    const StateBlock sb = state_block(meta, s, round);
     auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
-    const int64_t qb = s.start / q8::kBlock + round;
 #pragma unroll
     for (int k = 0; k < kStates; ++k) {
       uint8_t* codes =
-          static_cast<uint8_t*>(list(Rule::codes_slot(k))) + s.start;
+          static_cast<uint8_t*>(list(Rule::codes_slot(k))) + sb.start;
       const bool aligned4 = reinterpret_cast<uintptr_t>(codes) % kOptVec == 0;
 #pragma unroll
       for (int j = 0; j < kRuns; ++j) {
-        const int64_t i0 = run_start(round, j, lane);
-        const int count = run_count(i0, s.length);
+        const int64_t i0 = run_start(j, lane);
+        const int count = run_count(i0, sb.length);
         if (count == kOptVec && aligned4) {
           AlignedVector<uint8_t, kOptVec> out;
 #pragma unroll
@@ -172,7 +199,7 @@ struct Optim8Op {
         }
       }
       if (lane == 0) {
-        static_cast<float*>(list(Rule::absmax_slot(k)))[qb] = maxes[k];
+        static_cast<float*>(list(Rule::absmax_slot(k)))[sb.qb] = maxes[k];
       }
     }
   }

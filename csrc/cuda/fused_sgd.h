@@ -111,6 +111,8 @@ struct Sgd8Slot {
     kMomentumAbsmax,
     kMaster,
     kStep,
+    kRow,     // (an integer: elements per row of the state)
+    kSrBase,  // (an integer: the SR number of element 0)
     kDepth
   };
 };
@@ -125,6 +127,8 @@ struct Sgd8Rule {
   static constexpr int kGrad = Sgd8Slot::kGrad;
   static constexpr int kMaster = Sgd8Slot::kMaster;
   static constexpr int kStep = Sgd8Slot::kStep;
+  static constexpr int kRow = Sgd8Slot::kRow;
+  static constexpr int kSrBase = Sgd8Slot::kSrBase;
   static constexpr int kStates = 1;
   MIXPREC_HD static constexpr int codes_slot(int) {
     return Sgd8Slot::kMomentumBuffer;
@@ -170,7 +174,8 @@ void fused_sgd8_launch(const OpArgs<&fused_sgd8_>& op_args) {
         optim::check_sgd_hparams(weight_decay, momentum, dampening, nesterov,
                                  "fused_sgd8_");
       },
-      fill, make_args, false, stochastic_rounding);
+      fill, make_args, false, stochastic_rounding,
+      Sgd8Slot::kRow, Sgd8Slot::kSrBase);
 }
 
 }  // namespace cuda

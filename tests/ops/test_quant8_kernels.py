@@ -52,6 +52,9 @@ def _backends(op: str) -> Dict[str, Callable[..., Any]]:
 SHAPES = {
     "tails": [(1,), (255,), (256,), (257,), (3, 100)],
     "chunk-edges": [(CHUNK + 300,), (5,)],
+    # the row layout: blocks inside rows (rows of 257 across CUDA blocks and CPU chunks,
+    # rows shorter than a block, of one element, 3-D, empty)
+    "rows": [(300, 257), (67, 300), (3, 100), (2, 3, 50), (7, 1), (1, 600), (0, 5)],
 }
 
 
@@ -158,10 +161,10 @@ def test_kernels_match_the_reference_bitwise_over_steps(op, pdt, gdt):
 
 @needs_ext
 @pytest.mark.parametrize("op", sorted(MAKERS))
-@pytest.mark.parametrize("case", ["chunk-edges", "strided", "misaligned", "sr", "adam-l2",
-                                  "maximize-no-scalars"])
+@pytest.mark.parametrize("case", ["chunk-edges", "rows", "strided", "misaligned", "sr",
+                                  "adam-l2", "maximize-no-scalars"])
 def test_kernels_match_the_reference_on_layouts_and_options(op, case):
-    shapes = SHAPES["chunk-edges"] if case == "chunk-edges" else SHAPES["tails"]
+    shapes = SHAPES[case] if case in ("chunk-edges", "rows") else SHAPES["tails"]
     layout = case if case in ("strided", "misaligned") else "contiguous"
     pdt = torch.bfloat16
     masters = case not in ("sr",)
@@ -178,6 +181,40 @@ def test_kernels_match_the_reference_on_layouts_and_options(op, case):
     for name, fn in _backends(op).items():
         got = _run_steps(op, fn, args, torch.float16, steps=2, seed=9)
         _assert_same(got, ref, f"{op} {name} {case}")
+
+
+@needs_ext
+@pytest.mark.parametrize("op", sorted(MAKERS))
+@pytest.mark.parametrize("world", [2, 3, 4, 7])
+def test_a_tensor_cut_into_row_shards_steps_as_the_whole(op, world):
+    """The row layout's promise: the rows of a tensor stepped as separate tensors (the
+    shards FSDP2 makes, torch.chunk's split, empty ones included) give the whole tensor's
+    params, masters, codes and maxima, bit for bit, on every backend."""
+    shapes = [(67, 300), (5, 130), (130, 67)]
+    args = MAKERS[op](shapes, torch.bfloat16, torch.bfloat16, True, "contiguous", seed=6)
+
+    def cut(t: torch.Tensor) -> List[torch.Tensor]:
+        parts = [c.contiguous() for c in torch.chunk(t, world, dim=0)]
+        return parts + [t[:0].contiguous()] * (world - len(parts))
+
+    sharded = {k: ([c for t in v for c in cut(t)] if isinstance(v, list) and k not in
+                   ("state_steps", "grads") else v) for k, v in args.items()}
+    sharded["state_steps"] = [t.clone() for t in args["state_steps"] for _ in range(world)]
+    for name, fn in _backends(op).items():
+        whole = _clone(args)
+        parts = _clone(sharded)
+        g = torch.Generator().manual_seed(11)
+        for _ in range(3):
+            whole["grads"] = [torch.randn(p.shape, generator=g).to(torch.bfloat16)
+                              for p in whole["params"]]
+            parts["grads"] = [c for t in whole["grads"] for c in cut(t)]
+            fn(**whole)
+            fn(**parts)
+        for k, v in whole.items():
+            if isinstance(v, list) and k not in ("grads", "state_steps"):
+                for i, t in enumerate(v):
+                    joined = torch.cat(parts[k][i * world:(i + 1) * world])
+                    assert_bitwise_equal(joined, t, f"{op} {name} world={world}: {k}[{i}]")
 
 
 @needs_ext

@@ -10,10 +10,12 @@ import sys
 
 import pytest
 import torch
+from torch import nn
 
 import mixprec
-from _helpers import REPO
+from _helpers import REPO, assert_bitwise_equal
 from mixprec.optim import _quant8 as q8
+from mixprec.optim import _state8
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from _common import gpt2_small_shapes  # noqa: E402
@@ -231,7 +233,7 @@ def test_8bit_state_dict_round_trip_weights_only():
     model, opt = _trained(8)
     sd = _reload(opt.state_dict())
     st = sd["state"][0]
-    assert st["quant"] == "dynamic8/b256" and st["exp_avg"].dtype == torch.uint8
+    assert st["quant"] == "dynamic8/rows/b256" and st["exp_avg"].dtype == torch.uint8
     fresh = mixprec.optim.AdamW8bit(model.parameters(), lr=1e-2)
     fresh.load_state_dict(sd)
     for p in model.parameters():
@@ -266,7 +268,7 @@ def test_32bit_checkpoints_load_into_8bit_and_back():
 @pytest.mark.parametrize("corrupt,match", [
     (lambda st: st.__setitem__("exp_avg", st["exp_avg"][:10]), r"\['exp_avg'\]: expected uint8"),
     (lambda st: st.__setitem__("exp_avg_sq_absmax", st["exp_avg_sq_absmax"][:-1]),
-     r"\['exp_avg_sq_absmax'\]: expected float32 of shape \[24\]"),
+     r"\['exp_avg_sq_absmax'\]: expected float32 of shape \[96, 1\]"),
     (lambda st: st.__setitem__("quant", "dynamic4/b64"), "unknown 8-bit layout 'dynamic4/b64'"),
 ])
 def test_corrupted_8bit_checkpoint_is_refused_and_nothing_changes(corrupt, match):
@@ -332,3 +334,72 @@ def test_config_state_bits_is_checked_by_name():
 
     with pytest.raises(ValueError, match="optimizer_state_bits: expected 8 or 32, got 16"):
         MixedPrecisionConfig(optimizer_state_bits=16)
+
+
+# ---------------------------------------------------------------------------
+# 8-bit state of the previous layout ("dynamic8/b256": blocks over the flattened tensor),
+# saved by mixprec 0.1.0 (tests/data/make_8bit_flat_checkpoint.py wrote the file).
+
+def _flat_checkpoint() -> dict:
+    path = REPO / "tests" / "data" / "optim8_flat_layout.pt"
+    return torch.load(path, weights_only=True)
+
+
+def _fixture_model() -> nn.Module:
+    m = nn.Module()
+    m.square = nn.Parameter(torch.zeros(8, 512))
+    m.narrow = nn.Parameter(torch.zeros(120, 48))
+    m.wide = nn.Parameter(torch.zeros(48, 120))
+    m.flat = nn.Parameter(torch.zeros(1000))
+    return m
+
+
+@pytest.mark.parametrize("name,make", [
+    ("adamw", lambda ps: mixprec.optim.AdamW8bit(ps, lr=1e-2, min_8bit_size=256)),
+    ("sgd", lambda ps: mixprec.optim.SGD8bit(ps, lr=1e-1, momentum=0.9, min_8bit_size=256)),
+])
+def test_a_checkpoint_of_the_previous_8bit_layout_loads(name, make):
+    """Rows a multiple of 256 long: the same codes and maxima (reshaped). Rows of 48 and
+    120: requantized from the values the old release read back, within the 8-bit bound,
+    with a warning. The 1-D param: float32 moments now, equal to the old read-back."""
+    saved = _flat_checkpoint()
+    assert saved["quant"] == _state8.FLAT_QUANT
+    ck = saved[name]
+    m = _fixture_model()
+    m.load_state_dict(ck["model"])
+    opt = make(m.parameters())
+    with pytest.warns(UserWarning, match="requantized from its decoded values"):
+        opt.load_state_dict(ck["optim"])
+    moments = [("exp_avg", q8.SIGNED), ("exp_avg_sq", q8.UNSIGNED)] if name == "adamw" \
+        else [("momentum_buffer", q8.SIGNED)]
+    for i, (pname, p) in enumerate(m.named_parameters()):
+        st, old, want = opt.state[p], ck["optim"]["state"][i], ck["decoded"][i]
+        for mom, table in moments:
+            if pname == "flat":
+                assert st[mom].dtype == torch.float32 and "quant" not in st
+                assert_bitwise_equal(st[mom], want[mom], f"{name} {pname} {mom}")
+                continue
+            assert st["quant"] == _state8.QUANT and st[mom].dtype == torch.uint8
+            assert st[mom + "_absmax"].shape == q8.absmax_shape(p.shape)
+            got = q8.dequantize(st[mom], st[mom + "_absmax"], table)
+            if pname == "square":  # the old blocks are the new: nothing requantized
+                assert torch.equal(st[mom], old[mom])
+                assert torch.equal(st[mom + "_absmax"].reshape(-1), old[mom + "_absmax"])
+                assert_bitwise_equal(got, want[mom], f"{name} {pname} {mom}")
+            else:
+                assert bool(((got - want[mom]).abs() <= q8.error_bound(want[mom], table)).all())
+    # and it trains on
+    for p in m.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert all(bool(torch.isfinite(p).all()) for p in m.parameters())
+
+
+def test_a_checkpoint_of_the_previous_8bit_layout_reads_back_exactly_into_32bit_state():
+    ck = _flat_checkpoint()["adamw"]
+    m = _fixture_model()
+    opt = mixprec.optim.AdamW(m.parameters(), lr=1e-2)
+    opt.load_state_dict(ck["optim"])
+    for i, p in enumerate(m.parameters()):
+        for mom in ("exp_avg", "exp_avg_sq"):
+            assert_bitwise_equal(opt.state[p][mom], ck["decoded"][i][mom], f"{i} {mom}")

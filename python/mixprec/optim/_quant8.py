@@ -1,11 +1,18 @@
 """Block-wise 8-bit quantization of optimizer state: the code tables and the pure-PyTorch
 quantizer (the reference every backend must match bit for bit).
 
-A state tensor is split, in memory order, into blocks of :data:`BLOCK` = 256 elements (the
-last one may be shorter). Each block keeps one float32 ``absmax`` (the largest magnitude in
-it) and one byte per element: the index of the code-table entry nearest to
-``x / absmax`` (computed in float32). The value read back is ``table[code] * absmax``
-(float32).
+A state tensor is cut into **rows** (its slices along dim 0: ``numel / shape[0]`` elements
+each; a tensor of one or no dims is one row), and each row, in element order, into blocks of
+:data:`BLOCK` = 256 elements (the last block of a row holds the rest of it, so a block never
+spans two rows). Each block keeps one float32 ``absmax`` (the largest magnitude in it) and
+one byte per element: the index of the code-table entry nearest to ``x / absmax`` (computed
+in float32). The value read back is ``table[code] * absmax`` (float32). The maxima have the
+shape :func:`absmax_shape` gives: ``(rows, blocks per row)``, or ``(blocks,)`` for one row.
+
+Why rows: FSDP2 (and DCP when it reshards) cut a tensor only between rows, so no sharding
+cuts a block. A shard's codes and maxima are then exactly the rows of the whole tensor's,
+and an 8-bit step of a shard computes the same bits as the unsharded step, at any world
+size.
 
 The tables are "dynamic" (Dettmers et al. 2022): a byte reads as an optional sign, a run
 of ``e`` zero bits (the decade: a factor ``10**-e``), an indicator 1 bit, then ``f``
@@ -32,14 +39,15 @@ code (callers skip steps with inf/NaN gradients before they reach the state).
 
 from __future__ import annotations
 
+import math
 from functools import cache
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 __all__ = ["BLOCK", "SIGNED", "UNSIGNED", "TABLES", "table", "quantize", "dequantize",
-           "num_blocks", "error_bound", "zero_code"]
+           "num_blocks", "row_length", "absmax_shape", "error_bound", "zero_code"]
 
 #: elements per block (one float32 absmax each)
 BLOCK = 256
@@ -106,22 +114,47 @@ def zero_code(name: str) -> int:
 
 
 def num_blocks(numel: int) -> int:
-    """Blocks of a tensor of ``numel`` elements."""
+    """Blocks of one row of ``numel`` elements."""
     return -(-numel // BLOCK)
 
 
+def row_length(shape: Sequence[int]) -> int:
+    """Elements per row of a tensor of ``shape``: the product of ``shape[1:]`` for two
+    or more dims, the number of elements for fewer (one row)."""
+    n = 1
+    for d in (shape[1:] if len(shape) >= 2 else shape):
+        n *= int(d)
+    return n
+
+
+def absmax_shape(shape: Sequence[int]) -> Tuple[int, ...]:
+    """The shape of the block maxima of a state tensor of ``shape``: ``(shape[0],
+    blocks per row)`` for two or more dims, ``(blocks,)`` for fewer."""
+    per_row = num_blocks(row_length(shape))
+    return (int(shape[0]), per_row) if len(shape) >= 2 else (per_row,)
+
+
 def _blocks(x: Tensor) -> Tensor:
-    """``x`` in memory order as (blocks, BLOCK) float32, the last block zero-padded."""
-    flat = x.reshape(-1).float()
-    pad = num_blocks(flat.numel()) * BLOCK - flat.numel()
+    """``x`` as (blocks, BLOCK) float32, row by row, each row's last block zero-padded."""
+    row = row_length(x.shape)
+    rows = x.numel() // row if row else 0
+    b = x.reshape(rows, row).float()
+    pad = num_blocks(row) * BLOCK - row
     if pad:
-        flat = torch.cat([flat, flat.new_zeros(pad)])
-    return flat.view(-1, BLOCK)
+        b = torch.cat([b, b.new_zeros(rows, pad)], dim=1)
+    return b.reshape(-1, BLOCK)
+
+
+def _unblock(b: Tensor, shape: Sequence[int]) -> Tensor:
+    """The inverse of :func:`_blocks`: (blocks, BLOCK) back to ``shape``, padding dropped."""
+    row = row_length(shape)
+    rows = math.prod(shape) // row if row else 0
+    return b.reshape(rows, num_blocks(row) * BLOCK)[:, :row].reshape(shape)
 
 
 def quantize(x: Tensor, name: str) -> Tuple[Tensor, Tensor]:
     """``(codes, absmax)`` of ``x`` (any float dtype, finite): ``codes`` uint8 of ``x``'s
-    shape, ``absmax`` float32 of shape ``(num_blocks(x.numel()),)``. No host sync."""
+    shape, ``absmax`` float32 of shape ``absmax_shape(x.shape)``. No host sync."""
     values, mid = _tables_on(name, x.device)
     b = _blocks(x)
     absmax = b.abs().amax(dim=1)
@@ -132,17 +165,17 @@ def quantize(x: Tensor, name: str) -> Tuple[Tensor, Tensor]:
     smallest_pos, smallest_neg = _smallest_codes(name)
     idx = torch.where(lands_on_zero & (y > 0), torch.full_like(idx, smallest_pos), idx)
     idx = torch.where(lands_on_zero & (y < 0), torch.full_like(idx, smallest_neg), idx)
-    codes = idx.to(torch.uint8).reshape(-1)[: x.numel()].view(x.shape)
-    return codes, absmax
+    codes = _unblock(idx.to(torch.uint8), x.shape).contiguous()
+    return codes, absmax.reshape(absmax_shape(x.shape))
 
 
 def dequantize(codes: Tensor, absmax: Tensor, name: str) -> Tensor:
-    """The float32 values of ``codes`` (uint8) with per-block ``absmax`` (float32)."""
+    """The float32 values of ``codes`` (uint8) with per-block ``absmax`` (float32, of
+    ``absmax_shape(codes.shape)``)."""
     values = _tables_on(name, codes.device)[0]
-    n = codes.numel()
-    v = values[codes.reshape(-1).long()]
-    scale = absmax.repeat_interleave(BLOCK)[:n] if n else absmax.new_zeros(0)
-    return (v * scale).view(codes.shape)
+    v = values[_blocks(codes).long()]
+    scale = absmax.reshape(-1, 1).float()
+    return _unblock(v * scale, codes.shape)
 
 
 def error_bound(x: Tensor, name: str) -> Tensor:
@@ -161,4 +194,4 @@ def error_bound(x: Tensor, name: str) -> Tensor:
     # float32 rounding of y = x / A and of table * A: a few ulps of A (for a denormal
     # product, the denormal spacing 2**-149)
     bound = bound + a * 4 * torch.finfo(torch.float32).eps + 2.0**-149
-    return bound.reshape(-1)[: x.numel()].view(x.shape)
+    return _unblock(bound, x.shape)

@@ -1,20 +1,27 @@
 """8-bit optimizer state (``state_bits=8``), shared by Adam/AdamW and SGD.
 
-A param with at least ``min_8bit_size`` elements keeps each of its moments (the class's
-``_MOMENTS8``: name, name of the maxima, code table) as uint8 codes of the param's shape
-plus float32 block maxima (:mod:`mixprec.optim._quant8`), and ``state["quant"] = QUANT``
-names the layout. A smaller param keeps float32 moments and empty maxima (so that every
-param of a bucket has an entry in every list). The step runs the class's 8-bit op on the
-8-bit params of a bucket (:func:`split_coded`) and its usual op on the rest.
+A param with two or more dims and at least ``min_8bit_size`` elements keeps each of its
+moments (the class's ``_MOMENTS8``: name, name of the maxima, code table) as uint8 codes of
+the param's shape plus float32 block maxima of shape ``(rows, blocks per row)``
+(:mod:`mixprec.optim._quant8`: the blocks lie inside rows), and ``state["quant"] = QUANT``
+names the layout. Any other param keeps float32 moments and empty maxima (so that every
+param of a bucket has an entry in every list): a 1-D param (a bias, a norm's weight)
+because a sharding may cut it anywhere. The step runs the class's 8-bit op on the 8-bit
+params of a bucket (:func:`split_coded`) and its usual op on the rest.
 
-Checkpoints: the codes, the maxima and ``quant`` are saved as they are; loading converts
-to the loading optimizer's ``state_bits`` (a float32 moment is quantized, codes are read
-back to float32), after every 8-bit entry of the dict was checked (:meth:`_check_loadable`),
-so a corrupted one changes nothing.
+Checkpoints: the codes, the maxima and ``quant`` are saved as they are, and load as they
+are when the loading optimizer keeps that param in 8 bits (bit for bit, at any sharding:
+DCP reshards the rows); otherwise loading converts to the loading optimizer's layout (a
+float32 moment is quantized, codes are read back to float32). A checkpoint of the previous
+layout (:data:`FLAT_QUANT`: blocks over the flattened tensor) is converted: exactly where
+its blocks are the rows' blocks, else requantized from the decoded values with a warning.
+Every 8-bit entry is checked first (:meth:`_check_loadable`), so a corrupted one changes
+nothing.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 import torch
@@ -24,11 +31,15 @@ from .. import _dtensor
 from . import _quant8 as q8
 from ._base import Bucket, float32_copy
 
-__all__ = ["QUANT", "EightBitState", "check_state_bits", "split_coded"]
+__all__ = ["QUANT", "FLAT_QUANT", "EightBitState", "check_state_bits",
+           "split_coded"]
 
 #: what a quantized param's state records under "quant": the code tables of
-#: mixprec.optim._quant8 and the block size
-QUANT = "dynamic8/b256"
+#: mixprec.optim._quant8, blocks of 256 inside rows
+QUANT = "dynamic8/rows/b256"
+#: the previous layout (before the row layout): blocks of 256 over the flattened tensor,
+#: and for a DTensor param over each rank's shard
+FLAT_QUANT = "dynamic8/b256"
 
 
 def check_state_bits(cls: str, state_bits: Any, min_8bit_size: Any) -> None:
@@ -72,9 +83,9 @@ class EightBitState:
 
     def _quantized(self, p: Tensor, group: Dict[str, Any]) -> bool:
         """Whether ``p``'s moments are 8-bit (``state_bits=8``, a moment to keep, and
-        ``p`` big enough)."""
+        ``p`` of two or more dims and big enough)."""
         return (group.get("state_bits", 32) == 8 and bool(self._moments8(group))
-                and p.numel() >= group.get("min_8bit_size", 4096))
+                and p.dim() >= 2 and p.numel() >= group.get("min_8bit_size", 4096))
 
     def _init_state(self, p: Tensor, group: Dict[str, Any]) -> Dict[str, Any]:
         moments = self._moments8(group)
@@ -99,39 +110,48 @@ class EightBitState:
 
     def _convert_state(self, p: Tensor, group: Dict[str, Any],
                        saved: Dict[str, Any]) -> Dict[str, Any]:
-        # 8-bit moments are read back to float32 first (whole, or this rank's shard of a
-        # DTensor param); the base class then moves and shards the floats as usual
+        # Codes of this layout that stay 8-bit load as they are (laid out like p); any
+        # other 8-bit moment is read back to float32 first (whole, or this rank's part of
+        # a DTensor), and the base class moves and shards the floats as usual
         saved = dict(saved)
+        layout = saved.pop("quant", None)
+        quantized = self._quantized(p, group)
+        kept: Dict[str, Tensor] = {}
         for name, absname, table in self._MOMENTS8:
             v = saved.get(name)
             a = saved.pop(absname, None)
-            if isinstance(v, Tensor) and v.dtype == torch.uint8:
-                saved[name] = read_back(v, a, table, p)
-        saved.pop("quant", None)
+            if not (isinstance(v, Tensor) and v.dtype == torch.uint8):
+                continue
+            if quantized and layout == QUANT:
+                del saved[name]
+                kept[name], kept[absname] = _rows_like(v, p), _rows_like(a, p)
+            elif quantized and layout == FLAT_QUANT and _flat_blocks_are_rows(v):
+                del saved[name]  # the old blocks are this layout's: the same codes
+                kept[name] = _rows_like(v, p)
+                kept[absname] = _rows_like(a.reshape(q8.absmax_shape(v.shape)), p)
+            else:
+                saved[name] = read_back(v, a, table, p, layout)
+                if quantized and layout == FLAT_QUANT:
+                    _warn_requantized(name, tuple(v.shape))
         out = super()._convert_state(p, group, saved)  # type: ignore[misc]
+        out.update(kept)
         moments8 = self._moments8(group) if group.get("state_bits", 32) == 8 else ()
         if not moments8:  # 32-bit state
             return out
         for name, absname, table in moments8:
+            if name in kept:
+                continue
             m = out.get(name)
             if m is None:
                 m = torch.zeros_like(p, dtype=torch.float32)
-            if self._quantized(p, group):
+            if quantized:
                 out[name], out[absname] = quantize_state(m.float(), table, p)
             else:
                 out[name] = m.float()
                 out[absname] = torch.zeros(0, dtype=torch.float32, device=p.device)
-        if self._quantized(p, group):
+        if quantized:
             out["quant"] = QUANT
         return out
-
-    def _local_state(self, name: str, t: Tensor, p: Tensor) -> Tensor:
-        """The tensor the kernels take for state ``name`` of DTensor param ``p``: the local
-        shard, and for block maxima only this shard's blocks (see :func:`absmax_like`)."""
-        local = _dtensor.local(t)
-        if name.endswith("_absmax") and _dtensor.is_dtensor(t):
-            return local[:q8.num_blocks(_dtensor.local(p).numel())]
-        return local
 
     #: A loaded state dict keeps each group's ``state_bits`` (FusedOptimizer.load_state_dict):
     #: moments are converted to it (a 32-bit checkpoint, mixprec's or torch's, loads into
@@ -153,9 +173,10 @@ class EightBitState:
             if not coded:
                 continue
             where = f"mixprec.optim.{cls}.load_state_dict: state[{key!r}]"
-            if st.get("quant") != QUANT:
-                raise ValueError(f"{where}: unknown 8-bit layout {st.get('quant')!r} "
-                                 f"(this version reads {QUANT!r})")
+            layout = st.get("quant")
+            if layout not in (QUANT, FLAT_QUANT):
+                raise ValueError(f"{where}: unknown 8-bit layout {layout!r} "
+                                 f"(this version reads {QUANT!r} and {FLAT_QUANT!r})")
             p = index.get(key)
             n = p.numel() if p is not None else st[coded[0][0]].numel()
             for name, absname, _ in self._MOMENTS8:
@@ -167,59 +188,98 @@ class EightBitState:
                     raise ValueError(f"{where}[{name!r}]: expected uint8 codes of "
                                      f"{n} elements, got {getattr(c, 'dtype', c)} of shape "
                                      f"{list(getattr(c, 'shape', []))}")
-                want = (q8.num_blocks(n),)
-                if _dtensor.is_dtensor(c) and p is not None and _dtensor.is_dtensor(p):
-                    want = (_absmax_layout(p)[2],)  # a sharded optimizer's (absmax_like)
+                if layout == QUANT:
+                    want: Tuple[int, ...] = q8.absmax_shape(c.shape)
+                elif _dtensor.is_dtensor(c):
+                    _check_flat_sharded(where, c, p)
+                    want = tuple(a.shape) if isinstance(a, Tensor) and a.dim() == 1 else (-1,)
+                else:
+                    want = (q8.num_blocks(n),)
                 if not (isinstance(a, Tensor) and a.dtype == torch.float32
                         and tuple(a.shape) == want):
                     raise ValueError(f"{where}[{absname!r}]: expected float32 of shape "
-                                     f"{list(want)}, got {getattr(a, 'dtype', a)} "
-                                     f"of shape {list(getattr(a, 'shape', []))}")
+                                     f"{list(want)} ({layout!r} layout), got "
+                                     f"{getattr(a, 'dtype', a)} of shape "
+                                     f"{list(getattr(a, 'shape', []))}")
+
+
+def _flat_blocks_are_rows(codes: Tensor) -> bool:
+    """Whether the previous layout's blocks (256 over the flattened tensor) are this
+    layout's (256 inside rows) for codes of this shape: rows a multiple of 256 long, or
+    one row. Never for DTensor codes (their blocks ran over each rank's shard)."""
+    return (not _dtensor.is_dtensor(codes)
+            and (codes.dim() < 2 or q8.row_length(codes.shape) % q8.BLOCK == 0))
+
+
+def _warn_requantized(name: str, shape: Tuple[int, ...]) -> None:
+    warnings.warn(f"mixprec.optim: state {name!r} of shape {list(shape)} was saved in the "
+                  f"previous 8-bit layout ({FLAT_QUANT!r}: blocks over the flattened "
+                  f"tensor), whose blocks are not this version's ({QUANT!r}: blocks inside "
+                  "rows); it was requantized from its decoded values (within the 8-bit "
+                  "error bound, not bit for bit). Save again to keep the new layout.",
+                  UserWarning, stacklevel=2)
+
+
+def _check_flat_sharded(where: str, codes: Tensor, p: Optional[Tensor]) -> None:
+    """Codes of the previous layout saved from a sharded optimizer: their blocks ran over
+    each rank's shard, so they read back only at the sharding they were saved with."""
+    if p is not None and _dtensor.is_dtensor(p) and codes.device_mesh == p.device_mesh \
+            and tuple(codes.placements) == tuple(p.placements):
+        return
+    saved = codes.device_mesh.size()
+    now = p.device_mesh.size() if p is not None and _dtensor.is_dtensor(p) else 1
+    raise ValueError(
+        f"{where}: 8-bit state of the previous layout ({FLAT_QUANT!r}, blocks over each "
+        f"rank's shard) saved at world size {saved} ({codes.placements}) cannot be read at "
+        f"world size {now}: its blocks depend on the sharding. Load it at world size "
+        f"{saved} with the same mesh, then save again (this version writes {QUANT!r}, "
+        "which reloads at any world size)")
+
+
+def _rows_like(t: Tensor, p: Tensor) -> Tensor:
+    """Saved codes or maxima of this layout (rows as ``p``'s) placed like ``p``: a copy on
+    its device, and for a DTensor param sharded by rows as ``p`` is."""
+    if not _dtensor.is_dtensor(p):
+        whole = t.full_tensor() if _dtensor.is_dtensor(t) else t
+        return whole.detach().to(p.device, copy=True)
+    if _dtensor.is_dtensor(t):
+        if t.device_mesh == p.device_mesh and tuple(t.placements) == tuple(p.placements):
+            return t
+        return t.redistribute(p.device_mesh, p.placements)
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(t.detach().to(p.device), p.device_mesh, p.placements,
+                             src_data_rank=None)
 
 
 # -- DTensor (FSDP2) params ---------------------------------------------------------------
 #
-# The blocks of a DTensor param's 8-bit state run over its local shard (the kernels see
-# only the shard), so each rank has its own maxima. To be a DTensor that DCP can save and
-# load, the maxima of every rank are padded to the largest shard's count B and laid out as
-# one global tensor of S * B elements (S: the ranks a param is sharded over), Shard(0)
-# over the param's Shard dimensions and Replicate over the others. A checkpoint of 8-bit
-# DTensor state therefore reloads at the same sharding; an unsharded checkpoint (8- or
-# 32-bit) loads at any.
+# The blocks lie inside rows (mixprec.optim._quant8), and FSDP2 shards a param by rows
+# (Shard(0)), so a rank's codes and maxima are exactly the rows of the whole tensor's. Both
+# are DTensors laid out like the param (the maxima have shape (rows, blocks per row)), and
+# DCP reshards them as it reshards the param: an 8-bit checkpoint reloads at any world size.
 
 
-def _absmax_layout(p: Tensor) -> Tuple[List[Any], int, int]:
-    """(placements, padded blocks per rank B, global length S * B) of the maxima of DTensor
-    param ``p`` (Shard(0) params only, as FSDP2 shards them)."""
-    from torch.distributed.tensor import Replicate, Shard
+def _check_rows_sharded(p: Tensor) -> None:
+    """8-bit state of a DTensor param needs the param sharded by rows (FSDP2's default)."""
+    from torch.distributed.tensor import Shard
 
-    shards = 1
-    placements: List[Any] = []
-    for dim, pl in enumerate(p.placements):
-        if isinstance(pl, Shard):
-            if pl.dim != 0:
-                raise ValueError(f"mixprec.optim: state_bits=8 takes DTensor params sharded "
-                                 f"on dim 0 (FSDP2's default), got {p.placements}")
-            shards *= p.device_mesh.size(dim)
-            placements.append(Shard(0))
-        else:
-            placements.append(Replicate())
-    rows = p.shape[0] if p.dim() else 1
-    per_row = p.numel() // rows if rows else 0
-    padded = q8.num_blocks(-(-rows // shards) * per_row)
-    return placements, padded, shards * padded
+    for pl in p.placements:
+        if isinstance(pl, Shard) and pl.dim != 0:
+            raise ValueError(f"mixprec.optim: state_bits=8 takes DTensor params sharded "
+                             f"on dim 0 (FSDP2's default), got {p.placements}")
 
 
 def absmax_like(p: Tensor, local: Tensor) -> Tensor:
-    """This rank's block maxima ``local`` of DTensor param ``p`` as the padded global
-    DTensor described above."""
+    """This rank's block maxima ``local`` (its rows' maxima) of DTensor param ``p`` as a
+    DTensor laid out like ``p``, of global shape ``absmax_shape(p.shape)``."""
     from torch.distributed.tensor import DTensor
 
-    placements, padded, total = _absmax_layout(p)
-    buf = torch.zeros(padded, dtype=torch.float32, device=local.device)
-    buf[:local.numel()] = local
-    return DTensor.from_local(buf, p.device_mesh, placements, run_check=False,
-                              shape=torch.Size([total]), stride=(1,))
+    _check_rows_sharded(p)
+    shape = q8.absmax_shape(p.shape)
+    stride = (shape[1], 1) if len(shape) == 2 else (1,)
+    return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False,
+                              shape=torch.Size(shape), stride=stride)
 
 
 def zero_state(p: Tensor, table: str) -> Tuple[Tensor, Tensor]:
@@ -227,15 +287,15 @@ def zero_state(p: Tensor, table: str) -> Tuple[Tensor, Tensor]:
     them (without its work: traceable by ``torch.compile``)."""
     if _dtensor.is_dtensor(p):
         codes = torch.full_like(p, q8.zero_code(table), dtype=torch.uint8)
-        local = torch.zeros(q8.num_blocks(_dtensor.local(p).numel()), device=p.device)
+        local = torch.zeros(q8.absmax_shape(_dtensor.local(p).shape), device=p.device)
         return codes, absmax_like(p, local)
     return (torch.full(p.shape, q8.zero_code(table), dtype=torch.uint8, device=p.device),
-            torch.zeros(q8.num_blocks(p.numel()), dtype=torch.float32, device=p.device))
+            torch.zeros(q8.absmax_shape(p.shape), dtype=torch.float32, device=p.device))
 
 
 def quantize_state(x: Tensor, table: str, p: Tensor) -> Tuple[Tensor, Tensor]:
     """(codes, maxima) of float32 state ``x`` of param ``p``: for a DTensor param, of this
-    rank's shard, as DTensors laid out as ``p`` and as :func:`absmax_like`."""
+    rank's rows, as DTensors laid out as ``p`` and as :func:`absmax_like`."""
     if not _dtensor.is_dtensor(p):
         return q8.quantize(x, table)
     from torch.distributed.tensor import DTensor
@@ -248,19 +308,26 @@ def quantize_state(x: Tensor, table: str, p: Tensor) -> Tuple[Tensor, Tensor]:
             absmax_like(p, absmax))
 
 
-def read_back(codes: Tensor, absmax: Any, table: str, p: Tensor) -> Tensor:
-    """The float32 values of saved codes: a whole tensor for plain codes, this rank's shard
-    (as a DTensor laid out as ``p``) for DTensor codes, whose maxima are per shard."""
+def read_back(codes: Tensor, absmax: Any, table: str, p: Tensor,
+              layout: Optional[str] = QUANT) -> Tensor:
+    """The float32 values of saved codes: a whole tensor for plain codes, this rank's part
+    (a DTensor laid out as the codes) for DTensor codes. ``layout``: the saved ``quant``
+    (:data:`QUANT`, or :data:`FLAT_QUANT`, whose DTensor maxima are per shard, padded)."""
+    flat = layout == FLAT_QUANT
     if not _dtensor.is_dtensor(codes):
-        return q8.dequantize(codes.to(p.device), absmax.to(p.device), table)
+        codes, absmax = codes.to(p.device), absmax.to(p.device)
+        return _dequantize_flat(codes, absmax, table) if flat else q8.dequantize(
+            codes, absmax, table)
     from torch.distributed.tensor import DTensor
 
-    if codes.device_mesh != p.device_mesh or tuple(codes.placements) != tuple(p.placements):
-        raise ValueError(f"mixprec.optim: 8-bit DTensor state reloads at the sharding it was "
-                         f"saved with ({codes.placements}), not {p.placements}; load it into "
-                         "an optimizer sharded the same way")
     local = _dtensor.local(codes)
-    a = _dtensor.local(absmax)[:q8.num_blocks(local.numel())]
-    values = q8.dequantize(local, a.to(local.device), table)
-    return DTensor.from_local(values, p.device_mesh, p.placements, run_check=False,
-                              shape=p.shape, stride=p.stride())
+    a = _dtensor.local(absmax).to(local.device)
+    values = (_dequantize_flat(local, a[:q8.num_blocks(local.numel())], table) if flat
+              else q8.dequantize(local, a, table))
+    return DTensor.from_local(values, codes.device_mesh, codes.placements, run_check=False,
+                              shape=codes.shape, stride=codes.stride())
+
+
+def _dequantize_flat(codes: Tensor, absmax: Tensor, table: str) -> Tensor:
+    """:data:`FLAT_QUANT`'s read-back: the blocks run over the flattened tensor."""
+    return q8.dequantize(codes.reshape(-1), absmax, table).view(codes.shape)
