@@ -99,7 +99,10 @@ inline constexpr char update_scale_ext_[] =
 // per 16-bit param, which then receives the rounded master) are float32;
 // state_steps (float32, one element each) are incremented on the device; lr
 // is a one-element float32/float64 tensor. stochastic_rounding rounds bf16
-// params (no masters) with a hash of (seed, step, element).
+// params (no masters) with a hash of (seed, step, element number): element e
+// of params[t] is number sr_bases[t] + e, and without sr_bases the numbering
+// of common/optim_math.h (kSrChunk); a shard of a bigger tensor passes the
+// numbers its elements have there, so it rounds as the whole tensor does.
 inline constexpr char fused_adam_[] =
     "fused_adam_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
     "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, "
@@ -107,7 +110,7 @@ inline constexpr char fused_adam_[] =
     "float beta1, float beta2, float weight_decay, float eps, bool amsgrad, "
     "bool maximize, bool decoupled_weight_decay, Tensor? grad_scale=None, "
     "Tensor? found_inf=None, Tensor? clip_coef=None, "
-    "bool stochastic_rounding=False, int seed=0) -> ()";
+    "bool stochastic_rounding=False, int seed=0, int[]? sr_bases=None) -> ()";
 
 // One SGD step (torch.optim.SGD's momentum/dampening/nesterov/weight_decay
 // rule) with the grad, master, found_inf, step and rounding conventions of
@@ -119,7 +122,7 @@ inline constexpr char fused_sgd_[] =
     "Tensor(d!)[] state_steps, Tensor lr, float weight_decay, "
     "float momentum, float dampening, bool nesterov, bool maximize, "
     "Tensor? grad_scale=None, Tensor? found_inf=None, "
-    "Tensor? clip_coef=None, bool stochastic_rounding=False, int seed=0) "
+    "Tensor? clip_coef=None, bool stochastic_rounding=False, int seed=0, int[]? sr_bases=None) "
     "-> ()";
 
 // fused_adam_ (amsgrad off) with block-wise 8-bit moments
@@ -136,7 +139,7 @@ inline constexpr char fused_adam8_[] =
     "float weight_decay, float eps, bool maximize, "
     "bool decoupled_weight_decay, Tensor? grad_scale=None, "
     "Tensor? found_inf=None, Tensor? clip_coef=None, "
-    "bool stochastic_rounding=False, int seed=0) -> ()";
+    "bool stochastic_rounding=False, int seed=0, int[]? sr_bases=None) -> ()";
 
 // fused_sgd_ (momentum > 0) with a block-wise 8-bit momentum buffer (signed
 // codes and float32 maxima, as fused_adam8_'s first moment).
@@ -146,7 +149,7 @@ inline constexpr char fused_sgd8_[] =
     "Tensor(d!)[] master_params, Tensor(e!)[] state_steps, Tensor lr, "
     "float weight_decay, float momentum, float dampening, bool nesterov, "
     "bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None, "
-    "Tensor? clip_coef=None, bool stochastic_rounding=False, int seed=0) "
+    "Tensor? clip_coef=None, bool stochastic_rounding=False, int seed=0, int[]? sr_bases=None) "
     "-> ()";
 
 }  // namespace schema

@@ -215,7 +215,15 @@ def _bf16_stochastic(w: Tensor, key: Tensor, base: int) -> Tensor:
     return bits.to(torch.int16).view(torch.bfloat16).reshape(w.shape)
 
 
-def _sr_bases(params: Sequence[Tensor], grads: Sequence[Tensor]) -> list[int]:
+def _sr_bases(params: Sequence[Tensor], grads: Sequence[Tensor],
+              given: Optional[Sequence[int]] = None) -> list[int]:
+    """The SR number of each param's element 0: ``given`` (the ops' ``sr_bases``), else
+    the 65536-element chunks of the params before it with its (param, grad) dtypes."""
+    if given is not None:
+        if len(given) != len(params):
+            raise RuntimeError(f"sr_bases must be None or have one number per param "
+                               f"({len(params)}), got {len(given)}")
+        return [int(b) & _M32 for b in given]
     counts: dict[tuple[torch.dtype, torch.dtype], int] = {}
     bases = []
     for p, g in zip(params, grads):
@@ -296,6 +304,7 @@ def fused_adam_(
     clip_coef: Optional[Tensor] = None,
     stochastic_rounding: bool = False,
     seed: int = 0,
+    sr_bases: Optional[Sequence[int]] = None,
 ) -> None:
     """Reference of ``torch.ops.mixprec.fused_adam_`` (see :func:`mixprec.ops.fused_adam_`).
 
@@ -330,7 +339,7 @@ def fused_adam_(
     lr64 = lr.reshape(()).double()
     w1 = _f32(1.0 - beta1)
     w1_rest = _f32(1.0 - w1)
-    bases = _sr_bases(params, grads) if stochastic_rounding else [0] * len(params)
+    bases = _sr_bases(params, grads, sr_bases) if stochastic_rounding else [0] * len(params)
     for i, p in enumerate(params):
         if p.numel() == 0:
             _store(state_steps[i], state_steps[i] + 1, keep)
@@ -398,6 +407,7 @@ def fused_sgd_(
     clip_coef: Optional[Tensor] = None,
     stochastic_rounding: bool = False,
     seed: int = 0,
+    sr_bases: Optional[Sequence[int]] = None,
 ) -> None:
     """Reference of ``torch.ops.mixprec.fused_sgd_`` (see :func:`mixprec.ops.fused_sgd_`)."""
     op = "fused_sgd_"
@@ -424,7 +434,7 @@ def fused_sgd_(
         return
     keep = _keep(found_inf)
     neg_lr = (-lr.reshape(()).double()).float()
-    bases = _sr_bases(params, grads) if stochastic_rounding else [0] * len(params)
+    bases = _sr_bases(params, grads, sr_bases) if stochastic_rounding else [0] * len(params)
     for i, p in enumerate(params):
         step_before = state_steps[i].reshape(())
         if p.numel() > 0:
@@ -469,6 +479,7 @@ def fused_adam8_(
     clip_coef: Optional[Tensor] = None,
     stochastic_rounding: bool = False,
     seed: int = 0,
+    sr_bases: Optional[Sequence[int]] = None,
 ) -> None:
     """One Adam/AdamW step with block-wise 8-bit moments (:mod:`mixprec.optim._quant8`).
 
@@ -498,7 +509,7 @@ def fused_adam8_(
     vs = [q8.dequantize(c, a, q8.UNSIGNED) for c, a in zip(exp_avg_sqs, exp_avg_sq_absmax)]
     fused_adam_(params, grads, ms, vs, [], master_params, state_steps, lr, beta1, beta2,
                 weight_decay, eps, False, maximize, decoupled_weight_decay, grad_scale,
-                found_inf, clip_coef, stochastic_rounding, seed)
+                found_inf, clip_coef, stochastic_rounding, seed, sr_bases)
     keep = _keep(found_inf)
     _requantize(ms, exp_avgs, exp_avg_absmax, q8.SIGNED, keep)
     _requantize(vs, exp_avg_sqs, exp_avg_sq_absmax, q8.UNSIGNED, keep)
@@ -522,6 +533,7 @@ def fused_sgd8_(
     clip_coef: Optional[Tensor] = None,
     stochastic_rounding: bool = False,
     seed: int = 0,
+    sr_bases: Optional[Sequence[int]] = None,
 ) -> None:
     """One SGD step with a block-wise 8-bit momentum buffer (``dynamic8-signed`` codes of
     each param's shape, float32 maxima per block of 256): read back in float32, updated as
@@ -550,7 +562,7 @@ def fused_sgd8_(
     bufs = [q8.dequantize(c, a, q8.SIGNED) for c, a in zip(momentum_buffers, momentum_absmax)]
     fused_sgd_(params, grads, bufs, master_params, state_steps, lr, weight_decay, momentum,
                dampening, nesterov, maximize, grad_scale, found_inf, clip_coef,
-               stochastic_rounding, seed)
+               stochastic_rounding, seed, sr_bases)
     _requantize(bufs, momentum_buffers, momentum_absmax, q8.SIGNED, _keep(found_inf))
 
 

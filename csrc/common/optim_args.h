@@ -41,6 +41,9 @@ struct OptimLists {
   at::TensorList master_params;
   at::TensorList state_steps;
   const char* op = nullptr;  // the op's name, for messages
+  // Stochastic rounding's element number of each param's element 0 (op_table.h);
+  // none: the numbering of an unsharded call.
+  at::OptionalIntArrayRef sr_bases = std::nullopt;
 };
 
 // The one-element scalars of a call.
@@ -97,6 +100,7 @@ inline OptimLists check_fused_adam_args(const OpArgs<&fused_adam_>& a,
                    master_params,
                    state_steps};
   lists.op = "fused_adam_";
+  lists.sr_bases = MIXPREC_ARG(a, sr_bases);
   check_optim_args(lists, {true, true, amsgrad},
                    {&lr, &grad_scale, &found_inf, &clip_coef},
                    stochastic_rounding, backend, each_param);
@@ -119,6 +123,7 @@ inline OptimLists check_fused_sgd_args(const OpArgs<&fused_sgd_>& a,
                    master_params,
                    state_steps};
   lists.op = "fused_sgd_";
+  lists.sr_bases = MIXPREC_ARG(a, sr_bases);
   check_optim_args(lists, {momentum != 0.0},
                    {&lr, &grad_scale, &found_inf, &clip_coef},
                    stochastic_rounding, backend, each_param);
@@ -147,6 +152,7 @@ inline OptimLists check_fused_adam8_args(const OpArgs<&fused_adam8_>& a,
       master_params,
       state_steps};
   lists.op = "fused_adam8_";
+  lists.sr_bases = MIXPREC_ARG(a, sr_bases);
   check_optim_args(lists, {true, true},
                    {&lr, &grad_scale, &found_inf, &clip_coef},
                    stochastic_rounding, backend, each_param);
@@ -174,6 +180,7 @@ inline OptimLists check_fused_sgd8_args(const OpArgs<&fused_sgd8_>& a,
                    master_params,
                    state_steps};
   lists.op = "fused_sgd8_";
+  lists.sr_bases = MIXPREC_ARG(a, sr_bases);
   check_optim_args(lists, {true}, {&lr, &grad_scale, &found_inf, &clip_coef},
                    stochastic_rounding, backend, each_param);
   if (!each_param) {

@@ -48,7 +48,7 @@ void adam_pass(const Args& args, const optim::OptimLists& lists, Run&& run,
   const std::vector<int64_t> rows =
       coded ? row_lengths(fs.views[0]) : std::vector<int64_t>();
   for_each_span(
-      fs, stochastic_rounding, [&](const ParamSpan& s) {
+      fs, stochastic_rounding, lists.sr_bases, [&](const ParamSpan& s) {
     const AdamSpanArgs a{
         gc,
         k,

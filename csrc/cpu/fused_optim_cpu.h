@@ -93,17 +93,23 @@ inline std::vector<int64_t> row_lengths(const optim::TensorRefs& params) {
 
 // Calls fn(const ParamSpan&) for every chunk of every parameter of `fs`, in
 // parallel (a WorkList over the params), with the SR element numbering of the
-// CUDA kernels. With `rows` (8-bit state: each param's elements per row),
+// CUDA kernels (`sr_bases`, or sr_index_bases). With `rows` (8-bit state: each param's elements per row),
 // chunks start and end at blocks: the WorkList runs over kBlock slots per
 // block (q8::RowBlocks), mapped back to elements.
 template <typename Fn>
-void for_each_span(const optim::FlatSet& fs, bool stochastic_rounding, Fn&& fn,
+void for_each_span(const optim::FlatSet& fs, bool stochastic_rounding,
+                   at::OptionalIntArrayRef sr_bases, Fn&& fn,
                    const std::vector<int64_t>* rows = nullptr) {
   const optim::TensorRefs& P = fs.views[0];
   const optim::TensorRefs& G = fs.views[1];
-  const std::vector<uint32_t> sr_base =
-      stochastic_rounding ? sr_index_bases(P, G)
-                          : std::vector<uint32_t>(P.size(), 0);
+  std::vector<uint32_t> sr_base(P.size(), 0);
+  if (stochastic_rounding && sr_bases.has_value()) {
+    for (size_t t = 0; t < P.size(); ++t) {
+      sr_base[t] = static_cast<uint32_t>((*sr_bases)[t]);
+    }
+  } else if (stochastic_rounding) {
+    sr_base = sr_index_bases(P, G);
+  }
   WorkList work;
   for (size_t t = 0; t < P.size(); ++t) {
     const int64_t n = P[t]->numel();

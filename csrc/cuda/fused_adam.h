@@ -36,6 +36,7 @@ struct AdamSlot {
     kMaxExpAvgSq,
     kMaster,
     kStep,
+    kSrBase,  // (an integer: the SR number of element 0)
     kDepth
   };
 };
@@ -58,6 +59,7 @@ struct AdamRule {
   static constexpr int kGrad = AdamSlot::kGrad;
   static constexpr int kMaster = AdamSlot::kMaster;
   static constexpr int kStep = AdamSlot::kStep;
+  static constexpr int kSrBase = AdamSlot::kSrBase;
   static constexpr int kStates = 3;
   MIXPREC_HD static constexpr int state_slot(int k) {
     return k == 0   ? AdamSlot::kExpAvg
@@ -119,7 +121,8 @@ void fused_adam_launch(const OpArgs<&fused_adam_>& op_args) {
       optim::check_fused_adam_args(op_args, Exec::kBackend,
                                    /*each_param=*/false),
       [&] { optim::check_adam_hparams(beta1, beta2, weight_decay, eps); }, fill,
-      make_args, amsgrad, stochastic_rounding);
+      make_args, amsgrad, stochastic_rounding,
+      /*row_slot=*/-1, AdamSlot::kSrBase);
 }
 
 // fused_adam8_'s slots: the moments as codes (per element, flattened with

@@ -73,13 +73,13 @@ MIXPREC_HD P round_param(float w, bool sr, uint32_t key, uint32_t index) {
   return static_cast<P>(w);
 }
 
-// The SR element number of element 0 of this block's span: blocks are
-// numbered across the whole plan of one (param dtype, grad dtype) group, one
-// kSrChunk of numbers each (the CPU kernels number the same way).
-template <class Meta>
-MIXPREC_HD uint32_t sr_block_base(const Meta& meta, GridPos pos) {
-  return static_cast<uint32_t>((meta.block_offset + pos.block) *
-                               math::kSrChunk);
+// The SR number of element `start` of the block's tensor: its base (the
+// Rule's kSrBase slot, an integer launch_optim writes) plus `start`.
+template <class Rule, class Meta>
+MIXPREC_HD uint32_t sr_number(const Meta& meta, int tensor, int64_t start) {
+  return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(
+             meta.addresses[Rule::kSrBase][tensor])) +
+         static_cast<uint32_t>(start);
 }
 
 // The float32 or float64 learning rate, read on the device.
@@ -186,7 +186,7 @@ struct StepFrame {
     if (a.sr) {
       key = math::sr_key(a.seed, static_cast<uint32_t>(step_before + 1.0f),
                          a.stream);
-      base = sr_block_base(meta, pos);
+      base = sr_number<Rule>(meta, s.tensor, start);
     }
     return StepFrame{
         s,
@@ -211,7 +211,7 @@ struct StepFrame {
 //   Block block(args, step_before) (the block's constants), loads_states(blk)
 //   (read the states this step?), update(w, g, x[kStates], args, blk).
 // A step with found_inf set changes nothing. Stochastic rounding numbers the
-// elements as sr_block_base says, with key (seed, step_before + 1, stream).
+// elements as sr_number says, with key (seed, step_before + 1, stream).
 template <typename P, typename G, bool kHasMaster, class Rule>
 struct OptimOp {
   static constexpr int kStates = Rule::kStates;
@@ -474,19 +474,19 @@ void run_optim_plan(const OptimPlan<Depth>& plan, bool masters, bool option,
 // - run Op over the plan with the kernel arguments `make_args()` (made after
 //   the checks, so a bad argument gets the checks' message), copy the
 //   flattened copies back, then increment the step counts unless found_inf.
-// 8-bit state (Optim8Op) gives `row_slot` and `sr_slot`: each param is then
-// planned over kBlock slots per state block (q8::RowBlocks), and two of its
-// slots carry integers: its elements per row, and the SR number of its
-// element 0 (the chunks of kSrChunk of the params before it in its dtype
-// group, as the CPU kernels number them).
+// Slot `sr_slot` of each param carries an integer, not an address: the SR
+// number of its element 0 (lists.sr_bases', or the kSrChunk chunks of the
+// params before it in its dtype group, as the CPU kernels number them). 8-bit
+// state (Optim8Op) also gives `row_slot`: each param is then planned over
+// kBlock slots per state block (q8::RowBlocks), and that slot carries its
+// elements per row.
 template <class Exec, int Depth,
           template <typename, typename, bool, bool> class Op,
           class CheckHparams, class Fill, class MakeArgs>
 void launch_optim(const optim::OptimLists& lists,
                   const CheckHparams& check_hparams, const Fill& fill,
                   const MakeArgs& make_args, bool option,
-                  bool stochastic_rounding, int row_slot = -1,
-                  int sr_slot = -1) {
+                  bool stochastic_rounding, int row_slot, int sr_slot) {
   const size_t n = lists.params.size();
   if (n == 0) {
     check_hparams();
@@ -529,10 +529,10 @@ void launch_optim(const optim::OptimLists& lists,
           reinterpret_cast<void*>(static_cast<uintptr_t>(rb.row));
       planned = numel / rb.row * rb.per_row * q8::kBlock;
     }
-    if (sr_slot >= 0) {
-      addresses[sr_slot] = reinterpret_cast<void*>(static_cast<uintptr_t>(
-          static_cast<uint32_t>(sr_chunks[k] * math::kSrChunk)));
-    }
+    addresses[sr_slot] = reinterpret_cast<void*>(static_cast<uintptr_t>(
+        static_cast<uint32_t>(lists.sr_bases.has_value()
+                                  ? (*lists.sr_bases)[i]
+                                  : sr_chunks[k] * math::kSrChunk)));
     sr_chunks[k] += (numel + math::kSrChunk - 1) / math::kSrChunk;
     planners[k]->add(addresses, planned);
   }

@@ -10,8 +10,7 @@
 // are contiguous). The plan runs over kBlock slots per state block (so every
 // CUDA block starts at a state block: launch_optim's row slot), and the
 // functor maps its rounds to the blocks' elements with the row length that
-// travels in the Rule's kRow slot; the SR numbers are the element's, from
-// the tensor's base in the kSrBase slot (the CPU kernels' numbering). Phase 1 reads the
+// travels in the Rule's kRow slot. Phase 1 reads the
 // codes back with the old absmax, runs the optimizer's element update, writes
 // the param (and master) and keeps the new state values in registers, with
 // their per-lane |max|; the warp takes the maximum; phase 2 writes the codes
@@ -90,13 +89,8 @@ struct Optim8Op {
                          const Args& a) const {
     const BlockSpan s = block_span(meta, pos.block);
     const StateBlock sb = state_block(meta, s, round);
-    const auto [unused, p, g, mp, blk, load_states, gc, key, unused_base] =
+    const auto [unused, p, g, mp, blk, load_states, gc, key, base] =
         StepFrame<P, G, kHasMaster, Rule>::make(meta, pos, a, sb.start);
-    const uint32_t base =
-        a.sr ? static_cast<uint32_t>(reinterpret_cast<uintptr_t>(
-                   meta.addresses[Rule::kSrBase][s.tensor])) +
-                   static_cast<uint32_t>(sb.start)
-             : 0u;
     auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
     const uint8_t* codes[kStates];
     float old_max[kStates];

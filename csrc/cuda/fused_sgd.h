@@ -24,7 +24,15 @@ namespace cuda {
 // AdamSlot (fused_adam.h). Unused slots (buffer without momentum, master
 // without masters) hold the param's address and are never dereferenced.
 struct SgdSlot {
-  enum : int { kParam = 0, kGrad, kMomentumBuffer, kMaster, kStep, kDepth };
+  enum : int {
+    kParam = 0,
+    kGrad,
+    kMomentumBuffer,
+    kMaster,
+    kStep,
+    kSrBase,  // (an integer: the SR number of element 0)
+    kDepth
+  };
 };
 
 struct SgdKernelArgs : OptimKernelArgs {
@@ -46,6 +54,7 @@ struct SgdRule {
   static constexpr int kGrad = SgdSlot::kGrad;
   static constexpr int kMaster = SgdSlot::kMaster;
   static constexpr int kStep = SgdSlot::kStep;
+  static constexpr int kSrBase = SgdSlot::kSrBase;
   static constexpr int kStates = 1;
   MIXPREC_HD static constexpr int state_slot(int) {
     return SgdSlot::kMomentumBuffer;
@@ -99,7 +108,8 @@ void fused_sgd_launch(const OpArgs<&fused_sgd_>& op_args) {
       [&] {
         optim::check_sgd_hparams(weight_decay, momentum, dampening, nesterov);
       },
-      fill, make_args, has_mom, stochastic_rounding);
+      fill, make_args, has_mom, stochastic_rounding,
+      /*row_slot=*/-1, SgdSlot::kSrBase);
 }
 
 // fused_sgd8_'s slots: the momentum buffer as codes and maxima.

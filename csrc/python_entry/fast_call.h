@@ -193,6 +193,16 @@ struct Arg<bool> {
   bool get() const { return v; }
 };
 
+// sr_bases: only None takes the fast entry (a list, from a sharded step with
+// stochastic rounding, goes through the dispatcher).
+template <>
+struct Arg<at::OptionalIntArrayRef> {
+  bool ok_ = false;
+  explicit Arg(PyObject* o) : ok_(o == Py_None) {}
+  bool ok() const { return ok_; }
+  at::OptionalIntArrayRef get() const { return std::nullopt; }
+};
+
 // Name: the schema name, e.g. "mixprec::unscale_and_check_" (a template
 // argument, so that ops sharing a signature get their own handle).
 template <const char* Name, class Sig>

@@ -1,8 +1,9 @@
 """Writes tests/data/optim8_flat_layout.pt: the 8-bit optimizer state of the previous
-8-bit layout ("dynamic8/b256": blocks of 256 over the flattened tensor), saved by mixprec
-0.1.0, the release before the row layout. Run with that release on the path:
+8-bit layout ("dynamic8/b256": blocks of 256 over the flattened tensor), saved by the
+mixprec that had it (version string 0.1.0, before the row layout). Run with that tree on
+the path:
 
-    PYTHONPATH=<that release>/python python tests/data/make_8bit_flat_checkpoint.py
+    PYTHONPATH=<that tree>/python python tests/data/make_8bit_flat_checkpoint.py
 
 The params cover each way such a checkpoint loads into the row layout: rows a multiple of
 256 long (the old blocks are the new ones: the same codes), rows of 48 and 120 (requantized

@@ -338,7 +338,7 @@ def test_config_state_bits_is_checked_by_name():
 
 # ---------------------------------------------------------------------------
 # 8-bit state of the previous layout ("dynamic8/b256": blocks over the flattened tensor),
-# saved by mixprec 0.1.0 (tests/data/make_8bit_flat_checkpoint.py wrote the file).
+# saved by the mixprec that had it (tests/data/make_8bit_flat_checkpoint.py wrote the file).
 
 def _flat_checkpoint() -> dict:
     path = REPO / "tests" / "data" / "optim8_flat_layout.pt"

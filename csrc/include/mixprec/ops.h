@@ -106,12 +106,13 @@ inline void fused_adam_(
     const std::optional<at::Tensor>& grad_scale = std::nullopt,
     const std::optional<at::Tensor>& found_inf = std::nullopt,
     const std::optional<at::Tensor>& clip_coef = std::nullopt,
-    bool stochastic_rounding = false, int64_t seed = 0) {
+    bool stochastic_rounding = false, int64_t seed = 0,
+    at::OptionalIntArrayRef sr_bases = std::nullopt) {
   detail::Dispatch<&fused_adam_>::call(
       params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params,
       state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize,
       decoupled_weight_decay, grad_scale, found_inf, clip_coef,
-      stochastic_rounding, seed);
+      stochastic_rounding, seed, sr_bases);
 }
 
 // One fused SGD step (torch.optim.SGD's rule); momentum_buffers (fp32) is empty
@@ -124,16 +125,18 @@ inline void fused_sgd_(
     const std::optional<at::Tensor>& grad_scale = std::nullopt,
     const std::optional<at::Tensor>& found_inf = std::nullopt,
     const std::optional<at::Tensor>& clip_coef = std::nullopt,
-    bool stochastic_rounding = false, int64_t seed = 0) {
+    bool stochastic_rounding = false, int64_t seed = 0,
+    at::OptionalIntArrayRef sr_bases = std::nullopt) {
   detail::Dispatch<&fused_sgd_>::call(
       params, grads, momentum_buffers, master_params, state_steps, lr,
       weight_decay, momentum, dampening, nesterov, maximize, grad_scale,
-      found_inf, clip_coef, stochastic_rounding, seed);
+      found_inf, clip_coef, stochastic_rounding, seed, sr_bases);
 }
 
 // One fused Adam/AdamW step with block-wise 8-bit moments: exp_avgs and
 // exp_avg_sqs are contiguous uint8 codes of each param's shape,
-// exp_avg_absmax / exp_avg_sq_absmax float32 of shape (ceil(numel / 256)).
+// exp_avg_absmax / exp_avg_sq_absmax float32 of shape (rows, blocks per row)
+// (common/quant8_math.h's row layout).
 // No amsgrad. Other conventions as fused_adam_.
 inline void fused_adam8_(
     at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
@@ -145,12 +148,13 @@ inline void fused_adam8_(
     const std::optional<at::Tensor>& grad_scale = std::nullopt,
     const std::optional<at::Tensor>& found_inf = std::nullopt,
     const std::optional<at::Tensor>& clip_coef = std::nullopt,
-    bool stochastic_rounding = false, int64_t seed = 0) {
+    bool stochastic_rounding = false, int64_t seed = 0,
+    at::OptionalIntArrayRef sr_bases = std::nullopt) {
   detail::Dispatch<&fused_adam8_>::call(
       params, grads, exp_avgs, exp_avg_absmax, exp_avg_sqs, exp_avg_sq_absmax,
       master_params, state_steps, lr, beta1, beta2, weight_decay, eps, maximize,
       decoupled_weight_decay, grad_scale, found_inf, clip_coef,
-      stochastic_rounding, seed);
+      stochastic_rounding, seed, sr_bases);
 }
 
 // One fused SGD step (momentum > 0) with a block-wise 8-bit momentum buffer
@@ -164,11 +168,12 @@ inline void fused_sgd8_(
     const std::optional<at::Tensor>& grad_scale = std::nullopt,
     const std::optional<at::Tensor>& found_inf = std::nullopt,
     const std::optional<at::Tensor>& clip_coef = std::nullopt,
-    bool stochastic_rounding = false, int64_t seed = 0) {
+    bool stochastic_rounding = false, int64_t seed = 0,
+    at::OptionalIntArrayRef sr_bases = std::nullopt) {
   detail::Dispatch<&fused_sgd8_>::call(
       params, grads, momentum_buffers, momentum_absmax, master_params,
       state_steps, lr, weight_decay, momentum, dampening, nesterov, maximize,
-      grad_scale, found_inf, clip_coef, stochastic_rounding, seed);
+      grad_scale, found_inf, clip_coef, stochastic_rounding, seed, sr_bases);
 }
 
 }  // namespace mixprec

@@ -252,6 +252,7 @@ def fused_adam_(
     clip_coef: Optional[Tensor] = None,
     stochastic_rounding: bool = False,
     seed: int = 0,
+    sr_bases: Optional[Sequence[int]] = None,
 ) -> None:
     """One fused Adam (``decoupled_weight_decay=False``) or AdamW step, in place.
 
@@ -290,8 +291,15 @@ def fused_adam_(
         clip_coef: optional one-element float32 gradient multiplier (clipping).
         stochastic_rounding: round bfloat16 params stochastically (requires
             ``master_params`` empty); the bits are a hash of (``seed``, step,
-            element), so runs are reproducible and resumable.
+            element number), so runs are reproducible and resumable.
         seed: the stochastic-rounding seed (any int64).
+        sr_bases: the element number of each param's element 0 (ints, one per
+            param), for params that are shards of bigger tensors: the numbers the
+            shard's elements have in the whole tensor's call, so that a sharded step
+            rounds as the unsharded one (the optimizers pass them for DTensor params;
+            ``mixprec.optim._sr``). None (the default): element ``e`` of param ``t``
+            is number ``c * 65536 + e``, ``c`` the 65536-element chunks of the params
+            before ``t`` with its (param dtype, grad dtype).
 
     Every tensor is on one device (params[0]'s). No host sync: one kernel
     launch per (param dtype, grad dtype) present plus one for the step counts
@@ -300,7 +308,8 @@ def fused_adam_(
     """
     _call("fused_adam_", params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params,
           state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize,
-          decoupled_weight_decay, grad_scale, found_inf, clip_coef, stochastic_rounding, seed)
+          decoupled_weight_decay, grad_scale, found_inf, clip_coef, stochastic_rounding, seed,
+          sr_bases)
 
 
 def fused_sgd_(
@@ -320,6 +329,7 @@ def fused_sgd_(
     clip_coef: Optional[Tensor] = None,
     stochastic_rounding: bool = False,
     seed: int = 0,
+    sr_bases: Optional[Sequence[int]] = None,
 ) -> None:
     """One fused SGD step in place: ``torch.optim.SGD``'s rule (``foreach=False``).
 
@@ -344,7 +354,8 @@ def fused_sgd_(
     """
     _call("fused_sgd_", params, grads, momentum_buffers, master_params, state_steps, lr,
           weight_decay, momentum, dampening, nesterov, maximize, grad_scale, found_inf, clip_coef,
-          stochastic_rounding, seed)
+          stochastic_rounding, seed,
+          sr_bases)
 
 
 def fused_adam8_(
@@ -368,6 +379,7 @@ def fused_adam8_(
     clip_coef: Optional[Tensor] = None,
     stochastic_rounding: bool = False,
     seed: int = 0,
+    sr_bases: Optional[Sequence[int]] = None,
 ) -> None:
     """One fused Adam/AdamW step with block-wise 8-bit moments, in place.
 
@@ -395,7 +407,8 @@ def fused_adam8_(
     _call("fused_adam8_", params, grads, exp_avgs, exp_avg_absmax, exp_avg_sqs,
           exp_avg_sq_absmax, master_params, state_steps, lr, beta1, beta2, weight_decay, eps,
           maximize, decoupled_weight_decay, grad_scale, found_inf, clip_coef,
-          stochastic_rounding, seed)
+          stochastic_rounding, seed,
+          sr_bases)
 
 
 def fused_sgd8_(
@@ -416,6 +429,7 @@ def fused_sgd8_(
     clip_coef: Optional[Tensor] = None,
     stochastic_rounding: bool = False,
     seed: int = 0,
+    sr_bases: Optional[Sequence[int]] = None,
 ) -> None:
     """One fused SGD step (``momentum > 0``) with a block-wise 8-bit momentum buffer.
 
@@ -428,4 +442,5 @@ def fused_sgd8_(
     """
     _call("fused_sgd8_", params, grads, momentum_buffers, momentum_absmax, master_params,
           state_steps, lr, weight_decay, momentum, dampening, nesterov, maximize, grad_scale,
-          found_inf, clip_coef, stochastic_rounding, seed)
+          found_inf, clip_coef, stochastic_rounding, seed,
+          sr_bases)

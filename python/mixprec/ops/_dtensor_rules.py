@@ -9,9 +9,12 @@ registers its own ``_amp_foreach_non_finite_check_and_unscale_`` rule.
   returned norm is that of the whole tensors: the p-th powers summed over the ``Shard``
   dimensions only (``inf``: MAX), so that HSDP's replicas count each shard once.
 * The optimizers (``fused_adam_``, ``fused_sgd_`` and their 8-bit twins): element-wise
-  (the 8-bit ones per block of the local shard), so they run on the local
-  shards; the DTensors of one param (param, grad, state, master) must be laid out alike.
-  ``found_inf`` is read as given: reduce it first (the scaler does).
+  (the 8-bit ones per block inside a row, which a sharding by rows keeps whole), so they
+  run on the local shards; the DTensors of one param (param, grad, state, master) must be
+  laid out alike. ``found_inf`` is read as given: reduce it first (the scaler does).
+  Stochastic rounding numbers the elements of the local shards as given by ``sr_bases``
+  (the optimizers pass each shard's place in the whole tensor; without it, the local
+  shards are numbered as an unsharded call of them would be).
 * The scale updates take no DTensor: they raise, naming the op.
 
 Registered when mixprec first sees the DTensor class (:func:`mixprec._dtensor.on_dtensor_class`:

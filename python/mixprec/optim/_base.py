@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
+from . import _sr
 from ..amp.protocol import StepScalars
 
 #: The scalars of a step given none (a plain ``opt.step()``): one shared value.
@@ -439,6 +440,8 @@ class FusedOptimizer(torch.optim.Optimizer):
             for n, column in zip(names, columns[1:]):
                 b[n] = column
             if sharded:  # a DTensor's kernels take its shard
+                if group.get("stochastic_rounding", False):  # (its elements' SR numbers)
+                    b["sr_extents"] = [_sr.extent(p) for p in b["params"]]
                 for n in names:
                     b[n] = [self._local_state(n, t, p) for t, p in zip(b[n], b["params"])]
                 for n in ("params", "grads", "master_params", "state_steps"):

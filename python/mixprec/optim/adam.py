@@ -8,6 +8,7 @@ from torch import Tensor
 
 from .. import ops
 from . import _quant8 as q8
+from . import _sr
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
 from ._state8 import EightBitState, check_state_bits, split_coded
 
@@ -148,14 +149,15 @@ class Adam(EightBitState, FusedOptimizer):
                 params=coded["params"], grads=coded["grads"], exp_avgs=coded["exp_avg"],
                 exp_avg_absmax=coded["exp_avg_absmax"], exp_avg_sqs=coded["exp_avg_sq"],
                 exp_avg_sq_absmax=coded["exp_avg_sq_absmax"],
-                master_params=coded["master_params"], state_steps=coded["state_steps"], **args)
+                master_params=coded["master_params"], state_steps=coded["state_steps"],
+                sr_bases=_sr.bucket_bases(coded), **args)
         if bucket["params"]:
             ops.fused_adam_(
                 params=bucket["params"], grads=bucket["grads"], exp_avgs=bucket["exp_avg"],
                 exp_avg_sqs=bucket["exp_avg_sq"],
                 max_exp_avg_sqs=bucket.get("max_exp_avg_sq", []),
                 master_params=bucket["master_params"], state_steps=bucket["state_steps"],
-                amsgrad=bool(group["amsgrad"]), **args)
+                amsgrad=bool(group["amsgrad"]), sr_bases=_sr.bucket_bases(bucket), **args)
 
 
 class AdamW(Adam):

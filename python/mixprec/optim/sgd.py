@@ -9,6 +9,7 @@ from torch import Tensor
 
 from .. import ops
 from . import _quant8 as q8
+from . import _sr
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
 from ._state8 import EightBitState, check_state_bits, split_coded
 
@@ -112,13 +113,14 @@ class SGD(EightBitState, FusedOptimizer):
                 params=coded["params"], grads=coded["grads"],
                 momentum_buffers=coded["momentum_buffer"],
                 momentum_absmax=coded["momentum_buffer_absmax"],
-                master_params=coded["master_params"], state_steps=coded["state_steps"], **args)
+                master_params=coded["master_params"], state_steps=coded["state_steps"],
+                sr_bases=_sr.bucket_bases(coded), **args)
         if bucket["params"]:
             ops.fused_sgd_(
                 params=bucket["params"], grads=bucket["grads"],
                 momentum_buffers=bucket.get("momentum_buffer", []),
                 master_params=bucket["master_params"], state_steps=bucket["state_steps"],
-                **args)
+                sr_bases=_sr.bucket_bases(bucket), **args)
 
 
 class SGD8bit(SGD):

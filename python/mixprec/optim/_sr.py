@@ -1,0 +1,74 @@
+"""Stochastic rounding's element numbers for sharded params.
+
+The fused optimizer ops round a bf16 param stochastically with the random bits of
+``(seed, step, grad dtype, element number)`` (``csrc/common/optim_math.h``). Element ``e``
+of param ``t`` of a call is numbered ``sr_bases[t] + e``; without ``sr_bases`` the ops
+number an unsharded call: ``sr_bases[t]`` counts the :data:`SR_CHUNK`-element chunks of
+the params before ``t`` with its (param dtype, grad dtype). A shard of a DTensor param
+must draw the bits its elements draw in the unsharded call, so the optimizer passes the
+same count over the whole tensors, plus the index (in the whole tensor) of the shard's
+first element: the same bits at every world size.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import _dtensor
+
+__all__ = ["SR_CHUNK", "extent", "sr_bases", "bucket_bases"]
+
+#: elements per chunk of the numbering (math::kSrChunk)
+SR_CHUNK = 65536
+
+
+def extent(p: Tensor) -> Tuple[int, int]:
+    """``(elements of the whole tensor, index in it of the local shard's element 0)`` of a
+    param: ``(numel, 0)`` for a plain tensor. A DTensor's ``Shard(0)`` placements cut its
+    rows as ``torch.chunk`` does, one mesh dimension after the other (FSDP2, HSDP)."""
+    if not _dtensor.is_dtensor(p):
+        return p.numel(), 0
+    from torch.distributed.tensor import Shard
+
+    rows = p.shape[0] if p.dim() else 1
+    start, length = 0, rows
+    for dim, pl in enumerate(p.placements):
+        if not isinstance(pl, Shard):
+            continue
+        if pl.dim != 0:
+            raise ValueError(f"mixprec.optim: stochastic_rounding takes DTensor params "
+                             f"sharded on dim 0 (FSDP2's default), got {p.placements}")
+        n = p.device_mesh.size(dim)
+        chunk = -(-length // n)
+        first = min(p.device_mesh.get_local_rank(dim) * chunk, length)
+        start, length = start + first, max(0, min(chunk, length - first))
+    per_row = p.numel() // rows if rows else 0
+    return p.numel(), start * per_row
+
+
+def sr_bases(params: Sequence[Tensor], grads: Sequence[Tensor],
+             extents: Sequence[Tuple[int, int]]) -> List[int]:
+    """The ``sr_bases`` of one op call: ``params``/``grads`` the call's (local) lists,
+    ``extents`` each param's :func:`extent`."""
+    chunks: Dict[Tuple[torch.dtype, torch.dtype], int] = {}
+    out = []
+    for p, g, (numel, offset) in zip(params, grads, extents):
+        key = (p.dtype, g.dtype)
+        count = chunks.get(key, 0)
+        out.append((count * SR_CHUNK + offset) & 0xFFFFFFFF)
+        chunks[key] = count + -(-numel // SR_CHUNK)
+    return out
+
+
+def bucket_bases(bucket: Dict[str, Any]) -> Optional[List[int]]:
+    """The ``sr_bases`` of the op call of ``bucket`` (an optimizer's bucket, or its 8-bit
+    part): None unless the bucket holds the extents of sharded params
+    (:meth:`FusedOptimizer._buckets` adds them, under ``"sr_extents"``, for a DTensor
+    group with stochastic rounding)."""
+    extents = bucket.get("sr_extents")
+    if extents is None:
+        return None
+    return sr_bases(bucket["params"], bucket["grads"], extents)
