@@ -30,8 +30,8 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
-from . import _sr
 from ..amp.protocol import StepScalars
+from . import _sr
 
 #: The scalars of a step given none (a plain ``opt.step()``): one shared value.
 _NO_SCALARS = StepScalars(None, None, None)
