@@ -37,10 +37,13 @@ ALL = (torch.float32, torch.float16, torch.bfloat16)
 CHUNK = 65536          # elements per block (launch_plan.h kChunkSize)
 MAX_BLOCKS = 2560      # blocks per launch (kMaxBlocks, CUDA >= 12.1 tables)
 # kMaxTensors = (32000 - 2560 * 6 - 64) // (8 * (depth + 1)), launch_plan.h
-MAX_TENSORS = {depth: (32000 - MAX_BLOCKS * 6 - 64) // (8 * (depth + 1)) for depth in (1, 5, 7)}
+MAX_TENSORS = {depth: (32000 - MAX_BLOCKS * 6 - 64) // (8 * (depth + 1)) for depth in (1, 8)}
+# fused_adam_'s lists per launch (fused_adam.h AdamSlot): param, grad, exp_avg, exp_avg_sq,
+# max_exp_avg_sq, master, step and the stochastic-rounding base
+ADAM = 8
 # The small table (SmallTensorListMeta): a launch with at most this many blocks (and
 # so tensors) is launched with a 4 KB kernel argument instead of the 32 KB one.
-SMALL = {depth: (4000 - 64) // (6 + 8 * (depth + 1)) for depth in (1, 7)}  # 178, 56
+SMALL = {depth: (4000 - 64) // (6 + 8 * (depth + 1)) for depth in (1, ADAM)}  # 178, 50
 
 
 def emu() -> Any:
@@ -176,9 +179,9 @@ def test_small_table_chosen_when_the_launch_fits(case: str, small: int, large: i
 
 
 def test_small_table_in_optimizer_plans() -> None:
-    # depth 7 (Adam, amsgrad, masters): SMALL[7] tensors in one small launch,
+    # Adam with amsgrad and masters: SMALL[ADAM] tensors in one small launch,
     # one more in one large launch (and the step-increment launch each)
-    for n, small in ((SMALL[7], 1), (SMALL[7] + 1, 0)):
+    for n, small in ((SMALL[ADAM], 1), (SMALL[ADAM] + 1, 0)):
         d = _adam_inputs(torch.float16, torch.float16, True, True, [(3,)] * n)
         launches, smalls = emu().planned_launches(), emu().planned_small_launches()
         emu().plan_fused_adam_(*d.values(), *_adam_scalars(True, True))
@@ -218,10 +221,10 @@ def _planned(call: Any) -> tuple:
     return emu().planned_launches() - launches, emu().planned_blocks() - blocks
 
 
-# more tensors than one launch holds (exactly two full launches at depth 7: a launch
+# more tensors than one launch holds (exactly two full launches of Adam: a launch
 # holding one tensor fewer would take three), zero-size tensors at the ends and between,
 # one tensor of several chunks, sizes mixed
-PLAN_SIZES = ([0] + [5] * (2 * MAX_TENSORS[7] - 41) + [0, 3 * CHUNK + 1, 0]
+PLAN_SIZES = ([0] + [5] * (2 * MAX_TENSORS[ADAM] - 41) + [0, 3 * CHUNK + 1, 0]
               + [1 + i % 9 for i in range(40)] + [0])
 
 
@@ -231,7 +234,7 @@ def test_optimizer_plan_launches_and_blocks(sizes: List[int]) -> None:
     # says, plus one step-increment launch (one block) per 256 params
     d = _adam_inputs(torch.float16, torch.float16, True, True, [(n,) for n in sizes])
     steps = -(-len(sizes) // 256)
-    want = (_model_launches(sizes, MAX_TENSORS[7]) + steps,
+    want = (_model_launches(sizes, MAX_TENSORS[ADAM]) + steps,
             sum(-(-n // CHUNK) for n in sizes) + steps)
     assert _planned(lambda: emu().plan_fused_adam_(*d.values(), *_adam_scalars(True, True))) \
         == want
@@ -271,7 +274,7 @@ def _emulated_and_cpu_mixed_adam(shapes: list, every: int) -> tuple:
 def test_optimizer_plans_per_dtype_group_match_the_cpu_kernel() -> None:
     # zero-size tensors and sizes mixed across three (param, grad) dtype groups, more
     # tensors than one launch holds in one of them: the emulated kernel equals the CPU one
-    n = MAX_TENSORS[7] + 20
+    n = MAX_TENSORS[ADAM] + 20
     _emulated_and_cpu_mixed_adam([((0 if i % 17 == 0 else 1 + (i * 5) % 23),)
                                   for i in range(n)], 4)
 
@@ -505,8 +508,8 @@ def test_fused_adam_layouts(layout: str, pdt: torch.dtype, masters: bool) -> Non
 
 
 def test_fused_adam_mixed_dtypes_many_tensors_and_skip() -> None:
-    # more tensors than one launch holds (depth 7), three dtype groups
-    n = MAX_TENSORS[7] + 9
+    # more tensors than one launch holds, three dtype groups
+    n = MAX_TENSORS[ADAM] + 9
     d, a, _ = _emulated_and_cpu_mixed_adam([(1 + (i * 7) % 50,) for i in range(n)], 3)
     for p, mp in zip(a["params"], a["master_params"]):
         assert_bitwise_equal(p, mp.to(p.dtype))
