@@ -162,6 +162,75 @@ def load(rank: int, world: int, out_dir: str) -> None:
         torch.save(out, os.path.join(out_dir, f"load-w{world}.pt"))
 
 
+def old_layout(rank: int, world: int, out_dir: str) -> None:
+    """8-bit DTensor state of the previous layout ("dynamic8/b256": blocks over each rank's
+    shard, maxima padded to the largest shard's count; what a torch.save of a sharded
+    optimizer's state_dict held): it loads at the sharding it was saved with (requantized
+    into rows, within the 8-bit bound of its values), and elsewhere raises a ValueError
+    naming the layout and both shardings, the optimizer unchanged."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from mixprec.optim import _state8
+
+    m, o, dtype = make("masters8", world, "fsdp")
+    for k in range(SAVE_AT):
+        step(m, o, dtype, k)
+    params = list(m.parameters())
+    sd = o.state_dict()
+    values: Dict[Any, torch.Tensor] = {}
+    for key, st in sd["state"].items():
+        if st.get("quant") != _state8.QUANT:
+            continue
+        p = params[key]
+        per_rank = q8.num_blocks(-(-p.shape[0] // world) * (p.numel() // p.shape[0]))
+        for name, table in (("exp_avg", q8.SIGNED), ("exp_avg_sq", q8.UNSIGNED)):
+            local = _state8.read_back(st[name], st[name + "_absmax"], table, p)._local_tensor
+            codes, absmax = q8.quantize(local.reshape(-1), table)  # blocks over the shard
+            # what that layout reads back: the values the conversion starts from
+            values[(key, name)] = full(DTensor.from_local(
+                q8.dequantize(codes, absmax, table).view(local.shape), p.device_mesh,
+                p.placements, run_check=False, shape=p.shape, stride=p.stride()))
+            padded = torch.zeros(per_rank)
+            padded[:absmax.numel()] = absmax
+            st[name] = DTensor.from_local(codes.view(local.shape), p.device_mesh,
+                                          p.placements, run_check=False, shape=p.shape,
+                                          stride=p.stride())
+            st[name + "_absmax"] = DTensor.from_local(
+                padded, p.device_mesh, [Shard(0)], run_check=False,
+                shape=torch.Size([world * per_rank]), stride=(1,))
+        st["quant"] = _state8.FLAT_QUANT
+    out: Dict[str, Any] = {}
+    m2, o2, _ = make("masters8", world, "fsdp")
+    o2.load_state_dict(sd)
+    within = []
+    for (key, name), want in values.items():
+        p2 = list(m2.parameters())[key]
+        table = q8.SIGNED if name == "exp_avg" else q8.UNSIGNED
+        got = full(_state8.read_back(o2.state[p2][name], o2.state[p2][name + "_absmax"],
+                                     table, p2))
+        within.append(bool(((got - want).abs() <= q8.error_bound(want, table)).all())
+                      and o2.state[p2]["quant"] == _state8.QUANT)
+    out["same_sharding_loads"] = within
+    # the same state with its codes replicated: another sharding than the param's
+    for st in sd["state"].values():
+        if st.get("quant") == _state8.FLAT_QUANT:
+            for name in ("exp_avg", "exp_avg_sq"):
+                st[name] = st[name].redistribute(st[name].device_mesh, [Replicate()])
+    m3, o3, _ = make("masters8", world, "fsdp")
+    step(m3, o3, dtype, 0)
+    before = gathered_state(m3, o3)
+    try:
+        o3.load_state_dict(sd)
+        out["error"] = None
+    except ValueError as e:
+        out["error"] = str(e)
+    out["unchanged"] = all(
+        all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+            for k in a) for a, b in zip(gathered_state(m3, o3), before))
+    if rank == 0:
+        torch.save(out, os.path.join(out_dir, "old-layout.pt"))
+
+
 def worker(rank: int, world: int, entry: str, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,

@@ -116,3 +116,16 @@ def test_the_cases_cover_what_a_layout_tied_to_shards_gets_wrong():
     o.step()
     assert all((o.state[p]["exp_avg"].dtype == torch.uint8) == (p.dim() == 2)
                for p in m.parameters())
+
+
+def test_sharded_state_of_the_previous_layout_loads_only_where_it_was_saved():
+    with tempfile.TemporaryDirectory() as tmp:
+        cases.spawn(2, "old_layout", tmp, os.path.join(tmp, "init"))
+        r = torch.load(os.path.join(tmp, "old-layout.pt"), weights_only=False)
+    assert r["same_sharding_loads"] and all(r["same_sharding_loads"])
+    assert r["error"] is not None
+    for words in ("previous layout ('dynamic8/b256'", "saved sharded as [Replicate()] over 2 "
+                  "ranks", "a param sharded as [Shard(dim=0)] over 2 ranks",
+                  "Load it where it was saved"):
+        assert words in r["error"], (words, r["error"])
+    assert r["unchanged"]

@@ -226,14 +226,15 @@ def _check_flat_sharded(where: str, codes: Tensor, p: Optional[Tensor]) -> None:
     if p is not None and _dtensor.is_dtensor(p) and codes.device_mesh == p.device_mesh \
             and tuple(codes.placements) == tuple(p.placements):
         return
-    saved = codes.device_mesh.size()
-    now = p.device_mesh.size() if p is not None and _dtensor.is_dtensor(p) else 1
+    saved = f"{list(codes.placements)} over {codes.device_mesh.size()} ranks"
+    now = (f"{list(p.placements)} over {p.device_mesh.size()} ranks"
+           if p is not None and _dtensor.is_dtensor(p) else "unsharded")
     raise ValueError(
         f"{where}: 8-bit state of the previous layout ({FLAT_QUANT!r}, blocks over each "
-        f"rank's shard) saved at world size {saved} ({codes.placements}) cannot be read at "
-        f"world size {now}: its blocks depend on the sharding. Load it at world size "
-        f"{saved} with the same mesh, then save again (this version writes {QUANT!r}, "
-        "which reloads at any world size)")
+        f"rank's shard), saved sharded as {saved}, cannot be read into a param sharded as "
+        f"{now}: its blocks depend on the sharding. Load it where it was saved (the same "
+        f"world size and mesh), then save again: this version writes {QUANT!r}, which "
+        "reloads at any world size")
 
 
 def _rows_like(t: Tensor, p: Tensor) -> Tensor:
