@@ -249,7 +249,7 @@ def cmd_ckpt(args: argparse.Namespace) -> None:
                 first = "exp_avg" if kind == "adamw8" else "momentum_buffer"
                 coded = [opt.state[p][first].dtype == torch.uint8 for p in params]
                 check(coded == [True, False, False, False] and
-                      sd["state"][0].get("quant") == "dynamic8/b256",
+                      sd["state"][0].get("quant") == "dynamic8/rows/b256",
                       f"{name}: 8-bit state from the C++ state dict ({coded})")
             losses = python_train(opt, params, data["x"], data["y"], 3)
             check(all(rel_close(a, b) for a, b in zip(cont["losses"], losses)),

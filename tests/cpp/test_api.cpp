@@ -660,8 +660,8 @@ void test_optim_8bit(const std::string& dir) {
   CHECK(w8.at("exp_avg").toTensor().scalar_type() == torch::kByte);
   CHECK(w8.at("exp_avg_sq").toTensor().scalar_type() == torch::kByte);
   CHECK(w8.at("exp_avg_absmax").toTensor().sizes() ==
-        torch::IntArrayRef({5}));  // 1200 elements: 5 blocks of 256
-  CHECK(w8.at("quant").toStringRef() == "dynamic8/b256");
+        torch::IntArrayRef({300, 1}));  // 300 rows of 4: a block each
+  CHECK(w8.at("quant").toStringRef() == "dynamic8/rows/b256");
   CHECK(b8.at("exp_avg").toTensor().scalar_type() == torch::kFloat);
   CHECK(b8.at("exp_avg_absmax").toTensor().numel() == 0 &&
         !b8.contains("quant"));
