@@ -608,7 +608,7 @@ void AdamBase<Options>::run_bucket(Bucket& b,
         /*grad_scale=*/sc.grad_scale, /*found_inf=*/sc.found_inf,
         /*clip_coef=*/sc.clip_coef,
         /*stochastic_rounding=*/o.stochastic_rounding() && !has_masters,
-        /*seed=*/seed);
+        /*seed=*/seed, /*sr_bases=*/std::nullopt);
     return;
   }
   mixprec::fused_adam_(
@@ -622,7 +622,7 @@ void AdamBase<Options>::run_bucket(Bucket& b,
       /*grad_scale=*/sc.grad_scale, /*found_inf=*/sc.found_inf,
       /*clip_coef=*/sc.clip_coef,
       /*stochastic_rounding=*/o.stochastic_rounding() && !has_masters,
-      /*seed=*/seed);
+      /*seed=*/seed, /*sr_bases=*/std::nullopt);
 }
 
 template class AdamBase<AdamOptions>;
@@ -1127,7 +1127,7 @@ void SGD::run_bucket(Bucket& b, torch::optim::OptimizerParamGroup& group,
         /*maximize=*/o.maximize(), /*grad_scale=*/sc.grad_scale,
         /*found_inf=*/sc.found_inf, /*clip_coef=*/sc.clip_coef,
         /*stochastic_rounding=*/o.stochastic_rounding() && !has_masters,
-        /*seed=*/seed);
+        /*seed=*/seed, /*sr_bases=*/std::nullopt);
     return;
   }
   mixprec::fused_sgd_(
@@ -1138,7 +1138,7 @@ void SGD::run_bucket(Bucket& b, torch::optim::OptimizerParamGroup& group,
       /*maximize=*/o.maximize(), /*grad_scale=*/sc.grad_scale,
       /*found_inf=*/sc.found_inf, /*clip_coef=*/sc.clip_coef,
       /*stochastic_rounding=*/o.stochastic_rounding() && !has_masters,
-      /*seed=*/seed);
+      /*seed=*/seed, /*sr_bases=*/std::nullopt);
 }
 
 }  // namespace mixprec::optim

@@ -298,7 +298,7 @@ def memory(mesh: Any, world: int) -> Result:
 def dcp_resume(mesh: Any, path: str, state_bits: int = 32) -> Result:
     """DCP save after 2 steps, then 2 more steps; a fresh model + optimizer loaded from the
     checkpoint and stepped the same 2 steps must end bit for bit where the first did.
-    ``state_bits=8``: every param with 8-bit moments (blocks per local shard)."""
+    ``state_bits=8``: every 2-D param with 8-bit moments (blocks inside rows)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -377,11 +377,10 @@ def dcp_resume(mesh: Any, path: str, state_bits: int = 32) -> Result:
 
 
 def eight_bit(mesh: Any, world: int) -> Result:
-    """8-bit state on a sharded model (every param 8-bit): each rank's shard steps exactly
-    as the same rows stepped as separate params by an unsharded optimizer, since the
-    blocks run over the local shard. The twin cuts every param into FSDP2's row chunks
-    (an empty one where a rank has no rows). ``world``: the ranks a param is sharded over
-    (on an HSDP mesh, the size of its shard dimension)."""
+    """8-bit state on a sharded model (every 2-D param 8-bit, the 1-D ones float32): the
+    blocks lie inside rows, which the shards keep whole, so the sharded run equals the
+    unsharded one bit for bit, uneven and empty shards included. ``world``: the ranks a
+    param is sharded over (on an HSDP mesh, the size of its shard dimension)."""
     out: Result = {}
     for cls, kw in (("AdamW8bit", {"lr": 1e-2}),
                     ("SGD8bit", {"lr": 1e-1, "momentum": 0.9, "nesterov": True})):
@@ -389,34 +388,20 @@ def eight_bit(mesh: Any, world: int) -> Result:
         model = shard(copy.deepcopy(ref), mesh)
         make = getattr(mixprec.optim, cls)
         opt = make(model.parameters(), min_8bit_size=0, **kw)
-
-        def cut(t: torch.Tensor) -> List[torch.Tensor]:
-            parts = list(torch.chunk(t, world, dim=0))
-            return parts + [t[:0]] * (world - len(parts))
-
-        twin = [[nn.Parameter(c.detach().clone()) for c in cut(p)] for p in ref.parameters()]
-        twin_opt = make([c for cs in twin for c in cs], min_8bit_size=0, **kw)
+        ref_opt = make(ref.parameters(), min_8bit_size=0, **kw)
         for step in range(3):
             x = batch(step, torch.bfloat16)
-            opt.zero_grad()
-            model(x).float().pow(2).mean().backward()
-            opt.step()
-            ref.zero_grad()
-            ref(x).float().pow(2).mean().backward()
-            for p, cs in zip(ref.parameters(), twin):
-                for c, g in zip(cs, cut(p.grad)):
-                    c.grad = g.clone()
-            twin_opt.step()
-            with torch.no_grad():
-                for p, cs in zip(ref.parameters(), twin):
-                    p.copy_(torch.cat([c.detach() for c in cs]))
+            for m, o in ((model, opt), (ref, ref_opt)):
+                o.zero_grad()
+                m(x).float().pow(2).mean().backward()
+                o.step()
         first = "exp_avg" if cls == "AdamW8bit" else "momentum_buffer"
         p0 = next(iter(model.parameters()))
         out[cls] = {
             "bitwise": bitwise(params_of(model), params_of(ref)),
             "absmax_placements": str(opt.state[p0][first + "_absmax"].placements),
             "codes_dtensor": all(_dtensor.is_dtensor(opt.state[p][first]) and
-                                 opt.state[p][first].dtype == torch.uint8
+                                 (opt.state[p][first].dtype == torch.uint8) == (p.dim() >= 2)
                                  for p in model.parameters()),
             "state_bytes": state_bytes(opt),
         }

@@ -1,9 +1,8 @@
 """mixprec on HSDP (``fully_shard`` over a 2 x 2 (replicate, shard) mesh): four gloo
 processes on CPU, spawned once for the module (tests/distributed/_fsdp2_cases.py ``run_hsdp``).
 The clip norm counts each shard once (reduced over the shard dimension only), an inf in
-one process's shard makes all four skip, the params match an unsharded run, and 8-bit
-state steps each shard as its rows alone, its maxima replicated over the replicate
-dimension."""
+one process's shard makes all four skip, the params match an unsharded run, and so does
+8-bit state, its maxima laid out as the params (replicated over the replicate dimension)."""
 
 from __future__ import annotations
 
@@ -47,7 +46,7 @@ def test_hsdp_inf_in_one_shard_skips_everywhere(results):
 
 
 @pytest.mark.parametrize("cls", ["AdamW8bit", "SGD8bit"])
-def test_hsdp_8bit_state_steps_each_shard_as_its_rows_alone(results, cls):
+def test_hsdp_8bit_state_sharded_equals_unsharded(results, cls):
     for k in range(WORLD):
         r = results[k]["eight_bit"][cls]
         assert r["bitwise"] and r["codes_dtensor"], k
