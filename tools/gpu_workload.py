@@ -126,8 +126,9 @@ NORM_FLOAT32_TERMS = 4096
 class Runner:
     """Runs named checks, prints one line each, counts failures."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, max_check_gib: float = 0.0) -> None:
         self.device = device
+        self.max_check_gib = max_check_gib
         self.passed = 0
         self.failed: List[str] = []
         self.skipped = 0
@@ -139,15 +140,19 @@ class Runner:
         try:
             self._check(name, fn)
         finally:
-            # Under memcheck the 2^26 and GPT-2-small sets ran out of the H100's memory
-            # (2026-11-25; 0.14 GiB per million elements at most on CPU): each check's
-            # peak is printed, and what a check leaves in reference cycles is collected.
+            # Each check's peak is printed (and, with --max-check-gib, bounded: a check
+            # above it fails), and what a check leaves in reference cycles is collected,
+            # so that memory cannot grow from check to check under memcheck.
             gc.collect()
             if cuda:
                 torch.cuda.empty_cache()
-                print(f"     (device memory: peak {torch.cuda.max_memory_allocated() / 2**30:.2f}"
-                      f" GiB, after {torch.cuda.memory_allocated() / 2**20:.0f} MiB)",
-                      flush=True)
+                peak = torch.cuda.max_memory_allocated() / 2**30
+                print(f"     (device memory: peak {peak:.2f} GiB, after "
+                      f"{torch.cuda.memory_allocated() / 2**20:.0f} MiB)", flush=True)
+                if self.max_check_gib and peak > self.max_check_gib:
+                    self.failed.append(f"{name}: peak {peak:.2f} GiB over the "
+                                       f"--max-check-gib {self.max_check_gib:g} bound")
+                    print(f"FAIL {name}: {self.failed[-1]}", flush=True)
 
     def _check(self, name: str, fn: Callable[[], Optional[str]]) -> None:
         t0 = time.perf_counter()
@@ -487,6 +492,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="skip sets with more elements in all (default: no limit)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
+    ap.add_argument("--max-check-gib", type=float, default=0.0,
+                    help="CUDA: fail a check whose peak device memory exceeds this (0: no bound)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -503,7 +510,7 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
           f"torch {torch.__version__}, mixprec {mixprec.__version__}, max numel "
           f"{args.max_numel}, max total {args.max_total or 'none'}", flush=True)
-    run = Runner(device)
+    run = Runner(device, args.max_check_gib)
     gen = torch.Generator(device=device).manual_seed(args.seed)
     for set_name in args.sets.split(","):
         shapes = SETS[set_name]()

@@ -1,0 +1,159 @@
+"""tools/gpu_check.py (`make gpu-check`): the plan lists every part in priority order, a CPU
+smoke run writes the summary, and the driver reads its parts' output right. Runs on CPU."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from _helpers import REPO
+
+if str(REPO / "tools") not in sys.path:
+    sys.path.insert(0, str(REPO / "tools"))
+
+import gpu_check  # noqa: E402
+
+PRIORITY = ["tests", "capture", "cpp-capture", "demo", "capture-speed", "e2e", "fp8", "optim8",
+            "memcheck", "fsdp2", "bench", "hf-overflow", "cpp"]
+
+
+def _plan(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert gpu_check.main(["--plan", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def test_the_plan_lists_every_part_in_priority_order(capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path) -> None:
+    out = _plan(capsys, "--out", str(tmp_path))
+    rows = re.findall(r"^\s*(\d+) (\S+)\s+(\S+)\s+(\d+)s", out, re.M)
+    assert [name for _, name, _, _ in rows] == ["install"] + PRIORITY
+    assert [int(n) for n, _, _, _ in rows] == list(range(len(PRIORITY) + 1))
+    items = [item for _, _, item, _ in rows]
+    assert items[:10] == ["2.1", "2.1", "2.2", "2.2", "2.2", "2.3", "2.4", "2.5", "2.6", "2.7"]
+    assert items[10] == "2.8"
+    # within the default budget: what fits runs, the rest is named as skipped
+    assert "budget 540 s" in out and "SKIP: does not fit the budget" in out
+    assert "$ " in out.split(" capture ")[1]  # the commands are printed
+    assert not any(tmp_path.iterdir())  # --plan runs nothing
+
+
+def test_the_plan_follows_only_skip_and_the_budget(capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
+    out = _plan(capsys, "--out", str(tmp_path), "--only", "fsdp2,memcheck", "--budget-s", "590")
+    runs = re.findall(r"^\s*\d+ (\S+).*\brun: ", out, re.M)
+    assert runs == ["memcheck", "fsdp2"]
+    assert "PYTHONFAULTHANDLER=1" in out and "tools/gpu_workload.py" in out
+    out = _plan(capsys, "--out", str(tmp_path), "--cpu-smoke")
+    assert "SKIP: needs a GPU" in out and "--device cpu" in out
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--plan", "--only", "nothing"])
+
+
+def test_a_carried_wheel_is_installed_and_the_tree_left_off_the_path(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    wheel = str(tmp_path / "mixprec-1.0-cp312-cp312-linux_x86_64.whl")
+    monkeypatch.setattr(gpu_check, "wheels", lambda: [wheel])
+    out = _plan(capsys, "--out", str(tmp_path))
+    assert "pip install the wheel mixprec-1.0" in out and "--no-index" in out
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    check = gpu_check.Check(_args(tmp_path))
+    assert check.wheel == wheel
+    assert str(gpu_check.ROOT / "python") not in check.env["PYTHONPATH"].split(os.pathsep)
+    monkeypatch.setattr(gpu_check, "wheels", lambda: [])
+    check = gpu_check.Check(_args(tmp_path))
+    assert check.env["PYTHONPATH"].split(os.pathsep)[0] == str(gpu_check.ROOT / "python")
+    assert "setup.py" in " ".join(check.install_steps()[0].cmd)
+
+
+def _args(out: Path, *argv: str) -> object:
+    import argparse
+
+    ns = argparse.Namespace(python=sys.executable, plan=False, cpu_smoke=False, budget_s=0.0,
+                            only=[], skip=[], out=str(out), pack=False, jobs=2,
+                            tests="tests", baseline="", max_check_gib=40.0)
+    for a in argv:
+        setattr(ns, a, True)
+    return ns
+
+
+def test_a_cpu_smoke_run_writes_the_summary(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # two cheap parts (the whole smoke run is `make gpu-check-smoke`, a step of `make test`)
+    rc = gpu_check.main(["--cpu-smoke", "--only", "optim8,memcheck", "--out", str(tmp_path),
+                         "--pack"])
+    summary = (tmp_path / "summary.md").read_text()
+    assert rc == 0, summary + capsys.readouterr().out
+    rows = re.findall(r"^\| (\S+) \| (\S+) \| (\S+) \|", summary, re.M)
+    assert [(p, s) for p, _, s in rows] == [("install", "PASS"), ("optim8", "PASS"),
+                                            ("memcheck", "PASS")]
+    assert "ratio 8-bit / 32-bit" in summary
+    # the logs packed into one file (a device call brings back 8 files at most)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu-check-logs.tar.gz",
+                                                          "summary.md"]
+
+
+def test_a_part_that_does_not_fit_is_skipped_and_a_hung_one_killed(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    hang = gpu_check.Part("hang", "x", "sleeps", 1, 1,
+                          lambda c: [gpu_check.Step([sys.executable, "-c",
+                                                     "import time; time.sleep(60)"])],
+                          gpu_check.judge_rc(), smoke=1)
+    big = gpu_check.Part("big", "y", "too long", 10**6, 10, lambda c: [], gpu_check.judge_rc(),
+                         smoke=10**6)
+    monkeypatch.setattr(gpu_check, "PARTS", (hang, big))
+    monkeypatch.setattr(gpu_check, "PART_NAMES", ("install", "hang", "big"))
+    assert gpu_check.main(["--cpu-smoke", "--out", str(tmp_path), "--budget-s", "30"]) == 1
+    summary = (tmp_path / "summary.md").read_text()
+    assert re.search(r"\| hang \| x \| FAIL \| \d+ \| timed out", summary), summary
+    assert re.search(r"\| big \| y \| SKIP \| 0 \| does not fit", summary), summary
+
+
+def test_gpu_check_reads_pytest_sanitizer_and_ctest_summaries() -> None:
+    out = "....F\nFAILED tests/test_x.py::test_y - AssertionError\n" \
+          "3 failed, 1200 passed, 41 skipped, 2 errors in 98.76s (0:01:38)\n"
+    assert gpu_check.parse_pytest(out) == {"failed": 3, "passed": 1200, "skipped": 41,
+                                           "errors": 2}
+    assert gpu_check.parse_pytest("Segmentation fault\n") == {}
+    assert gpu_check.parse_pytest("22 deselected in 2.31s\n") == {"deselected": 22}
+    assert gpu_check.parse_sanitizer("========= ERROR SUMMARY: 0 errors\n") == 0
+    assert gpu_check.parse_sanitizer("========= ERROR SUMMARY: 12 errors\n") == 12
+    assert gpu_check.parse_sanitizer("killed\n") is None
+    assert gpu_check.parse_workload("gpu_workload: 300 passed, 2 failed, 0 skipped\n") == (
+        300, 2, 0)
+    assert gpu_check.parse_ctest("92% tests passed, 1 tests failed out of 12\n") == (1, 12)
+    # ctest on the H100 machine, nothing failed
+    assert gpu_check.parse_ctest("100% tests passed out of 12\n\nTotal Test time") == (0, 12)
+    ctest = ("100% tests passed, 0 tests failed out of 12\n\nThe following tests did not run:"
+             "\n\t 11 - mixprec_example_twin_cuda_fp16 (Skipped)\n")
+    assert gpu_check.parse_ctest(ctest) == (0, 12)
+    assert gpu_check.ctest_skipped(ctest) == ["mixprec_example_twin_cuda_fp16"]
+
+
+def test_gpu_check_reads_train_mlp() -> None:
+    steps = [f"step {i} loss {1.0 - i / 100:.9e} scale 1024.0" + (" skipped" if i == 7 else "")
+             for i in range(1, 31)]
+    good = "\n".join(steps + ["done: 30 steps, 1 skipped"]) + "\n"
+    assert gpu_check.check_train_mlp(good, 30, 7) == (
+        True, "30 steps, 1 skipped (at [7]), loss 0.99 -> 0.7")
+    # the first H100 run: NaN from step 2 on, 29 of 30 steps skipped
+    h100 = "\n".join(["step 1 loss 9.2e-01 scale 1024.0"]
+                     + [f"step {i} loss nan scale 0.0 skipped" for i in range(2, 31)]
+                     + ["done: 30 steps, 29 skipped"])
+    assert gpu_check.check_train_mlp(h100, 30, 7)[0] is False
+    assert gpu_check.check_train_mlp(good.replace(" skipped\n", "\n", 1), 30, 7)[0] is False
+    assert gpu_check.check_train_mlp("crashed", 30, 7) == (False, "no 'done:' line")
+
+
+def test_gpu_check_stops_at_once_without_a_gpu(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    monkeypatch.setattr(gpu_check, "probe", lambda *a: {"torch": "2.x", "cuda": False})
+    assert gpu_check.main(["--out", str(tmp_path)]) == 2
+    assert "no GPU visible (torch.cuda.is_available() is False" in capsys.readouterr().err
+
+
