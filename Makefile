@@ -161,7 +161,7 @@ test: test-python test-python-cpu-only test-cpp test-isa test-no-fast-entry-focu
 
 # C++ sources clang-format checks (.clang-format); `make format` rewrites them in place
 CPP_FORMAT_FILES = $(shell git ls-files 'csrc/*.h' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh' \
-  'tests/cpp/*.h' 'tests/cpp/*.cpp' 'examples/cpp/*.cpp' 'benchmarks/*.cpp')
+  'tests/cpp/*.h' 'tests/cpp/*.cpp' 'examples/cpp/*.cpp')
 CLANG_FORMAT = $(PY) -c "import sys, clang_format; sys.argv[0] = 'clang-format'; \
   clang_format.clang_format()"
 
