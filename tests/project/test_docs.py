@@ -13,8 +13,10 @@ CONTRIBUTING.md, CHANGELOG.md, benchmarks/README.md and docs/*.md:
 * a C++ name (``mixprec::optim::AdamWOptions``): its last part is declared in a public
   header.
 
-A code block of README.md marked ``<!-- runnable -->`` on the line before its fence runs,
-in order, in one namespace.
+A code block of README.md or of a guide in docs/ marked ``<!-- runnable -->`` on the line
+before its fence runs, in order, in one namespace per file. Also checked: the paths named in
+the build files (setup.py, requirements*.txt, the Makefile, CMakeLists.txt, *.sh) and the
+launch capacity a doc quotes (the constants of csrc/cuda/launch_plan.h).
 """
 
 from __future__ import annotations
@@ -152,6 +154,22 @@ def test_readme_runnable_blocks_run(capsys: pytest.CaptureFixture[str]) -> None:
         exec(compile(code, f"README.md runnable block {k}", "exec"), namespace)  # noqa: S102
     assert namespace["scaler"].stats().steps > 0  # type: ignore[attr-defined]
     assert namespace["trainer"].stats()["total_steps"] > 0  # type: ignore[attr-defined]
+
+
+RUNNABLE_DOCS = [d for d in DOCS if d.startswith("docs/")
+                 and runnable_blocks((ROOT / d).read_text())]
+
+
+@pytest.mark.parametrize("doc", RUNNABLE_DOCS)
+def test_guide_runnable_blocks_run(doc: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The blocks of a guide marked ``<!-- runnable -->`` run, in order, in one namespace."""
+    namespace: Dict[str, object] = {"__name__": doc}
+    for k, code in enumerate(runnable_blocks((ROOT / doc).read_text())):
+        exec(compile(code, f"{doc} runnable block {k}", "exec"), namespace)  # noqa: S102
+
+
+def test_the_guides_with_runnable_blocks() -> None:
+    assert {"docs/optimizers.md", "docs/troubleshooting.md"} <= set(RUNNABLE_DOCS)
 
 
 def ops_table_rows(text: str) -> List[str]:
