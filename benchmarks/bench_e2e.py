@@ -56,7 +56,7 @@ round the stored weights to 16 bits every step. The floor (about 2x fp16's unit 
 of the initial loss) keeps the tolerance from collapsing when fp16 autocast happens to
 land on fp32's loss.
 
-Operating points of issue 12 (GPU)::
+The two GPU operating points::
 
     PYTHONPATH=python python benchmarks/bench_e2e.py --preset large   # 8 x 1024
     PYTHONPATH=python python benchmarks/bench_e2e.py --preset small   # 1 x 128

@@ -15,7 +15,7 @@ Timings (ms per step, CUDA events, after warm-up; each in its own time limit):
 
     gpt2_1x128    GPT-2 small (124M; 12 x 768, benchmarks/_models.py), batch 1 x 128 tokens
     gpt2_8x1024   the same, 8 x 1024
-    convnet       a small conv net, batch 8 x 3 x 32 x 32 (the issue's workload)
+    convnet       a small conv net, batch 8 x 3 x 32 x 32 (a workload whose step is host-bound)
     convnet_64    the same at batch 64
   each as (``--variants``; ms per step and peak GiB allocated): ``captured`` mixprec
   (fp16 autocast, mixprec AdamW + GradScaler, one graph per step) | ``eager-mixprec`` the

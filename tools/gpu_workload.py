@@ -9,7 +9,7 @@ total exceeds ``--max-total`` is skipped, and says so):
     odd         1, 3, 4097, 33x65, 2^15+7 elements: tails, odd sizes and alignments
     many-small  2,000 x 64: more tensors than one CUDA launch takes
     gpt2-tiny   GPT-2 layer shapes, 1 layer, width 64, vocab 512, context 128
-    2^20+3, 2^24+1, 2^26    one tensor each (the H100 out-of-bounds read began at 2^24)
+    2^20+3, 2^24+1, 2^26    one tensor each (past 2^24 elements: 32-bit index arithmetic)
     2000x4096   2,000 tensors of 4,096 elements
     gpt2-small  GPT-2 small: 148 tensors, 124M elements
 

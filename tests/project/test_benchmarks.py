@@ -204,7 +204,7 @@ def test_bench_scaler_catches_a_scaler_that_skips_a_step_it_should_take(
 
 def test_bench_scaler_torch_without_bf16_is_na(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    # what torch's CUDA unscale does with bf16 grads (the crash of the first H100 run)
+    # what torch's CUDA unscale does with bf16 grads (it crashes)
     real = torch._amp_foreach_non_finite_check_and_unscale_
 
     def no_bf16(grads: List[torch.Tensor], found: torch.Tensor, inv: torch.Tensor) -> None:
@@ -261,8 +261,8 @@ def test_check_unscaled_tolerance_is_tight() -> None:
         _common.check_unscaled([g], [g.clone()], 0.3, "not unscaled")
 
 
-def test_check_optimizer_result_catches_the_h100_master_bug() -> None:
-    """The first H100 run: the fp16 master never moved and the param held the update
+def test_check_optimizer_result_catches_a_master_that_never_moves() -> None:
+    """A broken step: the fp16 master never moved and the param held the update
     computed from w = 0."""
     w0 = [torch.randn(4096) * 0.02]
     g = [torch.randn(4096) * 1e-3]
@@ -393,7 +393,7 @@ def test_bench_fsdp2_quick_passes(capfd: pytest.CaptureFixture[str]) -> None:
 def test_adam_l2_cancellation_is_within_the_slack() -> None:
     """Adam's L2 decay nearly cancelling the grad (g ~ -wd * w): the float32 rounding of
     wd * w, divided by a tiny sqrt(v_hat) + eps, moves mixprec's float32 step far past
-    the plain bound (one element in 2^24 random ones did on the H100); reference_run's
+    the plain bound (one element in 2^24 random ones did on a GPU); reference_run's
     slack covers it. AdamW (decoupled decay) gets no slack."""
     torch.manual_seed(0)
     n, wd, lr = 1 << 14, 0.01, 1e-3

@@ -126,7 +126,7 @@ def test_gpu_check_reads_pytest_sanitizer_and_ctest_summaries() -> None:
     assert gpu_check.parse_workload("gpu_workload: 300 passed, 2 failed, 0 skipped\n") == (
         300, 2, 0)
     assert gpu_check.parse_ctest("92% tests passed, 1 tests failed out of 12\n") == (1, 12)
-    # ctest on the H100 machine, nothing failed
+    # newer ctest, nothing failed
     assert gpu_check.parse_ctest("100% tests passed out of 12\n\nTotal Test time") == (0, 12)
     ctest = ("100% tests passed, 0 tests failed out of 12\n\nThe following tests did not run:"
              "\n\t 11 - mixprec_example_twin_cuda_fp16 (Skipped)\n")
@@ -140,7 +140,7 @@ def test_gpu_check_reads_train_mlp() -> None:
     good = "\n".join(steps + ["done: 30 steps, 1 skipped"]) + "\n"
     assert gpu_check.check_train_mlp(good, 30, 7) == (
         True, "30 steps, 1 skipped (at [7]), loss 0.99 -> 0.7")
-    # the first H100 run: NaN from step 2 on, 29 of 30 steps skipped
+    # NaN from step 2 on, 29 of 30 steps skipped
     h100 = "\n".join(["step 1 loss 9.2e-01 scale 1024.0"]
                      + [f"step {i} loss nan scale 0.0 skipped" for i in range(2, 31)]
                      + ["done: 30 steps, 29 skipped"])
