@@ -44,6 +44,9 @@ PEERS = ROOT / ".gpu_peers"
 DEFAULT_BUDGET_S = 540.0
 SMOKE_BUDGET_S = 120.0
 CPP_TESTS_DIR = "build/gpu-check-cmake-tests"
+# where a carried wheel is installed (pip --target): first on every part's PYTHONPATH, so the
+# wheel is what the parts import, whatever else the interpreter has; nothing system-wide
+WHEEL_SITE = ROOT / "build" / "gpu-check-wheel"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -557,7 +560,8 @@ class Check:
         self.out = Path(args.out).resolve()
         self.budget: float = args.budget_s or (SMOKE_BUDGET_S if self.smoke
                                                else DEFAULT_BUDGET_S)
-        self.wheel: Optional[str] = None if self.smoke else (wheels() or [None])[0]
+        self.wheel: Optional[str] = None if self.smoke or "install" in args.skip \
+            else (wheels() or [None])[0]
         self.selected = [p for p in PARTS
                          if (not args.only or p.name in args.only) and p.name not in args.skip]
         self.env = self._environment()
@@ -585,6 +589,8 @@ class Check:
         path = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
         if self.wheel is None:  # the source tree's package (built in place, or as it is)
             path.insert(0, str(ROOT / "python"))
+        else:
+            path.insert(0, str(WHEEL_SITE))
         if PEERS.is_dir():  # torchao and bitsandbytes for bench_optim and fp8
             path.append(str(PEERS))
         if path:
@@ -654,11 +660,13 @@ class Check:
             return []
         if self.wheel:
             return [Step([self.py, "-m", "pip", "install", "--no-index", "--no-deps",
-                          "--force-reinstall", self.wheel])]
+                          "--target", str(WHEEL_SITE), self.wheel])]
         return [Step([self.py, "setup.py", "build_ext", "--inplace"])]
 
     def install(self) -> bool:
         steps = self.install_steps()
+        if self.wheel:
+            shutil.rmtree(WHEEL_SITE, ignore_errors=True)
         what = (f"wheel {os.path.basename(self.wheel)}" if self.wheel else
                 "source build (setup.py build_ext --inplace)" if steps else
                 "the package the interpreter imports (not installed)")
@@ -666,8 +674,9 @@ class Check:
         info = probe(self.py, self.env, MIXPREC_PROBE)
         self.info["mixprec"] = info
         ok = all(rc == 0 for rc in rcs) and "version" in info
-        if ok:  # (on a GPU, the build must have its CUDA kernels)
-            ok = self.smoke or bool(info["cuda_kernels"])
+        if ok:  # (on a GPU, the build must have its CUDA kernels; a wheel must be imported)
+            ok = (self.smoke or bool(info["cuda_kernels"])) and (
+                not self.wheel or str(info["file"]).startswith(str(WHEEL_SITE)))
             figure = (f"{what}: mixprec {info['version']} from {info['file']}, CUDA kernels "
                       f"{info['cuda_kernels']}")
         else:

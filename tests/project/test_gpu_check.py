@@ -63,11 +63,44 @@ def test_a_carried_wheel_is_installed_and_the_tree_left_off_the_path(
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     check = gpu_check.Check(_args(tmp_path))
     assert check.wheel == wheel
-    assert str(gpu_check.ROOT / "python") not in check.env["PYTHONPATH"].split(os.pathsep)
+    path = check.env["PYTHONPATH"].split(os.pathsep)
+    assert path[0] == str(gpu_check.WHEEL_SITE) and str(gpu_check.ROOT / "python") not in path
+    assert "--target" in check.install_steps()[0].cmd
     monkeypatch.setattr(gpu_check, "wheels", lambda: [])
     check = gpu_check.Check(_args(tmp_path))
     assert check.env["PYTHONPATH"].split(os.pathsep)[0] == str(gpu_check.ROOT / "python")
     assert "setup.py" in " ".join(check.install_steps()[0].cmd)
+
+
+def _fake_wheel(where: Path) -> Path:
+    """A wheel of a package named mixprec that imports without torch (pip installs it
+    offline)."""
+    import zipfile
+
+    wheel = where / "mixprec-9.9-py3-none-any.whl"
+    init = ("__version__ = '9.9'\n"
+            "def has_cuda_kernels():\n    return True\n")
+    meta = "Metadata-Version: 2.1\nName: mixprec\nVersion: 9.9\n"
+    info = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("mixprec/__init__.py", init)
+        z.writestr("mixprec-9.9.dist-info/METADATA", meta)
+        z.writestr("mixprec-9.9.dist-info/WHEEL", info)
+        z.writestr("mixprec-9.9.dist-info/RECORD", "")
+    return wheel
+
+
+def test_the_carried_wheel_is_what_the_parts_import(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    wheel = _fake_wheel(tmp_path)
+    monkeypatch.setattr(gpu_check, "wheels", lambda: [str(wheel)])
+    monkeypatch.setattr(gpu_check, "WHEEL_SITE", tmp_path / "site")
+    check = gpu_check.Check(_args(tmp_path / "out"))
+    check.out.mkdir()
+    assert check.install()
+    result = check.results[-1]
+    assert result.status == "PASS", result.figure
+    assert "wheel mixprec-9.9" in result.figure and str(tmp_path / "site") in result.figure
 
 
 def _args(out: Path, *argv: str) -> object:
