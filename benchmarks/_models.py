@@ -1,5 +1,6 @@
-"""The models the benchmarks and tools/ train: one GPT (pre-LN, GPT-2 small by default) and
-a small conv net. Examples keep their own copies (each example is one self-contained file).
+"""The models the benchmarks and tools/ train: one transformer block, the GPT built of it
+(pre-LN, GPT-2 small by default) and a small conv net. Examples keep their own copies (each
+example is one self-contained file).
 
 ``GPT(ModelConfig())`` is GPT-2 small (124M parameters): tied LM head, learned positions,
 GPT-2's initialisation (N(0, 0.02), residual projections scaled by 1/sqrt(2 L)), tanh GELU.
@@ -29,6 +30,7 @@ class ModelConfig:
     tied_head: bool = True  # the LM head is the token embedding
     gpt2_init: bool = True  # GPT-2's init; else torch's defaults (positions N(0, 0.02))
     gelu: str = "tanh"  # F.gelu's ``approximate``
+    bias: bool = True  # the blocks' linears have biases
 
 
 class Block(nn.Module):
@@ -36,14 +38,14 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        d = cfg.d_model
+        d, bias = cfg.d_model, cfg.bias
         self.heads, self.gelu = cfg.heads, cfg.gelu
         self.ln_1 = nn.LayerNorm(d)
-        self.c_attn = nn.Linear(d, 3 * d)
-        self.attn_proj = nn.Linear(d, d)
+        self.c_attn = nn.Linear(d, 3 * d, bias=bias)
+        self.attn_proj = nn.Linear(d, d, bias=bias)
         self.ln_2 = nn.LayerNorm(d)
-        self.c_fc = nn.Linear(d, 4 * d)
-        self.mlp_proj = nn.Linear(4 * d, d)
+        self.c_fc = nn.Linear(d, 4 * d, bias=bias)
+        self.mlp_proj = nn.Linear(4 * d, d, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         """``x``: (batch, tokens, d_model), any float dtype; same shape out."""

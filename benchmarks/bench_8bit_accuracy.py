@@ -284,9 +284,6 @@ def make_corpus(n_chars: int = 60_000) -> str:
     return "\n\n".join(parts)[:n_chars]
 
 
-TinyGPT = tiny_gpt
-
-
 class LMData:
     CTX = 32
     BATCH = 16
@@ -319,8 +316,8 @@ def make_lm_run(data: LMData) -> Callable[[int, OptFactory, float, int], RunResu
     def run(seed: int, factory: OptFactory, lr: float, steps: int) -> RunResult:
         if seed not in init:
             torch.manual_seed(seed)
-            init[seed] = {k: v.clone() for k, v in TinyGPT(vocab).state_dict().items()}
-        model = TinyGPT(vocab)
+            init[seed] = {k: v.clone() for k, v in tiny_gpt(vocab).state_dict().items()}
+        model = tiny_gpt(vocab)
         model.load_state_dict(init[seed])
         opt = factory(model.parameters(), lr)
         starts = data.batch_starts(steps, seed)
