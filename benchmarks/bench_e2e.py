@@ -1,6 +1,6 @@
 """Benchmark: end-to-end training steps of a GPT-2-small-like model, per precision recipe.
 
-The model is plain PyTorch, built here (nothing is downloaded): token embedding +
+The model is plain PyTorch (benchmarks/_models.py; nothing is downloaded): token embedding +
 learned positions, pre-LN blocks with causal self-attention
 (``F.scaled_dot_product_attention``) and a 4x MLP (tanh GELU), final LayerNorm, LM head
 tied to the token embedding; GPT-2's initialisation. Defaults are GPT-2 small (12 layers,
