@@ -190,3 +190,23 @@ def test_gpu_check_stops_at_once_without_a_gpu(
     assert "no GPU visible (torch.cuda.is_available() is False" in capsys.readouterr().err
 
 
+
+
+def test_gpu_check_reads_its_parts() -> None:
+    timings = ("timing gpt2_1x128              -     captured     4.00 ms  1.10 GiB | eager    "
+               "10.00 ms  1.20 GiB | torch-graph     5.00 ms  1.00 GiB\n")
+    assert gpu_check.parse_timings(timings) == {
+        "gpt2_1x128": {"captured": 4.0, "eager": 10.0, "torch-graph": 5.0}}
+    ok, figure = gpu_check.judge_speed([timings], [0])
+    assert ok and "eager 2.50x" in figure and "torch-graph 1.25x" in figure
+    capture = ("correctness fp16_scaler      ok    bitwise equal\n"
+               "correctness bf16_8bit        FAIL  AssertionError: 1 mismatch(es)\n") * 2
+    assert gpu_check.judge_capture([capture], [1]) == (
+        False, "replay == eager bitwise, no host sync: 1/2 configs (fp16_scaler ok, "
+               "bf16_8bit FAIL)")
+    assert gpu_check.judge_hf(["ModuleNotFoundError: No module named 'transformers'"], [1]) == (
+        None, "transformers is not installed on this machine")
+    agree = "mixprec vs torch: schedules DIFFER\nmixprec+table vs torch: schedules AGREE\n"
+    assert gpu_check.judge_hf([agree], [0])[0] is True
+    hung = gpu_check.judge_fsdp2(["step 59 loss 1.0", "Fatal Python error: Aborted"], [0, 124])
+    assert hung == (False, "A-bf16 step 59 loss 1.0; B-bf16 hung: killed, stacks in the log")
