@@ -108,7 +108,7 @@ def _args(out: Path, *argv: str) -> object:
 
     ns = argparse.Namespace(python=sys.executable, plan=False, cpu_smoke=False, budget_s=0.0,
                             only=[], skip=[], out=str(out), pack=False, jobs=2,
-                            tests="tests", baseline="", max_check_gib=40.0)
+                            tests="tests", baseline="", max_check_gib=60.0)
     for a in argv:
         setattr(ns, a, True)
     return ns
@@ -210,3 +210,18 @@ def test_gpu_check_reads_its_parts() -> None:
     assert gpu_check.judge_hf([agree], [0])[0] is True
     hung = gpu_check.judge_fsdp2(["step 59 loss 1.0", "Fatal Python error: Aborted"], [0, 124])
     assert hung == (False, "A-bf16 step 59 loss 1.0; B-bf16 hung: killed, stacks in the log")
+
+
+def test_gpu_check_reads_the_memcheck_sets() -> None:
+    text = ("$ compute-sanitizer ... tools/gpu_workload.py --device cuda --sets 2^26\n"
+            "     (device memory: peak 1.50 GiB, after 0 MiB; in use after 2.00 GiB)\n"
+            "     (device memory: peak 3.25 GiB, after 0 MiB; in use after 2.10 GiB)\n"
+            "gpu_workload: 40 passed, 0 failed, 0 skipped\n"
+            "========= ERROR SUMMARY: 0 errors\n")
+    ok, figure = gpu_check.judge_memcheck([text, text.replace("2^26", "gpt2-small")
+                                           .replace("0 failed", "1 failed")], [0, 1])
+    assert not ok
+    assert figure == ("2^26: memcheck 0 errors, 40 passed, 0 failed, peak 3.2 GiB per check, "
+                      "in use after a check 2.0-2.1 GiB; gpt2-small: memcheck 0 errors, "
+                      "40 passed, 1 failed, peak 3.2 GiB per check, in use after a check "
+                      "2.0-2.1 GiB")
