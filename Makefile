@@ -2,7 +2,8 @@
 #   make demo    bootstrap .venv, build, run the example training job
 #   make test    bootstrap .venv, build (CUDA-torch build + a MIXPREC_FORCE_CPU=1 build),
 #                run the Python suite against both, a focused part of it with the fast
-#                entry off (MIXPREC_FAST_ENTRY=0), and the C++ (ctest) suite
+#                entry off (MIXPREC_FAST_ENTRY=0), the C++ (ctest) suite, and the
+#                GPU check's CPU smoke run (gpu-check-smoke)
 # With PYTHON=/path/to/python an existing interpreter that already has torch is used
 # instead of .venv (e.g. on a GPU machine without network).
 SHELL := /bin/bash
@@ -156,11 +157,11 @@ test-no-fast-entry-focused: build
 
 -include cmake/cpp.mk
 
-test: test-python test-python-cpu-only test-cpp test-isa test-no-fast-entry-focused
+test: test-python test-python-cpu-only test-cpp test-isa test-no-fast-entry-focused gpu-check-smoke
 
 # C++ sources clang-format checks (.clang-format); `make format` rewrites them in place
 CPP_FORMAT_FILES = $(shell git ls-files 'csrc/*.h' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh' \
-  'tests/cpp/*.h' 'tests/cpp/*.cpp' 'examples/cpp/*.cpp' 'benchmarks/*.cpp')
+  'tests/cpp/*.h' 'tests/cpp/*.cpp' 'examples/cpp/*.cpp')
 CLANG_FORMAT = $(PY) -c "import sys, clang_format; sys.argv[0] = 'clang-format'; \
   clang_format.clang_format()"
 
@@ -174,17 +175,22 @@ format: env
 bench: build
 	$(PY) benchmarks/bench_unscale.py
 
-# On a GPU machine without network: build, the test suite, compute-sanitizer memcheck of
-# every op and optimizer, the benchmarks, the C++ tests and example; one summary line per
-# part, logs in build/gpu-check/ (tools/gpu_check.py). Give the interpreter that has torch:
-#   make gpu-check PYTHON=/path/to/python
-# GPU_CHECK_ARGS=--cpu-smoke runs the same driver on CPU at tiny sizes (no GPU needed).
+# On a GPU machine without network: install the carried wheel (dist/*.whl; none: build from
+# source), then the open GPU items in priority order, each in its own time limit, skipping
+# what no longer fits the budget (540 s: one device call); summary.md and one log per part
+# in $$OUT or build/gpu-check (tools/gpu_check.py, docs/gpu_check.md). Give the interpreter
+# that has torch:    make gpu-check PYTHON=/path/to/python
+#   GPU_CHECK_ARGS=--plan        what it would run, with expected times; runs nothing
+#   GPU_CHECK_ARGS=--cpu-smoke   the parts that can, on CPU at tiny sizes (a step of `make test`)
 GPU_CHECK_ARGS ?=
-.PHONY: gpu-check
+.PHONY: gpu-check gpu-check-smoke
 gpu-check:
 	@command -v "$(PY)" >/dev/null || { echo "make gpu-check: '$(PY)' not found; give the" \
 	  "interpreter that has torch: make gpu-check PYTHON=/path/to/python" >&2; exit 2; }
 	$(PY) tools/gpu_check.py --python "$(PY)" $(GPU_CHECK_ARGS)
+
+gpu-check-smoke: build
+	$(PY) tools/gpu_check.py --python "$(PY)" --cpu-smoke --out build/gpu-check-smoke
 
 # The libraries bench_optim.py sets the 8-bit optimizers beside (torchao, bitsandbytes), for a
 # GPU machine without network: installed here, for its Python (3.12, x86-64), into

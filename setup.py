@@ -11,7 +11,8 @@ Configuration (printed at build time, recorded in the binary for
 * ``TORCH_CUDA_ARCH_LIST`` picks the GPU architectures; default "8.0;9.0+PTX".
 * ``MIXPREC_BUILD_TEST_EXT=1`` also builds the test-only extension
   ``mixprec._cuda_emulation_C`` (csrc/cuda_emulation/: the CUDA launchers run on
-  the CPU, for tests/test_cuda_emulation.py and benchmarks/bench_launch_plan.py),
+  the CPU, for tests/ops/test_cuda_emulation.py and ``benchmarks/bench_host_cost.py
+  --emulated``),
   in every configuration, CPU-only included. ``make test`` sets it; wheels and
   plain installs leave it out.
 * ``MIXPREC_BUNDLE_CPP=1`` also builds libmixprec (the C++ API, no Python) with

@@ -517,7 +517,7 @@ def reference_run(opt_cls: type, kwargs: Dict[str, Any], w0: Tensor,
     sum, which the update then divides by ``sqrt(v_hat) + eps``: a step's update can move
     by ``lr * (sum of those roundings so far) / (sqrt(v_hat) + eps)``, twice as margin
     (``v_hat`` the reference's, after the step). One element in 2^24 random ones went past
-    the bound without this term on the H100 (2026-11-25)."""
+    the bound without this term on a GPU."""
     w = torch.nn.Parameter(w0.detach().to(torch.float64, copy=True))
     opt = opt_cls([w], **kwargs)
     movement = torch.zeros_like(w0, dtype=torch.float64)

@@ -68,6 +68,7 @@ from torch import Tensor, nn
 import mixprec
 import mixprec.optim
 from _common import eager_step
+from _models import tiny_gpt
 
 SEEDS = (0, 1, 2)
 WEIGHT_DECAY = 0.01
@@ -283,43 +284,6 @@ def make_corpus(n_chars: int = 60_000) -> str:
     return "\n\n".join(parts)[:n_chars]
 
 
-class Block(nn.Module):
-    def __init__(self, d: int, n_head: int) -> None:
-        super().__init__()
-        self.n_head = n_head
-        self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc = nn.Linear(d, 4 * d)
-        self.fc_out = nn.Linear(4 * d, d)
-
-    def forward(self, x: Tensor) -> Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
-
-
-class TinyGPT(nn.Module):
-    def __init__(self, vocab: int, ctx: int = 32, d: int = 64, n_layer: int = 2,
-                 n_head: int = 4) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d)
-        self.pos = nn.Parameter(torch.randn(ctx, d) * 0.02)
-        self.blocks = nn.ModuleList(Block(d, n_head) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab)
-
-    def forward(self, idx: Tensor) -> Tensor:
-        x = self.tok(idx) + self.pos[: idx.shape[1]]
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(self.ln_f(x))
-
-
 class LMData:
     CTX = 32
     BATCH = 16
@@ -352,8 +316,8 @@ def make_lm_run(data: LMData) -> Callable[[int, OptFactory, float, int], RunResu
     def run(seed: int, factory: OptFactory, lr: float, steps: int) -> RunResult:
         if seed not in init:
             torch.manual_seed(seed)
-            init[seed] = {k: v.clone() for k, v in TinyGPT(vocab).state_dict().items()}
-        model = TinyGPT(vocab)
+            init[seed] = {k: v.clone() for k, v in tiny_gpt(vocab).state_dict().items()}
+        model = tiny_gpt(vocab)
         model.load_state_dict(init[seed])
         opt = factory(model.parameters(), lr)
         starts = data.batch_starts(steps, seed)

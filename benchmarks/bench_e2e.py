@@ -1,6 +1,6 @@
 """Benchmark: end-to-end training steps of a GPT-2-small-like model, per precision recipe.
 
-The model is plain PyTorch, built here (nothing is downloaded): token embedding +
+The model is plain PyTorch (benchmarks/_models.py; nothing is downloaded): token embedding +
 learned positions, pre-LN blocks with causal self-attention
 (``F.scaled_dot_product_attention``) and a 4x MLP (tanh GELU), final LayerNorm, LM head
 tied to the token embedding; GPT-2's initialisation. Defaults are GPT-2 small (12 layers,
@@ -56,7 +56,7 @@ round the stored weights to 16 bits every step. The floor (about 2x fp16's unit 
 of the initial loss) keeps the tolerance from collapsing when fp16 autocast happens to
 land on fp32's loss.
 
-Operating points of issue 12 (GPU)::
+The two GPU operating points::
 
     PYTHONPATH=python python benchmarks/bench_e2e.py --preset large   # 8 x 1024
     PYTHONPATH=python python benchmarks/bench_e2e.py --preset small   # 1 x 128
@@ -90,6 +90,7 @@ from torch import nn
 import mixprec
 import mixprec.optim
 from _common import count_cuda_syncs
+from _models import GPT, ModelConfig
 
 NA = "n/a"
 # Loss-agreement check (see the module docstring for the derivation of the factor).
@@ -104,66 +105,6 @@ PRESETS = {"large": (8, 1024), "small": (1, 128)}
 
 # ---------------------------------------------------------------------------------------------
 # The model
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape of the GPT-2-like model."""
-
-    layers: int = 12
-    d_model: int = 768
-    heads: int = 12
-    vocab: int = 50257
-    ctx: int = 1024
-
-
-class Block(nn.Module):
-    """Pre-LN transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        d = cfg.d_model
-        self.heads = cfg.heads
-        self.ln_1 = nn.LayerNorm(d)
-        self.c_attn = nn.Linear(d, 3 * d)
-        self.attn_proj = nn.Linear(d, d)
-        self.ln_2 = nn.LayerNorm(d)
-        self.c_fc = nn.Linear(d, 4 * d)
-        self.mlp_proj = nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.attn_proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
-
-
-class GPT(nn.Module):
-    """GPT-2-like language model; the LM head is the token embedding (tied)."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.wte = nn.Embedding(cfg.vocab, cfg.d_model)
-        self.wpe = nn.Embedding(cfg.ctx, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-        # GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 L).
-        for name, p in self.named_parameters():
-            if name.endswith("bias"):
-                nn.init.zeros_(p)
-            elif p.dim() >= 2:
-                std = 0.02 / math.sqrt(2 * cfg.layers) if name.endswith("proj.weight") else 0.02
-                nn.init.normal_(p, mean=0.0, std=std)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
-        for block in self.blocks:
-            x = block(x)
-        return F.linear(self.ln_f(x), self.wte.weight)  # tied head
 
 
 # ---------------------------------------------------------------------------------------------

@@ -65,7 +65,8 @@ from torch import Tensor, nn
 
 import mixprec
 import mixprec.optim
-from bench_8bit_accuracy import LMData, TinyGPT, last_n, ref_band
+from _models import Block, ModelConfig, tiny_gpt
+from bench_8bit_accuracy import LMData, last_n, ref_band
 from mixprec.train.fp8 import Fp8Handle, default_module_filter, fp8_unavailable
 
 SEEDS = (0, 1, 2)
@@ -97,7 +98,7 @@ def lm_run(data: LMData, seed: int, level: str, recipe: str, steps: int) -> LMRu
     """Train the tiny GPT through MixedPrecisionManager (AUTOMATIC) for ``steps``."""
     vocab = len(data.chars)
     torch.manual_seed(seed)
-    model = TinyGPT(vocab)
+    model = tiny_gpt(vocab)
     opt = mixprec.optim.AdamW(model.parameters(), lr=LR_LM, weight_decay=WEIGHT_DECAY)
     cfg = mixprec.MixedPrecisionConfig(mode="automatic", precision_level=level,
                                        fp8_recipe=recipe, performance_monitoring=False)
@@ -134,7 +135,7 @@ def adamw_check(data: LMData, recipe: str, steps: int) -> Tuple[float, float, fl
     |weight| + lr; and free-running, the final-loss difference of mixprec and torch."""
     vocab = len(data.chars)
     torch.manual_seed(0)
-    base = TinyGPT(vocab)
+    base = tiny_gpt(vocab)
     Fp8Handle(base, recipe, torch.bfloat16, "cpu")  # what the FP8 level does
     offs = torch.arange(LMData.CTX)
     starts = data.batch_starts(steps, 0)
@@ -262,33 +263,14 @@ def accuracy(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- speed
 
 
-class Layer(nn.Module):
-    """A pre-LayerNorm transformer layer (attention through SDPA, 4x GELU MLP)."""
-
-    def __init__(self, d: int, n_head: int) -> None:
-        super().__init__()
-        self.n_head = n_head
-        self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d, bias=False)
-        self.proj = nn.Linear(d, d, bias=False)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc = nn.Linear(d, 4 * d, bias=False)
-        self.fc_out = nn.Linear(4 * d, d, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2)
-                   for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
-
-
 class Stack(nn.Module):
+    """``n_layer`` pre-LayerNorm transformer blocks (``_models.Block``: attention through
+    SDPA, 4x GELU MLP, linears without bias) on (batch, tokens, d) inputs."""
+
     def __init__(self, d: int, n_layer: int, n_head: int) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(Layer(d, n_head) for _ in range(n_layer))
+        cfg = ModelConfig(n_layer, d, n_head, gelu="none", bias=False)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(n_layer))
 
     def forward(self, x: Tensor) -> Tensor:
         for layer in self.layers:

@@ -39,6 +39,18 @@ table, with a per-tensor column (the fit's slope) for each.
 ``--allow-cpu --device cpu --numel 1`` runs the same cases on the CPU (one thread): the
 same Python host path (optimizer wrapper, list checks, scaler) with one-element CPU
 kernels instead of CUDA launches -- a CI-measurable stand-in for the Python part only.
+
+``--emulated`` times the CUDA ops' host path on the CPU, without a GPU: the plan-only ops
+of the test extension (``mixprec._cuda_emulation_C``, built with
+``MIXPREC_BUILD_TEST_EXT=1``; tests/_cuda_emulation.py) run everything the CUDA op does
+on the host -- checks, flattening, dtype grouping, slot wiring, the launch plan built
+from scratch -- and launch nothing. Called through their fast entry (and once through
+``torch.ops``, GIL held) under ``torch.inference_mode()`` on one-element tensors, one
+thread; controls: mixprec's CPU op and torch's foreach unscale on the same tensors.
+Checked once, untimed: the plans cover exactly the expected number of blocks.
+``--cpu-time`` counts the calling thread's CPU time instead of wall time.
+
+    python benchmarks/bench_host_cost.py --emulated [--sizes 10,148,1000,2000] [--cpu-time]
 """
 
 from __future__ import annotations
@@ -210,6 +222,100 @@ def _baseline(path: str, argv: List[str], names: List[str]) -> Dict[str, Any]:
     return result
 
 
+# ---------------------------------------------------------------------------------------------
+# --emulated: the CUDA ops' host path on the CPU (the test extension's plan-only ops)
+
+
+def _emulation() -> Any:
+    """tests/_cuda_emulation.py (the loader of the test-only extension)."""
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import _cuda_emulation
+
+    return _cuda_emulation
+
+
+def _adam_args(n: int, dtype: torch.dtype) -> tuple:
+    params = [torch.randn(1).to(dtype) for _ in range(n)]
+    masters = [p.float() for p in params] if dtype != torch.float32 else []
+    return (params, [torch.randn(1).to(dtype) for _ in range(n)],
+            [torch.zeros(1) for _ in range(n)], [torch.zeros(1) for _ in range(n)], [],
+            masters, [torch.zeros(()) for _ in range(n)], torch.tensor(1e-3),
+            0.9, 0.999, 0.01, 1e-8, False, False, True, torch.ones(1), torch.zeros(1), None,
+            False, 0)
+
+
+def emulated_cases(n: int) -> Dict[str, Callable[[], None]]:
+    """name -> call over n one-element tensors (the plan-only ops must take them)."""
+    emu = _emulation()
+    mod, ops = emu.module(), emu.ops()
+
+    def fast(fn: Callable[..., Any]) -> Callable[..., None]:
+        def call(*args: Any) -> None:
+            if fn(*args) is NotImplemented:
+                raise CheckFailed(f"{fn.__name__} declined its arguments")
+        return call
+
+    plan_unscale = fast(mod.emu_plan_unscale_and_check_)
+    plan_adam = fast(mod.emu_plan_fused_adam_)
+    cpu_unscale = mixprec.ops.unscale_and_check_
+    grads = [torch.randn(1) for _ in range(n)]
+    found, inv = torch.zeros(1), torch.ones(1)  # inv_scale 1: nothing is written
+    adam16, adam32 = _adam_args(n, torch.float16), _adam_args(n, torch.float32)
+    return {
+        "unscale_and_check_ CUDA host path": lambda: plan_unscale(grads, found, inv),
+        "  the same through torch.ops (GIL held)":
+            lambda: ops.plan_unscale_and_check_(grads, found, inv),
+        "fused_adam_ fp16+master CUDA host path": lambda: plan_adam(*adam16),
+        "fused_adam_ fp32 CUDA host path": lambda: plan_adam(*adam32),
+        "control: mixprec unscale_and_check_ CPU kernel": lambda: cpu_unscale(grads, found, inv),
+        "control: torch _amp_foreach_..._unscale_ on CPU":
+            lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv),
+    }
+
+
+def check_plans(n: int) -> None:
+    """Untimed: one plan covers n blocks (one per one-element tensor; fused_adam_ adds one
+    step-increment block per 256 tensors)."""
+    ops = _emulation().ops()
+    for name, args, want in (("plan_unscale_and_check_",
+                              ([torch.randn(1) for _ in range(n)], torch.zeros(1),
+                               torch.ones(1)), n),
+                             ("plan_fused_adam_", _adam_args(n, torch.float16),
+                              n + (n + 255) // 256)):
+        before = ops.planned_blocks()
+        getattr(ops, name)(*args)
+        if ops.planned_blocks() - before != want:
+            raise CheckFailed(f"{name} planned {ops.planned_blocks() - before} blocks, "
+                              f"want {want}")
+
+
+def emulated(sizes: List[int], min_run_time: float, cpu_time: bool) -> int:
+    import torch.utils.benchmark as tb
+
+    torch.set_num_threads(1)
+    clock = time.thread_time if cpu_time else time.perf_counter
+    print(header("bench_host_cost --emulated: the CUDA ops' host path on the CPU, us per call "
+                 f"({'thread CPU' if cpu_time else 'wall'} time), n one-element tensors",
+                 "cpu"))
+    check_plans(max(sizes))
+    table: Dict[str, List[float]] = {}
+    with torch.inference_mode():
+        for n in sizes:
+            for name, fn in emulated_cases(n).items():
+                timer = tb.Timer(stmt="fn()", globals={"fn": fn}, num_threads=1, timer=clock)
+                table.setdefault(name, []).append(
+                    timer.blocked_autorange(min_run_time=min_run_time).median * 1e6)
+    width = max(len(k) for k in table)
+    print(f"{'case':<{width}} " + " ".join(f"{n:>8}" for n in sizes) + "  fixed us  us/tensor")
+    for name, times in table.items():
+        fixed, per = fit_fixed_per_tensor(sizes, times)
+        print(f"{name:<{width}} " + " ".join(f"{t:8.1f}" for t in times)
+              + f"  {fixed:8.1f}  {per:9.3f}")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -224,12 +330,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--baseline", default=None, metavar="DIR",
                     help="also time the mixprec cases of the package under DIR (a child "
                          "process with PYTHONPATH=DIR), as '<case> (baseline)' rows")
+    ap.add_argument("--emulated", action="store_true",
+                    help="the CUDA ops' host path on the CPU through the test extension")
+    ap.add_argument("--min-run-time", type=float, default=0.3, help="--emulated: seconds")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="--emulated: the calling thread's CPU time, not wall time")
     ap.add_argument("--json", default=None, help=argparse.SUPPRESS)  # (the child's table)
     args = ap.parse_args(argv)
+    if args.emulated:
+        sizes = [int(s) for s in (args.sizes if args.sizes != ap.get_default("sizes")
+                                  else "10,148,1000,2000").split(",")]
+        return emulated(sizes, args.min_run_time, args.cpu_time)
     on_cuda = args.device == "cuda" and torch.cuda.is_available()
     if not on_cuda and not (args.allow_cpu and args.device == "cpu"):
         print("bench_host_cost: needs a CUDA device (the figure is the host cost of "
-              "issuing GPU work); --allow-cpu times the CPU path, and bench_launch_plan.py "
+              "issuing GPU work); --allow-cpu times the CPU path, and --emulated "
               "the CUDA ops' host path on the CPU", file=sys.stderr)
         return 2
     if not on_cuda:

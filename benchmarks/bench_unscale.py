@@ -15,13 +15,24 @@ _common.BANDWIDTH_TOLERANCE), is an error: marked !!, listed after the table, ex
 
     python benchmarks/bench_unscale.py [--device cpu|cuda] [--sets a,b,c] [--min-run-time S]
     python benchmarks/bench_unscale.py --quick      # set q, short timing (a smoke test)
+
+``--interleaved`` is for a shared, noisy CPU: each of ``--rounds`` rounds times both ops
+back to back on the same grads (the order alternating between rounds), so load from other
+processes hits both alike; reported per op: the median and [min, max] of the ms per call
+and of the per-round ratio torch / mixprec, on two clocks, wall time and process CPU time
+(which moves far less when other processes compete for the cores). Both callables are
+verified once, untimed, first.
+
+    python benchmarks/bench_unscale.py --device cpu --interleaved --sets c --dtypes fp32
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
-from typing import List, Optional, Tuple
+import time
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -99,11 +110,45 @@ def bench_row(report: Report, notes: List[str], name: str, dname: str,
     print(line + mark, flush=True)
 
 
+def interleaved_row(name: str, dname: str, shapes: List[Tuple[int, ...]],
+                    device: torch.device, rounds: int, reps: int) -> None:
+    """Time mixprec's and torch's op in alternating rounds on the same grads (CPU)."""
+    grads = [torch.randn(s, device=device).to(DTYPES[dname]) for s in shapes]
+    found = torch.zeros((), device=device)
+    inv = torch.full((), INV_SCALE, device=device)
+    fns: Dict[str, Callable[[], None]] = {
+        "torch": lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv),
+        "mixprec": lambda: mixprec.ops.unscale_and_check_(grads, found, inv)}
+    for who, fn in fns.items():
+        verify_unscale_fn(fn, grads, found, inv, who)
+    clocks = {"wall": time.perf_counter, "cpu": time.process_time}
+    res: Dict[str, Dict[str, List[float]]] = {c: {n: [] for n in fns} for c in clocks}
+    order = list(fns.items())
+    for r in range(rounds):
+        for who, fn in (order if r % 2 == 0 else order[::-1]):
+            t0 = {c: clock() for c, clock in clocks.items()}
+            for _ in range(reps):
+                fn()
+            for c, clock in clocks.items():
+                res[c][who].append((clock() - t0[c]) / reps * 1e3)
+    for c in clocks:
+        for who in fns:
+            ts, ratios = res[c][who], [b / t for b, t in zip(res[c]["torch"], res[c][who])]
+            print(f"{name:<26}{dname:<6}{c:<5}{who:<9}median {statistics.median(ts):8.3f} ms "
+                  f"[{min(ts):8.3f}, {max(ts):8.3f}]  torch/this "
+                  f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]",
+                  flush=True)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--sets", default=None, help="comma-separated keys of SETS (default a,b,c)")
     ap.add_argument("--dtypes", default="fp32,fp16,bf16")
+    ap.add_argument("--interleaved", action="store_true",
+                    help="A/B rounds of both ops on a shared CPU (see the docstring)")
+    ap.add_argument("--rounds", type=int, default=21, help="--interleaved: rounds")
+    ap.add_argument("--reps", type=int, default=3, help="--interleaved: calls per op per round")
     add_timing_args(ap, "set q and --min-run-time 0.02 unless given: a smoke test")
     args = ap.parse_args(argv)
     sets = args.sets or ("q" if args.quick else "a,b,c")
@@ -111,6 +156,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     device = torch.device(args.device)
     report = Report("bench_unscale", args.bandwidth_tolerance)
     print(header("bench_unscale: unscale + inf/NaN check", device))
+    if args.interleaved:
+        for key in sets.split(","):
+            for dname in args.dtypes.split(","):
+                interleaved_row(SETS[key][0], dname, SETS[key][1](), device,
+                                args.rounds, args.reps)
+        return 0
     cols = (f"{'set':<26}{'dtype':<6}{'mixprec ms':>11}{'torch ms':>10}{'ratio':>7}"
             f"{'GB/s':>8}{'copy GB/s':>10}{'% copy':>7}")
     if device.type == "cuda":

@@ -13,14 +13,17 @@ run after its warm-up, so any host sync raises):
 
 Timings (ms per step, CUDA events, after warm-up; each in its own time limit):
 
-    gpt2_1x128    GPT-2 small (124M; 12 x 768, self-contained here), batch 1 x 128 tokens
+    gpt2_1x128    GPT-2 small (124M; 12 x 768, benchmarks/_models.py), batch 1 x 128 tokens
     gpt2_8x1024   the same, 8 x 1024
-    convnet       a small conv net, batch 8 x 3 x 32 x 32 (the issue's workload)
+    convnet       a small conv net, batch 8 x 3 x 32 x 32 (a workload whose step is host-bound)
     convnet_64    the same at batch 64
-  each as: mixprec captured (fp16 autocast, mixprec AdamW + GradScaler, one graph per
-  step) | torch eager AMP (torch.autocast fp16, torch.amp.GradScaler, torch AdamW
-  fused=True) | torch.compile(mode="reduce-overhead") of the model with torch's AMP
-  step around it.
+  each as (``--variants``; ms per step and peak GiB allocated): ``captured`` mixprec
+  (fp16 autocast, mixprec AdamW + GradScaler, one graph per step) | ``eager-mixprec`` the
+  same step eagerly | ``eager`` torch AMP (torch.autocast fp16, torch.amp.GradScaler,
+  torch AdamW fused=True) | ``compile`` torch.compile(mode="reduce-overhead") of the model
+  with torch's AMP step around it | ``torch-graph`` torch's own whole-step capture written
+  by hand: ``torch.cuda.graph`` around the step of ``AdamW(fused=True, capturable=True)``
+  and ``torch.amp.GradScaler``.
 
 Exit status: 1 on a mismatch or an error in a correctness part; timeouts and errors of
 timing parts are reported in the table and do not fail the run.
@@ -38,6 +41,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -47,53 +51,13 @@ from torch import Tensor, nn
 import mixprec
 from mixprec.capture import capture_step, persistent_tensors
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from _models import GPT, ModelConfig, convnet  # noqa: E402
+
 OVERFLOWS = {7, 19, 20, 33, 44}
 
 
 # --------------------------------------------------------------------------- models
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.heads = heads
-
-    def forward(self, x: Tensor) -> Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-
-class GPT(nn.Module):
-    """GPT-2 (tied embeddings, learned positions, pre-LN); GPT-2 small by default."""
-
-    def __init__(self, vocab: int = 50257, ctx: int = 1024, d: int = 768, layers: int = 12,
-                 heads: int = 12) -> None:
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(d)
-
-    def forward(self, idx: Tensor) -> Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
-        for blk in self.blocks:
-            x = blk(x)
-        return self.ln(x) @ self.wte.weight.t()
-
-
-def convnet() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(128 * 8 * 8, 10))
-
 
 # --------------------------------------------------------------------------- correctness
 
@@ -124,7 +88,7 @@ class Run:
         torch.manual_seed(0)
         d, layers = (64, 2) if small else (256, 4)
         self.vocab, self.ctx = (256, 32) if small else (4096, 128)
-        self.model = GPT(self.vocab, self.ctx, d, layers, 4).to(device, case.dtype)
+        self.model = GPT(ModelConfig(layers, d, 4, self.vocab, self.ctx)).to(device, case.dtype)
         self.opt = mixprec.optim.AdamW(self.model.parameters(), lr=3e-3, **case.opt)
         self.scaler = (mixprec.GradScaler(device, init_scale=2.0**12, growth_interval=6)
                        if case.scaler else None)
@@ -270,12 +234,11 @@ def _workload(name: str, device: str, small: bool) -> Tuple[Callable[[], nn.Modu
         batch, ctx = (1, 128) if name == "gpt2_1x128" else (8, 1024)
         if small:
             batch, ctx = 1, 16
-        kw = dict(vocab=512, ctx=ctx, d=64, layers=2, heads=4) if small else {}
+        cfg = ModelConfig(2, 64, 4, 512, ctx) if small else ModelConfig()
         g = torch.Generator().manual_seed(0)
-        vocab = kw.get("vocab", 50257)
-        idx = torch.randint(0, vocab, (batch, ctx), generator=g).to(device)
-        tgt = torch.randint(0, vocab, (batch, ctx), generator=g).to(device)
-        return (lambda: GPT(**kw)), (idx, tgt)
+        idx = torch.randint(0, cfg.vocab, (batch, ctx), generator=g).to(device)
+        tgt = torch.randint(0, cfg.vocab, (batch, ctx), generator=g).to(device)
+        return (lambda: GPT(cfg)), (idx, tgt)
     x = torch.randn(64 if name == "convnet_64" and not small else 8, 3, 32, 32, device=device)
     y = torch.randint(0, 10, (x.shape[0],), device=device)
     return convnet, (x, y)
@@ -287,11 +250,64 @@ def _loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
                            y.flatten())
 
 
-def timing(name: str, variant: str, device: str, small: bool, iters: int) -> float:
+def _torch_graph_step(model: nn.Module, x: Tensor, y: Tensor, device: str
+                      ) -> Callable[[], Tensor]:
+    """torch's own whole-step capture, written by hand as torch's docs show: the forward,
+    backward, ``torch.amp.GradScaler`` step (no sync with a fused optimizer) and update of
+    an ``AdamW(fused=True, capturable=True)`` in one ``torch.cuda.graph``; warm-up on a side
+    stream. Returns the replay (on CPU: the eager step)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda",
+                            capturable=device == "cuda")
+    scaler = torch.amp.GradScaler(device)
+
+    def step() -> Tensor:
+        with torch.autocast(device, dtype=torch.float16):
+            loss = _loss(model, x, y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss.detach()
+
+    if device != "cuda":
+        def eager() -> Tensor:
+            opt.zero_grad(set_to_none=False)
+            return step()
+        return eager
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        out = step()
+
+    def replay() -> Tensor:
+        graph.replay()
+        return out
+    return replay
+
+
+VARIANTS = ("captured", "eager-mixprec", "eager", "compile", "torch-graph")
+
+
+def timing(name: str, variant: str, device: str, small: bool, iters: int
+           ) -> Tuple[float, float]:
+    """(ms per step, peak GiB allocated) of one workload in one variant:
+    ``captured`` mixprec AdamW + GradScaler under ``capture_step``; ``eager-mixprec`` the
+    same step eagerly; ``eager`` torch AMP (torch.amp.GradScaler, AdamW fused); ``compile``
+    the same with the model under ``torch.compile(mode="reduce-overhead")``;
+    ``torch-graph`` torch's hand-written whole-step capture (:func:`_torch_graph_step`)."""
     make, (x, y) = _workload(name, device, small)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(0)
     model = make().to(device)
-    if variant == "captured":
+    if variant in ("captured", "eager-mixprec"):
         opt = mixprec.optim.AdamW(model.parameters(), lr=1e-4)
         scaler = mixprec.GradScaler(device)
 
@@ -304,22 +320,33 @@ def timing(name: str, variant: str, device: str, small: bool, iters: int) -> flo
             scaler.update()
             return loss.detach()
 
-        step = capture_step(body, (x, y), optimizers=[opt], scaler=scaler, modules=[model])
-        return _time(lambda: step(x, y), 5, iters, device)
-    opt_t = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
-    scaler_t = torch.amp.GradScaler(device)
-    fwd = model if variant == "eager" else torch.compile(model, mode="reduce-overhead")
+        if variant == "captured":
+            step = capture_step(body, (x, y), optimizers=[opt], scaler=scaler,
+                                modules=[model])
+            fn: Callable[[], Any] = lambda: step(x, y)  # noqa: E731
+        else:
+            fn = lambda: body(x, y)  # noqa: E731
+        warm = 5
+    elif variant == "torch-graph":
+        fn, warm = _torch_graph_step(model, x, y, device), 3
+    else:
+        opt_t = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+        scaler_t = torch.amp.GradScaler(device)
+        fwd = model if variant == "eager" else torch.compile(model, mode="reduce-overhead")
 
-    def eager_step() -> Tensor:
-        opt_t.zero_grad(set_to_none=True)
-        with torch.autocast(device, dtype=torch.float16):
-            loss = _loss(fwd, x, y)
-        scaler_t.scale(loss).backward()
-        scaler_t.step(opt_t)
-        scaler_t.update()
-        return loss.detach()
+        def eager_step() -> Tensor:
+            opt_t.zero_grad(set_to_none=True)
+            with torch.autocast(device, dtype=torch.float16):
+                loss = _loss(fwd, x, y)
+            scaler_t.scale(loss).backward()
+            scaler_t.step(opt_t)
+            scaler_t.update()
+            return loss.detach()
 
-    return _time(eager_step, 5 if variant == "eager" else 8, iters, device)
+        fn, warm = eager_step, 5 if variant == "eager" else 8
+    ms = _time(fn, warm, iters, device)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    return ms, peak
 
 
 # --------------------------------------------------------------------------- driver
@@ -355,7 +382,7 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=20, help="timed steps per timing")
     p.add_argument("--correctness-limit", type=int, default=150, help="seconds per case")
     p.add_argument("--timing-limit", type=int, default=150, help="seconds per timing")
-    p.add_argument("--variants", default="captured,eager,compile")
+    p.add_argument("--variants", default=",".join(VARIANTS))
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda needs a GPU; use --device cpu --dry-run here")
@@ -392,10 +419,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             cells = []
             for variant in args.variants.split(","):
                 try:
-                    ms = _limited(args.timing_limit,
-                                  lambda w=work, v=variant: timing(w, v, args.device, small,
-                                                                     args.iters))
-                    cells.append(f"{variant} {ms:8.2f} ms")
+                    ms, peak = _limited(args.timing_limit,
+                                        lambda w=work, v=variant: timing(w, v, args.device,
+                                                                           small, args.iters))
+                    cells.append(f"{variant} {ms:8.2f} ms {peak:5.2f} GiB")
                 except Exception as e:  # noqa: BLE001
                     cells.append(f"{variant} {type(e).__name__}: {str(e)[:80]}")
                 if args.device == "cuda":

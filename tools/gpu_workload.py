@@ -9,7 +9,7 @@ total exceeds ``--max-total`` is skipped, and says so):
     odd         1, 3, 4097, 33x65, 2^15+7 elements: tails, odd sizes and alignments
     many-small  2,000 x 64: more tensors than one CUDA launch takes
     gpt2-tiny   GPT-2 layer shapes, 1 layer, width 64, vocab 512, context 128
-    2^20+3, 2^24+1, 2^26    one tensor each (the H100 out-of-bounds read began at 2^24)
+    2^20+3, 2^24+1, 2^26    one tensor each (past 2^24 elements: 32-bit index arithmetic)
     2000x4096   2,000 tensors of 4,096 elements
     gpt2-small  GPT-2 small: 148 tensors, 124M elements
 
@@ -126,8 +126,9 @@ NORM_FLOAT32_TERMS = 4096
 class Runner:
     """Runs named checks, prints one line each, counts failures."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, max_check_gib: float = 0.0) -> None:
         self.device = device
+        self.max_check_gib = max_check_gib
         self.passed = 0
         self.failed: List[str] = []
         self.skipped = 0
@@ -139,15 +140,26 @@ class Runner:
         try:
             self._check(name, fn)
         finally:
-            # Under memcheck the 2^26 and GPT-2-small sets ran out of the H100's memory
-            # (2026-11-25; 0.14 GiB per million elements at most on CPU): each check's
-            # peak is printed, and what a check leaves in reference cycles is collected.
+            # Each check's peak is printed and, with --max-check-gib, bounded (a check
+            # above it fails); what a check leaves in reference cycles is collected, so
+            # that memory cannot grow from check to check. Two figures: the allocator's
+            # peak, and what the driver reports in use once the check's memory is freed
+            # (the allocator may keep no statistics when PYTORCH_NO_CUDA_MEMORY_CACHING=1;
+            # the driver's figure also counts the sanitizer's and the context's memory).
             gc.collect()
             if cuda:
                 torch.cuda.empty_cache()
-                print(f"     (device memory: peak {torch.cuda.max_memory_allocated() / 2**30:.2f}"
-                      f" GiB, after {torch.cuda.memory_allocated() / 2**20:.0f} MiB)",
-                      flush=True)
+                peak = torch.cuda.max_memory_allocated() / 2**30
+                free, total = torch.cuda.mem_get_info(self.device)
+                used = (total - free) / 2**30
+                print(f"     (device memory: peak {peak:.2f} GiB, after "
+                      f"{torch.cuda.memory_allocated() / 2**20:.0f} MiB; in use after "
+                      f"{used:.2f} GiB)", flush=True)
+                worst = max(peak, used)
+                if self.max_check_gib and worst > self.max_check_gib:
+                    self.failed.append(f"{name}: {worst:.2f} GiB of device memory, over the "
+                                       f"--max-check-gib {self.max_check_gib:g} bound")
+                    print(f"FAIL {name}: {self.failed[-1]}", flush=True)
 
     def _check(self, name: str, fn: Callable[[], Optional[str]]) -> None:
         t0 = time.perf_counter()
@@ -487,6 +499,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="skip sets with more elements in all (default: no limit)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
+    ap.add_argument("--max-check-gib", type=float, default=0.0,
+                    help="CUDA: fail a check whose peak device memory exceeds this (0: no bound)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -503,7 +517,7 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
           f"torch {torch.__version__}, mixprec {mixprec.__version__}, max numel "
           f"{args.max_numel}, max total {args.max_total or 'none'}", flush=True)
-    run = Runner(device)
+    run = Runner(device, args.max_check_gib)
     gen = torch.Generator(device=device).manual_seed(args.seed)
     for set_name in args.sets.split(","):
         shapes = SETS[set_name]()

@@ -12,9 +12,8 @@ whole tensor is then reduced over the mesh dimensions the tensor is split over:
 * a norm: the p-th powers summed over the ``Shard`` dimensions only, so that the replicas
   of HSDP (``Replicate`` x ``Shard``) count each shard once.
 
-``fully_shard`` is in ``torch.distributed.fsdp`` from torch 2.6,
-``torch.distributed._composable.fsdp`` before. Where a piece is missing, the names here
-say why (:func:`fsdp2`). This module imports nothing of mixprec.
+A DTensor's layout is read through its public ``device_mesh`` and ``placements``. Where
+FSDP2 is missing, :func:`fsdp2` says why. This module imports nothing of mixprec.
 """
 
 from __future__ import annotations
@@ -29,6 +28,9 @@ from torch import Tensor
 __all__ = ["dtensor_class", "fsdp2", "fsdp2_unavailable", "is_dtensor", "any_dtensor",
            "local", "locals_of", "shard_like", "specs_of", "reduce_groups", "all_reduce",
            "all_reduce_norm"]
+
+# A DTensor's layout: (its DeviceMesh, its placements as a tuple).
+Layout = Tuple[Any, Tuple[Any, ...]]
 
 # The DTensor class once some module imported it (importing it costs about a second, so
 # mixprec never does so itself: without that module no DTensor exists), and the callbacks
@@ -66,20 +68,16 @@ def fsdp2_unavailable() -> Optional[str]:
 
 
 def fsdp2() -> Tuple[Any, Any]:
-    """``(fully_shard, MixedPrecisionPolicy)`` from where this torch keeps them
-    (``torch.distributed.fsdp`` from 2.6, ``torch.distributed._composable.fsdp`` before).
-    ImportError naming the torch version when it has no FSDP2."""
+    """``(fully_shard, MixedPrecisionPolicy)`` from ``torch.distributed.fsdp``. ImportError
+    naming the torch version when it has no FSDP2."""
     if not torch.distributed.is_available():
         raise ImportError("mixprec: FSDP2 needs torch.distributed, which this torch build "
                           "does not have")
     try:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     except ImportError:
-        try:
-            from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
-        except ImportError:
-            raise ImportError(f"mixprec: torch {torch.__version__} has no FSDP2 "
-                              "(fully_shard); it needs torch >= 2.4") from None
+        raise ImportError(f"mixprec: torch {torch.__version__} has no FSDP2 "
+                          "(torch.distributed.fsdp.fully_shard)") from None
     dtensor_class()
     return fully_shard, MixedPrecisionPolicy
 
@@ -166,18 +164,17 @@ def all_reduce_norm(total: Tensor, norm_type: float, groups: Sequence[Any]) -> T
     return powered.pow(1.0 / norm_type).float()
 
 
-def specs_of(tensors: Iterable[Any]) -> List[Any]:
-    """The layouts (``DTensorSpec``: mesh and placements) of the DTensors among ``tensors``."""
+def specs_of(tensors: Iterable[Any]) -> List[Layout]:
+    """The layouts ``(device_mesh, placements)`` of the DTensors among ``tensors``."""
     cls = _CLS if _CLS is not None else dtensor_class()
     if cls is None:
         return []
-    return [t._spec for t in tensors if isinstance(t, cls)]
+    return [(t.device_mesh, tuple(t.placements)) for t in tensors if isinstance(t, cls)]
 
 
-# shard_only -> (the specs of the last call, as a tuple holding them, and its answer):
-# FSDP2 gives a param and its grads one spec object for good, so the same model asks with
-# the very same specs every step, and a tuple comparison (identity first) finds them.
-_LAST: dict = {}
+def _layout(spec: Any) -> Layout:
+    # a Layout, or an object with ``mesh`` and ``placements`` (torch's DTensorSpec)
+    return spec if isinstance(spec, tuple) else (spec.mesh, tuple(spec.placements))
 
 
 def reduce_groups(specs: Sequence[Any], shard_only: bool) -> List[Any]:
@@ -186,14 +183,11 @@ def reduce_groups(specs: Sequence[Any], shard_only: bool) -> List[Any]:
     that holds the same model): every mesh dimension (``shard_only=False``: inf checks,
     MAX; also the ``Replicate`` ones, so that replicas whose grads differ, which a correct
     all-reduce never gives, still cannot diverge) or every ``Shard`` dimension
-    (``shard_only=True``: norms, SUM). Empty without specs."""
+    (``shard_only=True``: norms, SUM). Empty without specs. Computed afresh each call
+    (FSDP2 models repeat a handful of layouts: one hash per tensor)."""
     if not specs:
         return []
-    key = tuple(specs)
-    last = _LAST.get(shard_only)
-    if last is not None and last[0] == key:
-        return last[1]
-    seen = dict.fromkeys((spec.mesh, tuple(spec.placements)) for spec in key)  # in order
+    seen = dict.fromkeys(_layout(spec) for spec in specs)  # in order
     groups: List[Any] = []
     per_key = []
     for mesh, placements in seen:
@@ -207,5 +201,4 @@ def reduce_groups(specs: Sequence[Any], shard_only: bool) -> List[Any]:
         raise NotImplementedError(
             "mixprec: the norm of DTensor gradients split over different mesh dimensions "
             "is not supported; clip each set of gradients with its own optimizer")
-    _LAST[shard_only] = (key, groups)
     return groups

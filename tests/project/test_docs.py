@@ -13,8 +13,10 @@ CONTRIBUTING.md, CHANGELOG.md, benchmarks/README.md and docs/*.md:
 * a C++ name (``mixprec::optim::AdamWOptions``): its last part is declared in a public
   header.
 
-A code block of README.md marked ``<!-- runnable -->`` on the line before its fence runs,
-in order, in one namespace.
+A code block of README.md or of a guide in docs/ marked ``<!-- runnable -->`` on the line
+before its fence runs, in order, in one namespace per file. Also checked: the paths named in
+the build files (setup.py, requirements*.txt, the Makefile, CMakeLists.txt, *.sh) and the
+launch capacity a doc quotes (the constants of csrc/cuda/launch_plan.h).
 """
 
 from __future__ import annotations
@@ -154,6 +156,22 @@ def test_readme_runnable_blocks_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert namespace["trainer"].stats()["total_steps"] > 0  # type: ignore[attr-defined]
 
 
+RUNNABLE_DOCS = [d for d in DOCS if d.startswith("docs/")
+                 and runnable_blocks((ROOT / d).read_text())]
+
+
+@pytest.mark.parametrize("doc", RUNNABLE_DOCS)
+def test_guide_runnable_blocks_run(doc: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The blocks of a guide marked ``<!-- runnable -->`` run, in order, in one namespace."""
+    namespace: Dict[str, object] = {"__name__": doc}
+    for k, code in enumerate(runnable_blocks((ROOT / doc).read_text())):
+        exec(compile(code, f"{doc} runnable block {k}", "exec"), namespace)  # noqa: S102
+
+
+def test_the_guides_with_runnable_blocks() -> None:
+    assert {"docs/optimizers.md", "docs/troubleshooting.md"} <= set(RUNNABLE_DOCS)
+
+
 def ops_table_rows(text: str) -> List[str]:
     """The ops that have a row in a Markdown ops table: the name at the start of a row's
     first cell (``| `x_(...)` | ...``)."""
@@ -250,3 +268,111 @@ def test_a_stale_path_in_a_comment_is_found() -> None:
     }
     assert comment_path_problems(files, tracked) == [
         "x.py: `csrc/cuda/no_such_plan.h`", "y.cpp: `csrc/cpu/gone_*.cpp`"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths named in the build and CI files, and paths pointing outside the repository
+
+#: the build, dependency and CI files whose every repository path must exist
+BUILD_FILES = ("setup.py", "pyproject.toml", "Makefile", "CMakeLists.txt", ".ci/run")
+_BUILD_GLOBS = ("requirements*.txt", "cmake/*.mk", "*.sh", "*/*.sh", "*/*/*.sh",
+                "*/CMakeLists.txt", "*/*/CMakeLists.txt")
+_UP_PATH = re.compile(r"(?<![\w}$)/.-])((?:\.\./)+[\w.*-]+(?:/[\w.*-]+)*)")
+
+
+def build_path_problems(files: Dict[str, str], tracked: List[str]) -> List[str]:
+    """The repository paths named in ``files`` (path -> text; all of the text, comments
+    and code) that match no tracked file and are not git-ignored build outputs, and the
+    ``../`` paths that leave the repository (``$ORIGIN/..`` rpaths and ``${VAR}/..`` are
+    not paths in the tree)."""
+    bad: List[str] = []
+    for name, text in files.items():
+        for m in _CODE_PATH.finditer(text):
+            token = m.group(1).rstrip("/.,:;)'\"")
+            pattern = token + ("*" if text[m.end():m.end() + 1] in "<{$" else "")
+            if any(fnmatch.fnmatch(f, pattern) or f.startswith(pattern + "/") for f in tracked):
+                continue
+            ignored = any(subprocess.run(["git", "check-ignore", "-q", "--no-index", path],
+                                         cwd=ROOT).returncode == 0 for path in (token, token + "/"))
+            if not ignored:
+                bad.append(f"{name}: `{token}`")
+        for m in _UP_PATH.finditer(text):
+            target = (ROOT / name).parent / m.group(1)
+            if ROOT.resolve() not in target.resolve().parents and \
+                    target.resolve() != ROOT.resolve():
+                bad.append(f"{name}: `{m.group(1)}` is outside the repository")
+    return bad
+
+
+def _build_files(tracked: List[str]) -> Dict[str, str]:
+    names = [f for f in tracked if f in BUILD_FILES
+             or any(fnmatch.fnmatch(f, g) for g in _BUILD_GLOBS)]
+    return {f: (ROOT / f).read_text(errors="replace") for f in names if (ROOT / f).is_file()}
+
+
+def test_paths_named_in_build_files_exist() -> None:
+    """setup.py, requirements*.txt, the Makefile, CMakeLists.txt, cmake/*.mk, .ci/run and
+    every *.sh name only paths that exist (or are git-ignored build outputs)."""
+    tracked = _tracked()
+    files = _build_files(tracked)
+    assert {"setup.py", "Makefile", "CMakeLists.txt", "requirements-dev.txt"} <= set(files)
+    assert build_path_problems(files, tracked) == []
+
+
+def test_a_stale_path_in_a_build_file_is_found() -> None:
+    tracked = _tracked()
+    files = {"setup.py": "# for tests/test_gone.py\nx = 'benchmarks/bench_gone.py'\n"
+                         "y = 'python/mixprec/_C*.so'  # a build output, ignored\n",
+             "CMakeLists.txt": "# see ../shared/DESIGN.md\nset(R \"$ORIGIN/../../torch/lib\")\n"
+                               "# tests/cpp/CMakeLists.txt\n"}
+    assert build_path_problems(files, tracked) == [
+        "setup.py: `tests/test_gone.py`", "setup.py: `benchmarks/bench_gone.py`",
+        "CMakeLists.txt: `../shared/DESIGN.md` is outside the repository"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The launch capacity a doc quotes is the constant's
+
+
+def launch_capacity() -> Dict[str, int]:
+    """From csrc/cuda/launch_plan.h (the CUDA >= 12.1 branch): chunks (blocks) per launch and
+    tensors per launch of a one-list op (``TensorListTable<1, kParamBytes, kMaxBlocks>``)."""
+    src = (ROOT / "csrc" / "cuda" / "launch_plan.h").read_text()
+    modern = src.split("#else", 1)[1].split("#endif", 1)[0]
+    consts = {k: int(v) for k, v in re.findall(r"constexpr int (k\w+) = (\d+);", modern)}
+    expr = re.search(r"kMaxTensors =\s*([^;]+);", src).group(1)  # type: ignore[union-attr]
+    tensors = eval(expr, {}, {"Bytes": consts["kParamBytes"],  # noqa: S307
+                              "Blocks": consts["kMaxBlocks"], "Depth": 1})
+    return {"chunks": consts["kMaxBlocks"], "tensors": int(tensors)}
+
+
+#: "<N> tensors and <M> chunks ... one launch" (or "/"): the numbers a doc quotes
+_CAPACITY = re.compile(r"([\d,]+) tensors(?: and | / )([\d,]+) chunks[^.]*?\bone launch")
+
+
+def capacity_problems(text: str, capacity: Dict[str, int]) -> List[str]:
+    bad = []
+    for tensors, chunks in _CAPACITY.findall(" ".join(text.split())):
+        got = {"tensors": int(tensors.replace(",", "")), "chunks": int(chunks.replace(",", ""))}
+        for k in got:
+            if got[k] != capacity[k]:
+                bad.append(f"{got[k]} {k} per launch; the code gives {capacity[k]}")
+    return bad
+
+
+def test_docs_quote_the_launch_capacity_of_the_code() -> None:
+    capacity = launch_capacity()
+    quoted = {doc: (ROOT / doc).read_text() for doc in DOCS}
+    assert any(_CAPACITY.search(" ".join(t.split())) for t in quoted.values())  # docs/ops.md
+    assert {doc: capacity_problems(t, capacity) for doc, t in quoted.items()
+            if capacity_problems(t, capacity)} == {}
+
+
+def test_a_wrong_capacity_is_found() -> None:
+    capacity = {"tensors": 1036, "chunks": 2560}
+    assert capacity_problems("packs up to ~1,500 tensors / 1,280 chunks of 64K\nelements "
+                             "into one launch", capacity) == [
+        "1500 tensors per launch; the code gives 1036",
+        "1280 chunks per launch; the code gives 2560"]
+    assert capacity_problems("up to 1,036 tensors and 2,560 chunks into one launch",
+                             capacity) == []

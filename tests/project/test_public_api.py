@@ -28,6 +28,9 @@ TOP_ONLY = {
     "amp",
     "optim",
     "train",
+    "capture",
+    "capture_step",
+    "diagnostics",
 }
 
 # subpackage -> its __all__
@@ -61,10 +64,13 @@ SUBPACKAGES = {
         "fp8_available",
         "fp8_unavailable",
     },
+    "mixprec.diagnostics": {"check_fp16_safe", "Fp16Safety", "health_report", "HealthReport",
+                            "ParamHealth", "compare_precisions", "PrecisionError"},
 }
-LAYERS = ("mixprec.ops", "mixprec.amp", "mixprec.optim", "mixprec.train")
-# what mixprec re-exports from its layers: all of amp and train
-TOP_LEVEL = TOP_ONLY | SUBPACKAGES["mixprec.amp"] | SUBPACKAGES["mixprec.train"]
+LAYERS = ("mixprec.ops", "mixprec.amp", "mixprec.optim", "mixprec.train", "mixprec.diagnostics")
+# what mixprec re-exports from its layers: all of amp, train and diagnostics
+TOP_LEVEL = TOP_ONLY | SUBPACKAGES["mixprec.amp"] | SUBPACKAGES["mixprec.train"] | \
+    SUBPACKAGES["mixprec.diagnostics"]
 
 
 def test_top_level_all_is_the_public_list() -> None:
