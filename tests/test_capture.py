@@ -161,8 +161,8 @@ def _(t: Tensor) -> Tuple[Tensor, int]:
 
 def test_an_op_returning_a_size_is_not_a_sync() -> None:
     """An int an op returns is a size it knows on the host, not a device read (cuDNN
-    attention returns its max sequence lengths so: counted as syncs, they made every
-    attention model uncapturable on the H200, 2026-11-26)."""
+    attention returns its max sequence lengths so: counted as syncs, they would make
+    every attention model uncapturable)."""
     with SyncDetector() as det:
         torch.ops.mixprec_test.with_size(torch.ones(3))
     assert det.count == 0, [str(e) for e in det.events]

@@ -129,7 +129,7 @@ struct HostExec {
 // The launchers' host work alone (argument checks, flattening, grouping, the
 // plans): launches are counted, not run. For measuring the host cost of the
 // CUDA ops per call and per tensor without a GPU
-// (benchmarks/bench_launch_plan.py).
+// (benchmarks/bench_host_cost.py --emulated).
 struct PlanOnlyExec {
   static constexpr c10::DeviceType kBackend = c10::DeviceType::CPU;
   using Guard = NoGuard;

@@ -6,7 +6,7 @@
 // first). The module carries the plan-only launchers' eager fast entries
 // (emu_plan_<op>, through python_entry/fast_call.h like mixprec._C's), for
 // measuring the CUDA path's host cost without a GPU
-// (benchmarks/bench_launch_plan.py).
+// (benchmarks/bench_host_cost.py --emulated).
 #include <Python.h>
 
 #include "op_table.h"

@@ -242,7 +242,7 @@ def run_all(rank: int, world: int, out_dir: str) -> None:
         res["local_numels"] = [_dtensor.local(p).numel() for p in model.parameters()]
         r[name] = res
 
-    r["plan_reuse"] = plan_reuse(mesh)
+    r["fast_entry_on_shards"] = fast_entry_on_shards(mesh)
     r["memory"] = memory(mesh, world)
     r["dcp"] = dcp_resume(mesh, os.path.join(out_dir, "ckpt"))
     r["dcp8"] = dcp_resume(mesh, os.path.join(out_dir, "ckpt8"), state_bits=8)
@@ -252,7 +252,7 @@ def run_all(rank: int, world: int, out_dir: str) -> None:
     torch.save(r, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-def plan_reuse(mesh: Any) -> Result:
+def fast_entry_on_shards(mesh: Any) -> Result:
     """Whether every step calls the extension's fast entry with plain local tensors."""
     from mixprec import _extension
 

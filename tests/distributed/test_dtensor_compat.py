@@ -18,17 +18,8 @@ def test_fsdp2_is_found_on_this_torch():
     assert _dtensor.fsdp2_unavailable() is None
 
 
-def test_fsdp2_from_the_older_import_path(monkeypatch):
-    # torch 2.4-2.5 keep fully_shard in torch.distributed._composable.fsdp only
-    old = pytest.importorskip("torch.distributed._composable.fsdp")
-    monkeypatch.setitem(sys.modules, "torch.distributed.fsdp", None)
-    fully_shard, _ = _dtensor.fsdp2()
-    assert fully_shard is old.fully_shard
-
-
 def test_without_fsdp2_the_reason_names_the_torch_version(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.distributed.fsdp", None)
-    monkeypatch.setitem(sys.modules, "torch.distributed._composable.fsdp", None)
     with pytest.raises(ImportError, match=re.escape(f"torch {torch.__version__} has no FSDP2")):
         _dtensor.fsdp2()
     assert "has no FSDP2" in _dtensor.fsdp2_unavailable()

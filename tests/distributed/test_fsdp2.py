@@ -74,7 +74,7 @@ def test_clip_norm_is_the_unsharded_norm(results, case):
 @pytest.mark.skipif(not _extension.FAST_ENTRY, reason="MIXPREC_FAST_ENTRY=0: no fast entry")
 def test_fast_entry_on_local_shards(results):
     for k in range(WORLD):
-        r = results[k]["plan_reuse"]
+        r = results[k]["fast_entry_on_shards"]
         assert r["fast_plain"] == [True] * 4  # the fast entry took plain local tensors
 
 
