@@ -63,12 +63,13 @@ def sr_bases(params: Sequence[Tensor], grads: Sequence[Tensor],
     return out
 
 
-def bucket_bases(bucket: Dict[str, Any]) -> Optional[List[int]]:
-    """The ``sr_bases`` of the op call of ``bucket`` (an optimizer's bucket, or its 8-bit
-    part): None unless the bucket holds the extents of sharded params
-    (:meth:`FusedOptimizer._buckets` adds them, under ``"sr_extents"``, for a DTensor
-    group with stochastic rounding)."""
-    extents = bucket.get("sr_extents")
-    if extents is None:
-        return None
-    return sr_bases(bucket["params"], bucket["grads"], extents)
+def bucket_bases(*buckets: Optional[Dict[str, Any]]) -> List[Optional[List[int]]]:
+    """The ``sr_bases`` of the op call of each bucket (an optimizer's bucket, or a part of
+    it; None for none): None unless the bucket holds the extents of sharded params
+    (:meth:`FusedOptimizer._buckets` adds them, under ``"sr_extents"``, for a DTensor group
+    with stochastic rounding)."""
+    out: List[Optional[List[int]]] = []
+    for b in buckets:
+        extents = None if b is None else b.get("sr_extents")
+        out.append(None if extents is None else sr_bases(b["params"], b["grads"], extents))
+    return out

@@ -144,20 +144,21 @@ class Adam(EightBitState, FusedOptimizer):
         coded = None
         if group.get("state_bits", 32) == 8:  # (a 32-bit group has nothing to split)
             coded, bucket = split_coded(bucket, "exp_avg")
+        sr_coded, sr_rest = _sr.bucket_bases(coded, bucket)
         if coded is not None:  # the 8-bit params: one fused_adam8_
             ops.fused_adam8_(
                 params=coded["params"], grads=coded["grads"], exp_avgs=coded["exp_avg"],
                 exp_avg_absmax=coded["exp_avg_absmax"], exp_avg_sqs=coded["exp_avg_sq"],
                 exp_avg_sq_absmax=coded["exp_avg_sq_absmax"],
                 master_params=coded["master_params"], state_steps=coded["state_steps"],
-                sr_bases=_sr.bucket_bases(coded), **args)
+                sr_bases=sr_coded, **args)
         if bucket["params"]:
             ops.fused_adam_(
                 params=bucket["params"], grads=bucket["grads"], exp_avgs=bucket["exp_avg"],
                 exp_avg_sqs=bucket["exp_avg_sq"],
                 max_exp_avg_sqs=bucket.get("max_exp_avg_sq", []),
                 master_params=bucket["master_params"], state_steps=bucket["state_steps"],
-                amsgrad=bool(group["amsgrad"]), sr_bases=_sr.bucket_bases(bucket), **args)
+                amsgrad=bool(group["amsgrad"]), sr_bases=sr_rest, **args)
 
 
 class AdamW(Adam):

@@ -108,19 +108,20 @@ class SGD(EightBitState, FusedOptimizer):
         coded = None
         if group.get("state_bits", 32) == 8:  # (a 32-bit group has nothing to split)
             coded, bucket = split_coded(bucket, "momentum_buffer")
+        sr_coded, sr_rest = _sr.bucket_bases(coded, bucket)
         if coded is not None:  # the 8-bit params: one fused_sgd8_
             ops.fused_sgd8_(
                 params=coded["params"], grads=coded["grads"],
                 momentum_buffers=coded["momentum_buffer"],
                 momentum_absmax=coded["momentum_buffer_absmax"],
                 master_params=coded["master_params"], state_steps=coded["state_steps"],
-                sr_bases=_sr.bucket_bases(coded), **args)
+                sr_bases=sr_coded, **args)
         if bucket["params"]:
             ops.fused_sgd_(
                 params=bucket["params"], grads=bucket["grads"],
                 momentum_buffers=bucket.get("momentum_buffer", []),
                 master_params=bucket["master_params"], state_steps=bucket["state_steps"],
-                sr_bases=_sr.bucket_bases(bucket), **args)
+                sr_bases=sr_rest, **args)
 
 
 class SGD8bit(SGD):
