@@ -136,6 +136,13 @@ def _matches(spec: ModuleSpec, name: str, module: nn.Module) -> bool:
 
 
 @dataclass(eq=False)
+def modules_matching(model: nn.Module, spec: ModuleSpec) -> list[str]:
+    """The qualified names of ``model``'s modules (the root excluded) that ``spec`` picks,
+    as a policy reads it: a glob over the qualified name, a class name or a class."""
+    return [name for name, module in model.named_modules()
+            if name and _matches(spec, name, module)]
+
+
 class _PolicyForward:
     """The forward installed on a module: runs the original (``prev``, an instance
     forward it replaced, else the class's) in ``ctx``.

@@ -285,6 +285,31 @@ class MetricsLog(FoldingLog[Tensor]):
             "history_steps": steps,
         }
 
+    def check_state(self, state: Mapping[str, Any], step: int) -> None:
+        """Raise (``ValueError`` naming the key) when :meth:`state`'s keys in ``state``
+        cannot be restored at optimizer step ``step``; changes nothing."""
+        where = "MixedPrecisionTrainer.load_state: state"
+        n = len(COLS)
+        for key in ("totals", "log_snapshot"):
+            t = state[key]
+            if t is not None and not (isinstance(t, Tensor) and tuple(t.shape) == (n,)
+                                      and t.dtype == torch.float32):
+                raise ValueError(f"{where}[{key!r}]: expected None or a float32 tensor of "
+                                 f"shape [{n}]")
+        if (state["totals"] is None) != (state["log_snapshot"] is None):
+            raise ValueError(f"{where}: 'totals' and 'log_snapshot' are both None or neither")
+        hist, steps = state["history"], state["history_steps"]
+        if hist is None:
+            return
+        if not (isinstance(hist, Tensor) and hist.dim() == 2 and hist.shape[1] == n
+                and hist.dtype == torch.float32):
+            raise ValueError(f"{where}['history']: expected None or a float32 tensor of "
+                             f"shape [rows, {n}]")
+        if not (isinstance(steps, list) and len(steps) == hist.shape[0]
+                and all(isinstance(k, int) and 0 <= k <= step for k in steps)):
+            raise ValueError(f"{where}['history_steps']: expected a list of "
+                             f"{hist.shape[0]} step numbers in [0, {step}]")
+
     def restore(self, state: Mapping[str, Any], step: int, log_step: int,
                 device: torch.device) -> None:
         """Load :meth:`state`'s keys; row indices continue at ``step``."""

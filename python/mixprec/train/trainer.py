@@ -47,9 +47,10 @@ the trainer before it was split into parts (``tests/data/trainer_*.pt``).
 
 from __future__ import annotations
 
-import functools
+import copy
 import os
 import time
+import warnings
 from collections.abc import Iterable
 from typing import Any, Callable, Optional, Union
 
@@ -62,7 +63,7 @@ from ..amp.autocast import cast_floating
 from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle
 from .config import MixedPrecisionConfig, MixedPrecisionMode
-from .manager import MixedPrecisionManager
+from .manager import MixedPrecisionManager, check_setup
 from .metrics import (
     COLS,
     C,
@@ -80,6 +81,92 @@ __all__ = ["MixedPrecisionTrainer", "StepMetrics", "memory_usage", "STATE_FORMAT
 
 #: The version of the checkpoint layout (the dict's ``"format"``).
 STATE_FORMAT = 1
+#: The file of a sharded model's checkpoint directory that holds all but the model's and
+#: the optimizer's state.
+_REST_FILE = "trainer.pt"
+#: The keys of a checkpoint besides ``model``, ``optimizer`` and ``pending_grads``.
+_STATE_KEYS = ("format", "scaler", "scheduler", "config", "counters", "totals",
+               "log_snapshot", "history", "history_steps", "adaptive", "rng", "pending_loss")
+_COUNTERS = ("optimizer_steps", "micro_steps", "epochs_done", "micro", "log_step",
+             "scaler_steps", "scale_increases", "scale_decreases", "peak_memory")
+
+
+def _check_keys(where: str, saved: Any, expected: dict[str, Any]) -> None:
+    """``saved`` is a dict with exactly ``expected``'s keys."""
+    if not isinstance(saved, dict):
+        raise TypeError(f"{where} must be a dict, got {type(saved).__name__}")
+    missing = sorted(map(str, set(expected) - set(saved)))
+    extra = sorted(map(str, set(saved) - set(expected)))
+    if missing or extra:
+        raise ValueError(f"{where}: missing keys {missing}, unexpected keys {extra} (the "
+                         "state of another kind of object?)")
+
+
+def _check_model_state(model: nn.Module, saved: Any) -> None:
+    """``saved`` has the keys of ``model.state_dict()``, each a tensor of the same shape
+    and dtype (a checkpoint of another precision setup has other dtypes)."""
+    where = "MixedPrecisionTrainer.load_state: state['model']"
+    mine = model.state_dict()
+    _check_keys(where, saved, mine)
+    for k, t in mine.items():
+        v = saved[k]
+        if not isinstance(v, Tensor):
+            raise TypeError(f"{where}[{k!r}]: expected a tensor, got {type(v).__name__}")
+        if tuple(v.shape) != tuple(t.shape) or v.dtype != t.dtype:
+            raise ValueError(
+                f"{where}[{k!r}]: expected {t.dtype} of shape {list(t.shape)} (this model's), "
+                f"got {v.dtype} of shape {list(v.shape)} (a checkpoint of another model, or "
+                "of another mode/precision: MANUAL keeps 16-bit params, the others float32)")
+        if v.is_meta and not t.is_meta:
+            raise ValueError(f"{where}[{k!r}]: a tensor on 'meta' has no data to load")
+
+
+def _check_optimizer_state(opt: Any, saved: Any) -> None:
+    """mixprec's optimizers check themselves; a torch optimizer: the layout torch's
+    ``load_state_dict`` would refuse only after replacing things."""
+    check = getattr(opt, "check_state_dict", None)
+    if check is not None:
+        check(saved)
+        return
+    where = "MixedPrecisionTrainer.load_state: state['optimizer']"
+    if not (isinstance(saved, dict) and isinstance(saved.get("state"), dict)
+            and isinstance(saved.get("param_groups"), list)):
+        raise ValueError(f"{where}: expected a dict with 'state' (a dict) and 'param_groups' "
+                         "(a list)")
+    groups = saved["param_groups"]
+    if len(groups) != len(opt.param_groups) or any(
+            not isinstance(g, dict) or len(g.get("params", ())) != len(m["params"])
+            for g, m in zip(groups, opt.param_groups)):
+        raise ValueError(f"{where}: its param groups do not match this optimizer's (number of "
+                         "groups or of params per group)")
+    ids = {i for g in groups for i in g["params"]}
+    for key, st in saved["state"].items():
+        if isinstance(key, int) and key not in ids:
+            raise ValueError(f"{where}['state'][{key}]: no param has this id")
+        if key in ids and not isinstance(st, dict):
+            raise TypeError(f"{where}['state'][{key}]: expected a dict")
+
+
+def _check_counters(c: Any) -> None:
+    where = "MixedPrecisionTrainer.load_state: state['counters']"
+    _check_keys(where, c, dict.fromkeys(_COUNTERS))
+    for k in _COUNTERS:
+        v = c[k]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{where}[{k!r}]: expected an int >= 0, got {v!r}")
+
+
+def _check_plan(plan: Any) -> None:
+    where = "MixedPrecisionTrainer.load_state: state['adaptive']"
+    if not (isinstance(plan, dict) and isinstance(plan.get("decisions"), list)
+            and isinstance(plan.get("overrides"), dict)
+            and all(isinstance(d, dict) for d in plan["decisions"])):
+        raise ValueError(f"{where}: expected a dict with 'decisions' (a list of dicts) and "
+                         "'overrides' (a dict)")
+    root = plan.get("root_precision")
+    if root is not None and root not in ("fp16", "bf16", "fp32"):
+        raise ValueError(f"{where}['root_precision']: expected 'fp16', 'bf16', 'fp32' or None, "
+                         f"got {root!r}")
 
 
 def to_device(obj: Any, device: torch.device) -> Any:
@@ -91,23 +178,6 @@ def batch_size(obj: Any) -> int:
     """The first dimension of the first leaf of a (nested) batch, if it is a tensor; else 1."""
     leaf = next(iter(pytree.tree_leaves(obj)), None)
     return int(leaf.shape[0]) if isinstance(leaf, Tensor) and leaf.dim() else 1
-
-
-def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
-    """Point ``scheduler`` at ``optimizer`` (and mark its step as tracked, as torch does)."""
-    scheduler.optimizer = optimizer
-    step = optimizer.step
-    if hasattr(step, "_wrapped_by_lr_sched"):
-        return
-    func = step.__func__  # type: ignore[attr-defined]
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        optimizer._opt_called = True  # type: ignore[attr-defined]
-        return func.__get__(optimizer, type(optimizer))(*args, **kwargs)
-
-    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-    optimizer.step = wrapper  # type: ignore[method-assign]
 
 
 def measured_forward(forward: Callable[[], Tensor], params: list[Tensor]) -> tuple[Tensor, int]:
@@ -285,19 +355,16 @@ class MixedPrecisionTrainer:
         :mod:`mixprec.train.fp8`). Returns ``self``. Calling it again first undoes
         the previous policy.
         """
-        self.config.validate()
+        check_setup(model, optimizer, self.config, self._device_arg, scheduler)
         if self.mixed_precision_manager is not None:
             self.mixed_precision_manager.close()
             self.mixed_precision_manager = None
         manager = MixedPrecisionManager(
             model, optimizer, self.config, device=self._device_arg, adapt_in_step=False,
-            fp8_module_filter=fp8_module_filter)
+            fp8_module_filter=fp8_module_filter, scheduler=scheduler)
         self.mixed_precision_manager = manager
         self.model, self.criterion, self.scheduler = model, criterion, scheduler
         self.optimizer = manager.optimizer
-        if scheduler is not None and getattr(scheduler, "optimizer", self.optimizer) is not (
-                self.optimizer):
-            rebind_scheduler(scheduler, self.optimizer)
         self._reset_counters()
         return self
 
@@ -601,21 +668,16 @@ class MixedPrecisionTrainer:
         return plot_history(steps, hist, f"mixprec trainer: {self._describe()}", path)
 
     # ------------------------------------------------------------------ state
-    def save_state(self, path: Union[str, os.PathLike[str]]) -> None:
-        """Save everything needed to resume bitwise: model, optimizer (with
-        masters), scaler, scheduler, counters, statistics/history, config,
-        ADAPTIVE decisions and overrides, RNG states and the grads of an
-        unfinished accumulation. Only tensors and plain Python values, so
-        ``torch.load(path, weights_only=True)`` reads it (layout: see
-        :mod:`mixprec.train.trainer`). One host sync."""
+    def _sharded(self) -> bool:
+        return self.model is not None and _dtensor.any_dtensor(self.model.parameters())
+
+    def _state_rest(self) -> dict[str, Any]:
+        """Everything of the checkpoint but the model's and the optimizer's state."""
         manager = self._manager()
-        assert self.model is not None
         sst = manager.scaler.stats()
         offsets = self._scaler_offsets
-        state: dict[str, Any] = {
+        return {
             "format": STATE_FORMAT,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "scaler": manager.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "config": self.config.to_dict(),
@@ -631,34 +693,228 @@ class MixedPrecisionTrainer:
             "rng": {"cpu": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
             "pending_loss": None if self._step_loss is None else self._step_loss.cpu(),
-            "pending_grads": [None if p.grad is None else p.grad.detach().cpu()
-                              for p in self._params()] if self._micro else None,
         }
+
+    def save_state(self, path: Union[str, os.PathLike[str]]) -> None:
+        """Save everything needed to resume bitwise: model, optimizer (with
+        masters), scaler, scheduler, counters, statistics/history, config,
+        ADAPTIVE decisions and overrides, RNG states and the grads of an
+        unfinished accumulation. One host sync.
+
+        An unsharded model: one file, only tensors and plain Python values, so
+        ``torch.load(path, weights_only=True)`` reads it (layout: see
+        :mod:`mixprec.train.trainer`).
+
+        A sharded model (FSDP2, DTensor params): ``path`` is a directory, a
+        ``torch.distributed.checkpoint`` (DCP) checkpoint of the model's and the
+        optimizer's state (``get_state_dict``: keyed by parameter name, each rank
+        writing its shards) plus ``trainer.pt``, the rest of the layout above written
+        by rank 0. Every rank calls it. :meth:`load_state` reads it on any world size
+        and any sharding. An unfinished gradient accumulation cannot be saved this way
+        (``RuntimeError``: call :meth:`flush` first).
+        """
+        self._manager()
+        assert self.model is not None
+        if self._sharded():
+            self._save_sharded(os.fspath(path))
+            return
+        state = self._state_rest()
+        state["model"] = self.model.state_dict()
+        state["optimizer"] = self.optimizer.state_dict()
+        state["pending_grads"] = [None if p.grad is None else p.grad.detach().cpu()
+                                  for p in self._params()] if self._micro else None
         torch.save(state, os.fspath(path))
 
+    def _save_sharded(self, path: str) -> None:
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        if self._micro:
+            raise RuntimeError(
+                "MixedPrecisionTrainer.save_state: a sharded model with an unfinished "
+                f"gradient accumulation ({self._micro} micro-batches): call flush() first "
+                "(a DCP checkpoint does not keep pending grads)")
+        rest = self._state_rest()  # (every rank: the scaler's state is the same on each)
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=path)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            torch.save(rest, os.path.join(path, _REST_FILE))
+        if dist.is_initialized():
+            dist.barrier()
+
     def load_state(self, path: Union[str, os.PathLike[str]], strict_config: bool = False) -> None:
-        """Restore a :meth:`save_state` file (``weights_only=True``) into this
-        trainer, after :meth:`setup_training` with the same model architecture
-        and optimizer type. A config that differs from the saved one is
-        reported with a warning (``strict_config=True``: ``ValueError``; a field
-        added since the file was written counts as saved at its default).
-        ADAPTIVE overrides are re-applied. Mutates model, optimizer, scaler,
-        scheduler, counters and the global RNG states."""
-        manager = self._manager()
+        """Restore a :meth:`save_state` checkpoint into this trainer, after
+        :meth:`setup_training` with the same model architecture and optimizer type:
+        a file (``weights_only=True``), or the directory :meth:`save_state` writes for a
+        sharded model (a DCP checkpoint: loads on any world size; every rank calls it).
+
+        Everything is checked before anything changes: the layout, the model's state
+        (keys, shapes, dtypes: a checkpoint of another precision setup is refused), the
+        optimizer's (:meth:`mixprec.optim.FusedOptimizer.check_state_dict` for mixprec's),
+        the scaler's, the scheduler's keys, the counters, RNG states and pending grads.
+        A bad checkpoint raises (``ValueError``/``TypeError``/``KeyError`` naming the
+        entry) with the trainer, model, optimizer, scaler and scheduler as they were.
+
+        A config that differs from the saved one is reported with a
+        :class:`UserWarning` (``strict_config=True``: ``ValueError``; a field added
+        since the file was written counts as saved at its default). ADAPTIVE overrides
+        are re-applied. Mutates model, optimizer, scaler, scheduler, counters and the
+        global RNG states."""
+        self._manager()
         assert self.model is not None
-        state = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+        where = os.fspath(path)
+        if os.path.isdir(where):
+            self._load_sharded(where, strict_config)
+            return
+        state = torch.load(where, map_location="cpu", weights_only=True)
+        self._check_state(state, strict_config, where)
+        self._apply(lambda: self._load_all(state))
+
+    def _load_sharded(self, path: str, strict_config: bool) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        if not self._sharded():
+            raise ValueError(f"MixedPrecisionTrainer.load_state: {path} is a directory (the "
+                             "DCP checkpoint of a sharded model); this trainer's model is not "
+                             "sharded: shard it as the saved one was (fully_shard), any "
+                             "world size")
+        rest_file = os.path.join(path, _REST_FILE)
+        if not os.path.isfile(rest_file):
+            raise ValueError(f"MixedPrecisionTrainer.load_state: {path} has no {_REST_FILE}: "
+                             "not a checkpoint of MixedPrecisionTrainer.save_state")
+        rest = torch.load(rest_file, map_location="cpu", weights_only=True)
+        self._check_state(rest, strict_config, path, tensors=False)
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        state = {"model": msd, "optimizer": osd}
+        dcp.load(state, checkpoint_id=path)  # (raises on a missing key or a wrong shape)
+
+        def load() -> None:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+            self._load_rest({**rest, "pending_grads": None})
+
+        self._apply(load)
+
+    def _check_state(self, state: Any, strict_config: bool, where: str,
+                     tensors: bool = True) -> None:
+        """Every check of :meth:`load_state`, before anything changes (``tensors``: the
+        model's and the optimizer's state are in ``state``)."""
+        name = "MixedPrecisionTrainer.load_state"
+        manager = self._manager()
+        if not isinstance(state, dict):
+            raise TypeError(f"{name}: {where} holds a {type(state).__name__}, not a checkpoint")
         if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"MixedPrecisionTrainer.load_state: unknown format "
-                             f"{state.get('format')!r} in {path}")
+            raise ValueError(f"{name}: unknown format {state.get('format')!r} in {where}")
+        keys = set(_STATE_KEYS) | ({"model", "optimizer", "pending_grads"} if tensors else set())
+        missing = sorted(keys - set(state))
+        if missing:
+            raise KeyError(f"{name}: {where} has no {missing} (not a complete checkpoint of "
+                           f"MixedPrecisionTrainer.save_state)")
+        extra = sorted(map(str, set(state) - keys))
+        if extra:
+            raise ValueError(f"{name}: unexpected keys {extra} in {where}")
+        if not isinstance(state["config"], dict):
+            raise TypeError(f"{name}: state['config'] must be a dict")
         mine, defaults = self.config.to_dict(), type(self.config)().to_dict()
         diff = sorted(k for k in mine if state["config"].get(k, defaults[k]) != mine[k])
+        if diff and strict_config:
+            raise ValueError(f"{name}: config differs from the saved one in {diff}")
+        if tensors:
+            _check_model_state(self.model, state["model"])
+            _check_optimizer_state(self.optimizer, state["optimizer"])
+        if state["scaler"]:
+            manager.scaler.check_state_dict(state["scaler"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            _check_keys(f"{name}: state['scheduler']", state["scheduler"],
+                        self.scheduler.state_dict())
+        _check_counters(state["counters"])
+        c = state["counters"]
+        if c["log_step"] > c["optimizer_steps"]:
+            raise ValueError(f"{name}: state['counters']['log_step'] = {c['log_step']} is past "
+                             f"optimizer_steps = {c['optimizer_steps']}")
+        _check_plan(state["adaptive"])
+        rng = state["rng"]
+        if not (isinstance(rng, dict) and isinstance(rng.get("cpu"), Tensor)
+                and rng["cpu"].dtype == torch.uint8
+                and rng["cpu"].shape == torch.get_rng_state().shape
+                and isinstance(rng.get("cuda"), (list, tuple))):
+            raise ValueError(f"{name}: state['rng'] must be {{'cpu': a uint8 tensor of shape "
+                             f"{list(torch.get_rng_state().shape)}, 'cuda': a list}}")
+        loss = state["pending_loss"]
+        if loss is not None and not (isinstance(loss, Tensor) and loss.numel() == 1
+                                     and loss.is_floating_point()):
+            raise ValueError(f"{name}: state['pending_loss'] must be None or a one-element "
+                             "floating tensor")
+        grads = state.get("pending_grads")
+        if grads is not None:
+            params = self._params()
+            if not isinstance(grads, (list, tuple)) or len(grads) != len(params):
+                raise ValueError(f"{name}: state['pending_grads'] must be None or a list of "
+                                 f"{len(params)} grads (one per param)")
+            for i, (g, p) in enumerate(zip(grads, params)):
+                if g is not None and not (isinstance(g, Tensor) and g.shape == p.shape
+                                          and g.is_floating_point()):
+                    raise ValueError(f"{name}: state['pending_grads'][{i}] must be None or a "
+                                     f"floating tensor of shape {list(p.shape)}")
+        if (c["micro"] > 0) != (loss is not None):
+            raise ValueError(f"{name}: state['pending_loss'] must be given exactly when "
+                             f"counters['micro'] > 0 (it is {c['micro']})")
+        self._metrics.check_state(state, c["optimizer_steps"])
         if diff:
-            msg = f"MixedPrecisionTrainer.load_state: config differs from the saved one in {diff}"
-            if strict_config:
-                raise ValueError(msg)
-            logger.warning(msg)
+            warnings.warn(f"{name}: config differs from the saved one in {diff}",
+                          UserWarning, stacklevel=4)
+
+    def _apply(self, load: Callable[[], None]) -> None:
+        """Run ``load``; if it raises, put the model, optimizer, scaler, scheduler, manager,
+        counters and RNG states back as they were (a safety net: the checks ran first)."""
+        manager = self._manager()
+        assert self.model is not None
+        model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        opt = self.optimizer
+        opt_state = (opt.state, opt.param_groups, [dict(g) for g in opt.param_groups])
+        scaler = manager.scaler
+        scaler_state = scaler.state_dict() if scaler.is_enabled() else None
+        sched_state = (copy.deepcopy(self.scheduler.state_dict())
+                       if self.scheduler is not None else None)
+        plan, steps = manager.plan_state(), manager.steps
+        mine = dict(self.__dict__)
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        grads = [p.grad for p in self._params()]
+        try:
+            load()
+        except BaseException:
+            with torch.no_grad():
+                self.model.load_state_dict(model_state)
+            opt.state, opt.param_groups = opt_state[0], opt_state[1]
+            for g, saved in zip(opt.param_groups, opt_state[2]):
+                g.clear()
+                g.update(saved)
+            if scaler_state is not None:
+                scaler.load_state_dict(scaler_state)
+            if sched_state is not None:
+                self.scheduler.load_state_dict(sched_state)
+            manager.load_plan_state(plan)
+            manager.steps = steps
+            self.__dict__.clear()
+            self.__dict__.update(mine)
+            torch.set_rng_state(rng)
+            if cuda_rng:
+                torch.cuda.set_rng_state_all(cuda_rng)
+            for p, g in zip(self._params(), grads):
+                p.grad = g
+            raise
+
+    def _load_all(self, state: dict[str, Any]) -> None:
+        assert self.model is not None
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self._load_rest(state)
+
+    def _load_rest(self, state: dict[str, Any]) -> None:
+        manager = self._manager()
         if state["scaler"]:
             manager.scaler.load_state_dict(state["scaler"])
         if self.scheduler is not None and state["scheduler"] is not None:
