@@ -97,3 +97,86 @@ def assert_unchanged(before: Any, after: Any) -> None:
         return f"{path}: {str(a)[:300]} -> {str(b)[:300]}"
 
     raise AssertionError("the object changed: " + diff(before, after, ""))
+
+
+# -- one corrupted entry at a time (the property tests of issue 37) ----------------------
+#: how an entry is corrupted: a wrong type, shape, dtype, device or range, removed, or an
+#: extra entry beside it
+KINDS = ("type", "shape", "dtype", "device", "range", "missing", "extra")
+
+
+def entries(d: Any, path: tuple = ()) -> List[tuple]:
+    """The paths of every entry of a nested dict/list (tuples are leaves), parents first."""
+    out: List[tuple] = []
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.append(path + (k,))
+            out.extend(entries(v, path + (k,)))
+    elif isinstance(d, list):
+        for i, v in enumerate(d):
+            out.append(path + (i,))
+            out.extend(entries(v, path + (i,)))
+    return out
+
+
+def get(d: Any, path: tuple) -> Any:
+    for k in path:
+        d = d[k]
+    return d
+
+
+def corrupt(state: Any, path: tuple, kind: str) -> Any:
+    """A copy of ``state`` (containers copied, tensors shared unless replaced) with the
+    entry at ``path`` corrupted by ``kind``; None when ``kind`` does not apply to it."""
+    import copy
+
+    new = copy.copy(state)
+
+    def rebuild(d: Any, p: tuple) -> Any:
+        d = copy.copy(d)
+        if len(p) > 1:
+            d[p[0]] = rebuild(d[p[0]], p[1:])
+        return d
+
+    new = rebuild(state, path)
+    parent = get(new, path[:-1])
+    key = path[-1]
+    v = parent[key]
+    if kind == "type":
+        parent[key] = "text"
+    elif kind == "missing":
+        if not isinstance(parent, dict):
+            return None
+        del parent[key]
+    elif kind == "extra":
+        if not isinstance(v, dict):
+            return None
+        v = parent[key] = dict(v)
+        v[999 if any(isinstance(k, int) for k in v) or not v else "bogus"] = (
+            torch.zeros(1) if not v else next(iter(v.values())))
+    elif isinstance(v, torch.Tensor):
+        if kind == "shape":
+            flat = v.detach().reshape(-1)
+            parent[key] = torch.cat([flat, flat[:1] if flat.numel() else torch.zeros(1)])
+        elif kind == "dtype":
+            parent[key] = v.detach().to(torch.complex64)
+        elif kind == "device":
+            parent[key] = v.detach().to("meta")
+        elif kind == "range":
+            if not v.is_floating_point() or not v.numel():
+                return None
+            parent[key] = torch.full_like(v, float("nan"))
+    elif isinstance(v, (int, float)) and not isinstance(v, bool):
+        if kind == "range":
+            parent[key] = -1 if isinstance(v, int) else -1.0
+        elif kind == "dtype":
+            parent[key] = torch.tensor(v)
+        elif kind == "shape":
+            parent[key] = [v, v]
+        else:
+            return None
+    elif isinstance(v, bool) and kind == "range":
+        parent[key] = 2
+    else:
+        return None
+    return new

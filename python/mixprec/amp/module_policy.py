@@ -135,7 +135,6 @@ def _matches(spec: ModuleSpec, name: str, module: nn.Module) -> bool:
     return fnmatch.fnmatchcase(name, spec) or _class_name(module) == spec
 
 
-@dataclass(eq=False)
 def modules_matching(model: nn.Module, spec: ModuleSpec) -> list[str]:
     """The qualified names of ``model``'s modules (the root excluded) that ``spec`` picks,
     as a policy reads it: a glob over the qualified name, a class name or a class."""
@@ -143,6 +142,7 @@ def modules_matching(model: nn.Module, spec: ModuleSpec) -> list[str]:
             if name and _matches(spec, name, module)]
 
 
+@dataclass(eq=False)
 class _PolicyForward:
     """The forward installed on a module: runs the original (``prev``, an instance
     forward it replaced, else the class's) in ``ctx``.

@@ -495,6 +495,12 @@ class FusedOptimizer(torch.optim.Optimizer):
                 vars(scalars), lr=lr, weight_decay=float(group["weight_decay"]),
                 maximize=bool(group["maximize"]), stochastic_rounding=sr, seed=seed))
 
+    #: Group options every saved param group has (besides ``params``, ``lr``,
+    #: ``weight_decay``), checked at load.
+    _REQUIRED_OPTIONS: ClassVar[Tuple[str, ...]] = ()
+    #: Whether a param's saved state may lack ``step`` (torch's SGD keeps none).
+    _STEP_OPTIONAL: ClassVar[bool] = False
+
     #: Group options a loaded state dict does not change (the 8-bit mixin's
     #: ``state_bits``: the layout is this optimizer's choice, the values are converted).
     _KEPT_ON_LOAD: ClassVar[Tuple[str, ...]] = ()
@@ -732,6 +738,10 @@ def _check_state_dict32(opt: FusedOptimizer, sd: Any) -> None:
         if len(ids) != len(mine["params"]):
             raise ValueError(f"{where}['params']: {len(ids)} params, this optimizer's group "
                              f"has {len(mine['params'])}")
+        absent = [k for k in ("lr", "weight_decay") + opt._REQUIRED_OPTIONS if k not in saved]
+        if absent:
+            raise ValueError(f"{where}: missing {absent} (a param group of "
+                             f"mixprec.optim.{cls} or torch.optim.{cls} has them)")
         for k, v in saved.items():
             if k != "params":
                 _check_group_option(where, k, v)
@@ -763,6 +773,10 @@ def _check_state_dict32(opt: FusedOptimizer, sd: Any) -> None:
         coded = {n for n in known if isinstance(st.get(n), Tensor)
                  and st[n].dtype == torch.uint8}
         coded |= {n + "_absmax" for n in coded} | {"quant"}
+        if "step" not in st and not opt._STEP_OPTIONAL and any(
+                isinstance(v, Tensor) for v in st.values()):
+            raise ValueError(f"{where}: missing 'step' (the step count of a param with "
+                             "state)")
         if "step" in st:
             _check_step(f"{where}['step']", st["step"])
             names = [n for n, option, _ in opt.STATE if option is None or options.get(option)]
