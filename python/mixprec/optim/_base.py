@@ -134,6 +134,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         #: per param group index: the lr after k steps taken, k = 0.. (float64, on the
         #: group's devices once used): see :meth:`lr_by_steps_taken`
         self._lr_tables: Dict[int, Dict[Optional[torch.device], Tensor]] = {}
+        self._rounding_checked = False  # (the warning of _warn_ineffective_rounding given)
         super().__init__(params, defaults)
 
     # -- what subclasses declare and implement ------------------------------------
@@ -171,29 +172,32 @@ class FusedOptimizer(torch.optim.Optimizer):
         """
         return any(g.get("master_weights", False) for g in self.param_groups)
 
-    def add_param_group(self, param_group: Dict[str, Any]) -> None:
-        """torch's ``add_param_group``; then, when the group asks for
-        ``stochastic_rounding`` where it does nothing (float16 params, or no bfloat16
-        param without a master), an
-        :class:`~mixprec.amp.notices.IneffectiveSettingWarning`."""
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        if group.get("stochastic_rounding"):
+    def _warn_ineffective_rounding(self) -> None:
+        """At the first step (the params' dtypes final, e.g. after MANUAL's conversion):
+        an :class:`~mixprec.amp.notices.IneffectiveSettingWarning` for each group that
+        asks for ``stochastic_rounding`` where it does nothing (float16 params, or no
+        bfloat16 param without a master)."""
+        self._rounding_checked = True
+        for index, group in enumerate(self.param_groups):
+            if not group.get("stochastic_rounding"):
+                continue
             params = group["params"]
             fp16 = any(p.dtype == torch.float16 for p in params)
             rounded = any(p.dtype == torch.bfloat16 and not self.keeps_master(p, group)
                           for p in params)
             if fp16 or not rounded:
                 warn_ineffective(
-                    f"mixprec.optim.{type(self).__name__}: stochastic_rounding=True rounds "
-                    "only bfloat16 params without a float32 master (master_weights=False); "
-                    + ("float16 params are rounded to nearest" if fp16 else
-                       "no param of this group is one, so it does nothing"), stacklevel=4)
+                    f"mixprec.optim.{type(self).__name__}: param_groups[{index}] has "
+                    "stochastic_rounding=True, which rounds only bfloat16 params without a "
+                    "float32 master (master_weights=False); "
+                    + ("its float16 params are rounded to nearest" if fp16 else
+                       "no param of the group is one, so it does nothing"), stacklevel=5)
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("_lr_cache", {})
         self.__dict__.setdefault("_lr_tables", {})
+        self.__dict__.setdefault("_rounding_checked", False)
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 if key != "params":
@@ -348,6 +352,8 @@ class FusedOptimizer(torch.optim.Optimizer):
                     f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}"
                     f"{' of shape ' + str(list(t.shape)) if isinstance(t, Tensor) else ''}"
                 )
+        if not self._rounding_checked:
+            self._warn_ineffective_rounding()
         for index, group in enumerate(self.param_groups):
             self._step_group(index, group, grad_scale, found_inf, clip_coef)
         return loss

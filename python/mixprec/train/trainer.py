@@ -785,7 +785,7 @@ class MixedPrecisionTrainer:
             raise ValueError(f"MixedPrecisionTrainer.load_state: {path} has no {_REST_FILE}: "
                              "not a checkpoint of MixedPrecisionTrainer.save_state")
         rest = torch.load(rest_file, map_location="cpu", weights_only=True)
-        self._check_state(rest, strict_config, path, tensors=False)
+        self._check_state(rest, strict_config, path, tensors=False, stacklevel=4)
         msd, osd = get_state_dict(self.model, self.optimizer)
         state = {"model": msd, "optimizer": osd}
         dcp.load(state, checkpoint_id=path)  # (raises on a missing key or a wrong shape)
@@ -798,7 +798,7 @@ class MixedPrecisionTrainer:
         self._apply(load)
 
     def _check_state(self, state: Any, strict_config: bool, where: str,
-                     tensors: bool = True) -> None:
+                     tensors: bool = True, stacklevel: int = 3) -> None:
         """Every check of :meth:`load_state`, before anything changes (``tensors``: the
         model's and the optimizer's state are in ``state``)."""
         name = "MixedPrecisionTrainer.load_state"
@@ -864,7 +864,7 @@ class MixedPrecisionTrainer:
         self._metrics.check_state(state, c["optimizer_steps"])
         if diff:
             warnings.warn(f"{name}: config differs from the saved one in {diff}",
-                          UserWarning, stacklevel=4)
+                          UserWarning, stacklevel=stacklevel)
 
     def _apply(self, load: Callable[[], None]) -> None:
         """Run ``load``; if it raises, put the model, optimizer, scaler, scheduler, manager,
