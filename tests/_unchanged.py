@@ -39,8 +39,10 @@ def _tensor(t: torch.Tensor) -> Any:
 def snapshot(obj: Any, max_depth: int = 12) -> Any:
     """A comparable picture of ``obj`` (see the module docstring)."""
     seen: Dict[int, str] = {}
+    alive: List[Any] = []  # (the walked objects, temporaries included: ids stay unique)
 
     def walk(x: Any, path: str, depth: int) -> Any:
+        alive.append(x)
         if isinstance(x, _LEAVES):
             return x if not isinstance(x, float) or x == x else "nan"
         if isinstance(x, torch.Tensor):

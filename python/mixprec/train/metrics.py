@@ -265,7 +265,7 @@ class MetricsLog(FoldingLog[Tensor]):
             "underflow_steps": int(totals[C["underflow"]]),
             "nan_steps": int(totals[C["nan"]]),
             "avg_grad_norm": totals[C["grad_norm"]] / gn_count if gn_count else math.nan,
-            "scale_history": list(zip(hist_steps, scale_hist)),
+            "scale_history": ScaleHistory(zip(hist_steps, scale_hist)),
         }
 
     def read_totals(self, since: Optional[Tensor] = None) -> list[float]:
@@ -293,7 +293,7 @@ class MetricsLog(FoldingLog[Tensor]):
         for key in ("totals", "log_snapshot"):
             t = state[key]
             if t is not None and not (isinstance(t, Tensor) and tuple(t.shape) == (n,)
-                                      and t.dtype == torch.float32):
+                                      and t.dtype == torch.float32 and not t.is_meta):
                 raise ValueError(f"{where}[{key!r}]: expected None or a float32 tensor of "
                                  f"shape [{n}]")
         if (state["totals"] is None) != (state["log_snapshot"] is None):
@@ -302,7 +302,7 @@ class MetricsLog(FoldingLog[Tensor]):
         if hist is None:
             return
         if not (isinstance(hist, Tensor) and hist.dim() == 2 and hist.shape[1] == n
-                and hist.dtype == torch.float32):
+                and hist.dtype == torch.float32 and not hist.is_meta):
             raise ValueError(f"{where}['history']: expected None or a float32 tensor of "
                              f"shape [rows, {n}]")
         if not (isinstance(steps, list) and len(steps) == hist.shape[0]
@@ -321,6 +321,25 @@ class MetricsLog(FoldingLog[Tensor]):
         if state["history"] is not None:
             self.hist = state["history"].to(device)
             self.hist_steps = [int(s) for s in state["history_steps"]]
+
+
+class ScaleHistory(list):  # type: ignore[type-arg]
+    """The ``(step, scale)`` pairs of ``stats()["scale_history"]``: a list (every kept
+    pair, up to ``history_size``), printed as a one-line summary (``print(stats())``
+    would otherwise dump thousands of tuples); ``list(h)`` or ``h[i]`` give the pairs."""
+
+    def summary(self) -> str:
+        """``"<n> points, steps a..b, scale x -> y (min m, max M)"``."""
+        if not self:
+            return "0 points"
+        scales = [s for _, s in self]
+        return (f"{len(self)} points, steps {self[0][0]}..{self[-1][0]}, scale "
+                f"{scales[0]:g} -> {scales[-1]:g} (min {min(scales):g}, max {max(scales):g})")
+
+    def __repr__(self) -> str:
+        return f"ScaleHistory({self.summary()})"
+
+    __str__ = __repr__
 
 
 # ------------------------------------------------------------------------ log steps

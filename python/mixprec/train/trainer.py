@@ -838,13 +838,13 @@ class MixedPrecisionTrainer:
         rng = state["rng"]
         if not (isinstance(rng, dict) and isinstance(rng.get("cpu"), Tensor)
                 and rng["cpu"].dtype == torch.uint8
-                and rng["cpu"].shape == torch.get_rng_state().shape
+                and rng["cpu"].shape == torch.get_rng_state().shape and not rng["cpu"].is_meta
                 and isinstance(rng.get("cuda"), (list, tuple))):
             raise ValueError(f"{name}: state['rng'] must be {{'cpu': a uint8 tensor of shape "
                              f"{list(torch.get_rng_state().shape)}, 'cuda': a list}}")
         loss = state["pending_loss"]
         if loss is not None and not (isinstance(loss, Tensor) and loss.numel() == 1
-                                     and loss.is_floating_point()):
+                                     and loss.is_floating_point() and not loss.is_meta):
             raise ValueError(f"{name}: state['pending_loss'] must be None or a one-element "
                              "floating tensor")
         grads = state.get("pending_grads")
@@ -855,7 +855,7 @@ class MixedPrecisionTrainer:
                                  f"{len(params)} grads (one per param)")
             for i, (g, p) in enumerate(zip(grads, params)):
                 if g is not None and not (isinstance(g, Tensor) and g.shape == p.shape
-                                          and g.is_floating_point()):
+                                          and g.is_floating_point() and not g.is_meta):
                     raise ValueError(f"{name}: state['pending_grads'][{i}] must be None or a "
                                      f"floating tensor of shape {list(p.shape)}")
         if (c["micro"] > 0) != (loss is not None):
