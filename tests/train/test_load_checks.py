@@ -263,6 +263,14 @@ def test_manual_mode_trains_with_the_schedulers_lr(pass_scheduler: bool) -> None
 
 
 def test_the_trainer_rebinds_without_private_markers() -> None:
+    """The re-binding goes through public API: no mixprec module writes torch's
+    scheduler markers (``_opt_called``, ``_wrapped_by_lr_sched``) any more."""
+    from pathlib import Path
+
+    pkg = Path(mixprec.__file__).parent
+    for path in pkg.rglob("*.py"):
+        text = path.read_text()
+        assert "_opt_called" not in text and "_wrapped_by_lr_sched" not in text, path
     t = trainer(steps=2)
     assert t.scheduler.optimizer is t.optimizer
     assert t.scheduler.get_last_lr() == [g["lr"] for g in t.optimizer.param_groups]
