@@ -341,3 +341,73 @@ def test_copy_of_a_state_is_not_aliased() -> None:
     bad = corrupt(state, ("a", "b"), "range")
     assert torch.equal(state["a"]["b"], torch.ones(2)) and bad is not None
     assert copy.deepcopy(state)["a"]["b"].sum() == 2
+
+
+# -- output (issue 37 item 8) -------------------------------------------------------------
+def _loader() -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    return batches(4, seed=3)
+
+
+def test_log_lines_show_without_logging_configured(capsys: Any) -> None:
+    """Before: invisible unless logging was configured (INFO on a logger nobody set up)."""
+    import logging
+
+    assert logging.getLogger("mixprec.trainer").getEffectiveLevel() > logging.INFO
+    t = trainer(mode="automatic", level="bf16", steps=0)
+    t.config.logging_frequency = 2
+    t.train(_loader(), 1, progress=False)
+    out = capsys.readouterr().out
+    assert "step 2 | loss" in out and "step 4 | loss" in out and "epoch 1 | loss" in out
+
+
+class _Recorder:
+    def __init__(self, total: Any, desc: str) -> None:
+        self.postfixes: List[dict] = []
+        self.written: List[str] = []
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix(self, ordered_dict: Any = None, **values: Any) -> None:
+        self.postfixes.append(dict(ordered_dict or {}, **values))
+
+    def write(self, line: str) -> None:
+        self.written.append(line)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("level,scaled", [("bf16", False), ("fp16", True)])
+def test_the_progress_bar_has_one_postfix_format(monkeypatch: Any, level: str,
+                                                 scaled: bool) -> None:
+    """Before: two alternating formats, and scale=1 shown without loss scaling. The log
+    lines go above the bar (its write), not onto its line."""
+    from mixprec.train import trainer as trainer_module
+
+    bars: List[_Recorder] = []
+    monkeypatch.setattr(trainer_module, "_progress_bar",
+                        lambda total, desc: bars.append(_Recorder(total, desc)) or bars[-1])
+    t = trainer(mode="automatic", level=level, steps=0)
+    t.config.logging_frequency = 2
+    t.train(_loader(), 2)
+    keys = {tuple(p) for p in bars[0].postfixes}
+    assert keys == {("epoch", "loss", "scale") if scaled else ("epoch", "loss")}, keys
+    assert any(line.startswith("step 2 | loss") for line in bars[0].written)
+
+
+def test_the_skipped_steps_plot_has_whole_nonnegative_ticks(monkeypatch: Any,
+                                                            tmp_path: Any) -> None:
+    """Before: fractional and negative ticks on the skipped-steps axis."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    figures: List[Any] = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
+    t = trainer(mode="automatic", level="bf16", steps=5)
+    t.plot(tmp_path / "h.png")
+    ax = figures[0].axes[2]
+    ticks = [float(v) for v in ax.get_yticks() if ax.get_ylim()[0] <= v <= ax.get_ylim()[1]]
+    assert ticks and all(v >= 0 and v == int(v) for v in ticks), ticks
+    xticks = [float(v) for v in ax.get_xticks()]
+    assert all(v == int(v) for v in xticks), xticks

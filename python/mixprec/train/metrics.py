@@ -421,8 +421,14 @@ def plot_history(steps: list[int], hist: Optional[Tensor], title: str,
         for ax, title in zip(axes.flat, ("loss", "log2(loss scale)", "skipped steps (cumulative)",
                                          "gradient norm (unscaled)")):
             ax.set_title(title)
+        from matplotlib.ticker import MaxNLocator
+
+        # counts and step numbers: whole ticks, none below 0
+        axes[1, 0].yaxis.set_major_locator(MaxNLocator(integer=True))
+        axes[1, 0].set_ylim(bottom=0, top=max(1.0, float(skipped.sum()) * 1.05))
         for ax in axes.flat:
             ax.set_xlabel("optimizer step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(os.fspath(path), dpi=100)

@@ -47,11 +47,13 @@ the trainer before it was split into parts (``tests/data/trainer_*.pt``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 import os
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -89,6 +91,14 @@ _STATE_KEYS = ("format", "scaler", "scheduler", "config", "counters", "totals",
                "log_snapshot", "history", "history_steps", "adaptive", "rng", "pending_loss")
 _COUNTERS = ("optimizer_steps", "micro_steps", "epochs_done", "micro", "log_step",
              "scaler_steps", "scale_increases", "scale_decreases", "peak_memory")
+
+
+def _within(key: str, check: Callable[[], None]) -> None:
+    """Run the check of the checkpoint's ``key`` entry; its error says where it is."""
+    try:
+        check()
+    except (TypeError, ValueError, KeyError) as e:
+        raise type(e)(f"MixedPrecisionTrainer.load_state: state[{key!r}]: {e}") from e
 
 
 def _check_keys(where: str, saved: Any, expected: dict[str, Any]) -> None:
@@ -213,14 +223,68 @@ class _PlainProgress:
     def update(self, n: int = 1) -> None:
         self.n += n
 
-    def set_postfix(self, **values: Any) -> None:
-        if "epoch" in values:
-            done = f"{self.n}/{self.total}" if self.total is not None else str(self.n)
-            extra = " | ".join(f"{k} {v}" for k, v in values.items())
-            print(f"{self.desc}: {done} batches | {extra}", flush=True)
+    def set_postfix(self, ordered_dict: Optional[dict[str, Any]] = None, refresh: bool = True,
+                    **values: Any) -> None:
+        """tqdm's signature; a line is printed only at an epoch's end (:meth:`epoch_end`)."""
+
+    def epoch_end(self, values: dict[str, Any]) -> None:
+        done = f"{self.n}/{self.total}" if self.total is not None else str(self.n)
+        extra = " | ".join(f"{k} {v}" for k, v in values.items())
+        print(f"{self.desc}: {done} batches | {extra}", flush=True)
 
     def close(self) -> None:
         pass
+
+
+class _LineHandler(logging.Handler):
+    """The trainer's log lines written above the progress bar (``tqdm.write``, or a
+    printed line without tqdm), for :meth:`MixedPrecisionTrainer.train` while logging is
+    not configured."""
+
+    def __init__(self, bar: Any) -> None:
+        super().__init__(logging.INFO)
+        self.bar = bar
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = self.format(record)
+        write = getattr(self.bar, "write", None)
+        if write is not None:
+            write(line)
+        else:
+            print(line, flush=True)
+
+
+@contextlib.contextmanager
+def _log_lines(bar: Any) -> Iterator[None]:
+    """While training: the "mixprec.trainer" lines are shown. Unless logging was set up
+    to show them (INFO enabled for the logger: its effective level), they go above the
+    bar (or are printed without one): the ``logging_frequency`` lines and the epoch
+    lines, through a handler of ours for the call (not propagated, so nothing prints
+    twice). When INFO is enabled, the user's handlers write them; with a tqdm bar,
+    tqdm's ``logging_redirect_tqdm`` keeps console handlers off the bar's line."""
+    if logger.getEffectiveLevel() > logging.INFO:
+        handler = _LineHandler(bar)
+        level, propagate = logger.level, logger.propagate
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
+        return
+    redirect: Any = contextlib.nullcontext()
+    if bar is not None and hasattr(bar, "write"):
+        try:
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            redirect = logging_redirect_tqdm([logging.getLogger(), logger])
+        except ImportError:
+            pass
+    with redirect:
+        yield
 
 
 def _progress_bar(total: Optional[int], desc: str) -> Any:
@@ -525,7 +589,7 @@ class MixedPrecisionTrainer:
                 _bar.update(1)
                 last = self._last_log
                 if last and last.get("step") == self.optimizer_steps:
-                    _bar.set_postfix(loss=f"{last['loss']:.4f}", scale=f"{last['scale']:g}")
+                    _bar.set_postfix(self._postfix(last["loss"], last["scale"]))
         self.flush()
         self.epochs_done += 1
         steps = self.optimizer_steps - start_steps
@@ -556,6 +620,8 @@ class MixedPrecisionTrainer:
             total = None
         bar = _progress_bar(total, f"train ({self._describe()})") if progress else None
         history = []
+        lines = _log_lines(bar)
+        lines.__enter__()
         try:
             for _ in range(num_epochs):
                 t0 = time.perf_counter()
@@ -573,11 +639,28 @@ class MixedPrecisionTrainer:
                             self.epochs_done, result["epoch_loss"], result["overflow_steps"],
                             result["average_scale"], result["time_s"], extra)
                 if bar is not None:
-                    bar.set_postfix(epoch=self.epochs_done, loss=f"{result['epoch_loss']:.4f}")
+                    values = self._postfix(result["epoch_loss"], result["average_scale"],
+                                           epoch=self.epochs_done)
+                    if isinstance(bar, _PlainProgress):
+                        bar.epoch_end(values)
+                    else:
+                        bar.set_postfix(values)
         finally:
+            lines.__exit__(None, None, None)
             if bar is not None:
                 bar.close()
         return history
+
+    def _postfix(self, loss: float, scale: float, epoch: Optional[int] = None
+                 ) -> dict[str, str]:
+        """The progress bar's postfix, one format throughout: ``epoch`` (the one running,
+        or at its end the one done), ``loss`` (the last log step's, or at an epoch's end
+        the epoch's mean), and ``scale`` only with loss scaling."""
+        out = {"epoch": str(self.epochs_done + 1 if epoch is None else epoch),
+               "loss": f"{loss:.4f}"}
+        if self.loss_scaling:
+            out["scale"] = f"{scale:g}"
+        return out
 
     @torch.no_grad()
     def evaluate(self, loader: Iterable[Any]) -> dict[str, Any]:
@@ -823,9 +906,10 @@ class MixedPrecisionTrainer:
             raise ValueError(f"{name}: config differs from the saved one in {diff}")
         if tensors:
             _check_model_state(self.model, state["model"])
-            _check_optimizer_state(self.optimizer, state["optimizer"])
+            _within("optimizer", lambda: _check_optimizer_state(self.optimizer,
+                                                                state["optimizer"]))
         if state["scaler"]:
-            manager.scaler.check_state_dict(state["scaler"])
+            _within("scaler", lambda: manager.scaler.check_state_dict(state["scaler"]))
         if self.scheduler is not None and state["scheduler"] is not None:
             _check_keys(f"{name}: state['scheduler']", state["scheduler"],
                         self.scheduler.state_dict())
