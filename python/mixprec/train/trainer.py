@@ -715,8 +715,11 @@ class MixedPrecisionTrainer:
         ``skipped_steps``, ``overflow_rate``, ``underflow_steps``,
         ``nan_steps``, ``current_scale``, ``avg_grad_norm`` (over steps where it
         was computed and finite; NaN if none), ``scale_increases``,
-        ``scale_decreases``, ``scale_history`` (list of ``(step, scale)``, at
-        most ``history_size``), ``compute_dtype``, ``mode``, ``peak_memory``,
+        ``scale_decreases``, ``scale_history`` (the ``(step, scale)`` pairs, at
+        most ``history_size``: a list printed as a one-line summary,
+        :class:`~mixprec.train.metrics.ScaleHistory`), ``compute_dtype`` (what is in
+        effect), ``low_precision_modules``, ``fp8_modules`` (see
+        :meth:`MixedPrecisionManager.stats`), ``mode``, ``peak_memory``,
         ``activation_memory``, ``adaptive_decisions``.
         """
         n = self.optimizer_steps
@@ -725,7 +728,9 @@ class MixedPrecisionTrainer:
                 "current_scale": ms["current_scale"],
                 "scale_increases": ms["scale_increases"] + self._scaler_offsets[1],
                 "scale_decreases": ms["scale_decreases"] + self._scaler_offsets[2],
-                "compute_dtype": ms["compute_dtype"], "mode": ms["mode"],
+                "compute_dtype": ms["compute_dtype"],
+                "low_precision_modules": ms["low_precision_modules"],
+                "fp8_modules": ms["fp8_modules"], "mode": ms["mode"],
                 "peak_memory": self.peak_memory, "activation_memory": self.activation_memory,
                 "adaptive_decisions": ms["adaptive_decisions"]}
 
