@@ -411,3 +411,17 @@ def test_the_skipped_steps_plot_has_whole_nonnegative_ticks(monkeypatch: Any,
     assert ticks and all(v >= 0 and v == int(v) for v in ticks), ticks
     xticks = [float(v) for v in ax.get_xticks()]
     assert all(v == int(v) for v in xticks), xticks
+
+
+def test_fp8_with_no_eligible_linear_warns_and_stats_say_what_runs() -> None:
+    """Before: nothing converted while stats() said fp8."""
+    from mixprec.train import fp8_unavailable
+
+    if fp8_unavailable() is not None:
+        pytest.skip(fp8_unavailable())
+    model = Net()  # Linear(4, 8), Linear(8, 3): no dimension divisible by 16
+    with pytest.warns(IneffectiveSettingWarning, match="no nn.Linear of the model is eligible"):
+        m = MixedPrecisionManager(model, torch.optim.AdamW(model.parameters()),
+                                  MixedPrecisionConfig(mode="automatic", precision_level="fp8"))
+    stats = m.stats()
+    assert stats["fp8_modules"] == 0 and stats["compute_dtype"] == "bf16", stats
