@@ -51,9 +51,9 @@ def _number(v: Any) -> bool:
 
 
 def _check_device(device: Any) -> None:
-    """``device`` must name a device type torch knows (``"cuda"``, ``"cpu"``...)."""
+    """``device`` must be a device string torch parses (``"cuda"``, ``"cpu"``...)."""
     try:
-        ok = isinstance(device, str) and torch.device(device).type == device
+        ok = isinstance(device, str) and torch.device(device) is not None
     except RuntimeError:
         ok = False
     if not ok:

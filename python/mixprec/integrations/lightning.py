@@ -182,7 +182,7 @@ def precision_plugin(
                         f"{scaler!r}")
     if device is not None:
         try:
-            ok = isinstance(device, str) and torch.device(device).type == device
+            ok = isinstance(device, str) and torch.device(device) is not None
         except RuntimeError:
             ok = False
         if not ok:
