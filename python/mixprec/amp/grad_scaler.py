@@ -546,7 +546,9 @@ class GradScaler(torch.amp.GradScaler):
         """Load a state dict from this class or from :class:`torch.amp.GradScaler`.
 
         No-op when disabled; ``RuntimeError`` for an empty dict (as torch).
-        Without ``"_hysteresis_left"`` the hysteresis budget is refilled.
+        Without ``"_hysteresis_left"`` the hysteresis budget is refilled. Everything is
+        checked first (:meth:`check_state_dict`): a bad dict raises ``ValueError`` or
+        ``TypeError`` naming the key, and the scaler is left as it was.
         """
         if not self._enabled:
             return

@@ -522,8 +522,13 @@ class FusedOptimizer(torch.optim.Optimizer):
         and buffers float32, and masters are taken from the dict when present, else
         built from the params (migration from a torch checkpoint). Keys this class does
         not set (``master_weights``, ``stochastic_rounding``, ``seed``...) are filled
-        from its defaults. Entries of ``state`` whose key is not a param are kept as
-        they are, as torch does.
+        from its defaults. Entries of ``state`` whose key is not a param (and not an
+        int: a param id of no group is refused) are kept as they are, as torch does.
+
+        Checked first (:meth:`check_state_dict`, after the user's pre hooks): a dict that
+        cannot be loaded raises ``TypeError``/``ValueError`` naming the entry, and the
+        optimizer is left exactly as it was (state, groups, lr tensors). Should anything
+        raise later (a post hook), the state and groups are put back too.
         """
         loaded: List[Dict[str, Any]] = []
         kept = [{k: g[k] for k in self._KEPT_ON_LOAD if k in g} for g in self.param_groups]
