@@ -7,8 +7,8 @@ and unsharded, as the reference.
 Every rank feeds the same batch (as in _fsdp2_cases.py), so the averaged gradient is the
 unsharded one wherever averaging equal terms is exact; the model is _fsdp2_cases's
 ``tiny_model`` (7, 3 and 1 rows: no world size here divides them, and some shards are
-empty at 4 ranks); 32-bit AdamW state with float32 masters of bfloat16... float32 params
-(AUTOMATIC fp16 with loss scaling, so the scaler's state travels too).
+empty at 4 ranks); float32 params with 32-bit AdamW state, AUTOMATIC fp16 with loss
+scaling (the scaler's state travels too) and a StepLR scheduler.
 """
 
 from __future__ import annotations
