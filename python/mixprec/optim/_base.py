@@ -503,9 +503,9 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     #: Group options every saved param group has (besides ``params``, ``lr``,
     #: ``weight_decay``), checked at load.
-    _REQUIRED_OPTIONS: ClassVar[Tuple[str, ...]] = ()
+    REQUIRED_OPTIONS: ClassVar[Tuple[str, ...]] = ()
     #: Whether a param's saved state may lack ``step`` (torch's SGD keeps none).
-    _STEP_OPTIONAL: ClassVar[bool] = False
+    STEP_OPTIONAL: ClassVar[bool] = False
 
     #: Group options a loaded state dict does not change (the 8-bit mixin's
     #: ``state_bits``: the layout is this optimizer's choice, the values are converted).
@@ -580,7 +580,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             ValueError: a wrong shape, dtype, device, value or key, naming it, e.g.
                 ``state[0]['exp_avg']``, and saying what was expected.
         """
-        _check_state_dict32(self, state_dict)
+        check_state_dict32(self, state_dict)
         self._check_loadable(state_dict)
 
     def _check_loadable(self, state_dict: Dict[str, Any]) -> None:
@@ -717,10 +717,12 @@ def _check_state_tensor(where: str, name: str, v: Any, p: Optional[Tensor]) -> N
                          f"({float(local.min())})")
 
 
-def _check_state_dict32(opt: FusedOptimizer, sd: Any) -> None:
-    """The checks of :meth:`FusedOptimizer.check_state_dict` but the 8-bit ones."""
+def check_state_dict32(opt: FusedOptimizer, sd: Any, name: Optional[str] = None) -> None:
+    """The checks of :meth:`FusedOptimizer.check_state_dict` but the 8-bit ones (``opt``:
+    an optimizer, or an object with the attributes they read; ``name``: the messages'
+    prefix, default ``mixprec.optim.<class>.load_state_dict``)."""
     cls = type(opt).__name__
-    name = f"mixprec.optim.{cls}.load_state_dict"
+    name = name or f"mixprec.optim.{cls}.load_state_dict"
     if not isinstance(sd, dict):
         raise TypeError(f"{name}: state_dict must be a dict, got {type(sd).__name__}")
     for key in ("state", "param_groups"):
@@ -749,10 +751,9 @@ def _check_state_dict32(opt: FusedOptimizer, sd: Any) -> None:
         if len(ids) != len(mine["params"]):
             raise ValueError(f"{where}['params']: {len(ids)} params, this optimizer's group "
                              f"has {len(mine['params'])}")
-        absent = [k for k in ("lr", "weight_decay") + opt._REQUIRED_OPTIONS if k not in saved]
+        absent = [k for k in ("lr", "weight_decay") + opt.REQUIRED_OPTIONS if k not in saved]
         if absent:
-            raise ValueError(f"{where}: missing {absent} (a param group of "
-                             f"mixprec.optim.{cls} or torch.optim.{cls} has them)")
+            raise ValueError(f"{where}: missing {absent} (a saved param group has them)")
         for k, v in saved.items():
             if k != "params":
                 _check_group_option(where, k, v)
@@ -779,12 +780,12 @@ def _check_state_dict32(opt: FusedOptimizer, sd: Any) -> None:
             raise TypeError(f"{where}: expected a dict of state, got {_describe(st)}")
         unknown = sorted(map(str, set(st) - known))
         if unknown:
-            raise ValueError(f"{where}: unexpected keys {unknown} (mixprec.optim.{cls} keeps "
+            raise ValueError(f"{where}: unexpected keys {unknown} (expected some of "
                              f"{sorted(known)})")
         coded = {n for n in known if isinstance(st.get(n), Tensor)
                  and st[n].dtype == torch.uint8}
         coded |= {n + "_absmax" for n in coded} | {"quant"}
-        if "step" not in st and not opt._STEP_OPTIONAL and any(
+        if "step" not in st and not opt.STEP_OPTIONAL and any(
                 isinstance(v, Tensor) for v in st.values()):
             raise ValueError(f"{where}: missing 'step' (the step count of a param with "
                              "state)")

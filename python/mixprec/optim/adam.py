@@ -131,7 +131,7 @@ class Adam(EightBitState, FusedOptimizer):
     def _decoupled(self, group: Dict[str, Any]) -> bool:
         return bool(group.get("decoupled_weight_decay", False))
 
-    _REQUIRED_OPTIONS = ("betas", "eps")
+    REQUIRED_OPTIONS = ("betas", "eps")
 
     STATE = (("exp_avg", None, q8.SIGNED), ("exp_avg_sq", None, q8.UNSIGNED),
              ("max_exp_avg_sq", "amsgrad", None))

@@ -48,8 +48,8 @@ class SGD(EightBitState, FusedOptimizer):
     """
 
     STATE = (("momentum_buffer", "momentum", q8.SIGNED),)
-    _REQUIRED_OPTIONS = ("momentum", "dampening", "nesterov")
-    _STEP_OPTIONAL = True  # (torch's SGD keeps only momentum_buffer)
+    REQUIRED_OPTIONS = ("momentum", "dampening", "nesterov")
+    STEP_OPTIONAL = True  # (torch's SGD keeps only momentum_buffer)
     #: the 8-bit momentum (EightBitState): name, maxima's name, code table
     _MOMENTS8 = coded_states(STATE)
 

@@ -64,6 +64,7 @@ from .. import _dtensor
 from ..amp.autocast import cast_floating
 from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle
+from ..optim.torch_rules import check_torch_state_dict
 from .config import MixedPrecisionConfig, MixedPrecisionMode
 from .manager import MixedPrecisionManager, check_setup
 from .metrics import (
@@ -137,6 +138,8 @@ def _check_optimizer_state(opt: Any, saved: Any) -> None:
     check = getattr(opt, "check_state_dict", None)
     if check is not None:
         check(saved)
+        return
+    if check_torch_state_dict(opt, saved):  # torch's SGD/Adam/AdamW: the same rules
         return
     where = "MixedPrecisionTrainer.load_state: state['optimizer']"
     if not (isinstance(saved, dict) and isinstance(saved.get("state"), dict)

@@ -425,3 +425,17 @@ def test_fp8_with_no_eligible_linear_warns_and_stats_say_what_runs() -> None:
                                   MixedPrecisionConfig(mode="automatic", precision_level="fp8"))
     stats = m.stats()
     assert stats["fp8_modules"] == 0 and stats["compute_dtype"] == "bf16", stats
+
+
+def test_a_torch_optimizers_state_is_checked_as_strictly(tmp_path: Any) -> None:
+    """AUTOMATIC keeps the user's torch.optim.AdamW: its state is held to the same 32-bit
+    rules (before: a transposed exp_avg loaded and failed at the next step)."""
+    state = checkpoint(tmp_path, mode="automatic", level="bf16")
+    first = next(iter(state["optimizer"]["state"]))
+    state["optimizer"]["state"][first]["exp_avg"] = (
+        state["optimizer"]["state"][first]["exp_avg"].t().contiguous())
+    target = trainer(mode="automatic", level="bf16", seed=1, steps=1)
+    assert type(target.optimizer) is torch.optim.AdamW
+    msg = load_refused(tmp_path, state, target, ValueError)
+    assert "torch.optim.AdamW.load_state_dict: state[0]['exp_avg']: expected the param's shape" \
+        in msg
