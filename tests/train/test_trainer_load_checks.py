@@ -311,17 +311,23 @@ def test_sgd8bit_without_momentum_warns() -> None:
         mixprec.optim.SGD8bit([torch.zeros(4, requires_grad=True)], lr=0.1)
 
 
-def test_lr_by_steps_taken_warns_when_the_schedule_outlasts_the_table() -> None:
+def test_lr_by_steps_taken_warns_once_past_num_steps() -> None:
+    """Before: past num_steps the lr froze without a word."""
     p = torch.zeros(4, requires_grad=True)
     opt = mixprec.optim.AdamW([p], lr=1.0)
     sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=10)
-    with pytest.warns(IneffectiveSettingWarning, match="still changes after num_steps=3"):
-        opt.lr_by_steps_taken(sched, 3)
-    opt2 = mixprec.optim.AdamW([torch.zeros(4, requires_grad=True)], lr=1.0)
-    sched2 = torch.optim.lr_scheduler.LinearLR(opt2, start_factor=0.1, total_iters=10)
+    opt.lr_by_steps_taken(sched, 3)
+    p.grad = torch.ones(4)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        opt2.lr_by_steps_taken(sched2, 12)
+        for _ in range(3):
+            opt.step()
+    with pytest.warns(IneffectiveSettingWarning, match=r"more times \(4\) than "
+                      r"lr_by_steps_taken's num_steps \(3\)"):
+        opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.step()  # once
 
 
 def test_stats_summarize_the_scale_history() -> None:

@@ -135,6 +135,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         #: group's devices once used): see :meth:`lr_by_steps_taken`
         self._lr_tables: Dict[int, Dict[Optional[torch.device], Tensor]] = {}
         self._rounding_checked = False  # (the warning of _warn_ineffective_rounding given)
+        self._table_calls = [0, 0]  # lr_by_steps_taken: step() calls since, num_steps
         super().__init__(params, defaults)
 
     # -- what subclasses declare and implement ------------------------------------
@@ -198,6 +199,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         self.__dict__.setdefault("_lr_cache", {})
         self.__dict__.setdefault("_lr_tables", {})
         self.__dict__.setdefault("_rounding_checked", False)
+        self.__dict__.setdefault("_table_calls", [0, 0])
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 if key != "params":
@@ -248,7 +250,9 @@ class FusedOptimizer(torch.optim.Optimizer):
         ``last_epoch`` 0) and the optimizer's groups as they will train. The table is
         computed now by stepping ``scheduler`` ``num_steps`` times and restoring it
         (``state_dict``/``load_state_dict``; warnings of those calls are silenced);
-        past ``num_steps`` taken steps the last value stays. Not in the optimizer's
+        past ``num_steps`` taken steps the last value stays, and the step call past
+        ``num_steps`` calls (counted on the host from here) warns once
+        (:class:`~mixprec.amp.notices.IneffectiveSettingWarning`). Not in the optimizer's
         ``state_dict``: call again after building a fresh optimizer; loading a state
         dict keeps it, and the loaded step counts index it. ``ReduceLROnPlateau``
         (which needs metrics) is refused.
@@ -280,16 +284,11 @@ class FusedOptimizer(torch.optim.Optimizer):
                 for _ in range(num_steps):
                     rows.append([float(g["lr"]) for g in self.param_groups])
                     scheduler.step()
-                after = [float(g["lr"]) for g in self.param_groups]  # (at num_steps)
         finally:
             scheduler.load_state_dict(saved)
             for g, lr in zip(self.param_groups, lrs):
                 g["lr"] = lr
-        if after != rows[-1]:
-            warn_ineffective(
-                f"{name}: the schedule still changes after num_steps={num_steps} steps (lr "
-                f"{rows[-1]} -> {after}); past num_steps taken steps the lr stays at "
-                f"{rows[-1]}: pass the run's total number of steps", stacklevel=3)
+        self._table_calls = [0, num_steps]  # (step calls since, the table's length)
         self._lr_tables = {i: {None: torch.tensor([r[i] for r in rows], dtype=torch.float64)}
                            for i in range(len(self.param_groups))}
 
@@ -354,6 +353,15 @@ class FusedOptimizer(torch.optim.Optimizer):
                 )
         if not self._rounding_checked:
             self._warn_ineffective_rounding()
+        if self._lr_tables:
+            calls = self._table_calls
+            calls[0] += 1
+            if calls[0] == calls[1] + 1:  # (a host count: no sync)
+                warn_ineffective(
+                    f"mixprec.optim.{type(self).__name__}: step() called more times "
+                    f"({calls[0]}) than lr_by_steps_taken's num_steps ({calls[1]}); once "
+                    f"{calls[1]} steps are taken the lr stays at the table's last value: "
+                    "pass the run's total number of steps", stacklevel=4)
         for index, group in enumerate(self.param_groups):
             self._step_group(index, group, grad_scale, found_inf, clip_coef)
         return loss
