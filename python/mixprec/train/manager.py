@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Iterator
 from typing import Any, Callable, Optional, Union
 
@@ -127,8 +128,6 @@ def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
     if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
         lrs = [g["lr"] for g in optimizer.param_groups]
         initial = [g.get("initial_lr") for g in optimizer.param_groups]
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
@@ -160,6 +159,15 @@ class MixedPrecisionManager:
         fp8_module_filter: FP8 level: ``(module, fqn) -> bool``, which eligible linears
             torchao converts (replaces ``config.fp8_keep_first_last``); see
             :mod:`mixprec.train.fp8`.
+        scheduler: an LR scheduler of ``optimizer`` (optional). When MANUAL mode replaces
+            the optimizer it is re-bound to :attr:`optimizer` (public API only); either
+            way the lr it sets is the lr that trains (MANUAL's optimizer shares the
+            original's param-group dicts).
+
+    Every refusal (:func:`check_setup`) comes before anything is changed: an optimizer
+    over none of ``model``'s params, one MANUAL cannot convert, a scheduler of another
+    optimizer. A setting that does nothing with this model warns once
+    (:class:`~mixprec.amp.notices.IneffectiveSettingWarning`).
 
     Attributes:
         model, optimizer, config, device, scaler, strategy (the mode's
