@@ -959,11 +959,13 @@ class MixedPrecisionTrainer:
                           UserWarning, stacklevel=stacklevel)
 
     def _apply(self, load: Callable[[], None]) -> None:
-        """Run ``load``; if it raises, put the model, optimizer, scaler, scheduler, manager,
-        counters and RNG states back as they were (a safety net: the checks ran first)."""
+        """Run ``load``; if it raises, put the optimizer, scaler, scheduler, manager,
+        counters, grads and RNG states back as they were. A safety net only: the checks ran
+        first, so what is left to fail is a user's hook. The model's weights are not
+        copied for it (that would double the model's memory at every load); its load,
+        checked first (keys, shapes, dtypes), comes first."""
         manager = self._manager()
         assert self.model is not None
-        model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         opt = self.optimizer
         opt_state = (opt.state, opt.param_groups, [dict(g) for g in opt.param_groups])
         scaler = manager.scaler
@@ -978,8 +980,6 @@ class MixedPrecisionTrainer:
         try:
             load()
         except BaseException:
-            with torch.no_grad():
-                self.model.load_state_dict(model_state)
             opt.state, opt.param_groups = opt_state[0], opt_state[1]
             for g, saved in zip(opt.param_groups, opt_state[2]):
                 g.clear()
