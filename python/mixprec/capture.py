@@ -579,7 +579,13 @@ class CapturedStep:
 
     def _eager(self, inputs: Tuple[Any, ...]) -> Any:
         with self._stream_ctx():
-            return self.fn(*inputs)
+            out = self.fn(*inputs)
+        sc = self.scaler
+        if sc is not None and sc.is_enabled() and sc.iteration_open():
+            # (the next call would fail inside torch's scaler.step instead)
+            raise CaptureError("mixprec.capture: the step leaves the scaler's iteration "
+                               "open; end the step body with scaler.update()")
+        return out
 
     def _checked(self, inputs: Tuple[Any, ...]) -> Tuple[Any, Optional[str]]:
         """One eager step under every check, run to its end (a real step, as eager
@@ -783,8 +789,18 @@ def capture_step(
     """
     if fallback not in ("error", "eager"):
         raise ValueError(f"mixprec.capture: fallback must be 'error' or 'eager', got {fallback!r}")
-    if max_graphs < 1 or warmup < 0:
-        raise ValueError("mixprec.capture: max_graphs must be >= 1 and warmup >= 0")
+    for name, value, low in (("max_graphs", max_graphs, 1), ("warmup", warmup, 0)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"mixprec.capture: {name} must be an int, got "
+                            f"{type(value).__name__} {value!r}")
+        if value < low:
+            raise ValueError(f"mixprec.capture: {name} must be >= {low}, got {value}")
+    for name, value, kind in (("optimizers", optimizers, torch.optim.Optimizer),
+                              ("modules", modules, torch.nn.Module),
+                              ("schedulers", schedulers, torch.optim.lr_scheduler.LRScheduler)):
+        if isinstance(value, kind) or not isinstance(value, Iterable):
+            raise TypeError(f"mixprec.capture: {name} must be a list (e.g. {name}=[x]), got "
+                            f"a {type(value).__name__}")
     if not isinstance(example_inputs, tuple):
         raise TypeError("mixprec.capture: example_inputs must be a tuple of the step's "
                         f"positional arguments, got {type(example_inputs).__name__}")

@@ -248,7 +248,7 @@ def run_all(rank: int, world: int, out_dir: str) -> None:
     r["dcp8"] = dcp_resume(mesh, os.path.join(out_dir, "ckpt8"), state_bits=8)
     r["eight_bit"] = eight_bit(mesh, world)
     r["ops"] = ops_on_dtensors(mesh)
-    r["trainer"] = trainer_modes(mesh)
+    r["trainer"] = trainer_modes(mesh, out_dir)
     torch.save(r, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -497,7 +497,7 @@ def run_hsdp(rank: int, world: int, out_dir: str) -> None:
     torch.save(r, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-def trainer_modes(mesh: Any) -> Result:
+def trainer_modes(mesh: Any, out_dir: str) -> Result:
     """MixedPrecisionTrainer in each mode on a sharded model and on its unsharded twin,
     the same epoch each: whether the params end bit for bit equal, and the losses.
     MANUAL: the model converted to bfloat16 before fully_shard (and, the wrong order,
@@ -530,10 +530,9 @@ def trainer_modes(mesh: Any) -> Result:
             finals.append(params_of(model))
         out[f"{mode}_{level}"] = {"bitwise": bitwise(finals[0], finals[1]),
                                   "losses": losses}
-    # the trainer's own checkpoint of a sharded model: one file per rank (its shards);
-    # a fresh sharded trainer loads it and goes on exactly as the saved one does
-    import tempfile
-
+    # the trainer's own checkpoint of a sharded model: a DCP directory (every rank writes
+    # its shards into the same directory); a fresh sharded trainer loads it and goes on
+    # exactly as the saved one does (other world sizes: test_trainer_dcp.py)
     def sharded_trainer() -> Any:
         model = shard(tiny_model(), mesh)
         trainer = MixedPrecisionTrainer(
@@ -545,11 +544,10 @@ def trainer_modes(mesh: Any) -> Result:
 
     first = sharded_trainer()
     first.train_epoch(data[:2])
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, f"trainer_rank{dist.get_rank()}.pt")
-        first.save_state(path)
-        second = sharded_trainer()
-        second.load_state(path, strict_config=True)
+    path = os.path.join(out_dir, "trainer_ckpt")
+    first.save_state(path)
+    second = sharded_trainer()
+    second.load_state(path, strict_config=True)
     for t in (first, second):
         t.train_epoch(data[2:])
     out["trainer_checkpoint"] = bitwise(params_of(first.model), params_of(second.model))

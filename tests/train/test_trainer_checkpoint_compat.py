@@ -30,6 +30,8 @@ def _one_thread():
         yield
 
 
+#: stats() keys newer than the files in tests/data (issue 37: what is in effect)
+_STATS_ADDED_SINCE = ("low_precision_modules", "fp8_modules")
 #: optimizer hyper-parameters newer than the files in tests/data (state_bits: 8-bit state)
 _ADDED_SINCE_FORMAT_1 = ("state_bits", "min_8bit_size")
 
@@ -73,6 +75,8 @@ def test_old_checkpoint_loads(gen, case):
     # counters and metrics: what the old trainer reported at the save
     stats = trainer.stats()
     assert stats.pop("activation_memory") is None  # not part of the file
+    for key in _STATS_ADDED_SINCE:  # (what is in effect: counted on the model, not saved)
+        stats.pop(key)
     _assert_same(stats, expected["stats_at_save"], "stats")
     assert trainer.optimizer_steps == state["counters"]["optimizer_steps"]
     assert trainer._micro == state["counters"]["micro"]

@@ -18,6 +18,7 @@ is asynchronous.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections import defaultdict
 from typing import Any, Optional, Union
@@ -40,6 +41,52 @@ from .protocol import IterationRecord, record_of
 from .stats import ScalerStats, _StatsTracker
 
 __all__ = ["GradScaler", "ScalePolicy", "POLICIES", "OptState"]
+
+
+_STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_device(device: Any) -> None:
+    """``device`` must be a device string torch parses (``"cuda"``, ``"cpu"``...)."""
+    try:
+        ok = isinstance(device, str) and torch.device(device) is not None
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"mixprec.GradScaler: device must be a device type such as 'cuda' "
+                         f"or 'cpu', got {device!r}")
+
+
+def _check_scale_options(where: str, *, error: type = ValueError, key: str = "{}",
+                         **values: Any) -> None:
+    """The ranges the constructor takes, for the constructor and for a loaded state dict
+    (``key`` formats the name in the message, e.g. ``"state_dict[{!r}]"``).
+    ``growth_factor``/``backoff_factor`` out of range raise ``error`` (AssertionError in
+    the constructor, as torch); every other bad value ValueError or TypeError."""
+    for name, v in values.items():
+        shown = key.format(name)
+        if name in ("growth_interval", "_growth_tracker", "_hysteresis_left"):
+            low = 1 if name == "growth_interval" else 0
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"{where}: {shown} must be an int, got {type(v).__name__} "
+                                f"{v!r}")
+            if v < low:
+                raise ValueError(f"{where}: {shown} must be >= {low}, got {v}")
+            continue
+        if not _number(v):
+            raise TypeError(f"{where}: {shown} must be a float, got {type(v).__name__} {v!r}")
+        if name in ("scale", "init_scale") and not (0.0 < v < math.inf):
+            raise ValueError(f"{where}: {shown} must be finite and > 0, got {v!r}")
+        if name == "growth_factor" and not (1.0 < v < math.inf):
+            raise error(f"{where}: {shown} must be finite and > 1.0, got {v!r} "
+                        "(The growth factor must be > 1.0.)")
+        if name == "backoff_factor" and not (0.0 < v < 1.0):
+            raise error(f"{where}: {shown} must be in (0, 1), got {v!r} "
+                        "(The backoff factor must be < 1.0.)")
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -113,6 +160,9 @@ class GradScaler(torch.amp.GradScaler):
         policy: str = "torch",
         process_group: Optional[Any] = None,
     ) -> None:
+        _check_device(device)
+        _check_scale_options("mixprec.GradScaler", init_scale=init_scale,
+                             growth_interval=growth_interval)
         options = resolve_options(
             policy, init_scale, growth_interval, allow_fp16_grads, min_scale, max_scale, hysteresis
         )
@@ -140,10 +190,8 @@ class GradScaler(torch.amp.GradScaler):
         self._mp_last: Optional[IterationRecord] = None
 
         if self._enabled:
-            if growth_factor <= 1.0:
-                raise AssertionError("The growth factor must be > 1.0.")
-            if backoff_factor >= 1.0:
-                raise AssertionError("The backoff factor must be < 1.0.")
+            _check_scale_options("mixprec.GradScaler", error=AssertionError,
+                                 growth_factor=growth_factor, backoff_factor=backoff_factor)
             self._init_scale = init_scale
             self._scale: Optional[Tensor] = None
             self._growth_factor = growth_factor
@@ -365,6 +413,12 @@ class GradScaler(torch.amp.GradScaler):
             The total norm before clipping, a float32 0-dim tensor on the scale's
             device (disabled scaler: what torch's ``clip_grad_norm_`` returns).
         """
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)):
+            raise TypeError(f"mixprec.GradScaler.clip_grad_norm_: max_norm must be a float, "
+                            f"got {type(max_norm).__name__} {max_norm!r}")
+        if not max_norm >= 0.0:  # (NaN fails this too)
+            raise ValueError(f"mixprec.GradScaler.clip_grad_norm_: max_norm must be >= 0 (inf: "
+                             f"no clipping), got {max_norm!r}")
         if not self._enabled:
             params = [p for g in optimizer.param_groups for p in g["params"]]
             return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
@@ -492,10 +546,13 @@ class GradScaler(torch.amp.GradScaler):
         """Load a state dict from this class or from :class:`torch.amp.GradScaler`.
 
         No-op when disabled; ``RuntimeError`` for an empty dict (as torch).
-        Without ``"_hysteresis_left"`` the hysteresis budget is refilled.
+        Without ``"_hysteresis_left"`` the hysteresis budget is refilled. Everything is
+        checked first (:meth:`check_state_dict`): a bad dict raises ``ValueError`` or
+        ``TypeError`` naming the key, and the scaler is left as it was.
         """
         if not self._enabled:
             return
+        self.check_state_dict(state_dict)
         super().load_state_dict(state_dict)
         left = int(state_dict.get("_hysteresis_left", self._hysteresis))
         self._init_hysteresis_left = left
@@ -503,6 +560,40 @@ class GradScaler(torch.amp.GradScaler):
             self._hysteresis_left.fill_(left)
         if self._scale is not None:
             self._mp_stats.rebaseline(self._scale)
+
+    def check_state_dict(self, state_dict: Any) -> None:
+        """Every entry of a state dict to load, checked before anything changes: the keys
+        of :meth:`state_dict` (``_hysteresis_left`` optional), nothing else, each of the
+        type and range the constructor takes, and the scale within ``min_scale`` /
+        ``max_scale``. ``RuntimeError`` for an empty dict (as torch)."""
+        where = "mixprec.GradScaler.load_state_dict"
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"{where}: state_dict must be a dict, got "
+                            f"{type(state_dict).__name__}")
+        if len(state_dict) == 0:
+            raise RuntimeError(
+                "The source state dict is empty, possibly because it was saved "
+                "from a disabled instance of GradScaler.")
+        missing = [k for k in _STATE_KEYS if k not in state_dict]
+        if missing:
+            raise ValueError(f"{where}: state_dict has no {missing} (expected the keys "
+                             f"{list(_STATE_KEYS)}, and '_hysteresis_left' optionally)")
+        extra = sorted(map(str, set(state_dict) - set(_STATE_KEYS) - {"_hysteresis_left"}))
+        if extra:
+            raise ValueError(f"{where}: unexpected keys {extra} in state_dict (expected "
+                             f"{list(_STATE_KEYS)} and '_hysteresis_left')")
+        _check_scale_options(where, key="state_dict[{!r}]", **state_dict)
+        scale = state_dict["scale"]
+        if self._min_scale is not None and scale < self._min_scale:
+            raise ValueError(f"{where}: state_dict['scale'] = {scale!r} is below this "
+                             f"scaler's min_scale {self._min_scale}")
+        if self._max_scale is not None and scale > self._max_scale:
+            raise ValueError(f"{where}: state_dict['scale'] = {scale!r} is above this "
+                             f"scaler's max_scale {self._max_scale}")
+        left = state_dict.get("_hysteresis_left")
+        if left is not None and left > self._hysteresis:
+            raise ValueError(f"{where}: state_dict['_hysteresis_left'] = {left} exceeds this "
+                             f"scaler's hysteresis {self._hysteresis}")
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

@@ -135,6 +135,13 @@ def _matches(spec: ModuleSpec, name: str, module: nn.Module) -> bool:
     return fnmatch.fnmatchcase(name, spec) or _class_name(module) == spec
 
 
+def modules_matching(model: nn.Module, spec: ModuleSpec) -> list[str]:
+    """The qualified names of ``model``'s modules (the root excluded) that ``spec`` picks,
+    as a policy reads it: a glob over the qualified name, a class name or a class."""
+    return [name for name, module in model.named_modules()
+            if name and _matches(spec, name, module)]
+
+
 @dataclass(eq=False)
 class _PolicyForward:
     """The forward installed on a module: runs the original (``prev``, an instance

@@ -172,8 +172,22 @@ def precision_plugin(
         scaler: the scaler of ``16-mixed`` (None: ``mixprec.GradScaler(device)``).
 
     Raises:
-        ValueError: another precision, or a scaler for one that does not scale.
+        ValueError: another precision, a scaler for one that does not scale, a device
+            that is not a device type torch knows.
+        TypeError: a scaler that is not a ``torch.amp.GradScaler``.
     """
+    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+        raise TypeError(f"precision_plugin: scaler must be a torch.amp.GradScaler (e.g. "
+                        f"mixprec.GradScaler('cuda')) or None, got {type(scaler).__name__} "
+                        f"{scaler!r}")
+    if device is not None:
+        try:
+            ok = isinstance(device, str) and torch.device(device) is not None
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"precision_plugin: device must be a device type such as 'cuda' "
+                             f"or 'cpu' (or None), got {device!r}")
     if precision in ("16-mixed", "bf16-mixed"):
         if scaler is not None and precision != "16-mixed":
             raise ValueError(f"precision_plugin({precision!r}) takes no scaler")

@@ -64,12 +64,39 @@ _dtensor.on_dtensor_class(_dtensor_rules.register)
 # import, _extension.FAST_ENTRY) switches it off: every op goes through torch.ops.
 def _call(name: str, *args: Any) -> Any:
     """Run op ``name`` on ``args`` (all positional)."""
-    if FAST_ENTRY and not torch.compiler.is_compiling():
-        out = getattr(EXT, "fast_" + name)(*args)
-        if out is not NotImplemented:
-            return out
-    _dtensor.dtensor_class()  # DTensor arguments: their rules (_dtensor_rules) registered
-    return getattr(torch.ops.mixprec, name)(*args)
+    try:
+        if FAST_ENTRY and not torch.compiler.is_compiling():
+            out = getattr(EXT, "fast_" + name)(*args)
+            if out is not NotImplemented:
+                return out
+        _dtensor.dtensor_class()  # DTensor arguments: their rules (_dtensor_rules) registered
+        return getattr(torch.ops.mixprec, name)(*args)
+    except (RuntimeError, NotImplementedError) as e:
+        meta = _meta_argument(name, args)
+        if meta is None:
+            raise
+        raise RuntimeError(f"mixprec.{name}: {meta} is on the 'meta' device: the ops compute "
+                           "on data, and a meta tensor has none (move it to the device of the "
+                           "others; a meta model needs to_empty() and initialised weights)"
+                           ) from e
+
+
+def _arg_names(name: str) -> list[str]:
+    return [a.name for a in getattr(torch.ops.mixprec, name).default._schema.arguments]
+
+
+def _meta_argument(name: str, args: Sequence[Any]) -> Optional[str]:
+    """The first argument of a failed call that is (or holds) a tensor on ``meta``, as
+    ``grads[1]``; None when there is none (on the error path only)."""
+    for arg_name, a in zip(_arg_names(name), args):
+        if isinstance(a, Tensor):
+            if a.is_meta:
+                return arg_name
+        elif isinstance(a, (list, tuple)):
+            for i, t in enumerate(a):
+                if isinstance(t, Tensor) and t.is_meta:
+                    return f"{arg_name}[{i}]"
+    return None
 
 
 def unscale_and_check_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:

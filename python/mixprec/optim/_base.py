@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
+from ..amp.notices import warn_ineffective
 from ..amp.protocol import StepScalars
 from . import _sr
 
@@ -103,6 +104,9 @@ def _check_nonneg(cls: str, name: str, value: Any) -> None:
     """``value`` must be a finite number >= 0: ValueError worded as torch's otherwise."""
     if isinstance(value, Tensor):
         return  # a tensor is not read on the host (that would sync)
+    if not _is_number(value):
+        raise TypeError(f"mixprec.optim.{cls}: {name} must be a float, got "
+                        f"{type(value).__name__} {value!r}")
     if not (value >= 0.0 and math.isfinite(value)):
         raise ValueError(f"mixprec.optim.{cls}: {_INVALID.get(name, 'Invalid ' + name)}: "
                          f"{value} (must be a finite number >= 0)")
@@ -131,6 +135,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         #: per param group index: the lr after k steps taken, k = 0.. (float64, on the
         #: group's devices once used): see :meth:`lr_by_steps_taken`
         self._lr_tables: Dict[int, Dict[Optional[torch.device], Tensor]] = {}
+        self._rounding_checked = False  # (the warning of _warn_ineffective_rounding given)
+        self._table_calls = [0, 0]  # lr_by_steps_taken: step() calls since, num_steps
         super().__init__(params, defaults)
 
     # -- what subclasses declare and implement ------------------------------------
@@ -168,10 +174,33 @@ class FusedOptimizer(torch.optim.Optimizer):
         """
         return any(g.get("master_weights", False) for g in self.param_groups)
 
+    def _warn_ineffective_rounding(self) -> None:
+        """At the first step (the params' dtypes final, e.g. after MANUAL's conversion):
+        an :class:`~mixprec.amp.notices.IneffectiveSettingWarning` for each group that
+        asks for ``stochastic_rounding`` where it does nothing (float16 params, or no
+        bfloat16 param without a master)."""
+        self._rounding_checked = True
+        for index, group in enumerate(self.param_groups):
+            if not group.get("stochastic_rounding"):
+                continue
+            params = group["params"]
+            fp16 = any(p.dtype == torch.float16 for p in params)
+            rounded = any(p.dtype == torch.bfloat16 and not self.keeps_master(p, group)
+                          for p in params)
+            if fp16 or not rounded:
+                warn_ineffective(
+                    f"mixprec.optim.{type(self).__name__}: param_groups[{index}] has "
+                    "stochastic_rounding=True, which rounds only bfloat16 params without a "
+                    "float32 master (master_weights=False); "
+                    + ("its float16 params are rounded to nearest" if fp16 else
+                       "no param of the group is one, so it does nothing"), stacklevel=5)
+
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("_lr_cache", {})
         self.__dict__.setdefault("_lr_tables", {})
+        self.__dict__.setdefault("_rounding_checked", False)
+        self.__dict__.setdefault("_table_calls", [0, 0])
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 if key != "params":
@@ -222,7 +251,9 @@ class FusedOptimizer(torch.optim.Optimizer):
         ``last_epoch`` 0) and the optimizer's groups as they will train. The table is
         computed now by stepping ``scheduler`` ``num_steps`` times and restoring it
         (``state_dict``/``load_state_dict``; warnings of those calls are silenced);
-        past ``num_steps`` taken steps the last value stays. Not in the optimizer's
+        past ``num_steps`` taken steps the last value stays, and the step call past
+        ``num_steps`` calls (counted on the host from here) warns once
+        (:class:`~mixprec.amp.notices.IneffectiveSettingWarning`). Not in the optimizer's
         ``state_dict``: call again after building a fresh optimizer; loading a state
         dict keeps it, and the loaded step counts index it. ``ReduceLROnPlateau``
         (which needs metrics) is refused.
@@ -258,6 +289,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             scheduler.load_state_dict(saved)
             for g, lr in zip(self.param_groups, lrs):
                 g["lr"] = lr
+        self._table_calls = [0, num_steps]  # (step calls since, the table's length)
         self._lr_tables = {i: {None: torch.tensor([r[i] for r in rows], dtype=torch.float64)}
                            for i in range(len(self.param_groups))}
 
@@ -320,6 +352,17 @@ class FusedOptimizer(torch.optim.Optimizer):
                     f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}"
                     f"{' of shape ' + str(list(t.shape)) if isinstance(t, Tensor) else ''}"
                 )
+        if not self._rounding_checked:
+            self._warn_ineffective_rounding()
+        if self._lr_tables:
+            calls = self._table_calls
+            calls[0] += 1
+            if calls[0] == calls[1] + 1:  # (a host count: no sync)
+                warn_ineffective(
+                    f"mixprec.optim.{type(self).__name__}: step() called more times "
+                    f"({calls[0]}) than lr_by_steps_taken's num_steps ({calls[1]}); once "
+                    f"{calls[1]} steps are taken the lr stays at the table's last value: "
+                    "pass the run's total number of steps", stacklevel=4)
         for index, group in enumerate(self.param_groups):
             self._step_group(index, group, grad_scale, found_inf, clip_coef)
         return loss
@@ -469,6 +512,12 @@ class FusedOptimizer(torch.optim.Optimizer):
                 vars(scalars), lr=lr, weight_decay=float(group["weight_decay"]),
                 maximize=bool(group["maximize"]), stochastic_rounding=sr, seed=seed))
 
+    #: Group options every saved param group has (besides ``params``, ``lr``,
+    #: ``weight_decay``), checked at load.
+    REQUIRED_OPTIONS: ClassVar[Tuple[str, ...]] = ()
+    #: Whether a param's saved state may lack ``step`` (torch's SGD keeps none).
+    STEP_OPTIONAL: ClassVar[bool] = False
+
     #: Group options a loaded state dict does not change (the 8-bit mixin's
     #: ``state_bits``: the layout is this optimizer's choice, the values are converted).
     _KEPT_ON_LOAD: ClassVar[Tuple[str, ...]] = ()
@@ -484,14 +533,19 @@ class FusedOptimizer(torch.optim.Optimizer):
         and buffers float32, and masters are taken from the dict when present, else
         built from the params (migration from a torch checkpoint). Keys this class does
         not set (``master_weights``, ``stochastic_rounding``, ``seed``...) are filled
-        from its defaults. Entries of ``state`` whose key is not a param are kept as
-        they are, as torch does.
+        from its defaults. Entries of ``state`` whose key is not a param (and not an
+        int: a param id of no group is refused) are kept as they are, as torch does.
+
+        Checked first (:meth:`check_state_dict`, after the user's pre hooks): a dict that
+        cannot be loaded raises ``TypeError``/``ValueError`` naming the entry, and the
+        optimizer is left exactly as it was (state, groups, lr tensors). Should anything
+        raise later (a post hook), the state and groups are put back too.
         """
         loaded: List[Dict[str, Any]] = []
         kept = [{k: g[k] for k in self._KEPT_ON_LOAD if k in g} for g in self.param_groups]
 
         def check(opt: torch.optim.Optimizer, sd: Dict[str, Any]) -> None:
-            self._check_loadable(sd)  # before anything is loaded
+            self.check_state_dict(sd)  # before anything is loaded
             loaded.append(sd)
 
         def convert(opt: torch.optim.Optimizer) -> None:
@@ -503,11 +557,42 @@ class FusedOptimizer(torch.optim.Optimizer):
         # before the user's post hooks; both removed again whatever happens)
         pre = self.register_load_state_dict_pre_hook(check)
         post = self.register_load_state_dict_post_hook(convert, prepend=True)
+        # what a failed load (a user's hook raising, say) puts back: torch's load builds a
+        # new ``state`` and new group dicts, so the old objects are the old state
+        before = (self.state, self.param_groups, [dict(g) for g in self.param_groups])
         try:
             super().load_state_dict(state_dict)
+        except BaseException:
+            self.state, self.param_groups = before[0], before[1]
+            for g, saved in zip(self.param_groups, before[2]):
+                g.clear()
+                g.update(saved)
+            raise
         finally:
             pre.remove()
             post.remove()
+
+    def check_state_dict(self, state_dict: Any) -> None:
+        """Raise when ``state_dict`` cannot be loaded into this optimizer, changing
+        nothing: what :meth:`load_state_dict` runs before it replaces anything.
+
+        Checked against this optimizer's params and groups: ``state`` and
+        ``param_groups`` present and of the right types, as many groups and params per
+        group as here, every hyper-parameter of a known name of the right type and range,
+        each param's state a dict with only keys this class knows, ``step`` a finite
+        whole number >= 0, each moment and master a floating tensor of the param's shape
+        (``master_param`` float32, only for a param that keeps one), with data (not on
+        ``meta`` unless the param is), finite (and >= 0 for second moments), and the
+        moments a group keeps present once the param has stepped. The 8-bit codes and
+        maxima are checked by the 8-bit layer (:meth:`_check_loadable`).
+
+        Raises:
+            TypeError: a wrong type (of the dict, an entry or a hyper-parameter).
+            ValueError: a wrong shape, dtype, device, value or key, naming it, e.g.
+                ``state[0]['exp_avg']``, and saying what was expected.
+        """
+        check_state_dict32(self, state_dict)
+        self._check_loadable(state_dict)
 
     def _check_loadable(self, state_dict: Dict[str, Any]) -> None:
         """Raise before anything is loaded when ``state_dict`` cannot be (the 8-bit
@@ -549,6 +634,190 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def _default_step(self, saved: Dict[str, Any], p: Tensor) -> Tensor:
         return torch.zeros((), dtype=torch.float32, device=p.device)
+
+
+#: Group options of a known type: booleans and ints (checked at load).
+_BOOL_OPTIONS = ("amsgrad", "maximize", "nesterov", "master_weights", "stochastic_rounding",
+                 "decoupled_weight_decay")
+_INT_OPTIONS = ("seed", "min_8bit_size")
+#: State tensors that can never be negative (a negative one would make NaN params).
+_NONNEGATIVE = ("exp_avg_sq", "max_exp_avg_sq")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, Tensor):
+        kind = "DTensor" if _dtensor.is_dtensor(v) else "tensor"
+        return f"a {v.dtype} {kind} of shape {list(v.shape)} on {v.device}"
+    return f"{type(v).__name__} {v!r}" if len(repr(v)) < 60 else type(v).__name__
+
+
+def _check_group_option(where: str, key: str, v: Any) -> None:
+    """One hyper-parameter of a saved param group: the type and range its constructor
+    takes (a tensor ``lr``: one floating element)."""
+    if key == "lr" and isinstance(v, Tensor):
+        if v.numel() != 1 or not v.is_floating_point():
+            raise ValueError(f"{where}['lr']: expected a float >= 0 or a one-element floating "
+                             f"tensor, got {_describe(v)}")
+        return
+    if key in _INVALID:
+        if not _is_number(v):
+            raise TypeError(f"{where}[{key!r}]: expected a float, got {_describe(v)}")
+        if not (v >= 0.0 and math.isfinite(v)):
+            raise ValueError(f"{where}[{key!r}]: expected a finite number >= 0, got {v!r}")
+    elif key == "betas":
+        ok = isinstance(v, (tuple, list)) and len(v) == 2
+        for b in (v if ok else ()):
+            if isinstance(b, Tensor) and b.numel() == 1:
+                b = float(b.detach().cpu())
+            ok = ok and _is_number(b) and 0.0 <= b < 1.0
+        if not ok:
+            raise ValueError(f"{where}['betas']: expected two floats in [0, 1), got "
+                             f"{_describe(v)}")
+    elif key in _BOOL_OPTIONS:
+        if not isinstance(v, bool):
+            raise TypeError(f"{where}[{key!r}]: expected a bool, got {_describe(v)}")
+    elif key in _INT_OPTIONS:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{where}[{key!r}]: expected an int >= 0, got {_describe(v)}")
+    elif key == "state_bits":
+        if v not in (8, 32) or isinstance(v, bool):
+            raise ValueError(f"{where}['state_bits']: expected 8 or 32, got {_describe(v)}")
+
+
+def _check_step(where: str, v: Any) -> None:
+    """A saved step count: a finite whole number >= 0 (an int, a float or a one-element
+    real tensor)."""
+    value: Any = v
+    if isinstance(v, Tensor):
+        if v.numel() != 1 or v.is_complex() or v.dtype == torch.bool or v.is_meta:
+            raise ValueError(f"{where}: expected a step count (a one-element real tensor "
+                             f"or a number), got {_describe(v)}")
+        value = _dtensor.local(v).detach().reshape(()).cpu().double().item()
+    elif not _is_number(v):
+        raise TypeError(f"{where}: expected a step count (a one-element tensor or a "
+                        f"number), got {_describe(v)}")
+    if not (math.isfinite(value) and value >= 0 and float(value).is_integer()):
+        raise ValueError(f"{where}: expected a whole number of steps >= 0, got {value!r}")
+
+
+def _check_state_tensor(where: str, name: str, v: Any, p: Optional[Tensor]) -> None:
+    """A saved moment, buffer or master of param ``p`` (None: a state entry whose param
+    is not known; only the value is checked)."""
+    if not isinstance(v, Tensor):
+        raise TypeError(f"{where}: expected a float32 tensor, got {_describe(v)}")
+    want = "float32" if name == "master_param" else "floating"
+    if not v.is_floating_point() or (name == "master_param" and v.dtype != torch.float32):
+        raise ValueError(f"{where}: expected a {want} tensor, got {_describe(v)}")
+    if p is not None and tuple(v.shape) != tuple(p.shape):
+        raise ValueError(f"{where}: expected the param's shape {list(p.shape)}, got "
+                         f"{_describe(v)} (the state of another model?)")
+    if v.is_meta and not (p is not None and p.is_meta):
+        raise ValueError(f"{where}: a tensor on 'meta' has no data to load; expected one on "
+                         f"{p.device if p is not None else 'a real device'}")
+    if v.is_meta:
+        return
+    local = _dtensor.local(v).detach()
+    if local.numel() and not bool(torch.isfinite(local).all()):
+        raise ValueError(f"{where}: holds inf or NaN")
+    if name in _NONNEGATIVE and local.numel() and bool((local < 0).any()):
+        raise ValueError(f"{where}: a second moment must be >= 0, got a negative value "
+                         f"({float(local.min())})")
+
+
+def check_state_dict32(opt: FusedOptimizer, sd: Any, name: Optional[str] = None) -> None:
+    """The checks of :meth:`FusedOptimizer.check_state_dict` but the 8-bit ones (``opt``:
+    an optimizer, or an object with the attributes they read; ``name``: the messages'
+    prefix, default ``mixprec.optim.<class>.load_state_dict``)."""
+    cls = type(opt).__name__
+    name = name or f"mixprec.optim.{cls}.load_state_dict"
+    if not isinstance(sd, dict):
+        raise TypeError(f"{name}: state_dict must be a dict, got {type(sd).__name__}")
+    for key in ("state", "param_groups"):
+        if key not in sd:
+            raise ValueError(f"{name}: state_dict has no {key!r} entry")
+    extra = sorted(map(str, set(sd) - {"state", "param_groups"}))
+    if extra:
+        raise ValueError(f"{name}: unexpected keys {extra} in state_dict (expected 'state' "
+                         "and 'param_groups')")
+    groups, state = sd["param_groups"], sd["state"]
+    if not isinstance(groups, (list, tuple)) or not all(isinstance(g, dict) for g in groups):
+        raise TypeError(f"{name}: state_dict['param_groups'] must be a list of dicts")
+    if not isinstance(state, dict):
+        raise TypeError(f"{name}: state_dict['state'] must be a dict, got "
+                        f"{type(state).__name__}")
+    if len(groups) != len(opt.param_groups):
+        raise ValueError(f"{name}: state_dict has {len(groups)} param groups, this optimizer "
+                         f"{len(opt.param_groups)}")
+    index: Dict[Any, Tuple[Tensor, Dict[str, Any]]] = {}
+    for i, (saved, mine) in enumerate(zip(groups, opt.param_groups)):
+        where = f"{name}: param_groups[{i}]"
+        ids = saved.get("params")
+        if not isinstance(ids, (list, tuple)):
+            raise TypeError(f"{where}['params']: expected a list of param ids, got "
+                            f"{_describe(ids)}")
+        if len(ids) != len(mine["params"]):
+            raise ValueError(f"{where}['params']: {len(ids)} params, this optimizer's group "
+                             f"has {len(mine['params'])}")
+        absent = [k for k in ("lr", "weight_decay") + opt.REQUIRED_OPTIONS if k not in saved]
+        if absent:
+            raise ValueError(f"{where}: missing {absent} (a saved param group has them)")
+        for k, v in saved.items():
+            if k != "params":
+                _check_group_option(where, k, v)
+        options = {**opt.defaults, **mine, **saved}
+        options.update({k: mine[k] for k in opt._KEPT_ON_LOAD if k in mine})
+        for pid, p in zip(ids, mine["params"]):
+            if pid in index:
+                raise ValueError(f"{where}['params']: param id {pid!r} appears twice")
+            index[pid] = (p, options)
+    known = {"step", "master_param"}
+    for n, _, table in opt.STATE:
+        known.add(n)
+        if table is not None:
+            known.update((n + "_absmax", "quant"))
+    for key, st in state.items():
+        where = f"{name}: state[{key!r}]"
+        if key not in index:
+            if isinstance(key, int) and not isinstance(key, bool):
+                raise ValueError(f"{where}: no param of state_dict['param_groups'] has id "
+                                 f"{key} (the state of another model or optimizer?)")
+            continue  # not a param's entry: kept as it is, as torch does
+        p, options = index[key]
+        if not isinstance(st, dict):
+            raise TypeError(f"{where}: expected a dict of state, got {_describe(st)}")
+        unknown = sorted(map(str, set(st) - known))
+        if unknown:
+            raise ValueError(f"{where}: unexpected keys {unknown} (expected some of "
+                             f"{sorted(known)})")
+        coded = {n for n in known if isinstance(st.get(n), Tensor)
+                 and st[n].dtype == torch.uint8}
+        coded |= {n + "_absmax" for n in coded} | {"quant"}
+        if "step" not in st and not opt.STEP_OPTIONAL and any(
+                isinstance(v, Tensor) for v in st.values()):
+            raise ValueError(f"{where}: missing 'step' (the step count of a param with "
+                             "state)")
+        if "step" in st:
+            _check_step(f"{where}['step']", st["step"])
+            names = [n for n, option, _ in opt.STATE if option is None or options.get(option)]
+            missing = [n for n in names if n not in st]
+            if missing:
+                raise ValueError(f"{where}: missing {missing} (a param that has stepped keeps "
+                                 f"them with these options)")
+        for k, v in st.items():
+            if k in ("step",) or k in coded or k.endswith("_absmax"):
+                continue
+            if v is None and k != "master_param":
+                continue  # torch's SGD keeps momentum_buffer=None without momentum
+            if k == "master_param" and not opt.keeps_master(p, options):
+                off = "" if options.get("master_weights", True) else ", master_weights=False"
+                raise ValueError(
+                    f"{where}['master_param']: this param keeps no master (it is "
+                    f"{p.dtype}{off}); a checkpoint of another precision setup?")
+            _check_state_tensor(f"{where}[{k!r}]", k, v, p)
 
 
 def coded_states(state: Tuple[Tuple[str, Optional[str], Optional[str]], ...]

@@ -132,6 +132,8 @@ class Adam(EightBitState, FusedOptimizer):
     def _decoupled(self, group: Dict[str, Any]) -> bool:
         return bool(group.get("decoupled_weight_decay", False))
 
+    REQUIRED_OPTIONS = ("betas", "eps")
+
     STATE = (("exp_avg", None, q8.SIGNED), ("exp_avg_sq", None, q8.UNSIGNED),
              ("max_exp_avg_sq", "amsgrad", None))
     #: the 8-bit moments (EightBitState): name, maxima's name, code table

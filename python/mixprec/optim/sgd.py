@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from .. import ops
+from ..amp.notices import warn_ineffective
 from . import _quant8 as q8
 from . import _sr
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
@@ -48,6 +49,8 @@ class SGD(EightBitState, FusedOptimizer):
     """
 
     STATE = (("momentum_buffer", "momentum", q8.SIGNED),)
+    REQUIRED_OPTIONS = ("momentum", "dampening", "nesterov")
+    STEP_OPTIONAL = True  # (torch's SGD keeps only momentum_buffer)
     #: the 8-bit momentum (EightBitState): name, maxima's name, code table
     _MOMENTS8 = coded_states(STATE)
 
@@ -74,6 +77,11 @@ class SGD(EightBitState, FusedOptimizer):
         params_and_kwargs_check(type(self).__name__, lr, differentiable,
                                 [("momentum", momentum), ("weight_decay", weight_decay)])
         check_state_bits(type(self).__name__, state_bits, min_8bit_size)
+        if state_bits == 8 and momentum == 0:
+            warn_ineffective(
+                f"mixprec.optim.{type(self).__name__}: state_bits=8 without momentum stores "
+                "nothing in 8 bits (SGD keeps no state then); pass momentum > 0, or use "
+                "mixprec.optim.SGD with state_bits=32", stacklevel=3)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError(f"mixprec.optim.{type(self).__name__}: Nesterov momentum requires a "
                              f"momentum and zero dampening, got momentum={momentum}, "

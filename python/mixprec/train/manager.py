@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Iterator
 from typing import Any, Callable, Optional, Union
 
@@ -26,7 +27,8 @@ from torch import Tensor, nn
 from .. import _dtensor
 from ..amp.autocast import cast_floating
 from ..amp.grad_scaler import GradScaler
-from ..amp.module_policy import PolicyHandle, apply_policy
+from ..amp.module_policy import PolicyHandle, apply_policy, modules_matching
+from ..amp.notices import warn_ineffective
 from ..capture import CapturedStep, CaptureError, capture_step
 from .config import MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
 from .fp8 import Fp8Handle, ModuleFilter
@@ -75,6 +77,67 @@ def _grad_norms(grads: list[Tensor], groups: list[Any]) -> list[Tensor]:
     return list(sq.sqrt().float().unbind())
 
 
+def check_setup(model: nn.Module, optimizer: Any, config: MixedPrecisionConfig,
+                device: Union[str, torch.device, None] = None, scheduler: Any = None
+                ) -> tuple[torch.device, ModeStrategy, Optional[torch.dtype]]:
+    """Every refusal of :class:`MixedPrecisionManager`'s setup, changing nothing:
+    the config, the optimizer (a torch optimizer with params of ``model``; in MANUAL mode
+    one it can convert), the scheduler (one of ``optimizer``), the device, a sharded model
+    MANUAL cannot convert. Returns ``(device, strategy, compute_dtype)``."""
+    if not isinstance(config, MixedPrecisionConfig):
+        raise TypeError(f"MixedPrecisionManager: config must be a MixedPrecisionConfig, "
+                        f"got {type(config).__name__}")
+    config.validate()
+    _check_optimizer_of(model, optimizer)
+    if scheduler is not None and getattr(scheduler, "optimizer", optimizer) is not optimizer:
+        raise ValueError("MixedPrecisionManager: scheduler must be an LR scheduler of "
+                         "optimizer (its .optimizer), got one of another optimizer")
+    if device is not None:
+        dev = torch.device(device)
+    else:
+        p = next(iter(model.parameters()), None)
+        dev = p.device if p is not None else torch.device("cpu")
+    strategy = strategy_for(config)
+    dtype = strategy.compute_dtype(dev)
+    strategy.check(model, dtype, optimizer)
+    return dev, strategy, dtype
+
+
+def _check_optimizer_of(model: nn.Module, optimizer: Any) -> None:
+    """``optimizer`` must be a torch optimizer with at least one of ``model``'s params
+    (one over another model's params would train nothing)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"MixedPrecisionManager: optimizer must be a torch.optim.Optimizer, "
+                        f"got {type(optimizer).__name__}")
+    mine = {id(p) for p in model.parameters()}
+    theirs = [p for g in optimizer.param_groups for p in g["params"]]
+    if theirs and mine and not any(id(p) in mine for p in theirs):
+        raise ValueError(
+            f"MixedPrecisionManager: optimizer: none of its {len(theirs)} params is a param "
+            f"of model (an optimizer of another model, or built before the model was "
+            f"replaced?); build the optimizer over model.parameters()")
+
+
+def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Point LR ``scheduler`` at ``optimizer`` (the one MANUAL mode trains), through
+    public API only: its ``optimizer`` attribute, and torch's own step tracking installed
+    on ``optimizer.step`` by constructing a ``LambdaLR`` on it (whose lr writes are
+    undone), so that torch's "lr_scheduler.step() before optimizer.step()" check sees the
+    steps of the optimizer that trains. MANUAL's optimizer shares the original's param
+    group dicts, so the lrs the scheduler sets reach it either way."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+        lrs = [g["lr"] for g in optimizer.param_groups]
+        initial = [g.get("initial_lr") for g in optimizer.param_groups]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        for g, lr, init in zip(optimizer.param_groups, lrs, initial):
+            g["lr"] = lr
+            if init is None:
+                g.pop("initial_lr", None)
+    scheduler.optimizer = optimizer
+
+
 class MixedPrecisionManager:
     """Mixed precision for a model and its optimizer, in one of the five modes.
 
@@ -96,6 +159,15 @@ class MixedPrecisionManager:
         fp8_module_filter: FP8 level: ``(module, fqn) -> bool``, which eligible linears
             torchao converts (replaces ``config.fp8_keep_first_last``); see
             :mod:`mixprec.train.fp8`.
+        scheduler: an LR scheduler of ``optimizer`` (optional). When MANUAL mode replaces
+            the optimizer it is re-bound to :attr:`optimizer` (public API only); either
+            way the lr it sets is the lr that trains (MANUAL's optimizer shares the
+            original's param-group dicts).
+
+    Every refusal (:func:`check_setup`) comes before anything is changed: an optimizer
+    over none of ``model``'s params, one MANUAL cannot convert, a scheduler of another
+    optimizer. A setting that does nothing with this model warns once
+    (:class:`~mixprec.amp.notices.IneffectiveSettingWarning`).
 
     Attributes:
         model, optimizer, config, device, scaler, strategy (the mode's
@@ -110,22 +182,19 @@ class MixedPrecisionManager:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  config: Optional[MixedPrecisionConfig] = None, *,
                  device: Union[str, torch.device, None] = None, adapt_in_step: bool = True,
-                 fp8_module_filter: Optional[ModuleFilter] = None) -> None:
+                 fp8_module_filter: Optional[ModuleFilter] = None,
+                 scheduler: Any = None) -> None:
         cfg = config if config is not None else MixedPrecisionConfig()
         if not isinstance(cfg, MixedPrecisionConfig):
             raise TypeError(f"MixedPrecisionManager: config must be a MixedPrecisionConfig, "
                             f"got {type(cfg).__name__}")
-        cfg.validate()
+        # every check before the first change (the model moved, params converted)
+        self.device, self.strategy, self.compute_dtype = check_setup(
+            model, optimizer, cfg, device, scheduler)
         self.config = cfg
-        if device is not None:
-            self.device = torch.device(device)
-            model.to(self.device)
-        else:
-            p = next(iter(model.parameters()), None)
-            self.device = p.device if p is not None else torch.device("cpu")
         self.model = model
-        self.strategy: ModeStrategy = strategy_for(cfg)
-        self.compute_dtype = self.strategy.compute_dtype(self.device)
+        if device is not None:
+            model.to(self.device)
         self.eventual_dtype = self.strategy.eventual_dtype(self.compute_dtype, self.device)
         self.adaptive_decisions: list[dict[str, Any]] = []
         self.overrides: dict[str, str] = {}
@@ -140,10 +209,15 @@ class MixedPrecisionManager:
             self.fp8 = Fp8Handle(model, cfg.fp8_recipe, self.compute_dtype, self.device.type,
                                  fp8_module_filter, cfg.fp8_keep_first_last)
         self.optimizer: Any = self.strategy.prepare(self, optimizer)
+        #: the LR scheduler given, re-bound to :attr:`optimizer` when MANUAL replaced it
+        self.scheduler = scheduler
+        if scheduler is not None and self.optimizer is not optimizer:
+            rebind_scheduler(scheduler, self.optimizer)
         self.loss_scaling = self.strategy.loss_scaling(self.eventual_dtype)
         self._fixed_scale: Optional[float] = None
         self.scaler = self._make_scaler()
         self.install_policy()
+        self._warn_ineffective()
         self.adaptive = self.strategy.controller(self)
         self.adapt_in_step = adapt_in_step
         self.steps = 0
@@ -154,6 +228,43 @@ class MixedPrecisionManager:
     def mode(self) -> MixedPrecisionMode:
         """The configured mode (an enum member)."""
         return self.config.mode  # type: ignore[return-value]
+
+    def _warn_ineffective(self) -> None:
+        """Warn (:class:`~mixprec.amp.notices.IneffectiveSettingWarning`) for a setting that
+        does nothing with this model: a SELECTIVE pattern matching no module, the FP8
+        level with no linear converted."""
+        cfg = self.config
+        if not cfg.enabled:
+            return
+        if cfg.mode is MixedPrecisionMode.SELECTIVE and self.compute_dtype is not None:
+            for spec in cfg.selective_layers:
+                if not modules_matching(self.model, spec):
+                    what = ("no module runs in low precision: the model trains in fp32"
+                            if not self.low_precision_modules else "it selects nothing")
+                    warn_ineffective(
+                        f"MixedPrecisionConfig.selective_layers: {spec!r} matches no module "
+                        f"of the model (a glob over qualified names such as 'encoder.*', or "
+                        f"a class name); {what}", stacklevel=4)
+        if self.fp8 is not None and not self.fp8.modules:
+            warn_ineffective(
+                "MixedPrecisionConfig(precision_level='fp8'): no nn.Linear of the model is "
+                "eligible (torchao's Float8 linears need both dimensions divisible by 16, and "
+                "fp8_keep_first_last / fp8_module_filter may exclude some); the model trains "
+                f"in {PREC_NAME.get(self.compute_dtype, 'fp32')} only", stacklevel=4)
+
+    @property
+    def low_precision_modules(self) -> int:
+        """How many modules (the root included) run their forward in float16/bfloat16
+        under the policy now on the model (0 without a policy)."""
+        if self.mode is MixedPrecisionMode.MANUAL and self.config.enabled:
+            # MANUAL converts the params instead: the modules holding 16-bit params
+            dt = self.compute_dtype
+            return sum(1 for m in self.model.modules()
+                       if any(p.dtype == dt for p in m.parameters(recurse=False)))
+        h = self.policy_handle
+        if h is None:
+            return 0
+        return sum(1 for p in h.precisions.values() if p in ("fp16", "bf16"))
 
     def _make_scaler(self) -> GradScaler:
         cfg = self.config
@@ -396,10 +507,27 @@ class MixedPrecisionManager:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (scaler, plan, step count); the config is not
-        changed (the manager keeps its own)."""
+        changed (the manager keeps its own). Everything is checked first: a bad state
+        raises (naming the key) and changes nothing."""
+        where = "MixedPrecisionManager.load_state_dict"
+        if not isinstance(state, dict):
+            raise TypeError(f"{where}: state must be a dict, got {type(state).__name__}")
         if state.get("format") != _MANAGER_FORMAT:
-            raise ValueError(f"MixedPrecisionManager.load_state_dict: unknown format "
-                             f"{state.get('format')!r}")
+            raise ValueError(f"{where}: unknown format {state.get('format')!r}")
+        keys = {"format", "scaler", "adaptive", "steps", "config"}
+        if set(state) != keys:
+            raise ValueError(f"{where}: missing keys {sorted(keys - set(state))}, unexpected "
+                             f"keys {sorted(map(str, set(state) - keys))}")
+        if state["scaler"]:
+            self.scaler.check_state_dict(state["scaler"])
+        plan = state["adaptive"]
+        if not (isinstance(plan, dict) and isinstance(plan.get("decisions"), list)
+                and isinstance(plan.get("overrides"), dict)):
+            raise ValueError(f"{where}: state['adaptive'] must be a dict with 'decisions' (a "
+                             "list) and 'overrides' (a dict)")
+        steps = state["steps"]
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            raise ValueError(f"{where}: state['steps'] must be an int >= 0, got {steps!r}")
         if state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         self.load_plan_state(state["adaptive"])
@@ -411,8 +539,10 @@ class MixedPrecisionManager:
         """``steps`` (calls of :meth:`step`), ``skipped_steps``, ``overflow_rate``,
         ``current_scale``, ``scale_increases``, ``scale_decreases``,
         ``last_overflow_step`` (the scaler's, see :class:`mixprec.ScalerStats`),
-        ``loss_scaling``, ``compute_dtype``, ``mode``, ``adaptive_decisions``.
-        One host sync."""
+        ``loss_scaling``, ``compute_dtype`` (what is in effect, see
+        :attr:`precision_name`), ``low_precision_modules`` (how many modules run in
+        float16/bfloat16), ``fp8_modules`` (Float8 linears), ``mode``,
+        ``adaptive_decisions``. One host sync."""
         sst = self.scaler.stats()
         return {
             "steps": self.steps,
@@ -424,22 +554,28 @@ class MixedPrecisionManager:
             "last_overflow_step": sst.last_overflow_step,
             "loss_scaling": self.loss_scaling,
             "compute_dtype": self.precision_name,
+            "low_precision_modules": self.low_precision_modules,
+            "fp8_modules": len(self.fp8.modules) if self.fp8 is not None else 0,
             "mode": self.mode.value,
             "adaptive_decisions": [dict(d) for d in self.adaptive_decisions],
         }
 
     @property
     def precision_name(self) -> str:
-        """``"fp16"``, ``"bf16"``, ``"fp32"`` (the compute dtype), or ``"fp8"`` at the FP8
-        level (Float8 linears, the rest in bfloat16)."""
-        if self.fp8 is not None:
+        """What is in effect: ``"fp16"``, ``"bf16"``, ``"fp32"`` (the compute dtype;
+        ``"fp32"`` when the policy runs no module in low precision), or ``"fp8"`` at the
+        FP8 level with at least one Float8 linear (the rest in bfloat16)."""
+        if self.fp8 is not None and self.fp8.modules:
             return "fp8"
+        if self.strategy.low_precision_modules() is not None and \
+                self.low_precision_modules == 0:
+            return "fp32"  # SELECTIVE with no module selected
         return PREC_NAME.get(self.compute_dtype, "fp32")
 
     def describe(self) -> str:
         """``"<mode>, <precision>"``, e.g. ``"automatic, fp16"`` or
         ``"automatic, fp8 (tensorwise)"``."""
-        if self.fp8 is not None:
+        if self.fp8 is not None and self.fp8.modules:
             return f"{self.mode.value}, fp8 ({self.fp8.recipe})"
         return f"{self.mode.value}, {self.precision_name}"
 

@@ -265,7 +265,7 @@ class MetricsLog(FoldingLog[Tensor]):
             "underflow_steps": int(totals[C["underflow"]]),
             "nan_steps": int(totals[C["nan"]]),
             "avg_grad_norm": totals[C["grad_norm"]] / gn_count if gn_count else math.nan,
-            "scale_history": list(zip(hist_steps, scale_hist)),
+            "scale_history": ScaleHistory(zip(hist_steps, scale_hist)),
         }
 
     def read_totals(self, since: Optional[Tensor] = None) -> list[float]:
@@ -285,6 +285,31 @@ class MetricsLog(FoldingLog[Tensor]):
             "history_steps": steps,
         }
 
+    def check_state(self, state: Mapping[str, Any], step: int) -> None:
+        """Raise (``ValueError`` naming the key) when :meth:`state`'s keys in ``state``
+        cannot be restored at optimizer step ``step``; changes nothing."""
+        where = "MixedPrecisionTrainer.load_state: state"
+        n = len(COLS)
+        for key in ("totals", "log_snapshot"):
+            t = state[key]
+            if t is not None and not (isinstance(t, Tensor) and tuple(t.shape) == (n,)
+                                      and t.dtype == torch.float32 and not t.is_meta):
+                raise ValueError(f"{where}[{key!r}]: expected None or a float32 tensor of "
+                                 f"shape [{n}]")
+        if (state["totals"] is None) != (state["log_snapshot"] is None):
+            raise ValueError(f"{where}: 'totals' and 'log_snapshot' are both None or neither")
+        hist, steps = state["history"], state["history_steps"]
+        if hist is None:
+            return
+        if not (isinstance(hist, Tensor) and hist.dim() == 2 and hist.shape[1] == n
+                and hist.dtype == torch.float32 and not hist.is_meta):
+            raise ValueError(f"{where}['history']: expected None or a float32 tensor of "
+                             f"shape [rows, {n}]")
+        if not (isinstance(steps, list) and len(steps) == hist.shape[0]
+                and all(isinstance(k, int) and 0 <= k <= step for k in steps)):
+            raise ValueError(f"{where}['history_steps']: expected a list of "
+                             f"{hist.shape[0]} step numbers in [0, {step}]")
+
     def restore(self, state: Mapping[str, Any], step: int, log_step: int,
                 device: torch.device) -> None:
         """Load :meth:`state`'s keys; row indices continue at ``step``."""
@@ -296,6 +321,25 @@ class MetricsLog(FoldingLog[Tensor]):
         if state["history"] is not None:
             self.hist = state["history"].to(device)
             self.hist_steps = [int(s) for s in state["history_steps"]]
+
+
+class ScaleHistory(list):  # type: ignore[type-arg]
+    """The ``(step, scale)`` pairs of ``stats()["scale_history"]``: a list (every kept
+    pair, up to ``history_size``), printed as a one-line summary (``print(stats())``
+    would otherwise dump thousands of tuples); ``list(h)`` or ``h[i]`` give the pairs."""
+
+    def summary(self) -> str:
+        """``"<n> points, steps a..b, scale x -> y (min m, max M)"``."""
+        if not self:
+            return "0 points"
+        scales = [s for _, s in self]
+        return (f"{len(self)} points, steps {self[0][0]}..{self[-1][0]}, scale "
+                f"{scales[0]:g} -> {scales[-1]:g} (min {min(scales):g}, max {max(scales):g})")
+
+    def __repr__(self) -> str:
+        return f"ScaleHistory({self.summary()})"
+
+    __str__ = __repr__
 
 
 # ------------------------------------------------------------------------ log steps
@@ -377,8 +421,14 @@ def plot_history(steps: list[int], hist: Optional[Tensor], title: str,
         for ax, title in zip(axes.flat, ("loss", "log2(loss scale)", "skipped steps (cumulative)",
                                          "gradient norm (unscaled)")):
             ax.set_title(title)
+        from matplotlib.ticker import MaxNLocator
+
+        # counts and step numbers: whole ticks, none below 0
+        axes[1, 0].yaxis.set_major_locator(MaxNLocator(integer=True))
+        axes[1, 0].set_ylim(bottom=0, top=max(1.0, float(skipped.sum()) * 1.05))
         for ax in axes.flat:
             ax.set_xlabel("optimizer step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(os.fspath(path), dpi=100)

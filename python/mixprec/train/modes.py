@@ -66,6 +66,11 @@ class ModeStrategy:
         return self.config.gradient_scaling
 
     # -- model ---------------------------------------------------------------------------
+    def check(self, model: nn.Module, compute_dtype: Optional[torch.dtype],
+              optimizer: Any) -> None:
+        """Raise when :meth:`prepare` would refuse ``optimizer`` or ``model`` (to run in
+        ``compute_dtype``), before anything is converted (the manager calls it first)."""
+
     def prepare(self, manager: PlanHost, optimizer: Any) -> Any:
         """Adapt model/optimizer to the mode at setup; returns the optimizer to use."""
         return optimizer
@@ -118,6 +123,12 @@ class Manual(ModeStrategy):
     """16-bit params (norms stay float32), float32 masters in a mixprec optimizer."""
 
     dtype_follows_plan = False
+
+    def check(self, model: nn.Module, compute_dtype: Optional[torch.dtype],
+              optimizer: Any) -> None:
+        if compute_dtype is not None:
+            check_convertible(optimizer, self.config.optimizer_state_bits)
+            check_convertible_params(model, compute_dtype)
 
     def prepare(self, manager: PlanHost, optimizer: Any) -> Any:
         dtype = manager.compute_dtype
@@ -185,24 +196,41 @@ def strategy_for(config: MixedPrecisionConfig) -> ModeStrategy:
 
 
 # ------------------------------------------------------------------------ MANUAL helpers
+def _convertible(model: nn.Module, dtype: torch.dtype) -> Any:
+    """The floating params :func:`convert_params` converts, module by module."""
+    for module in model.modules():
+        if isinstance(module, DEFAULT_FP32_MODULES):
+            continue
+        for p in module.parameters(recurse=False):
+            if p.is_floating_point() and p.dtype != dtype:
+                yield p
+
+
+def check_convertible_params(model: nn.Module, dtype: torch.dtype) -> None:
+    """The refusal of :func:`convert_params` (a sharded model of another dtype), before
+    anything is converted."""
+    for p in _convertible(model, dtype):
+        if is_dtensor(p):
+            raise ValueError(
+                f"MANUAL mode: the model is sharded (fully_shard) with {p.dtype} params; "
+                f"FSDP2 keeps them in its own storage, so convert the model before "
+                f"fully_shard: mixprec.train.modes.convert_params(model, {dtype}) "
+                f"(what MANUAL mode does: every module but the float32-policy ones "
+                f"such as norms), then fully_shard(model), then set up MANUAL mode; "
+                f"the optimizer keeps sharded float32 masters")
+
+
 def convert_params(model: nn.Module, dtype: torch.dtype) -> dict[int, Tensor]:
     """Convert the floating params and buffers of ``model`` to ``dtype``, except in
     float32-policy modules (norms); returns float32 copies of the converted params,
     by ``id`` (the masters). A model sharded with ``fully_shard`` (DTensor params) must
     come converted: ValueError saying so for a DTensor param of another dtype."""
+    check_convertible_params(model, dtype)
     masters: dict[int, Tensor] = {}
     for module in model.modules():
         if isinstance(module, DEFAULT_FP32_MODULES):
             continue
         for p in module.parameters(recurse=False):
-            if p.is_floating_point() and p.dtype != dtype and is_dtensor(p):
-                raise ValueError(
-                    f"MANUAL mode: the model is sharded (fully_shard) with {p.dtype} params; "
-                    f"FSDP2 keeps them in its own storage, so convert the model before "
-                    f"fully_shard: mixprec.train.modes.convert_params(model, {dtype}) "
-                    f"(what MANUAL mode does: every module but the float32-policy ones "
-                    f"such as norms), then fully_shard(model), then set up MANUAL mode; "
-                    f"the optimizer keeps sharded float32 masters")
             if p.is_floating_point() and p.dtype != dtype:
                 masters[id(p)] = p.detach().to(torch.float32, copy=True)
                 p.data = p.data.to(dtype)
@@ -212,17 +240,47 @@ def convert_params(model: nn.Module, dtype: torch.dtype) -> dict[int, Tensor]:
     return masters
 
 
+def _target_class(opt: Any) -> Any:
+    from .. import optim as mo
+
+    if isinstance(opt, mo.FusedOptimizer):
+        return type(opt)
+    mapping = {torch.optim.AdamW: mo.AdamW, torch.optim.Adam: mo.Adam, torch.optim.SGD: mo.SGD}
+    return mapping.get(type(opt))
+
+
+def check_convertible(opt: Any, state_bits: int = 32) -> None:
+    """Raise when :func:`to_mixprec_optimizer` would refuse ``opt``, before anything is
+    converted: TypeError for a class it cannot convert, ValueError for 8-bit state with
+    amsgrad."""
+    from .. import optim as mo
+
+    cls = _target_class(opt)
+    if cls is None:
+        raise TypeError(
+            f"MixedPrecisionTrainer (MANUAL mode): cannot convert {type(opt).__name__} to a "
+            "mixprec master-weight optimizer; pass torch.optim.SGD/Adam/AdamW or a "
+            "mixprec.optim optimizer")
+    if state_bits == 8 and issubclass(cls, mo.Adam) and any(
+            g.get("amsgrad") for g in opt.param_groups):
+        raise ValueError("MANUAL mode: optimizer_state_bits=8 needs amsgrad=False")
+
+
 def to_mixprec_optimizer(opt: torch.optim.Optimizer, master_weights: bool,
                          state_bits: int = 32) -> Any:
     """A mixprec optimizer with ``opt``'s param groups and hyper-parameters (Adam/AdamW
-    with ``state_bits``: 8-bit moments for 8; tensors with 32-bit state keep it)."""
+    with ``state_bits``: 8-bit moments for 8; tensors with 32-bit state keep it).
+
+    A torch optimizer's param-group dicts become the new optimizer's (the same dict
+    objects, given mixprec's keys): an LR scheduler of ``opt`` that is never re-bound
+    still sets the lr the new optimizer uses."""
     from .. import optim as mo
+
+    check_convertible(opt, state_bits)
 
     def bits(o: Any) -> Any:
         if isinstance(o, mo.Adam):
             for g in o.param_groups:
-                if state_bits == 8 and g.get("amsgrad"):
-                    raise ValueError("MANUAL mode: optimizer_state_bits=8 needs amsgrad=False")
                 g["state_bits"] = state_bits
         return o
 
@@ -230,23 +288,22 @@ def to_mixprec_optimizer(opt: torch.optim.Optimizer, master_weights: bool,
         for g in opt.param_groups:
             g["master_weights"] = master_weights
         return bits(opt)
-    mapping = {torch.optim.AdamW: mo.AdamW, torch.optim.Adam: mo.Adam, torch.optim.SGD: mo.SGD}
-    cls = mapping.get(type(opt))
-    if cls is None:
-        raise TypeError(
-            f"MixedPrecisionTrainer (MANUAL mode): cannot convert {type(opt).__name__} to a "
-            "mixprec master-weight optimizer; pass torch.optim.SGD/Adam/AdamW or a "
-            "mixprec.optim optimizer")
+    cls = _target_class(opt)
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
     defaults = {k: v for k, v in opt.defaults.items() if k in accepted}
     defaults.pop("differentiable", None)
+    saved = opt.state_dict() if opt.state else None
     # keep accepted hyper-parameters and keys torch does not define (initial_lr from a
-    # scheduler, user tags)
-    groups = [{k: v for k, v in g.items()
-               if k == "params" or k in accepted or k not in opt.defaults}
-              for g in opt.param_groups]
+    # scheduler, user tags); the same dicts (see above)
+    groups = opt.param_groups
+    for g in groups:
+        for k in [k for k in g if k != "params" and k not in accepted and k in opt.defaults]:
+            del g[k]
     defaults["master_weights"] = master_weights
     new = bits(cls(groups, **defaults))
-    if opt.state:
-        new.load_state_dict(opt.state_dict())
+    if saved is not None:
+        new.load_state_dict(saved)  # (torch's load makes new group dicts: share them again)
+        for i, (mine, loaded) in enumerate(zip(groups, new.param_groups)):
+            mine.update(loaded)
+            new.param_groups[i] = mine
     return new

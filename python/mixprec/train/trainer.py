@@ -47,10 +47,13 @@ the trainer before it was split into parts (``tests/data/trainer_*.pt``).
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import copy
+import logging
 import os
 import time
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -61,8 +64,9 @@ from .. import _dtensor
 from ..amp.autocast import cast_floating
 from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle
+from ..optim.torch_rules import check_torch_state_dict
 from .config import MixedPrecisionConfig, MixedPrecisionMode
-from .manager import MixedPrecisionManager
+from .manager import MixedPrecisionManager, check_setup
 from .metrics import (
     COLS,
     C,
@@ -80,6 +84,102 @@ __all__ = ["MixedPrecisionTrainer", "StepMetrics", "memory_usage", "STATE_FORMAT
 
 #: The version of the checkpoint layout (the dict's ``"format"``).
 STATE_FORMAT = 1
+#: The file of a sharded model's checkpoint directory that holds all but the model's and
+#: the optimizer's state.
+_REST_FILE = "trainer.pt"
+#: The keys of a checkpoint besides ``model``, ``optimizer`` and ``pending_grads``.
+_STATE_KEYS = ("format", "scaler", "scheduler", "config", "counters", "totals",
+               "log_snapshot", "history", "history_steps", "adaptive", "rng", "pending_loss")
+_COUNTERS = ("optimizer_steps", "micro_steps", "epochs_done", "micro", "log_step",
+             "scaler_steps", "scale_increases", "scale_decreases", "peak_memory")
+
+
+def _within(key: str, check: Callable[[], None]) -> None:
+    """Run the check of the checkpoint's ``key`` entry; its error says where it is."""
+    try:
+        check()
+    except (TypeError, ValueError, KeyError) as e:
+        raise type(e)(f"MixedPrecisionTrainer.load_state: state[{key!r}]: {e}") from e
+
+
+def _check_keys(where: str, saved: Any, expected: dict[str, Any]) -> None:
+    """``saved`` is a dict with exactly ``expected``'s keys."""
+    if not isinstance(saved, dict):
+        raise TypeError(f"{where} must be a dict, got {type(saved).__name__}")
+    missing = sorted(map(str, set(expected) - set(saved)))
+    extra = sorted(map(str, set(saved) - set(expected)))
+    if missing or extra:
+        raise ValueError(f"{where}: missing keys {missing}, unexpected keys {extra} (the "
+                         "state of another kind of object?)")
+
+
+def _check_model_state(model: nn.Module, saved: Any) -> None:
+    """``saved`` has the keys of ``model.state_dict()``, each a tensor of the same shape
+    and dtype (a checkpoint of another precision setup has other dtypes)."""
+    where = "MixedPrecisionTrainer.load_state: state['model']"
+    mine = model.state_dict()
+    _check_keys(where, saved, mine)
+    for k, t in mine.items():
+        v = saved[k]
+        if not isinstance(v, Tensor):
+            raise TypeError(f"{where}[{k!r}]: expected a tensor, got {type(v).__name__}")
+        if tuple(v.shape) != tuple(t.shape) or v.dtype != t.dtype:
+            raise ValueError(
+                f"{where}[{k!r}]: expected {t.dtype} of shape {list(t.shape)} (this model's), "
+                f"got {v.dtype} of shape {list(v.shape)} (a checkpoint of another model, or "
+                "of another mode/precision: MANUAL keeps 16-bit params, the others float32)")
+        if v.is_meta and not t.is_meta:
+            raise ValueError(f"{where}[{k!r}]: a tensor on 'meta' has no data to load")
+
+
+def _check_optimizer_state(opt: Any, saved: Any) -> None:
+    """mixprec's optimizers check themselves; a torch optimizer: the layout torch's
+    ``load_state_dict`` would refuse only after replacing things."""
+    check = getattr(opt, "check_state_dict", None)
+    if check is not None:
+        check(saved)
+        return
+    if check_torch_state_dict(opt, saved):  # torch's SGD/Adam/AdamW: the same rules
+        return
+    where = "MixedPrecisionTrainer.load_state: state['optimizer']"
+    if not (isinstance(saved, dict) and isinstance(saved.get("state"), dict)
+            and isinstance(saved.get("param_groups"), list)):
+        raise ValueError(f"{where}: expected a dict with 'state' (a dict) and 'param_groups' "
+                         "(a list)")
+    groups = saved["param_groups"]
+    if len(groups) != len(opt.param_groups) or any(
+            not isinstance(g, dict) or len(g.get("params", ())) != len(m["params"])
+            for g, m in zip(groups, opt.param_groups)):
+        raise ValueError(f"{where}: its param groups do not match this optimizer's (number of "
+                         "groups or of params per group)")
+    ids = {i for g in groups for i in g["params"]}
+    for key, st in saved["state"].items():
+        if isinstance(key, int) and key not in ids:
+            raise ValueError(f"{where}['state'][{key}]: no param has this id")
+        if key in ids and not isinstance(st, dict):
+            raise TypeError(f"{where}['state'][{key}]: expected a dict")
+
+
+def _check_counters(c: Any) -> None:
+    where = "MixedPrecisionTrainer.load_state: state['counters']"
+    _check_keys(where, c, dict.fromkeys(_COUNTERS))
+    for k in _COUNTERS:
+        v = c[k]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{where}[{k!r}]: expected an int >= 0, got {v!r}")
+
+
+def _check_plan(plan: Any) -> None:
+    where = "MixedPrecisionTrainer.load_state: state['adaptive']"
+    if not (isinstance(plan, dict) and isinstance(plan.get("decisions"), list)
+            and isinstance(plan.get("overrides"), dict)
+            and all(isinstance(d, dict) for d in plan["decisions"])):
+        raise ValueError(f"{where}: expected a dict with 'decisions' (a list of dicts) and "
+                         "'overrides' (a dict)")
+    root = plan.get("root_precision")
+    if root is not None and root not in ("fp16", "bf16", "fp32"):
+        raise ValueError(f"{where}['root_precision']: expected 'fp16', 'bf16', 'fp32' or None, "
+                         f"got {root!r}")
 
 
 def to_device(obj: Any, device: torch.device) -> Any:
@@ -91,23 +191,6 @@ def batch_size(obj: Any) -> int:
     """The first dimension of the first leaf of a (nested) batch, if it is a tensor; else 1."""
     leaf = next(iter(pytree.tree_leaves(obj)), None)
     return int(leaf.shape[0]) if isinstance(leaf, Tensor) and leaf.dim() else 1
-
-
-def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
-    """Point ``scheduler`` at ``optimizer`` (and mark its step as tracked, as torch does)."""
-    scheduler.optimizer = optimizer
-    step = optimizer.step
-    if hasattr(step, "_wrapped_by_lr_sched"):
-        return
-    func = step.__func__  # type: ignore[attr-defined]
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        optimizer._opt_called = True  # type: ignore[attr-defined]
-        return func.__get__(optimizer, type(optimizer))(*args, **kwargs)
-
-    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-    optimizer.step = wrapper  # type: ignore[method-assign]
 
 
 def measured_forward(forward: Callable[[], Tensor], params: list[Tensor]) -> tuple[Tensor, int]:
@@ -143,14 +226,68 @@ class _PlainProgress:
     def update(self, n: int = 1) -> None:
         self.n += n
 
-    def set_postfix(self, **values: Any) -> None:
-        if "epoch" in values:
-            done = f"{self.n}/{self.total}" if self.total is not None else str(self.n)
-            extra = " | ".join(f"{k} {v}" for k, v in values.items())
-            print(f"{self.desc}: {done} batches | {extra}", flush=True)
+    def set_postfix(self, ordered_dict: Optional[dict[str, Any]] = None, refresh: bool = True,
+                    **values: Any) -> None:
+        """tqdm's signature; a line is printed only at an epoch's end (:meth:`epoch_end`)."""
+
+    def epoch_end(self, values: dict[str, Any]) -> None:
+        done = f"{self.n}/{self.total}" if self.total is not None else str(self.n)
+        extra = " | ".join(f"{k} {v}" for k, v in values.items())
+        print(f"{self.desc}: {done} batches | {extra}", flush=True)
 
     def close(self) -> None:
         pass
+
+
+class _LineHandler(logging.Handler):
+    """The trainer's log lines written above the progress bar (``tqdm.write``, or a
+    printed line without tqdm), for :meth:`MixedPrecisionTrainer.train` while logging is
+    not configured."""
+
+    def __init__(self, bar: Any) -> None:
+        super().__init__(logging.INFO)
+        self.bar = bar
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = self.format(record)
+        write = getattr(self.bar, "write", None)
+        if write is not None:
+            write(line)
+        else:
+            print(line, flush=True)
+
+
+@contextlib.contextmanager
+def _log_lines(bar: Any) -> Iterator[None]:
+    """While training: the "mixprec.trainer" lines are shown. Unless logging was set up
+    to show them (INFO enabled for the logger: its effective level), they go above the
+    bar (or are printed without one): the ``logging_frequency`` lines and the epoch
+    lines, through a handler of ours for the call (not propagated, so nothing prints
+    twice). When INFO is enabled, the user's handlers write them; with a tqdm bar,
+    tqdm's ``logging_redirect_tqdm`` keeps console handlers off the bar's line."""
+    if logger.getEffectiveLevel() > logging.INFO:
+        handler = _LineHandler(bar)
+        level, propagate = logger.level, logger.propagate
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
+        return
+    redirect: Any = contextlib.nullcontext()
+    if bar is not None and hasattr(bar, "write"):
+        try:
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            redirect = logging_redirect_tqdm([logging.getLogger(), logger])
+        except ImportError:
+            pass
+    with redirect:
+        yield
 
 
 def _progress_bar(total: Optional[int], desc: str) -> Any:
@@ -285,19 +422,16 @@ class MixedPrecisionTrainer:
         :mod:`mixprec.train.fp8`). Returns ``self``. Calling it again first undoes
         the previous policy.
         """
-        self.config.validate()
+        check_setup(model, optimizer, self.config, self._device_arg, scheduler)
         if self.mixed_precision_manager is not None:
             self.mixed_precision_manager.close()
             self.mixed_precision_manager = None
         manager = MixedPrecisionManager(
             model, optimizer, self.config, device=self._device_arg, adapt_in_step=False,
-            fp8_module_filter=fp8_module_filter)
+            fp8_module_filter=fp8_module_filter, scheduler=scheduler)
         self.mixed_precision_manager = manager
         self.model, self.criterion, self.scheduler = model, criterion, scheduler
         self.optimizer = manager.optimizer
-        if scheduler is not None and getattr(scheduler, "optimizer", self.optimizer) is not (
-                self.optimizer):
-            rebind_scheduler(scheduler, self.optimizer)
         self._reset_counters()
         return self
 
@@ -458,7 +592,7 @@ class MixedPrecisionTrainer:
                 _bar.update(1)
                 last = self._last_log
                 if last and last.get("step") == self.optimizer_steps:
-                    _bar.set_postfix(loss=f"{last['loss']:.4f}", scale=f"{last['scale']:g}")
+                    _bar.set_postfix(self._postfix(last["loss"], last["scale"]))
         self.flush()
         self.epochs_done += 1
         steps = self.optimizer_steps - start_steps
@@ -489,6 +623,8 @@ class MixedPrecisionTrainer:
             total = None
         bar = _progress_bar(total, f"train ({self._describe()})") if progress else None
         history = []
+        lines = _log_lines(bar)
+        lines.__enter__()
         try:
             for _ in range(num_epochs):
                 t0 = time.perf_counter()
@@ -506,11 +642,28 @@ class MixedPrecisionTrainer:
                             self.epochs_done, result["epoch_loss"], result["overflow_steps"],
                             result["average_scale"], result["time_s"], extra)
                 if bar is not None:
-                    bar.set_postfix(epoch=self.epochs_done, loss=f"{result['epoch_loss']:.4f}")
+                    values = self._postfix(result["epoch_loss"], result["average_scale"],
+                                           epoch=self.epochs_done)
+                    if isinstance(bar, _PlainProgress):
+                        bar.epoch_end(values)
+                    else:
+                        bar.set_postfix(values)
         finally:
+            lines.__exit__(None, None, None)
             if bar is not None:
                 bar.close()
         return history
+
+    def _postfix(self, loss: float, scale: float, epoch: Optional[int] = None
+                 ) -> dict[str, str]:
+        """The progress bar's postfix, one format throughout: ``epoch`` (the one running,
+        or at its end the one done), ``loss`` (the last log step's, or at an epoch's end
+        the epoch's mean), and ``scale`` only with loss scaling."""
+        out = {"epoch": str(self.epochs_done + 1 if epoch is None else epoch),
+               "loss": f"{loss:.4f}"}
+        if self.loss_scaling:
+            out["scale"] = f"{scale:g}"
+        return out
 
     @torch.no_grad()
     def evaluate(self, loader: Iterable[Any]) -> dict[str, Any]:
@@ -565,8 +718,11 @@ class MixedPrecisionTrainer:
         ``skipped_steps``, ``overflow_rate``, ``underflow_steps``,
         ``nan_steps``, ``current_scale``, ``avg_grad_norm`` (over steps where it
         was computed and finite; NaN if none), ``scale_increases``,
-        ``scale_decreases``, ``scale_history`` (list of ``(step, scale)``, at
-        most ``history_size``), ``compute_dtype``, ``mode``, ``peak_memory``,
+        ``scale_decreases``, ``scale_history`` (the ``(step, scale)`` pairs, at
+        most ``history_size``: a list printed as a one-line summary,
+        :class:`~mixprec.train.metrics.ScaleHistory`), ``compute_dtype`` (what is in
+        effect), ``low_precision_modules``, ``fp8_modules`` (see
+        :meth:`MixedPrecisionManager.stats`), ``mode``, ``peak_memory``,
         ``activation_memory``, ``adaptive_decisions``.
         """
         n = self.optimizer_steps
@@ -575,7 +731,9 @@ class MixedPrecisionTrainer:
                 "current_scale": ms["current_scale"],
                 "scale_increases": ms["scale_increases"] + self._scaler_offsets[1],
                 "scale_decreases": ms["scale_decreases"] + self._scaler_offsets[2],
-                "compute_dtype": ms["compute_dtype"], "mode": ms["mode"],
+                "compute_dtype": ms["compute_dtype"],
+                "low_precision_modules": ms["low_precision_modules"],
+                "fp8_modules": ms["fp8_modules"], "mode": ms["mode"],
                 "peak_memory": self.peak_memory, "activation_memory": self.activation_memory,
                 "adaptive_decisions": ms["adaptive_decisions"]}
 
@@ -601,21 +759,16 @@ class MixedPrecisionTrainer:
         return plot_history(steps, hist, f"mixprec trainer: {self._describe()}", path)
 
     # ------------------------------------------------------------------ state
-    def save_state(self, path: Union[str, os.PathLike[str]]) -> None:
-        """Save everything needed to resume bitwise: model, optimizer (with
-        masters), scaler, scheduler, counters, statistics/history, config,
-        ADAPTIVE decisions and overrides, RNG states and the grads of an
-        unfinished accumulation. Only tensors and plain Python values, so
-        ``torch.load(path, weights_only=True)`` reads it (layout: see
-        :mod:`mixprec.train.trainer`). One host sync."""
+    def _sharded(self) -> bool:
+        return self.model is not None and _dtensor.any_dtensor(self.model.parameters())
+
+    def _state_rest(self) -> dict[str, Any]:
+        """Everything of the checkpoint but the model's and the optimizer's state."""
         manager = self._manager()
-        assert self.model is not None
         sst = manager.scaler.stats()
         offsets = self._scaler_offsets
-        state: dict[str, Any] = {
+        return {
             "format": STATE_FORMAT,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "scaler": manager.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "config": self.config.to_dict(),
@@ -631,34 +784,229 @@ class MixedPrecisionTrainer:
             "rng": {"cpu": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
             "pending_loss": None if self._step_loss is None else self._step_loss.cpu(),
-            "pending_grads": [None if p.grad is None else p.grad.detach().cpu()
-                              for p in self._params()] if self._micro else None,
         }
+
+    def save_state(self, path: Union[str, os.PathLike[str]]) -> None:
+        """Save everything needed to resume bitwise: model, optimizer (with
+        masters), scaler, scheduler, counters, statistics/history, config,
+        ADAPTIVE decisions and overrides, RNG states and the grads of an
+        unfinished accumulation. One host sync.
+
+        An unsharded model: one file, only tensors and plain Python values, so
+        ``torch.load(path, weights_only=True)`` reads it (layout: see
+        :mod:`mixprec.train.trainer`).
+
+        A sharded model (FSDP2, DTensor params): ``path`` is a directory, a
+        ``torch.distributed.checkpoint`` (DCP) checkpoint of the model's and the
+        optimizer's state (``get_state_dict``: keyed by parameter name, each rank
+        writing its shards) plus ``trainer.pt``, the rest of the layout above written
+        by rank 0. Every rank calls it. :meth:`load_state` reads it on any world size
+        and any sharding. An unfinished gradient accumulation cannot be saved this way
+        (``RuntimeError``: call :meth:`flush` first).
+        """
+        self._manager()
+        assert self.model is not None
+        if self._sharded():
+            self._save_sharded(os.fspath(path))
+            return
+        state = self._state_rest()
+        state["model"] = self.model.state_dict()
+        state["optimizer"] = self.optimizer.state_dict()
+        state["pending_grads"] = [None if p.grad is None else p.grad.detach().cpu()
+                                  for p in self._params()] if self._micro else None
         torch.save(state, os.fspath(path))
 
+    def _save_sharded(self, path: str) -> None:
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        if self._micro:
+            raise RuntimeError(
+                "MixedPrecisionTrainer.save_state: a sharded model with an unfinished "
+                f"gradient accumulation ({self._micro} micro-batches): call flush() first "
+                "(a DCP checkpoint does not keep pending grads)")
+        rest = self._state_rest()  # (every rank: the scaler's state is the same on each)
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=path)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            torch.save(rest, os.path.join(path, _REST_FILE))
+        if dist.is_initialized():
+            dist.barrier()
+
     def load_state(self, path: Union[str, os.PathLike[str]], strict_config: bool = False) -> None:
-        """Restore a :meth:`save_state` file (``weights_only=True``) into this
-        trainer, after :meth:`setup_training` with the same model architecture
-        and optimizer type. A config that differs from the saved one is
-        reported with a warning (``strict_config=True``: ``ValueError``; a field
-        added since the file was written counts as saved at its default).
-        ADAPTIVE overrides are re-applied. Mutates model, optimizer, scaler,
-        scheduler, counters and the global RNG states."""
-        manager = self._manager()
+        """Restore a :meth:`save_state` checkpoint into this trainer, after
+        :meth:`setup_training` with the same model architecture and optimizer type:
+        a file (``weights_only=True``), or the directory :meth:`save_state` writes for a
+        sharded model (a DCP checkpoint: loads on any world size; every rank calls it).
+
+        Everything is checked before anything changes: the layout, the model's state
+        (keys, shapes, dtypes: a checkpoint of another precision setup is refused), the
+        optimizer's (:meth:`mixprec.optim.FusedOptimizer.check_state_dict` for mixprec's),
+        the scaler's, the scheduler's keys, the counters, RNG states and pending grads.
+        A bad checkpoint raises (``ValueError``/``TypeError``/``KeyError`` naming the
+        entry) with the trainer, model, optimizer, scaler and scheduler as they were.
+
+        A config that differs from the saved one is reported with a
+        :class:`UserWarning` (``strict_config=True``: ``ValueError``; a field added
+        since the file was written counts as saved at its default). ADAPTIVE overrides
+        are re-applied. Mutates model, optimizer, scaler, scheduler, counters and the
+        global RNG states."""
+        self._manager()
         assert self.model is not None
-        state = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+        where = os.fspath(path)
+        if os.path.isdir(where):
+            self._load_sharded(where, strict_config)
+            return
+        state = torch.load(where, map_location="cpu", weights_only=True)
+        self._check_state(state, strict_config, where)
+        self._apply(lambda: self._load_all(state))
+
+    def _load_sharded(self, path: str, strict_config: bool) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        if not self._sharded():
+            raise ValueError(f"MixedPrecisionTrainer.load_state: {path} is a directory (the "
+                             "DCP checkpoint of a sharded model); this trainer's model is not "
+                             "sharded: shard it as the saved one was (fully_shard), any "
+                             "world size")
+        rest_file = os.path.join(path, _REST_FILE)
+        if not os.path.isfile(rest_file):
+            raise ValueError(f"MixedPrecisionTrainer.load_state: {path} has no {_REST_FILE}: "
+                             "not a checkpoint of MixedPrecisionTrainer.save_state")
+        rest = torch.load(rest_file, map_location="cpu", weights_only=True)
+        self._check_state(rest, strict_config, path, tensors=False, stacklevel=4)
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        state = {"model": msd, "optimizer": osd}
+        dcp.load(state, checkpoint_id=path)  # (raises on a missing key or a wrong shape)
+
+        def load() -> None:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+            self._load_rest({**rest, "pending_grads": None})
+
+        self._apply(load)
+
+    def _check_state(self, state: Any, strict_config: bool, where: str,
+                     tensors: bool = True, stacklevel: int = 3) -> None:
+        """Every check of :meth:`load_state`, before anything changes (``tensors``: the
+        model's and the optimizer's state are in ``state``)."""
+        name = "MixedPrecisionTrainer.load_state"
+        manager = self._manager()
+        if not isinstance(state, dict):
+            raise TypeError(f"{name}: {where} holds a {type(state).__name__}, not a checkpoint")
         if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"MixedPrecisionTrainer.load_state: unknown format "
-                             f"{state.get('format')!r} in {path}")
+            raise ValueError(f"{name}: unknown format {state.get('format')!r} in {where}")
+        keys = set(_STATE_KEYS) | ({"model", "optimizer", "pending_grads"} if tensors else set())
+        missing = sorted(keys - set(state))
+        if missing:
+            raise KeyError(f"{name}: {where} has no {missing} (not a complete checkpoint of "
+                           f"MixedPrecisionTrainer.save_state)")
+        extra = sorted(map(str, set(state) - keys))
+        if extra:
+            raise ValueError(f"{name}: unexpected keys {extra} in {where}")
+        if not isinstance(state["config"], dict):
+            raise TypeError(f"{name}: state['config'] must be a dict")
         mine, defaults = self.config.to_dict(), type(self.config)().to_dict()
         diff = sorted(k for k in mine if state["config"].get(k, defaults[k]) != mine[k])
+        if diff and strict_config:
+            raise ValueError(f"{name}: config differs from the saved one in {diff}")
+        if tensors:
+            _check_model_state(self.model, state["model"])
+            _within("optimizer", lambda: _check_optimizer_state(self.optimizer,
+                                                                state["optimizer"]))
+        if state["scaler"]:
+            _within("scaler", lambda: manager.scaler.check_state_dict(state["scaler"]))
+        if self.scheduler is not None and state["scheduler"] is not None:
+            _check_keys(f"{name}: state['scheduler']", state["scheduler"],
+                        self.scheduler.state_dict())
+        _check_counters(state["counters"])
+        c = state["counters"]
+        if c["log_step"] > c["optimizer_steps"]:
+            raise ValueError(f"{name}: state['counters']['log_step'] = {c['log_step']} is past "
+                             f"optimizer_steps = {c['optimizer_steps']}")
+        _check_plan(state["adaptive"])
+        rng = state["rng"]
+        if not (isinstance(rng, dict) and isinstance(rng.get("cpu"), Tensor)
+                and rng["cpu"].dtype == torch.uint8
+                and rng["cpu"].shape == torch.get_rng_state().shape and not rng["cpu"].is_meta
+                and isinstance(rng.get("cuda"), (list, tuple))):
+            raise ValueError(f"{name}: state['rng'] must be {{'cpu': a uint8 tensor of shape "
+                             f"{list(torch.get_rng_state().shape)}, 'cuda': a list}}")
+        loss = state["pending_loss"]
+        if loss is not None and not (isinstance(loss, Tensor) and loss.numel() == 1
+                                     and loss.is_floating_point() and not loss.is_meta):
+            raise ValueError(f"{name}: state['pending_loss'] must be None or a one-element "
+                             "floating tensor")
+        grads = state.get("pending_grads")
+        if grads is not None:
+            params = self._params()
+            if not isinstance(grads, (list, tuple)) or len(grads) != len(params):
+                raise ValueError(f"{name}: state['pending_grads'] must be None or a list of "
+                                 f"{len(params)} grads (one per param)")
+            for i, (g, p) in enumerate(zip(grads, params)):
+                if g is not None and not (isinstance(g, Tensor) and g.shape == p.shape
+                                          and g.is_floating_point() and not g.is_meta):
+                    raise ValueError(f"{name}: state['pending_grads'][{i}] must be None or a "
+                                     f"floating tensor of shape {list(p.shape)}")
+        if (c["micro"] > 0) != (loss is not None):
+            raise ValueError(f"{name}: state['pending_loss'] must be given exactly when "
+                             f"counters['micro'] > 0 (it is {c['micro']})")
+        self._metrics.check_state(state, c["optimizer_steps"])
         if diff:
-            msg = f"MixedPrecisionTrainer.load_state: config differs from the saved one in {diff}"
-            if strict_config:
-                raise ValueError(msg)
-            logger.warning(msg)
+            warnings.warn(f"{name}: config differs from the saved one in {diff}",
+                          UserWarning, stacklevel=stacklevel)
+
+    def _apply(self, load: Callable[[], None]) -> None:
+        """Run ``load``; if it raises, put the optimizer, scaler, scheduler, manager,
+        counters, grads and RNG states back as they were. A safety net only: the checks ran
+        first, so what is left to fail is a user's hook. The model's weights are not
+        copied for it (that would double the model's memory at every load); its load,
+        checked first (keys, shapes, dtypes), comes first."""
+        manager = self._manager()
+        assert self.model is not None
+        opt = self.optimizer
+        opt_state = (opt.state, opt.param_groups, [dict(g) for g in opt.param_groups])
+        scaler = manager.scaler
+        scaler_state = scaler.state_dict() if scaler.is_enabled() else None
+        sched_state = (copy.deepcopy(self.scheduler.state_dict())
+                       if self.scheduler is not None else None)
+        plan, steps = manager.plan_state(), manager.steps
+        mine = dict(self.__dict__)
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        grads = [p.grad for p in self._params()]
+        try:
+            load()
+        except BaseException:
+            opt.state, opt.param_groups = opt_state[0], opt_state[1]
+            for g, saved in zip(opt.param_groups, opt_state[2]):
+                g.clear()
+                g.update(saved)
+            if scaler_state is not None:
+                scaler.load_state_dict(scaler_state)
+            if sched_state is not None:
+                self.scheduler.load_state_dict(sched_state)
+            manager.load_plan_state(plan)
+            manager.steps = steps
+            self.__dict__.clear()
+            self.__dict__.update(mine)
+            torch.set_rng_state(rng)
+            if cuda_rng:
+                torch.cuda.set_rng_state_all(cuda_rng)
+            for p, g in zip(self._params(), grads):
+                p.grad = g
+            raise
+
+    def _load_all(self, state: dict[str, Any]) -> None:
+        assert self.model is not None
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self._load_rest(state)
+
+    def _load_rest(self, state: dict[str, Any]) -> None:
+        manager = self._manager()
         if state["scaler"]:
             manager.scaler.load_state_dict(state["scaler"])
         if self.scheduler is not None and state["scheduler"] is not None:
