@@ -78,9 +78,42 @@ def _check_member(
         )
 
 
+def _check_disjoint(op: str, name: str, tensors: Sequence[Tensor]) -> None:
+    """csrc/common/checks.cpp check_disjoint: no two dense tensors of a written list share
+    memory."""
+    spans = []
+    for i, t in enumerate(tensors):
+        if isinstance(t, Tensor) and t.device == tensors[0].device and _dense_permuted(t):
+            begin = t.data_ptr()
+            spans.append((begin, begin + t.numel() * t.element_size(), i))
+    spans.sort()
+    for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
+        if begin_b < end_a:
+            raise RuntimeError(
+                f"mixprec.{op}: {name}[{min(a, b)}] and {name}[{max(a, b)}] share memory (the "
+                "same tensor twice, or overlapping views of one), so an in-place update would "
+                "write an element twice")
+
+
+def _dense_permuted(t: Tensor) -> bool:
+    """Non-overlapping and dense in some order of its dims (TensorImpl's flag)."""
+    if not (isinstance(t, Tensor) and t.layout == torch.strided and t.numel() > 0
+            and t.device.type != "meta"):
+        return False
+    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1)
+    expected = 1
+    for s, n in dims:
+        if s != expected:
+            return False
+        expected *= n
+    return True
+
+
 def _check_list(
     op: str, name: str, tensors: Sequence[Tensor], device: torch.device, written: bool = False
 ) -> None:
+    if written:
+        _check_disjoint(op, name, tensors)
     for i, t in enumerate(tensors):
         _check_member(op, f"{name}[{i}]", t, device, "found_inf", written, check_dtype=True)
 
@@ -176,6 +209,11 @@ def _check_optim(
     for name, t in scalars:
         if t is not None:
             _check_optim_scalar(op, name, t, device)
+
+    _check_disjoint(op, "params", params)
+    for name, lst, _ in states:
+        _check_disjoint(op, name, lst)
+    _check_disjoint(op, "master_params", master_params)
 
     def member(name: str, i: int, t: Tensor, p: Tensor, written: bool = True) -> None:
         _check_member(op, f"{name}[{i}]", t, device, "params[0]", written,

@@ -3,9 +3,11 @@
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace mixprec {
 namespace checks {
@@ -70,6 +72,40 @@ void check_grad_member(const char* op, const char* name, size_t i,
                 op, ": ", name, "[", i,
                 "] has internal overlap (e.g. an expanded tensor), so an "
                 "in-place write would touch an element more than once");
+  }
+}
+
+void check_disjoint(const char* op, const char* name, at::TensorList tensors) {
+  if (tensors.size() < 2) {
+    return;
+  }
+  struct Span {
+    uintptr_t begin;
+    uintptr_t end;
+    size_t index;
+  };
+  std::vector<Span> spans;
+  spans.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    if (!t.defined() || t.layout() != at::kStrided || t.numel() == 0 ||
+        !t.is_non_overlapping_and_dense() || t.data_ptr() == nullptr ||
+        t.device() != tensors[0].device()) {
+      continue;
+    }
+    const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+    spans.push_back({begin, begin + static_cast<uintptr_t>(t.nbytes()), i});
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  for (size_t k = 1; k < spans.size(); ++k) {
+    const Span& a = spans[k - 1];
+    const Span& b = spans[k];
+    TORCH_CHECK(b.begin >= a.end, "mixprec.", op, ": ", name, "[",
+                std::min(a.index, b.index), "] and ", name, "[",
+                std::max(a.index, b.index),
+                "] share memory (the same tensor twice, or overlapping views "
+                "of one), so an in-place update would write an element twice");
   }
 }
 
@@ -160,9 +196,13 @@ c10::Device check_unscale_args(const char* op, at::TensorList tensors,
     check_scalar_tensor(op, "inv_scale", *inv_scale, at::kFloat, device,
                         "found_inf");
   }
+  const bool written = inv_scale != nullptr && !read_only;
+  if (written) {
+    check_disjoint(op, "grads", tensors);
+  }
   if (each_tensor) {
     check_grad_list(op, inv_scale != nullptr ? "grads" : "tensors", tensors,
-                    device, inv_scale != nullptr && !read_only);
+                    device, written);
   }
   return device;
 }

@@ -36,6 +36,12 @@ void check_grad_member(const char* op, const char* name, size_t i,
                        const at::Tensor& t, const c10::Device& device,
                        bool written);
 
+// No two dense tensors of a list that an op writes share memory (the same
+// tensor twice, or overlapping views of one): an in-place update would write
+// an element twice. Checked before the tensors one by one (tensors that are
+// undefined, empty, not strided or not dense are left to those checks).
+void check_disjoint(const char* op, const char* name, at::TensorList tensors);
+
 bool is_supported_float(c10::ScalarType t);
 
 // a == b for sizes or strides, inline: the planners compare a few int64 per

@@ -109,6 +109,11 @@ void check_optim_args(const OptimLists& lists,
     check_scalar(op, "clip_coef", **scalars.clip_coef, device, false);
   }
 
+  checks::check_disjoint(op, "params", lists.params);
+  for (const StateList& st : lists.states) {
+    checks::check_disjoint(op, st.name, st.list);
+  }
+  checks::check_disjoint(op, "master_params", lists.master_params);
   if (each_param) {
     for (size_t i = 0; i < n; ++i) {
       check_optim_param(lists, i, device);
