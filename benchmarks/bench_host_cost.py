@@ -243,7 +243,7 @@ def _adam_args(n: int, dtype: torch.dtype) -> tuple:
             [torch.zeros(1) for _ in range(n)], [torch.zeros(1) for _ in range(n)], [],
             masters, [torch.zeros(()) for _ in range(n)], torch.tensor(1e-3),
             0.9, 0.999, 0.01, 1e-8, False, False, True, torch.ones(1), torch.zeros(1), None,
-            False, 0)
+            False, 0, None)
 
 
 def emulated_cases(n: int) -> Dict[str, Callable[[], None]]:
