@@ -175,30 +175,42 @@ def old_layout(rank: int, world: int, out_dir: str) -> None:
     m, o, dtype = make("masters8", world, "fsdp")
     for k in range(SAVE_AT):
         step(m, o, dtype, k)
-    params = list(m.parameters())
-    sd = o.state_dict()
     values: Dict[Any, torch.Tensor] = {}
-    for key, st in sd["state"].items():
-        if st.get("quant") != _state8.QUANT:
-            continue
-        p = params[key]
-        per_rank = q8.num_blocks(-(-p.shape[0] // world) * (p.numel() // p.shape[0]))
-        for name, table in (("exp_avg", q8.SIGNED), ("exp_avg_sq", q8.UNSIGNED)):
-            local = _state8.read_back(st[name], st[name + "_absmax"], table, p)._local_tensor
-            codes, absmax = q8.quantize(local.reshape(-1), table)  # blocks over the shard
-            # what that layout reads back: the values the conversion starts from
-            values[(key, name)] = full(DTensor.from_local(
-                q8.dequantize(codes, absmax, table).view(local.shape), p.device_mesh,
-                p.placements, run_check=False, shape=p.shape, stride=p.stride()))
-            padded = torch.zeros(per_rank)
-            padded[:absmax.numel()] = absmax
-            st[name] = DTensor.from_local(codes.view(local.shape), p.device_mesh,
-                                          p.placements, run_check=False, shape=p.shape,
-                                          stride=p.stride())
-            st[name + "_absmax"] = DTensor.from_local(
-                padded, p.device_mesh, [Shard(0)], run_check=False,
-                shape=torch.Size([world * per_rank]), stride=(1,))
-        st["quant"] = _state8.FLAT_QUANT
+
+    def flat_layout(states: Dict[Any, Any], param_of: Dict[Any, torch.Tensor]) -> Dict[Any, Any]:
+        """A copy of an optimizer state dict's "state" in the previous layout."""
+        out = {k: dict(v) for k, v in states.items()}  # (o keeps its own state)
+        for key, st in out.items():
+            if st.get("quant") != _state8.QUANT:
+                continue
+            p = param_of[key]
+            per_rank = q8.num_blocks(-(-p.shape[0] // world) * (p.numel() // p.shape[0]))
+            for name, table in (("exp_avg", q8.SIGNED), ("exp_avg_sq", q8.UNSIGNED)):
+                local = _state8.read_back(st[name], st[name + "_absmax"], table,
+                                          p)._local_tensor
+                codes, absmax = q8.quantize(local.reshape(-1), table)  # over the shard
+                # what that layout reads back: the values the conversion starts from
+                values[(key, name)] = full(DTensor.from_local(
+                    q8.dequantize(codes, absmax, table).view(local.shape), p.device_mesh,
+                    p.placements, run_check=False, shape=p.shape, stride=p.stride()))
+                padded = torch.zeros(per_rank)
+                padded[:absmax.numel()] = absmax
+                st[name] = DTensor.from_local(codes.view(local.shape), p.device_mesh,
+                                              p.placements, run_check=False, shape=p.shape,
+                                              stride=p.stride())
+                st[name + "_absmax"] = DTensor.from_local(
+                    padded, p.device_mesh, [Shard(0)], run_check=False,
+                    shape=torch.Size([world * per_rank]), stride=(1,))
+            st["quant"] = _state8.FLAT_QUANT
+        return out
+
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    osd = get_state_dict(m, o)[1]  # (FQN keys, as a DCP checkpoint has them)
+    osd["state"] = flat_layout(osd["state"], dict(m.named_parameters()))
+    sd = o.state_dict()
+    values.clear()
+    sd["state"] = flat_layout(sd["state"], dict(enumerate(m.parameters())))
     out: Dict[str, Any] = {}
     m2, o2, _ = make("masters8", world, "fsdp")
     o2.load_state_dict(sd)
@@ -227,6 +239,24 @@ def old_layout(rank: int, world: int, out_dir: str) -> None:
     out["unchanged"] = all(
         all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
             for k in a) for a, b in zip(gathered_state(m3, o3), before))
+    # the same state through DCP (what a sharded checkpoint of that layout holds): DCP itself
+    # refuses it with its own words; check_checkpoint names the layout and the world size
+    import torch.distributed.checkpoint as dcp
+
+    path = os.path.join(out_dir, "old-dcp")
+    dcp.save({"optim": osd}, checkpoint_id=path)
+    m4, o4, _ = make("masters8", world, "fsdp")
+    step(m4, o4, dtype, 0)
+    target = {"optim": get_state_dict(m4, o4)[1]}
+    try:
+        mixprec.optim.check_checkpoint(target, path)
+        out["dcp_error"] = None
+    except ValueError as e:
+        out["dcp_error"] = str(e)
+    # a checkpoint of this layout passes the check
+    good = os.path.join(out_dir, "new-dcp")
+    dcp.save({"optim": get_state_dict(m, o)[1]}, checkpoint_id=good)
+    mixprec.optim.check_checkpoint(target, good)
     if rank == 0:
         torch.save(out, os.path.join(out_dir, "old-layout.pt"))
 

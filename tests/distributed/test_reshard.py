@@ -129,3 +129,7 @@ def test_sharded_state_of_the_previous_layout_loads_only_where_it_was_saved():
                   "Load it where it was saved"):
         assert words in r["error"], (words, r["error"])
     assert r["unchanged"]
+    # through DCP: check_checkpoint names the layout and the world size it was saved at
+    for words in ("previous layout ('dynamic8/b256'", "saved at world size 2",
+                  "full_state_dict=True"):
+        assert words in r["dcp_error"], (words, r["dcp_error"])

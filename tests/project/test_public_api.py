@@ -52,7 +52,7 @@ SUBPACKAGES = {
         "is_torch_patched",
     },
     "mixprec.optim": {"Adam", "AdamW", "Adam8bit", "AdamW8bit", "SGD", "SGD8bit",
-                      "FusedOptimizer"},
+                      "FusedOptimizer", "check_checkpoint"},
     "mixprec.train": {
         "MixedPrecisionConfig",
         "MixedPrecisionMode",

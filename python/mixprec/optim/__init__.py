@@ -11,7 +11,9 @@ host sync.
 from __future__ import annotations
 
 from ._base import FusedOptimizer
+from ._checkpoint import check_checkpoint
 from .adam import Adam, Adam8bit, AdamW, AdamW8bit
 from .sgd import SGD, SGD8bit
 
-__all__ = ["Adam", "AdamW", "Adam8bit", "AdamW8bit", "SGD", "SGD8bit", "FusedOptimizer"]
+__all__ = ["Adam", "AdamW", "Adam8bit", "AdamW8bit", "SGD", "SGD8bit", "FusedOptimizer",
+           "check_checkpoint"]

@@ -64,6 +64,7 @@ from .. import _dtensor
 from ..amp.autocast import cast_floating
 from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle
+from ..optim import check_checkpoint
 from ..optim.torch_rules import check_torch_state_dict
 from .config import MixedPrecisionConfig, MixedPrecisionMode
 from .manager import MixedPrecisionManager, check_setup
@@ -879,7 +880,8 @@ class MixedPrecisionTrainer:
         self._check_state(rest, strict_config, path, tensors=False, stacklevel=4)
         msd, osd = get_state_dict(self.model, self.optimizer)
         state = {"model": msd, "optimizer": osd}
-        dcp.load(state, checkpoint_id=path)  # (raises on a missing key or a wrong shape)
+        check_checkpoint(state, path)  # (mixprec's words for a missing key or a wrong shape)
+        dcp.load(state, checkpoint_id=path)
 
         def load() -> None:
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
