@@ -44,9 +44,14 @@ Bucket = Dict[str, List[Tensor]]
 BucketKey = Tuple[torch.device, bool]
 
 
-def _on(t: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
-    """A step scalar on ``device`` (copied ``non_blocking`` from elsewhere; None stays)."""
-    return t if t is None or t.device == device else t.to(device, non_blocking=True)
+def _on(scalars: StepScalars, device: torch.device) -> StepScalars:
+    """``scalars`` on ``device`` (each tensor elsewhere copied ``non_blocking``; the same
+    object when all are there). No host sync."""
+    given = (scalars.grad_scale, scalars.found_inf, scalars.clip_coef)
+    if all(not isinstance(t, Tensor) or t.device == device for t in given):
+        return scalars
+    return StepScalars(*(t if not isinstance(t, Tensor) or t.device == device
+                         else t.to(device, non_blocking=True) for t in given))
 
 
 def float32_copy(p: Tensor) -> Tensor:
@@ -130,8 +135,10 @@ class FusedOptimizer(torch.optim.Optimizer):
     and :class:`~mixprec.optim.SGD`; not used directly.
 
     Subclasses declare :attr:`STATE` (their per-param state besides step/master) and
-    define ``_run(bucket, group, args)``: the ops' step, ``args`` the keyword arguments
-    every fused optimizer op takes (``lr``, ``grad_scale``... ``seed``), theirs to extend.
+    define ``_run(bucket, group, scalars, args)``: the ops' step, ``scalars`` the
+    :class:`~mixprec.amp.protocol.StepScalars` on the bucket's device (the ops'
+    ``grad_scale``/``found_inf``/``clip_coef``), ``args`` the other keyword arguments every
+    fused optimizer op takes (``lr``, ``weight_decay``... ``seed``), theirs to extend.
     """
 
     #: GradScaler contract (torch's): this optimizer unscales in its own kernel
@@ -173,7 +180,8 @@ class FusedOptimizer(torch.optim.Optimizer):
             names += [absmax for n, absmax, _ in coded_states(self.STATE) if n in names]
         return names
 
-    def _run(self, bucket: Bucket, group: Dict[str, Any], args: Dict[str, Any]) -> None:
+    def _run(self, bucket: Bucket, group: Dict[str, Any], scalars: StepScalars,
+             args: Dict[str, Any]) -> None:
         raise NotImplementedError
 
     # -- public API -------------------------------------------------------------
@@ -380,10 +388,11 @@ class FusedOptimizer(torch.optim.Optimizer):
             found_inf = getattr(self, "found_inf", None)
         if clip_coef is None:
             clip_coef = getattr(self, "clip_coef", None)
+        # the scalars of this step, from here to the kernel calls
+        scalars = _NO_SCALARS if grad_scale is None and found_inf is None \
+            and clip_coef is None else StepScalars(grad_scale, found_inf, clip_coef)
         # Checked before any state is created, so a rejected step changes nothing.
-        given = () if grad_scale is None and found_inf is None and clip_coef is None else (
-            ("grad_scale", grad_scale), ("found_inf", found_inf), ("clip_coef", clip_coef))
-        for name, t in given:
+        for name, t in () if scalars is _NO_SCALARS else vars(scalars).items():
             if t is not None and not (isinstance(t, Tensor) and t.dtype == torch.float32
                                       and t.numel() == 1):
                 raise RuntimeError(
@@ -404,7 +413,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                     f"{calls[1]} steps are taken the lr stays at the table's last value: "
                     "pass the run's total number of steps", stacklevel=4)
         for index, group in enumerate(self.param_groups):
-            self._step_group(index, group, grad_scale, found_inf, clip_coef)
+            self._step_group(index, group, scalars)
         return loss
 
     # -- internals ------------------------------------------------------------
@@ -531,25 +540,22 @@ class FusedOptimizer(torch.optim.Optimizer):
                     b[n] = _dtensor.locals_of(b[n])
         return buckets
 
-    def _step_group(self, index: int, group: Dict[str, Any], grad_scale: Optional[Tensor],
-                    found_inf: Optional[Tensor], clip_coef: Optional[Tensor]) -> None:
+    def _step_group(self, index: int, group: Dict[str, Any], scalars: StepScalars) -> None:
         buckets = self._buckets(index, group)
-        none = grad_scale is None and found_inf is None and clip_coef is None
         seed = (int(group.get("seed", 0)) * 1_000_003 + index) & 0x7FFFFFFFFFFFFFFF
         on_device: Dict[torch.device, StepScalars] = {}  # (buckets of a device share them)
         for (device, _), bucket in buckets.items():
             if device.type == "meta":
                 continue  # no data: nothing to compute (as torch's kernels on meta tensors)
-            scalars = _NO_SCALARS if none else on_device.get(device)
-            if scalars is None:
-                scalars = on_device[device] = StepScalars(
-                    _on(grad_scale, device), _on(found_inf, device), _on(clip_coef, device))
+            here = on_device.get(device)
+            if here is None:
+                here = on_device[device] = _on(scalars, device)
             table = self._lr_tables.get(index)
             lr = self.lr_tensor(index, device) if table is None else \
                 _lr_at(table, bucket["state_steps"][0], device)
             sr = bool(group.get("stochastic_rounding", False)) and not bucket["master_params"]
-            self._run(bucket, group, dict(
-                vars(scalars), lr=lr, weight_decay=float(group["weight_decay"]),
+            self._run(bucket, group, here, dict(
+                lr=lr, weight_decay=float(group["weight_decay"]),
                 maximize=bool(group["maximize"]), stochastic_rounding=sr, seed=seed))
 
     #: Group options every saved param group has (besides ``params``, ``lr``,
