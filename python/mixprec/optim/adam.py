@@ -7,9 +7,9 @@ from typing import Any, Dict, Optional, Tuple, Union
 from torch import Tensor
 
 from .. import ops
+from ..amp.protocol import StepScalars
 from . import _quant8 as q8
 from . import _sr
-from ..amp.protocol import StepScalars
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
 from ._state8 import EightBitState, check_state_bits, split_coded
 

@@ -9,9 +9,9 @@ from torch import Tensor
 
 from .. import ops
 from ..amp.notices import warn_ineffective
+from ..amp.protocol import StepScalars
 from . import _quant8 as q8
 from . import _sr
-from ..amp.protocol import StepScalars
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
 from ._state8 import EightBitState, check_state_bits, split_coded
 
