@@ -172,11 +172,6 @@ def specs_of(tensors: Iterable[Any]) -> List[Layout]:
     return [(t.device_mesh, tuple(t.placements)) for t in tensors if isinstance(t, cls)]
 
 
-def _layout(spec: Any) -> Layout:
-    # a Layout, or an object with ``mesh`` and ``placements`` (torch's DTensorSpec)
-    return spec if isinstance(spec, tuple) else (spec.mesh, tuple(spec.placements))
-
-
 def reduce_groups(specs: Sequence[Any], shard_only: bool) -> List[Any]:
     """The process groups over which a property of DTensors laid out as ``specs``
     (:func:`specs_of`) is reduced, each once, in a fixed order (the same on every rank
@@ -187,7 +182,7 @@ def reduce_groups(specs: Sequence[Any], shard_only: bool) -> List[Any]:
     (FSDP2 models repeat a handful of layouts: one hash per tensor)."""
     if not specs:
         return []
-    seen = dict.fromkeys(_layout(spec) for spec in specs)  # in order
+    seen = dict.fromkeys(specs)  # in order
     groups: List[Any] = []
     per_key = []
     for mesh, placements in seen:

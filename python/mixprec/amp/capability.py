@@ -19,7 +19,6 @@ stepping itself is :mod:`mixprec.amp.protocol`'s. The C++ twin tests
 from __future__ import annotations
 
 import inspect
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -42,20 +41,11 @@ def step_kind(optimizer: torch.optim.Optimizer) -> str:
     return LEGACY if step_takes_grad_scaler(optimizer.step) else ATTRIBUTES
 
 
-_STEP_SIG_CACHE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-
-
 def step_takes_grad_scaler(step: Callable[..., Any]) -> bool:
-    """Whether ``step`` has a ``grad_scaler`` parameter (torch's deprecated protocol; cached
-    per function: ``inspect.signature`` costs about 30 us)."""
-    key = getattr(step, "__func__", step)
-    try:
-        return _STEP_SIG_CACHE[key]
-    except (KeyError, TypeError):
-        pass
-    has = "grad_scaler" in inspect.signature(step).parameters
-    try:
-        _STEP_SIG_CACHE[key] = has
-    except TypeError:  # not weak-referenceable: just don't cache
-        pass
-    return has
+    """Whether ``step`` has a ``grad_scaler`` parameter (torch's deprecated protocol): the
+    argument names of its code object (torch's step wrappers unwrapped), or
+    ``inspect.signature`` for a callable without one. Nothing is kept."""
+    code = getattr(inspect.unwrap(getattr(step, "__func__", step)), "__code__", None)
+    if code is None:
+        return "grad_scaler" in inspect.signature(step).parameters
+    return "grad_scaler" in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]

@@ -40,8 +40,8 @@ Flags = dict[torch.device, Tensor]
 
 class DeviceGrads(dict):  # type: ignore[type-arg]
     """What :func:`collect_grads` returns: ``{device: grads}`` (a DTensor grad as its local
-    shard), and in :attr:`specs` the layouts (``DTensorSpec``) of the DTensor grads, in
-    order (empty without any)."""
+    shard), and in :attr:`specs` the layouts (:func:`mixprec._dtensor.specs_of`) of the
+    DTensor grads, in order (empty without any)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -134,8 +134,8 @@ def collect_grads(
             if not allow_fp16 and grad.dtype == torch.float16:
                 raise ValueError("Attempting to unscale FP16 gradients.")
             if _dtensor.is_dtensor(grad):
-                per_device.specs.append(grad._spec)
-                grad = grad._local_tensor
+                per_device.specs.extend(_dtensor.specs_of([grad]))
+                grad = _dtensor.local(grad)
             elif grad.is_sparse:
                 if coalesce_sparse or grad.dtype is torch.float16:
                     grad = grad.coalesce()

@@ -44,9 +44,14 @@ Bucket = Dict[str, List[Tensor]]
 BucketKey = Tuple[torch.device, bool]
 
 
-def _on(t: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
-    """A step scalar on ``device`` (copied ``non_blocking`` from elsewhere; None stays)."""
-    return t if t is None or t.device == device else t.to(device, non_blocking=True)
+def _on(scalars: StepScalars, device: torch.device) -> StepScalars:
+    """``scalars`` on ``device`` (each tensor elsewhere copied ``non_blocking``; the same
+    object when all are there). No host sync."""
+    given = (scalars.grad_scale, scalars.found_inf, scalars.clip_coef)
+    if all(not isinstance(t, Tensor) or t.device == device for t in given):
+        return scalars
+    return StepScalars(*(t if not isinstance(t, Tensor) or t.device == device
+                         else t.to(device, non_blocking=True) for t in given))
 
 
 def float32_copy(p: Tensor) -> Tensor:
@@ -62,15 +67,28 @@ def float32_copy(p: Tensor) -> Tensor:
     return t.to(torch.float32, copy=True)
 
 
-def _lr_at(table: Dict[Optional[torch.device], Tensor], step: Tensor,
-           device: torch.device) -> Tensor:
+def _lr_at(table: Dict[Any, Tensor], step: Tensor, device: torch.device) -> Tensor:
     """``table``'s lr after ``step`` steps taken (the last one past its end), as a 0-dim
     float64 tensor on ``device``: a gather on the device, no sync. ``table`` holds the
-    host copy under ``None`` and the copy on each device used (state, made once)."""
+    host copy under ``None`` and the copy on each device used (state, made once). A
+    table made with ``restart=True`` (:meth:`FusedOptimizer.lr_by_steps_taken`) counts
+    from the step count its first step finds: under ``("base", device)`` that count and
+    under ``("pending", device)`` a flag set when the table was (re)made, both on the
+    device, so a captured graph re-reads them."""
     values = table.get(device)
     if values is None:
         values = table[device] = table[None].to(device)
-    index = step.detach().to(torch.long).clamp(0, values.numel() - 1).reshape(1)
+    step = step.detach()
+    if "restart" in table:
+        base, pending = table.get(("base", device)), table.get(("pending", device))
+        if base is None or pending is None:
+            base = table[("base", device)] = torch.zeros((), dtype=step.dtype, device=device)
+            pending = table[("pending", device)] = torch.ones((), dtype=torch.float32,
+                                                             device=device)
+        base.copy_(torch.where(pending > 0, step.reshape(()), base))
+        pending.zero_()
+        step = step - base
+    index = step.to(torch.long).clamp(0, values.numel() - 1).reshape(1)
     return values.index_select(0, index).reshape(())
 
 
@@ -117,8 +135,10 @@ class FusedOptimizer(torch.optim.Optimizer):
     and :class:`~mixprec.optim.SGD`; not used directly.
 
     Subclasses declare :attr:`STATE` (their per-param state besides step/master) and
-    define ``_run(bucket, group, args)``: the ops' step, ``args`` the keyword arguments
-    every fused optimizer op takes (``lr``, ``grad_scale``... ``seed``), theirs to extend.
+    define ``_run(bucket, group, scalars, args)``: the ops' step, ``scalars`` the
+    :class:`~mixprec.amp.protocol.StepScalars` on the bucket's device (the ops'
+    ``grad_scale``/``found_inf``/``clip_coef``), ``args`` the other keyword arguments every
+    fused optimizer op takes (``lr``, ``weight_decay``... ``seed``), theirs to extend.
     """
 
     #: GradScaler contract (torch's): this optimizer unscales in its own kernel
@@ -134,7 +154,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         self._lr_cache: Dict[Tuple[int, torch.device], Tuple[float, Tensor]] = {}
         #: per param group index: the lr after k steps taken, k = 0.. (float64, on the
         #: group's devices once used): see :meth:`lr_by_steps_taken`
-        self._lr_tables: Dict[int, Dict[Optional[torch.device], Tensor]] = {}
+        self._lr_tables: Dict[int, Dict[Any, Tensor]] = {}
         self._rounding_checked = False  # (the warning of _warn_ineffective_rounding given)
         self._table_calls = [0, 0]  # lr_by_steps_taken: step() calls since, num_steps
         super().__init__(params, defaults)
@@ -160,7 +180,8 @@ class FusedOptimizer(torch.optim.Optimizer):
             names += [absmax for n, absmax, _ in coded_states(self.STATE) if n in names]
         return names
 
-    def _run(self, bucket: Bucket, group: Dict[str, Any], args: Dict[str, Any]) -> None:
+    def _run(self, bucket: Bucket, group: Dict[str, Any], scalars: StepScalars,
+             args: Dict[str, Any]) -> None:
         raise NotImplementedError
 
     # -- public API -------------------------------------------------------------
@@ -232,7 +253,8 @@ class FusedOptimizer(torch.optim.Optimizer):
                     out.append(p)
         return out
 
-    def lr_by_steps_taken(self, scheduler: Any, num_steps: int) -> None:
+    def lr_by_steps_taken(self, scheduler: Any, num_steps: int, *,
+                          restart: bool = False) -> Tensor:
         """Make each step's lr the one ``scheduler`` gives after as many steps as this
         optimizer has **taken**, so that steps skipped on the device (an inf/NaN under a
         GradScaler) do not advance the schedule -- without a host sync.
@@ -258,9 +280,20 @@ class FusedOptimizer(torch.optim.Optimizer):
         dict keeps it, and the loaded step counts index it. ``ReduceLROnPlateau``
         (which needs metrics) is refused.
 
+        With ``restart=True`` it may be called at any point of a run, with ``scheduler``
+        standing at the schedule of the steps taken so far (a loop that steps it only
+        after steps taken, catching up at its syncs: the trainer): row 0 is the lr of the
+        next step, whatever step count that step finds, and the table is refilled in
+        place when ``num_steps`` is unchanged (a captured graph reads the new rows).
+
         Args:
             scheduler: a ``torch.optim.lr_scheduler.LRScheduler`` of this optimizer.
             num_steps: how many taken steps to tabulate (e.g. the run's total).
+            restart: tabulate from the scheduler's state now (see above).
+
+        Returns:
+            The table, ``[num_steps, len(param_groups)]`` float64 on the CPU: row ``k``
+            holds each group's lr after ``k`` steps taken (from now, with ``restart``).
         """
         import warnings
 
@@ -272,8 +305,8 @@ class FusedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{name}: scheduler must be a scheduler of this optimizer")
         if not isinstance(num_steps, int) or num_steps < 1:
             raise ValueError(f"{name}: num_steps must be a positive int, got {num_steps!r}")
-        if getattr(scheduler, "last_epoch", 0) != 0 or any(
-                "step" in st for st in self.state.values() if isinstance(st, dict)):
+        if not restart and (getattr(scheduler, "last_epoch", 0) != 0 or any(
+                "step" in st for st in self.state.values() if isinstance(st, dict))):
             raise RuntimeError(f"{name}: call it before the first step (the scheduler's "
                                "last_epoch and the optimizer's step counts must be 0)")
         saved = scheduler.state_dict()
@@ -290,8 +323,23 @@ class FusedOptimizer(torch.optim.Optimizer):
             for g, lr in zip(self.param_groups, lrs):
                 g["lr"] = lr
         self._table_calls = [0, num_steps]  # (step calls since, the table's length)
-        self._lr_tables = {i: {None: torch.tensor([r[i] for r in rows], dtype=torch.float64)}
-                           for i in range(len(self.param_groups))}
+        values = torch.tensor(rows, dtype=torch.float64)
+        old = self._lr_tables
+        self._lr_tables = {}
+        for i in range(len(self.param_groups)):
+            column = values[:, i].contiguous()
+            table = old.get(i)
+            if not (restart and table is not None and "restart" in table
+                    and table[None].shape == column.shape):
+                table = {None: column, "restart": column} if restart else {None: column}
+            else:  # refilled in place: the tensors a captured step reads stay
+                for key, t in table.items():
+                    if key is None or isinstance(key, torch.device):
+                        t.copy_(column, non_blocking=True)
+                    elif key[0] == "pending":
+                        t.fill_(1.0)
+            self._lr_tables[i] = table
+        return values
 
     @torch.no_grad()
     def step(  # type: ignore[override]
@@ -340,10 +388,11 @@ class FusedOptimizer(torch.optim.Optimizer):
             found_inf = getattr(self, "found_inf", None)
         if clip_coef is None:
             clip_coef = getattr(self, "clip_coef", None)
+        # the scalars of this step, from here to the kernel calls
+        scalars = _NO_SCALARS if grad_scale is None and found_inf is None \
+            and clip_coef is None else StepScalars(grad_scale, found_inf, clip_coef)
         # Checked before any state is created, so a rejected step changes nothing.
-        given = () if grad_scale is None and found_inf is None and clip_coef is None else (
-            ("grad_scale", grad_scale), ("found_inf", found_inf), ("clip_coef", clip_coef))
-        for name, t in given:
+        for name, t in () if scalars is _NO_SCALARS else vars(scalars).items():
             if t is not None and not (isinstance(t, Tensor) and t.dtype == torch.float32
                                       and t.numel() == 1):
                 raise RuntimeError(
@@ -364,7 +413,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                     f"{calls[1]} steps are taken the lr stays at the table's last value: "
                     "pass the run's total number of steps", stacklevel=4)
         for index, group in enumerate(self.param_groups):
-            self._step_group(index, group, grad_scale, found_inf, clip_coef)
+            self._step_group(index, group, scalars)
         return loss
 
     # -- internals ------------------------------------------------------------
@@ -491,25 +540,22 @@ class FusedOptimizer(torch.optim.Optimizer):
                     b[n] = _dtensor.locals_of(b[n])
         return buckets
 
-    def _step_group(self, index: int, group: Dict[str, Any], grad_scale: Optional[Tensor],
-                    found_inf: Optional[Tensor], clip_coef: Optional[Tensor]) -> None:
+    def _step_group(self, index: int, group: Dict[str, Any], scalars: StepScalars) -> None:
         buckets = self._buckets(index, group)
-        none = grad_scale is None and found_inf is None and clip_coef is None
         seed = (int(group.get("seed", 0)) * 1_000_003 + index) & 0x7FFFFFFFFFFFFFFF
         on_device: Dict[torch.device, StepScalars] = {}  # (buckets of a device share them)
         for (device, _), bucket in buckets.items():
             if device.type == "meta":
                 continue  # no data: nothing to compute (as torch's kernels on meta tensors)
-            scalars = _NO_SCALARS if none else on_device.get(device)
-            if scalars is None:
-                scalars = on_device[device] = StepScalars(
-                    _on(grad_scale, device), _on(found_inf, device), _on(clip_coef, device))
+            here = on_device.get(device)
+            if here is None:
+                here = on_device[device] = _on(scalars, device)
             table = self._lr_tables.get(index)
             lr = self.lr_tensor(index, device) if table is None else \
                 _lr_at(table, bucket["state_steps"][0], device)
             sr = bool(group.get("stochastic_rounding", False)) and not bucket["master_params"]
-            self._run(bucket, group, dict(
-                vars(scalars), lr=lr, weight_decay=float(group["weight_decay"]),
+            self._run(bucket, group, here, dict(
+                lr=lr, weight_decay=float(group["weight_decay"]),
                 maximize=bool(group["maximize"]), stochastic_rounding=sr, seed=seed))
 
     #: Group options every saved param group has (besides ``params``, ``lr``,

@@ -7,6 +7,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 from torch import Tensor
 
 from .. import ops
+from ..amp.protocol import StepScalars
 from . import _quant8 as q8
 from . import _sr
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
@@ -139,7 +140,8 @@ class Adam(EightBitState, FusedOptimizer):
     #: the 8-bit moments (EightBitState): name, maxima's name, code table
     _MOMENTS8 = coded_states(STATE)
 
-    def _run(self, bucket: Bucket, group: Dict[str, Any], args: Dict[str, Any]) -> None:
+    def _run(self, bucket: Bucket, group: Dict[str, Any], scalars: StepScalars,
+             args: Dict[str, Any]) -> None:
         beta1, beta2 = group["betas"]
         args.update(beta1=float(beta1), beta2=float(beta2), eps=float(group["eps"]),
                     decoupled_weight_decay=self._decoupled(group))
@@ -153,14 +155,14 @@ class Adam(EightBitState, FusedOptimizer):
                 exp_avg_absmax=coded["exp_avg_absmax"], exp_avg_sqs=coded["exp_avg_sq"],
                 exp_avg_sq_absmax=coded["exp_avg_sq_absmax"],
                 master_params=coded["master_params"], state_steps=coded["state_steps"],
-                sr_bases=sr_coded, **args)
+                sr_bases=sr_coded, **vars(scalars), **args)
         if bucket["params"]:
             ops.fused_adam_(
                 params=bucket["params"], grads=bucket["grads"], exp_avgs=bucket["exp_avg"],
                 exp_avg_sqs=bucket["exp_avg_sq"],
                 max_exp_avg_sqs=bucket.get("max_exp_avg_sq", []),
                 master_params=bucket["master_params"], state_steps=bucket["state_steps"],
-                amsgrad=bool(group["amsgrad"]), sr_bases=sr_rest, **args)
+                amsgrad=bool(group["amsgrad"]), sr_bases=sr_rest, **vars(scalars), **args)
 
 
 class AdamW(Adam):

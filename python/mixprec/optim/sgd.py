@@ -9,6 +9,7 @@ from torch import Tensor
 
 from .. import ops
 from ..amp.notices import warn_ineffective
+from ..amp.protocol import StepScalars
 from . import _quant8 as q8
 from . import _sr
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
@@ -110,7 +111,8 @@ class SGD(EightBitState, FusedOptimizer):
         taken = 1.0 if isinstance(saved.get("momentum_buffer"), Tensor) else 0.0
         return torch.full((), taken, dtype=torch.float32, device=p.device)
 
-    def _run(self, bucket: Bucket, group: Dict[str, Any], args: Dict[str, Any]) -> None:
+    def _run(self, bucket: Bucket, group: Dict[str, Any], scalars: StepScalars,
+             args: Dict[str, Any]) -> None:
         args.update(momentum=float(group["momentum"]), dampening=float(group["dampening"]),
                     nesterov=bool(group["nesterov"]))
         coded = None
@@ -123,13 +125,13 @@ class SGD(EightBitState, FusedOptimizer):
                 momentum_buffers=coded["momentum_buffer"],
                 momentum_absmax=coded["momentum_buffer_absmax"],
                 master_params=coded["master_params"], state_steps=coded["state_steps"],
-                sr_bases=sr_coded, **args)
+                sr_bases=sr_coded, **vars(scalars), **args)
         if bucket["params"]:
             ops.fused_sgd_(
                 params=bucket["params"], grads=bucket["grads"],
                 momentum_buffers=bucket.get("momentum_buffer", []),
                 master_params=bucket["master_params"], state_steps=bucket["state_steps"],
-                sr_bases=sr_rest, **args)
+                sr_bases=sr_rest, **vars(scalars), **args)
 
 
 class SGD8bit(SGD):

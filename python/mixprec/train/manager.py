@@ -291,7 +291,7 @@ class MixedPrecisionManager:
         if self.policy_handle is not None:
             self.policy_handle.remove()
             self.policy_handle = None
-        policy = self.strategy.policy(self)
+        self.root_precision, policy = self.strategy.policy(self)
         if policy is not None:
             self.policy_handle = apply_policy(self.model, policy)
         self.plan_version += 1

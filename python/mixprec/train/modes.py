@@ -75,13 +75,16 @@ class ModeStrategy:
         """Adapt model/optimizer to the mode at setup; returns the optimizer to use."""
         return optimizer
 
-    def policy(self, manager: PlanHost) -> Optional[PrecisionPolicy]:
-        """The policy to put on the model (``None``: none); sets ``manager.root_precision``."""
-        if manager.root_precision is None or manager.root_precision not in NAME_PREC:
-            manager.root_precision = PREC_NAME[manager.compute_dtype]
-        return PrecisionPolicy(precision=manager.root_precision, device_type=manager.device.type,
-                               low_precision_modules=self.low_precision_modules(),
-                               module_precisions=dict(manager.overrides))
+    def policy(self, manager: PlanHost) -> tuple[str, Optional[PrecisionPolicy]]:
+        """``(root precision, the policy to put on the model)`` for ``manager``'s plan (the
+        policy ``None``: none); the manager stores both. Reads the manager, writes
+        nothing."""
+        root = manager.root_precision
+        if root is None or root not in NAME_PREC:
+            root = PREC_NAME[manager.compute_dtype]
+        return root, PrecisionPolicy(precision=root, device_type=manager.device.type,
+                                     low_precision_modules=self.low_precision_modules(),
+                                     module_precisions=dict(manager.overrides))
 
     def low_precision_modules(self) -> Optional[tuple[str, ...]]:
         """SELECTIVE: the only modules that run in low precision (``None``: all)."""
@@ -145,11 +148,10 @@ class Manual(ModeStrategy):
                         new_opt.state[p]["master_param"] = m
         return new_opt
 
-    def policy(self, manager: PlanHost) -> Optional[PrecisionPolicy]:
-        manager.root_precision = PREC_NAME[manager.compute_dtype]
-        return PrecisionPolicy(precision=None, restore_input_dtype=True,
-                               device_type=manager.device.type,
-                               module_precisions=dict(manager.overrides))
+    def policy(self, manager: PlanHost) -> tuple[str, Optional[PrecisionPolicy]]:
+        return PREC_NAME[manager.compute_dtype], PrecisionPolicy(
+            precision=None, restore_input_dtype=True, device_type=manager.device.type,
+            module_precisions=dict(manager.overrides))
 
     def input_dtype(self, manager: PlanHost) -> Optional[torch.dtype]:
         return manager.compute_dtype
@@ -164,9 +166,8 @@ class GradientScaling(ModeStrategy):
     def loss_scaling(self, eventual: Optional[torch.dtype]) -> bool:
         return self.config.loss_scaling is not False  # None: on
 
-    def policy(self, manager: PlanHost) -> Optional[PrecisionPolicy]:
-        manager.root_precision = "fp32"
-        return None
+    def policy(self, manager: PlanHost) -> tuple[str, Optional[PrecisionPolicy]]:
+        return "fp32", None
 
 
 class Disabled(GradientScaling):

@@ -8,10 +8,17 @@ Host syncs. A training step issues no device-to-host read, except:
 
 * ``scaler.step`` with an optimizer that is not a mixprec/fused one (one
   ``.item()``, as torch's GradScaler; MANUAL mode always uses mixprec's);
-* with an LR scheduler and a GradScaler: one read of "was the step skipped"
-  per optimizer step, to step the scheduler only after real steps;
 * every ``logging_frequency`` optimizer steps: one read for the log line, the
-  ``nan/overflow/underflow_handling`` actions and the ADAPTIVE evaluation.
+  ``nan/overflow/underflow_handling`` actions and the ADAPTIVE evaluation, and one for
+  the LR scheduler (the steps taken since the last log step; it is stepped only after
+  steps taken).
+
+With a mixprec optimizer an LR scheduler costs no read per step: its lrs reach the
+kernels from a table (:meth:`mixprec.optim.FusedOptimizer.lr_by_steps_taken`, remade at
+each log step) indexed on the device by the steps taken, and the host scheduler catches
+up at log steps and whenever :attr:`~MixedPrecisionTrainer.scheduler` is read. With
+another optimizer the scaler already reads "was the step skipped" (one ``.item()``), and
+the scheduler is stepped after each step taken, as before.
 
 The dict :meth:`~MixedPrecisionTrainer.train_step` returns is lazy: reading
 ``loss``, ``current_scale``, ``overflow_detected``, ``underflow_detected``,
@@ -340,7 +347,7 @@ class MixedPrecisionTrainer:
         self.model: Optional[nn.Module] = None
         self.optimizer: Any = None
         self.criterion: Optional[Callable[..., Tensor]] = None
-        self.scheduler: Any = None
+        self._scheduler: Any = None
         self.mixed_precision_manager: Optional[MixedPrecisionManager] = None
         self._reset_counters()
 
@@ -384,6 +391,57 @@ class MixedPrecisionTrainer:
         """ADAPTIVE decisions so far (dicts: step, module, from, to, reason)."""
         return getattr(self.mixed_precision_manager, "adaptive_decisions", [])
 
+    @property
+    def scheduler(self) -> Any:
+        """The LR scheduler given to :meth:`setup_training` (or ``None``), caught up with
+        the steps taken: reading it after steps since the last log step costs one host
+        read (see the module docstring)."""
+        self._catch_up_scheduler()
+        return self._scheduler
+
+    @scheduler.setter
+    def scheduler(self, scheduler: Any) -> None:
+        self._scheduler = scheduler
+        self._lr_route = None
+
+    def _route(self) -> bool:
+        """Whether the scheduler's lr reaches the kernels by a device table: a scheduler
+        (not ``ReduceLROnPlateau``) of a mixprec optimizer."""
+        if self._lr_route is None:
+            sched = self._scheduler
+            self._lr_route = (
+                sched is not None and callable(getattr(self.optimizer, "lr_by_steps_taken", None))
+                and getattr(sched, "optimizer", None) is self.optimizer
+                and not isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau))
+        return self._lr_route
+
+    def _tabulate(self) -> None:
+        """(Re)make the optimizer's lr table from the scheduler as it stands (caught up):
+        one row per step up to the next log step, row 0 the next step's."""
+        rows = self.config.logging_frequency + 1
+        table = self.optimizer.lr_by_steps_taken(self._scheduler, rows, restart=True)
+        self._lr_rows = table[:, 0].to(self._manager().device)
+        self._taken.zero_()
+        self._pending_steps = 0
+
+    def _catch_up_scheduler(self) -> None:
+        """Step the host scheduler over the steps taken since the table was made (one
+        host read), then make the table afresh from there."""
+        if self._pending_steps == 0 or not self._route():
+            return
+        for _ in range(int(self._taken.item())):
+            self._scheduler.step()
+        self._tabulate()
+
+    def _current_lr(self) -> Any:
+        """The lr of group 0 now: with the device route and steps since the table was
+        made, a 0-dim device tensor (read lazily by :class:`StepMetrics`); else a float."""
+        if self._pending_steps and self._route():
+            return self._lr_rows.index_select(
+                0, self._taken.to(torch.long).clamp(0, self._lr_rows.numel() - 1).reshape(1)
+            ).reshape(())
+        return self._lr()
+
     def _manager(self) -> MixedPrecisionManager:
         if self.mixed_precision_manager is None or self.model is None:
             raise RuntimeError("MixedPrecisionTrainer: call setup_training(...) first")
@@ -402,6 +460,12 @@ class MixedPrecisionTrainer:
         self._measure_activations = True
         self._last_log: dict[str, Any] = {}
         self._step_fn: Optional[Callable[..., Any]] = None  # config.capture: made at step 1
+        # the scheduler's device route (_route): the steps taken since the optimizer's lr
+        # table was made (device), the optimizer steps since (host), group 0's rows
+        self._lr_route: Optional[bool] = None
+        self._taken = torch.zeros(())
+        self._pending_steps = 0
+        self._lr_rows: Optional[Tensor] = None
         if self.mixed_precision_manager is not None:
             self.mixed_precision_manager.steps = 0
 
@@ -431,7 +495,7 @@ class MixedPrecisionTrainer:
             model, optimizer, self.config, device=self._device_arg, adapt_in_step=False,
             fp8_module_filter=fp8_module_filter, scheduler=scheduler)
         self.mixed_precision_manager = manager
-        self.model, self.criterion, self.scheduler = model, criterion, scheduler
+        self.model, self.criterion, self._scheduler = model, criterion, scheduler
         self.optimizer = manager.optimizer
         self._reset_counters()
         return self
@@ -485,6 +549,9 @@ class MixedPrecisionTrainer:
         cfg = self.config
         accum = cfg.gradient_accumulation_steps
         self.model.train()
+        if self._route() and self._lr_rows is None:
+            self._taken = torch.zeros((), device=manager.device)
+            self._tabulate()
         if cfg.capture:
             return self._captured_step(data, target)
         if self._micro == 0:
@@ -497,7 +564,8 @@ class MixedPrecisionTrainer:
         detached = loss.detach()
         self._step_loss = detached if self._step_loss is None else self._step_loss + detached
         if self._micro < accum:
-            return StepMetrics.micro_batch(detached, memory_usage(manager.device), self._lr())
+            return StepMetrics.micro_batch(detached, memory_usage(manager.device),
+                                           self._current_lr())
         return self._optimizer_step()
 
     def _first_measured_loss(self, data: Any, target: Any) -> Tensor:
@@ -514,7 +582,7 @@ class MixedPrecisionTrainer:
         manager = self._manager()
         inputs = (to_device(data, manager.device), to_device(target, manager.device))
         if self._step_fn is None:
-            scheds = [] if self.scheduler is None else [self.scheduler]
+            scheds = [] if self._scheduler is None else [self._scheduler]
             self._step_fn = manager.make_step(self._step_body, inputs, schedulers=scheds)
         row, values = self._step_fn(*inputs)
         self.micro_steps += 1
@@ -553,17 +621,21 @@ class MixedPrecisionTrainer:
         """After an optimizer step: the scheduler, the metrics row, memory, a log step."""
         manager = self._manager()
         dev = manager.device
-        if self.scheduler is not None and not manager.step_was_skipped:
-            self.scheduler.step()
+        if self._route():  # on the device: the table's row for the steps taken
+            self._taken += values["step_skipped"].logical_not().to(self._taken.device)
+            self._pending_steps += 1
+        elif self._scheduler is not None and not manager.step_was_skipped:
+            self._scheduler.step()
         self._metrics.record(row)
         self.optimizer_steps += 1
         mem = memory_usage(dev)
         peak = mem if dev.type != "cuda" else int(torch.cuda.max_memory_allocated(dev))
         self.peak_memory = max(self.peak_memory, peak)
         metrics = StepMetrics(
-            {**values, "memory_usage": mem, "lr": self._lr(), "optimizer_step": True})
+            {**values, "memory_usage": mem, "lr": self._current_lr(), "optimizer_step": True})
         if self.optimizer_steps % self.config.logging_frequency == 0:
-            # a log step: one sync, a log line, handling actions, ADAPTIVE
+            # a log step: the scheduler caught up; one sync, a log line, handling, ADAPTIVE
+            self._catch_up_scheduler()
             since = self._metrics.log_step
             window, cur = self._metrics.read_window()
             steps = self.optimizer_steps - since
@@ -748,6 +820,7 @@ class MixedPrecisionTrainer:
         scheduler and ADAPTIVE decisions are kept."""
         manager = self._manager()
         self.optimizer.zero_grad(set_to_none=True)
+        self._catch_up_scheduler()  # (its steps taken so far are kept)
         manager.reset_scaler()
         self._reset_counters()
 
@@ -920,9 +993,9 @@ class MixedPrecisionTrainer:
                                                                 state["optimizer"]))
         if state["scaler"]:
             _within("scaler", lambda: manager.scaler.check_state_dict(state["scaler"]))
-        if self.scheduler is not None and state["scheduler"] is not None:
+        if self._scheduler is not None and state["scheduler"] is not None:
             _check_keys(f"{name}: state['scheduler']", state["scheduler"],
-                        self.scheduler.state_dict())
+                        self._scheduler.state_dict())
         _check_counters(state["counters"])
         c = state["counters"]
         if c["log_step"] > c["optimizer_steps"]:
@@ -972,8 +1045,8 @@ class MixedPrecisionTrainer:
         opt_state = (opt.state, opt.param_groups, [dict(g) for g in opt.param_groups])
         scaler = manager.scaler
         scaler_state = scaler.state_dict() if scaler.is_enabled() else None
-        sched_state = (copy.deepcopy(self.scheduler.state_dict())
-                       if self.scheduler is not None else None)
+        sched_state = (copy.deepcopy(self._scheduler.state_dict())
+                       if self._scheduler is not None else None)
         plan, steps = manager.plan_state(), manager.steps
         mine = dict(self.__dict__)
         rng = torch.get_rng_state()
@@ -989,7 +1062,7 @@ class MixedPrecisionTrainer:
             if scaler_state is not None:
                 scaler.load_state_dict(scaler_state)
             if sched_state is not None:
-                self.scheduler.load_state_dict(sched_state)
+                self._scheduler.load_state_dict(sched_state)
             manager.load_plan_state(plan)
             manager.steps = steps
             self.__dict__.clear()
@@ -1011,8 +1084,8 @@ class MixedPrecisionTrainer:
         manager = self._manager()
         if state["scaler"]:
             manager.scaler.load_state_dict(state["scaler"])
-        if self.scheduler is not None and state["scheduler"] is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
+        if self._scheduler is not None and state["scheduler"] is not None:
+            self._scheduler.load_state_dict(state["scheduler"])
         self._reset_counters()
         c = state["counters"]
         self.optimizer_steps, self.micro_steps = int(c["optimizer_steps"]), int(c["micro_steps"])
