@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
@@ -82,6 +82,20 @@ def _define() -> None:
         lib.define("planned_launches() -> int")
         lib.define("planned_small_launches() -> int")
         _library = lib
+
+
+def backends(op: str, reference: bool = False) -> Dict[str, Callable[..., Any]]:
+    """Every implementation of op ``op`` this machine runs, by name: the CPU kernel, the
+    CUDA launcher through the emulation (when built) and, with ``reference``, the
+    pure-PyTorch reference (``tests/_reference.py``)."""
+    out: Dict[str, Callable[..., Any]] = {"cpu": getattr(torch.ops.mixprec, op)}
+    if reference:
+        import _reference
+
+        out["reference"] = getattr(_reference, op)
+    if available():
+        out["cuda-emulated"] = getattr(ops(), op)
+    return out
 
 
 def ops() -> torch._ops._OpNamespace:

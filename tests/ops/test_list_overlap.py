@@ -11,16 +11,11 @@ import pytest
 import torch
 
 import _cuda_emulation
-import _reference
 from _helpers import assert_bitwise_equal
 
 
 def _backends(op: str) -> Dict[str, Callable[..., Any]]:
-    out: Dict[str, Callable[..., Any]] = {"cpu": getattr(torch.ops.mixprec, op),
-                                          "reference": getattr(_reference, op)}
-    if _cuda_emulation.available():
-        out["cuda-emulated"] = getattr(_cuda_emulation.ops(), op)
-    return out
+    return _cuda_emulation.backends(op, reference=True)
 
 
 def _grads(case: str) -> list:

@@ -40,10 +40,7 @@ def test_the_kernels_tables_are_the_reference_tables():
 
 
 def _backends(op: str) -> Dict[str, Callable[..., Any]]:
-    out: Dict[str, Callable[..., Any]] = {"cpu": getattr(torch.ops.mixprec, op)}
-    if _cuda_emulation.available():
-        out["cuda-emulated"] = getattr(_cuda_emulation.ops(), op)
-    return out
+    return _cuda_emulation.backends(op)
 
 
 # ---------------------------------------------------------------------------

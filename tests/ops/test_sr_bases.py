@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import _cuda_emulation
-import _reference
 from _helpers import assert_bitwise_equal
 from mixprec.optim import _quant8 as q8
 from mixprec.optim import _sr
@@ -21,11 +20,7 @@ SHAPES = [(67, 300), (5, 130), (130, 67), (300, 257)]  # (the last spans CUDA bl
 
 
 def _backends(op: str) -> Dict[str, Callable[..., Any]]:
-    out: Dict[str, Callable[..., Any]] = {"cpu": getattr(torch.ops.mixprec, op),
-                                          "reference": getattr(_reference, op)}
-    if _cuda_emulation.available():
-        out["cuda-emulated"] = getattr(_cuda_emulation.ops(), op)
-    return out
+    return _cuda_emulation.backends(op, reference=True)
 
 
 def _args(op: str, shapes: List[tuple]) -> Dict[str, Any]:

@@ -50,15 +50,16 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _check_device(device: Any) -> None:
-    """``device`` must be a device string torch parses (``"cuda"``, ``"cpu"``...)."""
+def check_device(device: Any, who: str = "mixprec.GradScaler") -> None:
+    """``device`` must be a device string torch parses (``"cuda"``, ``"cpu"``...):
+    ``ValueError`` naming ``who``'s argument otherwise."""
     try:
         ok = isinstance(device, str) and torch.device(device) is not None
     except RuntimeError:
         ok = False
     if not ok:
-        raise ValueError(f"mixprec.GradScaler: device must be a device type such as 'cuda' "
-                         f"or 'cpu', got {device!r}")
+        raise ValueError(f"{who}: device must be a device type such as 'cuda' or 'cpu', "
+                         f"got {device!r}")
 
 
 def _check_scale_options(where: str, *, error: type = ValueError, key: str = "{}",
@@ -160,7 +161,7 @@ class GradScaler(torch.amp.GradScaler):
         policy: str = "torch",
         process_group: Optional[Any] = None,
     ) -> None:
-        _check_device(device)
+        check_device(device)
         _check_scale_options("mixprec.GradScaler", init_scale=init_scale,
                              growth_interval=growth_interval)
         options = resolve_options(

@@ -36,7 +36,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor
 from torch.optim import Optimizer
 
-from ..amp.grad_scaler import GradScaler
+from ..amp.grad_scaler import GradScaler, check_device
 
 __all__ = ["MixedPrecision", "HalfPrecision", "precision_plugin", "clip_unscaled"]
 
@@ -181,13 +181,7 @@ def precision_plugin(
                         f"mixprec.GradScaler('cuda')) or None, got {type(scaler).__name__} "
                         f"{scaler!r}")
     if device is not None:
-        try:
-            ok = isinstance(device, str) and torch.device(device) is not None
-        except RuntimeError:
-            ok = False
-        if not ok:
-            raise ValueError(f"precision_plugin: device must be a device type such as 'cuda' "
-                             f"or 'cpu' (or None), got {device!r}")
+        check_device(device, "precision_plugin")
     if precision in ("16-mixed", "bf16-mixed"):
         if scaler is not None and precision != "16-mixed":
             raise ValueError(f"precision_plugin({precision!r}) takes no scaler")
