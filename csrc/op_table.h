@@ -7,9 +7,9 @@
 //
 //   * MIXPREC_FOR_EACH_OP(X) drives the schema registration
 //     (registration.cpp), the Autograd-key kernels (autograd.cpp), the fast
-//     entries and the op list of mixprec._C (csrc/python_entry/module.cpp), the typed
-//     dispatcher calls behind the public functions (ops.cpp) and the C++ link
-//     test;
+//     entries and the op list of mixprec._C (csrc/python_entry/module.cpp), the
+//     typed dispatcher calls behind the public functions (ops.cpp) and the C++
+//     link test;
 //   * the C++ signature of an op is decltype of its public function
 //     (OpSig<&mixprec::fused_adam_>): no signature is restated;
 //   * the backend kernels take OpArgs<&mixprec::x_> (the call's arguments in
@@ -122,7 +122,8 @@ inline constexpr char fused_sgd_[] =
     "Tensor(d!)[] state_steps, Tensor lr, float weight_decay, "
     "float momentum, float dampening, bool nesterov, bool maximize, "
     "Tensor? grad_scale=None, Tensor? found_inf=None, "
-    "Tensor? clip_coef=None, bool stochastic_rounding=False, int seed=0, int[]? sr_bases=None) "
+    "Tensor? clip_coef=None, bool stochastic_rounding=False, int seed=0, "
+    "int[]? sr_bases=None) "
     "-> ()";
 
 // fused_adam_ (amsgrad off) with block-wise 8-bit moments
@@ -149,7 +150,8 @@ inline constexpr char fused_sgd8_[] =
     "Tensor(d!)[] master_params, Tensor(e!)[] state_steps, Tensor lr, "
     "float weight_decay, float momentum, float dampening, bool nesterov, "
     "bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None, "
-    "Tensor? clip_coef=None, bool stochastic_rounding=False, int seed=0, int[]? sr_bases=None) "
+    "Tensor? clip_coef=None, bool stochastic_rounding=False, int seed=0, "
+    "int[]? sr_bases=None) "
     "-> ()";
 
 }  // namespace schema

@@ -80,8 +80,10 @@ void check_optim_args(const OptimLists& lists,
               "tensor per param (",
               n, "), got ", lists.master_params.size());
   TORCH_CHECK(!lists.sr_bases.has_value() || lists.sr_bases->size() == n,
-              "mixprec.", op, ": sr_bases must be None or have one number per "
-              "param (", n, "), got ",
+              "mixprec.", op,
+              ": sr_bases must be None or have one number per "
+              "param (",
+              n, "), got ",
               lists.sr_bases.has_value() ? lists.sr_bases->size() : 0);
   TORCH_CHECK(lists.state_steps.size() == n, "mixprec.", op,
               ": state_steps has ", lists.state_steps.size(),

@@ -41,8 +41,8 @@ struct OptimLists {
   at::TensorList master_params;
   at::TensorList state_steps;
   const char* op = nullptr;  // the op's name, for messages
-  // Stochastic rounding's element number of each param's element 0 (op_table.h);
-  // none: the numbering of an unsharded call.
+  // Stochastic rounding's element number of each param's element 0
+  // (op_table.h); none: the numbering of an unsharded call.
   at::OptionalIntArrayRef sr_bases = std::nullopt;
 };
 

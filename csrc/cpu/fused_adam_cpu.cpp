@@ -48,18 +48,21 @@ void adam_pass(const Args& args, const optim::OptimLists& lists, Run&& run,
   const std::vector<int64_t> rows =
       coded ? row_lengths(fs.views[0]) : std::vector<int64_t>();
   for_each_span(
-      fs, stochastic_rounding, lists.sr_bases, [&](const ParamSpan& s) {
-    const AdamSpanArgs a{
-        gc,
-        k,
-        steps[s.t],
-        s.sr,
-        s.sr ? math::sr_key(static_cast<uint64_t>(seed),
-                            static_cast<uint32_t>(step_after[s.t]), s.sr_stream)
-             : 0u,
-        s.sr_index_base};
-    run(fs, s, a, coded ? rows[s.t] : 0);
-  }, coded ? &rows : nullptr);
+      fs, stochastic_rounding, lists.sr_bases,
+      [&](const ParamSpan& s) {
+        const AdamSpanArgs a{
+            gc,
+            k,
+            steps[s.t],
+            s.sr,
+            s.sr ? math::sr_key(static_cast<uint64_t>(seed),
+                                static_cast<uint32_t>(step_after[s.t]),
+                                s.sr_stream)
+                 : 0u,
+            s.sr_index_base};
+        run(fs, s, a, coded ? rows[s.t] : 0);
+      },
+      coded ? &rows : nullptr);
   fs.finish();
   for (size_t t = 0; t < n; ++t) {
     state_steps[t].template data_ptr<float>()[0] = step_after[t];
@@ -68,17 +71,17 @@ void adam_pass(const Args& args, const optim::OptimLists& lists, Run&& run,
 
 void fused_adam_cpu(const OpArgs<&fused_adam_>& args) {
   const SpanKernels& kernels = span_kernels();
-  adam_pass(
-      args, optim::check_fused_adam_args(args, c10::DeviceType::CPU),
-      [&](const optim::FlatSet& fs, const ParamSpan& s, const AdamSpanArgs& a,
-            int64_t) {
-        // exp_avgs, exp_avg_sqs, max_exp_avg_sqs (-1 without amsgrad)
-        // and master_params (-1 without masters) in fs
-        kernels.adam(s.param_dtype, s.grad_dtype, s.p, s.g,
-                     s.f32(fs, fs.state_view[0]), s.f32(fs, fs.state_view[1]),
-                     s.f32(fs, fs.state_view[2]), s.f32(fs, fs.master_view),
-                     s.n, a);
-      });
+  adam_pass(args, optim::check_fused_adam_args(args, c10::DeviceType::CPU),
+            [&](const optim::FlatSet& fs, const ParamSpan& s,
+                const AdamSpanArgs& a, int64_t) {
+              // exp_avgs, exp_avg_sqs, max_exp_avg_sqs (-1 without amsgrad)
+              // and master_params (-1 without masters) in fs
+              kernels.adam(s.param_dtype, s.grad_dtype, s.p, s.g,
+                           s.f32(fs, fs.state_view[0]),
+                           s.f32(fs, fs.state_view[1]),
+                           s.f32(fs, fs.state_view[2]),
+                           s.f32(fs, fs.master_view), s.n, a);
+            });
 }
 
 static_assert(kCpuChunk % q8::kBlock == 0,
@@ -91,7 +94,7 @@ void fused_adam8_cpu(const OpArgs<&fused_adam8_>& args) {
   adam_pass(
       args, optim::check_fused_adam8_args(args, c10::DeviceType::CPU),
       [&](const optim::FlatSet& fs, const ParamSpan& s, const AdamSpanArgs& a,
-            int64_t row) {
+          int64_t row) {
         kernels.adam8(s.param_dtype, s.grad_dtype, s.p, s.g,
                       s.coded(fs, fs.state_view[0], exp_avg_absmax, row),
                       s.coded(fs, fs.state_view[1], exp_avg_sq_absmax, row),

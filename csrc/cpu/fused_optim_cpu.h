@@ -74,10 +74,10 @@ struct ParamSpan {
   // chunk start of for_each_span with rows is).
   CodedSpan coded(const optim::FlatSet& fs, int view, at::TensorList absmax,
                   int64_t row) const {
-    return CodedSpan{fs.views[view][t]->data_ptr<uint8_t>() + begin,
-                     absmax[t].data_ptr<float>() +
-                         q8::RowBlocks(row).block_at(begin),
-                     row, begin % row};
+    return CodedSpan{
+        fs.views[view][t]->data_ptr<uint8_t>() + begin,
+        absmax[t].data_ptr<float>() + q8::RowBlocks(row).block_at(begin), row,
+        begin % row};
   }
 };
 
@@ -93,9 +93,9 @@ inline std::vector<int64_t> row_lengths(const optim::TensorRefs& params) {
 
 // Calls fn(const ParamSpan&) for every chunk of every parameter of `fs`, in
 // parallel (a WorkList over the params), with the SR element numbering of the
-// CUDA kernels (`sr_bases`, or sr_index_bases). With `rows` (8-bit state: each param's elements per row),
-// chunks start and end at blocks: the WorkList runs over kBlock slots per
-// block (q8::RowBlocks), mapped back to elements.
+// CUDA kernels (`sr_bases`, or sr_index_bases). With `rows` (8-bit state: each
+// param's elements per row), chunks start and end at blocks: the WorkList runs
+// over kBlock slots per block (q8::RowBlocks), mapped back to elements.
 template <typename Fn>
 void for_each_span(const optim::FlatSet& fs, bool stochastic_rounding,
                    at::OptionalIntArrayRef sr_bases, Fn&& fn,
@@ -114,10 +114,10 @@ void for_each_span(const optim::FlatSet& fs, bool stochastic_rounding,
   for (size_t t = 0; t < P.size(); ++t) {
     const int64_t n = P[t]->numel();
     const bool slots = rows != nullptr && n > 0;
-    work.add(static_cast<int32_t>(t),
-             slots ? n / (*rows)[t] * q8::RowBlocks((*rows)[t]).per_row *
-                         q8::kBlock
-                   : n);
+    work.add(
+        static_cast<int32_t>(t),
+        slots ? n / (*rows)[t] * q8::RowBlocks((*rows)[t]).per_row * q8::kBlock
+              : n);
   }
   work.for_each([&](const WorkItem& it) {
     const size_t t = static_cast<size_t>(it.tensor);

@@ -44,20 +44,22 @@ void sgd_pass(const Args& args, const optim::OptimLists& lists, Run&& run,
   const std::vector<int64_t> rows =
       coded ? row_lengths(fs.views[0]) : std::vector<int64_t>();
   for_each_span(
-      fs, stochastic_rounding, lists.sr_bases, [&](const ParamSpan& s) {
-    const SgdSpanArgs a{
-        gc,
-        k,
-        neg_lr,
-        step_before[s.t] == 0.0f,
-        s.sr,
-        s.sr ? math::sr_key(static_cast<uint64_t>(seed),
-                            static_cast<uint32_t>(step_before[s.t] + 1.0f),
-                            s.sr_stream)
-             : 0u,
-        s.sr_index_base};
-    run(fs, s, a, coded ? rows[s.t] : 0);
-  }, coded ? &rows : nullptr);
+      fs, stochastic_rounding, lists.sr_bases,
+      [&](const ParamSpan& s) {
+        const SgdSpanArgs a{
+            gc,
+            k,
+            neg_lr,
+            step_before[s.t] == 0.0f,
+            s.sr,
+            s.sr ? math::sr_key(static_cast<uint64_t>(seed),
+                                static_cast<uint32_t>(step_before[s.t] + 1.0f),
+                                s.sr_stream)
+                 : 0u,
+            s.sr_index_base};
+        run(fs, s, a, coded ? rows[s.t] : 0);
+      },
+      coded ? &rows : nullptr);
   fs.finish();
   for (size_t t = 0; t < n; ++t) {
     state_steps[t].template data_ptr<float>()[0] = step_before[t] + 1.0f;
@@ -66,16 +68,15 @@ void sgd_pass(const Args& args, const optim::OptimLists& lists, Run&& run,
 
 void fused_sgd_cpu(const OpArgs<&fused_sgd_>& args) {
   const SpanKernels& kernels = span_kernels();
-  sgd_pass(
-      args, optim::check_fused_sgd_args(args, c10::DeviceType::CPU),
-      [&](const optim::FlatSet& fs, const ParamSpan& s, const SgdSpanArgs& a,
-            int64_t) {
-        // momentum_buffers (-1 without momentum), master_params (-1
-        // without masters) in fs
-        kernels.sgd(s.param_dtype, s.grad_dtype, s.p, s.g,
-                    s.f32(fs, fs.state_view[0]), s.f32(fs, fs.master_view), s.n,
-                    a);
-      });
+  sgd_pass(args, optim::check_fused_sgd_args(args, c10::DeviceType::CPU),
+           [&](const optim::FlatSet& fs, const ParamSpan& s,
+               const SgdSpanArgs& a, int64_t) {
+             // momentum_buffers (-1 without momentum), master_params (-1
+             // without masters) in fs
+             kernels.sgd(s.param_dtype, s.grad_dtype, s.p, s.g,
+                         s.f32(fs, fs.state_view[0]), s.f32(fs, fs.master_view),
+                         s.n, a);
+           });
 }
 
 // fused_sgd8_: the momentum buffer as codes + maxima.
@@ -85,7 +86,7 @@ void fused_sgd8_cpu(const OpArgs<&fused_sgd8_>& args) {
   sgd_pass(
       args, optim::check_fused_sgd8_args(args, c10::DeviceType::CPU),
       [&](const optim::FlatSet& fs, const ParamSpan& s, const SgdSpanArgs& a,
-            int64_t row) {
+          int64_t row) {
         kernels.sgd8(s.param_dtype, s.grad_dtype, s.p, s.g,
                      s.coded(fs, fs.state_view[0], momentum_absmax, row),
                      s.f32(fs, fs.master_view), s.n, a);

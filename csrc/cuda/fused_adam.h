@@ -206,8 +206,8 @@ void fused_adam8_launch(const OpArgs<&fused_adam8_>& op_args) {
         optim::check_adam_hparams(beta1, beta2, weight_decay, eps,
                                   "fused_adam8_");
       },
-      fill, make_args, false, stochastic_rounding,
-      Adam8Slot::kRow, Adam8Slot::kSrBase);
+      fill, make_args, false, stochastic_rounding, Adam8Slot::kRow,
+      Adam8Slot::kSrBase);
 }
 
 }  // namespace cuda

@@ -529,10 +529,10 @@ void launch_optim(const optim::OptimLists& lists,
           reinterpret_cast<void*>(static_cast<uintptr_t>(rb.row));
       planned = numel / rb.row * rb.per_row * q8::kBlock;
     }
-    addresses[sr_slot] = reinterpret_cast<void*>(static_cast<uintptr_t>(
-        static_cast<uint32_t>(lists.sr_bases.has_value()
-                                  ? (*lists.sr_bases)[i]
-                                  : sr_chunks[k] * math::kSrChunk)));
+    addresses[sr_slot] =
+        reinterpret_cast<void*>(static_cast<uintptr_t>(static_cast<uint32_t>(
+            lists.sr_bases.has_value() ? (*lists.sr_bases)[i]
+                                       : sr_chunks[k] * math::kSrChunk)));
     sr_chunks[k] += (numel + math::kSrChunk - 1) / math::kSrChunk;
     planners[k]->add(addresses, planned);
   }

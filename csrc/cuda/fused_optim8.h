@@ -77,8 +77,8 @@ struct Optim8Op {
   template <class Meta>
   MIXPREC_HD static StateBlock state_block(const Meta& meta, const BlockSpan& s,
                                            int round) {
-    const q8::RowBlocks rb(static_cast<int64_t>(reinterpret_cast<uintptr_t>(
-        meta.addresses[Rule::kRow][s.tensor])));
+    const q8::RowBlocks rb(static_cast<int64_t>(
+        reinterpret_cast<uintptr_t>(meta.addresses[Rule::kRow][s.tensor])));
     const int64_t qb = s.start / q8::kBlock + round;
     return StateBlock{qb, rb.start(qb), rb.length(qb)};
   }

@@ -184,8 +184,8 @@ void fused_sgd8_launch(const OpArgs<&fused_sgd8_>& op_args) {
         optim::check_sgd_hparams(weight_decay, momentum, dampening, nesterov,
                                  "fused_sgd8_");
       },
-      fill, make_args, false, stochastic_rounding,
-      Sgd8Slot::kRow, Sgd8Slot::kSrBase);
+      fill, make_args, false, stochastic_rounding, Sgd8Slot::kRow,
+      Sgd8Slot::kSrBase);
 }
 
 }  // namespace cuda

@@ -1,7 +1,7 @@
 // A direct Python entry to mixprec's ops for the eager hot path: the one
 // part of mixprec that reads CPython and torch-binding internals (the Python
-// tensor's struct, borrowed tuple items); tests/ops/test_fast_entry.py keeps every
-// other C++ source free of them. MIXPREC_FAST_ENTRY=0 (read once by
+// tensor's struct, borrowed tuple items); tests/ops/test_fast_entry.py keeps
+// every other C++ source free of them. MIXPREC_FAST_ENTRY=0 (read once by
 // mixprec.ops._extension) leaves it unused: every op then goes through
 // torch.ops.mixprec.*.
 //
