@@ -1,0 +1,234 @@
+// The optimizers' options against their lists (the X-macros of
+// mixprec/optim.h): every row of AdamOptions, AdamWOptions and SGDOptions,
+// changed alone, must survive a torch::save archive and a state_dict()
+// (except the rows flagged kKept, which the loading optimizer keeps), be a
+// key of the state dict's group, refuse a captured step's call once changed
+// (except the rows flagged kLive), and be checked by the constructor when
+// its row names a check. A place that leaves an option out fails here.
+#include <mixprec/mixprec.h>
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "check.h"
+
+namespace {
+
+using namespace mixprec::optim::options_flag;  // the rows' flags
+
+struct Row {
+  const char* name;
+  const char* check;
+  unsigned flags;
+};
+
+// A valid value other than v, of v's type.
+double other(double v) { return v == 0 ? 0.125 : v * 0.5; }
+bool other(bool v) { return !v; }
+int64_t other(int64_t v) { return v == 32 ? 8 : v + 3; }  // state_bits 32 -> 8
+std::tuple<double, double> other(const std::tuple<double, double>& v) {
+  return {std::get<0>(v) * 0.5, std::get<1>(v) * 0.5};
+}
+
+// A value the row's check refuses (v itself for check none).
+double bad(double v, const std::string& check) {
+  return check == "nonneg" ? -1.0 : v;
+}
+bool bad(bool v, const std::string&) { return v; }
+int64_t bad(int64_t v, const std::string& check) {
+  return check == "bits" ? 16 : check == "count" ? -1 : v;
+}
+std::tuple<double, double> bad(const std::tuple<double, double>& v,
+                               const std::string& check) {
+  return check == "betas" ? std::make_tuple(0.9, 1.0) : v;
+}
+
+template <typename Options>
+struct Table;
+
+#define MIXPREC_TEST_ROW(type, name, default_value, check, flags) \
+  {#name, #check, static_cast<unsigned>(flags)},
+#define MIXPREC_TEST_CHANGE(type, name, default_value, check, flags) \
+  if (k++ == i) o.name(other(o.name()));
+#define MIXPREC_TEST_BAD(type, name, default_value, check, flags) \
+  if (k++ == i) o.name(bad(o.name(), #check));
+#define MIXPREC_TEST_DIFF(type, name, default_value, check, flags) \
+  if (!(a.name() == b.name())) out.emplace_back(#name);
+
+// rows(); change(o, i): row i set to other(); bad(o, i): to a refused value;
+// differ(a, b): the names of the rows where a and b differ.
+#define MIXPREC_TEST_TABLE(Options, LIST)                               \
+  template <>                                                           \
+  struct Table<Options> {                                               \
+    static std::vector<Row> rows() { return {LIST(MIXPREC_TEST_ROW)}; } \
+    static void change(Options& o, size_t i) {                          \
+      size_t k = 0;                                                     \
+      LIST(MIXPREC_TEST_CHANGE)                                         \
+    }                                                                   \
+    static void set_bad(Options& o, size_t i) {                         \
+      size_t k = 0;                                                     \
+      LIST(MIXPREC_TEST_BAD)                                            \
+    }                                                                   \
+    static std::vector<std::string> differ(const Options& a,            \
+                                           const Options& b) {          \
+      std::vector<std::string> out;                                     \
+      LIST(MIXPREC_TEST_DIFF)                                           \
+      return out;                                                       \
+    }                                                                   \
+  };
+
+MIXPREC_TEST_TABLE(mixprec::optim::AdamOptions, MIXPREC_ADAM_OPTIONS)
+MIXPREC_TEST_TABLE(mixprec::optim::AdamWOptions, MIXPREC_ADAMW_OPTIONS)
+MIXPREC_TEST_TABLE(mixprec::optim::SGDOptions, MIXPREC_SGD_OPTIONS)
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out = "{";
+  for (const auto& s : v) out += (out.size() > 1 ? ", " : "") + s;
+  return out + "}";
+}
+
+template <typename Options>
+const Options& options_of(const torch::optim::Optimizer& opt) {
+  return static_cast<const Options&>(opt.param_groups()[0].options());
+}
+
+// Every row of Opt's options list, changed alone from `base`, through each
+// place that uses it.
+template <typename Opt, typename Options>
+void check_rows(const char* cls, const Options& base, const std::string& dir) {
+  using T = Table<Options>;
+  const auto rows = T::rows();
+  CHECK(!rows.empty());
+  const auto params = [] {
+    return std::vector<torch::Tensor>{torch::randn({16, 4}).requires_grad_(),
+                                      torch::randn({16}).requires_grad_()};
+  };
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& row = rows[i];
+    const std::string what = std::string(cls) + "." + row.name;
+    Options changed = base;
+    T::change(changed, i);
+    // the setter and getter of the row are its own member's
+    CHECK_MSG(T::differ(base, changed) == std::vector<std::string>{row.name},
+              what + ": changing it changed " + join(T::differ(base, changed)));
+
+    // torch::save / torch::load
+    Opt saved(params(), changed);
+    const std::string path = dir + "/" + what + ".pt";
+    torch::save(saved, path);
+    Opt loaded(params(), base);
+    torch::load(loaded, path);
+    CHECK_MSG(T::differ(changed, options_of<Options>(loaded)).empty(),
+              what + ": torch::load gave other values of " +
+                  join(T::differ(changed, options_of<Options>(loaded))));
+
+    // state_dict(): a key per row; loaded except kKept rows
+    const auto sd = saved.state_dict();
+    const auto group = sd.at("param_groups").toListRef()[0].toGenericDict();
+    CHECK_MSG(group.contains(row.name),
+              what + ": not a key of the state dict's group");
+    Opt from_dict(params(), base);
+    from_dict.load_state_dict(sd);
+    const auto got = T::differ(changed, options_of<Options>(from_dict));
+    const auto want = (row.flags & kKept) ? std::vector<std::string>{row.name}
+                                          : std::vector<std::string>{};
+    CHECK_MSG(got == want, what + ": load_state_dict left " + join(got) +
+                               " unlike the saved group, expected " +
+                               join(want));
+
+    // a captured step bakes in every row but kLive ones
+    auto ps = params();
+    Opt opt(ps, base);
+    mixprec::CapturedStep step(
+        [&](const std::vector<torch::Tensor>& in) {
+          opt.zero_grad(/*set_to_none=*/false);
+          auto loss = (torch::nn::functional::linear(in[0], ps[0], ps[1]))
+                          .pow(2)
+                          .mean();
+          loss.backward();
+          opt.step();
+          return loss.detach();
+        },
+        {torch::randn({3, 4})}, {&opt}, nullptr,
+        mixprec::CapturedStepOptions().warmup(1));
+    for (int k = 0; k < 3; ++k) step({torch::randn({3, 4})});
+    T::change(static_cast<Options&>(opt.param_groups()[0].options()), i);
+    if (row.flags & kLive) {
+      step({torch::randn({3, 4})});  // read at every call
+    } else {
+      std::string msg;
+      try {
+        step({torch::randn({3, 4})});
+      } catch (const c10::Error& e) {
+        msg = e.what_without_backtrace();
+      }
+      CHECK_MSG(
+          msg.find("param group 0's options changed since the checked "
+                   "call") != std::string::npos &&
+              msg.find(std::string(row.name) + "=") != std::string::npos,
+          what + ": a change not refused by a captured step (" + msg + ")");
+    }
+
+    // the row's check
+    if (std::string(row.check) != "none") {
+      Options refused = base;
+      T::set_bad(refused, i);
+      CHECK_THROWS(c10::ValueError, Opt(params(), refused),
+                   std::string("mixprec.optim.") + cls + ": " + row.name);
+    }
+  }
+}
+
+void test_adam_rows(const std::string& dir) {
+  check_rows<mixprec::optim::Adam>("Adam", mixprec::optim::AdamOptions(), dir);
+}
+
+void test_adamw_rows(const std::string& dir) {
+  check_rows<mixprec::optim::AdamW>("AdamW", mixprec::optim::AdamWOptions(),
+                                    dir);
+}
+
+void test_sgd_rows(const std::string& dir) {
+  // (momentum > 0: nesterov alone is then valid)
+  check_rows<mixprec::optim::SGD>(
+      "SGD", mixprec::optim::SGDOptions().momentum(0.9), dir);
+}
+
+// Adam and AdamW share torch.optim.Adam's rows and mixprec's; Adam has
+// decoupled_weight_decay besides, and SGD the same mixprec rows.
+void test_shared_rows() {
+  const auto names = [](const std::vector<Row>& rows) {
+    std::vector<std::string> out;
+    for (const auto& r : rows) out.emplace_back(r.name);
+    return out;
+  };
+  auto adam = names(Table<mixprec::optim::AdamOptions>::rows());
+  const auto adamw = names(Table<mixprec::optim::AdamWOptions>::rows());
+  const auto sgd = names(Table<mixprec::optim::SGDOptions>::rows());
+  std::erase(adam, "decoupled_weight_decay");
+  CHECK_MSG(adam == adamw, join(adam) + " vs " + join(adamw));
+  CHECK(std::vector<std::string>(adamw.end() - 5, adamw.end()) ==
+        std::vector<std::string>(sgd.end() - 5, sgd.end()));
+  CHECK(mixprec::optim::AdamOptions().weight_decay() == 0.0);
+  CHECK(mixprec::optim::AdamWOptions().weight_decay() == 1e-2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string dir =
+      argc > 1 ? argv[1] : std::filesystem::temp_directory_path().string();
+  std::filesystem::create_directories(dir);
+  const mixprec_test::TestList tests = {
+      {"Adam's rows", [&] { test_adam_rows(dir); }},
+      {"AdamW's rows", [&] { test_adamw_rows(dir); }},
+      {"SGD's rows", [&] { test_sgd_rows(dir); }},
+      {"shared rows", test_shared_rows},
+  };
+  return mixprec_test::run_tests(tests);
+}
