@@ -141,26 +141,19 @@ std::string describe(const at::Tensor& t) {
   return c10::str(t.scalar_type(), " ", t.sizes(), " on ", t.device());
 }
 
-// The state tensors of a mixprec::optim param state, by name.
+// The state tensors of a mixprec::optim param state, by name (its list:
+// MIXPREC_ADAM_STATE, MIXPREC_SGD_STATE).
 std::vector<std::pair<const char*, at::Tensor*>> state_slots(
     torch::optim::OptimizerParamState& s) {
-  if (auto* a = dynamic_cast<optim::AdamParamState*>(&s)) {
-    return {{"step", &a->step()},
-            {"exp_avg", &a->exp_avg()},
-            {"exp_avg_sq", &a->exp_avg_sq()},
-            {"max_exp_avg_sq", &a->max_exp_avg_sq()},
-            {"master_param", &a->master_param()},
-            {"exp_avg_absmax", &a->exp_avg_absmax()},
-            {"exp_avg_sq_absmax", &a->exp_avg_sq_absmax()}};
-  }
-  if (auto* g = dynamic_cast<optim::SGDParamState*>(&s)) {
-    return {{"step", &g->step()},
-            {"momentum_buffer", &g->momentum_buffer()},
-            {"master_param", &g->master_param()},
-            {"momentum_buffer_absmax", &g->momentum_buffer_absmax()}};
-  }
-  TORCH_CHECK(false, kWho,
+  std::vector<std::pair<const char*, at::Tensor*>> out;
+  const bool known = optim::options_table::visit_state(s, [&](auto& typed) {
+    optim::options_table::for_each_state(
+        typed,
+        [&](const char* name, at::Tensor& t) { out.emplace_back(name, &t); });
+  });
+  TORCH_CHECK(known, kWho,
               "a param's optimizer state is not a mixprec::optim state");
+  return out;
 }
 
 void print_option(std::ostream& os, const std::tuple<double, double>& v) {

@@ -212,6 +212,22 @@ void read_options(Options& o, torch::serialize::InputArchive& archive) {
       });
 }
 
+// A param state in an archive: its defined tensors, by name.
+template <typename State>
+void write_state(const State& s, torch::serialize::OutputArchive& archive) {
+  options_table::for_each_state(s, [&](const char* name, const at::Tensor& t) {
+    if (t.defined()) archive.write(name, t);
+  });
+}
+
+template <typename State>
+void read_state(State& s, torch::serialize::InputArchive& archive) {
+  options_table::for_each_state(s, [&](const char* name, at::Tensor& t) {
+    c10::IValue v;
+    if (archive.try_read(name, v)) t = v.toTensor();
+  });
+}
+
 }  // namespace
 
 // ================================================================ base
@@ -408,23 +424,10 @@ void AdamWOptions::serialize(torch::serialize::InputArchive& archive) {
 }
 
 void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_absmax);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq_absmax);
+  write_state(*this, archive);
 }
-
 void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, max_exp_avg_sq);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_absmax);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq_absmax);
+  read_state(*this, archive);
 }
 
 // The members of the Adam template and SGD that differ only in their option
@@ -809,33 +812,16 @@ c10::impl::GenericDict FusedOptimizer::state_dict() const {
       auto it = this->state().find(p.unsafeGetTensorImpl());
       if (it != this->state().end()) {
         c10::impl::GenericDict ps = any_dict(c10::StringType::get());
-        const auto put = [&](const char* k, const at::Tensor& t) {
-          if (t.defined()) ps.insert(k, t);
-        };
-        if (const auto* a =
-                dynamic_cast<const AdamParamState*>(it->second.get())) {
-          put("step", a->step());
-          put("exp_avg", a->exp_avg());
-          put("exp_avg_sq", a->exp_avg_sq());
-          put("max_exp_avg_sq", a->max_exp_avg_sq());
-          put("master_param", a->master_param());
-          put("exp_avg_absmax", a->exp_avg_absmax());
-          put("exp_avg_sq_absmax", a->exp_avg_sq_absmax());
-          if (a->exp_avg().defined() &&
-              a->exp_avg().scalar_type() == at::kByte) {
-            ps.insert("quant", std::string(kQuant));
-          }
-        } else if (const auto* sg =
-                       dynamic_cast<const SGDParamState*>(it->second.get())) {
-          put("step", sg->step());
-          put("momentum_buffer", sg->momentum_buffer());
-          put("master_param", sg->master_param());
-          put("momentum_buffer_absmax", sg->momentum_buffer_absmax());
-          if (sg->momentum_buffer().defined() &&
-              sg->momentum_buffer().scalar_type() == at::kByte) {
-            ps.insert("quant", std::string(kQuant));
-          }
-        }
+        bool codes = false;
+        options_table::visit_state(*it->second, [&](const auto& s) {
+          options_table::for_each_state(
+              s, [&](const char* k, const at::Tensor& t) {
+                if (!t.defined()) return;
+                ps.insert(k, t);
+                codes = codes || t.scalar_type() == at::kByte;
+              });
+        });
+        if (codes) ps.insert("quant", std::string(kQuant));  // their layout
         state.insert(index, ps);
       }
       ids.push_back(index++);
@@ -903,23 +889,14 @@ void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
       const auto ps = found->value().toGenericDict();
       std::unique_ptr<torch::optim::OptimizerParamState> fresh;
       if (dynamic_cast<const SGDOptions*>(&opts) != nullptr) {
-        auto s = std::make_unique<SGDParamState>();
-        s->step(state_tensor(ps, "step"));
-        s->momentum_buffer(state_tensor(ps, "momentum_buffer"));
-        s->master_param(state_tensor(ps, "master_param"));
-        s->momentum_buffer_absmax(state_tensor(ps, "momentum_buffer_absmax"));
-        fresh = std::move(s);
+        fresh = std::make_unique<SGDParamState>();
       } else {
-        auto s = std::make_unique<AdamParamState>();
-        s->step(state_tensor(ps, "step"));
-        s->exp_avg(state_tensor(ps, "exp_avg"));
-        s->exp_avg_sq(state_tensor(ps, "exp_avg_sq"));
-        s->max_exp_avg_sq(state_tensor(ps, "max_exp_avg_sq"));
-        s->master_param(state_tensor(ps, "master_param"));
-        s->exp_avg_absmax(state_tensor(ps, "exp_avg_absmax"));
-        s->exp_avg_sq_absmax(state_tensor(ps, "exp_avg_sq_absmax"));
-        fresh = std::move(s);
+        fresh = std::make_unique<AdamParamState>();
       }
+      options_table::visit_state(*fresh, [&](auto& s) {
+        options_table::for_each_state(
+            s, [&](const char* k, at::Tensor& t) { t = state_tensor(ps, k); });
+      });
       state()[p.unsafeGetTensorImpl()] = std::move(fresh);
     }
   }
@@ -939,17 +916,10 @@ void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
 }
 
 void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer_absmax);
+  write_state(*this, archive);
 }
-
 void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer_absmax);
+  read_state(*this, archive);
 }
 
 SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups,

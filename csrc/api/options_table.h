@@ -3,7 +3,9 @@
 // MIXPREC_SGD_OPTIONS): for_each_option visits every row of an options
 // object's list with its name, value, flags and check. optim.cpp builds the
 // archive, the state-dict group entries and the checks on it, capture.cpp
-// the settings a graph bakes in. Private to csrc/api.
+// the settings a graph bakes in. for_each_state does the same for the
+// per-param state lists (MIXPREC_ADAM_STATE, MIXPREC_SGD_STATE). Private to
+// csrc/api.
 #pragma once
 
 #include "mixprec/optim.h"
@@ -116,6 +118,39 @@ bool visit(torch::optim::OptimizerOptions& options, F&& f) {
     f(*w);
   } else if (auto* s = dynamic_cast<SGDOptions*>(&options)) {
     f(*s);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Calls f(name, tensor) for every entry of s's state list
+// (MIXPREC_ADAM_STATE, MIXPREC_SGD_STATE), in order; tensor is s's member.
+template <typename S, typename F>
+void for_each_state(S& s, F&& f) {
+  using T = std::remove_const_t<S>;
+#define MIXPREC_VISIT_STATE(name) f(#name, s.name());
+  if constexpr (std::is_same_v<T, AdamParamState>) {
+    MIXPREC_ADAM_STATE(MIXPREC_VISIT_STATE)
+  } else {
+    static_assert(std::is_same_v<T, SGDParamState>);
+    MIXPREC_SGD_STATE(MIXPREC_VISIT_STATE)
+  }
+#undef MIXPREC_VISIT_STATE
+}
+
+// Calls f(s) with a param state as the mixprec state type it is; false when
+// it is none of them.
+template <typename State, typename F>
+bool visit_state(State& state, F&& f) {
+  using Adam = std::conditional_t<std::is_const_v<State>, const AdamParamState,
+                                  AdamParamState>;
+  using Sgd = std::conditional_t<std::is_const_v<State>, const SGDParamState,
+                                 SGDParamState>;
+  if (auto* a = dynamic_cast<Adam*>(&state)) {
+    f(*a);
+  } else if (auto* g = dynamic_cast<Sgd*>(&state)) {
+    f(*g);
   } else {
     return false;
   }

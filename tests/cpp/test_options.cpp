@@ -4,12 +4,16 @@
 // (except the rows flagged kKept, which the loading optimizer keeps), be a
 // key of the state dict's group, refuse a captured step's call once changed
 // (except the rows flagged kLive), and be checked by the constructor when
-// its row names a check. A place that leaves an option out fails here.
+// its row names a check; and every entry of the per-param state lists
+// survives both checkpoints bit for bit. A place that leaves an option or a
+// state entry out fails here.
 #include <mixprec/mixprec.h>
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -97,6 +101,17 @@ const Options& options_of(const torch::optim::Optimizer& opt) {
   return static_cast<const Options&>(opt.param_groups()[0].options());
 }
 
+// Runs one place's checks of one option; an exception fails that pair only.
+void place(const std::string& what, const char* where,
+           const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    CHECK_MSG(false, what + " (" + where +
+                         "): " + std::string(e.what()).substr(0, 200));
+  }
+}
+
 // Every row of Opt's options list, changed alone from `base`, through each
 // place that uses it.
 template <typename Opt, typename Options>
@@ -117,50 +132,56 @@ void check_rows(const char* cls, const Options& base, const std::string& dir) {
     CHECK_MSG(T::differ(base, changed) == std::vector<std::string>{row.name},
               what + ": changing it changed " + join(T::differ(base, changed)));
 
-    // torch::save / torch::load
-    Opt saved(params(), changed);
-    const std::string path = dir + "/" + what + ".pt";
-    torch::save(saved, path);
-    Opt loaded(params(), base);
-    torch::load(loaded, path);
-    CHECK_MSG(T::differ(changed, options_of<Options>(loaded)).empty(),
-              what + ": torch::load gave other values of " +
-                  join(T::differ(changed, options_of<Options>(loaded))));
+    place(what, "torch::save/torch::load", [&] {
+      Opt saved(params(), changed);
+      const std::string path = dir + "/" + what + ".pt";
+      torch::save(saved, path);
+      Opt loaded(params(), base);
+      torch::load(loaded, path);
+      const auto got = T::differ(changed, options_of<Options>(loaded));
+      CHECK_MSG(got.empty(),
+                what + ": torch::load gave other values of " + join(got));
+    });
 
-    // state_dict(): a key per row; loaded except kKept rows
-    const auto sd = saved.state_dict();
-    const auto group = sd.at("param_groups").toListRef()[0].toGenericDict();
-    CHECK_MSG(group.contains(row.name),
-              what + ": not a key of the state dict's group");
-    Opt from_dict(params(), base);
-    from_dict.load_state_dict(sd);
-    const auto got = T::differ(changed, options_of<Options>(from_dict));
-    const auto want = (row.flags & kKept) ? std::vector<std::string>{row.name}
-                                          : std::vector<std::string>{};
-    CHECK_MSG(got == want, what + ": load_state_dict left " + join(got) +
-                               " unlike the saved group, expected " +
-                               join(want));
+    place(what, "state_dict", [&] {
+      // a key per row; loaded except kKept rows
+      Opt saved(params(), changed);
+      const auto sd = saved.state_dict();
+      const auto group = sd.at("param_groups").toListRef()[0].toGenericDict();
+      CHECK_MSG(group.contains(row.name),
+                what + ": not a key of the state dict's group");
+      Opt from_dict(params(), base);
+      from_dict.load_state_dict(sd);
+      const auto got = T::differ(changed, options_of<Options>(from_dict));
+      const auto want = (row.flags & kKept) ? std::vector<std::string>{row.name}
+                                            : std::vector<std::string>{};
+      CHECK_MSG(got == want, what + ": load_state_dict left " + join(got) +
+                                 " unlike the saved group, expected " +
+                                 join(want));
+    });
 
-    // a captured step bakes in every row but kLive ones
-    auto ps = params();
-    Opt opt(ps, base);
-    mixprec::CapturedStep step(
-        [&](const std::vector<torch::Tensor>& in) {
-          opt.zero_grad(/*set_to_none=*/false);
-          auto loss = (torch::nn::functional::linear(in[0], ps[0], ps[1]))
-                          .pow(2)
-                          .mean();
-          loss.backward();
-          opt.step();
-          return loss.detach();
-        },
-        {torch::randn({3, 4})}, {&opt}, nullptr,
-        mixprec::CapturedStepOptions().warmup(1));
-    for (int k = 0; k < 3; ++k) step({torch::randn({3, 4})});
-    T::change(static_cast<Options&>(opt.param_groups()[0].options()), i);
-    if (row.flags & kLive) {
-      step({torch::randn({3, 4})});  // read at every call
-    } else {
+    place(what, "CapturedStep", [&] {
+      // a captured step bakes in every row but kLive ones
+      auto ps = params();
+      Opt opt(ps, base);
+      mixprec::CapturedStep step(
+          [&](const std::vector<torch::Tensor>& in) {
+            opt.zero_grad(/*set_to_none=*/false);
+            auto loss = torch::nn::functional::linear(in[0], ps[0], ps[1])
+                            .pow(2)
+                            .mean();
+            loss.backward();
+            opt.step();
+            return loss.detach();
+          },
+          {torch::randn({3, 4})}, {&opt}, nullptr,
+          mixprec::CapturedStepOptions().warmup(1));
+      for (int k = 0; k < 3; ++k) step({torch::randn({3, 4})});
+      T::change(static_cast<Options&>(opt.param_groups()[0].options()), i);
+      if (row.flags & kLive) {
+        step({torch::randn({3, 4})});  // read at every call
+        return;
+      }
       std::string msg;
       try {
         step({torch::randn({3, 4})});
@@ -172,14 +193,24 @@ void check_rows(const char* cls, const Options& base, const std::string& dir) {
                    "call") != std::string::npos &&
               msg.find(std::string(row.name) + "=") != std::string::npos,
           what + ": a change not refused by a captured step (" + msg + ")");
-    }
+    });
 
-    // the row's check
     if (std::string(row.check) != "none") {
-      Options refused = base;
-      T::set_bad(refused, i);
-      CHECK_THROWS(c10::ValueError, Opt(params(), refused),
-                   std::string("mixprec.optim.") + cls + ": " + row.name);
+      place(what, "check", [&] {
+        Options refused = base;
+        T::set_bad(refused, i);
+        std::string msg;
+        try {
+          Opt opt(params(), refused);
+        } catch (const c10::ValueError& e) {
+          msg = e.what_without_backtrace();
+        }
+        const std::string want =
+            std::string("mixprec.optim.") + cls + ": " + row.name;
+        CHECK_MSG(msg.find(want) != std::string::npos,
+                  what + ": a bad value (check " + row.check +
+                      ") not refused with '" + want + "...' (" + msg + ")");
+      });
     }
   }
 }
@@ -197,6 +228,166 @@ void test_sgd_rows(const std::string& dir) {
   // (momentum > 0: nesterov alone is then valid)
   check_rows<mixprec::optim::SGD>(
       "SGD", mixprec::optim::SGDOptions().momentum(0.9), dir);
+}
+
+// ---- per-param state: every entry of the state lists (MIXPREC_ADAM_STATE,
+// MIXPREC_SGD_STATE) survives torch::save and state_dict() bit for bit, under
+// the configurations that together define every entry.
+#define MIXPREC_TEST_STATE_ENTRY(name) out.emplace_back(#name, s.name());
+
+using Entries = std::vector<std::pair<std::string, torch::Tensor>>;
+
+Entries entries(const mixprec::optim::AdamParamState& s) {
+  Entries out;
+  MIXPREC_ADAM_STATE(MIXPREC_TEST_STATE_ENTRY)
+  return out;
+}
+
+Entries entries(const mixprec::optim::SGDParamState& s) {
+  Entries out;
+  MIXPREC_SGD_STATE(MIXPREC_TEST_STATE_ENTRY)
+  return out;
+}
+
+// Every defined entry replaced by a copy in new storage (as a checkpoint
+// load does).
+#define MIXPREC_TEST_STATE_REPLACE(name) \
+  if (s.name().defined()) s.name(s.name().clone());
+
+void replace_all(mixprec::optim::AdamParamState& s) {
+  MIXPREC_ADAM_STATE(MIXPREC_TEST_STATE_REPLACE)
+}
+
+void replace_all(mixprec::optim::SGDParamState& s) {
+  MIXPREC_SGD_STATE(MIXPREC_TEST_STATE_REPLACE)
+}
+
+bool bitwise(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
+         torch::equal(a, b);
+}
+
+template <typename Opt, typename State, typename Options>
+void check_state_entries(const std::string& what, const Options& options,
+                         const std::string& dir,
+                         std::vector<std::string>& defined) {
+  torch::manual_seed(3);
+  const auto make = [] {
+    return std::vector<torch::Tensor>{
+        torch::randn({64, 4}).to(torch::kBFloat16).requires_grad_(),
+        torch::randn({64}).to(torch::kBFloat16).requires_grad_()};
+  };
+  auto ps = make();
+  Opt opt(ps, options);
+  for (int k = 0; k < 2; ++k) {
+    opt.zero_grad();
+    (torch::nn::functional::linear(torch::randn({3, 4}).to(torch::kBFloat16),
+                                   ps[0], ps[1])
+         .to(torch::kFloat)
+         .pow(2)
+         .mean())
+        .backward();
+    opt.step();
+  }
+  const auto state_of = [](const Opt& o, const torch::Tensor& p) {
+    return entries(
+        static_cast<const State&>(*o.state().at(p.unsafeGetTensorImpl())));
+  };
+  const std::string path = dir + "/" + what + "_state.pt";
+  torch::save(opt, path);
+  auto qs = make();
+  Opt loaded(qs, options);
+  torch::load(loaded, path);
+  const auto sd = opt.state_dict();
+  auto rs = make();
+  Opt from_dict(rs, options);
+  from_dict.load_state_dict(sd);
+  const auto saved = sd.at("state").toGenericDict();
+  for (size_t j = 0; j < ps.size(); ++j) {
+    const auto mine = state_of(opt, ps[j]);
+    const auto archived = state_of(loaded, qs[j]);
+    const auto dict = state_of(from_dict, rs[j]);
+    const auto entry = saved.at(static_cast<int64_t>(j)).toGenericDict();
+    for (size_t e = 0; e < mine.size(); ++e) {
+      const auto& [name, t] = mine[e];
+      const std::string where =
+          what + " param " + std::to_string(j) + " " + name;
+      if (t.defined()) defined.push_back(name);
+      CHECK_MSG(bitwise(t, archived[e].second),
+                where + ": differs after torch::save/torch::load");
+      CHECK_MSG(bitwise(t, dict[e].second),
+                where + ": differs after state_dict/load_state_dict");
+      CHECK_MSG(t.defined() == entry.contains(name),
+                where + ": a key of the state dict iff defined");
+    }
+  }
+
+  // a captured step holds every entry: replaced ones are copied back into
+  // the tensors it captured
+  auto cs = make();
+  Opt copt(cs, options);
+  mixprec::CapturedStep step(
+      [&](const std::vector<torch::Tensor>& in) {
+        copt.zero_grad(/*set_to_none=*/false);
+        auto loss = torch::nn::functional::linear(in[0], cs[0], cs[1])
+                        .to(torch::kFloat)
+                        .pow(2)
+                        .mean();
+        loss.backward();
+        copt.step();
+        return loss.detach();
+      },
+      {torch::randn({3, 4}).to(torch::kBFloat16)}, {&copt}, nullptr,
+      mixprec::CapturedStepOptions().warmup(1));
+  const auto call = [&] { step({torch::randn({3, 4}).to(torch::kBFloat16)}); };
+  for (int k = 0; k < 3; ++k) call();
+  std::vector<Entries> held;
+  for (const auto& p : cs) held.push_back(state_of(copt, p));
+  for (const auto& p : cs) {
+    replace_all(static_cast<State&>(*copt.state().at(p.unsafeGetTensorImpl())));
+  }
+  call();
+  for (size_t j = 0; j < cs.size(); ++j) {
+    const auto now = state_of(copt, cs[j]);
+    for (size_t e = 0; e < now.size(); ++e) {
+      const auto& [name, t] = now[e];
+      if (!t.defined()) continue;
+      CHECK_MSG(t.data_ptr() == held[j][e].second.data_ptr(),
+                what + " param " + std::to_string(j) + " " + name +
+                    ": a replaced entry not put back by a captured step");
+    }
+  }
+}
+
+void test_state_entries(const std::string& dir) {
+  using namespace mixprec::optim;
+  const auto all_of = [](const Entries& e) {
+    std::vector<std::string> out;
+    for (const auto& [name, t] : e) out.push_back(name);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const auto covered = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    return v;
+  };
+  std::vector<std::string> adam;
+  check_state_entries<Adam, AdamParamState>(
+      "adam_amsgrad", AdamOptions(1e-2).amsgrad(true), dir, adam);
+  check_state_entries<AdamW, AdamParamState>(
+      "adamw8", AdamWOptions(1e-2).state_bits(8).min_8bit_size(0), dir, adam);
+  CHECK_MSG(covered(adam) == all_of(entries(AdamParamState())),
+            "Adam's state entries defined by the configurations: " +
+                join(covered(adam)));
+  std::vector<std::string> sgd;
+  check_state_entries<SGD, SGDParamState>(
+      "sgd8", SGDOptions(1e-2).momentum(0.9).state_bits(8).min_8bit_size(0),
+      dir, sgd);
+  CHECK_MSG(covered(sgd) == all_of(entries(SGDParamState())),
+            "SGD's state entries defined by the configurations: " +
+                join(covered(sgd)));
 }
 
 // Adam and AdamW share torch.optim.Adam's rows and mixprec's; Adam has
@@ -229,6 +420,7 @@ int main(int argc, char** argv) {
       {"AdamW's rows", [&] { test_adamw_rows(dir); }},
       {"SGD's rows", [&] { test_sgd_rows(dir); }},
       {"shared rows", test_shared_rows},
+      {"state entries", [&] { test_state_entries(dir); }},
   };
   return mixprec_test::run_tests(tests);
 }

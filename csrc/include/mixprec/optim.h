@@ -260,18 +260,35 @@ struct MIXPREC_API AdamWOptions
   void set_lr(const double lr) override;
 };
 
-// Per-param state of Adam/AdamW (the keys of the Python state dict).
+// Per-param state, one list per class as for the options: the members here,
+// and in csrc/api the torch::save archive, the state_dict() entries (the
+// names are the Python state dict's keys), their loading and the tensors a
+// CapturedStep holds. All float32 on the param's device except the codes.
+//   step: 0-dim; master_param: 16-bit params only; max_exp_avg_sq: amsgrad
+//   only; momentum_buffer: momentum != 0 only. state_bits 8: exp_avg /
+//   exp_avg_sq / momentum_buffer hold uint8 codes and the *_absmax their
+//   block maxima (empty for a param left at 32 bits).
+#define MIXPREC_ADAM_STATE(X) \
+  X(step)                     \
+  X(exp_avg)                  \
+  X(exp_avg_sq)               \
+  X(max_exp_avg_sq)           \
+  X(master_param)             \
+  X(exp_avg_absmax)           \
+  X(exp_avg_sq_absmax)
+
+#define MIXPREC_SGD_STATE(X) \
+  X(step)                    \
+  X(momentum_buffer)         \
+  X(master_param)            \
+  X(momentum_buffer_absmax)
+
+#define MIXPREC_OPTIM_STATE_MEMBER(name) TORCH_ARG(at::Tensor, name);
+
+// Per-param state of Adam/AdamW.
 struct MIXPREC_API AdamParamState
     : public torch::optim::OptimizerCloneableParamState<AdamParamState> {
-  TORCH_ARG(at::Tensor, step);            // float32 0-dim, param's device
-  TORCH_ARG(at::Tensor, exp_avg);         // float32
-  TORCH_ARG(at::Tensor, exp_avg_sq);      // float32
-  TORCH_ARG(at::Tensor, max_exp_avg_sq);  // float32, amsgrad only
-  TORCH_ARG(at::Tensor, master_param);    // float32, 16-bit params only
-  // state_bits 8: exp_avg / exp_avg_sq hold uint8 codes and these their
-  // float32 block maxima (empty for a param below min_8bit_size)
-  TORCH_ARG(at::Tensor, exp_avg_absmax);
-  TORCH_ARG(at::Tensor, exp_avg_sq_absmax);
+  MIXPREC_ADAM_STATE(MIXPREC_OPTIM_STATE_MEMBER)
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -344,11 +361,7 @@ struct MIXPREC_API SGDOptions
 
 struct MIXPREC_API SGDParamState
     : public torch::optim::OptimizerCloneableParamState<SGDParamState> {
-  TORCH_ARG(at::Tensor, step);             // float32 0-dim, param's device
-  TORCH_ARG(at::Tensor, momentum_buffer);  // float32, momentum != 0 only
-  TORCH_ARG(at::Tensor, master_param);     // float32, 16-bit params only
-  // state_bits 8: momentum_buffer holds uint8 codes, this their maxima
-  TORCH_ARG(at::Tensor, momentum_buffer_absmax);
+  MIXPREC_SGD_STATE(MIXPREC_OPTIM_STATE_MEMBER)
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
