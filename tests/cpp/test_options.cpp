@@ -294,70 +294,89 @@ void check_state_entries(const std::string& what, const Options& options,
     return entries(
         static_cast<const State&>(*o.state().at(p.unsafeGetTensorImpl())));
   };
-  const std::string path = dir + "/" + what + "_state.pt";
-  torch::save(opt, path);
-  auto qs = make();
-  Opt loaded(qs, options);
-  torch::load(loaded, path);
-  const auto sd = opt.state_dict();
-  auto rs = make();
-  Opt from_dict(rs, options);
-  from_dict.load_state_dict(sd);
-  const auto saved = sd.at("state").toGenericDict();
   for (size_t j = 0; j < ps.size(); ++j) {
-    const auto mine = state_of(opt, ps[j]);
-    const auto archived = state_of(loaded, qs[j]);
-    const auto dict = state_of(from_dict, rs[j]);
-    const auto entry = saved.at(static_cast<int64_t>(j)).toGenericDict();
-    for (size_t e = 0; e < mine.size(); ++e) {
-      const auto& [name, t] = mine[e];
-      const std::string where =
-          what + " param " + std::to_string(j) + " " + name;
+    for (const auto& [name, t] : state_of(opt, ps[j])) {
       if (t.defined()) defined.push_back(name);
-      CHECK_MSG(bitwise(t, archived[e].second),
-                where + ": differs after torch::save/torch::load");
-      CHECK_MSG(bitwise(t, dict[e].second),
-                where + ": differs after state_dict/load_state_dict");
-      CHECK_MSG(t.defined() == entry.contains(name),
-                where + ": a key of the state dict iff defined");
     }
   }
+  // every entry of opt's state, bitwise, against `other`'s after its load
+  const auto compare = [&](const char* how, const Opt& other,
+                           const std::vector<torch::Tensor>& qs) {
+    for (size_t j = 0; j < ps.size(); ++j) {
+      const auto mine = state_of(opt, ps[j]);
+      const auto theirs = state_of(other, qs[j]);
+      for (size_t e = 0; e < mine.size(); ++e) {
+        CHECK_MSG(bitwise(mine[e].second, theirs[e].second),
+                  what + " param " + std::to_string(j) + " " + mine[e].first +
+                      ": differs after " + how);
+      }
+    }
+  };
+  place(what, "torch::save/torch::load", [&] {
+    const std::string path = dir + "/" + what + "_state.pt";
+    torch::save(opt, path);
+    auto qs = make();
+    Opt loaded(qs, options);
+    torch::load(loaded, path);
+    compare("torch::save/torch::load", loaded, qs);
+  });
+  place(what, "state_dict", [&] {
+    const auto sd = opt.state_dict();
+    const auto saved = sd.at("state").toGenericDict();
+    for (size_t j = 0; j < ps.size(); ++j) {
+      const auto entry = saved.at(static_cast<int64_t>(j)).toGenericDict();
+      for (const auto& [name, t] : state_of(opt, ps[j])) {
+        CHECK_MSG(t.defined() == entry.contains(name),
+                  what + " param " + std::to_string(j) + " " + name +
+                      ": a key of the state dict iff defined");
+      }
+    }
+    auto rs = make();
+    Opt from_dict(rs, options);
+    from_dict.load_state_dict(sd);
+    compare("state_dict/load_state_dict", from_dict, rs);
+  });
 
-  // a captured step holds every entry: replaced ones are copied back into
-  // the tensors it captured
-  auto cs = make();
-  Opt copt(cs, options);
-  mixprec::CapturedStep step(
-      [&](const std::vector<torch::Tensor>& in) {
-        copt.zero_grad(/*set_to_none=*/false);
-        auto loss = torch::nn::functional::linear(in[0], cs[0], cs[1])
-                        .to(torch::kFloat)
-                        .pow(2)
-                        .mean();
-        loss.backward();
-        copt.step();
-        return loss.detach();
-      },
-      {torch::randn({3, 4}).to(torch::kBFloat16)}, {&copt}, nullptr,
-      mixprec::CapturedStepOptions().warmup(1));
-  const auto call = [&] { step({torch::randn({3, 4}).to(torch::kBFloat16)}); };
-  for (int k = 0; k < 3; ++k) call();
-  std::vector<Entries> held;
-  for (const auto& p : cs) held.push_back(state_of(copt, p));
-  for (const auto& p : cs) {
-    replace_all(static_cast<State&>(*copt.state().at(p.unsafeGetTensorImpl())));
-  }
-  call();
-  for (size_t j = 0; j < cs.size(); ++j) {
-    const auto now = state_of(copt, cs[j]);
-    for (size_t e = 0; e < now.size(); ++e) {
-      const auto& [name, t] = now[e];
-      if (!t.defined()) continue;
-      CHECK_MSG(t.data_ptr() == held[j][e].second.data_ptr(),
-                what + " param " + std::to_string(j) + " " + name +
-                    ": a replaced entry not put back by a captured step");
+  place(what, "CapturedStep", [&] {
+    // a captured step holds every entry: replaced ones are copied back into
+    // the tensors it captured
+    auto cs = make();
+    Opt copt(cs, options);
+    mixprec::CapturedStep step(
+        [&](const std::vector<torch::Tensor>& in) {
+          copt.zero_grad(/*set_to_none=*/false);
+          auto loss = torch::nn::functional::linear(in[0], cs[0], cs[1])
+                          .to(torch::kFloat)
+                          .pow(2)
+                          .mean();
+          loss.backward();
+          copt.step();
+          return loss.detach();
+        },
+        {torch::randn({3, 4}).to(torch::kBFloat16)}, {&copt}, nullptr,
+        mixprec::CapturedStepOptions().warmup(1));
+    const auto call = [&] {
+      step({torch::randn({3, 4}).to(torch::kBFloat16)});
+    };
+    for (int k = 0; k < 3; ++k) call();
+    std::vector<Entries> held;
+    for (const auto& p : cs) held.push_back(state_of(copt, p));
+    for (const auto& p : cs) {
+      replace_all(
+          static_cast<State&>(*copt.state().at(p.unsafeGetTensorImpl())));
     }
-  }
+    call();
+    for (size_t j = 0; j < cs.size(); ++j) {
+      const auto now = state_of(copt, cs[j]);
+      for (size_t e = 0; e < now.size(); ++e) {
+        const auto& [name, t] = now[e];
+        if (!t.defined()) continue;
+        CHECK_MSG(t.data_ptr() == held[j][e].second.data_ptr(),
+                  what + " param " + std::to_string(j) + " " + name +
+                      ": a replaced entry not put back by a captured step");
+      }
+    }
+  });
 }
 
 void test_state_entries(const std::string& dir) {
