@@ -8,6 +8,7 @@
 #include "mixprec/optim.h"
 
 #include "mixprec_build_config.h"
+#include "options_table.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -140,58 +141,45 @@ std::string describe(const at::Tensor& t) {
   return c10::str(t.scalar_type(), " ", t.sizes(), " on ", t.device());
 }
 
-// The state tensors of a mixprec::optim param state, by name.
+// The state tensors of a mixprec::optim param state, by name (its list:
+// MIXPREC_ADAM_STATE, MIXPREC_SGD_STATE).
 std::vector<std::pair<const char*, at::Tensor*>> state_slots(
     torch::optim::OptimizerParamState& s) {
-  if (auto* a = dynamic_cast<optim::AdamParamState*>(&s)) {
-    return {{"step", &a->step()},
-            {"exp_avg", &a->exp_avg()},
-            {"exp_avg_sq", &a->exp_avg_sq()},
-            {"max_exp_avg_sq", &a->max_exp_avg_sq()},
-            {"master_param", &a->master_param()},
-            {"exp_avg_absmax", &a->exp_avg_absmax()},
-            {"exp_avg_sq_absmax", &a->exp_avg_sq_absmax()}};
-  }
-  if (auto* g = dynamic_cast<optim::SGDParamState*>(&s)) {
-    return {{"step", &g->step()},
-            {"momentum_buffer", &g->momentum_buffer()},
-            {"master_param", &g->master_param()},
-            {"momentum_buffer_absmax", &g->momentum_buffer_absmax()}};
-  }
-  TORCH_CHECK(false, kWho,
+  std::vector<std::pair<const char*, at::Tensor*>> out;
+  const bool known = optim::options_table::visit_state(s, [&](auto& typed) {
+    optim::options_table::for_each_state(
+        typed,
+        [&](const char* name, at::Tensor& t) { out.emplace_back(name, &t); });
+  });
+  TORCH_CHECK(known, kWho,
               "a param's optimizer state is not a mixprec::optim state");
+  return out;
 }
 
-// The options a graph bakes in: all but lr (full precision).
+void print_option(std::ostream& os, const std::tuple<double, double>& v) {
+  os << "(" << std::get<0>(v) << ", " << std::get<1>(v) << ")";
+}
+template <typename T>
+void print_option(std::ostream& os, const T& v) {
+  os << v;
+}
+
+// The options a graph bakes in: every row of the options' list
+// (api/options_table.h) but those read at every step (lr), in full precision.
 std::string baked_options(const torch::optim::OptimizerOptions& options) {
   std::ostringstream os;
   os.precision(17);
-  const auto adam = [&](const auto& o) {
-    os << "betas=(" << std::get<0>(o.betas()) << ", " << std::get<1>(o.betas())
-       << "), eps=" << o.eps() << ", weight_decay=" << o.weight_decay()
-       << ", amsgrad=" << o.amsgrad() << ", maximize=" << o.maximize()
-       << ", master_weights=" << o.master_weights()
-       << ", stochastic_rounding=" << o.stochastic_rounding()
-       << ", seed=" << o.seed() << ", state_bits=" << o.state_bits()
-       << ", min_8bit_size=" << o.min_8bit_size();
-  };
-  if (const auto* a = dynamic_cast<const optim::AdamOptions*>(&options)) {
-    adam(*a);
-    os << ", decoupled_weight_decay=" << a->decoupled_weight_decay();
-  } else if (const auto* w =
-                 dynamic_cast<const optim::AdamWOptions*>(&options)) {
-    adam(*w);
-  } else if (const auto* g = dynamic_cast<const optim::SGDOptions*>(&options)) {
-    os << "momentum=" << g->momentum() << ", dampening=" << g->dampening()
-       << ", weight_decay=" << g->weight_decay()
-       << ", nesterov=" << g->nesterov() << ", maximize=" << g->maximize()
-       << ", master_weights=" << g->master_weights()
-       << ", stochastic_rounding=" << g->stochastic_rounding()
-       << ", seed=" << g->seed() << ", state_bits=" << g->state_bits()
-       << ", min_8bit_size=" << g->min_8bit_size();
-  } else {
-    TORCH_CHECK(false, kWho, "a param group has options of another optimizer");
-  }
+  const bool known = optim::options_table::visit(options, [&](const auto& o) {
+    const char* sep = "";
+    optim::options_table::for_each_option(
+        o, [&](const char* name, const auto& value, unsigned flags, auto) {
+          if (flags & optim::options_flag::kLive) return;
+          os << sep << name << "=";
+          print_option(os, value);
+          sep = ", ";
+        });
+  });
+  TORCH_CHECK(known, kWho, "a param group has options of another optimizer");
   return os.str();
 }
 

@@ -7,6 +7,7 @@
 #include "mixprec/ops.h"
 
 #include "common/quant8_math.h"
+#include "options_table.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -29,63 +30,36 @@ bool is_supported(at::ScalarType t) {
   return t == at::kFloat || is_low_precision(t);
 }
 
-void check_nonneg(const char* cls, const char* name, double value) {
-  TORCH_CHECK_VALUE(value >= 0.0 && std::isfinite(value), "mixprec.optim.", cls,
-                    ": ", name, " must be a finite number >= 0, got ", value);
-}
-
-void check_beta(const char* cls, int index, double value) {
-  TORCH_CHECK_VALUE(value >= 0.0 && value < 1.0, "mixprec.optim.", cls,
-                    ": betas[", index, "] must be in [0, 1), got ", value);
-}
-
+// An options object's checks: each row's (the list's check column), then
+// those relating two options; c10::ValueError naming the option.
 template <typename Options>
-void check_state_bits(const char* cls, const Options& o) {
-  TORCH_CHECK_VALUE(o.state_bits() == 8 || o.state_bits() == 32,
-                    "mixprec.optim.", cls, ": state_bits must be 8 or 32, got ",
-                    o.state_bits());
-  TORCH_CHECK_VALUE(o.min_8bit_size() >= 0, "mixprec.optim.", cls,
-                    ": min_8bit_size must be an int >= 0, got ",
-                    o.min_8bit_size());
-}
-
-template <typename Options>
-const Options& adam_check(const char* cls, const Options& o) {
-  check_nonneg(cls, "lr", o.lr());
-  check_nonneg(cls, "eps", o.eps());
-  check_nonneg(cls, "weight_decay", o.weight_decay());
-  check_beta(cls, 0, std::get<0>(o.betas()));
-  check_beta(cls, 1, std::get<1>(o.betas()));
-  check_state_bits(cls, o);
-  TORCH_CHECK_VALUE(!(o.state_bits() == 8 && o.amsgrad()), "mixprec.optim.",
-                    cls, ": amsgrad=True needs state_bits=32");
-  return o;
-}
-
-const SGDOptions& sgd_check(const SGDOptions& o) {
-  check_state_bits("SGD", o);
-  check_nonneg("SGD", "lr", o.lr());
-  check_nonneg("SGD", "momentum", o.momentum());
-  check_nonneg("SGD", "weight_decay", o.weight_decay());
-  TORCH_CHECK_VALUE(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0),
-                    "mixprec.optim.SGD: nesterov=True requires momentum > 0 "
-                    "and dampening == 0, got momentum=",
-                    o.momentum(), ", dampening=", o.dampening());
+const Options& check_options(const Options& o) {
+  const char* cls = options_table::class_name<Options>();
+  options_table::for_each_option(
+      o, [&](const char* name, const auto& value, unsigned, auto check) {
+        check(cls, name, value);
+      });
+  if constexpr (std::is_same_v<Options, SGDOptions>) {
+    TORCH_CHECK_VALUE(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0),
+                      "mixprec.optim.SGD: nesterov=True requires momentum > 0 "
+                      "and dampening == 0, got momentum=",
+                      o.momentum(), ", dampening=", o.dampening());
+  } else {
+    TORCH_CHECK_VALUE(!(o.state_bits() == 8 && o.amsgrad()), "mixprec.optim.",
+                      cls, ": amsgrad=True needs state_bits=32");
+  }
   return o;
 }
 
 // The checks of a param group's own options (added after construction).
 template <typename Options>
-void check_groups(const char* cls, const torch::optim::Optimizer& opt) {
+void check_groups(const torch::optim::Optimizer& opt) {
   for (const auto& g : opt.param_groups()) {
     const auto* o = dynamic_cast<const Options*>(&g.options());
-    TORCH_CHECK(o != nullptr, "mixprec.optim.", cls,
+    TORCH_CHECK(o != nullptr, "mixprec.optim.",
+                options_table::class_name<Options>(),
                 ": a param group has options of another optimizer");
-    if constexpr (std::is_same_v<Options, SGDOptions>) {
-      sgd_check(*o);
-    } else {
-      adam_check(cls, *o);
-    }
+    check_options(*o);
   }
 }
 
@@ -142,7 +116,8 @@ std::pair<at::Tensor, at::Tensor> quantize8(const at::Tensor& x, int table) {
       const int64_t len = rb.length(k);
       float m = 0.0f;
       for (int64_t j = 0; j < len; ++j) m = q8::abs_max(m, v[e + j]);
-      for (int64_t j = 0; j < len; ++j) c[e + j] = q8::encode(v[e + j], m, table);
+      for (int64_t j = 0; j < len; ++j)
+        c[e + j] = q8::encode(v[e + j], m, table);
       a[k] = m;
       e += len;
     }
@@ -156,7 +131,8 @@ at::Tensor dequantize8(const at::Tensor& codes, const at::Tensor& absmax,
                        int table, bool flat = false) {
   const at::Tensor cc = codes.to(at::kCPU).contiguous();
   const at::Tensor ac = absmax.to(at::kCPU, at::kFloat).contiguous();
-  at::Tensor out = at::empty(codes.sizes(), at::TensorOptions().dtype(at::kFloat));
+  at::Tensor out =
+      at::empty(codes.sizes(), at::TensorOptions().dtype(at::kFloat));
   const int64_t n = codes.numel();
   if (n > 0) {
     const q8::RowBlocks rb = blocks_of(codes, flat);
@@ -165,7 +141,8 @@ at::Tensor dequantize8(const at::Tensor& codes, const at::Tensor& absmax,
     float* o = out.data_ptr<float>();
     for (int64_t k = 0, e = 0; e < n; ++k) {
       const int64_t len = rb.length(k);
-      for (int64_t j = 0; j < len; ++j) o[e + j] = q8::decode(c[e + j], a[k], table);
+      for (int64_t j = 0; j < len; ++j)
+        o[e + j] = q8::decode(c[e + j], a[k], table);
       e += len;
     }
   }
@@ -206,6 +183,49 @@ at::Tensor to_param(const at::Tensor& t, const at::Tensor& p, bool is_step) {
   }
   const auto dtype = t.is_floating_point() ? at::kFloat : t.scalar_type();
   return t.detach().to(p.device(), dtype, false, true);
+}
+
+// ---- the options in a torch::save archive (torch::optim's
+// _TORCH_OPTIM_SERIALIZE_TORCH_ARG layout: one entry per option, by name).
+template <typename Options>
+void write_options(const Options& o, torch::serialize::OutputArchive& archive) {
+  options_table::for_each_option(
+      o, [&](const char* name, const auto& value, unsigned, auto) {
+        archive.write(name, c10::IValue(value));
+      });
+}
+
+// torch.optim's options must be there; mixprec's keep their defaults where
+// absent (an archive written before the option existed).
+template <typename Options>
+void read_options(Options& o, torch::serialize::InputArchive& archive) {
+  options_table::for_each_option(
+      o, [&](const char* name, auto& value, unsigned flags, auto) {
+        c10::IValue v;
+        if (archive.try_read(name, v)) {
+          value = v.to<std::decay_t<decltype(value)>>();
+        } else {
+          TORCH_CHECK(!(flags & options_flag::kTorch), "mixprec.optim.",
+                      options_table::class_name<Options>(),
+                      ": the archive has no option '", name, "'");
+        }
+      });
+}
+
+// A param state in an archive: its defined tensors, by name.
+template <typename State>
+void write_state(const State& s, torch::serialize::OutputArchive& archive) {
+  options_table::for_each_state(s, [&](const char* name, const at::Tensor& t) {
+    if (t.defined()) archive.write(name, t);
+  });
+}
+
+template <typename State>
+void read_state(State& s, torch::serialize::InputArchive& archive) {
+  options_table::for_each_state(s, [&](const char* name, at::Tensor& t) {
+    c10::IValue v;
+    if (archive.try_read(name, v)) t = v.toTensor();
+  });
 }
 
 }  // namespace
@@ -391,85 +411,23 @@ double AdamWOptions::get_lr() const { return lr(); }
 void AdamWOptions::set_lr(const double lr) { this->lr(lr); }
 
 void AdamOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(state_bits);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(min_8bit_size);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(decoupled_weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(stochastic_rounding);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(seed);
+  write_options(*this, archive);
 }
-
 void AdamOptions::serialize(torch::serialize::InputArchive& archive) {
-  // (archives written before 8-bit state existed have neither)
-  c10::IValue bits;
-  if (archive.try_read("state_bits", bits)) state_bits(bits.toInt());
-  if (archive.try_read("min_8bit_size", bits)) min_8bit_size(bits.toInt());
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, decoupled_weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, master_weights);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, stochastic_rounding);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(int64_t, seed);
+  read_options(*this, archive);
 }
-
 void AdamWOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(state_bits);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(min_8bit_size);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(stochastic_rounding);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(seed);
+  write_options(*this, archive);
 }
-
 void AdamWOptions::serialize(torch::serialize::InputArchive& archive) {
-  // (archives written before 8-bit state existed have neither)
-  c10::IValue bits;
-  if (archive.try_read("state_bits", bits)) state_bits(bits.toInt());
-  if (archive.try_read("min_8bit_size", bits)) min_8bit_size(bits.toInt());
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, master_weights);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, stochastic_rounding);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(int64_t, seed);
+  read_options(*this, archive);
 }
 
 void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_absmax);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq_absmax);
+  write_state(*this, archive);
 }
-
 void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, max_exp_avg_sq);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_absmax);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq_absmax);
+  read_state(*this, archive);
 }
 
 // The members of the Adam template and SGD that differ only in their option
@@ -484,23 +442,9 @@ bool any_group_master_weights(const torch::optim::Optimizer& opt) {
   return false;
 }
 
-// What differs between Adam and AdamW beyond the option type.
-template <typename Opts>
-struct AdamTraits;
-
-template <>
-struct AdamTraits<AdamOptions> {
-  static constexpr const char* kName = "Adam";
-  static bool decoupled(const AdamOptions& o) {
-    return o.decoupled_weight_decay();
-  }
-};
-
-template <>
-struct AdamTraits<AdamWOptions> {
-  static constexpr const char* kName = "AdamW";
-  static bool decoupled(const AdamWOptions&) { return true; }
-};
+// Whether the decay is decoupled (AdamW's always is).
+bool decoupled(const AdamOptions& o) { return o.decoupled_weight_decay(); }
+bool decoupled(const AdamWOptions&) { return true; }
 
 }  // namespace
 
@@ -508,14 +452,14 @@ template <typename Options>
 AdamBase<Options>::AdamBase(
     const std::vector<torch::optim::OptimizerParamGroup>& groups,
     Options defaults)
-    : FusedOptimizer(groups, std::make_unique<Options>(adam_check(
-                                 AdamTraits<Options>::kName, defaults))) {
-  check_groups<Options>(AdamTraits<Options>::kName, *this);
+    : FusedOptimizer(groups,
+                     std::make_unique<Options>(check_options(defaults))) {
+  check_groups<Options>(*this);
 }
 
 template <typename Options>
 const char* AdamBase<Options>::name() const {
-  return AdamTraits<Options>::kName;
+  return options_table::class_name<Options>();
 }
 
 template <typename Options>
@@ -604,7 +548,7 @@ void AdamBase<Options>::run_bucket(Bucket& b,
         /*beta1=*/std::get<0>(o.betas()), /*beta2=*/std::get<1>(o.betas()),
         /*weight_decay=*/o.weight_decay(), /*eps=*/o.eps(),
         /*maximize=*/o.maximize(),
-        /*decoupled_weight_decay=*/AdamTraits<Options>::decoupled(o),
+        /*decoupled_weight_decay=*/decoupled(o),
         /*grad_scale=*/sc.grad_scale, /*found_inf=*/sc.found_inf,
         /*clip_coef=*/sc.clip_coef,
         /*stochastic_rounding=*/o.stochastic_rounding() && !has_masters,
@@ -618,7 +562,7 @@ void AdamBase<Options>::run_bucket(Bucket& b,
       /*lr=*/lr, /*beta1=*/std::get<0>(o.betas()),
       /*beta2=*/std::get<1>(o.betas()), /*weight_decay=*/o.weight_decay(),
       /*eps=*/o.eps(), /*amsgrad=*/o.amsgrad(), /*maximize=*/o.maximize(),
-      /*decoupled_weight_decay=*/AdamTraits<Options>::decoupled(o),
+      /*decoupled_weight_decay=*/decoupled(o),
       /*grad_scale=*/sc.grad_scale, /*found_inf=*/sc.found_inf,
       /*clip_coef=*/sc.clip_coef,
       /*stochastic_rounding=*/o.stochastic_rounding() && !has_masters,
@@ -631,14 +575,10 @@ template class AdamBase<AdamWOptions>;
 namespace {
 
 int64_t state_bits_of(const torch::optim::OptimizerParamGroup& group) {
-  const auto& opts = group.options();
-  if (const auto* o = dynamic_cast<const AdamOptions*>(&opts)) {
-    return o->state_bits();
-  }
-  if (const auto* ow = dynamic_cast<const AdamWOptions*>(&opts)) {
-    return ow->state_bits();
-  }
-  return static_cast<const SGDOptions&>(opts).state_bits();
+  int64_t bits = 32;
+  options_table::visit(group.options(),
+                       [&](const auto& o) { bits = o.state_bits(); });
+  return bits;
 }
 
 }  // namespace
@@ -698,46 +638,51 @@ c10::impl::GenericDict any_dict(c10::TypePtr key) {
   return c10::impl::GenericDict(std::move(key), c10::AnyType::get());
 }
 
-// The group entries of the Python classes (their constructor defaults): torch's
-// own, then mixprec's (these, the last ones of every class).
+// ---- a param group's options as the Python class's state_dict() group:
+// torch.optim's entries (the rows flagged kTorch, then torch's fixed ones),
+// then mixprec's; keys are the options' names.
+
+c10::IValue group_value(double v) { return v; }
+c10::IValue group_value(bool v) { return v; }
+c10::IValue group_value(int64_t v) { return v; }
+c10::IValue group_value(const std::tuple<double, double>& v) {
+  return c10::ivalue::Tuple::create(std::get<0>(v), std::get<1>(v));
+}
+
+// torch.optim's entries that are no option here (their values in a fused
+// mixprec optimizer), in the Python class's order.
 template <typename O>
-void mixprec_group_to(const O& o, c10::impl::GenericDict& g) {
-  g.insert("master_weights", o.master_weights());
-  g.insert("stochastic_rounding", o.stochastic_rounding());
-  g.insert("seed", o.seed());
-  g.insert("state_bits", o.state_bits());
-  g.insert("min_8bit_size", o.min_8bit_size());
+void torch_fixed_to(c10::impl::GenericDict& g) {
+  if constexpr (std::is_same_v<O, SGDOptions>) {
+    g.insert("foreach", c10::IValue());
+    g.insert("differentiable", false);
+    g.insert("fused", c10::IValue());
+    g.insert("capturable", false);
+  } else {
+    g.insert("foreach", c10::IValue());
+    g.insert("capturable", false);
+    g.insert("differentiable", false);
+    g.insert("fused", c10::IValue());
+  }
+  // (AdamW's decay is always decoupled: Python's AdamW has the key)
+  if constexpr (std::is_same_v<O, AdamWOptions>) {
+    g.insert("decoupled_weight_decay", true);
+  }
 }
 
 template <typename O>
-void adam_group_to(const O& o, bool decoupled, c10::impl::GenericDict& g) {
-  g.insert("lr", o.lr());
-  g.insert("betas", c10::ivalue::Tuple::create(std::get<0>(o.betas()),
-                                               std::get<1>(o.betas())));
-  g.insert("eps", o.eps());
-  g.insert("weight_decay", o.weight_decay());
-  g.insert("amsgrad", o.amsgrad());
-  g.insert("maximize", o.maximize());
-  g.insert("foreach", c10::IValue());
-  g.insert("capturable", false);
-  g.insert("differentiable", false);
-  g.insert("fused", c10::IValue());
-  g.insert("decoupled_weight_decay", decoupled);
-  mixprec_group_to(o, g);
-}
-
-void sgd_group_to(const SGDOptions& o, c10::impl::GenericDict& g) {
-  g.insert("lr", o.lr());
-  g.insert("momentum", o.momentum());
-  g.insert("dampening", o.dampening());
-  g.insert("weight_decay", o.weight_decay());
-  g.insert("nesterov", o.nesterov());
-  g.insert("maximize", o.maximize());
-  g.insert("foreach", c10::IValue());
-  g.insert("differentiable", false);
-  g.insert("fused", c10::IValue());
-  g.insert("capturable", false);
-  mixprec_group_to(o, g);
+void group_to(const O& o, c10::impl::GenericDict& g) {
+  const auto insert = [&](bool torch_part) {
+    options_table::for_each_option(
+        o, [&](const char* name, const auto& value, unsigned flags, auto) {
+          if (static_cast<bool>(flags & options_flag::kTorch) == torch_part) {
+            g.insert(name, group_value(value));
+          }
+        });
+  };
+  insert(true);
+  torch_fixed_to<O>(g);
+  insert(false);
 }
 
 double num(const c10::impl::GenericDict& g, const char* key, double dflt) {
@@ -756,51 +701,44 @@ bool flag(const c10::impl::GenericDict& g, const char* key, bool dflt) {
   return it->value().toScalar().toBool();
 }
 
-// mixprec's entries (mixprec_group_to).
-template <typename O>
-void mixprec_group_from(const c10::impl::GenericDict& g, O& o) {
-  o.master_weights(flag(g, "master_weights", o.master_weights()));
-  o.stochastic_rounding(
-      flag(g, "stochastic_rounding", o.stochastic_rounding()));
-  o.seed(static_cast<int64_t>(num(g, "seed", static_cast<double>(o.seed()))));
-  // (state_bits stays this optimizer's: a checkpoint's moments are converted
-  // to it, as Python's load_state_dict does)
-  o.min_8bit_size(static_cast<int64_t>(
-      num(g, "min_8bit_size", static_cast<double>(o.min_8bit_size()))));
+void group_value_from(const c10::impl::GenericDict& g, const char* key,
+                      double& v) {
+  v = num(g, key, v);
 }
-
-template <typename O>
-void adam_group_from(const c10::impl::GenericDict& g, O& o) {
-  o.lr(num(g, "lr", o.lr()));
-  auto it = g.find("betas");
-  if (it != g.end()) {
-    const c10::IValue& b = it->value();
-    std::vector<c10::IValue> elems;
-    if (b.isTuple()) {
-      for (const auto& e : b.toTupleRef().elements()) elems.push_back(e);
-    } else if (b.isList()) {
-      for (const auto& e : b.toListRef()) elems.push_back(e);
-    }
-    TORCH_CHECK(elems.size() == 2,
-                "load_state_dict: betas must have two values");
-    o.betas(std::make_tuple(elems[0].toScalar().toDouble(),
-                            elems[1].toScalar().toDouble()));
+void group_value_from(const c10::impl::GenericDict& g, const char* key,
+                      bool& v) {
+  v = flag(g, key, v);
+}
+void group_value_from(const c10::impl::GenericDict& g, const char* key,
+                      int64_t& v) {
+  v = static_cast<int64_t>(num(g, key, static_cast<double>(v)));
+}
+// (a tuple or a list of two numbers)
+void group_value_from(const c10::impl::GenericDict& g, const char* key,
+                      std::tuple<double, double>& v) {
+  auto it = g.find(key);
+  if (it == g.end()) return;
+  const c10::IValue& b = it->value();
+  std::vector<c10::IValue> elems;
+  if (b.isTuple()) {
+    for (const auto& e : b.toTupleRef().elements()) elems.push_back(e);
+  } else if (b.isList()) {
+    for (const auto& e : b.toListRef()) elems.push_back(e);
   }
-  o.eps(num(g, "eps", o.eps()));
-  o.weight_decay(num(g, "weight_decay", o.weight_decay()));
-  o.amsgrad(flag(g, "amsgrad", o.amsgrad()));
-  o.maximize(flag(g, "maximize", o.maximize()));
-  mixprec_group_from(g, o);
+  TORCH_CHECK(elems.size() == 2, "load_state_dict: ", key,
+              " must have two values");
+  v = std::make_tuple(elems[0].toScalar().toDouble(),
+                      elems[1].toScalar().toDouble());
 }
 
-void sgd_group_from(const c10::impl::GenericDict& g, SGDOptions& o) {
-  o.lr(num(g, "lr", o.lr()));
-  o.momentum(num(g, "momentum", o.momentum()));
-  o.dampening(num(g, "dampening", o.dampening()));
-  o.weight_decay(num(g, "weight_decay", o.weight_decay()));
-  o.nesterov(flag(g, "nesterov", o.nesterov()));
-  o.maximize(flag(g, "maximize", o.maximize()));
-  mixprec_group_from(g, o);
+// The options of a saved group (group_to's); an absent entry keeps the
+// option's value, and those flagged kKept are not read.
+template <typename O>
+void group_from(const c10::impl::GenericDict& g, O& o) {
+  options_table::for_each_option(
+      o, [&](const char* name, auto& value, unsigned flags, auto) {
+        if (!(flags & options_flag::kKept)) group_value_from(g, name, value);
+      });
 }
 
 at::Tensor state_tensor(const c10::impl::GenericDict& s, const char* key) {
@@ -846,16 +784,16 @@ void check_coded(const char* cls, const c10::IValue& key,
                       "']: expected uint8 codes of shape ", p.sizes(),
                       ", got shape ", c.sizes());
     const at::Tensor a = state_tensor(ps, absmax_name);
-    const std::vector<int64_t> want = layout == kQuant
-                                          ? absmax_sizes(p)
-                                          : std::vector<int64_t>{num_blocks(p.numel())};
-    TORCH_CHECK_VALUE(a.defined() && a.scalar_type() == at::kFloat &&
-                          a.sizes() == at::IntArrayRef(want),
-                      where, "['", absmax_name, "']: expected float32 of shape ",
-                      at::IntArrayRef(want), " ('", layout, "' layout), got ",
-                      a.defined()
-                          ? c10::str(a.scalar_type(), " of shape ", a.sizes())
-                          : std::string("nothing"));
+    const std::vector<int64_t> want =
+        layout == kQuant ? absmax_sizes(p)
+                         : std::vector<int64_t>{num_blocks(p.numel())};
+    TORCH_CHECK_VALUE(
+        a.defined() && a.scalar_type() == at::kFloat &&
+            a.sizes() == at::IntArrayRef(want),
+        where, "['", absmax_name, "']: expected float32 of shape ",
+        at::IntArrayRef(want), " ('", layout, "' layout), got ",
+        a.defined() ? c10::str(a.scalar_type(), " of shape ", a.sizes())
+                    : std::string("nothing"));
   }
 }
 
@@ -867,46 +805,23 @@ c10::impl::GenericDict FusedOptimizer::state_dict() const {
   int64_t index = 0;
   for (const auto& group : param_groups()) {
     c10::impl::GenericDict g = any_dict(c10::StringType::get());
-    const auto& opts = group.options();
-    if (const auto* o = dynamic_cast<const AdamOptions*>(&opts)) {
-      adam_group_to(*o, o->decoupled_weight_decay(), g);
-    } else if (const auto* ow = dynamic_cast<const AdamWOptions*>(&opts)) {
-      adam_group_to(*ow, true, g);
-    } else if (const auto* os = dynamic_cast<const SGDOptions*>(&opts)) {
-      sgd_group_to(*os, g);
-    }
+    options_table::visit(group.options(),
+                         [&](const auto& o) { group_to(o, g); });
     c10::List<int64_t> ids;
     for (const auto& p : group.params()) {
       auto it = this->state().find(p.unsafeGetTensorImpl());
       if (it != this->state().end()) {
         c10::impl::GenericDict ps = any_dict(c10::StringType::get());
-        const auto put = [&](const char* k, const at::Tensor& t) {
-          if (t.defined()) ps.insert(k, t);
-        };
-        if (const auto* a =
-                dynamic_cast<const AdamParamState*>(it->second.get())) {
-          put("step", a->step());
-          put("exp_avg", a->exp_avg());
-          put("exp_avg_sq", a->exp_avg_sq());
-          put("max_exp_avg_sq", a->max_exp_avg_sq());
-          put("master_param", a->master_param());
-          put("exp_avg_absmax", a->exp_avg_absmax());
-          put("exp_avg_sq_absmax", a->exp_avg_sq_absmax());
-          if (a->exp_avg().defined() &&
-              a->exp_avg().scalar_type() == at::kByte) {
-            ps.insert("quant", std::string(kQuant));
-          }
-        } else if (const auto* sg =
-                       dynamic_cast<const SGDParamState*>(it->second.get())) {
-          put("step", sg->step());
-          put("momentum_buffer", sg->momentum_buffer());
-          put("master_param", sg->master_param());
-          put("momentum_buffer_absmax", sg->momentum_buffer_absmax());
-          if (sg->momentum_buffer().defined() &&
-              sg->momentum_buffer().scalar_type() == at::kByte) {
-            ps.insert("quant", std::string(kQuant));
-          }
-        }
+        bool codes = false;
+        options_table::visit_state(*it->second, [&](const auto& s) {
+          options_table::for_each_state(
+              s, [&](const char* k, const at::Tensor& t) {
+                if (!t.defined()) return;
+                ps.insert(k, t);
+                codes = codes || t.scalar_type() == at::kByte;
+              });
+        });
+        if (codes) ps.insert("quant", std::string(kQuant));  // their layout
         state.insert(index, ps);
       }
       ids.push_back(index++);
@@ -946,7 +861,8 @@ void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
   }
   const auto saved_state = st->value().toGenericDict();
   // Every 8-bit entry is checked before anything is loaded (as the Python
-  // _check_loadable of optim/_state8.py): its layout name, the codes' shape and the maxima's.
+  // _check_loadable of optim/_state8.py): its layout name, the codes' shape and
+  // the maxima's.
   for (size_t i = 0; i < groups.size(); ++i) {
     const auto ids =
         saved_groups[i].toGenericDict().find("params")->value().toListRef();
@@ -962,15 +878,7 @@ void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
   for (size_t i = 0; i < groups.size(); ++i) {
     const auto g = saved_groups[i].toGenericDict();
     auto& opts = groups[i].options();
-    if (auto* o = dynamic_cast<AdamOptions*>(&opts)) {
-      adam_group_from(g, *o);
-      o->decoupled_weight_decay(
-          flag(g, "decoupled_weight_decay", o->decoupled_weight_decay()));
-    } else if (auto* ow = dynamic_cast<AdamWOptions*>(&opts)) {
-      adam_group_from(g, *ow);
-    } else if (auto* os = dynamic_cast<SGDOptions*>(&opts)) {
-      sgd_group_from(g, *os);
-    }
+    options_table::visit(opts, [&](auto& o) { group_from(g, o); });
     const auto ids = g.find("params")->value().toListRef();
     for (size_t j = 0; j < ids.size(); ++j) {
       const at::Tensor& p = groups[i].params()[j];
@@ -981,23 +889,14 @@ void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
       const auto ps = found->value().toGenericDict();
       std::unique_ptr<torch::optim::OptimizerParamState> fresh;
       if (dynamic_cast<const SGDOptions*>(&opts) != nullptr) {
-        auto s = std::make_unique<SGDParamState>();
-        s->step(state_tensor(ps, "step"));
-        s->momentum_buffer(state_tensor(ps, "momentum_buffer"));
-        s->master_param(state_tensor(ps, "master_param"));
-        s->momentum_buffer_absmax(state_tensor(ps, "momentum_buffer_absmax"));
-        fresh = std::move(s);
+        fresh = std::make_unique<SGDParamState>();
       } else {
-        auto s = std::make_unique<AdamParamState>();
-        s->step(state_tensor(ps, "step"));
-        s->exp_avg(state_tensor(ps, "exp_avg"));
-        s->exp_avg_sq(state_tensor(ps, "exp_avg_sq"));
-        s->max_exp_avg_sq(state_tensor(ps, "max_exp_avg_sq"));
-        s->master_param(state_tensor(ps, "master_param"));
-        s->exp_avg_absmax(state_tensor(ps, "exp_avg_absmax"));
-        s->exp_avg_sq_absmax(state_tensor(ps, "exp_avg_sq_absmax"));
-        fresh = std::move(s);
+        fresh = std::make_unique<AdamParamState>();
       }
+      options_table::visit_state(*fresh, [&](auto& s) {
+        options_table::for_each_state(
+            s, [&](const char* k, at::Tensor& t) { t = state_tensor(ps, k); });
+      });
       state()[p.unsafeGetTensorImpl()] = std::move(fresh);
     }
   }
@@ -1010,54 +909,24 @@ double SGDOptions::get_lr() const { return lr(); }
 void SGDOptions::set_lr(const double lr) { this->lr(lr); }
 
 void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(state_bits);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(min_8bit_size);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(dampening);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(stochastic_rounding);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(seed);
+  write_options(*this, archive);
 }
-
 void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
-  // (archives written before 8-bit state existed have neither)
-  c10::IValue bits;
-  if (archive.try_read("state_bits", bits)) state_bits(bits.toInt());
-  if (archive.try_read("min_8bit_size", bits)) min_8bit_size(bits.toInt());
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, dampening);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, master_weights);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, stochastic_rounding);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(int64_t, seed);
+  read_options(*this, archive);
 }
 
 void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer_absmax);
+  write_state(*this, archive);
 }
-
 void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer_absmax);
+  read_state(*this, archive);
 }
 
 SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups,
          SGDOptions defaults)
     : FusedOptimizer(groups,
-                     std::make_unique<SGDOptions>(sgd_check(defaults))) {
-  check_groups<SGDOptions>("SGD", *this);
+                     std::make_unique<SGDOptions>(check_options(defaults))) {
+  check_groups<SGDOptions>(*this);
 }
 
 bool SGD::master_weights() const {

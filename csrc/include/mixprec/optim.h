@@ -152,28 +152,91 @@ class MIXPREC_API FusedOptimizer : public torch::optim::Optimizer {
       lr_cache_;
 };
 
+// ------------------------------------------------------------------ options
+// Each options class is generated from one list of its options, the
+// X-macros below: the TORCH_ARG setters/getters and defaults here, and in
+// csrc/api (options_table.h) the torch::save archive (serialize), the
+// state_dict() group entries and their loading, the checks, and the settings
+// a mixprec::CapturedStep bakes in. Adding an option is one row; the key is
+// the option's name everywhere (Python's keyword and state-dict key).
+//
+// A row: X(type, name, default, check, flags)
+//   check  how a constructor checks the value: none, nonneg (a finite
+//          number >= 0), betas (each in [0, 1)), bits (8 or 32), count (an
+//          int >= 0); checks that relate two options are in optim.cpp
+//   flags  options_flag values, or'ed:
+namespace options_flag {
+enum : unsigned {
+  // mixprec's own option: in a state dict's group after torch's entries;
+  // may be absent from a torch::save archive (it then keeps its default)
+  kMixprec = 0,
+  // a key of torch.optim's own group: first in a state dict's group, and
+  // required in a torch::save archive
+  kTorch = 1,
+  // read at every step (lr: the device tensor the kernels read), so not
+  // baked into a captured graph
+  kLive = 2,
+  // not taken from a loaded state dict: the optimizer keeps its own value
+  // (state_bits: a checkpoint's moments are converted to it)
+  kKept = 4,
+};
+}  // namespace options_flag
+
+// torch.optim.Adam's options, shared by Adam and AdamW (whose weight_decay
+// defaults differ).
+#define MIXPREC_ADAM_TORCH_OPTIONS(X, weight_decay_default)     \
+  X(double, lr, 1e-3, nonneg, kTorch | kLive)                   \
+  X(betas_t, betas, std::make_tuple(0.9, 0.999), betas, kTorch) \
+  X(double, eps, 1e-8, nonneg, kTorch)                          \
+  X(double, weight_decay, weight_decay_default, nonneg, kTorch) \
+  X(bool, amsgrad, false, none, kTorch)                         \
+  X(bool, maximize, false, none, kTorch)
+
+// mixprec's options of every optimizer.
+//   master_weights: a float32 master copy of each 16-bit param
+//   stochastic_rounding: of bfloat16 params without masters
+//   seed: of the stochastic rounding
+//   state_bits: 8: block-wise 8-bit moments (uint8 codes + float32 maxima
+//     per block of 256 in a row) for params of at least min_8bit_size
+//     elements and two or more dims; 32: float32 moments
+#define MIXPREC_OPTIM_MIXPREC_OPTIONS(X)              \
+  X(bool, master_weights, true, none, kMixprec)       \
+  X(bool, stochastic_rounding, false, none, kMixprec) \
+  X(int64_t, seed, 0, none, kMixprec)                 \
+  X(int64_t, state_bits, 32, bits, kKept)             \
+  X(int64_t, min_8bit_size, 4096, count, kMixprec)
+
+// Adam: decoupled_weight_decay selects AdamW's decay (which AdamW always
+// uses). state_bits 8 is not with amsgrad.
+#define MIXPREC_ADAM_OPTIONS(X)                          \
+  MIXPREC_ADAM_TORCH_OPTIONS(X, 0)                       \
+  X(bool, decoupled_weight_decay, false, none, kMixprec) \
+  MIXPREC_OPTIM_MIXPREC_OPTIONS(X)
+
+#define MIXPREC_ADAMW_OPTIONS(X)      \
+  MIXPREC_ADAM_TORCH_OPTIONS(X, 1e-2) \
+  MIXPREC_OPTIM_MIXPREC_OPTIONS(X)
+
+// SGD: state_bits 8 codes the momentum buffer (with momentum != 0).
+#define MIXPREC_SGD_OPTIONS(X)                \
+  X(double, lr, 1e-3, nonneg, kTorch | kLive) \
+  X(double, momentum, 0, nonneg, kTorch)      \
+  X(double, dampening, 0, none, kTorch)       \
+  X(double, weight_decay, 0, nonneg, kTorch)  \
+  X(bool, nesterov, false, none, kTorch)      \
+  X(bool, maximize, false, none, kTorch)      \
+  MIXPREC_OPTIM_MIXPREC_OPTIONS(X)
+
+// A row as a TORCH_ARG member with its default.
+#define MIXPREC_OPTIM_OPTION_MEMBER(type, name, default_value, check, flags) \
+  TORCH_ARG(type, name) = default_value;
+
 // ------------------------------------------------------------------ Adam
 struct MIXPREC_API AdamOptions
     : public torch::optim::OptimizerCloneableOptions<AdamOptions> {
   AdamOptions(double lr = 1e-3);
-  TORCH_ARG(double, lr) = 1e-3;
   typedef std::tuple<double, double> betas_t;
-  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
-  TORCH_ARG(double, eps) = 1e-8;
-  TORCH_ARG(double, weight_decay) = 0;
-  TORCH_ARG(bool, amsgrad) = false;
-  TORCH_ARG(bool, maximize) = false;
-  // AdamW's decoupled decay (what AdamW always uses)
-  TORCH_ARG(bool, decoupled_weight_decay) = false;
-  TORCH_ARG(bool, master_weights) = true;
-  // stochastic rounding of bfloat16 params without masters
-  TORCH_ARG(bool, stochastic_rounding) = false;
-  TORCH_ARG(int64_t, seed) = 0;
-  // 8: block-wise 8-bit moments (uint8 codes + a float32 absmax per 256
-  // elements, fused_adam8_) for params of at least min_8bit_size elements;
-  // 32: float32 moments. Not with amsgrad.
-  TORCH_ARG(int64_t, state_bits) = 32;
-  TORCH_ARG(int64_t, min_8bit_size) = 4096;
+  MIXPREC_ADAM_OPTIONS(MIXPREC_OPTIM_OPTION_MEMBER)
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -182,22 +245,13 @@ struct MIXPREC_API AdamOptions
   void set_lr(const double lr) override;
 };
 
-// AdamW's options: AdamOptions with weight_decay 1e-2 by default.
+// AdamW's options: AdamOptions without decoupled_weight_decay (always on),
+// weight_decay 1e-2 by default.
 struct MIXPREC_API AdamWOptions
     : public torch::optim::OptimizerCloneableOptions<AdamWOptions> {
   AdamWOptions(double lr = 1e-3);
-  TORCH_ARG(double, lr) = 1e-3;
   typedef std::tuple<double, double> betas_t;
-  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
-  TORCH_ARG(double, eps) = 1e-8;
-  TORCH_ARG(double, weight_decay) = 1e-2;
-  TORCH_ARG(bool, amsgrad) = false;
-  TORCH_ARG(bool, maximize) = false;
-  TORCH_ARG(bool, master_weights) = true;
-  TORCH_ARG(bool, stochastic_rounding) = false;
-  TORCH_ARG(int64_t, seed) = 0;
-  TORCH_ARG(int64_t, state_bits) = 32;  // as AdamOptions
-  TORCH_ARG(int64_t, min_8bit_size) = 4096;
+  MIXPREC_ADAMW_OPTIONS(MIXPREC_OPTIM_OPTION_MEMBER)
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -206,18 +260,35 @@ struct MIXPREC_API AdamWOptions
   void set_lr(const double lr) override;
 };
 
-// Per-param state of Adam/AdamW (the keys of the Python state dict).
+// Per-param state, one list per class as for the options: the members here,
+// and in csrc/api the torch::save archive, the state_dict() entries (the
+// names are the Python state dict's keys), their loading and the tensors a
+// CapturedStep holds. All float32 on the param's device except the codes.
+//   step: 0-dim; master_param: 16-bit params only; max_exp_avg_sq: amsgrad
+//   only; momentum_buffer: momentum != 0 only. state_bits 8: exp_avg /
+//   exp_avg_sq / momentum_buffer hold uint8 codes and the *_absmax their
+//   block maxima (empty for a param left at 32 bits).
+#define MIXPREC_ADAM_STATE(X) \
+  X(step)                     \
+  X(exp_avg)                  \
+  X(exp_avg_sq)               \
+  X(max_exp_avg_sq)           \
+  X(master_param)             \
+  X(exp_avg_absmax)           \
+  X(exp_avg_sq_absmax)
+
+#define MIXPREC_SGD_STATE(X) \
+  X(step)                    \
+  X(momentum_buffer)         \
+  X(master_param)            \
+  X(momentum_buffer_absmax)
+
+#define MIXPREC_OPTIM_STATE_MEMBER(name) TORCH_ARG(at::Tensor, name);
+
+// Per-param state of Adam/AdamW.
 struct MIXPREC_API AdamParamState
     : public torch::optim::OptimizerCloneableParamState<AdamParamState> {
-  TORCH_ARG(at::Tensor, step);            // float32 0-dim, param's device
-  TORCH_ARG(at::Tensor, exp_avg);         // float32
-  TORCH_ARG(at::Tensor, exp_avg_sq);      // float32
-  TORCH_ARG(at::Tensor, max_exp_avg_sq);  // float32, amsgrad only
-  TORCH_ARG(at::Tensor, master_param);    // float32, 16-bit params only
-  // state_bits 8: exp_avg / exp_avg_sq hold uint8 codes and these their
-  // float32 block maxima (empty for a param below min_8bit_size)
-  TORCH_ARG(at::Tensor, exp_avg_absmax);
-  TORCH_ARG(at::Tensor, exp_avg_sq_absmax);
+  MIXPREC_ADAM_STATE(MIXPREC_OPTIM_STATE_MEMBER)
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -279,19 +350,7 @@ class MIXPREC_API AdamW : public AdamBase<AdamWOptions> {
 struct MIXPREC_API SGDOptions
     : public torch::optim::OptimizerCloneableOptions<SGDOptions> {
   SGDOptions(double lr = 1e-3);
-  TORCH_ARG(double, lr) = 1e-3;
-  TORCH_ARG(double, momentum) = 0;
-  TORCH_ARG(double, dampening) = 0;
-  TORCH_ARG(double, weight_decay) = 0;
-  TORCH_ARG(bool, nesterov) = false;
-  TORCH_ARG(bool, maximize) = false;
-  TORCH_ARG(bool, master_weights) = true;
-  TORCH_ARG(bool, stochastic_rounding) = false;
-  TORCH_ARG(int64_t, seed) = 0;
-  // 8: a block-wise 8-bit momentum buffer (fused_sgd8_) for params of at
-  // least min_8bit_size elements (with momentum != 0); 32: float32.
-  TORCH_ARG(int64_t, state_bits) = 32;
-  TORCH_ARG(int64_t, min_8bit_size) = 4096;
+  MIXPREC_SGD_OPTIONS(MIXPREC_OPTIM_OPTION_MEMBER)
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -302,11 +361,7 @@ struct MIXPREC_API SGDOptions
 
 struct MIXPREC_API SGDParamState
     : public torch::optim::OptimizerCloneableParamState<SGDParamState> {
-  TORCH_ARG(at::Tensor, step);             // float32 0-dim, param's device
-  TORCH_ARG(at::Tensor, momentum_buffer);  // float32, momentum != 0 only
-  TORCH_ARG(at::Tensor, master_param);     // float32, 16-bit params only
-  // state_bits 8: momentum_buffer holds uint8 codes, this their maxima
-  TORCH_ARG(at::Tensor, momentum_buffer_absmax);
+  MIXPREC_SGD_STATE(MIXPREC_OPTIM_STATE_MEMBER)
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
