@@ -36,7 +36,7 @@ PyMethodDef methods[] = {
    METH_VARARGS, nullptr},
     MIXPREC_FOR_EACH_OP(MIXPREC_FAST_ENTRY_)
 #undef MIXPREC_FAST_ENTRY_
-    {nullptr, nullptr, 0, nullptr},
+        {nullptr, nullptr, 0, nullptr},
 };
 
 PyModuleDef module_def = {
