@@ -245,7 +245,7 @@ def _rows_like(t: Tensor, p: Tensor) -> Tensor:
         return whole.detach().to(p.device, copy=True)
     if _dtensor.is_dtensor(t):
         if t.device_mesh == p.device_mesh and tuple(t.placements) == tuple(p.placements):
-            return t
+            return t.detach().clone()  # (the optimizer's own, as the base class copies)
         return t.redistribute(p.device_mesh, p.placements)
     from torch.distributed.tensor import distribute_tensor
 
