@@ -1,7 +1,8 @@
 // The vectorized element loops of fused_adam_ and fused_sgd_ on CPU: the
 // at::vec policy for common/optim_math.h, loads/stores of float32, float16
 // and bfloat16 spans as pairs of float vectors, rounding back to the param
-// dtype (nearest or stochastic), and a scalar tail running the same math.
+// dtype (nearest or stochastic); a span's last partial step runs on
+// zero-padded copies.
 //
 // Included once per instruction set by span_kernels_isa.h, which defines
 // MIXPREC_SPAN_NS (and, for an ISA, CPU_CAPABILITY so at::vec picks its
@@ -100,22 +101,6 @@ inline void store_param(P* p, float* master, int64_t i, const FVec& a,
   store2(p + i, a, b);
 }
 
-template <typename P>
-inline void store_param_scalar(P* p, float* master, int64_t i, float w, bool sr,
-                               uint32_t key, uint32_t index_base) {
-  if (master != nullptr) {
-    master[i] = w;
-  }
-  if constexpr (std::is_same_v<P, c10::BFloat16>) {
-    if (sr) {
-      store_bf16_stochastic(p + i, &w, 1, key,
-                            index_base + static_cast<uint32_t>(i));
-      return;
-    }
-  }
-  p[i] = static_cast<P>(w);
-}
-
 // What the element loops report of each new state value: nothing (the
 // 32-bit steps), or, through a Seen of the same shape, their running |max|
 // (the 8-bit steps need each block's new absmax: StateMax in
@@ -125,55 +110,124 @@ struct NoStateMax {
   void see(int, float) {}
 };
 
+// One vector step of Adam over elements [0, kStep) of the pointers (vm and
+// master may be null as in adam_span); `index` is the SR index of element 0.
+template <typename P, typename G, bool kMaster, bool kAms, class Seen>
+inline void adam_step(P* p, const G* g, float* m, float* v, float* vm,
+                      float* master, const AdamSpanArgs& a, uint32_t index,
+                      Seen& seen) {
+  FVec w0, w1, g0, g1, m0, m1, v0, v1, x0, x1;
+  if constexpr (kMaster) {
+    load2(master, w0, w1);
+  } else {
+    load2(p, w0, w1);
+  }
+  load2(g, g0, g1);
+  load2(m, m0, m1);
+  load2(v, v0, v1);
+  if constexpr (kAms) {
+    load2(vm, x0, x1);
+  }
+  g0 = math::prepare_grad(g0, a.gc);
+  g1 = math::prepare_grad(g1, a.gc);
+  math::adam_update<kAms, VecOps>(w0, g0, m0, v0, x0, a.k, a.s);
+  math::adam_update<kAms, VecOps>(w1, g1, m1, v1, x1, a.k, a.s);
+  store2(m, m0, m1);
+  store2(v, v0, v1);
+  seen.see(0, m0, m1);
+  seen.see(1, v0, v1);
+  if constexpr (kAms) {
+    store2(vm, x0, x1);
+  }
+  store_param(p, kMaster ? master : nullptr, 0, w0, w1, a.sr, a.key, index);
+}
+
+// Copies n elements between a span and a kStep-element buffer.
+template <typename T>
+inline void copy_n(T* dst, const T* src, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    dst[j] = src[j];
+  }
+}
+
+// The element loops run whole vector steps; the last n % kStep elements of a
+// span run the same vector step on zero-padded copies, so every element of
+// every span takes one code path. The padding lanes are dropped and never
+// reach `seen`.
 template <typename P, typename G, bool kMaster, bool kAms,
           class Seen = NoStateMax>
 void adam_span(P* p, const G* g, float* m, float* v, float* vm, float* master,
                int64_t n, const AdamSpanArgs& a, Seen&& seen = Seen{}) {
   int64_t i = 0;
   for (; i + kStep <= n; i += kStep) {
-    FVec w0, w1, g0, g1, m0, m1, v0, v1, x0, x1;
-    if constexpr (kMaster) {
-      load2(master + i, w0, w1);
-    } else {
-      load2(p + i, w0, w1);
-    }
-    load2(g + i, g0, g1);
-    load2(m + i, m0, m1);
-    load2(v + i, v0, v1);
-    if constexpr (kAms) {
-      load2(vm + i, x0, x1);
-    }
-    g0 = math::prepare_grad(g0, a.gc);
-    g1 = math::prepare_grad(g1, a.gc);
-    math::adam_update<kAms, VecOps>(w0, g0, m0, v0, x0, a.k, a.s);
-    math::adam_update<kAms, VecOps>(w1, g1, m1, v1, x1, a.k, a.s);
-    store2(m + i, m0, m1);
-    store2(v + i, v0, v1);
-    seen.see(0, m0, m1);
-    seen.see(1, v0, v1);
-    if constexpr (kAms) {
-      store2(vm + i, x0, x1);
-    }
-    store_param(p, kMaster ? master : nullptr, i, w0, w1, a.sr, a.key,
-                a.index_base);
+    adam_step<P, G, kMaster, kAms>(
+        p + i, g + i, m + i, v + i, kAms ? vm + i : nullptr,
+        kMaster ? master + i : nullptr, a,
+        a.index_base + static_cast<uint32_t>(i), seen);
   }
-  for (; i < n; ++i) {
-    float w = kMaster ? master[i] : static_cast<float>(p[i]);
-    float gi = math::prepare_grad(static_cast<float>(g[i]), a.gc);
-    float mi = m[i];
-    float vi = v[i];
-    float xi = kAms ? vm[i] : 0.0f;
-    math::adam_update<kAms, math::ScalarOps>(w, gi, mi, vi, xi, a.k, a.s);
-    m[i] = mi;
-    v[i] = vi;
-    seen.see(0, mi);
-    seen.see(1, vi);
-    if constexpr (kAms) {
-      vm[i] = xi;
-    }
-    store_param_scalar(p, kMaster ? master : nullptr, i, w, a.sr, a.key,
-                       a.index_base);
+  const int64_t r = n - i;
+  if (r == 0) {
+    return;
   }
+  alignas(64) P pt[kStep] = {};
+  alignas(64) G gt[kStep] = {};
+  alignas(64) float mt[kStep] = {};
+  alignas(64) float vt[kStep] = {};
+  alignas(64) float xt[kStep] = {};
+  alignas(64) float wt[kStep] = {};
+  copy_n(pt, p + i, r);
+  copy_n(gt, g + i, r);
+  copy_n(mt, m + i, r);
+  copy_n(vt, v + i, r);
+  if constexpr (kAms) {
+    copy_n(xt, vm + i, r);
+  }
+  if constexpr (kMaster) {
+    copy_n(wt, master + i, r);
+  }
+  NoStateMax none;
+  adam_step<P, G, kMaster, kAms>(pt, gt, mt, vt, xt, wt, a,
+                                 a.index_base + static_cast<uint32_t>(i), none);
+  copy_n(p + i, pt, r);
+  copy_n(m + i, mt, r);
+  copy_n(v + i, vt, r);
+  if constexpr (kAms) {
+    copy_n(vm + i, xt, r);
+  }
+  if constexpr (kMaster) {
+    copy_n(master + i, wt, r);
+  }
+  for (int64_t j = 0; j < r; ++j) {
+    seen.see(0, mt[j]);
+    seen.see(1, vt[j]);
+  }
+}
+
+// One vector step of SGD over elements [0, kStep), as adam_step.
+template <typename P, typename G, bool kMaster, bool kMom, class Seen>
+inline void sgd_step(P* p, const G* g, float* buf, float* master,
+                     const SgdSpanArgs& a, uint32_t index, Seen& seen) {
+  FVec w0, w1, g0, g1, b0, b1;
+  if constexpr (kMaster) {
+    load2(master, w0, w1);
+  } else {
+    load2(p, w0, w1);
+  }
+  load2(g, g0, g1);
+  if constexpr (kMom) {
+    if (!a.first) {
+      load2(buf, b0, b1);
+    }
+  }
+  g0 = math::prepare_grad(g0, a.gc);
+  g1 = math::prepare_grad(g1, a.gc);
+  math::sgd_update(w0, g0, b0, a.k, a.first, a.neg_lr);
+  math::sgd_update(w1, g1, b1, a.k, a.first, a.neg_lr);
+  if constexpr (kMom) {
+    store2(buf, b0, b1);
+    seen.see(0, b0, b1);
+  }
+  store_param(p, kMaster ? master : nullptr, 0, w0, w1, a.sr, a.key, index);
 }
 
 template <typename P, typename G, bool kMaster, bool kMom,
@@ -182,40 +236,41 @@ void sgd_span(P* p, const G* g, float* buf, float* master, int64_t n,
               const SgdSpanArgs& a, Seen&& seen = Seen{}) {
   int64_t i = 0;
   for (; i + kStep <= n; i += kStep) {
-    FVec w0, w1, g0, g1, b0, b1;
-    if constexpr (kMaster) {
-      load2(master + i, w0, w1);
-    } else {
-      load2(p + i, w0, w1);
-    }
-    load2(g + i, g0, g1);
-    if constexpr (kMom) {
-      if (!a.first) {
-        load2(buf + i, b0, b1);
-      }
-    }
-    g0 = math::prepare_grad(g0, a.gc);
-    g1 = math::prepare_grad(g1, a.gc);
-    math::sgd_update(w0, g0, b0, a.k, a.first, a.neg_lr);
-    math::sgd_update(w1, g1, b1, a.k, a.first, a.neg_lr);
-    if constexpr (kMom) {
-      store2(buf + i, b0, b1);
-      seen.see(0, b0, b1);
-    }
-    store_param(p, kMaster ? master : nullptr, i, w0, w1, a.sr, a.key,
-                a.index_base);
+    sgd_step<P, G, kMaster, kMom>(p + i, g + i, kMom ? buf + i : nullptr,
+                                  kMaster ? master + i : nullptr, a,
+                                  a.index_base + static_cast<uint32_t>(i),
+                                  seen);
   }
-  for (; i < n; ++i) {
-    float w = kMaster ? master[i] : static_cast<float>(p[i]);
-    const float gi = math::prepare_grad(static_cast<float>(g[i]), a.gc);
-    float bi = (kMom && !a.first) ? buf[i] : 0.0f;
-    math::sgd_update(w, gi, bi, a.k, a.first, a.neg_lr);
-    if constexpr (kMom) {
-      buf[i] = bi;
-      seen.see(0, bi);
+  const int64_t r = n - i;
+  if (r == 0) {
+    return;
+  }
+  alignas(64) P pt[kStep] = {};
+  alignas(64) G gt[kStep] = {};
+  alignas(64) float bt[kStep] = {};
+  alignas(64) float wt[kStep] = {};
+  copy_n(pt, p + i, r);
+  copy_n(gt, g + i, r);
+  if constexpr (kMom) {
+    if (!a.first) {
+      copy_n(bt, buf + i, r);
     }
-    store_param_scalar(p, kMaster ? master : nullptr, i, w, a.sr, a.key,
-                       a.index_base);
+  }
+  if constexpr (kMaster) {
+    copy_n(wt, master + i, r);
+  }
+  NoStateMax none;
+  sgd_step<P, G, kMaster, kMom>(pt, gt, bt, wt, a,
+                                a.index_base + static_cast<uint32_t>(i), none);
+  copy_n(p + i, pt, r);
+  if constexpr (kMom) {
+    copy_n(buf + i, bt, r);
+    for (int64_t j = 0; j < r; ++j) {
+      seen.see(0, bt[j]);
+    }
+  }
+  if constexpr (kMaster) {
+    copy_n(master + i, wt, r);
   }
 }
 
