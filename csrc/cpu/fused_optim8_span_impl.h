@@ -69,8 +69,8 @@ inline void store_codes(uint8_t* p, const IVec& c) {
 
 // out[0, n) = the values of codes[0, n) in a block of absmax `a`. The last
 // n % FVec::size() codes take the same vector path on a zero-padded copy.
-inline void decode_block(const uint8_t* codes, float a, int table, int64_t n,
-                         float* out) {
+C10_ALWAYS_INLINE void decode_block(const uint8_t* codes, float a, int table,
+                                    int64_t n, float* out) {
   const float* values = q8::kQ8Values + table * 256;
   const FVec av(a);
   const auto decode = [&](const uint8_t* c, float* o) {
@@ -95,8 +95,8 @@ inline void decode_block(const uint8_t* codes, float a, int table, int64_t n,
 // codes[0, n) = the codes of x[0, n) in a block of absmax `a` (>= every |x|):
 // q8::encode_fraction, lane by lane; the last n % FVec::size() values take the
 // same vector path on a zero-padded copy.
-inline void encode_block(const float* x, float a, int table, int64_t n,
-                         uint8_t* codes) {
+C10_ALWAYS_INLINE void encode_block(const float* x, float a, int table,
+                                    int64_t n, uint8_t* codes) {
   const float* enc =
       reinterpret_cast<const float*>(q8::kQ8Encode + table * 2 * q8::kBuckets);
   const IVec base(static_cast<int32_t>(q8::kBucketBaseBits));
@@ -176,6 +176,41 @@ inline int64_t coded_block_length(int64_t row, int64_t col) {
   return row - col < q8::kBlock ? row - col : q8::kBlock;
 }
 
+// One 8-bit block of Adam: `len` elements (kLen when nonzero: a whole block,
+// whose loops then have a fixed trip count), its codes at m_codes/v_codes and
+// absmaxes *m_max/*v_max, decoded into mq/vq, stepped, and encoded back.
+template <typename P, typename G, bool kMaster, int64_t kLen>
+C10_ALWAYS_INLINE void adam8_block(P* p, const G* g, uint8_t* m_codes,
+                                   uint8_t* v_codes, float* m_max, float* v_max,
+                                   float* master, int64_t len,
+                                   const AdamSpanArgs& a, float* mq,
+                                   float* vq) {
+  const int64_t n = kLen > 0 ? kLen : len;
+  decode_block(m_codes, *m_max, q8::kSigned, n, mq);
+  decode_block(v_codes, *v_max, q8::kUnsigned, n, vq);
+  StateMax seen;
+  adam_span<P, G, kMaster, false>(p, g, mq, vq, nullptr, master, n, a, seen);
+  *m_max = seen.absmax(0);
+  *v_max = seen.absmax(1);
+  encode_block(mq, *m_max, q8::kSigned, n, m_codes);
+  encode_block(vq, *v_max, q8::kUnsigned, n, v_codes);
+}
+
+// One 8-bit block of SGD with momentum, as adam8_block.
+template <typename P, typename G, bool kMaster, int64_t kLen>
+C10_ALWAYS_INLINE void sgd8_block(P* p, const G* g, uint8_t* codes,
+                                  float* absmax, float* master, int64_t len,
+                                  const SgdSpanArgs& a, float* bq) {
+  const int64_t n = kLen > 0 ? kLen : len;
+  if (!a.first) {
+    decode_block(codes, *absmax, q8::kSigned, n, bq);
+  }
+  StateMax seen;
+  sgd_span<P, G, kMaster, true>(p, g, bq, master, n, a, seen);
+  *absmax = seen.absmax(0);
+  encode_block(bq, *absmax, q8::kSigned, n, codes);
+}
+
 // The 8-bit spans run the 32-bit element loops of fused_optim_span_impl.h
 // on one state block at a time, its moments read back into block buffers. A
 // span starts at a block and ends at one; the blocks run row by row
@@ -185,28 +220,22 @@ void adam8_span(P* p, const G* g, const CodedSpan& mc, const CodedSpan& vc,
                 float* master, int64_t n, const AdamSpanArgs& a) {
   alignas(64) float mq[q8::kBlock];
   alignas(64) float vq[q8::kBlock];
-  uint8_t* const m_codes = mc.codes;
-  uint8_t* const v_codes = vc.codes;
-  float* const m_max = mc.absmax;
-  float* const v_max = vc.absmax;
   const int64_t row = mc.row;
   AdamSpanArgs ab = a;
   int64_t col = mc.col;
   for (int64_t off = 0, blk = 0; off < n; ++blk) {
     const int64_t len = coded_block_length(row, col);
-    decode_block(m_codes + off, m_max[blk], q8::kSigned, len, mq);
-    decode_block(v_codes + off, v_max[blk], q8::kUnsigned, len, vq);
     ab.index_base = a.index_base + static_cast<uint32_t>(off);
-    StateMax seen;
-    adam_span<P, G, kMaster, false>(p + off, g + off, mq, vq, nullptr,
-                                    kMaster ? master + off : nullptr, len, ab,
-                                    seen);
-    const float new_am = seen.absmax(0);
-    const float new_av = seen.absmax(1);
-    encode_block(mq, new_am, q8::kSigned, len, m_codes + off);
-    encode_block(vq, new_av, q8::kUnsigned, len, v_codes + off);
-    m_max[blk] = new_am;
-    v_max[blk] = new_av;
+    float* const w = kMaster ? master + off : nullptr;
+    if (len == q8::kBlock) {
+      adam8_block<P, G, kMaster, q8::kBlock>(
+          p + off, g + off, mc.codes + off, vc.codes + off, mc.absmax + blk,
+          vc.absmax + blk, w, len, ab, mq, vq);
+    } else {
+      adam8_block<P, G, kMaster, 0>(p + off, g + off, mc.codes + off,
+                                    vc.codes + off, mc.absmax + blk,
+                                    vc.absmax + blk, w, len, ab, mq, vq);
+    }
     off += len;
     col = col + len == row ? 0 : col + len;
   }
@@ -216,23 +245,20 @@ template <typename P, typename G, bool kMaster>
 void sgd8_span(P* p, const G* g, const CodedSpan& bc, float* master, int64_t n,
                const SgdSpanArgs& a) {
   alignas(64) float bq[q8::kBlock];
-  uint8_t* const codes = bc.codes;
-  float* const absmax = bc.absmax;
   const int64_t row = bc.row;
   SgdSpanArgs ab = a;
   int64_t col = bc.col;
   for (int64_t off = 0, blk = 0; off < n; ++blk) {
     const int64_t len = coded_block_length(row, col);
-    if (!a.first) {
-      decode_block(codes + off, absmax[blk], q8::kSigned, len, bq);
-    }
     ab.index_base = a.index_base + static_cast<uint32_t>(off);
-    StateMax seen;
-    sgd_span<P, G, kMaster, true>(
-        p + off, g + off, bq, kMaster ? master + off : nullptr, len, ab, seen);
-    const float new_ab = seen.absmax(0);
-    encode_block(bq, new_ab, q8::kSigned, len, codes + off);
-    absmax[blk] = new_ab;
+    float* const w = kMaster ? master + off : nullptr;
+    if (len == q8::kBlock) {
+      sgd8_block<P, G, kMaster, q8::kBlock>(p + off, g + off, bc.codes + off,
+                                            bc.absmax + blk, w, len, ab, bq);
+    } else {
+      sgd8_block<P, G, kMaster, 0>(p + off, g + off, bc.codes + off,
+                                   bc.absmax + blk, w, len, ab, bq);
+    }
     off += len;
     col = col + len == row ? 0 : col + len;
   }

@@ -113,9 +113,10 @@ struct NoStateMax {
 // One vector step of Adam over elements [0, kStep) of the pointers (vm and
 // master may be null as in adam_span); `index` is the SR index of element 0.
 template <typename P, typename G, bool kMaster, bool kAms, class Seen>
-inline void adam_step(P* p, const G* g, float* m, float* v, float* vm,
-                      float* master, const AdamSpanArgs& a, uint32_t index,
-                      Seen& seen) {
+C10_ALWAYS_INLINE void adam_step(P* p, const G* g, float* m, float* v,
+                                 float* vm, float* master,
+                                 const AdamSpanArgs& a, uint32_t index,
+                                 Seen& seen) {
   FVec w0, w1, g0, g1, m0, m1, v0, v1, x0, x1;
   if constexpr (kMaster) {
     load2(master, w0, w1);
@@ -156,8 +157,9 @@ inline void copy_n(T* dst, const T* src, int64_t n) {
 // reach `seen`.
 template <typename P, typename G, bool kMaster, bool kAms,
           class Seen = NoStateMax>
-void adam_span(P* p, const G* g, float* m, float* v, float* vm, float* master,
-               int64_t n, const AdamSpanArgs& a, Seen&& seen = Seen{}) {
+C10_ALWAYS_INLINE void adam_span(P* p, const G* g, float* m, float* v,
+                                 float* vm, float* master, int64_t n,
+                                 const AdamSpanArgs& a, Seen&& seen = Seen{}) {
   int64_t i = 0;
   for (; i + kStep <= n; i += kStep) {
     adam_step<P, G, kMaster, kAms>(
@@ -205,8 +207,9 @@ void adam_span(P* p, const G* g, float* m, float* v, float* vm, float* master,
 
 // One vector step of SGD over elements [0, kStep), as adam_step.
 template <typename P, typename G, bool kMaster, bool kMom, class Seen>
-inline void sgd_step(P* p, const G* g, float* buf, float* master,
-                     const SgdSpanArgs& a, uint32_t index, Seen& seen) {
+C10_ALWAYS_INLINE void sgd_step(P* p, const G* g, float* buf, float* master,
+                                const SgdSpanArgs& a, uint32_t index,
+                                Seen& seen) {
   FVec w0, w1, g0, g1, b0, b1;
   if constexpr (kMaster) {
     load2(master, w0, w1);
@@ -232,14 +235,14 @@ inline void sgd_step(P* p, const G* g, float* buf, float* master,
 
 template <typename P, typename G, bool kMaster, bool kMom,
           class Seen = NoStateMax>
-void sgd_span(P* p, const G* g, float* buf, float* master, int64_t n,
-              const SgdSpanArgs& a, Seen&& seen = Seen{}) {
+C10_ALWAYS_INLINE void sgd_span(P* p, const G* g, float* buf, float* master,
+                                int64_t n, const SgdSpanArgs& a,
+                                Seen&& seen = Seen{}) {
   int64_t i = 0;
   for (; i + kStep <= n; i += kStep) {
-    sgd_step<P, G, kMaster, kMom>(p + i, g + i, kMom ? buf + i : nullptr,
-                                  kMaster ? master + i : nullptr, a,
-                                  a.index_base + static_cast<uint32_t>(i),
-                                  seen);
+    sgd_step<P, G, kMaster, kMom>(
+        p + i, g + i, kMom ? buf + i : nullptr, kMaster ? master + i : nullptr,
+        a, a.index_base + static_cast<uint32_t>(i), seen);
   }
   const int64_t r = n - i;
   if (r == 0) {
