@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 from typing import Callable, Iterator, List
 
 import pytest
@@ -411,3 +412,26 @@ def test_adam_l2_cancellation_is_within_the_slack() -> None:
     _, _, none = _common.reference_run(torch.optim.AdamW, {"lr": lr, "weight_decay": wd},
                                        w.double(), [g.double()])
     assert not none.any()
+
+
+# ---------------------------------------------------------------------------------------------
+# bench_builds (two builds side by side; here the same build twice)
+
+
+def test_bench_builds_runs_both_builds(capsys: pytest.CaptureFixture[str]) -> None:
+    import bench_builds
+
+    other = str(Path(mixprec.__file__).resolve().parent.parent)  # the build under test
+    argv = ["--other", other, "--rounds", "1", "--row", "256", "--steps", "2",
+            "--cases", "adamw8-fp32-4096,adamw-bf16-4096"]
+    assert bench_builds.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("this/other") == 2
+
+
+def test_bench_builds_catches_a_step_that_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench_builds
+
+    monkeypatch.setattr(mixprec.ops, "fused_adam8_", _noop)
+    with pytest.raises(SystemExit, match="did not run"):
+        bench_builds.run_case("adamw8-fp32-4096", 256, 2)
