@@ -101,29 +101,31 @@ def collect_grads(
     indices can overflow; with ``coalesce_sparse`` every sparse gradient is.
     """
     per_device = DeviceGrads()
+    lists: PerDevice = {}
+    fp16 = torch.float16
     for group in optimizer.param_groups:
         params = group["params"]
-        for cls in set(map(type, params)):  # (per class, not per param: the same check)
+        for cls in set(map(type, params)):  # (torch's check, once per class of param)
             if not issubclass(cls, Tensor):
                 raise AssertionError(f"expected param to be torch.Tensor, got {cls.__name__}")
         for param in params:
             grad = param.grad
             if grad is None:
                 continue
-            if not allow_fp16 and grad.dtype is torch.float16:
+            if not allow_fp16 and grad.dtype is fp16:
                 raise ValueError("Attempting to unscale FP16 gradients.")
             if type(grad) is not Tensor or grad.is_sparse:
                 grad = _dense_local(param, grad, coalesce_sparse, per_device.specs)
-            same_device = per_device.get(grad.device)
+            same_device = lists.get(grad.device)
             if same_device is None:
-                per_device[grad.device] = [grad]
+                lists[grad.device] = [grad]
             else:
                 same_device.append(grad)
+    per_device.update(lists)
     return per_device
 
 
-def _dense_local(param: Tensor, grad: Tensor, coalesce_sparse: bool,
-                 specs: List[Any]) -> Tensor:
+def _dense_local(param: Tensor, grad: Tensor, coalesce_sparse: bool, specs: List[Any]) -> Tensor:
     """What the passes take for ``param``'s grad that is not a plain dense tensor: a
     DTensor's local shard (its layout appended to ``specs``), a sparse grad's values (a
     float16 one, or any with ``coalesce_sparse``, coalesced first into ``param.grad``),

@@ -492,13 +492,14 @@ class FusedOptimizer(torch.optim.Optimizer):
         needed_with_master = {"master_param", *needed}
         masters_on = bool(group.get("master_weights", True))
         sharded = _dtensor.any_dtensor(group["params"])
+        all_states = self.state
         # per (device, has master): the params, their grads, their states
         lists: Dict[BucketKey, Tuple[List[Tensor], List[Tensor], List[Dict[str, Any]]]] = {}
         for k, p in enumerate(group["params"]):
             grad = p.grad
             if grad is None:
                 continue
-            state = self.state[p]
+            state = all_states[p]
             keeps = masters_on and p.dtype in _LOW_PRECISION  # the rule of keeps_master
             if sharded or not state.keys() >= (needed_with_master if keeps else needed):
                 self._check_param(index, k, p, sharded)

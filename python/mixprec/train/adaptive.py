@@ -121,8 +121,11 @@ class AdaptiveController:
     def record_grads(self, params: list[Tensor], norms: list[Tensor]) -> None:
         """Count the modules whose gradients (per-param ``norms``) are non-finite."""
         device = self.manager.device
-        owners = torch.tensor([self._param_owner.get(id(p), -1) for p in params],
-                              dtype=torch.long, pin_memory=device.type == "cuda")
+        owners = torch.tensor(
+            [self._param_owner.get(id(p), -1) for p in params],
+            dtype=torch.long,
+            pin_memory=device.type == "cuda",
+        )
         index = owners.to(device, non_blocking=True)  # (pinned on CUDA: the host never waits)
         bad = (~torch.isfinite(torch.stack(norms).to(device))).float()
         keep = index >= 0
