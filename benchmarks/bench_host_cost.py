@@ -34,11 +34,16 @@ scale unchanged. A failed check is an error (exit status 1).
 ``--baseline DIR`` also times the mixprec cases of the package under ``DIR`` (e.g. a
 checkout of an earlier commit, with its extension built: ``DIR/mixprec``), in a child
 process right after this one's, and prints them as ``<case> (baseline)`` rows of the same
-table, with a per-tensor column (the fit's slope) for each.
+table, with a per-tensor column (the fit's slope) for each. ``--repeats K`` times the whole
+table K times, this package and the baseline interleaved (which goes first alternates),
+and prints the median of the K figures, then their spread (min-max) and the medians'
+ratio to the baseline.
 
 ``--allow-cpu --device cpu --numel 1`` runs the same cases on the CPU (one thread): the
 same Python host path (optimizer wrapper, list checks, scaler) with one-element CPU
 kernels instead of CUDA launches -- a CI-measurable stand-in for the Python part only.
+With ``--cpu-time`` it counts the thread's CPU time, which other processes on a shared
+machine disturb less than the wall time.
 
 ``--emulated`` times the CUDA ops' host path on the CPU, without a GPU: the plan-only ops
 of the test extension (``mixprec._cuda_emulation_C``, built with
@@ -183,18 +188,19 @@ def cases(n: int, numel: int, device: str) -> Dict[str, Case]:
     return out
 
 
-def per_call_us(fn: Callable[[], None], device: str, calls: int, rounds: int) -> float:
-    """Median over ``rounds`` blocks of wall microseconds per call, ``calls`` calls issued
-    back to back and one sync per block."""
+def per_call_us(fn: Callable[[], None], device: str, calls: int, rounds: int,
+                clock: Callable[[], float] = time.perf_counter) -> float:
+    """Median over ``rounds`` blocks of microseconds per call (wall time, or ``clock``'s),
+    ``calls`` calls issued back to back and one sync per block."""
     fn()
     sync(device)
     times = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(calls):
             fn()
         sync(device)
-        times.append((time.perf_counter() - t0) / calls * 1e6)
+        times.append((clock() - t0) / calls * 1e6)
     return statistics.median(times)
 
 
@@ -207,10 +213,10 @@ def _baseline(path: str, argv: List[str], names: List[str]) -> Dict[str, Any]:
         if skip:
             skip = False
             continue
-        if a in ("--baseline", "--cases"):
+        if a in ("--baseline", "--cases", "--repeats"):
             skip = True
             continue
-        if not a.startswith(("--baseline=", "--cases=")):
+        if not a.startswith(("--baseline=", "--cases=", "--repeats=")):
             out.append(a)
     with tempfile.TemporaryDirectory() as tmp:
         target = os.path.join(tmp, "table.json")
@@ -316,6 +322,30 @@ def emulated(sizes: List[int], min_run_time: float, cpu_time: bool) -> int:
     return 0
 
 
+def time_table(args: argparse.Namespace, sizes: List[int],
+               on_cuda: bool) -> Tuple[Dict[str, List[float]], List[str]]:
+    """One figure per case and size (``args.cases`` of :func:`cases`, each checked first),
+    and the failed checks."""
+    table: Dict[str, List[float]] = {}
+    failed: List[str] = []
+    clock = time.thread_time if args.cpu_time and not on_cuda else time.perf_counter
+    for n in sizes:
+        for name, (call, check) in cases(n, args.numel, args.device).items():
+            if args.cases and name not in args.cases.split(","):
+                continue
+            try:
+                check()
+            except CheckFailed as exc:
+                failed.append(f"n={n} {name}: {exc}")
+                table.setdefault(name, []).append(float("nan"))
+                continue
+            table.setdefault(name, []).append(per_call_us(call, args.device, args.calls,
+                                                          args.rounds, clock))
+        if on_cuda:
+            torch.cuda.empty_cache()
+    return table, failed
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -330,11 +360,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--baseline", default=None, metavar="DIR",
                     help="also time the mixprec cases of the package under DIR (a child "
                          "process with PYTHONPATH=DIR), as '<case> (baseline)' rows")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="time the table this many times (with --baseline: interleaved) and "
+                         "print the median figure and the spread")
     ap.add_argument("--emulated", action="store_true",
                     help="the CUDA ops' host path on the CPU through the test extension")
     ap.add_argument("--min-run-time", type=float, default=0.3, help="--emulated: seconds")
     ap.add_argument("--cpu-time", action="store_true",
-                    help="--emulated: the calling thread's CPU time, not wall time")
+                    help="on the CPU (--emulated, --allow-cpu): the calling thread's CPU "
+                         "time, not wall time (steadier on a busy machine)")
     ap.add_argument("--json", default=None, help=argparse.SUPPRESS)  # (the child's table)
     args = ap.parse_args(argv)
     if args.emulated:
@@ -350,35 +384,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not on_cuda:
         torch.set_num_threads(1)  # (the CPU kernels of one-element tensors: host work)
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(header(f"bench_host_cost: wall us per call, {args.numel}-element fp32 tensors, "
+    clock = "thread CPU" if args.cpu_time and not on_cuda else "wall"
+    print(header(f"bench_host_cost: {clock} us per call, {args.numel}-element fp32 tensors, "
                  f"{args.calls} calls per block, median of {args.rounds} blocks", args.device))
-    table: Dict[str, List[float]] = {}
-    failed: List[str] = []
-    for n in sizes:
-        for name, (call, check) in cases(n, args.numel, args.device).items():
-            if args.cases and name not in args.cases.split(","):
-                continue
-            try:
-                check()
-            except CheckFailed as exc:
-                failed.append(f"n={n} {name}: {exc}")
-                table.setdefault(name, []).append(float("nan"))
-                continue
-            table.setdefault(name, []).append(per_call_us(call, args.device, args.calls,
-                                                          args.rounds))
-        if on_cuda:
-            torch.cuda.empty_cache()
     if args.json:
+        table, failed = time_table(args, sizes, on_cuda)
         with open(args.json, "w") as f:
             json.dump({"table": table, "failed": failed}, f)
         return 1 if failed else 0
-    if args.baseline:
-        mine = [k for k in table if "mixprec" in k]
-        child = _baseline(args.baseline, list(argv if argv is not None else sys.argv[1:]),
-                          mine)
-        for name in mine:
-            table[f"{name} (baseline)"] = child["table"].get(name, [float("nan")] * len(sizes))
-        failed += [f"baseline {x}" for x in child["failed"]]
+    argv = list(argv if argv is not None else sys.argv[1:])
+    runs: List[Dict[str, List[float]]] = []
+    failed = []
+    names: List[str] = []  # the mixprec cases, which the baseline times too
+    for r in range(args.repeats):
+        # which goes first alternates (from the second run on), so a drift favours neither
+        child = _baseline(args.baseline, argv, names) if args.baseline and r % 2 else None
+        mine, failures = time_table(args, sizes, on_cuda)
+        failed += failures
+        names = [k for k in mine if "mixprec" in k]
+        if args.baseline:
+            child = child or _baseline(args.baseline, argv, names)
+            for name in names:
+                mine[f"{name} (baseline)"] = child["table"].get(name,
+                                                                [float("nan")] * len(sizes))
+            failed += [f"baseline {x}" for x in child["failed"]]
+        runs.append(mine)
+    table = {name: [statistics.median(run[name][i] for run in runs) for i in range(len(sizes))]
+             for name in runs[0]}
     width = max(len(k) for k in table)
     print(f"{'case':<{width}} " + " ".join(f"{n:>9}" for n in sizes)
           + "  fixed us  us/tensor  " + " ".join(f"{f'us/t @{n}':>9}" for n in sizes))
@@ -401,6 +433,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         if a in table and b in table:
             print(f"ratio {a} / {b}: "
                   + " ".join(f"{x / y:.2f}" for x, y in zip(table[a], table[b])))
+    if args.repeats > 1:
+        print(f"spread over {args.repeats} repeats (min-max), and median / baseline:")
+        for name in table:
+            spread = " ".join(f"{min(run[name][i] for run in runs):>9.1f}-"
+                              f"{max(run[name][i] for run in runs):<9.1f}"
+                              for i in range(len(sizes)))
+            base = table.get(f"{name} (baseline)")
+            ratio = "" if base is None else "  " + " ".join(
+                f"{x / y:.3f}" for x, y in zip(table[name], base))
+            print(f"{name:<{width}} {spread}{ratio}")
     for line in failed:
         print(f"!! {line}")
     return 1 if failed else 0

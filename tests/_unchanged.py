@@ -1,6 +1,6 @@
 """``snapshot(obj)``: everything an object holds, tensors as their exact bits, so that a test
-can check that a refused call left it *exactly* as it was (issue 37: "every load checks
-first, then changes").
+can check that a refused call left it *exactly* as it was (every load checks first, then
+changes); :func:`refused_unchanged` is that check.
 
 The walk follows dicts, lists, tuples, sets and the ``__dict__`` of plain objects
 (optimizers, scalers, trainers, managers, modules' parameters), and records each tensor as
@@ -11,8 +11,9 @@ sub-object counts as a change but the snapshot does not depend on memory address
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Tuple, Type, Union
 
+import pytest
 import torch
 from torch import nn
 
@@ -101,7 +102,21 @@ def assert_unchanged(before: Any, after: Any) -> None:
     raise AssertionError("the object changed: " + diff(before, after, ""))
 
 
-# -- one corrupted entry at a time (the property tests of issue 37) ----------------------
+def refused_unchanged(
+    obj: Any,
+    call: Callable[[], Any],
+    exc: Union[Type[BaseException], Tuple[Type[BaseException], ...]] = (TypeError, ValueError),
+) -> str:
+    """``call()`` raises ``exc`` and leaves ``obj`` exactly as it was (its :func:`snapshot`
+    before and after equal). Returns the error's message, for the caller to check."""
+    before = snapshot(obj)
+    with pytest.raises(exc) as info:
+        call()
+    assert_unchanged(before, snapshot(obj))
+    return str(info.value)
+
+
+# -- one corrupted entry at a time (the load property tests) ------------------------------
 #: how an entry is corrupted: a wrong type, shape, dtype, device or range, removed, or an
 #: extra entry beside it
 KINDS = ("type", "shape", "dtype", "device", "range", "missing", "extra")

@@ -5,6 +5,7 @@ run a case, and its exit status says so. Run in-process on CPU, in tiny configur
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -248,6 +249,19 @@ def test_bench_host_cost_checks_pass_and_catch_work_not_done(
     fixed, per = _common.fit_fixed_per_tensor([10, 100, 1000], [7.0, 16.0, 106.0])
     assert fixed == pytest.approx(6.0) and per == pytest.approx(0.1)
     assert bench_host_cost.main(["--device", "cpu"]) == 2  # times CUDA only...
+
+
+def test_bench_host_cost_repeats_interleave_a_baseline(capsys: pytest.CaptureFixture[str]) -> None:
+    """--repeats with --baseline: every run has the baseline's rows (a child process on the
+    package under the given folder, here this one), and the spread is printed."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(mixprec.__file__)))
+    args = "--device cpu --allow-cpu --sizes 2 --numel 1 --calls 2 --rounds 1 --cpu-time"
+    repeated = ["--cases", "adamw mixprec", "--repeats", "2", "--baseline", package_root]
+    assert bench_host_cost.main(args.split() + repeated) == 0
+    out = capsys.readouterr().out
+    assert "thread CPU us per call" in out and "spread over 2 repeats" in out
+    spread = out.split("spread over 2 repeats")[1]
+    assert "adamw mixprec (baseline)" in spread and "nan" not in spread
 
 
 def test_check_unscaled_tolerance_is_tight() -> None:

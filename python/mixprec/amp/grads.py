@@ -19,7 +19,6 @@ the meshes of DTensor (FSDP2) grads, whose local shards the passes run on
 
 from __future__ import annotations
 
-from operator import attrgetter
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
@@ -33,8 +32,6 @@ __all__ = [
     "check_finite", "norm_pass"]
 
 PerDevice = dict[torch.device, list[Tensor]]
-_GRAD = attrgetter("grad")
-_KIND = attrgetter("__class__", "dtype", "device", "is_sparse")
 Flags = dict[torch.device, Tensor]
 
 
@@ -104,45 +101,44 @@ def collect_grads(
     indices can overflow; with ``coalesce_sparse`` every sparse gradient is.
     """
     per_device = DeviceGrads()
+    lists: PerDevice = {}
+    fp16 = torch.float16
     for group in optimizer.param_groups:
         params = group["params"]
-        # One pass over the group's grads, then one over what kinds they are: a group of
-        # dense plain tensors (no subclass: a DTensor is one) on one device, allowed, is
-        # taken whole; anything else goes through the per-param loop below (which
-        # raises the errors).
-        try:
-            grads = [g for g in map(_GRAD, params) if g is not None]
-        except AttributeError:  # not a tensor among the params: the loop raises
-            grads = None
-        if grads == []:
-            continue
-        kinds = set(map(_KIND, grads)) if grads else set()  # (class, dtype, device, sparse)
-        devices = {device for _, _, device, _ in kinds}
-        if (grads and len(devices) == 1
-                and all(cls is Tensor and not sparse for cls, _, _, sparse in kinds)
-                and (allow_fp16 or all(dtype != torch.float16 for _, dtype, _, _ in kinds))):
-            per_device.setdefault(devices.pop(), []).extend(grads)
-            continue
+        for cls in set(map(type, params)):  # (torch's check, once per class of param)
+            if not issubclass(cls, Tensor):
+                raise AssertionError(f"expected param to be torch.Tensor, got {cls.__name__}")
         for param in params:
-            if not isinstance(param, Tensor):
-                raise AssertionError(
-                    f"expected param to be torch.Tensor, got {type(param).__name__}"
-                )
             grad = param.grad
             if grad is None:
                 continue
-            if not allow_fp16 and grad.dtype == torch.float16:
+            if not allow_fp16 and grad.dtype is fp16:
                 raise ValueError("Attempting to unscale FP16 gradients.")
-            if _dtensor.is_dtensor(grad):
-                per_device.specs.extend(_dtensor.specs_of([grad]))
-                grad = _dtensor.local(grad)
-            elif grad.is_sparse:
-                if coalesce_sparse or grad.dtype is torch.float16:
-                    grad = grad.coalesce()
-                    param.grad = grad
-                grad = grad._values()
-            per_device.setdefault(grad.device, []).append(grad)
+            if type(grad) is not Tensor or grad.is_sparse:
+                grad = _dense_local(param, grad, coalesce_sparse, per_device.specs)
+            same_device = lists.get(grad.device)
+            if same_device is None:
+                lists[grad.device] = [grad]
+            else:
+                same_device.append(grad)
+    per_device.update(lists)
     return per_device
+
+
+def _dense_local(param: Tensor, grad: Tensor, coalesce_sparse: bool, specs: List[Any]) -> Tensor:
+    """What the passes take for ``param``'s grad that is not a plain dense tensor: a
+    DTensor's local shard (its layout appended to ``specs``), a sparse grad's values (a
+    float16 one, or any with ``coalesce_sparse``, coalesced first into ``param.grad``),
+    another tensor subclass itself."""
+    if _dtensor.is_dtensor(grad):
+        specs.extend(_dtensor.specs_of([grad]))
+        return _dtensor.local(grad)
+    if grad.is_sparse:
+        if coalesce_sparse or grad.dtype is torch.float16:
+            grad = grad.coalesce()
+            param.grad = grad
+        return grad._values()
+    return grad
 
 
 def reduce_found_inf(per_device: Flags, home: torch.device, group: Optional[Any],

@@ -13,8 +13,8 @@ group. It owns what Adam, AdamW and SGD have in common:
   :mod:`mixprec.amp.protocol`); ``torch.amp.GradScaler`` sets
   ``optimizer.grad_scale``/``optimizer.found_inf`` attributes for the call
   (torch's protocol), which ``step()`` reads when an argument is None;
-* ``lr`` as a device tensor (cached, refreshed only when the group's float lr
-  changes), so a step never syncs with the host;
+* ``lr`` as a device tensor (kept per group and device, refilled in place when the
+  group's float lr changes), so a step never syncs with the host;
 * ``state_dict``/``load_state_dict`` that keep masters in float32 and accept
   torch.optim state dicts, and :meth:`master_params`.
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from itertools import chain
-from operator import itemgetter
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -430,10 +429,6 @@ class FusedOptimizer(torch.optim.Optimizer):
             state["master_param"] = float32_copy(p)
         return state
 
-    def _local_state(self, name: str, t: Tensor, p: Tensor) -> Tensor:
-        """What the kernels take for state ``name`` of DTensor param ``p``: its shard."""
-        return _dtensor.local(t)
-
     def lr_tensor(self, index: int, device: torch.device) -> Tensor:
         """The 0-dim lr tensor the kernels of ``param_groups[index]`` read on ``device``.
 
@@ -489,54 +484,48 @@ class FusedOptimizer(torch.optim.Optimizer):
 
         A param whose state lacks an entry (its first step, or an option that keeps more
         state was turned on) is checked and its state completed (:meth:`_init_state`);
-        a DTensor (FSDP2) param runs as its local shard, its state as
-        :meth:`_local_state` says.
+        so is every param of a DTensor (FSDP2) group, which runs as its local shard (its
+        state too).
         """
         names = self.state_names(group)
-        take = itemgetter("step", *names)  # (one C call per param; KeyError: incomplete)
-        one = not names  # (itemgetter of one key returns the value, not a tuple)
-        masters_on = group.get("master_weights", True)
+        needed = {"step", *names}
+        needed_with_master = {"master_param", *needed}
+        masters_on = bool(group.get("master_weights", True))
         sharded = _dtensor.any_dtensor(group["params"])
-        states = self.state
-        buckets: Dict[BucketKey, Bucket] = {}
-        rows: Dict[BucketKey, List[Any]] = {}
+        all_states = self.state
+        # per (device, has master): the params, their grads, their states
+        lists: Dict[BucketKey, Tuple[List[Tensor], List[Tensor], List[Dict[str, Any]]]] = {}
         for k, p in enumerate(group["params"]):
-            g = p.grad
-            if g is None:
+            grad = p.grad
+            if grad is None:
                 continue
-            state = states[p]
-            keeps = masters_on and p.dtype in _LOW_PRECISION  # (self.keeps_master, inline)
-            master = state.get("master_param") if keeps else None
-            try:
-                if sharded or (keeps and master is None):
-                    raise KeyError("master_param")  # (checked, then completed, below)
-                row = take(state)
-            except KeyError:
+            state = all_states[p]
+            keeps = masters_on and p.dtype in _LOW_PRECISION  # the rule of keeps_master
+            if sharded or not state.keys() >= (needed_with_master if keeps else needed):
                 self._check_param(index, k, p, sharded)
                 state = self._init_state(p, group)
-                master = state.get("master_param") if self.keeps_master(p, group) else None
-                row = take(state)
-            key = (p.device, master is not None)
-            b = buckets.get(key)
-            if b is None:
-                b = buckets[key] = {"params": [], "grads": [], "master_params": []}
-                rows[key] = []
-            b["params"].append(p)
-            b["grads"].append(g)
-            if master is not None:
-                b["master_params"].append(master)
-            rows[key].append(row)
-        for key, b in buckets.items():  # the state columns, each in one C pass
-            columns = [rows[key]] if one else list(map(list, zip(*rows[key])))
-            b["state_steps"] = columns[0]
-            for n, column in zip(names, columns[1:]):
-                b[n] = column
-            if sharded:  # a DTensor's kernels take its shard
+            key = (p.device, keeps)
+            same_key = lists.get(key)
+            if same_key is None:
+                same_key = lists[key] = ([], [], [])
+            params, grads, states = same_key
+            params.append(p)
+            grads.append(grad)
+            states.append(state)
+        buckets: Dict[BucketKey, Bucket] = {}
+        for key, (params, grads, states) in lists.items():
+            b = buckets[key] = {
+                "params": params,
+                "grads": grads,
+                "master_params": [st["master_param"] for st in states] if key[1] else [],
+                "state_steps": [st["step"] for st in states],
+            }
+            for n in names:
+                b[n] = [st[n] for st in states]
+            if sharded:  # the kernels take a DTensor's local shard, and its state's
                 if group.get("stochastic_rounding", False):  # (its elements' SR numbers)
-                    b["sr_extents"] = [_sr.extent(p) for p in b["params"]]
-                for n in names:
-                    b[n] = [self._local_state(n, t, p) for t, p in zip(b[n], b["params"])]
-                for n in ("params", "grads", "master_params", "state_steps"):
+                    b["sr_extents"] = [_sr.extent(p) for p in params]
+                for n in ("params", "grads", "master_params", "state_steps", *names):
                     b[n] = _dtensor.locals_of(b[n])
         return buckets
 

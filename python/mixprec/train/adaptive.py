@@ -96,7 +96,6 @@ class AdaptiveController:
             self.names.append(name)
         self.fwd_counts = torch.zeros(len(self.names), device=manager.device)
         self.bwd_counts = torch.zeros(len(self.names), device=manager.device)
-        self._owner_cache: dict[tuple[int, ...], Tensor] = {}
 
     def remove(self) -> None:
         """Take the forward hooks off the model."""
@@ -122,11 +121,12 @@ class AdaptiveController:
     def record_grads(self, params: list[Tensor], norms: list[Tensor]) -> None:
         """Count the modules whose gradients (per-param ``norms``) are non-finite."""
         device = self.manager.device
-        key = tuple(id(p) for p in params)
-        index = self._owner_cache.get(key)
-        if index is None:
-            index = torch.tensor([self._param_owner.get(id(p), -1) for p in params], device=device)
-            self._owner_cache = {key: index}
+        owners = torch.tensor(
+            [self._param_owner.get(id(p), -1) for p in params],
+            dtype=torch.long,
+            pin_memory=device.type == "cuda",
+        )
+        index = owners.to(device, non_blocking=True)  # (pinned on CUDA: the host never waits)
         bad = (~torch.isfinite(torch.stack(norms).to(device))).float()
         keep = index >= 0
         self.bwd_counts.index_add_(0, index.clamp(min=0), bad * keep)
