@@ -22,42 +22,42 @@
 // exported to Python as mixprec._C.capture_live_options.
 #pragma once
 
-#define MIXPREC_FOR_EACH_SYNC_OP(X)              \
-  X("aten::_local_scalar_dense", reads)          \
-  X("aten::item", reads)                         \
-  X("aten::is_nonzero", reads)                   \
-  X("aten::equal", reads)                        \
-  X("aten::allclose", reads)                     \
-  X("aten::nonzero", reads)                      \
-  X("aten::nonzero_numpy", reads)                \
-  X("aten::argwhere", reads)                     \
-  X("aten::masked_select", reads)                \
-  X("aten::unique", reads)                       \
-  X("aten::_unique", reads)                      \
-  X("aten::_unique2", reads)                     \
-  X("aten::unique_dim", reads)                   \
-  X("aten::unique_consecutive", reads)           \
-  X("aten::unique_dim_consecutive", reads)       \
-  X("aten::bincount", reads)                     \
-  X("aten::histc", reads)                        \
-  X("aten::repeat_interleave", reads)            \
-  X("aten::tolist", reads)                       \
-  X("aten::_assert_async", reads)                \
-  X("aten::is_set_to", reads)                    \
-  X("aten::index", bool_mask)                    \
-  X("aten::index_put_", bool_mask)               \
-  X("aten::index_put", bool_mask)                \
-  X("aten::_index_put_impl_", bool_mask)         \
-  X("aten::copy_", to_host)                      \
-  X("aten::_copy_from", to_host)                 \
-  X("aten::_to_copy", to_host)                   \
+#define MIXPREC_FOR_EACH_SYNC_OP(X)        \
+  X("aten::_local_scalar_dense", reads)    \
+  X("aten::item", reads)                   \
+  X("aten::is_nonzero", reads)             \
+  X("aten::equal", reads)                  \
+  X("aten::allclose", reads)               \
+  X("aten::nonzero", reads)                \
+  X("aten::nonzero_numpy", reads)          \
+  X("aten::argwhere", reads)               \
+  X("aten::masked_select", reads)          \
+  X("aten::unique", reads)                 \
+  X("aten::_unique", reads)                \
+  X("aten::_unique2", reads)               \
+  X("aten::unique_dim", reads)             \
+  X("aten::unique_consecutive", reads)     \
+  X("aten::unique_dim_consecutive", reads) \
+  X("aten::bincount", reads)               \
+  X("aten::histc", reads)                  \
+  X("aten::repeat_interleave", reads)      \
+  X("aten::tolist", reads)                 \
+  X("aten::_assert_async", reads)          \
+  X("aten::is_set_to", reads)              \
+  X("aten::index", bool_mask)              \
+  X("aten::index_put_", bool_mask)         \
+  X("aten::index_put", bool_mask)          \
+  X("aten::_index_put_impl_", bool_mask)   \
+  X("aten::copy_", to_host)                \
+  X("aten::_copy_from", to_host)           \
+  X("aten::_to_copy", to_host)             \
   X("aten::to", to_host)
 
-#define MIXPREC_FOR_EACH_SCALER_SETTING(X)    \
-  X(enabled, is_enabled)                      \
-  X(growth_factor, get_growth_factor)         \
-  X(backoff_factor, get_backoff_factor)       \
-  X(growth_interval, get_growth_interval)     \
-  X(hysteresis, hysteresis)                   \
-  X(min_scale, min_scale)                     \
+#define MIXPREC_FOR_EACH_SCALER_SETTING(X) \
+  X(enabled, is_enabled)                   \
+  X(growth_factor, get_growth_factor)      \
+  X(backoff_factor, get_backoff_factor)    \
+  X(growth_interval, get_growth_interval)  \
+  X(hysteresis, hysteresis)                \
+  X(min_scale, min_scale)                  \
   X(max_scale, max_scale)

@@ -60,7 +60,8 @@ std::vector<std::string>* g_sync_seen = nullptr;  // the watch's list
 
 void saw(const char* name, const char* why) {
   std::lock_guard<std::mutex> lock(g_sync_mutex);
-  if (g_sync_seen != nullptr) g_sync_seen->push_back(c10::str(name, " (", why, ")"));
+  if (g_sync_seen != nullptr)
+    g_sync_seen->push_back(c10::str(name, " (", why, ")"));
 }
 
 bool on_host(const c10::IValue& v) {
@@ -119,8 +120,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   const auto in = fn.inputs();
   if (const char* why = why_syncs(*op, in)) {
     saw(op->name, why);
-  } else if (op->rule == SyncRule::to_host && !in.empty() &&
-             on_device(in[0])) {
+  } else if (op->rule == SyncRule::to_host && !in.empty() && on_device(in[0])) {
     return std::make_unique<FromDevice>();
   }
   return nullptr;
@@ -414,8 +414,8 @@ std::vector<Restore> CapturedStep::Impl::check_against(const Record& rec,
     for (size_t g = 0; g < groups.size(); ++g) {
       auto& params = groups[g].params();
       TORCH_CHECK(params.size() == o.group_sizes[g], kWho,
-                  "what the graph bakes in changed ", when, ": optimizers[",
-                  k, "].param_groups[", g, "] has ", params.size(),
+                  "what the graph bakes in changed ", when, ": optimizers[", k,
+                  "].param_groups[", g, "] has ", params.size(),
                   " params, the graph ", o.group_sizes[g]);
       check_settings(o.options[g], baked_options(groups[g].options()),
                      c10::str("optimizers[", k, "].param_groups[", g, "]"),
@@ -473,9 +473,10 @@ std::vector<Restore> CapturedStep::Impl::check_against(const Record& rec,
     }
   }
   if (scaler != nullptr) {
-    TORCH_CHECK(!rec.scale.t.defined() || rec.scale.same(scaler->scale_tensor()),
-                kWho, "the scaler's scale tensor is another tensor ", when,
-                " (the graph holds the old one)");
+    TORCH_CHECK(
+        !rec.scale.t.defined() || rec.scale.same(scaler->scale_tensor()), kWho,
+        "the scaler's scale tensor is another tensor ", when,
+        " (the graph holds the old one)");
     check_settings(rec.scaler, scaler_settings(scaler), "scaler.", when);
   }
   return restores;
@@ -514,8 +515,9 @@ at::Tensor CapturedStep::Impl::run_checked() {
     loss = run_eager();
   }
   TORCH_CHECK(
-      syncs.empty(), kWho, "the step syncs with the host: ",
-      syncs.empty() ? "" : syncs.front(), " (", syncs.size(),
+      syncs.empty(), kWho,
+      "the step syncs with the host: ", syncs.empty() ? "" : syncs.front(),
+      " (", syncs.size(),
       " op(s) in all). A CUDA graph cannot capture a host read (capture "
       "fails, or the value read at capture is replayed forever). "
       "GradScaler::step() returns whether the step ran, which reads the inf "
@@ -534,8 +536,7 @@ at::Tensor CapturedStep::Impl::run_checked() {
     for (size_t g = 0; g < groups.size() && g < before.optimizers[k].lrs.size();
          ++g) {
       TORCH_CHECK(groups[g].options().get_lr() == before.optimizers[k].lrs[g],
-                  kWho, "the step changes optimizers[", k, "].param_groups[",
-                  g,
+                  kWho, "the step changes optimizers[", k, "].param_groups[", g,
                   "]['lr'] (an LR scheduler stepped inside the step?): host "
                   "code a replay does not run. Set the lr between calls: "
                   "CapturedStep writes it into the graph");

@@ -60,11 +60,11 @@ static int add_capture_rules(PyObject* m) {
   PyObject* ops = PyDict_New();
   if (ops == nullptr) return -1;
   bool ok = true;
-#define MIXPREC_SYNC_OP_ENTRY_(name, rule)                                     \
-  if (ok) {                                                                    \
-    PyObject* r = PyUnicode_FromString(#rule);                                 \
-    ok = r != nullptr && PyDict_SetItemString(ops, name, r) == 0;              \
-    Py_XDECREF(r);                                                             \
+#define MIXPREC_SYNC_OP_ENTRY_(name, rule)                        \
+  if (ok) {                                                       \
+    PyObject* r = PyUnicode_FromString(#rule);                    \
+    ok = r != nullptr && PyDict_SetItemString(ops, name, r) == 0; \
+    Py_XDECREF(r);                                                \
   }
   MIXPREC_FOR_EACH_SYNC_OP(MIXPREC_SYNC_OP_ENTRY_)
 #undef MIXPREC_SYNC_OP_ENTRY_
@@ -94,11 +94,11 @@ static int add_capture_rules(PyObject* m) {
   }
   PyObject* live = PySet_New(nullptr);
   if (live == nullptr) return -1;
-#define MIXPREC_LIVE_OPTION_(type, name, default_value, check, flags)   \
-  if (ok && ((flags)&mixprec::optim::options_flag::kLive)) {            \
-    PyObject* n = PyUnicode_FromString(#name);                          \
-    ok = n != nullptr && PySet_Add(live, n) == 0;                       \
-    Py_XDECREF(n);                                                      \
+#define MIXPREC_LIVE_OPTION_(type, name, default_value, check, flags) \
+  if (ok && ((flags) & mixprec::optim::options_flag::kLive)) {        \
+    PyObject* n = PyUnicode_FromString(#name);                        \
+    ok = n != nullptr && PySet_Add(live, n) == 0;                     \
+    Py_XDECREF(n);                                                    \
   }
   {
     using namespace mixprec::optim::options_flag;  // the rows' flags

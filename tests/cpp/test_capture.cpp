@@ -276,11 +276,12 @@ void test_checkpoint_between_calls(const std::string& dir) {
 using Planting = std::function<void()>;
 
 // The checked call (the second, with warmup 1) runs `body`, then refuses.
-Planting checked_refuses(std::function<torch::Tensor(Run&, const Inputs&)> body) {
+Planting checked_refuses(
+    std::function<torch::Tensor(Run&, const Inputs&)> body) {
   return [body] {
     Run run(torch::kHalf);
-    CapturedStep step([&](const Inputs& in) { return body(run, in); },
-                      batch(0), {run.opt.get()}, run.scaler.get(),
+    CapturedStep step([&](const Inputs& in) { return body(run, in); }, batch(0),
+                      {run.opt.get()}, run.scaler.get(),
                       mixprec::CapturedStepOptions().warmup(1));
     step(batch(0));
     step(batch(1));
@@ -310,8 +311,8 @@ std::map<std::string, Planting> plantings() {
   out["not_mixprec_optimizer"] = [] {
     Run run(torch::kFloat);
     torch::optim::SGD sgd({run.w}, torch::optim::SGDOptions(0.1));
-    CapturedStep([](const Inputs& in) { return in[0].sum(); }, batch(0),
-                 {&sgd}, nullptr);
+    CapturedStep([](const Inputs& in) { return in[0].sum(); }, batch(0), {&sgd},
+                 nullptr);
   };
   out["negative_warmup"] = [] {
     Run run(torch::kFloat);
@@ -432,7 +433,8 @@ void test_between_calls() {
     if (k == 2) run.opt->zero_grad();  // set_to_none=true, between calls
     (*step)(batch(k));
     eager.step(batch(k));
-    if (k >= 1) CHECK_MSG(run.w.grad().is_same(grad), c10::str("grad, call ", k));
+    if (k >= 1)
+      CHECK_MSG(run.w.grad().is_same(grad), c10::str("grad, call ", k));
     CHECK_MSG(same_snapshots(eager.snapshot(), run.snapshot()),
               c10::str("warmup 0, call ", k));
   }
@@ -450,7 +452,9 @@ int main(int argc, char** argv) {
       {"lr set between calls", test_lr_between_calls},
       {"checkpoint between calls", [&] { test_checkpoint_between_calls(dir); }},
       {"refusals (the twins' table)",
-       [&] { test_refusal_table(argc > 2 ? argv[2] : "capture_refusals.txt"); }},
+       [&] {
+         test_refusal_table(argc > 2 ? argv[2] : "capture_refusals.txt");
+       }},
       {"between calls", test_between_calls},
   };
   return mixprec_test::run_tests(tests);

@@ -88,7 +88,7 @@ struct MIXPREC_API CapturedStepOptions {
   TORCH_ARG(int64_t, warmup) = 2;
   // the CUDA graph memory pool (at::cuda::graph_pool_handle()) to share with
   // other captured steps, e.g. one per input shape; {0, 0}: a new one
-  TORCH_ARG(c10::MempoolId_t, pool) = {0, 0};
+  TORCH_ARG(c10::MempoolId_t, pool) = { 0, 0 };
 };
 
 class MIXPREC_API CapturedStep {
