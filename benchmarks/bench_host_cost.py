@@ -56,6 +56,12 @@ Checked once, untimed: the plans cover exactly the expected number of blocks.
 ``--cpu-time`` counts the calling thread's CPU time instead of wall time.
 
     python benchmarks/bench_host_cost.py --emulated [--sizes 10,148,1000,2000] [--cpu-time]
+
+``--captured`` times what a captured step (``mixprec.capture_step``) does on the host per
+call besides the replay launch: ``prepare()`` and the copy of the inputs into the static
+buffers, at ``--sizes`` param tensors (default 148, GPT-2 small's count), on the CPU:
+
+    python benchmarks/bench_host_cost.py --captured [--sizes 148] [--numel 1024]
 """
 
 from __future__ import annotations
@@ -346,6 +352,50 @@ def time_table(args: argparse.Namespace, sizes: List[int],
     return table, failed
 
 
+def captured_call(n: int, numel: int, rounds: int) -> int:
+    """``--captured``: the host cost of a captured call's own work on the CPU -- the
+    ``prepare()`` every call runs and the copy of the inputs into the static buffers --
+    for a model of ``n`` param tensors (Linear layers of ``numel`` weights each and their
+    biases; fp16 with fp32 masters, mixprec AdamW, a GradScaler, the checked call done).
+    The replay launch itself is one CUDA call, not timed here. One thread, wall time, the
+    median (and spread) of ``rounds`` blocks of 200 calls; prints one JSON line."""
+    import mixprec
+    from mixprec.capture import capture_step
+
+    torch.set_num_threads(1)
+    width = max(1, int(numel ** 0.5))
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(n // 2)]).half()
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = mixprec.GradScaler("cpu")
+    x, y = torch.randn(4, width), torch.randn(4, width)
+
+    def body(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad(set_to_none=False)
+        loss = (model(x.half()).float() - y).pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss.detach()
+
+    step = capture_step(body, (x, y), optimizers=[opt], scaler=scaler, modules=[model],
+                        warmup=0)
+    step(x, y)  # the checked call: what a graph would hold is recorded
+    static = (x.clone(), y.clone())
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(200):
+            step.prepare()
+            static[0].copy_(x)
+            static[1].copy_(y)
+        times.append((time.perf_counter() - t0) / 200 * 1e6)
+    times.sort()
+    params = sum(1 for _ in model.parameters())
+    print(json.dumps({"params": params, "median_us": times[len(times) // 2],
+                      "min_us": times[0], "max_us": times[-1], "rounds": rounds}))
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -369,8 +419,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--cpu-time", action="store_true",
                     help="on the CPU (--emulated, --allow-cpu): the calling thread's CPU "
                          "time, not wall time (steadier on a busy machine)")
+    ap.add_argument("--captured", action="store_true",
+                    help="a captured call's prepare() + input copy on the CPU, at --sizes[0] "
+                         "param tensors (GPT-2 small: 148)")
     ap.add_argument("--json", default=None, help=argparse.SUPPRESS)  # (the child's table)
     args = ap.parse_args(argv)
+    if args.captured:
+        n = int(args.sizes.split(",")[0]) if args.sizes != ap.get_default("sizes") else 148
+        return captured_call(n, args.numel, args.rounds)
     if args.emulated:
         sizes = [int(s) for s in (args.sizes if args.sizes != ap.get_default("sizes")
                                   else "10,148,1000,2000").split(",")]

@@ -5,7 +5,6 @@ errors of what cannot be captured. The GPU proof is tools/gpu_capture_check.py."
 from __future__ import annotations
 
 import copy
-import logging
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
@@ -451,46 +450,39 @@ def test_distributed_setups_are_refused() -> None:
     _expect("process_group", s.capture)
 
 
-def test_new_signatures_are_bounded() -> None:
+def test_several_shapes_are_several_steps_sharing_a_pool() -> None:
+    """One graph per captured step: another input shape raises naming both signatures;
+    a second step for it shares the first one's pool and trains the same model."""
     s = Setup("fp32")
-    step = s.capture(warmup=0, max_graphs=1)
     x, y = s.batches(1)[0]
+    step = s.capture(warmup=0)
     step(x, y)
-    _expect("max_graphs=1", lambda: step(x[:, :2], y[:, :2]))
-    lenient = s.capture(warmup=0, max_graphs=1, fallback="eager")
-    lenient(x, y)
-    lenient(x[:, :2], y[:, :2])  # runs eagerly, logged
-    assert len(lenient.eager_reasons) == 1
+    _expect(r"inputs\[0\]: expected torch.float32 \[1, 4, 16\] on cpu .*got torch.float32 "
+            r"\[1, 2, 16\]", lambda: step(x[:, :2], y[:, :2]))
+    short = capture_step(s.body, (x[:, :2], y[:, :2]), optimizers=[s.opt], scaler=s.scaler,
+                         modules=[s.model], warmup=0, pool=step.pool)
+    assert short.pool is step.pool
+    before = s.state()
+    short(x[:, :2], y[:, :2])
+    assert short.calls == 1 and s.state()[0].ne(before[0]).any()
 
 
-def test_fallback_eager_logs_the_reason(caplog: pytest.LogCaptureFixture) -> None:
-    s = Setup("fp32")
-    s.body = _body_with(s, "item")
-    step = s.capture(warmup=0, fallback="eager")
-    with caplog.at_level(logging.WARNING, logger="mixprec.capture"):
-        step(*s.batches(1)[0])
-        step(*s.batches(1)[0])
-    assert "_local_scalar_dense" in caplog.text
-    assert len(step.eager_reasons) == 1
-
-
-def test_baked_hyperparameter_change_recaptures(caplog: pytest.LogCaptureFixture) -> None:
-    """weight_decay (a float the kernels take as an argument) or train/eval changed between
-    calls: every graph is dropped, logged, and the next calls check and capture anew."""
+def test_baked_setting_change_raises_naming_it() -> None:
+    """A module's train/eval flag (or weight_decay, tests/test_capture_refusals.py) changed
+    between calls: the next call raises naming it, before anything runs."""
     s = Setup("fp32")
     step = s.capture(warmup=0)
     x, y = s.batches(1)[0]
     step(x, y)
-    assert step._slots is not None
-    s.opt.param_groups[0]["weight_decay"] = 0.5
-    with caplog.at_level(logging.WARNING, logger="mixprec.capture"):
-        step(x, y)
-    assert "weight_decay" in caplog.text
     s.model.eval()
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="mixprec.capture"):
-        step(x, y)
-    assert "False" in caplog.text
+    before = s.state()
+    _expect(r"what the graph bakes in changed since the checked call: modules\[0\].training "
+            "True -> False", lambda: step(x, y))
+    assert_same(before, s.state(), "nothing ran")
+    s.model.train()
+    s.model[0].eval()  # a submodule's flag: seen by the full walk after a load
+    s.opt.load_state_dict(s.opt.state_dict())
+    _expect(r"modules\[0\].0.training True -> False", lambda: step(x, y))
 
 
 def test_lr_reaches_the_captured_tensor_in_place() -> None:

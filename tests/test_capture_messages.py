@@ -41,12 +41,11 @@ def test_a_body_without_update_is_refused_at_the_default_warmup() -> None:
 @pytest.mark.parametrize("kwargs,exc,match", [
     ({"optimizers": "opt"}, TypeError, "optimizers must be a list .* got a AdamW"),
     ({"modules": "model"}, TypeError, "modules must be a list .* got a Linear"),
-    ({"max_graphs": 0}, ValueError, "max_graphs must be >= 1, got 0"),
     ({"warmup": -1}, ValueError, "warmup must be >= 0, got -1"),
     ({"warmup": 1.5}, TypeError, "warmup must be an int"),
-], ids=["optimizers=opt", "modules=model", "max_graphs=0", "warmup=-1", "warmup=1.5"])
+], ids=["optimizers=opt", "modules=model", "warmup=-1", "warmup=1.5"])
 def test_capture_step_names_the_argument(kwargs: Any, exc: type, match: str) -> None:
-    """Before: "'AdamW' object is not iterable"; one message for max_graphs and warmup."""
+    """Before: "'AdamW' object is not iterable"; one message for the ints."""
     model, opt, scaler = _setup()
     given = {"optimizers": [opt], "scaler": scaler}
     for k, v in kwargs.items():

@@ -192,7 +192,7 @@ def correctness(case: Case, device: str, steps: int, small: bool) -> str:
     la, sa = eager_reference(a, data, cuda, warm)
     lb, sb, step = captured_run(b, data, cuda, warm)
     bad = compare(sa, sb, la, lb)
-    if cuda and not step.graphs:
+    if cuda and step.graph is None:
         bad.append("no graph was captured")
     extra = ""
     if a.scaler is not None and b.scaler is not None:
@@ -205,8 +205,8 @@ def correctness(case: Case, device: str, steps: int, small: bool) -> str:
         extra = f", skipped {st_b.skipped_steps}, grew {st_b.scale_increases}x"
     if bad:
         raise AssertionError(f"{len(bad)} mismatch(es): " + "; ".join(bad[:8]))
-    return (f"bitwise equal over {steps} steps ({len(sb)} tensors, {len(step.graphs)} "
-            f"graph(s), mode {step.mode}{extra})")
+    return (f"bitwise equal over {steps} steps ({len(sb)} tensors, "
+            f"{int(step.graph is not None)} graph, mode {step.mode}{extra})")
 
 
 # --------------------------------------------------------------------------- timings
@@ -250,6 +250,21 @@ def _loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
                            y.flatten())
 
 
+def _amp_step(model: nn.Module, opt: Any, scaler: Any, x: Tensor, y: Tensor, device: str,
+              set_to_none: Optional[bool]) -> Tensor:
+    """One AMP training step as torch's docs write it: grads zeroed (``set_to_none``; None:
+    not here), the fp16 autocast forward, the scaled backward, ``scaler.step``,
+    ``scaler.update``; returns the loss, detached. The body of every variant."""
+    if set_to_none is not None:
+        opt.zero_grad(set_to_none=set_to_none)
+    with torch.autocast(device, dtype=torch.float16):
+        loss = _loss(model, x, y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    return loss.detach()
+
+
 def _torch_graph_step(model: nn.Module, x: Tensor, y: Tensor, device: str
                       ) -> Callable[[], Tensor]:
     """torch's own whole-step capture, written by hand as torch's docs show: the forward,
@@ -261,18 +276,10 @@ def _torch_graph_step(model: nn.Module, x: Tensor, y: Tensor, device: str
     scaler = torch.amp.GradScaler(device)
 
     def step() -> Tensor:
-        with torch.autocast(device, dtype=torch.float16):
-            loss = _loss(model, x, y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        return loss.detach()
+        return _amp_step(model, opt, scaler, x, y, device, set_to_none=None)
 
     if device != "cuda":
-        def eager() -> Tensor:
-            opt.zero_grad(set_to_none=False)
-            return step()
-        return eager
+        return lambda: _amp_step(model, opt, scaler, x, y, device, set_to_none=False)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -312,13 +319,7 @@ def timing(name: str, variant: str, device: str, small: bool, iters: int
         scaler = mixprec.GradScaler(device)
 
         def body(x: Tensor, y: Tensor) -> Tensor:
-            opt.zero_grad(set_to_none=False)
-            with torch.autocast(device, dtype=torch.float16):
-                loss = _loss(model, x, y)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            return loss.detach()
+            return _amp_step(model, opt, scaler, x, y, device, set_to_none=False)
 
         if variant == "captured":
             step = capture_step(body, (x, y), optimizers=[opt], scaler=scaler,
@@ -334,16 +335,9 @@ def timing(name: str, variant: str, device: str, small: bool, iters: int
         scaler_t = torch.amp.GradScaler(device)
         fwd = model if variant == "eager" else torch.compile(model, mode="reduce-overhead")
 
-        def eager_step() -> Tensor:
-            opt_t.zero_grad(set_to_none=True)
-            with torch.autocast(device, dtype=torch.float16):
-                loss = _loss(fwd, x, y)
-            scaler_t.scale(loss).backward()
-            scaler_t.step(opt_t)
-            scaler_t.update()
-            return loss.detach()
-
-        fn, warm = eager_step, 5 if variant == "eager" else 8
+        fn = lambda: _amp_step(fwd, opt_t, scaler_t, x, y, device,  # noqa: E731
+                               set_to_none=True)
+        warm = 5 if variant == "eager" else 8
     ms = _time(fn, warm, iters, device)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
     return ms, peak

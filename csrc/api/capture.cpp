@@ -1,12 +1,14 @@
 // mixprec::CapturedStep (mixprec/capture.h): python/mixprec/capture.py's
-// capture_step for LibTorch programs, smaller: one graph per CapturedStep
-// (no signature cache, no eager fallback), and an error wherever the Python
-// class would drop its graphs and capture anew.
+// capture_step for LibTorch programs, under the same contract
+// (docs/capture.md): one graph per captured step, an error naming the change
+// when what the graph bakes in changes, the sync ops and baked settings of
+// capture_rules.h.
 #include "mixprec/capture.h"
 
 #include "mixprec/grad_scaler.h"
 #include "mixprec/optim.h"
 
+#include "capture_rules.h"
 #include "mixprec_build_config.h"
 #include "options_table.h"
 
@@ -36,44 +38,111 @@ namespace {
 
 constexpr const char* kWho = "mixprec::CapturedStep: ";
 
-// ---- host syncs: the dispatcher ops that read a device value on the host
-// (python/mixprec/capture.py's SYNC_OPS), seen through a RecordFunction
-// observer (C++ has no dispatch mode). On CUDA the checked call also runs
-// under c10::cuda's sync debug mode, which catches any other sync.
-constexpr const char* kSyncOps[] = {"aten::_local_scalar_dense",
-                                    "aten::item",
-                                    "aten::is_nonzero",
-                                    "aten::equal",
-                                    "aten::allclose",
-                                    "aten::nonzero",
-                                    "aten::nonzero_numpy",
-                                    "aten::argwhere",
-                                    "aten::masked_select",
-                                    "aten::unique",
-                                    "aten::_unique",
-                                    "aten::_unique2",
-                                    "aten::unique_dim",
-                                    "aten::unique_consecutive",
-                                    "aten::unique_dim_consecutive",
-                                    "aten::bincount",
-                                    "aten::histc",
-                                    "aten::repeat_interleave",
-                                    "aten::_assert_async",
-                                    "aten::is_set_to"};
+// ---- host syncs: the rules of capture_rules.h (shared with Python's
+// SyncDetector), applied to the ops seen through a RecordFunction observer
+// (C++ has no dispatch mode). On CUDA the checked call also runs under
+// c10::cuda's sync debug mode, which catches any other sync.
+enum class SyncRule { reads, bool_mask, to_host };
+
+struct SyncOp {
+  const char* name;
+  SyncRule rule;
+};
+
+constexpr SyncOp kSyncOps[] = {
+#define MIXPREC_SYNC_OP_ROW(name, rule) {name, SyncRule::rule},
+    MIXPREC_FOR_EACH_SYNC_OP(MIXPREC_SYNC_OP_ROW)
+#undef MIXPREC_SYNC_OP_ROW
+};
 
 std::mutex g_sync_mutex;
 std::vector<std::string>* g_sync_seen = nullptr;  // the watch's list
 
-std::unique_ptr<at::ObserverContext> on_op(const at::RecordFunction& fn) {
-  const char* name = fn.name();
-  for (const char* op : kSyncOps) {
-    if (std::strcmp(name, op) == 0) {
-      std::lock_guard<std::mutex> lock(g_sync_mutex);
-      if (g_sync_seen != nullptr) g_sync_seen->emplace_back(name);
-      break;
-    }
+void saw(const char* name, const char* why) {
+  std::lock_guard<std::mutex> lock(g_sync_mutex);
+  if (g_sync_seen != nullptr)
+    g_sync_seen->push_back(c10::str(name, " (", why, ")"));
+}
+
+bool on_host(const c10::IValue& v) {
+  return v.isTensor() && v.toTensor().defined() && v.toTensor().is_cpu();
+}
+bool on_device(const c10::IValue& v) {
+  return v.isTensor() && v.toTensor().defined() && !v.toTensor().is_cpu() &&
+         !v.toTensor().is_meta();
+}
+
+// Why the op of row `op` syncs, from its inputs (at the start of the call);
+// nullptr when it does not, or, for a copy whose destination is its output
+// (aten::_to_copy, aten::to), when that is known only at its end.
+const char* why_syncs(const SyncOp& op, c10::ArrayRef<const c10::IValue> in) {
+  switch (op.rule) {
+    case SyncRule::reads:
+      return "reads a device value on the host";
+    case SyncRule::bool_mask:
+      if (in.size() > 1 && in[1].isList()) {
+        for (const c10::IValue& t : in[1].toListRef()) {
+          if (t.isTensor() && (t.toTensor().scalar_type() == at::kBool ||
+                               t.toTensor().scalar_type() == at::kByte)) {
+            return "boolean-mask indexing (a nonzero on the device)";
+          }
+        }
+      }
+      return nullptr;
+    case SyncRule::to_host:
+      // copy_(self <- src), _copy_from(src -> dst)
+      if (in.size() > 1 && std::strcmp(op.name, "aten::copy_") == 0 &&
+          on_device(in[1]) && on_host(in[0])) {
+        return "copies a device tensor to the host";
+      }
+      if (in.size() > 1 && std::strcmp(op.name, "aten::_copy_from") == 0 &&
+          on_device(in[0]) && on_host(in[1])) {
+        return "copies a device tensor to the host";
+      }
+      return nullptr;
   }
   return nullptr;
+}
+
+const SyncOp* find_sync_op(const char* name) {
+  for (const SyncOp& op : kSyncOps) {
+    if (std::strcmp(name, op.name) == 0) return &op;
+  }
+  return nullptr;
+}
+
+// The start of an op whose output decides (a copy from a device tensor).
+struct FromDevice : at::ObserverContext {};
+
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  const SyncOp* op = find_sync_op(fn.name());
+  if (op == nullptr) return nullptr;
+  const auto in = fn.inputs();
+  if (const char* why = why_syncs(*op, in)) {
+    saw(op->name, why);
+  } else if (op->rule == SyncRule::to_host && !in.empty() && on_device(in[0])) {
+    return std::make_unique<FromDevice>();
+  }
+  return nullptr;
+}
+
+// Any other op returning a float or a bool; a copy from a device tensor
+// whose output is on the host.
+void on_op_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  const auto& out = fn.outputs();
+  if (ctx != nullptr) {
+    if (!out.empty() && on_host(out[0])) {
+      saw(fn.name(), "copies a device tensor to the host");
+    }
+    return;
+  }
+  if (find_sync_op(fn.name()) != nullptr) return;  // decided at its start
+  for (const c10::IValue& v : out) {
+    if (v.isDouble() || v.isBool() || v.isComplexDouble()) {
+      saw(fn.name(), v.isBool() ? "returns a bool" : "returns a float");
+      return;
+    }
+  }
 }
 
 // While alive: the sync ops this thread runs (and the autograd threads its
@@ -90,7 +159,10 @@ class SyncWatch {
       g_sync_seen = &seen;
     }
     handle_ = at::addThreadLocalCallback(
-        at::RecordFunctionCallback(&on_op).scopes({at::RecordScope::FUNCTION}));
+        at::RecordFunctionCallback(&on_op_start, &on_op_end)
+            .needsInputs(true)
+            .needsOutputs(true)
+            .scopes({at::RecordScope::FUNCTION}));
 #if MIXPREC_WITH_CUDA_KERNELS
     if (cuda) {
       previous_ = c10::cuda::warning_state().get_sync_debug_mode();
@@ -156,45 +228,68 @@ std::vector<std::pair<const char*, at::Tensor*>> state_slots(
   return out;
 }
 
-void print_option(std::ostream& os, const std::tuple<double, double>& v) {
-  os << "(" << std::get<0>(v) << ", " << std::get<1>(v) << ")";
-}
+// A setting a graph bakes in, as (name, value shown in full precision); an
+// option's name is written as Python indexes its group ("['eps']").
+using Settings = std::vector<std::pair<std::string, std::string>>;
+
 template <typename T>
-void print_option(std::ostream& os, const T& v) {
+std::string show(const T& v) {
+  std::ostringstream os;
+  os.precision(17);
   os << v;
+  return os.str();
+}
+std::string show(bool v) { return v ? "True" : "False"; }
+std::string show(const std::optional<double>& v) {
+  return v ? show(*v) : "None";
+}
+std::string show(const std::tuple<double, double>& v) {
+  return c10::str("(", show(std::get<0>(v)), ", ", show(std::get<1>(v)), ")");
 }
 
 // The options a graph bakes in: every row of the options' list
-// (api/options_table.h) but those read at every step (lr), in full precision.
-std::string baked_options(const torch::optim::OptimizerOptions& options) {
-  std::ostringstream os;
-  os.precision(17);
+// (api/options_table.h) but the live ones (kLive: lr, a device tensor
+// filled before every call).
+Settings baked_options(const torch::optim::OptimizerOptions& options) {
+  Settings out;
   const bool known = optim::options_table::visit(options, [&](const auto& o) {
-    const char* sep = "";
     optim::options_table::for_each_option(
         o, [&](const char* name, const auto& value, unsigned flags, auto) {
           if (flags & optim::options_flag::kLive) return;
-          os << sep << name << "=";
-          print_option(os, value);
-          sep = ", ";
+          out.emplace_back(c10::str("['", name, "']"), show(value));
         });
   });
   TORCH_CHECK(known, kWho, "a param group has options of another optimizer");
-  return os.str();
+  return out;
 }
 
-std::string scaler_rule(const GradScaler* s) {
-  if (s == nullptr) return "";
-  std::ostringstream os;
-  os.precision(17);
-  os << "enabled=" << s->is_enabled()
-     << ", growth_factor=" << s->get_growth_factor()
-     << ", backoff_factor=" << s->get_backoff_factor()
-     << ", growth_interval=" << s->get_growth_interval()
-     << ", hysteresis=" << s->hysteresis()
-     << ", min_scale=" << (s->min_scale() ? c10::str(*s->min_scale()) : "none")
-     << ", max_scale=" << (s->max_scale() ? c10::str(*s->max_scale()) : "none");
-  return os.str();
+// The scaler's settings a graph bakes in (capture_rules.h).
+Settings scaler_settings(const GradScaler* s) {
+  Settings out;
+  if (s == nullptr) return out;
+#define MIXPREC_SCALER_SETTING_ROW(name, accessor) \
+  out.emplace_back(#name, show(s->accessor()));
+  MIXPREC_FOR_EACH_SCALER_SETTING(MIXPREC_SCALER_SETTING_ROW)
+#undef MIXPREC_SCALER_SETTING_ROW
+  return out;
+}
+
+// c10::Error naming the first setting of `now` that differs from `was`;
+// `where` prefixes its name.
+void check_settings(const Settings& was, const Settings& now,
+                    const std::string& where, const char* when) {
+  for (size_t i = 0; i < was.size() && i < now.size(); ++i) {
+    TORCH_CHECK(was[i] == now[i], kWho, "what the graph bakes in changed ",
+                when, ": ", where, now[i].first, " ", was[i].second, " -> ",
+                now[i].second,
+                ". Build a new CapturedStep to change it (sharing the pool: "
+                "CapturedStepOptions().pool(...))");
+  }
+}
+
+std::string param_name(size_t k, size_t g, size_t j) {
+  return c10::str("optimizers[", k, "].param_groups[", g, "]['params'][", j,
+                  "]");
 }
 
 struct ParamRecord {
@@ -205,7 +300,7 @@ struct ParamRecord {
 
 struct OptimizerRecord {
   std::vector<size_t> group_sizes;
-  std::vector<std::string> options;  // baked_options per group
+  std::vector<Settings> options;  // baked_options per group
   std::vector<double> lrs;
   std::vector<ParamRecord> params;  // in group order
 };
@@ -214,13 +309,16 @@ struct OptimizerRecord {
 struct Record {
   std::vector<OptimizerRecord> optimizers;
   Held scale;
-  std::string scaler;
+  Settings scaler;
 };
 
-// A captured state tensor to refill from the one the state holds now.
+// A captured tensor to put back where the step finds it (a grad dropped
+// between calls), refilled first from the one there now (`copy`: a state
+// tensor or grad replaced, e.g. by a checkpoint load).
 struct Restore {
   at::Tensor* slot;
   at::Tensor captured;
+  bool copy;
 };
 
 // c10::Error for an input that the static buffer `like` cannot take.
@@ -232,7 +330,8 @@ void check_input(size_t i, const at::Tensor& x, const at::Tensor& like) {
       kWho, "inputs[", i, "]: expected ", describe(like),
       " (as the example input), got ", describe(x),
       "; a step is captured for one input signature: another shape, dtype "
-      "or device needs its own CapturedStep (or pad the batch)");
+      "or device needs its own CapturedStep (sharing the pool: "
+      "CapturedStepOptions().pool(...)), or pad the batch");
 }
 
 }  // namespace
@@ -288,15 +387,17 @@ Record CapturedStep::Impl::record() const {
     rec.optimizers.push_back(std::move(o));
   }
   if (scaler != nullptr) rec.scale = Held(scaler->scale_tensor());
-  rec.scaler = scaler_rule(scaler);
+  rec.scaler = scaler_settings(scaler);
   return rec;
 }
 
 // The live params, grads, optimizer state and options and the scaler against
-// `rec`: c10::Error at the first difference the graph cannot follow. A state
-// tensor replaced by one of the same shape, dtype and device is returned for
-// copying back when `restorable` (a checkpoint loaded between calls), and is
-// an error otherwise.
+// `rec`: c10::Error at the first difference the graph cannot follow. When
+// `restorable` (before a call), a grad dropped since `rec` is put back, and a
+// state tensor or grad replaced by one of the same shape, dtype and device (a
+// checkpoint loaded between calls) is returned for copying back; otherwise
+// (after the step) a replaced one is an error. A grad or state tensor `rec`
+// does not hold (created by the step) is not checked.
 std::vector<Restore> CapturedStep::Impl::check_against(const Record& rec,
                                                        const char* when,
                                                        bool restorable) {
@@ -305,39 +406,42 @@ std::vector<Restore> CapturedStep::Impl::check_against(const Record& rec,
     auto* opt = optimizers[k];
     const OptimizerRecord& o = rec.optimizers[k];
     auto& groups = opt->param_groups();
-    TORCH_CHECK(groups.size() == o.group_sizes.size(), kWho, "optimizers[", k,
-                "] has ", groups.size(), " param groups, ",
-                o.group_sizes.size(), " ", when,
-                " (the graph steps the groups it was captured with)");
+    TORCH_CHECK(groups.size() == o.group_sizes.size(), kWho,
+                "what the graph bakes in changed ", when, ": optimizers[", k,
+                "] has ", groups.size(), " param groups, the graph ",
+                o.group_sizes.size());
     size_t index = 0;
     for (size_t g = 0; g < groups.size(); ++g) {
       auto& params = groups[g].params();
-      TORCH_CHECK(params.size() == o.group_sizes[g], kWho, "optimizers[", k,
-                  "] param group ", g, " has ", params.size(), " params, ",
-                  o.group_sizes[g], " ", when);
-      const std::string options = baked_options(groups[g].options());
-      TORCH_CHECK(options == o.options[g], kWho, "optimizers[", k,
-                  "] param group ", g, "'s options changed ", when, ": ",
-                  o.options[g], " -> ", options,
-                  ". The graph bakes in every hyperparameter but lr; build a "
-                  "new CapturedStep to change them");
+      TORCH_CHECK(params.size() == o.group_sizes[g], kWho,
+                  "what the graph bakes in changed ", when, ": optimizers[", k,
+                  "].param_groups[", g, "] has ", params.size(),
+                  " params, the graph ", o.group_sizes[g]);
+      check_settings(o.options[g], baked_options(groups[g].options()),
+                     c10::str("optimizers[", k, "].param_groups[", g, "]"),
+                     when);
       for (size_t j = 0; j < params.size(); ++j, ++index) {
         const at::Tensor& p = params[j];
         const ParamRecord& r = o.params[index];
-        const std::string where =
-            c10::str("optimizers[", k, "] group ", g, " param ", j);
+        const std::string where = param_name(k, g, j);
         TORCH_CHECK(r.param.same(p), kWho, where,
-                    " is another tensor or in "
-                    "new storage ",
-                    when,
-                    " (the graph holds the old "
-                    "address): load values into params in place (copy_ under "
-                    "a NoGradGuard), not with set_ / set_data / to()");
-        TORCH_CHECK(r.grad.same(p.grad()), kWho, where, "'s grad is ",
-                    p.grad().defined() ? "a new tensor" : "gone", " ", when,
-                    " (the graph accumulates into the old one): zero grads "
-                    "with zero_grad(/*set_to_none=*/false) inside the step, "
-                    "and leave them alone between calls");
+                    " is another tensor or in new storage ", when,
+                    " (the graph holds the old address): load values into "
+                    "params in place (copy_ under a NoGradGuard), not with "
+                    "set_ / set_data / to()");
+        if (r.grad.t.defined() && !r.grad.same(p.grad())) {
+          const at::Tensor& now = p.grad();
+          const bool fits = now.defined() && now.sizes() == r.grad.t.sizes() &&
+                            now.scalar_type() == r.grad.t.scalar_type() &&
+                            now.device() == r.grad.t.device();
+          TORCH_CHECK(
+              restorable && (fits || !now.defined()), kWho,
+              restorable ? "" : "the step changes the storage of ", where,
+              ".grad", restorable ? c10::str(" was replaced ", when) : "",
+              " (zero_grad(set_to_none=True) in the step? use "
+              "set_to_none=False: the graph accumulates into the old grad)");
+          restores.push_back({&p.mutable_grad(), r.grad.t, now.defined()});
+        }
         if (!r.has_state) continue;
         auto it = opt->state().find(p.unsafeGetTensorImpl());
         TORCH_CHECK(it != opt->state().end(), kWho, where,
@@ -355,28 +459,25 @@ std::vector<Restore> CapturedStep::Impl::check_against(const Record& rec,
                             now.sizes() == held.t.sizes() &&
                             now.scalar_type() == held.t.scalar_type() &&
                             now.device() == held.t.device();
-          TORCH_CHECK(fits, kWho, where, "'s state '", r.state[m].first,
-                      "' was ", describe(held.t), " and is now ", describe(now),
-                      " (", when,
-                      "); the graph holds the "
-                      "old tensor: load a checkpoint of the same layout");
-          TORCH_CHECK(restorable, kWho, where, "'s state '", r.state[m].first,
-                      "' was replaced by a new tensor ", when,
-                      "; the step must update optimizer state in place");
-          restores.push_back({slots[m].second, held.t});
+          TORCH_CHECK(fits, kWho, where, " state['", r.state[m].first,
+                      "'] was ", describe(held.t), " and is now ",
+                      describe(now), " (", when,
+                      "); the graph holds the old tensor: load a checkpoint "
+                      "of the same layout");
+          TORCH_CHECK(restorable, kWho, "the step changes the storage of ",
+                      where, " state['", r.state[m].first,
+                      "'] (a tensor rebuilt instead of updated in place)");
+          restores.push_back({slots[m].second, held.t, true});
         }
       }
     }
   }
   if (scaler != nullptr) {
-    TORCH_CHECK(rec.scale.same(scaler->scale_tensor()), kWho,
-                "the scaler's scale tensor is another tensor ", when,
-                " (the graph holds the old one)");
-    const std::string rule = scaler_rule(scaler);
-    TORCH_CHECK(rule == rec.scaler, kWho, "the scaler's rule changed ", when,
-                ": ", rec.scaler, " -> ", rule,
-                ". The graph bakes it in; build a new CapturedStep to change "
-                "it");
+    TORCH_CHECK(
+        !rec.scale.t.defined() || rec.scale.same(scaler->scale_tensor()), kWho,
+        "the scaler's scale tensor is another tensor ", when,
+        " (the graph holds the old one)");
+    check_settings(rec.scaler, scaler_settings(scaler), "scaler.", when);
   }
   return restores;
 }
@@ -414,18 +515,20 @@ at::Tensor CapturedStep::Impl::run_checked() {
     loss = run_eager();
   }
   TORCH_CHECK(
-      syncs.empty(), kWho, "the step reads a device value on the host (",
-      syncs.empty() ? "" : syncs.front(),
-      "): a CUDA graph cannot capture that (capture fails, or the value read "
-      "at capture is replayed forever). GradScaler::step() returns whether "
-      "the step ran, which reads the inf flag: call scaler.step_no_sync(opt) "
-      "in the step; .item(), bool(tensor), printing a tensor, nonzero() and "
-      "boolean-mask indexing read it too");
+      syncs.empty(), kWho,
+      "the step syncs with the host: ", syncs.empty() ? "" : syncs.front(),
+      " (", syncs.size(),
+      " op(s) in all). A CUDA graph cannot capture a host read (capture "
+      "fails, or the value read at capture is replayed forever). "
+      "GradScaler::step() returns whether the step ran, which reads the inf "
+      "flag: call scaler.step_no_sync(opt) in the step; .item(), "
+      "bool(tensor), printing a tensor, nonzero() and boolean-mask indexing "
+      "read the device too");
   if (scaler != nullptr) {
     for (auto* opt : optimizers) {
       TORCH_CHECK(scaler->stage(*opt) == OptState::READY, kWho,
-                  "the step leaves the scaler's iteration open: end it with "
-                  "scaler.update()");
+                  "the step leaves the scaler's iteration open; end the step "
+                  "body with scaler.update()");
     }
   }
   for (size_t k = 0; k < optimizers.size(); ++k) {
@@ -433,15 +536,14 @@ at::Tensor CapturedStep::Impl::run_checked() {
     for (size_t g = 0; g < groups.size() && g < before.optimizers[k].lrs.size();
          ++g) {
       TORCH_CHECK(groups[g].options().get_lr() == before.optimizers[k].lrs[g],
-                  kWho, "optimizers[", k, "] param group ", g,
-                  "'s lr changed inside the step (a scheduler stepped in "
-                  "it?): a graph replays the lr it was captured with; set "
-                  "the lr between calls, CapturedStep writes it into the "
-                  "graph");
+                  kWho, "the step changes optimizers[", k, "].param_groups[", g,
+                  "]['lr'] (an LR scheduler stepped inside the step?): host "
+                  "code a replay does not run. Set the lr between calls: "
+                  "CapturedStep writes it into the graph");
     }
   }
   check_against(before, "after the step", /*restorable=*/false);
-  fixed = std::move(before);
+  fixed = record();  // (with what the step created: state, grads, scale)
   return loss;
 }
 
@@ -490,9 +592,7 @@ CapturedStep::CapturedStep(StepFn step,
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   TORCH_CHECK(step, kWho, "the step is empty");
-  TORCH_CHECK_VALUE(options.warmup() >= 1, kWho,
-                    "warmup must be >= 1 (the eager calls create the "
-                    "optimizer state the graph holds), got ",
+  TORCH_CHECK_VALUE(options.warmup() >= 0, kWho, "warmup must be >= 0, got ",
                     options.warmup());
   TORCH_CHECK_VALUE(!optimizers.empty(), kWho,
                     "give the optimizers the step steps");
@@ -507,7 +607,7 @@ CapturedStep::CapturedStep(StepFn step,
         "count steps and compute their bias corrections on the host, which a "
         "graph would replay frozen");
     for (const auto& g : fused->param_groups()) {
-      baked_options(g.options());  // (throws for foreign options)
+      (void)baked_options(g.options());  // (throws for foreign options)
       for (const auto& p : g.params()) tensors.push_back(p);
     }
     s.optimizers.push_back(fused);
@@ -532,6 +632,7 @@ CapturedStep::CapturedStep(StepFn step,
                         s.device, " and ", t.device());
     }
     s.side = c10::cuda::getStreamFromPool(false, s.device.index());
+    s.pool = options.pool();
 #else
     TORCH_CHECK(false, kWho,
                 "this libmixprec was built without CUDA kernels; it cannot "
@@ -570,9 +671,9 @@ at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
     TORCH_CHECK(!at::autocast::is_autocast_enabled(type) ||
                     !at::autocast::is_autocast_cache_enabled(),
                 kWho,
-                "called inside an autocast region with its cast cache "
-                "on: the weights' casts made at capture would outlive the "
-                "graph; open the region inside the step");
+                "called inside an autocast region with its cast cache on: "
+                "the weights' casts made at capture would outlive the graph; "
+                "open the region inside the step");
   }
   std::vector<Restore> restores;
   if (s.fixed) {
@@ -582,7 +683,7 @@ at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
   {
     at::NoGradGuard no_grad;
     for (auto& r : restores) {
-      r.captured.copy_(*r.slot);  // the checkpoint's values, in place
+      if (r.copy) r.captured.copy_(*r.slot);  // a checkpoint's values
       *r.slot = r.captured;
     }
     for (auto* opt : s.optimizers) {

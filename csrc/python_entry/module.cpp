@@ -5,8 +5,10 @@
 // torch.compile.
 #include <Python.h>
 
+#include "capture_rules.h"
 #include "op_table.h"
 #include "mixprec/build_info.h"
+#include "mixprec/optim.h"
 #include "python_entry/fast_call.h"
 
 #include <iterator>
@@ -49,6 +51,72 @@ PyModuleDef module_def = {
 
 }  // namespace
 
+// The rules of capture_rules.h and the live optimizer options (the rows of
+// mixprec/optim.h flagged kLive), as module constants for mixprec.capture:
+// capture_sync_ops {op name: rule}, capture_scaler_settings ((name,
+// accessor), ...), capture_live_options (name, ...). 0, or -1 with the
+// Python error set.
+static int add_capture_rules(PyObject* m) {
+  PyObject* ops = PyDict_New();
+  if (ops == nullptr) return -1;
+  bool ok = true;
+#define MIXPREC_SYNC_OP_ENTRY_(name, rule)                        \
+  if (ok) {                                                       \
+    PyObject* r = PyUnicode_FromString(#rule);                    \
+    ok = r != nullptr && PyDict_SetItemString(ops, name, r) == 0; \
+    Py_XDECREF(r);                                                \
+  }
+  MIXPREC_FOR_EACH_SYNC_OP(MIXPREC_SYNC_OP_ENTRY_)
+#undef MIXPREC_SYNC_OP_ENTRY_
+  if (!ok || PyModule_AddObject(m, "capture_sync_ops", ops) < 0) {
+    Py_DECREF(ops);
+    return -1;
+  }
+#define MIXPREC_SCALER_SETTING_ENTRY_(name, accessor) {#name, #accessor},
+  static const char* const scaler_settings[][2] = {
+      MIXPREC_FOR_EACH_SCALER_SETTING(MIXPREC_SCALER_SETTING_ENTRY_)};
+#undef MIXPREC_SCALER_SETTING_ENTRY_
+  const Py_ssize_t n = static_cast<Py_ssize_t>(std::size(scaler_settings));
+  PyObject* settings = PyTuple_New(n);
+  for (Py_ssize_t i = 0; settings != nullptr && i < n; ++i) {
+    PyObject* row =
+        Py_BuildValue("(ss)", scaler_settings[i][0], scaler_settings[i][1]);
+    if (row == nullptr) {
+      Py_CLEAR(settings);
+      break;
+    }
+    PyTuple_SET_ITEM(settings, i, row);
+  }
+  if (settings == nullptr ||
+      PyModule_AddObject(m, "capture_scaler_settings", settings) < 0) {
+    Py_XDECREF(settings);
+    return -1;
+  }
+  PyObject* live = PySet_New(nullptr);
+  if (live == nullptr) return -1;
+#define MIXPREC_LIVE_OPTION_(type, name, default_value, check, flags) \
+  if (ok && ((flags) & mixprec::optim::options_flag::kLive)) {        \
+    PyObject* n = PyUnicode_FromString(#name);                        \
+    ok = n != nullptr && PySet_Add(live, n) == 0;                     \
+    Py_XDECREF(n);                                                    \
+  }
+  {
+    using namespace mixprec::optim::options_flag;  // the rows' flags
+    MIXPREC_ADAM_OPTIONS(MIXPREC_LIVE_OPTION_)
+    MIXPREC_ADAMW_OPTIONS(MIXPREC_LIVE_OPTION_)
+    MIXPREC_SGD_OPTIONS(MIXPREC_LIVE_OPTION_)
+  }
+#undef MIXPREC_LIVE_OPTION_
+  PyObject* frozen = ok ? PyFrozenSet_New(live) : nullptr;
+  Py_DECREF(live);
+  if (frozen == nullptr ||
+      PyModule_AddObject(m, "capture_live_options", frozen) < 0) {
+    Py_XDECREF(frozen);
+    return -1;
+  }
+  return 0;
+}
+
 PyMODINIT_FUNC PyInit__C(void) {
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) {
@@ -90,6 +158,10 @@ PyMODINIT_FUNC PyInit__C(void) {
   }
   if (names == nullptr || PyModule_AddObject(m, "op_names", names) < 0) {
     Py_XDECREF(names);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  if (add_capture_rules(m) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

@@ -19,15 +19,19 @@ The user hands over their step body as it is written::
         loss = step(x, y)          # a device tensor; no host sync
         sched.step()               # a torch LR scheduler, between calls, as usual
 
-Per input signature, the first ``warmup`` calls run the body eagerly on a side stream,
-the next one runs it eagerly under the checks (:class:`SyncDetector`; every persistent
-tensor keeps its storage; the body changes no host state; the scaler's iteration is
-closed), and the next one captures it into a :class:`torch.cuda.CUDAGraph` (one memory
-pool for all) and replays it; later calls copy their inputs into static buffers and
-replay. :meth:`CapturedStep.prepare` runs before every call: the lr tensors are filled
-from the host lr, replaced state (a checkpoint load) is copied into the captured
-storages, and a change of what a graph baked in drops every graph (logged). On CPU the
-same checks and ``prepare`` run, and every call is eager. The guide: docs/capture.md.
+One graph per captured step, for one input signature (the example's shapes, dtypes
+and devices; another raises: capture another step, sharing the ``pool``). The first
+``warmup`` calls run the body eagerly on a side stream, the next one runs it eagerly
+under the checks (:class:`SyncDetector`; every persistent tensor keeps its storage; the
+body changes no host state; the scaler's iteration is closed), and the next one
+captures it into a :class:`torch.cuda.CUDAGraph` and replays it; later calls copy their
+inputs into static buffers and replay. :meth:`CapturedStep.prepare` runs before every
+call: the lr tensors are filled from the host lr, state replaced by a checkpoint load
+(torch's load hooks tell) is copied into the captured storages, and a change of what
+the graph baked in raises :class:`CaptureError` naming it. The sync ops and the baked
+settings are those of C++ ``mixprec::CapturedStep`` (``csrc/capture_rules.h``, read
+from ``mixprec._C``). On CPU the same checks and ``prepare`` run, and every call is
+eager. The guide: docs/capture.md.
 
 Host syncs: none per call once captured. Capturing synchronizes the device.
 """
@@ -39,7 +43,9 @@ import dataclasses
 import logging
 import os
 import traceback
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+import weakref
+from types import MappingProxyType
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -47,6 +53,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _dtensor
+from ._extension import EXT
 from .amp.capability import ATTRIBUTES, HOST, LEGACY, SCALARS, step_kind
 
 __all__ = [
@@ -75,17 +82,17 @@ class CaptureError(RuntimeError):
 # --------------------------------------------------------------------------- detector
 
 #: Ops that read a device value on the host (a sync on CUDA; during capture an error, or
-#: a value baked into the graph), by ``OpOverloadPacket`` name. Ops returning a Python
-#: number or bool are counted too, whatever their name; so are boolean-mask indexing and
-#: device-to-host copies (see :meth:`SyncDetector.why`).
-SYNC_OPS = frozenset({
-    "aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::equal",
-    "aten::allclose", "aten::nonzero", "aten::nonzero_numpy", "aten::argwhere",
-    "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
-    "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
-    "aten::bincount", "aten::histc", "aten::repeat_interleave", "aten::tolist",
-    "aten::_assert_async", "aten::is_set_to",
-})
+#: a value baked into the graph), by ``OpOverloadPacket`` name, with their rule:
+#: ``"reads"`` (always), ``"bool_mask"`` (indexing with a boolean mask), ``"to_host"``
+#: (a copy from a device tensor into a CPU one). Any other op returning a Python float or
+#: bool counts too (:meth:`SyncDetector.why`). The table is C++'s
+#: (``csrc/capture_rules.h``), which ``mixprec::CapturedStep`` applies.
+SYNC_OPS: Mapping[str, str] = MappingProxyType(dict(EXT.capture_sync_ops))
+#: The param-group options a graph does not bake in (read from the device at every
+#: step): the rows of C++'s option lists flagged live.
+_LIVE_OPTIONS: frozenset = EXT.capture_live_options
+#: The scaler's settings a graph bakes in: (name, the scaler's method or property).
+_SCALER_SETTINGS: Tuple[Tuple[str, str], ...] = EXT.capture_scaler_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,26 +149,29 @@ class SyncDetector(TorchDispatchMode):
     @staticmethod
     def why(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], out: Any) -> Optional[str]:
         """Why the call ``func(*args, **kwargs) -> out`` syncs, or None."""
-        name = func.name().split(".")[0]  # "aten::add.Tensor" -> "aten::add"
-        if name in SYNC_OPS:
+        rule = SYNC_OPS.get(func.name().split(".")[0])  # "aten::add.Tensor" -> "aten::add"
+        if rule == "reads":
             return "reads a device value on the host"
-        if name in ("aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"):
+        if rule == "bool_mask":
             indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
             for t in indices or ():
                 if isinstance(t, Tensor) and t.dtype in (torch.bool, torch.uint8):
                     return "boolean-mask indexing (a nonzero on the device)"
-        if name in ("aten::copy_", "aten::_to_copy", "aten::_copy_from", "aten::to"):
-            src = args[1] if name in ("aten::copy_", "aten::_copy_from") else args[0]
-            dst = args[0] if name == "aten::copy_" else out
+        elif rule == "to_host":  # copy_(self <- src), _copy_from(src -> dst), to(src)
+            name = func.name().split(".")[0]
+            src, dst = ((args[1], args[0]) if name == "aten::copy_" else
+                        (args[0], args[1]) if name == "aten::_copy_from" else (args[0], out))
             if (isinstance(src, Tensor) and isinstance(dst, Tensor)
                     and src.device.type not in ("cpu", "meta") and dst.device.type == "cpu"):
                 return "copies a device tensor to the host"
-        for leaf in pytree.tree_leaves(out):
-            # (an int is a size or a count the op knows on the host -- cuDNN attention
-            # returns its max sequence lengths so -- not a device read; a bool or a float
-            # from an op not listed above is)
-            if isinstance(leaf, (bool, float, complex)) and not isinstance(leaf, Tensor):
-                return f"returns a Python {type(leaf).__name__}"
+        elif rule is None:
+            for leaf in pytree.tree_leaves(out):
+                # (an int is a size or a count the op knows on the host -- cuDNN
+                # attention returns its max sequence lengths so -- not a device read)
+                if isinstance(leaf, bool):
+                    return "returns a bool"
+                if isinstance(leaf, (float, complex)):
+                    return "returns a float"
         return None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (),
@@ -170,7 +180,7 @@ class SyncDetector(TorchDispatchMode):
         out = func(*args, **kwargs)
         reason = self.why(func, args, kwargs, out)
         if reason is not None:
-            event = SyncEvent(str(func), reason, _user_frame())
+            event = SyncEvent(func.name().split(".")[0], reason, _user_frame())
             self.events.append(event)
             if self.raise_on_sync:
                 raise CaptureError(
@@ -269,7 +279,7 @@ def check_autocast(device_type: str) -> None:
     if enabled and torch.is_autocast_cache_enabled():
         raise CaptureError(
             f"mixprec.capture: called inside an enabled torch.autocast({device_type!r}) region "
-            "with its cache enabled: the cast weights it caches would outlive the graph. "
+            "with its cast cache on: the cast weights it caches would outlive the graph. "
             "Put the autocast inside the step body, or use cache_enabled=False.")
 
 
@@ -341,13 +351,17 @@ def persistent_tensors(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
     return [(s.name, s.tensor) for s in _collect_slots(optimizers, scaler, modules)]
 
 
+def _param_name(o: int, i: int, k: int) -> str:
+    return f"optimizers[{o}].param_groups[{i}]['params'][{k}]"
+
+
 def _collect_slots(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
                    modules: Sequence[torch.nn.Module]) -> List[_Slot]:
     slots: List[_Slot] = []
     for o, opt in enumerate(optimizers):
         for i, group in enumerate(opt.param_groups):
             for k, p in enumerate(group["params"]):
-                where = f"optimizers[{o}].param_groups[{i}]['params'][{k}]"
+                where = _param_name(o, i, k)
                 slots.append(_slot(where, lambda p=p: p))
                 if p.grad is not None:
                     slots.append(_slot(where + ".grad", *_attr(p, "grad")))
@@ -360,9 +374,9 @@ def _collect_slots(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
             if lr is not None:
                 slots.append(lr)
     if scaler is not None and scaler.is_enabled():
-        for name in ("_scale", "_growth_tracker", "_hysteresis_left"):
-            if isinstance(getattr(scaler, name, None), Tensor):
-                slots.append(_slot(f"scaler.{name}", *_attr(scaler, name)))
+        for name in scaler.state_tensors():
+            slots.append(_slot(f"scaler.{name}",
+                               lambda name=name: scaler.state_tensors().get(name)))
     for m, module in enumerate(modules):
         for mod_name, sub in module.named_modules():
             for b_name, _ in sub.named_buffers(recurse=False):
@@ -371,59 +385,65 @@ def _collect_slots(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
     return slots
 
 
-def _host_fingerprint(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
-                      modules: Sequence[torch.nn.Module]) -> Tuple[Any, ...]:
-    """What a graph bakes in from the host: every param-group option but the params and a
-    mixprec optimizer's lr (which reaches the graph as a device tensor), the params'
-    identities, the scaler's rule and the modules' ``training`` flags. No op runs."""
-    out: List[Any] = []
-    for opt in optimizers:
+def _settings(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
+              modules: Sequence[torch.nn.Module], deep: bool) -> Dict[str, Any]:
+    """What a graph bakes in from the host, by name: every param-group option but the
+    params and the live ones (``lr`` where it reaches the kernels as a device tensor),
+    the groups' param lists (as ``(list, length)``), the scaler's settings and the
+    modules' ``training`` flags (``deep``: every submodule's, else the modules' own).
+    Tensors by identity. No op runs; O(groups) unless ``deep``."""
+    out: Dict[str, Any] = {}
+    for o, opt in enumerate(optimizers):
         device_lr = step_kind(opt) == SCALARS
-        for group in opt.param_groups:
-            items = []
-            for key in sorted(group, key=str):
-                value = group[key]
+        out[f"optimizers[{o}] param groups"] = len(opt.param_groups)
+        for i, group in enumerate(opt.param_groups):
+            where = f"optimizers[{o}].param_groups[{i}]"
+            for key, value in group.items():
                 if key == "params":
-                    items.append((key, tuple(map(id, value))))
-                elif key == "lr" and (device_lr or isinstance(value, Tensor)):
-                    continue
-                elif isinstance(value, Tensor):
-                    items.append((key, id(value)))
+                    out[f"{where}['params']"] = (id(value), len(value))
+                elif key in _LIVE_OPTIONS and (device_lr or isinstance(value, Tensor)):
+                    continue  # (a tensor lr is a slot, re-bound by the full walk)
                 else:
-                    items.append((key, repr(value)))
-            out.append(tuple(items))
+                    out[f"{where}[{key!r}]"] = id(value) if isinstance(value, Tensor) else value
     if scaler is not None:
-        rule = (scaler.get_growth_factor(), scaler.get_backoff_factor(),
-                scaler.get_growth_interval(),
-                *(getattr(scaler, k, None) for k in ("min_scale", "max_scale", "hysteresis"))
-                ) if scaler.is_enabled() else ()
-        out.append(("scaler", scaler.is_enabled(), *rule))
-    for module in modules:
-        out.append(tuple(sub.training for sub in module.modules()))
-    return tuple(out)
+        for name, accessor in _SCALER_SETTINGS:
+            if name != "enabled" and not scaler.is_enabled():
+                continue  # (a disabled scaler has no rule)
+            value = getattr(scaler, accessor, None)
+            out[f"scaler.{name}"] = value() if callable(value) else value
+    for m, module in enumerate(modules):
+        subs = module.named_modules() if deep else (("", module),)
+        for name, sub in subs:
+            out[f"modules[{m}]{'.' + name if name else ''}.training"] = sub.training
+    return out
 
 
-def _describe_change(before: Tuple[Any, ...], after: Tuple[Any, ...]) -> str:
-    for a, b in zip(before, after):
-        if a != b:
-            if isinstance(a, tuple) and isinstance(b, tuple):
-                for x, y in zip(a, b):
-                    if x != y:
-                        return f"{x!r} -> {y!r}"
-            return f"{a!r} -> {b!r}"
-    return "the number of param groups or modules"
+def _changed(was: Dict[str, Any], now: Dict[str, Any]) -> Optional[str]:
+    """The first setting of ``was`` that ``now`` changes, as ``name old -> new``."""
+    for name, old in was.items():
+        new = now.get(name, "<gone>")
+        if new is not old and new != old:
+            return f"{name} {old!r} -> {new!r}"
+    extra = [name for name in now if name not in was]
+    return f"{extra[0]} (new)" if extra else None
 
 
 # --------------------------------------------------------------------------- the step
 
 @dataclasses.dataclass
 class _Graph:
-    """One captured signature."""
+    """The captured graph."""
 
     graph: Any  # torch.cuda.CUDAGraph
     static_inputs: List[Tensor]
     static_outputs: Any
     record: Any  # the scaler's IterationRecord of the captured update()
+
+
+def _describe(leaf: Any) -> str:
+    if isinstance(leaf, Tensor):
+        return f"{leaf.dtype} {list(leaf.shape)} on {leaf.device}"
+    return repr(leaf)
 
 
 def _signature(leaves: List[Any], spec: Any) -> Tuple[Any, ...]:
@@ -440,135 +460,158 @@ def _signature(leaves: List[Any], spec: Any) -> Tuple[Any, ...]:
 class CapturedStep:
     """The callable :func:`capture_step` returns: ``step(*inputs)`` runs one training step.
 
-    Calls take the inputs as the example (same structure; tensor leaves of the captured
-    shapes and dtypes are copied into static buffers; a new signature captures a new
-    graph, up to ``max_graphs``). Returns the body's return value: on a replay, clones
-    of the static outputs (device tensors; ``clone_outputs=False`` returns the static
-    tensors themselves, overwritten by the next replay). No host sync per call once
-    captured.
+    Calls take inputs of the example's signature (same structure; tensor leaves of the
+    same shapes, dtypes and devices, copied into static buffers; the same other values):
+    another raises :class:`CaptureError` (capture another step for it, sharing
+    :attr:`pool`). Returns the body's return value: on a replay, clones of the static
+    outputs (device tensors; ``clone_outputs=False`` returns the static tensors
+    themselves, overwritten by the next replay). No host sync per call once captured.
 
     Attributes:
-        graphs: the captured graphs by signature. ``device``: where the step runs.
-        mode: ``"cuda-graph"`` or ``"eager"`` (CPU: validation mode).
-        eager_reasons: signature -> why it runs eagerly (``fallback="eager"``).
+        graph: the captured graph (None before the capture, and on CPU). ``calls``: the
+            calls made. ``device``: where the step runs. ``mode``: ``"cuda-graph"`` or
+            ``"eager"`` (CPU: validation mode). ``pool``: the graph's memory pool.
     """
 
     def __init__(self, fn: Callable[..., Any], example_inputs: Tuple[Any, ...], *,
                  optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
                  modules: Sequence[torch.nn.Module], schedulers: Sequence[Any],
-                 max_graphs: int, warmup: int,
-                 fallback: str, clone_outputs: bool, pool: Any) -> None:
+                 warmup: int, clone_outputs: bool, pool: Any) -> None:
         self.fn = fn
         self.optimizers = list(optimizers)
         self.scaler = scaler
         self.modules = list(modules)
         self.schedulers = list(schedulers)
-        self.max_graphs = int(max_graphs)
         self.warmup = int(warmup)
-        self.fallback = fallback
         self.clone_outputs = clone_outputs
         self.device = _step_device(self.optimizers, example_inputs)
         self.mode = "cuda-graph" if self.device.type == "cuda" else "eager"
-        self.graphs: Dict[Tuple[Any, ...], _Graph] = {}
-        self.eager_reasons: Dict[Tuple[Any, ...], str] = {}
-        self._calls: Dict[Tuple[Any, ...], int] = {}
-        self._slots: Optional[List[_Slot]] = None
-        self._fingerprint: Optional[Tuple[Any, ...]] = None
-        self._pool = pool
+        leaves, spec = pytree.tree_flatten(example_inputs)
+        self._example = [_describe(x) for x in leaves]
+        self.signature = _signature(leaves, spec)
+        self.graph: Optional[_Graph] = None
+        self.calls = 0
+        self.pool = pool
+        self._slots: Optional[List[_Slot]] = None  # from the checked call
+        self._lr_slots: List[_Slot] = []
+        self._settings: Optional[Dict[str, Any]] = None
+        self._deep: Optional[Dict[str, Any]] = None  # (with every submodule's flag)
+        self._sentinels: List[Tuple[Tensor, int, Optional[Tensor]]] = []
+        self._loaded = False  # set by the load hooks: the next prepare re-binds
         self._side: Any = None
+        me = weakref.ref(self)
+
+        def loaded(*_: Any) -> None:
+            step = me()
+            if step is not None:
+                step._loaded = True
+
+        self._hooks = [opt.register_load_state_dict_post_hook(loaded)
+                       for opt in self.optimizers]
+        self._hooks += [sub.register_load_state_dict_post_hook(loaded)
+                        for m in self.modules for sub in m.modules()]
         if self.mode == "eager":
-            log.info("mixprec.capture: the step runs on %s: no CUDA graphs; every call runs "
+            log.info("mixprec.capture: the step runs on %s: no CUDA graph; every call runs "
                      "eagerly after the capture checks (validation mode)", self.device)
+
+    def __del__(self) -> None:
+        for h in getattr(self, "_hooks", ()):
+            h.remove()
 
     # -- public ------------------------------------------------------------------
 
     def __call__(self, *inputs: Any) -> Any:
         check_autocast(self.device.type)
         leaves, spec = pytree.tree_flatten(inputs)
-        key = _signature(leaves, spec)
+        if _signature(leaves, spec) != self.signature:
+            self._refuse_inputs(leaves, spec)
         self.prepare()
-        g = self.graphs.get(key)
-        if g is not None:
-            return self._replay(g, leaves)
-        if key in self.eager_reasons:
-            return self.fn(*inputs)
-        n = self._calls.get(key, 0)
-        if n == 0 and len(self._calls) >= self.max_graphs:
-            self._fall_back(key, f"mixprec.capture: a new input signature would need graph "
-                            f"{len(self._calls) + 1}, but max_graphs={self.max_graphs} (this "
-                            f"signature: {key[1:]}). Pad or bucket the inputs, or raise "
-                            "max_graphs")
-            return self.fn(*inputs)
-        self._calls[key] = n + 1
-        if n < self.warmup:
+        if self.graph is not None:
+            return self._replay(self.graph, leaves)
+        n, self.calls = self.calls, self.calls + 1
+        if n < self.warmup or (n > self.warmup and self.mode == "eager"):
             return self._eager(inputs)
         if n == self.warmup:
-            out, problem = self._checked(inputs)
-            if problem is not None:
-                self._fall_back(key, problem)
-            return out
-        if self.mode == "eager":
-            return self._eager(inputs)
-        g = self._capture(key, inputs, leaves)
-        return self._replay(g, leaves, copy=False)
+            return self._checked(inputs)
+        self.graph = self._capture(inputs, leaves)
+        return self._replay(self.graph, leaves, copy=False)
+
+    def accepts(self, *inputs: Any) -> bool:
+        """Whether ``inputs`` are of the step's input signature (no op runs)."""
+        return _signature(*pytree.tree_flatten(inputs)) == self.signature
 
     def prepare(self) -> None:
-        """Make the captured state current; run before every call (no host sync).
+        """Make the captured state current; runs before every call (no host sync).
 
-        * a change of what the graphs baked in (hyperparameters but lr, the scaler's
-          rule, ``training`` flags, param storages) drops every graph (logged);
-        * a persistent tensor that was replaced (``load_state_dict``, grads set to None)
-          is copied into the captured storage and re-bound (``copy_``, in place);
+        * what the graph bakes in (param-group options but lr, the param groups, the
+          scaler's settings, the modules' ``training`` flags) is compared with the
+          checked call's: a change raises :class:`CaptureError` naming it;
+        * after a load (torch's ``load_state_dict`` post hooks of the optimizers and
+          modules), or when the first param of a group moved or its grad was dropped,
+          every persistent tensor is walked: one replaced by a tensor of the same
+          layout (the optimizer's load builds new state) is copied into the captured
+          storage and put back (``copy_``), a dropped grad is put back, a param in new
+          storage raises;
         * each group's host lr is written into the lr tensor the kernels read, when it
           changed (``fill_``; a tensor lr that is not the captured one: ``copy_``).
+
+        Its cost does not grow with the number of params when nothing was loaded.
         """
-        if self._fingerprint is not None:
-            now = _host_fingerprint(self.optimizers, self.scaler, self.modules)
-            if now != self._fingerprint:
-                self.reset(f"what the graphs baked in changed: "
-                           f"{_describe_change(self._fingerprint, now)}")
-                return
-        if self._slots is not None:
-            for s in self._slots:
-                cur = s.get()
-                if cur is s.tensor:
-                    if s.put is None and cur.data_ptr() != s.ptr:
-                        self.reset(f"{s.name} moved to new storage")
-                        return
-                    continue
-                if s.put is None:
-                    self.reset(f"{s.name} was replaced")
-                    return
-                if cur is None or cur.shape != s.tensor.shape or cur.dtype != s.tensor.dtype \
-                        or cur.device != s.tensor.device:
-                    if cur is None and s.name.endswith(".grad"):
-                        s.put(s.tensor)  # dropped outside the step: the body zeroes it
-                        continue
-                    self.reset(f"{s.name} changed shape, dtype or device")
-                    return
-                with torch.no_grad():
-                    s.tensor.copy_(cur)  # e.g. optimizer.load_state_dict's new tensors
-                s.put(s.tensor)
+        if self._slots is None or self._settings is None:
+            return
+        problem = _changed(self._settings, _settings(self.optimizers, self.scaler,
+                                                     self.modules, deep=False))
+        if problem is not None:
+            raise CaptureError(_baked_message(problem, "since the checked call"))
+        moved = any(p.data_ptr() != ptr or p.grad is not grad
+                    for p, ptr, grad in self._sentinels)
+        if self._loaded or moved:
+            self.rebind()
         self._fill_lr()
 
-    def _fall_back(self, key: Tuple[Any, ...], reason: str) -> None:
-        """Raise :class:`CaptureError`, or (``fallback="eager"``) run ``key`` eagerly from
-        now on, logged."""
-        if self.fallback != "eager":
-            raise CaptureError(reason)
-        self.eager_reasons[key] = reason
-        log.warning("mixprec.capture: running this signature eagerly: %s", reason)
-
-    def reset(self, reason: str) -> None:
-        """Drop every graph and forget the checks: the next calls warm up and capture anew."""
-        if self.graphs or self._slots is not None:
-            log.warning("mixprec.capture: re-capturing: %s", reason)
-        self.graphs.clear()
-        self._calls.clear()
-        self._slots = None
-        self._fingerprint = None
+    def rebind(self) -> None:
+        """The full walk of :meth:`prepare` (which runs it after a load): every
+        persistent tensor and every submodule's ``training`` flag checked against the
+        checked call's; replaced state copied back, dropped grads put back."""
+        assert self._slots is not None and self._deep is not None
+        problem = _changed(self._deep, _settings(self.optimizers, self.scaler,
+                                                 self.modules, deep=True))
+        if problem is not None:
+            raise CaptureError(_baked_message(problem, "since the checked call"))
+        todo: List[Tuple[_Slot, Optional[Tensor]]] = []
+        for s in self._slots:
+            cur = s.get()
+            if cur is s.tensor and cur.data_ptr() == s.ptr:
+                continue
+            fits = (cur is not None and cur.shape == s.tensor.shape
+                    and cur.dtype == s.tensor.dtype and cur.device == s.tensor.device)
+            if s.put is None or not (fits or (cur is None and s.name.endswith(".grad"))):
+                raise CaptureError(
+                    f"mixprec.capture: {s.name} is another tensor or in new storage since "
+                    "the checked call (the graph holds the old address): load values in "
+                    "place (copy_ under torch.no_grad()), a checkpoint of the same layout")
+            todo.append((s, cur))
+        with torch.no_grad():
+            for s, cur in todo:  # (every check before any write)
+                if cur is not None:
+                    s.tensor.copy_(cur)  # e.g. optimizer.load_state_dict's new tensors
+                s.put(s.tensor)  # type: ignore[misc]
+        self._loaded = False
 
     # -- phases ------------------------------------------------------------------
+
+    def _refuse_inputs(self, leaves: List[Any], spec: Any) -> None:
+        got = [_describe(x) for x in leaves]
+        if len(got) != len(self._example) or str(spec) != self.signature[0]:
+            what = f"inputs of another structure ({spec}, the example {self.signature[0]})"
+        else:
+            i = next(i for i, (a, b) in enumerate(zip(self._example, got))
+                     if _signature([leaves[i]], spec)[1] != self.signature[1 + i] or a != b)
+            what = f"inputs[{i}]: expected {self._example[i]} (as the example input), got {got[i]}"
+        raise CaptureError(
+            f"mixprec.capture: {what}; a step is captured for one input signature: another "
+            "shape, dtype or device needs its own captured step (sharing the pool: "
+            "capture_step(..., pool=step.pool)), or pad the batch")
 
     def _stream_ctx(self) -> Any:
         if self.device.type != "cuda":
@@ -583,46 +626,54 @@ class CapturedStep:
         sc = self.scaler
         if sc is not None and sc.is_enabled() and sc.iteration_open():
             # (the next call would fail inside torch's scaler.step instead)
-            raise CaptureError("mixprec.capture: the step leaves the scaler's iteration "
-                               "open; end the step body with scaler.update()")
+            raise CaptureError(_OPEN)
         return out
 
-    def _checked(self, inputs: Tuple[Any, ...]) -> Tuple[Any, Optional[str]]:
+    def _checked(self, inputs: Tuple[Any, ...]) -> Any:
         """One eager step under every check, run to its end (a real step, as eager
-        training would run it): ``(outputs, None)``, the slots and the host fingerprint
-        taken for the capture; or ``(outputs, why it cannot be captured)``."""
+        training would run it); then the first reason it cannot be captured raises.
+        The persistent tensors are walked before and after it; the second walk is what
+        the graph holds."""
         before = _collect_slots(self.optimizers, self.scaler, self.modules)
-        host = _host_fingerprint(self.optimizers, self.scaler, self.modules)
+        host = _settings(self.optimizers, self.scaler, self.modules, deep=True)
         lrs = [[g["lr"] for g in o.param_groups] for o in self.optimizers]
         epochs = [getattr(sc, "last_epoch", None) for sc in self.schedulers]
+        record = self.scaler.last_iteration if self.scaler is not None else None
         detector = SyncDetector()
         with self._stream_ctx(), detector:
             out = self.fn(*inputs)
-        problem = self._problem(before, host, lrs, detector)
+        after = _collect_slots(self.optimizers, self.scaler, self.modules)
+        now = _settings(self.optimizers, self.scaler, self.modules, deep=True)
+        problem = self._problem(before, after, host, now, lrs, detector, record)
         for k, sc in enumerate(self.schedulers):
             if problem is None and getattr(sc, "last_epoch", None) != epochs[k]:
                 problem = _scheduler_in_body(
                     f"schedulers[{k}] ({type(sc).__name__}), an LR scheduler stepped inside the "
                     "body")
         if problem is not None:
-            return out, problem
-        self._slots = _collect_slots(self.optimizers, self.scaler, self.modules)
-        self._fingerprint = _host_fingerprint(self.optimizers, self.scaler, self.modules)
-        return out, None
+            raise CaptureError(problem)
+        self._slots, self._deep = after, now
+        self._lr_slots = [s for s in after if s.lr_key is not None]
+        self._settings = _settings(self.optimizers, self.scaler, self.modules, deep=False)
+        self._sentinels = [(g["params"][0], g["params"][0].data_ptr(), g["params"][0].grad)
+                           for o in self.optimizers for g in o.param_groups if g["params"]]
+        self._loaded = False
+        return out
 
-    def _problem(self, before: List[_Slot], host: Tuple[Any, ...], lrs: List[List[Any]],
-                 detector: SyncDetector) -> Optional[str]:
+    def _problem(self, before: List[_Slot], after: List[_Slot], host: Dict[str, Any],
+                 now_host: Dict[str, Any], lrs: List[List[Any]], detector: SyncDetector,
+                 record: Any) -> Optional[str]:
         """The first reason the step just run cannot be replayed, or None."""
         if detector.events:
-            e = detector.events[0]
-            return (f"mixprec.capture: the step syncs with the host ({detector.count} op(s)); "
-                    f"first: {e}. A CUDA graph cannot capture a host read (capture fails, or "
-                    "the value read at capture is replayed forever). Keep values on the "
-                    "device: return the loss tensor, use scaler.found_inf() instead of "
-                    "step_was_skipped, no .item()/bool()/print of a tensor in the step.")
-        after = {s.name: s for s in _collect_slots(self.optimizers, self.scaler, self.modules)}
+            return (f"mixprec.capture: the step syncs with the host: {detector.events[0]} "
+                    f"({detector.count} op(s) in all). A CUDA graph cannot capture a host "
+                    "read (capture fails, or the value read at capture is replayed "
+                    "forever). Keep values on the device: return the loss tensor, use "
+                    "scaler.found_inf() instead of step_was_skipped, no .item()/bool()/print "
+                    "of a tensor in the step.")
+        names = {s.name: s for s in after}
         for s in before:
-            now = after.get(s.name)
+            now = names.get(s.name)
             grad = s.name.endswith(".grad")
             if now is None:
                 hint = (" (zero_grad(set_to_none=True) in the step? use set_to_none=False: "
@@ -639,39 +690,35 @@ class CapturedStep:
                 if group["lr"] is not old and group["lr"] != old:
                     return _scheduler_in_body(f"optimizers[{o}].param_groups[{i}]['lr'] (an "
                                               "LR scheduler stepped inside the body?)")
-        now_host = _host_fingerprint(self.optimizers, self.scaler, self.modules)
-        if now_host != host:
-            return (f"mixprec.capture: the step changes host state a replay would not "
-                    f"change: {_describe_change(host, now_host)}")
+        changed = _changed(host, now_host)
+        if changed is not None:
+            return f"mixprec.capture: the step changes host state a replay would not: {changed}"
         sc = self.scaler
         if sc is not None and sc.is_enabled():
             if sc.iteration_open():
-                return ("mixprec.capture: the step leaves the scaler's iteration open; end "
-                        "the step body with scaler.update()")
-            if sc._mp_last is None:
+                return _OPEN
+            if sc.last_iteration is record:
                 return "mixprec.capture: the scaler passed as scaler= is not updated by the step"
         return None
 
-    def _capture(self, key: Tuple[Any, ...], inputs: Tuple[Any, ...], leaves: List[Any]) -> _Graph:
+    def _capture(self, inputs: Tuple[Any, ...], leaves: List[Any]) -> _Graph:
         static = [x.detach().clone() if isinstance(x, Tensor) else x for x in leaves]
         static_inputs = pytree.tree_unflatten(static, pytree.tree_flatten(inputs)[1])
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
+            with torch.cuda.graph(graph, pool=self.pool):
                 out = self.fn(*static_inputs)
         except CaptureError:
             raise
         except RuntimeError as e:
             raise CaptureError(f"mixprec.capture: CUDA graph capture of the step failed: {e}"
                                ) from e
-        record = getattr(self.scaler, "_mp_last", None) if self.scaler is not None else None
+        record = self.scaler.last_iteration if self.scaler is not None else None
         out = pytree.tree_map_only(Tensor, lambda t: t.detach(), out)  # free the autograd graph
-        g = _Graph(graph, [x for x in static if isinstance(x, Tensor)], out, record)
-        self.graphs[key] = g
-        log.info("mixprec.capture: captured graph %d for %s", len(self.graphs), key[1:])
-        return g
+        log.info("mixprec.capture: captured the step for %s", self.signature[1:])
+        return _Graph(graph, [x for x in static if isinstance(x, Tensor)], out, record)
 
     def _replay(self, g: _Graph, leaves: List[Any], copy: bool = True) -> Any:
         if copy:
@@ -680,9 +727,9 @@ class CapturedStep:
                 if dst is not src:
                     dst.copy_(src, non_blocking=True)
         g.graph.replay()
+        self.calls += 1
         if g.record is not None:
-            g.record.skipped = None  # the flags in it were rewritten by this replay
-            self.scaler._mp_last = g.record
+            self.scaler.last_iteration = g.record  # its flags were rewritten by this replay
         if not self.clone_outputs:
             return g.static_outputs
         return pytree.tree_map_only(Tensor, lambda t: t.clone(), g.static_outputs)
@@ -691,16 +738,23 @@ class CapturedStep:
         """Bring each captured lr tensor of mixprec's up to date with its group's lr
         (:meth:`mixprec.optim.FusedOptimizer.lr_tensor`: ``fill_`` when it changed; a
         tensor lr the kernels do not read in place is copied in). No sync."""
-        for s in self._slots or ():
-            if s.lr_key is None:
-                continue
-            o, i = s.lr_key
+        for s in self._lr_slots:
+            o, i = s.lr_key  # type: ignore[misc]
             opt = self.optimizers[o]
             if i < len(opt.param_groups):
                 with torch.no_grad():
                     t = opt.lr_tensor(i, s.tensor.device)  # type: ignore[attr-defined]
                     if t is not s.tensor:
                         s.tensor.copy_(t.reshape(()), non_blocking=True)
+
+
+_OPEN = ("mixprec.capture: the step leaves the scaler's iteration open; end the step body "
+         "with scaler.update()")
+
+
+def _baked_message(change: str, when: str) -> str:
+    return (f"mixprec.capture: what the graph bakes in changed {when}: {change}. Capture a "
+            "new step to change it (sharing the pool: capture_step(..., pool=step.pool))")
 
 
 def _scheduler_in_body(what: str) -> str:
@@ -740,13 +794,11 @@ def capture_step(
     scaler: Any = None,
     modules: Iterable[torch.nn.Module] = (),
     schedulers: Iterable[Any] = (),
-    max_graphs: int = 4,
     warmup: int = 2,
-    fallback: str = "error",
     clone_outputs: bool = True,
     pool: Any = None,
 ) -> CapturedStep:
-    """Capture a training step, written as for eager training, into CUDA graphs.
+    """Capture a training step, written as for eager training, into a CUDA graph.
 
     Args:
         step_fn: the step body, ``step_fn(*inputs) -> outputs`` (a tensor, a pytree of
@@ -755,8 +807,9 @@ def capture_step(
             with ``scaler.update()``. Gradient accumulation: loop over the micro-batches
             inside the body (one graph holds the whole step).
         example_inputs: a tuple (pytree) of inputs as the calls will pass them: tensors on
-            the step's device and plain values. Checked here; not trained on (the calls
-            are).
+            the step's device and plain values. They fix the one input signature of the
+            step (another raises: capture one step per shape, sharing ``pool``). Checked
+            here; not trained on (the calls are).
         optimizers: every optimizer the body steps. mixprec's (lr as a device tensor);
             others need ``capturable=True`` and, with a scaler, ``fused=True``
             (:func:`check_optimizers`).
@@ -768,16 +821,14 @@ def capture_step(
             change is caught without them too, but only when it happens at that call).
         modules: the models the body runs (optional): their buffers are persistent
             tensors (checked, re-bound after a load) and their ``training`` flags are part
-            of what a graph bakes in. DDP-wrapped modules are refused.
-        max_graphs: the most graphs (input signatures) kept; one more raises
-            :class:`CaptureError` (or, ``fallback="eager"``, runs eagerly, logged).
-        warmup: eager calls per signature before the checked one (on a side stream).
-        fallback: ``"error"`` (default) or ``"eager"``: what a failed check or one graph
-            too many does.
+            of what a graph bakes in; their loads (``load_state_dict``) are followed.
+            DDP-wrapped modules are refused.
+        warmup: eager calls before the checked one (on a side stream).
         clone_outputs: return clones of the static outputs (default) or the static
             tensors themselves (overwritten by the next replay).
-        pool: a memory pool (``torch.cuda.graph_pool_handle()``) to share with other
-            graphs; by default one new pool, shared by this step's graphs.
+        pool: a memory pool (``torch.cuda.graph_pool_handle()``, or another step's
+            :attr:`CapturedStep.pool`) to share with other graphs, e.g. the steps of other
+            input shapes; by default a new one.
 
     Returns:
         A :class:`CapturedStep`. On CPU it runs every call eagerly after the same checks.
@@ -785,16 +836,14 @@ def capture_step(
     Raises:
         CaptureError: an optimizer, a distributed setup or an enclosing autocast cache
             that cannot be captured (here, before anything runs); later, from a call, a
-            sync, a storage change or host state changed by the body (the checked call).
+            sync, a storage change or host state changed by the body (the checked call),
+            inputs of another signature or a change of what the graph bakes in (any call).
     """
-    if fallback not in ("error", "eager"):
-        raise ValueError(f"mixprec.capture: fallback must be 'error' or 'eager', got {fallback!r}")
-    for name, value, low in (("max_graphs", max_graphs, 1), ("warmup", warmup, 0)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"mixprec.capture: {name} must be an int, got "
-                            f"{type(value).__name__} {value!r}")
-        if value < low:
-            raise ValueError(f"mixprec.capture: {name} must be >= {low}, got {value}")
+    if not isinstance(warmup, int) or isinstance(warmup, bool):
+        raise TypeError(f"mixprec.capture: warmup must be an int, got "
+                        f"{type(warmup).__name__} {warmup!r}")
+    if warmup < 0:
+        raise ValueError(f"mixprec.capture: warmup must be >= 0, got {warmup}")
     for name, value, kind in (("optimizers", optimizers, torch.optim.Optimizer),
                               ("modules", modules, torch.nn.Module),
                               ("schedulers", schedulers, torch.optim.lr_scheduler.LRScheduler)):
@@ -809,9 +858,8 @@ def capture_step(
     check_optimizers(optimizers, scaler)
     check_distributed(optimizers, scaler, modules)
     step = CapturedStep(step_fn, example_inputs, optimizers=optimizers, scaler=scaler,
-                        modules=modules, schedulers=list(schedulers),
-                        max_graphs=max_graphs, warmup=warmup,
-                        fallback=fallback, clone_outputs=clone_outputs, pool=pool)
+                        modules=modules, schedulers=list(schedulers), warmup=warmup,
+                        clone_outputs=clone_outputs, pool=pool)
     check_autocast(step.device.type)
     for leaf in pytree.tree_leaves(example_inputs):
         if isinstance(leaf, Tensor) and leaf.device != step.device:

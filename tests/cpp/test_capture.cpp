@@ -4,7 +4,8 @@
 // AdamW or SGD, GradScaler, folded clipping, overflows, scale growth), an lr
 // set between calls reaches the step before it runs, a checkpoint loaded
 // between calls continues bit for bit in the captured storages, and each
-// refusal names its cause. The CUDA run (graph vs eager, 50 steps, sync
+// refusal of the table both twins test (tests/data/capture_refusals.txt)
+// names its cause. The CUDA run (graph vs eager, 50 steps, sync
 // debug mode) is test_capture_cuda.cpp.
 #include <mixprec/mixprec.h>
 
@@ -13,6 +14,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
 #include <limits>
 #include <memory>
 #include <string>
@@ -266,111 +270,174 @@ void test_checkpoint_between_calls(const std::string& dir) {
   }
 }
 
-// Refusals: at construction, by the checked call, and between calls.
-void test_refusals() {
-  {
-    Run run(torch::kFloat);
-    torch::optim::SGD sgd({run.w}, torch::optim::SGDOptions(0.1));
-    CHECK_THROWS(c10::Error,
-                 CapturedStep([](const Inputs& in) { return in[0].sum(); },
-                              batch(0), {&sgd}, nullptr),
-                 "optimizers[0] is not a mixprec::optim optimizer");
-    CHECK_THROWS(c10::Error,
-                 CapturedStep([](const Inputs& in) { return in[0].sum(); },
-                              batch(0), {run.opt.get()}, nullptr,
-                              mixprec::CapturedStepOptions().warmup(0)),
-                 "warmup must be >= 1");
-    CHECK_THROWS(c10::Error, run.scaler->step_no_sync(sgd),
-                 "is not a mixprec::optim optimizer");
-  }
-  // The checked call (the second, with warmup 1) runs the step, then refuses.
-  const auto checked_refuses =
-      [](const std::function<torch::Tensor(Run&, const Inputs&)>& body,
-         const std::string& needle) {
-        Run run(torch::kHalf);
-        CapturedStep step([&](const Inputs& in) { return body(run, in); },
-                          batch(0), {run.opt.get()}, run.scaler.get(),
-                          mixprec::CapturedStepOptions().warmup(1));
-        step(batch(0));
-        CHECK_THROWS(c10::Error, step(batch(1)), needle);
-      };
-  checked_refuses(
-      [](Run& r, const Inputs& in) {
-        r.opt->zero_grad(/*set_to_none=*/false);
-        auto loss = r.w.to(torch::kFloat).sum() * in[0].sum();
-        r.scaler->scale(loss).backward();
-        r.scaler->step(*r.opt);  // returns whether it ran: a host read
-        r.scaler->update();
-        return loss;
-      },
-      "the step reads a device value on the host (aten::");
-  checked_refuses(
-      [](Run& r, const Inputs& in) {
-        auto loss = r.step(in);
-        if (loss.item<float>() > 1e30f) r.w.grad().zero_();  // a host read
-        return loss;
-      },
-      "the step reads a device value on the host (aten::");
-  checked_refuses(
-      [](Run& r, const Inputs& in) {
-        r.opt->zero_grad();  // LibTorch's default: set_to_none=true
-        return r.step(in);
-      },
-      "'s grad is a new tensor after the step");
-  checked_refuses(
-      [](Run& r, const Inputs& in) {
-        r.opt->zero_grad(false);
-        auto loss = r.w.to(torch::kFloat).sum() * in[0].sum();
-        r.scaler->scale(loss).backward();
-        r.scaler->step_no_sync(*r.opt);
-        if (r.calls++ == 0) r.scaler->update();  // not in the checked call
-        return loss;
-      },
-      "end it with scaler.update()");
-  checked_refuses(
-      [](Run& r, const Inputs& in) {
-        auto& o = r.opt->param_groups()[0].options();
-        o.set_lr(o.get_lr() * 0.5);  // a scheduler inside the step
-        return r.step(in);
-      },
-      "'s lr changed inside the step");
-  // Between calls, after the checked call: what the graph holds must stay.
-  const auto between_refuses = [](const std::function<void(Run&)>& change,
-                                  const std::string& needle) {
+// The refusals of the table both twins test (tests/data/capture_refusals.txt;
+// the Python twin: tests/test_capture_refusals.py): id -> the planted defect,
+// run until it throws.
+using Planting = std::function<void()>;
+
+// The checked call (the second, with warmup 1) runs `body`, then refuses.
+Planting checked_refuses(
+    std::function<torch::Tensor(Run&, const Inputs&)> body) {
+  return [body] {
+    Run run(torch::kHalf);
+    CapturedStep step([&](const Inputs& in) { return body(run, in); }, batch(0),
+                      {run.opt.get()}, run.scaler.get(),
+                      mixprec::CapturedStepOptions().warmup(1));
+    step(batch(0));
+    step(batch(1));
+  };
+}
+
+// After the checked call, `change` between calls; the next call refuses,
+// and changes nothing.
+Planting between_refuses(std::function<void(Run&)> change) {
+  return [change] {
     Run run(torch::kHalf);
     auto step = run.capture(mixprec::CapturedStepOptions().warmup(1));
     for (int k = 0; k < 3; ++k) (*step)(batch(k));
     change(run);
     const auto before = run.snapshot();
-    CHECK_THROWS(c10::Error, (*step)(batch(3)), needle);
-    CHECK(same_snapshots(before, run.snapshot()));
+    try {
+      (*step)(batch(3));
+    } catch (...) {
+      CHECK(same_snapshots(before, run.snapshot()));
+      throw;
+    }
   };
-  between_refuses([](Run& r) { r.opt->zero_grad(); },
-                  "optimizers[0] group 0 param 0's grad is gone since the "
-                  "checked call");
-  between_refuses(
-      [](Run& r) {
-        torch::NoGradGuard no_grad;
-        r.b.set_(r.b.detach().clone());
-      },
-      "optimizers[0] group 0 param 1 is another tensor or in new storage");
-  between_refuses(
-      [](Run& r) {
-        static_cast<mixprec::optim::AdamWOptions&>(
-            r.opt->param_groups()[0].options())
-            .weight_decay(0.5);
-      },
-      "param group 0's options changed since the checked call");
-  between_refuses([](Run& r) { r.scaler->set_growth_factor(4.0); },
-                  "the scaler's rule changed since the checked call");
-  between_refuses(
-      [](Run& r) {
+}
+
+std::map<std::string, Planting> plantings() {
+  std::map<std::string, Planting> out;
+  out["not_mixprec_optimizer"] = [] {
+    Run run(torch::kFloat);
+    torch::optim::SGD sgd({run.w}, torch::optim::SGDOptions(0.1));
+    CapturedStep([](const Inputs& in) { return in[0].sum(); }, batch(0), {&sgd},
+                 nullptr);
+  };
+  out["negative_warmup"] = [] {
+    Run run(torch::kFloat);
+    run.capture(mixprec::CapturedStepOptions().warmup(-1));
+  };
+  out["input_signature"] = [] {
+    Run run(torch::kHalf);
+    (*run.capture())({torch::randn({6, 4}), batch(0)[1]});
+  };
+  out["autocast_cache"] = [] {
+    Run run(torch::kHalf);
+    auto step = run.capture();
+    mixprec::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+    (*step)(batch(0));
+  };
+  out["sync_item"] = checked_refuses([](Run& r, const Inputs& in) {
+    auto loss = r.step(in);
+    if (loss.item<float>() > 1e30f) r.w.grad().zero_();  // a host read
+    return loss;
+  });
+  out["sync_bool_mask"] = checked_refuses([](Run& r, const Inputs& in) {
+    auto loss = r.step(in);
+    return loss + in[0].index({in[0].abs() > 1e30}).sum();  // a mask index
+  });
+  out["grads_set_to_none"] = checked_refuses([](Run& r, const Inputs& in) {
+    r.opt->zero_grad();  // LibTorch's default: set_to_none=true
+    return r.step(in);
+  });
+  out["lr_in_step"] = checked_refuses([](Run& r, const Inputs& in) {
+    auto& o = r.opt->param_groups()[0].options();
+    o.set_lr(o.get_lr() * 0.5);  // a scheduler inside the step
+    return r.step(in);
+  });
+  out["no_update"] = checked_refuses([](Run& r, const Inputs& in) {
+    r.opt->zero_grad(false);
+    auto loss = r.w.to(torch::kFloat).sum() * in[0].sum();
+    r.scaler->scale(loss).backward();
+    r.scaler->step_no_sync(*r.opt);
+    if (r.calls++ == 0) r.scaler->update();  // not in the checked call
+    return loss;
+  });
+  out["option_changed"] = between_refuses([](Run& r) {
+    static_cast<mixprec::optim::AdamWOptions&>(
+        r.opt->param_groups()[0].options())
+        .weight_decay(0.5);
+  });
+  out["scaler_setting_changed"] =
+      between_refuses([](Run& r) { r.scaler->set_growth_factor(4.0); });
+  out["param_new_storage"] = between_refuses([](Run& r) {
+    torch::NoGradGuard no_grad;
+    r.w.set_(r.w.detach().clone());
+  });
+  return out;
+}
+
+// Whether `message` holds the pieces of `text` (split at '*'), in order.
+bool matches(const std::string& message, const std::string& text) {
+  size_t at = 0, from = 0;
+  while (true) {
+    const size_t star = text.find('*', from);
+    const std::string piece = text.substr(from, star - from);
+    const size_t found = message.find(piece, at);
+    if (found == std::string::npos) return false;
+    at = found + piece.size();
+    if (star == std::string::npos) return true;
+    from = star + 1;
+  }
+}
+
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(' ');
+  const size_t b = s.find_last_not_of(' ');
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+void test_refusal_table(const std::string& table) {
+  std::ifstream in(table);
+  CHECK_MSG(in.good(), "cannot read " + table);
+  auto planted = plantings();
+  size_t rows = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t bar1 = line.find('|'), bar2 = line.find('|', bar1 + 1);
+    const std::string id = trim(line.substr(0, bar1));
+    const std::string text = trim(line.substr(bar2 + 1));
+    ++rows;
+    auto it = planted.find(id);
+    CHECK_MSG(it != planted.end(), "no planting for row " + id);
+    if (it == planted.end()) continue;
+    bool threw = false;
+    try {
+      it->second();
+    } catch (const c10::Error& e) {
+      threw = true;
+      const std::string msg = e.what_without_backtrace();
+      CHECK_MSG(matches(msg, text), id + ": '" + text + "' not in: " + msg);
+    }
+    CHECK_MSG(threw, id + ": nothing thrown");
+  }
+  CHECK_MSG(rows == planted.size(), "plantings without a row");
+}
+
+// C++-only checks: a state tensor of another layout between calls is refused;
+// grads dropped between calls are put back; warmup 0 runs.
+void test_between_calls() {
+  CHECK_THROWS(
+      c10::Error, between_refuses([](Run& r) {
         auto& s = static_cast<mixprec::optim::AdamParamState&>(
             *r.opt->state().at(r.w.unsafeGetTensorImpl()));
         s.exp_avg(torch::zeros({3}));
-      },
-      "param 0's state 'exp_avg' was Float [8, 4] on cpu and is now Float "
-      "[3] on cpu (since the checked call)");
+      })(),
+      "optimizers[0].param_groups[0]['params'][0] state['exp_avg'] was Float "
+      "[8, 4] on cpu and is now Float [3] on cpu (since the checked call)");
+  Run run(torch::kHalf), eager(torch::kHalf);
+  auto step = run.capture(mixprec::CapturedStepOptions().warmup(0));
+  for (int k = 0; k < 4; ++k) {
+    const auto grad = run.w.grad();
+    if (k == 2) run.opt->zero_grad();  // set_to_none=true, between calls
+    (*step)(batch(k));
+    eager.step(batch(k));
+    if (k >= 1)
+      CHECK_MSG(run.w.grad().is_same(grad), c10::str("grad, call ", k));
+    CHECK_MSG(same_snapshots(eager.snapshot(), run.snapshot()),
+              c10::str("warmup 0, call ", k));
+  }
 }
 
 }  // namespace
@@ -384,7 +451,11 @@ int main(int argc, char** argv) {
       {"input mismatch refused", test_input_mismatch},
       {"lr set between calls", test_lr_between_calls},
       {"checkpoint between calls", [&] { test_checkpoint_between_calls(dir); }},
-      {"refusals", test_refusals},
+      {"refusals (the twins' table)",
+       [&] {
+         test_refusal_table(argc > 2 ? argv[2] : "capture_refusals.txt");
+       }},
+      {"between calls", test_between_calls},
   };
   return mixprec_test::run_tests(tests);
 }

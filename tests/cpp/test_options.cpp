@@ -189,9 +189,9 @@ void check_rows(const char* cls, const Options& base, const std::string& dir) {
         msg = e.what_without_backtrace();
       }
       CHECK_MSG(
-          msg.find("param group 0's options changed since the checked "
-                   "call") != std::string::npos &&
-              msg.find(std::string(row.name) + "=") != std::string::npos,
+          msg.find("what the graph bakes in changed since the checked call: "
+                   "optimizers[0].param_groups[0]['" +
+                   std::string(row.name) + "']") != std::string::npos,
           what + ": a change not refused by a captured step (" + msg + ")");
     });
 

@@ -107,7 +107,13 @@ TORCH_PRIVATES = {
     "_local_tensor", "_spec", "_values", "_parameters", "_buffers", "_opt_called",
     "_wrapped_by_lr_sched", "_schema", "_lazy_init_scale_growth_tracker",
     "_init_state", "_convert_state", "_Loss", "_InstanceNorm", "_BatchNorm",
+    "_step_supports_amp_scaling", "_op_dispatcher", "_custom_op_handlers", "_fields",
 }
+
+#: Private attributes one mixprec module declares on objects that another reads by design:
+#: an optimizer's declarations to the scaler (what it takes, whether it keeps masters) and
+#: the policy tag module_policy puts on a model.
+DECLARED_PRIVATES = {"_step_takes_scalars", "_mixprec_master_weights", "_mixprec_policy"}
 
 
 def _defined_privates(tree: ast.AST) -> Set[str]:
@@ -117,8 +123,9 @@ def _defined_privates(tree: ast.AST) -> Set[str]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             out.add(node.name)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-            out.add(node.attr)
+        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+              and ast.unparse(node.value) in ("self", "cls")):
+            out.add(node.attr)  # (a store into another object's private is not a definition)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             out.add(node.id)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
@@ -126,23 +133,39 @@ def _defined_privates(tree: ast.AST) -> Set[str]:
     return {n for n in out if n.startswith("_") and not n.startswith("__")}
 
 
+def _private_access(node: ast.AST) -> Optional[Tuple[ast.AST, str]]:
+    """``(object, name)`` when ``node`` reads or writes a private attribute: ``obj._name``,
+    or ``getattr``/``setattr``/``hasattr`` of ``obj`` with the name as a string."""
+    if isinstance(node, ast.Attribute):
+        obj, name = node.value, node.attr
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+          and node.func.id in ("getattr", "setattr", "hasattr") and len(node.args) >= 2
+          and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        obj, name = node.args[0], node.args[1].value
+    else:
+        return None
+    return (obj, name) if name.startswith("_") and not name.startswith("__") else None
+
+
 def foreign_private_reads(sources: Dict[str, str]) -> List[str]:
-    """``module:line: expr._name`` for every read of a private attribute of something other
-    than ``self``/``cls``/a torch name, that the reading module does not define itself and
-    that is not one of :data:`TORCH_PRIVATES`."""
+    """``module:line: expr._name`` for every read or write of a private attribute (also by
+    ``getattr``/``setattr`` with the name as a string) of something other than
+    ``self``/``cls``/a torch name, that the reading module does not define on its own
+    objects and that is not one of :data:`TORCH_PRIVATES`."""
     trees = {m: ast.parse(src) for m, src in sources.items()}
     out: List[str] = []
     for mod, tree in trees.items():
         own = _defined_privates(tree)
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
-                    and not node.attr.startswith("__")):
+            access = _private_access(node)
+            if access is None:
                 continue
-            base = ast.unparse(node.value)
+            base = ast.unparse(access[0])
+            attr = access[1]
             if (base in ("self", "cls") or base.split(".")[0] == "torch"
-                    or node.attr in own or node.attr in TORCH_PRIVATES):
+                    or attr in own or attr in TORCH_PRIVATES or attr in DECLARED_PRIVATES):
                 continue
-            out.append(f"{mod}:{node.lineno}: {base}.{node.attr}")
+            out.append(f"{mod}:{node.lineno}: {base}.{attr}")
     return out
 
 
@@ -161,6 +184,12 @@ def test_a_foreign_private_read_is_found() -> None:
     assert foreign_private_reads(sources) == [
         f"mixprec.amp.protocol:{sources['mixprec.amp.protocol'].count(chr(10)) - 0}: "
         "optimizer._run"]
+    sources = _sources()
+    sources["mixprec.capture"] += ("\n\ndef _y(scaler):\n    scaler._mp_last = None\n"
+                                   "    return getattr(scaler, '_scale', None)\n")
+    n = sources["mixprec.capture"].count(chr(10))
+    assert foreign_private_reads(sources) == [f"mixprec.capture:{n - 1}: scaler._mp_last",
+                                              f"mixprec.capture:{n}: scaler._scale"]
 
 
 def _imported_root() -> str:

@@ -92,7 +92,7 @@ def test_captured_trainer_is_the_eager_run_bit_for_bit(name):
         assert step_values(mc) == step_values(me)
     assert_same_run(eager, captured)
     # the steps went through capture_step (CPU: its validation mode)
-    step = captured._step_fn.captured
+    (step,) = captured._step_fn.captured  # one input signature: one captured step
     assert isinstance(step, CapturedStep) and step.mode == "eager"
     assert eager._step_fn is None
     if name == "fp16_scaler":  # the overflow step was skipped and the scale backed off
@@ -216,13 +216,14 @@ def test_manager_make_step_is_the_eager_loop_bit_for_bit():
         step = manager.make_step(train_step, data[0])
         assert (step is train_step) is not capture
         losses = [step(x, y) for x, y in data[:3]]
-        first = getattr(step, "captured", None)
+        first = list(getattr(step, "captured", []))
         manager.reset_scaler()  # a new scaler: the made step re-captures with it
         losses += [step(x, y) for x, y in data[3:]]
         assert manager.steps == len(data)
         if capture:
-            assert isinstance(first, CapturedStep) and isinstance(step.captured, CapturedStep)
-            assert step.captured is not first
+            (before,), (after,) = first, step.captured  # one signature: one captured step
+            assert isinstance(before, CapturedStep) and isinstance(after, CapturedStep)
+            assert after is not before
         runs.append((model, manager, losses))
     (m0, g0, l0), (m1, g1, l1) = runs
     for p, q in zip(m0.parameters(), m1.parameters()):

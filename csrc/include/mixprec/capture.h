@@ -42,22 +42,27 @@
 // captured tensors, which are put back into the state, so training goes on
 // bit for bit.
 //
+// A grad dropped between calls (LibTorch's zero_grad() sets grads to none)
+// is put back.
+//
 // c10::Error naming the cause, before anything changes:
 //  * at construction: an optimizer that is not a mixprec::optim optimizer
-//    (torch::optim's C++ optimizers count steps on the host), warmup < 1;
+//    (torch::optim's C++ optimizers count steps on the host), warmup < 0;
 //  * at a call: an input whose shape, dtype or device differs from the
-//    example's (a new shape needs a new CapturedStep: one graph, no cache);
-//    a param, a grad or a state tensor in new storage, or with another shape
-//    or dtype, since the checked call (the graph holds the old addresses:
-//    load params in place with copy_, and call zero_grad(false));
-//    a changed hyperparameter other than lr, or a changed scaler rule (the
-//    graph bakes them in); a call inside an autocast region with its cast
-//    cache on;
+//    example's (another shape needs its own CapturedStep: one graph per
+//    step; several steps can share a memory pool, options.pool()); a param
+//    in new storage, or a grad or state tensor replaced by one of another
+//    shape or dtype, since the checked call (the graph holds the old
+//    addresses: load params in place with copy_); a change of what the graph
+//    bakes in: an option other than lr, the scaler's settings, the param
+//    groups (csrc/capture_rules.h and mixprec/optim.h list them); a call
+//    inside an autocast region with its cast cache on;
 //  * by the checked call, after running the step: an op that reads a device
-//    value on the host (.item(), bool(), GradScaler::step()'s answer, ...;
-//    on CUDA also any sync, under c10::cuda's sync debug mode), a persistent
-//    tensor given new storage or an lr set inside the step, an iteration not
-//    closed by scaler.update().
+//    value on the host (.item(), bool(), GradScaler::step()'s answer,
+//    boolean-mask indexing, a copy to the CPU, an op returning a float or a
+//    bool; on CUDA also any sync, under c10::cuda's sync debug mode), a
+//    persistent tensor given new storage or an lr set inside the step, an
+//    iteration not closed by scaler.update().
 // Host code inside the step runs at capture only (on CUDA): a counter or an
 // `if` on a host value is frozen.
 #pragma once
@@ -65,6 +70,7 @@
 #include "mixprec/export.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 
@@ -78,9 +84,11 @@ namespace mixprec {
 class GradScaler;
 
 struct MIXPREC_API CapturedStepOptions {
-  // eager calls before the checked call (>= 1: they create the optimizer
-  // state and the scale the graph then holds)
+  // eager calls before the checked call (>= 0)
   TORCH_ARG(int64_t, warmup) = 2;
+  // the CUDA graph memory pool (at::cuda::graph_pool_handle()) to share with
+  // other captured steps, e.g. one per input shape; {0, 0}: a new one
+  TORCH_ARG(c10::MempoolId_t, pool) = { 0, 0 };
 };
 
 class MIXPREC_API CapturedStep {

@@ -496,18 +496,43 @@ class GradScaler(torch.amp.GradScaler):
         "Completed" means closed by :meth:`update`; ``False`` before the first
         update and on a disabled scaler. Use it to step LR schedulers only
         after real steps. Free when :meth:`step` already synced for ordinary
-        optimizers; otherwise one host sync (then cached). The value is that of
-        ``bool(found_inf())`` right after :meth:`update`; :meth:`found_inf`
-        answers without the sync.
+        optimizers; otherwise it reads the device flag: one host sync per read
+        (as C++ ``GradScaler::step_was_skipped()``), so it answers for the last
+        replay of a captured step too. :meth:`found_inf` answers without the sync.
         """
-        if not self._enabled:
+        if not self._enabled or self._mp_last is None:
             return False
         last = self._mp_last
-        if last is None:
-            return False
-        if last.skipped is None:
-            last.skipped = bool(protocol.found_inf({}, last, None, self._home()).item() != 0)
-        return last.skipped
+        if last.skipped is not None:
+            return last.skipped
+        return bool(protocol.found_inf({}, last, None, self._home()).item() != 0)
+
+    @property
+    def last_iteration(self) -> Optional[IterationRecord]:
+        """The record :meth:`update` kept of the last completed iteration (None before
+        the first): its inf flags are device tensors, which :meth:`found_inf` and
+        :attr:`step_was_skipped` read. A captured step (:mod:`mixprec.capture`) sets it
+        back to the record of its captured ``update()`` after each replay, whose flags
+        the replay rewrote."""
+        return self._mp_last
+
+    @last_iteration.setter
+    def last_iteration(self, record: IterationRecord) -> None:
+        if not isinstance(record, IterationRecord):
+            raise TypeError("mixprec.GradScaler.last_iteration: expected an IterationRecord, "
+                            f"got {type(record).__name__}")
+        self._mp_last = record
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        """The scaler's device state by name: ``scale``, ``growth_tracker`` and, with
+        hysteresis, ``hysteresis_left``, those created so far (none when disabled or
+        before the first :meth:`scale`). :meth:`update` and :meth:`load_state_dict`
+        change them in place; read them, do not replace them. No host sync."""
+        if not self._enabled:
+            return {}
+        named = (("scale", self._scale), ("growth_tracker", self._growth_tracker),
+                 ("hysteresis_left", self._hysteresis_left))
+        return {name: t for name, t in named if isinstance(t, Tensor)}
 
     def stats(self) -> ScalerStats:
         """Counters since construction (see :class:`mixprec.amp.stats.ScalerStats`).

@@ -121,8 +121,9 @@ class IterationRecord:
     Attributes:
         states: the per-optimizer states of that iteration, by ``id(optimizer)``
             (their inf flags are the source of ``found_inf()`` after ``update()``).
-        skipped: whether the iteration found inf/NaN, once known on the host
-            (``step_was_skipped`` caches its sync here), else None.
+        skipped: whether the iteration found inf/NaN when the host knew it without a
+            sync (every checked optimizer went through a host-synced ``step()``), else
+            None (``step_was_skipped`` then reads the flags).
     """
 
     states: dict[int, dict[str, Any]]

@@ -417,18 +417,20 @@ class MixedPrecisionManager:
                   **capture_kwargs: Any) -> Callable[..., Any]:
         """The training step ``step_fn`` as the manager runs it: ``step_fn`` itself, or
         with ``config.capture`` a callable running it through :func:`mixprec.capture_step`
-        (over :attr:`optimizer`, :attr:`scaler` and :attr:`model`; one CUDA graph per
-        input signature, replayed; on CPU eager after the same checks).
+        (over :attr:`optimizer`, :attr:`scaler` and :attr:`model`; one captured step,
+        one CUDA graph, per input signature, all sharing one memory pool, replayed; on CPU
+        eager after the same checks).
 
         ``step_fn(*inputs)`` is one whole step: ``optimizer.zero_grad(set_to_none=False)``,
         the forward in :meth:`autocast`, :meth:`backward`, :meth:`step`; it returns
         tensors (e.g. the loss), not host values. ``example_inputs``: a tuple of inputs
         on :attr:`device`, as the calls will pass them. ``capture_kwargs``: keyword
-        arguments of :func:`~mixprec.capture_step` (``schedulers``, ``max_graphs``,
-        ``warmup``, ``fallback``, ``clone_outputs``, ``pool``). What cannot be captured
-        raises :class:`mixprec.capture.CaptureError` naming the setting. The callable
-        counts :attr:`steps` (a replay runs no Python) and re-captures after a new
-        scaler (:meth:`reset_scaler`) or a re-installed policy (:meth:`load_plan_state`,
+        arguments of :func:`~mixprec.capture_step` (``schedulers``, ``warmup``,
+        ``clone_outputs``, ``pool``), and ``max_graphs`` (default 4): the most input
+        signatures captured (one more raises). What cannot be captured raises
+        :class:`mixprec.capture.CaptureError` naming the setting. The callable counts
+        :attr:`steps` (a replay runs no Python) and captures anew after a new scaler
+        (:meth:`reset_scaler`) or a re-installed policy (:meth:`load_plan_state`,
         :meth:`load_state_dict`). No host sync per call once captured.
         """
         if not self.config.capture:
@@ -588,8 +590,9 @@ class _MadeStep:
         self.manager = manager
         self.fn = fn
         self.example_inputs = example_inputs
+        self.max_graphs = int(kwargs.pop("max_graphs", 4))
         self.kwargs = kwargs
-        self.captured: Optional[CapturedStep] = None  # (holds the scaler and optimizer)
+        self.captured: list[CapturedStep] = []  # one per input signature, one pool
         self._built_for: tuple[int, int, int] = (0, 0, 0)
 
     def _body(self, *inputs: Any) -> Any:
@@ -600,20 +603,35 @@ class _MadeStep:
         finally:
             m._in_made_step = False
 
-    def __call__(self, *inputs: Any) -> Any:
+    def _step_for(self, inputs: tuple[Any, ...]) -> CapturedStep:
         m = self.manager
         key = (id(m.scaler), id(m.optimizer), m.plan_version)
+        if key != self._built_for:
+            if self.captured:
+                logger.info("mixprec: capturing the step anew (new scaler, optimizer or "
+                            "policy)")
+            self.captured, self._built_for = [], key
+        for step in self.captured:
+            if step.accepts(*inputs):
+                return step
+        if len(self.captured) >= self.max_graphs:
+            raise CaptureError(f"a new input signature would need captured step "
+                               f"{len(self.captured) + 1}, but max_graphs={self.max_graphs}; "
+                               "pad or bucket the inputs, or raise max_graphs")
+        kwargs = dict(self.kwargs)
+        if self.captured:
+            kwargs["pool"] = self.captured[0].pool
+        example = inputs if self.captured else self.example_inputs
+        step = capture_step(self._body, example, optimizers=[m.optimizer], scaler=m.scaler,
+                            modules=[m.model], **kwargs)
+        self.captured.append(step)
+        return step if step.accepts(*inputs) else self._step_for(inputs)
+
+    def __call__(self, *inputs: Any) -> Any:
+        m = self.manager
         steps = m.steps
         try:
-            if self.captured is None or key != self._built_for:
-                if self.captured is not None:
-                    logger.info("mixprec: re-capturing the step (new scaler, optimizer or "
-                                "policy)")
-                self.captured = capture_step(
-                    self._body, self.example_inputs, optimizers=[m.optimizer],
-                    scaler=m.scaler, modules=[m.model], **self.kwargs)
-                self._built_for = key
-            out = self.captured(*inputs)
+            out = self._step_for(inputs)(*inputs)
         except CaptureError as e:  # (the setting named, the cause kept)
             raise CaptureError(f"MixedPrecisionConfig.capture=True: {e}") from e
         m.steps = steps + 1
