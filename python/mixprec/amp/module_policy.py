@@ -1,15 +1,10 @@
 """Precision policies applied to a model: which module runs in which precision.
 
-:class:`PrecisionPolicy` + :func:`apply_policy` decide, per module, which
-precision a model runs in, with forward wrappers over :class:`torch.autocast`
-(no op lists are copied from torch): chosen module types (default:
-normalization layers and losses) or glob names run in float32 with their
-inputs cast up; optionally only chosen modules run in low precision
-(selective); per-module overrides (used by the ADAPTIVE trainer mode); and the
-model's floating outputs are cast to float32. :func:`apply_policy` returns a
-:class:`PolicyHandle` whose :meth:`~PolicyHandle.remove` undoes everything.
-
-Nothing here synchronizes with the device.
+:func:`apply_policy` puts a :class:`PrecisionPolicy` on a model with forward wrappers over
+:class:`torch.autocast` (no op lists copied from torch): chosen module types (default: norms and
+losses) or glob names run in float32 with their inputs cast up; optionally only chosen modules
+run in low precision (selective); per-module overrides (ADAPTIVE); floating outputs cast to
+float32. The :class:`PolicyHandle` it returns undoes everything. Nothing here syncs.
 """
 
 from __future__ import annotations
@@ -56,15 +51,13 @@ class PrecisionPolicy:
 
     Module specs (in ``fp32_modules``, ``low_precision_modules`` and the keys of
     ``module_precisions``) are glob patterns over qualified module names as
-    :meth:`torch.nn.Module.named_modules` yields them (``"encoder.*.norm"``;
-    ``""`` is the root), a class name (``"Linear"``) or a module class
-    (matched with ``isinstance``).
+    :meth:`torch.nn.Module.named_modules` yields them (``"encoder.*.norm"``; ``""`` is the root), a
+    class name (``"Linear"``) or a module class (matched with ``isinstance``).
 
     Attributes:
-        precision: precision of the model's forward (``"fp16"``, ``"bf16"``,
-            ``"fp32"``, ``"auto"``): the root forward is wrapped in
-            :class:`autocast` with it. ``None``: no root autocast; the policy
-            only adjusts the modules below inside whatever autocast the caller
+        precision: precision of the model's forward (``"fp16"``, ``"bf16"``, ``"fp32"``,
+            ``"auto"``): the root forward is wrapped in :class:`autocast` with it. ``None``: no root
+            autocast; the policy only adjusts the modules below inside whatever autocast the caller
             enters.
         fp32_types: module types that always run in float32 (autocast off,
             floating inputs cast up). Default :data:`DEFAULT_FP32_MODULES`.
@@ -72,14 +65,12 @@ class PrecisionPolicy:
         low_precision_modules: selective mode: when not ``None``, *only* these
             modules run in low precision; the rest of the model runs in
             float32 (every other leaf module casts its inputs up).
-        module_precisions: per-module overrides ``{spec: precision}`` (e.g.
-            ``{"fc2": "bf16"}``), applied after the rules above; a module
-            promoted to ``"fp32"`` gets its inputs cast up.
+        module_precisions: per-module overrides ``{spec: precision}`` (e.g. ``{"fc2": "bf16"}``),
+            applied after the rules above; a module promoted to ``"fp32"`` gets its inputs cast up.
         cast_outputs: cast the model's float16/bfloat16 outputs to float32.
-        restore_input_dtype: float32 islands cast their floating outputs back
-            to the 16-bit dtype their inputs had (needed when the params
-            themselves are 16-bit and no autocast runs, as in the trainer's
-            MANUAL mode).
+        restore_input_dtype: float32 islands cast their floating outputs back to the 16-bit dtype
+            their inputs had (needed when the params themselves are 16-bit and no autocast runs, as
+            in the trainer's MANUAL mode).
         device_type: device type for autocast; ``None``: the device of the
             model's first parameter or buffer (``"cpu"`` without any).
     """
@@ -175,15 +166,31 @@ class _PolicyForward:
         return out
 
 
+def wrap_forward(installed: list[Any], module: nn.Module, wrapper: Callable[..., Any]) -> None:
+    """Set ``module.forward`` (an instance attribute) to ``wrapper``, recording in ``installed``
+    what :func:`unwrap_forwards` restores."""
+    installed.append((module, "forward" in module.__dict__, module.__dict__.get("forward")))
+    module.forward = wrapper  # type: ignore[method-assign]
+
+
+def unwrap_forwards(installed: list[Any]) -> None:
+    """Undo the :func:`wrap_forward` calls recorded in ``installed``, newest first; empties it."""
+    for module, had, prev in reversed(installed):
+        if had:
+            module.forward = prev
+        else:
+            module.__dict__.pop("forward", None)
+    installed.clear()
+
+
 class PolicyHandle:
     """What :func:`apply_policy` installed; :meth:`remove` undoes it.
 
     Attributes:
         model: the model the policy was applied to.
         policy: the policy.
-        precisions: ``{qualified module name: "fp16" | "bf16" | "fp32"}`` for
-            every module that got a wrapper (the root is ``""``), the
-            resolved plan; handy for logs and tests.
+        precisions: ``{qualified module name: "fp16" | "bf16" | "fp32"}`` for every module that got
+            a wrapper (the root is ``""``), the resolved plan; handy for logs and tests.
     """
 
     def __init__(self, model: nn.Module, policy: PrecisionPolicy) -> None:
@@ -194,18 +201,11 @@ class PolicyHandle:
         self.removed = False
 
     def _install(self, module: nn.Module, wrapper: _PolicyForward) -> None:
-        had = "forward" in module.__dict__
-        self._installed.append((module, had, module.__dict__.get("forward")))
-        module.forward = wrapper  # type: ignore[method-assign]
+        wrap_forward(self._installed, module, wrapper)
 
     def remove(self) -> None:
         """Restore every wrapped module's forward (idempotent)."""
-        for module, had, prev in reversed(self._installed):
-            if had:
-                module.forward = prev  # type: ignore[method-assign]
-            else:
-                module.__dict__.pop("forward", None)
-        self._installed.clear()
+        unwrap_forwards(self._installed)
         if getattr(self.model, "_mixprec_policy", None) is self:
             del self.model._mixprec_policy
         self.removed = True
@@ -220,10 +220,9 @@ class PolicyHandle:
 def apply_policy(model: nn.Module, policy: Optional[PrecisionPolicy] = None) -> PolicyHandle:
     """Apply ``policy`` to ``model`` by wrapping module forwards; reversible.
 
-    Wrappers are installed as instance ``forward`` attributes (the class
-    ``forward`` is untouched; an existing instance ``forward`` is chained and
-    restored), so hooks, ``state_dict`` and parameter identity are unaffected.
-    What each wrapped module does when called:
+    Wrappers are installed as instance ``forward`` attributes (the class ``forward`` is untouched;
+    an existing instance ``forward`` is chained and restored), so hooks, ``state_dict`` and
+    parameter identity are unaffected. What each wrapped module does when called:
 
     * root (``precision`` not ``None``): runs in ``autocast(device_type,
       precision=...)``; with ``low_precision_modules`` set, the root runs with

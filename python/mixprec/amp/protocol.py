@@ -1,25 +1,19 @@
 """The scaler <-> optimizer protocol of :class:`mixprec.GradScaler`.
 
-How :meth:`GradScaler.step <mixprec.GradScaler.step>` hands an optimizer that
-skips its own step on the device (``_step_supports_amp_scaling``) the scalars
-of the iteration -- ``grad_scale`` (the scale the gradients still carry),
-``found_inf`` (0-dim float32, non-zero: skip) and ``clip_coef`` (a clip folded
-into the step by :meth:`~mixprec.GradScaler.clip_grad_norm_`):
+How :meth:`GradScaler.step <mixprec.GradScaler.step>` hands an optimizer that skips its own step on
+the device (``_step_supports_amp_scaling``) the iteration's ``grad_scale`` (the scale the grads
+still carry), ``found_inf`` (0-dim float32, non-zero: skip) and ``clip_coef`` (a clip folded into
+the step by :meth:`~mixprec.GradScaler.clip_grad_norm_`): mixprec's optimizers
+(:class:`mixprec.optim.FusedOptimizer`) as arguments, ``optimizer.step(grad_scale=...,
+found_inf=..., clip_coef=...)`` as the C++ ``FusedOptimizer::step_with`` (:func:`step_direct`);
+other optimizers (torch's ``fused=True`` ones) by torch's protocol, as attributes set for the call
+(:func:`step_with_attributes`).
 
-* **mixprec's optimizers** (:class:`mixprec.optim.FusedOptimizer`: Adam, AdamW,
-  SGD) are called as ``optimizer.step(grad_scale=..., found_inf=...,
-  clip_coef=...)``, as the C++ ``FusedOptimizer::step_with`` is. Nothing is set
-  on the optimizer (:func:`step_direct`).
-* **other optimizers** that set ``_step_supports_amp_scaling`` (torch's
-  ``fused=True`` ones) get torch's protocol: the scaler sets
-  ``optimizer.grad_scale`` and ``optimizer.found_inf`` for the duration of the
-  call and deletes them afterwards (:func:`step_with_attributes`).
-
-It also holds what mixprec keeps per optimizer and iteration besides torch's
-``stage`` and ``found_inf_per_device``: one :class:`OptimizerRecord`, stored
-in ``GradScaler._per_optimizer_states[id(optimizer)]`` under :data:`RECORD_KEY`
-(so that ``update()`` resets it with torch's state), and the
-:class:`IterationRecord` that ``update()`` keeps of the iteration it closed.
+Besides torch's ``stage`` and ``found_inf_per_device``, mixprec keeps one
+:class:`OptimizerRecord` per optimizer and iteration, in
+``GradScaler._per_optimizer_states[id(optimizer)]`` under :data:`RECORD_KEY` (``update()`` resets
+it with torch's state), and the :class:`IterationRecord` ``update()`` keeps of the iteration it
+closed.
 """
 
 from __future__ import annotations
@@ -47,11 +41,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class StepScalars:
-    """The scalars a scaler hands one optimizer step, which the fused optimizer ops take as
-    their ``grad_scale``/``found_inf``/``clip_coef`` arguments (all optional, all left on
-    the device: no sync). The optimizers (:mod:`mixprec.optim`) import it from here, the
-    protocol they implement the other side of; C++ has its twin,
-    ``mixprec::optim::StepScalars``, with the same field names.
+    """The scalars a scaler hands one optimizer step, which the fused optimizer ops take as their
+    ``grad_scale``/``found_inf``/``clip_coef`` arguments (all optional, all left on the device: no
+    sync). The optimizers (:mod:`mixprec.optim`) import it from here, the protocol they implement
+    the other side of; C++ has its twin, ``mixprec::optim::StepScalars``, with the same field names.
 
     Attributes:
         grad_scale: the loss scale the grads still carry (float32, one element), or
@@ -159,17 +152,12 @@ def close_iteration(states: dict[int, dict[str, Any]], found: Optional[Tensor]) 
     return IterationRecord(states, skipped)
 
 
-def found_inf(
-    current: dict[int, dict[str, Any]],
-    last: Optional[IterationRecord],
-    optimizer: Optional[torch.optim.Optimizer],
-    home: torch.device,
-) -> Tensor:
+def found_inf(current: dict[int, dict[str, Any]], last: Optional[IterationRecord],
+              optimizer: Optional[torch.optim.Optimizer], home: torch.device) -> Tensor:
     """The body of :meth:`mixprec.GradScaler.found_inf` (see there). No host sync.
 
-    ``current``: the scaler's per-optimizer states; ``last``: the record of the
-    last completed iteration, answered from while no optimizer of the current
-    one has been checked.
+    ``current``: the scaler's per-optimizer states; ``last``: the record of the last completed
+    iteration, answered from while no optimizer of the current one has been checked.
     """
     checked = {k: s for k, s in current.items() if was_checked(s)}
     if checked or last is None:
@@ -215,14 +203,8 @@ def legacy_step(optimizer: torch.optim.Optimizer, grad_scaler: Any, state: dict[
     return retval
 
 
-def step_amp_aware(
-    optimizer: torch.optim.Optimizer,
-    state: dict[str, Any],
-    scale: Tensor,
-    direct: bool,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
+def step_amp_aware(optimizer: torch.optim.Optimizer, state: dict[str, Any], scale: Tensor,
+                   direct: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """:meth:`GradScaler.step <mixprec.GradScaler.step>` of an optimizer with
     ``_step_supports_amp_scaling`` whose inf check has run (``state`` past READY; ``scale``
     the scaler's scale; ``direct``: it takes the scalars as arguments,
@@ -235,17 +217,15 @@ def step_amp_aware(
     return retval
 
 
-def step_scalars(
-    optimizer: torch.optim.Optimizer, state: dict[str, Any], scale: Tensor, direct: bool
-) -> StepScalars:
+def step_scalars(optimizer: torch.optim.Optimizer, state: dict[str, Any], scale: Tensor,
+                 direct: bool) -> StepScalars:
     """The scalars of ``optimizer``'s step, from its per-optimizer ``state``. No host sync.
 
-    ``grad_scale`` is the scale, or None when ``unscale_`` already ran (and was
-    not a folded clip); a ``grad_scale``/``clip_coef`` the user set on the
-    optimizer beforehand is multiplied in, as torch does for ``grad_scale``.
-    ``found_inf`` is the sum of the per-device flags on the scale's device;
-    when the optimizer has no gradients, a zero tensor for the ``direct``
-    protocol and the int 0 for the attribute one (as torch passes it).
+    ``grad_scale`` is the scale, or None when ``unscale_`` already ran (and was not a folded clip);
+    a ``grad_scale``/``clip_coef`` the user set on the optimizer beforehand is multiplied in, as
+    torch does for ``grad_scale``. ``found_inf`` is the sum of the per-device flags on the scale's
+    device; when the optimizer has no gradients, a zero tensor for the ``direct`` protocol and the
+    int 0 for the attribute one (as torch passes it).
     """
     flags = [f.to(scale.device, non_blocking=True)
              for f in state["found_inf_per_device"].values()]
@@ -269,12 +249,8 @@ def step_scalars(
     return StepScalars(grad_scale, found_inf, clip_coef)
 
 
-def step_direct(
-    optimizer: torch.optim.Optimizer,
-    scalars: StepScalars,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
+def step_direct(optimizer: torch.optim.Optimizer, scalars: StepScalars, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
     """``optimizer.step(*args, grad_scale=, found_inf=, clip_coef=, **kwargs)``: mixprec's protocol.
 
     Keyword arguments the caller passed to ``scaler.step`` win over the scaler's.
@@ -282,12 +258,8 @@ def step_direct(
     return optimizer.step(*args, **{**vars(scalars), **kwargs})
 
 
-def step_with_attributes(
-    optimizer: torch.optim.Optimizer,
-    scalars: StepScalars,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
+def step_with_attributes(optimizer: torch.optim.Optimizer, scalars: StepScalars,
+                         args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """torch's protocol: set ``optimizer.grad_scale``/``found_inf``, step, delete them.
 
     For optimizers other than mixprec's that declare ``_step_supports_amp_scaling``.

@@ -1,25 +1,21 @@
 """The FP8 precision level: torchao's Float8 linears under mixprec's trainer and manager.
 
-``MixedPrecisionConfig(precision_level="fp8")`` converts the eligible ``nn.Linear`` layers
-of the model with ``torchao.float8.convert_to_float8_training`` (recipe
-``config.fp8_recipe``) and runs the rest of the model in bfloat16 autocast (AUTOMATIC) or
-with bfloat16 params and float32 masters (MANUAL). torchao is optional
-(``pip install "mixprec[fp8]"``); :func:`fp8_unavailable` says why the level cannot run.
+``MixedPrecisionConfig(precision_level="fp8")`` converts the eligible ``nn.Linear`` layers with
+``torchao.float8.convert_to_float8_training`` (recipe ``config.fp8_recipe``) and runs the rest
+of the model in bfloat16 autocast (AUTOMATIC) or with bfloat16 params and float32 masters
+(MANUAL). torchao is optional (``pip install "mixprec[fp8]"``); :func:`fp8_unavailable` says
+why the level cannot run.
 
-Eligible: an ``nn.Linear`` (not already a ``Float8Linear``) whose ``in_features`` and
-``out_features`` are multiples of 16 (float8 GEMMs need it), and -- by default -- not the
-first or the last ``nn.Linear`` of the model (``named_modules`` order), which torchao and
-torchtitan advise keeping in high precision. A ``module_filter_fn(module, fqn) -> bool``
-replaces that first/last rule (the multiple-of-16 rule always holds).
+Eligible: an ``nn.Linear`` (not yet a ``Float8Linear``) with ``in_features`` and
+``out_features`` multiples of 16 (float8 GEMMs need it) and, by default, not the first or the
+last ``nn.Linear`` (``named_modules`` order), which torchao and torchtitan advise keeping in
+high precision; a ``module_filter_fn(module, fqn) -> bool`` replaces that first/last rule.
 
-Autocast. torchao's ``Float8Linear.forward`` casts its input to the *CUDA* autocast dtype
-(``torch.get_autocast_gpu_dtype()``) when CUDA autocast is on, and does nothing under CPU
-autocast: on the CPU the float8 matmul then sees float32 inputs whose product autocast turns
-to bfloat16, and the backward of ``rowwise_with_gw_hp`` (its high-precision weight
-gradient) fails on a bfloat16/float32 mismatch. :class:`Fp8Handle` therefore runs every
-converted linear with autocast off and its floating inputs cast to the compute dtype
-(bfloat16) -- on every device: on CUDA this is what torchao does itself under a bfloat16
-autocast, so the numbers do not change there.
+Autocast. torchao's ``Float8Linear.forward`` casts its input to the *CUDA* autocast dtype and
+does nothing under CPU autocast, where the backward of ``rowwise_with_gw_hp`` then fails on a
+bfloat16/float32 mismatch. :class:`Fp8Handle` therefore runs every converted linear with
+autocast off and its floating inputs cast to the compute dtype (bfloat16), on every device (on
+CUDA what torchao does itself: the numbers do not change there).
 """
 
 from __future__ import annotations
@@ -32,6 +28,7 @@ from torch import Tensor, nn
 
 from .._dtensor import is_dtensor
 from ..amp.autocast import cast_floating
+from ..amp.module_policy import unwrap_forwards, wrap_forward
 
 __all__ = ["FP8_INSTALL", "fp8_unavailable", "fp8_available", "fp8_info", "require_torchao",
            "fp8_eligible", "default_module_filter", "convert_model", "float8_linears",
@@ -91,8 +88,7 @@ def require_torchao() -> Any:
 
 
 def _is_float8_linear(module: nn.Module) -> bool:
-    return type(module).__name__ == "Float8Linear" or any(
-        c.__name__ == "Float8Linear" for c in type(module).__mro__)
+    return any(c.__name__ == "Float8Linear" for c in type(module).__mro__)
 
 
 def fp8_eligible(module: nn.Module) -> bool:
@@ -118,12 +114,9 @@ def float8_linears(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if _is_float8_linear(m)]
 
 
-def convert_model(
-    model: nn.Module,
-    recipe: str = "tensorwise",
-    module_filter_fn: Optional[ModuleFilter] = None,
-    keep_first_last: bool = True,
-) -> list[str]:
+def convert_model(model: nn.Module, recipe: str = "tensorwise",
+                  module_filter_fn: Optional[ModuleFilter] = None,
+                  keep_first_last: bool = True) -> list[str]:
     """Convert ``model``'s eligible linears to torchao ``Float8Linear`` in place (what the
     FP8 level does at setup; call it yourself *before* ``fully_shard``); returns the names
     of the model's Float8 linears (converted now or before).
@@ -214,20 +207,13 @@ class Fp8Handle:
         self.dtype = dtype
         self.modules = convert_model(model, recipe, module_filter_fn, keep_first_last)
         _refuse_float8_all_gather(model)
-        self._installed: list[tuple[nn.Module, bool, Any]] = []
+        self._installed: list[Any] = []
         by_name = dict(model.named_modules())
         for name in self.modules:
             m = by_name[name]
-            had = "forward" in m.__dict__
             prev = m.__dict__.get("forward")
-            self._installed.append((m, had, prev))
-            m.forward = _Fp8Forward(m, prev, dtype, device_type)  # type: ignore[method-assign]
+            wrap_forward(self._installed, m, _Fp8Forward(m, prev, dtype, device_type))
 
     def remove(self) -> None:
         """Take the forward wrappers off (the linears stay Float8; idempotent)."""
-        for m, had, prev in reversed(self._installed):
-            if had:
-                m.forward = prev  # type: ignore[method-assign]
-            else:
-                m.__dict__.pop("forward", None)
-        self._installed.clear()
+        unwrap_forwards(self._installed)

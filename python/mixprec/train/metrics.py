@@ -76,6 +76,14 @@ COLS = ("loss", "scale", "overflow", "underflow", "nan", "grad_norm", "grad_norm
 C = {c: i for i, c in enumerate(COLS)}
 
 
+def has_data(t: Any, shape: Any = None, dtype: Optional[torch.dtype] = None,
+             floating: bool = False) -> bool:
+    """``t`` is a tensor not on 'meta', of ``shape``, ``dtype``, a floating dtype when given."""
+    return (isinstance(t, Tensor) and not t.is_meta
+            and (shape is None or tuple(t.shape) == tuple(shape))
+            and (dtype is None or t.dtype == dtype) and (not floating or t.is_floating_point()))
+
+
 # ------------------------------------------------------------------------ memory
 def memory_usage(device: Union[str, torch.device]) -> int:
     """Bytes in use on ``device``, without a device sync.
@@ -111,13 +119,11 @@ def memory_capacity(device: torch.device) -> int:
 class StepMetrics(Mapping[str, Any]):
     """The result of :meth:`MixedPrecisionTrainer.train_step`; a lazy read-only dict.
 
-    Values that live on the device (``loss``, ``current_scale``,
-    ``overflow_detected``, ``underflow_detected``, ``nan_detected``,
-    ``step_skipped``, ``grad_norm``) are read back -- one host sync -- the
-    first time they are looked up, and cached; :meth:`tensor` returns them
-    without a sync. ``None`` means "not computed at this step" (e.g. the
-    step-related values of a micro-batch that did not end an accumulation, or
-    ``grad_norm`` without clipping and monitoring).
+    Values that live on the device (``loss``, ``current_scale``, ``overflow_detected``,
+    ``underflow_detected``, ``nan_detected``, ``step_skipped``, ``grad_norm``) are read back -- one
+    host sync -- the first time they are looked up, and cached; :meth:`tensor` returns them without
+    a sync. ``None`` means "not computed at this step" (e.g. the step-related values of a
+    micro-batch that did not end an accumulation, or ``grad_norm`` without clipping and monitoring).
     """
 
     def __init__(self, values: dict[str, Any]) -> None:
@@ -158,9 +164,8 @@ class StepMetrics(Mapping[str, Any]):
 
 def step_row(step_loss: Tensor, result: StepResult,
              device: torch.device) -> tuple[Tensor, dict[str, Any]]:
-    """The :data:`COLS` row of an optimizer step and the device values of its
-    :class:`StepMetrics` (all but ``memory_usage``, ``lr``, ``optimizer_step``); device
-    work only, no sync.
+    """The :data:`COLS` row of an optimizer step and the device values of its :class:`StepMetrics`
+    (all but ``memory_usage``, ``lr``, ``optimizer_step``); device work only, no sync.
 
     ``nan`` is set when the loss or the grad norm is NaN; the grad norm counts
     (``grad_norm_ok``) when it was computed, is finite and the step was not skipped.
@@ -291,9 +296,7 @@ class MetricsLog(FoldingLog[Tensor]):
         where = "MixedPrecisionTrainer.load_state: state"
         n = len(COLS)
         for key in ("totals", "log_snapshot"):
-            t = state[key]
-            if t is not None and not (isinstance(t, Tensor) and tuple(t.shape) == (n,)
-                                      and t.dtype == torch.float32 and not t.is_meta):
+            if state[key] is not None and not has_data(state[key], (n,), torch.float32):
                 raise ValueError(f"{where}[{key!r}]: expected None or a float32 tensor of "
                                  f"shape [{n}]")
         if (state["totals"] is None) != (state["log_snapshot"] is None):
@@ -301,8 +304,7 @@ class MetricsLog(FoldingLog[Tensor]):
         hist, steps = state["history"], state["history_steps"]
         if hist is None:
             return
-        if not (isinstance(hist, Tensor) and hist.dim() == 2 and hist.shape[1] == n
-                and hist.dtype == torch.float32 and not hist.is_meta):
+        if not (has_data(hist, dtype=torch.float32) and hist.dim() == 2 and hist.shape[1] == n):
             raise ValueError(f"{where}['history']: expected None or a float32 tensor of "
                              f"shape [rows, {n}]")
         if not (isinstance(steps, list) and len(steps) == hist.shape[0]
@@ -360,10 +362,9 @@ def log_window(config: MixedPrecisionConfig, step: int, steps: int, window: list
                last: dict[str, Any]) -> None:
     """Write the log line of a log step and apply the handling actions.
 
-    ``window``: the column sums of the ``steps`` optimizer steps since the
-    previous log step; ``last``: the newest values (``loss``, ``scale``,
-    ``grad_norm``, ``lr``). Raises ``FloatingPointError`` for a ``"raise"``
-    action whose event occurred in the window.
+    ``window``: the column sums of the ``steps`` optimizer steps since the previous log step;
+    ``last``: the newest values (``loss``, ``scale``, ``grad_norm``, ``lr``). Raises
+    ``FloatingPointError`` for a ``"raise"`` action whose event occurred in the window.
     """
     logger.info("step %d | loss %.4f | scale %g | lr %.3g | grad norm %.3g | overflows %d/%d "
                 "| underflows %d | nan %d", step, last["loss"], last["scale"], float(last["lr"]),

@@ -1,9 +1,8 @@
 """One strategy object per :class:`MixedPrecisionMode`: what differs between the modes.
 
-:class:`MixedPrecisionManager <mixprec.train.manager.MixedPrecisionManager>` asks its
-strategy (dtypes, loss scaling, model/optimizer preparation, policy, input casts, the ADAPTIVE
-controller) instead of testing the mode.
-``config.enabled=False`` selects :class:`Disabled` whatever the mode.
+:class:`MixedPrecisionManager <mixprec.train.manager.MixedPrecisionManager>` asks its strategy
+(dtypes, loss scaling, model/optimizer preparation, policy, input casts, the ADAPTIVE controller)
+instead of testing the mode. ``config.enabled=False`` selects :class:`Disabled` whatever the mode.
 """
 
 from __future__ import annotations
@@ -76,9 +75,8 @@ class ModeStrategy:
         return optimizer
 
     def policy(self, manager: PlanHost) -> tuple[str, Optional[PrecisionPolicy]]:
-        """``(root precision, the policy to put on the model)`` for ``manager``'s plan (the
-        policy ``None``: none); the manager stores both. Reads the manager, writes
-        nothing."""
+        """``(root precision, the policy to put on the model)`` for ``manager``'s plan (the policy
+        ``None``: none); the manager stores both. Reads the manager, writes nothing."""
         root = manager.root_precision
         if root is None or root not in NAME_PREC:
             root = PREC_NAME[manager.compute_dtype]
@@ -251,9 +249,8 @@ def _target_class(opt: Any) -> Any:
 
 
 def check_convertible(opt: Any, state_bits: int = 32) -> None:
-    """Raise when :func:`to_mixprec_optimizer` would refuse ``opt``, before anything is
-    converted: TypeError for a class it cannot convert, ValueError for 8-bit state with
-    amsgrad."""
+    """Raise when :func:`to_mixprec_optimizer` would refuse ``opt``, before anything is converted:
+    TypeError for a class it cannot convert, ValueError for 8-bit state with amsgrad."""
     from .. import optim as mo
 
     cls = _target_class(opt)
