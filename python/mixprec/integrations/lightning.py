@@ -32,10 +32,6 @@ __all__ = ["MixedPrecision", "HalfPrecision", "precision_plugin", "clip_unscaled
 PRECISIONS = ("16-mixed", "bf16-mixed", "bf16-true", "16-true")
 
 
-def _params(optimizer: Optimizer) -> list[Tensor]:
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
 def clip_unscaled(optimizer: Optimizer, clip_val: Union[int, float],
                   algorithm: Union[GradClipAlgorithmType, str],
                   scaler: Optional[torch.amp.GradScaler]) -> Optional[Tensor]:
@@ -49,21 +45,17 @@ def clip_unscaled(optimizer: Optimizer, clip_val: Union[int, float],
         algorithm: ``"norm"`` (2-norm over all the optimizer's grads) or ``"value"``.
         scaler: the plugin's scaler, or None (the grads carry no scale).
 
-    Returns:
-        For ``"norm"`` the total norm before clipping (a 0-dim tensor, not read on the
-        host), else None.
-
-    With an enabled :class:`mixprec.GradScaler` and ``"norm"``:
-    ``scaler.clip_grad_norm_(optimizer, clip_val)``: one read-only pass, the unscale and the
-    clip folded into the step of mixprec's optimizers (``param.grad`` stays as backward left
-    it), no host sync. With another enabled scaler, or ``"value"``: ``scaler.unscale_`` for an
-    optimizer that unscales in its step (Lightning has unscaled the others' grads), then
-    torch's in-place clip. Without a scaler: torch's in-place clip, as Lightning's plugins.
+    Returns the total norm before clipping for ``"norm"`` (a 0-dim tensor, not read on the
+    host), else None. With an enabled :class:`mixprec.GradScaler` and ``"norm"``:
+    ``scaler.clip_grad_norm_`` (one read-only pass, unscale and clip folded into the step of
+    mixprec's optimizers, ``param.grad`` untouched, no host sync). With another enabled scaler
+    or ``"value"``: ``scaler.unscale_`` for an optimizer that unscales in its step, then torch's
+    in-place clip. Without a scaler: torch's in-place clip, as Lightning's plugins.
     """
     if clip_val <= 0:
         return None
-    algorithm = GradClipAlgorithmType(algorithm)
-    norm = algorithm == GradClipAlgorithmType.NORM
+    norm = GradClipAlgorithmType(algorithm) == GradClipAlgorithmType.NORM
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     if scaler is not None and scaler.is_enabled():
         if norm and isinstance(scaler, GradScaler):
             return scaler.clip_grad_norm_(optimizer, float(clip_val))
@@ -71,8 +63,8 @@ def clip_unscaled(optimizer: Optimizer, clip_val: Union[int, float],
             # (Lightning's MixedPrecision unscaled the grads of every other optimizer)
             scaler.unscale_(optimizer)
     if norm:
-        return torch.nn.utils.clip_grad_norm_(_params(optimizer), clip_val)
-    torch.nn.utils.clip_grad_value_(_params(optimizer), clip_value=clip_val)
+        return torch.nn.utils.clip_grad_norm_(params, clip_val)
+    torch.nn.utils.clip_grad_value_(params, clip_value=clip_val)
     return None
 
 
@@ -85,8 +77,7 @@ class _ClipsUnscaled:
     def clip_gradients(self, optimizer: Optimizer, clip_val: Union[int, float] = 0.0,
                        gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM
                        ) -> None:
-        """Clip the unscaled gradients (:func:`clip_unscaled`) instead of refusing
-        optimizers that unscale in their step."""
+        """Clip the unscaled gradients (:func:`clip_unscaled`); never refuses."""
         norm = clip_unscaled(optimizer, clip_val, gradient_clip_algorithm,
                              getattr(self, "scaler", None))
         if norm is not None:
@@ -117,7 +108,6 @@ class MixedPrecision(_ClipsUnscaled, _LightningMixedPrecision):
         if scaler is None and precision == "16-mixed":
             scaler = GradScaler(device)
         super().__init__(precision, device, scaler)
-        self.grad_norm: Optional[Tensor] = None
 
 
 class HalfPrecision(_ClipsUnscaled, _LightningHalfPrecision):
@@ -128,7 +118,6 @@ class HalfPrecision(_ClipsUnscaled, _LightningHalfPrecision):
 
     def __init__(self, precision: Literal["bf16-true", "16-true"] = "bf16-true") -> None:
         super().__init__(precision)
-        self.grad_norm: Optional[Tensor] = None
 
 
 def precision_plugin(precision: str, device: Optional[str] = None,
@@ -152,13 +141,11 @@ def precision_plugin(precision: str, device: Optional[str] = None,
                         f"{scaler!r}")
     if device is not None:
         check_device(device, "precision_plugin")
+    if scaler is not None and precision in PRECISIONS and precision != "16-mixed":
+        raise ValueError(f"precision_plugin({precision!r}) takes no scaler")
     if precision in ("16-mixed", "bf16-mixed"):
-        if scaler is not None and precision != "16-mixed":
-            raise ValueError(f"precision_plugin({precision!r}) takes no scaler")
         return MixedPrecision(precision, device, scaler)  # type: ignore[arg-type]
     if precision in ("bf16-true", "16-true"):
-        if scaler is not None:
-            raise ValueError(f"precision_plugin({precision!r}) takes no scaler")
         return HalfPrecision(precision)  # type: ignore[arg-type]
     raise ValueError(f"precision_plugin: precision must be one of {PRECISIONS}, "
                      f"got {precision!r}")

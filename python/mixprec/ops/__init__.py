@@ -20,18 +20,9 @@ from .. import _dtensor
 from .._extension import EXT, FAST_ENTRY
 from . import _dtensor_rules
 
-__all__ = [
-    "unscale_and_check_",
-    "unscale_and_norm_",
-    "check_finite_",
-    "check_finite_and_norm_",
-    "update_scale_",
-    "update_scale_ext_",
-    "fused_adam_",
-    "fused_sgd_",
-    "fused_adam8_",
-    "fused_sgd8_",
-]
+__all__ = ["unscale_and_check_", "unscale_and_norm_", "check_finite_", "check_finite_and_norm_",
+           "update_scale_", "update_scale_ext_", "fused_adam_", "fused_sgd_", "fused_adam8_",
+           "fused_sgd8_"]
 
 
 # Ops returning tensors need a fake implementation for torch.compile (in-place ops

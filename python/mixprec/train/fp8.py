@@ -1,21 +1,19 @@
 """The FP8 precision level: torchao's Float8 linears under mixprec's trainer and manager.
 
 ``MixedPrecisionConfig(precision_level="fp8")`` converts the eligible ``nn.Linear`` layers with
-``torchao.float8.convert_to_float8_training`` (recipe ``config.fp8_recipe``) and runs the rest
-of the model in bfloat16 autocast (AUTOMATIC) or with bfloat16 params and float32 masters
-(MANUAL). torchao is optional (``pip install "mixprec[fp8]"``); :func:`fp8_unavailable` says
-why the level cannot run.
+``torchao.float8.convert_to_float8_training`` (recipe ``config.fp8_recipe``) and runs the rest of
+the model in bfloat16 autocast (AUTOMATIC) or with bfloat16 params and float32 masters (MANUAL).
+torchao is optional (``pip install "mixprec[fp8]"``); :func:`fp8_unavailable` says why not.
 
-Eligible: an ``nn.Linear`` (not yet a ``Float8Linear``) with ``in_features`` and
-``out_features`` multiples of 16 (float8 GEMMs need it) and, by default, not the first or the
-last ``nn.Linear`` (``named_modules`` order), which torchao and torchtitan advise keeping in
-high precision; a ``module_filter_fn(module, fqn) -> bool`` replaces that first/last rule.
+Eligible: an ``nn.Linear`` (not yet a ``Float8Linear``) with both dimensions multiples of 16
+(float8 GEMMs need it) and, by default, not the model's first or last ``nn.Linear``
+(``named_modules`` order), as torchao and torchtitan advise; a
+``module_filter_fn(module, fqn) -> bool`` replaces that first/last rule.
 
-Autocast. torchao's ``Float8Linear.forward`` casts its input to the *CUDA* autocast dtype and
-does nothing under CPU autocast, where the backward of ``rowwise_with_gw_hp`` then fails on a
-bfloat16/float32 mismatch. :class:`Fp8Handle` therefore runs every converted linear with
-autocast off and its floating inputs cast to the compute dtype (bfloat16), on every device (on
-CUDA what torchao does itself: the numbers do not change there).
+Autocast. torchao's ``Float8Linear.forward`` casts its input to the *CUDA* autocast dtype only;
+under CPU autocast the backward of ``rowwise_with_gw_hp`` fails on a bfloat16/float32 mismatch. So
+every converted linear runs with autocast off and its floating inputs cast to the compute dtype
+(bfloat16), on every device (on CUDA what torchao does itself: the same numbers).
 """
 
 from __future__ import annotations
@@ -81,10 +79,8 @@ def require_torchao() -> Any:
     try:
         return importlib.import_module("torchao.float8")
     except ImportError as e:
-        raise ImportError(
-            f'MixedPrecisionConfig(precision_level="fp8") needs torchao, which is not '
-            f"installed or does not import ({e}): {FP8_INSTALL}"
-        ) from e
+        raise ImportError(f'MixedPrecisionConfig(precision_level="fp8") needs torchao, which is '
+                          f"not installed or does not import ({e}): {FP8_INSTALL}") from e
 
 
 def _is_float8_linear(module: nn.Module) -> bool:
@@ -102,11 +98,7 @@ def default_module_filter(model: nn.Module, keep_first_last: bool = True) -> Mod
     ``keep_first_last``) the first and the last ``nn.Linear`` of the model."""
     linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     kept = {linears[0], linears[-1]} if keep_first_last and linears else set()
-
-    def keep(module: nn.Module, fqn: str) -> bool:
-        return fqn not in kept
-
-    return keep
+    return lambda module, fqn: fqn not in kept
 
 
 def float8_linears(model: nn.Module) -> list[str]:
@@ -176,10 +168,7 @@ class _Fp8Forward:
 
     def __init__(self, module: nn.Module, prev: Optional[Callable[..., Any]],
                  dtype: torch.dtype, device_type: str) -> None:
-        self.module = module
-        self.prev = prev
-        self.dtype = dtype
-        self.device_type = device_type
+        self.module, self.prev, self.dtype, self.device_type = module, prev, dtype, device_type
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = cast_floating(args, self.dtype, only=_FLOATS)
@@ -193,18 +182,14 @@ class _Fp8Forward:
 class Fp8Handle:
     """The FP8 level on a model: its Float8 linears and their forward wrappers.
 
-    Attributes:
-        recipe: the torchao recipe name.
-        modules: qualified names of the Float8 linears.
-        dtype: the dtype their inputs (and outputs) are in (bfloat16).
+    Attributes: ``recipe`` (torchao's recipe name), ``modules`` (qualified names of the Float8
+    linears), ``dtype`` (the dtype of their inputs and outputs, bfloat16).
     """
 
     def __init__(self, model: nn.Module, recipe: str, dtype: torch.dtype, device_type: str,
                  module_filter_fn: Optional[ModuleFilter] = None,
                  keep_first_last: bool = True) -> None:
-        self.model = model
-        self.recipe = recipe
-        self.dtype = dtype
+        self.model, self.recipe, self.dtype = model, recipe, dtype
         self.modules = convert_model(model, recipe, module_filter_fn, keep_first_last)
         _refuse_float8_all_gather(model)
         self._installed: list[Any] = []

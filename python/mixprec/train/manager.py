@@ -138,12 +138,11 @@ def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
 class MixedPrecisionManager:
     """Mixed precision for a model and its optimizer, in one of the five modes.
 
-    Construction prepares them for ``config.mode`` (see :class:`MixedPrecisionMode`): a
-    precision policy on ``model`` (forward wrappers; AUTOMATIC, SELECTIVE, ADAPTIVE,
-    MANUAL); in MANUAL mode the params converted to float16/bfloat16 (except
-    float32-policy modules such as norms) and a ``torch.optim.SGD/Adam/AdamW`` replaced
-    by its mixprec master-weight equivalent (use :attr:`optimizer` afterwards); and the
-    :class:`mixprec.GradScaler` (:attr:`scaler`; disabled when not needed).
+    Construction prepares them for ``config.mode`` (see :class:`MixedPrecisionMode`): a precision
+    policy on ``model`` (forward wrappers; AUTOMATIC, SELECTIVE, ADAPTIVE, MANUAL); in MANUAL the
+    params converted to float16/bfloat16 (except float32-policy modules such as norms) and a
+    ``torch.optim.SGD/Adam/AdamW`` replaced by its mixprec master-weight equivalent (use
+    :attr:`optimizer` afterwards); and the :class:`mixprec.GradScaler` (:attr:`scaler`).
 
     Args:
         model: the model (mutated as described; moved to ``device`` when given).
@@ -181,8 +180,7 @@ class MixedPrecisionManager:
         # every check before the first change (the model moved, params converted)
         self.device, self.strategy, self.compute_dtype = check_setup(
             model, optimizer, cfg, device, scheduler)
-        self.config = cfg
-        self.model = model
+        self.config, self.model = cfg, model
         if device is not None:
             model.to(self.device)
         self.eventual_dtype = self.strategy.eventual_dtype(self.compute_dtype, self.device)
@@ -444,19 +442,16 @@ class MixedPrecisionManager:
     def plan_state(self) -> dict[str, Any]:
         """The precision plan as checkpoints save it: ``decisions``, ``overrides``,
         ``root_precision`` and, in ADAPTIVE mode, ``fwd_counts`` / ``bwd_counts``."""
-        state: dict[str, Any] = {
-            "decisions": [dict(d) for d in self.adaptive_decisions],
-            "overrides": dict(self.overrides),
-            "root_precision": self.root_precision,
-        }
+        state: dict[str, Any] = {"decisions": [dict(d) for d in self.adaptive_decisions],
+                                 "overrides": dict(self.overrides),
+                                 "root_precision": self.root_precision}
         if self.adaptive is not None:
             state["fwd_counts"] = self.adaptive.fwd_counts.cpu()
             state["bwd_counts"] = self.adaptive.bwd_counts.cpu()
         return state
 
     def load_plan_state(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`plan_state`: restores the ADAPTIVE decisions and promotions
-        and re-applies the policy."""
+        """Inverse of :meth:`plan_state` (decisions, promotions); re-applies the policy."""
         self.adaptive_decisions = [dict(d) for d in state["decisions"]]
         self.overrides = dict(state["overrides"])
         root = state.get("root_precision")
@@ -473,13 +468,8 @@ class MixedPrecisionManager:
         (:meth:`plan_state`), ``steps`` and ``config``: plain values and CPU tensors, for
         ``torch.load(weights_only=True)``. Not the model's and the optimizer's state dicts
         (save them as usual). One host sync."""
-        return {
-            "format": _MANAGER_FORMAT,
-            "scaler": self.scaler.state_dict(),
-            "adaptive": self.plan_state(),
-            "steps": self.steps,
-            "config": self.config.to_dict(),
-        }
+        return {"format": _MANAGER_FORMAT, "scaler": self.scaler.state_dict(),
+                "adaptive": self.plan_state(), "steps": self.steps, "config": self.config.to_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (scaler, plan, step count; the manager keeps its own config).
@@ -513,21 +503,16 @@ class MixedPrecisionManager:
         (:attr:`precision_name`), ``low_precision_modules``, ``fp8_modules`` (Float8 linears),
         ``mode``, ``adaptive_decisions``. One host sync."""
         sst = self.scaler.stats()
-        return {
-            "steps": self.steps,
-            "skipped_steps": sst.skipped_steps,
-            "overflow_rate": sst.overflow_rate,
-            "current_scale": sst.scale if self.scaler.is_enabled() else 1.0,
-            "scale_increases": sst.scale_increases,
-            "scale_decreases": sst.scale_decreases,
-            "last_overflow_step": sst.last_overflow_step,
-            "loss_scaling": self.loss_scaling,
-            "compute_dtype": self.precision_name,
-            "low_precision_modules": self.low_precision_modules,
-            "fp8_modules": len(self.fp8.modules) if self.fp8 is not None else 0,
-            "mode": self.mode.value,
-            "adaptive_decisions": [dict(d) for d in self.adaptive_decisions],
-        }
+        return {"steps": self.steps, "skipped_steps": sst.skipped_steps,
+                "overflow_rate": sst.overflow_rate,
+                "current_scale": sst.scale if self.scaler.is_enabled() else 1.0,
+                "scale_increases": sst.scale_increases, "scale_decreases": sst.scale_decreases,
+                "last_overflow_step": sst.last_overflow_step, "loss_scaling": self.loss_scaling,
+                "compute_dtype": self.precision_name,
+                "low_precision_modules": self.low_precision_modules,
+                "fp8_modules": len(self.fp8.modules) if self.fp8 is not None else 0,
+                "mode": self.mode.value,
+                "adaptive_decisions": [dict(d) for d in self.adaptive_decisions]}
 
     @property
     def precision_name(self) -> str:
@@ -541,8 +526,7 @@ class MixedPrecisionManager:
         return PREC_NAME.get(self.compute_dtype, "fp32")
 
     def describe(self) -> str:
-        """``"<mode>, <precision>"``, e.g. ``"automatic, fp16"`` or
-        ``"automatic, fp8 (tensorwise)"``."""
+        """``"<mode>, <precision>"``, e.g. ``"automatic, fp16"``, ``"manual, fp8 (tensorwise)"``."""
         if self.fp8 is not None and self.fp8.modules:
             return f"{self.mode.value}, fp8 ({self.fp8.recipe})"
         return f"{self.mode.value}, {self.precision_name}"

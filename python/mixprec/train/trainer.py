@@ -796,37 +796,32 @@ class MixedPrecisionTrainer:
         sst = manager.scaler.stats()
         offsets = self._scaler_offsets
         return {
-            "format": STATE_FORMAT,
-            "scaler": manager.scaler.state_dict(),
+            "format": STATE_FORMAT, "scaler": manager.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "config": self.config.to_dict(),
-            "counters": {
+            "config": self.config.to_dict(), "counters": {
                 "optimizer_steps": self.optimizer_steps, "micro_steps": self.micro_steps,
                 "epochs_done": self.epochs_done, "micro": self._micro,
                 "log_step": self._metrics.log_step, "scaler_steps": sst.steps + offsets[0],
                 "scale_increases": sst.scale_increases + offsets[1],
                 "scale_decreases": sst.scale_decreases + offsets[2],
                 "peak_memory": self.peak_memory},
-            **self._metrics.state(),
-            "adaptive": manager.plan_state(),
+            **self._metrics.state(), "adaptive": manager.plan_state(),
             "rng": {"cpu": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
             "pending_loss": None if self._step_loss is None else self._step_loss.cpu(),
         }
 
     def save_state(self, path: Union[str, os.PathLike[str]]) -> None:
-        """Save everything needed to resume bitwise: model, optimizer (with masters),
-        scaler, scheduler, counters, statistics/history, config, ADAPTIVE decisions and
-        overrides, RNG states and the grads of an unfinished accumulation. One host sync.
+        """Save everything needed to resume bitwise: model, optimizer (with masters), scaler,
+        scheduler, counters, statistics/history, config, ADAPTIVE plan, RNG states and the grads
+        of an unfinished accumulation. One host sync.
 
-        An unsharded model: one file of tensors and plain values
-        (``torch.load(path, weights_only=True)`` reads it; layout in :mod:`mixprec.train.trainer`).
-        A sharded model (FSDP2, DTensor params): ``path`` is a directory, a
+        An unsharded model: one file (``torch.load(path, weights_only=True)`` reads it; layout in
+        :mod:`mixprec.train.trainer`). A sharded model (FSDP2): ``path`` is a directory, a
         ``torch.distributed.checkpoint`` (DCP) checkpoint of the model's and the optimizer's state
-        (``get_state_dict``: keyed by parameter name, each rank writing its shards) plus
-        ``trainer.pt``, the rest of the layout, written by rank 0; every rank calls it, and
-        :meth:`load_state` reads it on any world size and sharding. It cannot hold an unfinished
-        gradient accumulation (``RuntimeError``: call :meth:`flush` first).
+        (``get_state_dict``, each rank writing its shards) plus ``trainer.pt``, the rest, written
+        by rank 0; every rank calls it, and :meth:`load_state` reads it on any world size and
+        sharding. It cannot hold an unfinished accumulation (``RuntimeError``: :meth:`flush` first).
         """
         self._manager()
         assert self.model is not None
@@ -858,20 +853,16 @@ class MixedPrecisionTrainer:
             dist.barrier()
 
     def load_state(self, path: Union[str, os.PathLike[str]], strict_config: bool = False) -> None:
-        """Restore a :meth:`save_state` checkpoint after :meth:`setup_training` with the
-        same model architecture and optimizer type: a file (``weights_only=True``), or the
-        directory of a sharded model (DCP: any world size; every rank calls it).
+        """Restore a :meth:`save_state` checkpoint after :meth:`setup_training` with the same
+        model architecture and optimizer type: a file (``weights_only=True``), or the directory
+        of a sharded model (DCP: any world size; every rank calls it).
 
-        Everything is checked before anything changes: the layout, the model's state
-        (keys, shapes, dtypes: another precision setup's is refused), the optimizer's
-        (:meth:`mixprec.optim.FusedOptimizer.check_state_dict` for mixprec's), the
-        scaler's, the scheduler's keys, the counters, RNG states and pending grads. A bad
-        checkpoint raises ``ValueError``/``TypeError``/``KeyError`` naming the entry, with
-        trainer, model, optimizer, scaler and scheduler as they were.
-
-        A config that differs from the saved one warns (:class:`UserWarning`;
-        ``strict_config=True``: ``ValueError``; a field added since the file was written
-        counts as saved at its default). ADAPTIVE overrides are re-applied. Mutates model,
+        Everything is checked before anything changes: the layout, the model's state (keys,
+        shapes, dtypes: another precision setup's is refused), the optimizer's, the scaler's, the
+        scheduler's keys, the counters, RNG states and pending grads; a bad checkpoint raises
+        ``ValueError``/``TypeError``/``KeyError`` naming the entry and changes nothing. A config
+        that differs from the saved one warns (``UserWarning``; ``strict_config=True``:
+        ``ValueError``; a field added since counts as saved at its default). Mutates model,
         optimizer, scaler, scheduler, counters and the global RNG states."""
         self._manager()
         where = os.fspath(path)
@@ -951,9 +942,8 @@ class MixedPrecisionTrainer:
 
     def _apply(self, load: Callable[[], None]) -> None:
         """Run ``load``; if it raises, put the optimizer, scaler, scheduler, manager, counters,
-        grads and RNG states back as they were. A safety net only: the checks ran first, so what is
-        left to fail is a user's hook. The model's weights are not copied for it (that would double
-        the model's memory); its load, checked first, comes first."""
+        grads and RNG states back. A safety net for a user's hook (the checks ran first); the
+        model's weights are not copied (that would double its memory): its load comes first."""
         manager = self._manager()
         opt, scaler, sched = self.optimizer, manager.scaler, self._scheduler
         opt_state = (opt.state, opt.param_groups, [dict(g) for g in opt.param_groups])
