@@ -1,14 +1,8 @@
-"""Numerical diagnostics for mixed precision, in plain PyTorch.
-
-* :func:`check_fp16_safe`: how many values of a tensor a cast to float16 would ruin
-  (overflow to inf, underflow to 0), as device tensors: no host sync.
-* :func:`health_report`: per-parameter norms of a model's params and grads, non-finite
-  gradient counts, vanishing and exploding flags: one host sync.
-* :func:`compare_precisions`: the error of float16 and bfloat16 autocast against float32 on
-  a workload you pass (default: a matmul): one host sync per precision.
-
-None of them is meant for every step of a training loop: each launches a few small kernels per
-tensor. They keep no state between calls.
+"""Numerical diagnostics for mixed precision, in plain PyTorch, stateless, and not meant for
+every step (a few small kernels per tensor): :func:`check_fp16_safe` (the values a cast to float16
+would overflow or flush, no sync), :func:`health_report` (per-parameter param and grad norms,
+non-finite counts, vanishing/exploding flags, one sync), :func:`compare_precisions` (float16 and
+bfloat16 autocast error against float32 on a workload, one sync per precision).
 """
 
 from __future__ import annotations
@@ -106,16 +100,10 @@ class HealthReport:
 def health_report(model: nn.Module, vanishing_threshold: float = 1e-8,
                   exploding_threshold: float = 1e3) -> HealthReport:
     """The norms of ``model``'s params and grads, with their non-finite gradient counts and
-    vanishing/exploding flags.
-
-    Call it after ``backward()``, and after the scaler's ``unscale_(optimizer)`` when a
-    loss scale is in use (otherwise the gradient norms carry the scale). A gradient norm
-    below ``vanishing_threshold`` flags vanishing, above ``exploding_threshold`` exploding
-    (non-finite values are left out of the norm and counted apart). Params may be of any
-    floating dtype; DTensor params report their local shard.
-
-    Exactly one host sync: every figure is computed on the params' device (the first
-    param's, when they are spread over several), stacked, and read back in one copy.
+    vanishing (norm below ``vanishing_threshold``) / exploding (above ``exploding_threshold``)
+    flags; non-finite values are left out of the norms. Call it after ``backward()`` and, with a
+    loss scale, after ``scaler.unscale_(optimizer)``. Any floating dtype; DTensor params report
+    their local shard. One host sync (every figure stacked on the first param's device).
     """
     named = list(model.named_parameters())
     if not named:
@@ -156,13 +144,6 @@ class PrecisionError:
     nonfinite: int  # elements non-finite in ``out`` but finite in ``ref``
 
 
-def _default_workload(device: torch.device) -> Callable[[], Tensor]:
-    g = torch.Generator().manual_seed(0)
-    a = torch.randn(512, 512, generator=g).to(device)
-    b = torch.randn(512, 512, generator=g).to(device)
-    return lambda: a @ b
-
-
 def compare_precisions(workload: Optional[Callable[[], Tensor]] = None,
                        dtypes: Sequence[torch.dtype] = (torch.float16, torch.bfloat16),
                        device: Union[torch.device, str, None] = None,
@@ -178,14 +159,15 @@ def compare_precisions(workload: Optional[Callable[[], Tensor]] = None,
         device: where the default workload runs (default: CUDA if available, else CPU).
             A workload you pass runs where its tensors are; autocast follows its output.
 
-    Returns:
-        ``{dtype: PrecisionError}``. Runs ``workload`` ``1 + len(dtypes)`` times under
-        ``torch.no_grad()``; one host sync per dtype (reading its three figures).
+    Returns ``{dtype: PrecisionError}``. Runs ``workload`` ``1 + len(dtypes)`` times under
+    ``torch.no_grad()``; one host sync per dtype.
     """
     if workload is None:
         dev = torch.device(device if device is not None
                            else "cuda" if torch.cuda.is_available() else "cpu")
-        workload = _default_workload(dev)
+        gen = torch.Generator().manual_seed(0)
+        a, b = (torch.randn(512, 512, generator=gen).to(dev) for _ in range(2))
+        workload = lambda: a @ b  # noqa: E731
     with torch.no_grad():
         ref = workload().detach().float()
         out: Dict[torch.dtype, PrecisionError] = {}

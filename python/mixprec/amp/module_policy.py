@@ -1,15 +1,10 @@
 """Precision policies applied to a model: which module runs in which precision.
 
-:class:`PrecisionPolicy` + :func:`apply_policy` decide, per module, which
-precision a model runs in, with forward wrappers over :class:`torch.autocast`
-(no op lists are copied from torch): chosen module types (default:
-normalization layers and losses) or glob names run in float32 with their
-inputs cast up; optionally only chosen modules run in low precision
-(selective); per-module overrides (used by the ADAPTIVE trainer mode); and the
-model's floating outputs are cast to float32. :func:`apply_policy` returns a
-:class:`PolicyHandle` whose :meth:`~PolicyHandle.remove` undoes everything.
-
-Nothing here synchronizes with the device.
+:func:`apply_policy` puts a :class:`PrecisionPolicy` on a model with forward wrappers over
+:class:`torch.autocast` (no op lists copied from torch): chosen module types (default: norms and
+losses) or glob names run in float32 with their inputs cast up; optionally only chosen modules
+run in low precision (selective); per-module overrides (ADAPTIVE); floating outputs cast to
+float32. The :class:`PolicyHandle` it returns undoes everything. Nothing here syncs.
 """
 
 from __future__ import annotations
@@ -26,24 +21,13 @@ from torch import nn
 
 from .autocast import PRECISIONS, _first_low_dtype, autocast, cast_floating, resolve_precision
 
-__all__ = [
-    "PrecisionPolicy",
-    "PolicyHandle",
-    "apply_policy",
-    "remove_policy",
-    "DEFAULT_FP32_MODULES",
-]
+__all__ = ["PrecisionPolicy", "PolicyHandle", "apply_policy", "remove_policy",
+           "DEFAULT_FP32_MODULES"]
 
 #: Module types kept in float32 by default: normalization layers and losses.
 DEFAULT_FP32_MODULES: tuple[type[nn.Module], ...] = (
-    nn.modules.batchnorm._BatchNorm,
-    nn.modules.instancenorm._InstanceNorm,
-    nn.LayerNorm,
-    nn.GroupNorm,
-    nn.LocalResponseNorm,
-    nn.RMSNorm,
-    nn.modules.loss._Loss,
-)
+    nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm, nn.LayerNorm,
+    nn.GroupNorm, nn.LocalResponseNorm, nn.RMSNorm, nn.modules.loss._Loss)
 
 
 # ----------------------------------------------------------------------- policy
@@ -56,32 +40,26 @@ class PrecisionPolicy:
 
     Module specs (in ``fp32_modules``, ``low_precision_modules`` and the keys of
     ``module_precisions``) are glob patterns over qualified module names as
-    :meth:`torch.nn.Module.named_modules` yields them (``"encoder.*.norm"``;
-    ``""`` is the root), a class name (``"Linear"``) or a module class
-    (matched with ``isinstance``).
+    :meth:`torch.nn.Module.named_modules` yields them (``"encoder.*.norm"``; ``""`` is the root), a
+    class name (``"Linear"``) or a module class (matched with ``isinstance``).
 
     Attributes:
-        precision: precision of the model's forward (``"fp16"``, ``"bf16"``,
-            ``"fp32"``, ``"auto"``): the root forward is wrapped in
-            :class:`autocast` with it. ``None``: no root autocast; the policy
-            only adjusts the modules below inside whatever autocast the caller
-            enters.
-        fp32_types: module types that always run in float32 (autocast off,
-            floating inputs cast up). Default :data:`DEFAULT_FP32_MODULES`.
+        precision: precision of the model's forward (``"fp16"``, ``"bf16"``, ``"fp32"``,
+            ``"auto"``), the root's :class:`autocast`. ``None``: no root autocast; the policy
+            only adjusts the modules below inside whatever autocast the caller enters.
+        fp32_types: module types that always run in float32 (autocast off, floating inputs cast
+            up). Default :data:`DEFAULT_FP32_MODULES`.
         fp32_modules: more specs that run in float32.
-        low_precision_modules: selective mode: when not ``None``, *only* these
-            modules run in low precision; the rest of the model runs in
-            float32 (every other leaf module casts its inputs up).
-        module_precisions: per-module overrides ``{spec: precision}`` (e.g.
-            ``{"fc2": "bf16"}``), applied after the rules above; a module
-            promoted to ``"fp32"`` gets its inputs cast up.
+        low_precision_modules: selective mode: when not ``None``, *only* these modules run in
+            low precision; every other leaf module runs in float32, its inputs cast up.
+        module_precisions: per-module overrides ``{spec: precision}`` (e.g. ``{"fc2": "bf16"}``),
+            applied after the rules above; a module promoted to ``"fp32"`` gets its inputs cast up.
         cast_outputs: cast the model's float16/bfloat16 outputs to float32.
-        restore_input_dtype: float32 islands cast their floating outputs back
-            to the 16-bit dtype their inputs had (needed when the params
-            themselves are 16-bit and no autocast runs, as in the trainer's
-            MANUAL mode).
-        device_type: device type for autocast; ``None``: the device of the
-            model's first parameter or buffer (``"cpu"`` without any).
+        restore_input_dtype: float32 islands cast their floating outputs back to the 16-bit dtype
+            their inputs had (needed when the params themselves are 16-bit and no autocast runs, as
+            in the trainer's MANUAL mode).
+        device_type: device type for autocast; ``None``: the device of the model's first
+            parameter or buffer (``"cpu"`` without any).
     """
 
     precision: Optional[str] = "auto"
@@ -95,16 +73,12 @@ class PrecisionPolicy:
 
     def __post_init__(self) -> None:
         if self.precision is not None and self.precision not in PRECISIONS:
-            raise ValueError(
-                f"PrecisionPolicy: precision must be None or one of {PRECISIONS}, "
-                f"got {self.precision!r}"
-            )
+            raise ValueError(f"PrecisionPolicy: precision must be None or one of {PRECISIONS}, "
+                             f"got {self.precision!r}")
         for spec, prec in self.module_precisions.items():
             if prec not in PRECISIONS:
-                raise ValueError(
-                    f"PrecisionPolicy: module_precisions[{spec!r}] must be one of "
-                    f"{PRECISIONS}, got {prec!r}"
-                )
+                raise ValueError(f"PrecisionPolicy: module_precisions[{spec!r}] must be one of "
+                                 f"{PRECISIONS}, got {prec!r}")
         for name in ("fp32_modules", "low_precision_modules"):
             value = getattr(self, name)
             if value is not None and isinstance(value, (str, type)):
@@ -114,9 +88,7 @@ class PrecisionPolicy:
 
     def with_overrides(self, overrides: dict[str, str]) -> PrecisionPolicy:
         """A copy with ``overrides`` merged into :attr:`module_precisions`."""
-        merged = dict(self.module_precisions)
-        merged.update(overrides)
-        return replace(self, module_precisions=merged)
+        return replace(self, module_precisions={**self.module_precisions, **overrides})
 
 
 def _class_name(module: nn.Module) -> str:
@@ -144,12 +116,9 @@ def modules_matching(model: nn.Module, spec: ModuleSpec) -> list[str]:
 
 @dataclass(eq=False)
 class _PolicyForward:
-    """The forward installed on a module: runs the original (``prev``, an instance
-    forward it replaced, else the class's) in ``ctx``.
-
-    Holds the module (not a closure), so ``copy.deepcopy`` of a model gives a
-    copy whose wrappers call the copy.
-    """
+    """The forward installed on a module: runs the original (``prev``, an instance forward it
+    replaced, else the class's) in ``ctx``. Holds the module, not a closure, so that
+    ``copy.deepcopy`` of a model gives a copy whose wrappers call the copy."""
 
     module: nn.Module
     prev: Optional[Callable[..., Any]]
@@ -175,15 +144,31 @@ class _PolicyForward:
         return out
 
 
+def wrap_forward(installed: list[Any], module: nn.Module, wrapper: Callable[..., Any]) -> None:
+    """Set ``module.forward`` (an instance attribute) to ``wrapper``, recording in ``installed``
+    what :func:`unwrap_forwards` restores."""
+    installed.append((module, "forward" in module.__dict__, module.__dict__.get("forward")))
+    module.forward = wrapper  # type: ignore[method-assign]
+
+
+def unwrap_forwards(installed: list[Any]) -> None:
+    """Undo the :func:`wrap_forward` calls recorded in ``installed``, newest first; empties it."""
+    for module, had, prev in reversed(installed):
+        if had:
+            module.forward = prev
+        else:
+            module.__dict__.pop("forward", None)
+    installed.clear()
+
+
 class PolicyHandle:
     """What :func:`apply_policy` installed; :meth:`remove` undoes it.
 
     Attributes:
         model: the model the policy was applied to.
         policy: the policy.
-        precisions: ``{qualified module name: "fp16" | "bf16" | "fp32"}`` for
-            every module that got a wrapper (the root is ``""``), the
-            resolved plan; handy for logs and tests.
+        precisions: ``{qualified module name: "fp16" | "bf16" | "fp32"}`` for every module that got
+            a wrapper (the root is ``""``): the resolved plan.
     """
 
     def __init__(self, model: nn.Module, policy: PrecisionPolicy) -> None:
@@ -193,19 +178,9 @@ class PolicyHandle:
         self._installed: list[tuple[nn.Module, bool, Any]] = []
         self.removed = False
 
-    def _install(self, module: nn.Module, wrapper: _PolicyForward) -> None:
-        had = "forward" in module.__dict__
-        self._installed.append((module, had, module.__dict__.get("forward")))
-        module.forward = wrapper  # type: ignore[method-assign]
-
     def remove(self) -> None:
         """Restore every wrapped module's forward (idempotent)."""
-        for module, had, prev in reversed(self._installed):
-            if had:
-                module.forward = prev  # type: ignore[method-assign]
-            else:
-                module.__dict__.pop("forward", None)
-        self._installed.clear()
+        unwrap_forwards(self._installed)
         if getattr(self.model, "_mixprec_policy", None) is self:
             del self.model._mixprec_policy
         self.removed = True
@@ -220,37 +195,30 @@ class PolicyHandle:
 def apply_policy(model: nn.Module, policy: Optional[PrecisionPolicy] = None) -> PolicyHandle:
     """Apply ``policy`` to ``model`` by wrapping module forwards; reversible.
 
-    Wrappers are installed as instance ``forward`` attributes (the class
-    ``forward`` is untouched; an existing instance ``forward`` is chained and
-    restored), so hooks, ``state_dict`` and parameter identity are unaffected.
-    What each wrapped module does when called:
+    Wrappers are installed as instance ``forward`` attributes (the class ``forward`` is untouched;
+    an existing instance ``forward`` is chained and restored), so hooks, ``state_dict`` and
+    parameter identity are unaffected. What each wrapped module does when called:
 
-    * root (``precision`` not ``None``): runs in ``autocast(device_type,
-      precision=...)``; with ``low_precision_modules`` set, the root runs with
-      autocast *disabled* instead and only the selected modules enable it;
-    * float32 modules: run with autocast disabled, float16/bfloat16 inputs cast
-      to float32 (nested tuples/lists/dicts too);
-    * selective mode: selected modules (and their children) run in autocast
-      with the low dtype and return low-precision outputs; every other leaf
-      module is a float32 module as above (so it accepts those outputs);
+    * root (``precision`` not ``None``): runs in ``autocast(device_type, precision=...)``;
+      with ``low_precision_modules`` set, with autocast *disabled* instead (only the selected
+      modules enable it);
+    * float32 modules: autocast disabled, float16/bfloat16 inputs (nested too) cast to float32;
+    * selective mode: selected modules (and their children) run in autocast with the low dtype;
+      every other leaf module is a float32 module as above (so it accepts their outputs);
     * overridden modules (``module_precisions``): run in their own autocast;
     * root output: float16/bfloat16 tensors cast to float32 (``cast_outputs``).
 
     Args:
         model: the module (mutated: forwards wrapped; params/buffers untouched).
-        policy: default ``PrecisionPolicy()`` (auto precision, norms and losses
-            in float32, outputs float32).
+        policy: default ``PrecisionPolicy()`` (auto precision, norms and losses in float32,
+            outputs float32).
 
-    Returns:
-        A :class:`PolicyHandle`; ``handle.remove()`` (or leaving ``with
-        apply_policy(...)``) restores the model. A model holds at most one
-        policy: applying a second raises ``RuntimeError``.
+    Returns a :class:`PolicyHandle`; ``handle.remove()`` (or leaving ``with apply_policy(...)``)
+    restores the model. A model holds at most one policy: a second raises ``RuntimeError``.
     """
     if getattr(model, "_mixprec_policy", None) is not None:
-        raise RuntimeError(
-            "apply_policy: this model already has a policy; call handle.remove() (or "
-            "mixprec.remove_policy(model)) first"
-        )
+        raise RuntimeError("apply_policy: this model already has a policy; call handle.remove() "
+                           "(or mixprec.remove_policy(model)) first")
     policy = policy if policy is not None else PrecisionPolicy()
     first = next(chain(model.parameters(), model.buffers()), None)
     device_type = policy.device_type or (first.device.type if first is not None else "cpu")
@@ -267,13 +235,9 @@ def apply_policy(model: nn.Module, policy: Optional[PrecisionPolicy] = None) -> 
         root_ctx = autocast(device_type, precision="fp32" if selective else policy.precision)
         handle.precisions[""] = root_ctx.precision
     # below the root, in named_modules order (parents before children)
-    selected: list[str] = []
-    if selective:
-        selected = [
-            name
-            for name, module in model.named_modules()
-            if name and any(_matches(s, name, module) for s in policy.low_precision_modules or ())
-        ]
+    specs = policy.low_precision_modules or ()
+    selected = [name for name, module in model.named_modules()
+                if name and any(_matches(s, name, module) for s in specs)]
 
     def inside_selected(name: str) -> bool:
         return any(name == s or name.startswith(s + ".") for s in selected)
@@ -282,9 +246,8 @@ def apply_policy(model: nn.Module, policy: Optional[PrecisionPolicy] = None) -> 
         if name == "":
             continue
         prec: Optional[str] = None
-        if isinstance(module, policy.fp32_types) or any(
-            _matches(s, name, module) for s in policy.fp32_modules
-        ):
+        if isinstance(module, policy.fp32_types) or any(_matches(s, name, module)
+                                                        for s in policy.fp32_modules):
             prec = "fp32"
         elif selective:
             if name in selected:
@@ -301,12 +264,12 @@ def apply_policy(model: nn.Module, policy: Optional[PrecisionPolicy] = None) -> 
         ctx = autocast(device_type, precision=prec)
         is_fp32 = ctx.precision == "fp32"  # autocast off in this region
         handle.precisions[name] = ctx.precision
-        handle._install(module, _PolicyForward(
+        wrap_forward(handle._installed, module, _PolicyForward(
             module, module.__dict__.get("forward"), ctx,
             cast_inputs_to=torch.float32 if is_fp32 else None,
             restore_input_dtype=is_fp32 and policy.restore_input_dtype))
     if root_ctx is not None or policy.cast_outputs:
-        handle._install(model, _PolicyForward(
+        wrap_forward(handle._installed, model, _PolicyForward(
             model, model.__dict__.get("forward"), root_ctx,
             cast_outputs_to=torch.float32 if policy.cast_outputs else None))
     model._mixprec_policy = handle  # type: ignore[assignment]

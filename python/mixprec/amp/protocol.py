@@ -1,25 +1,12 @@
 """The scaler <-> optimizer protocol of :class:`mixprec.GradScaler`.
 
-How :meth:`GradScaler.step <mixprec.GradScaler.step>` hands an optimizer that
-skips its own step on the device (``_step_supports_amp_scaling``) the scalars
-of the iteration -- ``grad_scale`` (the scale the gradients still carry),
-``found_inf`` (0-dim float32, non-zero: skip) and ``clip_coef`` (a clip folded
-into the step by :meth:`~mixprec.GradScaler.clip_grad_norm_`):
-
-* **mixprec's optimizers** (:class:`mixprec.optim.FusedOptimizer`: Adam, AdamW,
-  SGD) are called as ``optimizer.step(grad_scale=..., found_inf=...,
-  clip_coef=...)``, as the C++ ``FusedOptimizer::step_with`` is. Nothing is set
-  on the optimizer (:func:`step_direct`).
-* **other optimizers** that set ``_step_supports_amp_scaling`` (torch's
-  ``fused=True`` ones) get torch's protocol: the scaler sets
-  ``optimizer.grad_scale`` and ``optimizer.found_inf`` for the duration of the
-  call and deletes them afterwards (:func:`step_with_attributes`).
-
-It also holds what mixprec keeps per optimizer and iteration besides torch's
-``stage`` and ``found_inf_per_device``: one :class:`OptimizerRecord`, stored
-in ``GradScaler._per_optimizer_states[id(optimizer)]`` under :data:`RECORD_KEY`
-(so that ``update()`` resets it with torch's state), and the
-:class:`IterationRecord` that ``update()`` keeps of the iteration it closed.
+How :meth:`GradScaler.step <mixprec.GradScaler.step>` hands an optimizer that skips its own step on
+the device (``_step_supports_amp_scaling``) its :class:`StepScalars`: mixprec's optimizers as
+arguments, as the C++ ``FusedOptimizer::step_with`` (:func:`step_direct`); others (torch's
+``fused=True`` ones) as attributes set for the call (:func:`step_with_attributes`).
+Besides torch's ``stage`` and ``found_inf_per_device``, mixprec keeps an :class:`OptimizerRecord`
+per optimizer and iteration (under :data:`RECORD_KEY` in ``GradScaler._per_optimizer_states``, so
+``update()`` resets it with torch's state) and an :class:`IterationRecord` of the last iteration.
 """
 
 from __future__ import annotations
@@ -32,32 +19,20 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
-__all__ = [
-    "RECORD_KEY",
-    "OptimizerRecord",
-    "IterationRecord",
-    "StepScalars",
-    "step_amp_aware",
-    "step_scalars",
-    "step_direct",
-    "step_with_attributes",
-    "any_found",
-]
+__all__ = ["RECORD_KEY", "OptimizerRecord", "IterationRecord", "StepScalars", "step_amp_aware",
+           "step_scalars", "step_direct", "step_with_attributes", "any_found"]
 
 
 @dataclass(frozen=True)
 class StepScalars:
-    """The scalars a scaler hands one optimizer step, which the fused optimizer ops take as
-    their ``grad_scale``/``found_inf``/``clip_coef`` arguments (all optional, all left on
-    the device: no sync). The optimizers (:mod:`mixprec.optim`) import it from here, the
-    protocol they implement the other side of; C++ has its twin,
-    ``mixprec::optim::StepScalars``, with the same field names.
+    """The scalars a scaler hands one optimizer step: the fused optimizer ops'
+    ``grad_scale``/``found_inf``/``clip_coef`` arguments, left on the device (no sync). The C++
+    twin is ``mixprec::optim::StepScalars``, with the same fields.
 
     Attributes:
-        grad_scale: the loss scale the grads still carry (float32, one element), or
-            ``None`` when they are unscaled.
-        found_inf: 1.0 when a grad held inf/NaN: the step is skipped (a float32
-            one-element tensor; the int 0 where torch's attribute protocol passes one).
+        grad_scale: the loss scale the grads still carry (float32, one element), or ``None``.
+        found_inf: 1.0 when a grad held inf/NaN: the step is skipped (a float32 one-element
+            tensor; the int 0 where torch's attribute protocol passes one).
         clip_coef: the folded clip's coefficient (float32, one element), or ``None``.
     """
 
@@ -76,13 +51,12 @@ class OptimizerRecord:
     """mixprec's part of one optimizer's state during one iteration.
 
     Attributes:
-        deferred_unscale: ``clip_grad_norm_`` folded its clip into the step, so
-            the gradients still carry the scale (the stage is UNSCALED, but
-            the optimizer unscales them in its kernel: it gets ``grad_scale``).
-        clip_coef: the folded clip coefficient (0-dim float32 on the scale's
-            device; the product of all folded clips of the iteration), or None.
-        host_found_inf: whether :meth:`~mixprec.GradScaler.step` found inf/NaN,
-            when it had to sync to decide (ordinary optimizers); else None.
+        deferred_unscale: ``clip_grad_norm_`` folded its clip into the step: the stage is
+            UNSCALED but the grads still carry the scale (the optimizer gets ``grad_scale``).
+        clip_coef: the product of the iteration's folded clips (0-dim float32 on the scale's
+            device), or None.
+        host_found_inf: whether :meth:`~mixprec.GradScaler.step` found inf/NaN, when it
+            synced to decide (ordinary optimizers); else None.
     """
 
     deferred_unscale: bool = False
@@ -119,11 +93,10 @@ class IterationRecord:
     """What :meth:`~mixprec.GradScaler.update` keeps of the iteration it closed.
 
     Attributes:
-        states: the per-optimizer states of that iteration, by ``id(optimizer)``
-            (their inf flags are the source of ``found_inf()`` after ``update()``).
-        skipped: whether the iteration found inf/NaN when the host knew it without a
-            sync (every checked optimizer went through a host-synced ``step()``), else
-            None (``step_was_skipped`` then reads the flags).
+        states: its per-optimizer states by ``id(optimizer)`` (``found_inf()`` reads them).
+        skipped: whether it found inf/NaN, where the host knew without a sync (every checked
+            optimizer went through a host-synced ``step()``), else None (``step_was_skipped``
+            then reads the flags).
     """
 
     states: dict[int, dict[str, Any]]
@@ -131,10 +104,8 @@ class IterationRecord:
 
 
 def any_found(flags: Iterable[Tensor], home: torch.device) -> Tensor:
-    """``1.0`` if any of the inf ``flags`` is set, else ``0.0``: 0-dim float32 on ``home``.
-
-    A fresh tensor (never one of the flags). No host sync.
-    """
+    """``1.0`` if any of the inf ``flags`` is set, else ``0.0``: a fresh 0-dim float32 tensor
+    on ``home``. No host sync."""
     moved = [f.to(home, non_blocking=True) for f in flags]
     if not moved:
         return torch.zeros((), dtype=torch.float32, device=home)
@@ -143,10 +114,8 @@ def any_found(flags: Iterable[Tensor], home: torch.device) -> Tensor:
 
 def close_iteration(states: dict[int, dict[str, Any]], found: Optional[Tensor]) -> IterationRecord:
     """The record ``update()`` keeps of the iteration whose per-optimizer ``states`` it closes.
-
-    ``found`` is the iteration's summed flag (None: no check ran, not skipped).
-    ``skipped`` is filled in when it is known without a sync: every checked
-    optimizer went through a host-synced ``step()``.
+    ``found``: the iteration's summed flag (None: no check ran, not skipped). ``skipped`` is
+    filled in when known without a sync (every checked optimizer had a host-synced ``step()``).
     """
     states = dict(states)
     skipped: Optional[bool] = None
@@ -160,18 +129,11 @@ def close_iteration(states: dict[int, dict[str, Any]], found: Optional[Tensor]) 
     return IterationRecord(states, skipped)
 
 
-def found_inf(
-    current: dict[int, dict[str, Any]],
-    last: Optional[IterationRecord],
-    optimizer: Optional[torch.optim.Optimizer],
-    home: torch.device,
-) -> Tensor:
-    """The body of :meth:`mixprec.GradScaler.found_inf` (see there). No host sync.
-
-    ``current``: the scaler's per-optimizer states; ``last``: the record of the
-    last completed iteration, answered from while no optimizer of the current
-    one has been checked.
-    """
+def found_inf(current: dict[int, dict[str, Any]], last: Optional[IterationRecord],
+              optimizer: Optional[torch.optim.Optimizer], home: torch.device) -> Tensor:
+    """The body of :meth:`mixprec.GradScaler.found_inf`. ``current``: the scaler's per-optimizer
+    states; ``last``: the last completed iteration's record, answered from while no optimizer of
+    the current one has been checked. No host sync."""
     checked = {k: s for k, s in current.items() if was_checked(s)}
     if checked or last is None:
         states, window, skipped = checked, "in this iteration", None
@@ -179,22 +141,18 @@ def found_inf(
         states, window, skipped = last.states, "in the last iteration", last.skipped
     if optimizer is None:
         if not states and last is None:
-            raise RuntimeError(
-                "GradScaler.found_inf(): no inf check has run yet; call it after step(), "
-                "unscale_() or clip_grad_norm_(), or after update()."
-            )
+            raise RuntimeError("GradScaler.found_inf(): no inf check has run yet; call it after "
+                               "step(), unscale_() or clip_grad_norm_(), or after update().")
         if skipped is not None:
             return torch.full((), float(skipped), dtype=torch.float32, device=home)
-        return any_found(
-            (f for s in states.values() for f in s["found_inf_per_device"].values()), home
-        )
+        return any_found((f for s in states.values() for f in s["found_inf_per_device"].values()),
+                         home)
     state = states.get(id(optimizer))
     if state is None:
-        raise RuntimeError(
-            f"GradScaler.found_inf(): this {type(optimizer).__name__} had no inf check "
-            f"{window}; call found_inf(optimizer) after step(), unscale_() or "
-            "clip_grad_norm_() of it (or after update(), for the iteration update() closed)."
-        )
+        raise RuntimeError(f"GradScaler.found_inf(): this {type(optimizer).__name__} had no inf "
+                           f"check {window}; call found_inf(optimizer) after step(), unscale_() or "
+                           "clip_grad_norm_() of it (or after update(), for the iteration update() "
+                           "closed).")
     return any_found(state["found_inf_per_device"].values(), home)
 
 
@@ -202,51 +160,37 @@ def legacy_step(optimizer: torch.optim.Optimizer, grad_scaler: Any, state: dict[
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """torch's deprecated protocol: an amp-aware ``optimizer.step`` with a ``grad_scaler``
     parameter gets the scaler itself (with torch's FutureWarning); marks it STEPPED."""
-    warnings.warn(
-        "GradScaler is going to stop passing itself as a keyword argument to the passed "
-        "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
-        "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
-        "directly.",
-        FutureWarning,
-        stacklevel=4,
-    )
+    warnings.warn("GradScaler is going to stop passing itself as a keyword argument to the passed "
+                  "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
+                  "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
+                  "directly.", FutureWarning, stacklevel=4)
     kwargs["grad_scaler"] = grad_scaler
     retval = optimizer.step(*args, **kwargs)
     state["stage"] = OptState.STEPPED
     return retval
 
 
-def step_amp_aware(
-    optimizer: torch.optim.Optimizer,
-    state: dict[str, Any],
-    scale: Tensor,
-    direct: bool,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
+def step_amp_aware(optimizer: torch.optim.Optimizer, state: dict[str, Any], scale: Tensor,
+                   direct: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """:meth:`GradScaler.step <mixprec.GradScaler.step>` of an optimizer with
-    ``_step_supports_amp_scaling`` whose inf check has run (``state`` past READY; ``scale``
-    the scaler's scale; ``direct``: it takes the scalars as arguments,
-    :data:`mixprec.amp.capability.SCALARS`): step it with the scalars, mark it STEPPED.
-    No host sync.
-    """
+    ``_step_supports_amp_scaling`` whose inf check has run (``state`` past READY; ``direct``: it
+    takes the scalars as arguments, :data:`mixprec.amp.capability.SCALARS`): step it with the
+    scalars, mark it STEPPED. No host sync."""
     scalars = step_scalars(optimizer, state, scale, direct)
     retval = (step_direct if direct else step_with_attributes)(optimizer, scalars, args, kwargs)
     state["stage"] = OptState.STEPPED
     return retval
 
 
-def step_scalars(
-    optimizer: torch.optim.Optimizer, state: dict[str, Any], scale: Tensor, direct: bool
-) -> StepScalars:
+def step_scalars(optimizer: torch.optim.Optimizer, state: dict[str, Any], scale: Tensor,
+                 direct: bool) -> StepScalars:
     """The scalars of ``optimizer``'s step, from its per-optimizer ``state``. No host sync.
 
-    ``grad_scale`` is the scale, or None when ``unscale_`` already ran (and was
-    not a folded clip); a ``grad_scale``/``clip_coef`` the user set on the
-    optimizer beforehand is multiplied in, as torch does for ``grad_scale``.
-    ``found_inf`` is the sum of the per-device flags on the scale's device;
-    when the optimizer has no gradients, a zero tensor for the ``direct``
-    protocol and the int 0 for the attribute one (as torch passes it).
+    ``grad_scale`` is the scale, or None when ``unscale_`` already ran (and was not a folded clip);
+    a ``grad_scale``/``clip_coef`` the user set on the optimizer beforehand is multiplied in, as
+    torch does for ``grad_scale``. ``found_inf`` is the sum of the per-device flags on the scale's
+    device; when the optimizer has no gradients, a zero tensor for the ``direct`` protocol and the
+    int 0 for the attribute one (as torch passes it).
     """
     flags = [f.to(scale.device, non_blocking=True)
              for f in state["found_inf_per_device"].values()]
@@ -270,30 +214,17 @@ def step_scalars(
     return StepScalars(grad_scale, found_inf, clip_coef)
 
 
-def step_direct(
-    optimizer: torch.optim.Optimizer,
-    scalars: StepScalars,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    """``optimizer.step(*args, grad_scale=, found_inf=, clip_coef=, **kwargs)``: mixprec's protocol.
-
-    Keyword arguments the caller passed to ``scaler.step`` win over the scaler's.
-    """
+def step_direct(optimizer: torch.optim.Optimizer, scalars: StepScalars, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+    """``optimizer.step(*args, grad_scale=, found_inf=, clip_coef=, **kwargs)``: mixprec's protocol
+    (keyword arguments passed to ``scaler.step`` win over the scaler's)."""
     return optimizer.step(*args, **{**vars(scalars), **kwargs})
 
 
-def step_with_attributes(
-    optimizer: torch.optim.Optimizer,
-    scalars: StepScalars,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    """torch's protocol: set ``optimizer.grad_scale``/``found_inf``, step, delete them.
-
-    For optimizers other than mixprec's that declare ``_step_supports_amp_scaling``.
-    The attributes are deleted even when ``step`` raises.
-    """
+def step_with_attributes(optimizer: torch.optim.Optimizer, scalars: StepScalars,
+                         args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """torch's protocol, for optimizers other than mixprec's: set ``optimizer.grad_scale`` and
+    ``found_inf``, step, delete them (also when ``step`` raises)."""
     optimizer.grad_scale = scalars.grad_scale  # type: ignore[attr-defined]
     optimizer.found_inf = scalars.found_inf  # type: ignore[attr-defined]
     try:

@@ -1,27 +1,15 @@
 """Lightning precision plugins under which mixprec's optimizers clip gradients.
 
-Lightning refuses ``gradient_clip_val`` for every optimizer that declares
-``_step_supports_amp_scaling`` (it takes the grads still carry the loss scale), even
-under ``bf16-mixed``, where there is no scaler. mixprec's optimizers declare it: they
-unscale in their fused step and skip an overflow step on the device. The plugins here
-clip the **unscaled** gradients instead of refusing:
-
-* under ``16-mixed``, with :class:`mixprec.GradScaler` (the default), by
-  :meth:`mixprec.GradScaler.clip_grad_norm_`: one read-only pass gives the inf flag and
-  the norm of the unscaled grads, and for mixprec's optimizers the unscale and the clip
-  are folded into the fused step (``param.grad`` stays as backward left it); no host
-  sync. With ``gradient_clip_algorithm="value"`` (or with torch's own scaler) the grads
-  are unscaled in place first (``scaler.unscale_``) and clipped as torch does;
-* without a scaler (``bf16-mixed``, ``bf16-true``, ``16-true``) the grads are not scaled
-  and are clipped in place as Lightning's own plugins clip them.
-
-One line, in place of ``precision="..."``::
+Lightning refuses ``gradient_clip_val`` for every optimizer declaring
+``_step_supports_amp_scaling`` (as mixprec's do: they unscale in their fused step), even under
+``bf16-mixed``, which has no scaler. These plugins clip the **unscaled** gradients instead
+(:func:`clip_unscaled`). One line, in place of ``precision="..."``::
 
     trainer = L.Trainer(plugins=[precision_plugin("bf16-mixed")], gradient_clip_val=1.0)
 
-The classes keep the names (and so the checkpoint keys) of the Lightning plugins they
-extend, so a checkpoint written with Lightning's ``MixedPrecision`` resumes under this
-one and back. Importing this module imports Lightning; ``import mixprec`` does not.
+The classes keep the names (and so the checkpoint keys) of the Lightning plugins they extend:
+a checkpoint written with Lightning's ``MixedPrecision`` resumes under this one and back.
+Importing this module imports Lightning; ``import mixprec`` does not.
 """
 
 from __future__ import annotations
@@ -44,44 +32,30 @@ __all__ = ["MixedPrecision", "HalfPrecision", "precision_plugin", "clip_unscaled
 PRECISIONS = ("16-mixed", "bf16-mixed", "bf16-true", "16-true")
 
 
-def _default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _params(optimizer: Optimizer) -> list[Tensor]:
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def clip_unscaled(
-    optimizer: Optimizer,
-    clip_val: Union[int, float],
-    algorithm: Union[GradClipAlgorithmType, str],
-    scaler: Optional[torch.amp.GradScaler],
-) -> Optional[Tensor]:
-    """Clip ``optimizer``'s gradients as they are after unscaling, at the point where
-    Lightning clips (after the backward closure, before ``scaler.step``).
+def clip_unscaled(optimizer: Optimizer, clip_val: Union[int, float],
+                  algorithm: Union[GradClipAlgorithmType, str],
+                  scaler: Optional[torch.amp.GradScaler]) -> Optional[Tensor]:
+    """Clip ``optimizer``'s gradients as they are after unscaling, where Lightning clips
+    (after the backward closure, before ``scaler.step``).
 
     Args:
         optimizer: its ``param_groups`` give the parameters.
-        clip_val: the max norm (``"norm"``) or max absolute value (``"value"``);
-            ``<= 0``: nothing is done.
+        clip_val: the max norm (``"norm"``) or max absolute value (``"value"``); ``<= 0``:
+            nothing is done.
         algorithm: ``"norm"`` (2-norm over all the optimizer's grads) or ``"value"``.
         scaler: the plugin's scaler, or None (the grads carry no scale).
 
-    Returns:
-        For ``"norm"`` the total norm before clipping (a 0-dim tensor, not read on the
-        host), else None.
-
-    With an enabled :class:`mixprec.GradScaler` and ``"norm"``:
-    ``scaler.clip_grad_norm_(optimizer, clip_val)`` (folded into the step of mixprec's
-    optimizers). With another enabled scaler, or ``"value"``: ``scaler.unscale_`` for an
-    optimizer that unscales in its step (Lightning has already unscaled the grads of
-    the others), then torch's in-place clip.
+    Returns the total norm before clipping for ``"norm"`` (a 0-dim tensor, not read on the
+    host), else None. With an enabled :class:`mixprec.GradScaler` and ``"norm"``:
+    ``scaler.clip_grad_norm_`` (one read-only pass, unscale and clip folded into the step of
+    mixprec's optimizers, ``param.grad`` untouched, no host sync). With another enabled scaler
+    or ``"value"``: ``scaler.unscale_`` for an optimizer that unscales in its step, then torch's
+    in-place clip. Without a scaler: torch's in-place clip, as Lightning's plugins.
     """
     if clip_val <= 0:
         return None
-    algorithm = GradClipAlgorithmType(algorithm)
-    norm = algorithm == GradClipAlgorithmType.NORM
+    norm = GradClipAlgorithmType(algorithm) == GradClipAlgorithmType.NORM
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     if scaler is not None and scaler.is_enabled():
         if norm and isinstance(scaler, GradScaler):
             return scaler.clip_grad_norm_(optimizer, float(clip_val))
@@ -89,8 +63,8 @@ def clip_unscaled(
             # (Lightning's MixedPrecision unscaled the grads of every other optimizer)
             scaler.unscale_(optimizer)
     if norm:
-        return torch.nn.utils.clip_grad_norm_(_params(optimizer), clip_val)
-    torch.nn.utils.clip_grad_value_(_params(optimizer), clip_value=clip_val)
+        return torch.nn.utils.clip_grad_norm_(params, clip_val)
+    torch.nn.utils.clip_grad_value_(params, clip_value=clip_val)
     return None
 
 
@@ -100,14 +74,10 @@ class _ClipsUnscaled:
 
     grad_norm: Optional[Tensor] = None
 
-    def clip_gradients(
-        self,
-        optimizer: Optimizer,
-        clip_val: Union[int, float] = 0.0,
-        gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM,
-    ) -> None:
-        """Clip the unscaled gradients (:func:`clip_unscaled`) instead of refusing
-        optimizers that unscale in their step."""
+    def clip_gradients(self, optimizer: Optimizer, clip_val: Union[int, float] = 0.0,
+                       gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM
+                       ) -> None:
+        """Clip the unscaled gradients (:func:`clip_unscaled`); never refuses."""
         norm = clip_unscaled(optimizer, clip_val, gradient_clip_algorithm,
                              getattr(self, "scaler", None))
         if norm is not None:
@@ -122,28 +92,22 @@ class MixedPrecision(_ClipsUnscaled, _LightningMixedPrecision):
 
     Args:
         precision: ``"16-mixed"`` (float16 autocast, loss scaling) or ``"bf16-mixed"``.
-        device: the autocast device type; None: ``"cuda"`` when CUDA is available,
-            else ``"cpu"``.
+        device: the autocast device type; None: ``"cuda"`` when CUDA is available, else ``"cpu"``.
         scaler: for ``16-mixed``, the scaler to use (None: ``mixprec.GradScaler(device)``;
             torch's works too, without the folded clip). Must be None for ``bf16-mixed``.
 
     Attributes:
-        grad_norm: the total grad norm the last norm clip measured (0-dim tensor on the
-            device, not read on the host: log it, e.g. ``self.log("grad_norm", ...)``),
-            or None.
+        grad_norm: the total grad norm the last norm clip measured (0-dim tensor on the device, not
+            read on the host: log it, e.g. ``self.log("grad_norm", ...)``), or None.
     """
 
-    def __init__(
-        self,
-        precision: Literal["16-mixed", "bf16-mixed"],
-        device: Optional[str] = None,
-        scaler: Optional[torch.amp.GradScaler] = None,
-    ) -> None:
-        device = _default_device() if device is None else device
+    def __init__(self, precision: Literal["16-mixed", "bf16-mixed"], device: Optional[str] = None,
+                 scaler: Optional[torch.amp.GradScaler] = None) -> None:
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         if scaler is None and precision == "16-mixed":
             scaler = GradScaler(device)
         super().__init__(precision, device, scaler)
-        self.grad_norm: Optional[Tensor] = None
 
 
 class HalfPrecision(_ClipsUnscaled, _LightningHalfPrecision):
@@ -154,20 +118,15 @@ class HalfPrecision(_ClipsUnscaled, _LightningHalfPrecision):
 
     def __init__(self, precision: Literal["bf16-true", "16-true"] = "bf16-true") -> None:
         super().__init__(precision)
-        self.grad_norm: Optional[Tensor] = None
 
 
-def precision_plugin(
-    precision: str,
-    device: Optional[str] = None,
-    scaler: Optional[torch.amp.GradScaler] = None,
-) -> Precision:
+def precision_plugin(precision: str, device: Optional[str] = None,
+                     scaler: Optional[torch.amp.GradScaler] = None) -> Precision:
     """The plugin to pass as ``L.Trainer(plugins=[...])`` in place of ``precision=...``.
 
     Args:
-        precision: Lightning's string: ``"16-mixed"``, ``"bf16-mixed"`` (a
-            :class:`MixedPrecision`), ``"bf16-true"`` or ``"16-true"`` (a
-            :class:`HalfPrecision`).
+        precision: Lightning's string: ``"16-mixed"``, ``"bf16-mixed"`` (a :class:`MixedPrecision`),
+            ``"bf16-true"`` or ``"16-true"`` (a :class:`HalfPrecision`).
         device: autocast device type of the mixed ones (None: CUDA if available, else CPU).
         scaler: the scaler of ``16-mixed`` (None: ``mixprec.GradScaler(device)``).
 
@@ -182,13 +141,11 @@ def precision_plugin(
                         f"{scaler!r}")
     if device is not None:
         check_device(device, "precision_plugin")
+    if scaler is not None and precision in PRECISIONS and precision != "16-mixed":
+        raise ValueError(f"precision_plugin({precision!r}) takes no scaler")
     if precision in ("16-mixed", "bf16-mixed"):
-        if scaler is not None and precision != "16-mixed":
-            raise ValueError(f"precision_plugin({precision!r}) takes no scaler")
         return MixedPrecision(precision, device, scaler)  # type: ignore[arg-type]
     if precision in ("bf16-true", "16-true"):
-        if scaler is not None:
-            raise ValueError(f"precision_plugin({precision!r}) takes no scaler")
         return HalfPrecision(precision)  # type: ignore[arg-type]
     raise ValueError(f"precision_plugin: precision must be one of {PRECISIONS}, "
                      f"got {precision!r}")

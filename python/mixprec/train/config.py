@@ -1,9 +1,8 @@
 """``MixedPrecisionConfig``: everything :class:`mixprec.MixedPrecisionTrainer` needs to know.
 
-A validated dataclass (every error names the field and what was expected),
-three scale presets, two enums, and a plain-dict form (``to_dict`` /
-``from_dict``) made of str/int/float/bool/None/list only, so that it round-trips
-through ``torch.save`` / ``torch.load(weights_only=True)``.
+A validated dataclass (every error names the field and what was expected), three scale presets, two
+enums, and a plain-dict form (``to_dict`` / ``from_dict``) made of str/int/float/bool/None/list
+only, so that it round-trips through ``torch.save`` / ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -29,18 +28,15 @@ NAME_PREC: dict[str, Optional[torch.dtype]] = {v: k for k, v in PREC_NAME.items(
 class MixedPrecisionMode(str, Enum):
     """How the trainer applies low precision.
 
-    * ``AUTOMATIC`` -- float32 params, forward under autocast with the default
-      policy (norms/losses in float32); a mixprec GradScaler scales the loss
-      for float16; for bfloat16 no loss scaling, but non-finite steps are
-      still detected and skipped.
-    * ``MANUAL`` -- params (except float32-policy modules such as norms)
-      converted to float16/bfloat16, no autocast; a mixprec master-weight
-      optimizer keeps float32 copies; the loss is computed in float32.
-    * ``SELECTIVE`` -- float32 params; only ``selective_layers`` run in low
-      precision, everything else in float32.
-    * ``ADAPTIVE`` -- like AUTOMATIC, and reacts to overflows (promotes the
-      offending modules to bfloat16 or float32) and to memory pressure
-      (turns low precision on); decisions are logged and saved.
+    * ``AUTOMATIC`` -- float32 params, forward under autocast with the default policy (norms/losses
+      in float32); a mixprec GradScaler scales the loss for float16; for bfloat16 no loss scaling,
+      but non-finite steps are still detected and skipped.
+    * ``MANUAL`` -- params (except float32-policy modules such as norms) converted to
+      float16/bfloat16, no autocast; a mixprec master-weight optimizer keeps float32 copies; the
+      loss is computed in float32.
+    * ``SELECTIVE`` -- float32 params; only ``selective_layers`` run in low precision.
+    * ``ADAPTIVE`` -- like AUTOMATIC, and reacts to overflows (promotes the offending modules to
+      bfloat16 or float32) and to memory pressure (turns low precision on); decisions are logged.
     * ``GRADIENT_SCALING`` -- float32 compute, dynamic loss scaling only.
     """
 
@@ -56,18 +52,15 @@ class PrecisionLevel(str, Enum):
 
     * ``FP16`` -- float16 (loss scaling on by default).
     * ``BF16`` -- bfloat16 (no loss scaling by default).
-    * ``FP32`` -- no low precision (ADAPTIVE may still switch it on under
-      memory pressure).
-    * ``MIXED`` -- the device's preferred 16-bit type: bfloat16 where
-      supported, else float16 with loss scaling, else float32 (``"auto"``).
-    * ``DYNAMIC`` -- like ``MIXED`` at start, and the precision may change per
-      module while training (what ADAPTIVE does); in the other modes it is
-      the same as ``MIXED``.
+    * ``FP32`` -- no low precision (ADAPTIVE may still switch it on under memory pressure).
+    * ``MIXED`` -- the device's preferred 16-bit type: bfloat16 where supported, else float16 with
+      loss scaling, else float32 (``"auto"``).
+    * ``DYNAMIC`` -- like ``MIXED`` at start, and the precision may change per module while training
+      (what ADAPTIVE does); in the other modes it is the same as ``MIXED``.
     * ``FP8`` -- the eligible ``nn.Linear`` layers computed in float8 by torchao
-      (``torchao.float8.convert_to_float8_training``, recipe ``fp8_recipe``), the rest
-      of the model in bfloat16 autocast; AUTOMATIC (float32 params) and MANUAL
-      (bfloat16 params, float32 masters) only. Needs torchao
-      (``pip install "mixprec[fp8]"``); see ``docs/fp8.md``.
+      (``torchao.float8.convert_to_float8_training``, recipe ``fp8_recipe``), the rest of the model
+      in bfloat16 autocast; AUTOMATIC (float32 params) and MANUAL (bfloat16 params, float32 masters)
+      only. Needs torchao (``pip install "mixprec[fp8]"``); see ``docs/fp8.md``.
     """
 
     FP16 = "fp16"
@@ -89,19 +82,16 @@ FP8_MODES: tuple[MixedPrecisionMode, ...] = (MixedPrecisionMode.AUTOMATIC,
 class HandlingAction(str, Enum):
     """What the trainer does when it sees NaN / overflow / underflow events.
 
-    Whether a non-finite step is *skipped* is decided by ``gradient_scaling``
-    (on the device, every step); these actions decide what is reported, and
-    are applied at log steps (every ``logging_frequency`` optimizer steps, the
-    only points where the trainer reads counters back), for the events of the
-    steps since the previous log step:
+    Whether a non-finite step is *skipped* is decided by ``gradient_scaling`` (on the device, every
+    step); these actions decide what is reported, and are applied at log steps (every
+    ``logging_frequency`` optimizer steps, the only points where the trainer reads counters back),
+    for the events of the steps since the previous log step:
 
-    * ``SKIP`` -- nothing beyond the skip itself and the counters (default
-      for NaN and overflow: with dynamic loss scaling occasional overflows
-      are normal).
+    * ``SKIP`` -- nothing beyond the skip itself and the counters (default for NaN and overflow:
+      with dynamic loss scaling occasional overflows are normal).
     * ``WARN`` -- log a warning on logger ``mixprec.trainer``.
     * ``RAISE`` -- raise ``FloatingPointError``.
-    * ``IGNORE`` -- same as ``SKIP`` (only counted); kept as a separate name
-      for configs that want to say so.
+    * ``IGNORE`` -- same as ``SKIP`` (only counted), for configs that want to say so.
     """
 
     SKIP = "skip"
@@ -126,66 +116,54 @@ class MixedPrecisionConfig:
     """Configuration of :class:`mixprec.MixedPrecisionTrainer`.
 
     Attributes:
-        enabled: ``False`` turns every mixed-precision feature off (plain
-            float32 training through the same trainer).
+        enabled: ``False`` turns every mixed-precision feature off (plain float32 training).
         mode: a :class:`MixedPrecisionMode` (or its name).
         precision_level: a :class:`PrecisionLevel` (or its name).
-        gradient_scaling: unscale/check gradients through the GradScaler and
-            skip non-finite steps (on the device). Required by ``loss_scaling``.
-        loss_scaling: multiply the loss by the scale. ``None`` (default): on
-            exactly when the compute dtype is float16 or the mode is
-            GRADIENT_SCALING.
-        dynamic_loss_scaling: let the scale grow/back off; ``False`` keeps it
-            at ``initial_scale``.
+        gradient_scaling: unscale/check gradients through the GradScaler and skip non-finite
+            steps (on the device). Required by ``loss_scaling``.
+        loss_scaling: multiply the loss by the scale. ``None`` (default): on exactly when the
+            compute dtype is float16 or the mode is GRADIENT_SCALING.
+        dynamic_loss_scaling: let the scale grow/back off; ``False`` keeps it at ``initial_scale``.
         initial_scale: starting scale (> 0).
         scale_factor: growth factor (> 1).
         scale_window: clean steps between growths (torch's ``growth_interval``).
         backoff_factor: multiplier on overflow, in (0, 1).
-        min_scale, max_scale: scale bounds (``None``: unbounded); ADAPTIVE also
-            treats reaching ``min_scale`` as a reason to promote.
+        min_scale, max_scale: scale bounds (``None``: unbounded); ADAPTIVE also treats reaching
+            ``min_scale`` as a reason to promote.
         hysteresis: overflows tolerated before a backoff (1 = torch).
-        overflow_threshold: ADAPTIVE: fraction of the optimizer steps of an
-            evaluation window (``logging_frequency`` steps) that overflowed
-            above which the overflowing modules are promoted. In [0, 1].
-        underflow_threshold: fraction of nonzero scaled gradient elements that
-            would flush to zero in the compute dtype above which a step reports
-            ``underflow_detected``. In [0, 1].
-        adaptive_threshold: ADAPTIVE: fraction of device memory (CUDA: allocated
-            / total; CPU: resident set / physical RAM) above which low
-            precision is turned on. In (0, 1].
-        memory_efficiency: free gradients between optimizer steps
-            (``zero_grad(set_to_none=True)``) instead of zero-filling them.
-        performance_monitoring: compute the per-step gradient norm (when not
-            clipping) and underflow check, and a saved-activation memory
-            estimate; all on the device, no host sync.
-        nan_handling, overflow_handling, underflow_handling: a
-            :class:`HandlingAction` (or its name), applied at log steps.
-        selective_layers: SELECTIVE: module specs that run in low precision:
-            glob patterns over qualified names (``"features.*"``) or class names
-            (``"Conv2d"``). Required (non-empty) in SELECTIVE mode.
-        logging_frequency: optimizer steps between log lines (and ADAPTIVE
-            evaluations); each costs one host sync. >= 1.
+        overflow_threshold: ADAPTIVE: fraction of the steps of an evaluation window
+            (``logging_frequency`` steps) that overflowed above which the overflowing modules
+            are promoted. In [0, 1].
+        underflow_threshold: fraction of nonzero scaled gradient elements that would flush to zero
+            in the compute dtype above which a step reports ``underflow_detected``. In [0, 1].
+        adaptive_threshold: ADAPTIVE: fraction of device memory (CUDA: allocated / total; CPU:
+            resident set / physical RAM) above which low precision is turned on. In (0, 1].
+        memory_efficiency: free gradients between steps (``zero_grad(set_to_none=True)``).
+        performance_monitoring: compute the per-step gradient norm (when not clipping) and underflow
+            check, and a saved-activation memory estimate; all on the device, no host sync.
+        nan_handling, overflow_handling, underflow_handling: a :class:`HandlingAction` (or its
+            name), applied at log steps.
+        selective_layers: SELECTIVE (required, non-empty): module specs that run in low
+            precision: globs over qualified names (``"features.*"``) or class names (``"Conv2d"``).
+        logging_frequency: optimizer steps between log lines (and ADAPTIVE evaluations); each
+            costs one host sync. >= 1.
         master_weights: MANUAL: keep float32 master weights in the optimizer.
-        optimizer_state_bits: MANUAL: 32 (default) or 8: the moments of the mixprec
-            Adam/AdamW the mode swaps in are kept in 8 bits (``state_bits=8``; SGD
-            keeps 32-bit momentum).
-        max_grad_norm: clip the gradient norm to this (fused with the unscale);
-            ``None`` or 0: no clipping.
+        optimizer_state_bits: MANUAL: 32 (default) or 8: the moments of the mixprec Adam/AdamW the
+            mode swaps in are kept in 8 bits (``state_bits=8``; SGD keeps 32-bit momentum).
+        max_grad_norm: clip the gradient norm to this (fused with the unscale); ``None`` or 0: no
+            clipping.
         gradient_accumulation_steps: micro-batches per optimizer step (>= 1).
         fp8_recipe: FP8 level: torchao's scaling recipe, ``"tensorwise"`` (default),
             ``"rowwise"`` or ``"rowwise_with_gw_hp"`` (see ``docs/fp8.md``).
-        fp8_keep_first_last: FP8 level: keep the first and the last eligible
-            ``nn.Linear`` (in ``named_modules`` order) in bfloat16, as torchao and
-            torchtitan advise. Ignored when a ``fp8_module_filter`` is passed to the
-            trainer/manager.
+        fp8_keep_first_last: FP8 level: keep the first and the last eligible ``nn.Linear`` (in
+            ``named_modules`` order) in bfloat16, as torchao and torchtitan advise. Ignored when a
+            ``fp8_module_filter`` is passed to the trainer/manager.
         fp8_fsdp_all_gather: FP8 level: torchao's float8 all-gather under FSDP2
-            (``enable_fsdp_float8_all_gather``). Refused for now (``True`` raises):
-            unmeasured on GPU, and gloo (the CPU tests) cannot all-gather float8.
-        capture: run each training step through :func:`mixprec.capture_step` (one CUDA
-            graph per step, replayed; on CPU the same checks, eager): the trainer's
-            ``train_step`` and :meth:`MixedPrecisionManager.make_step`. Refused in
-            ADAPTIVE mode and with ``gradient_accumulation_steps > 1``; see
-            ``docs/trainer.md``.
+            (``enable_fsdp_float8_all_gather``). Refused for now (``True`` raises).
+        capture: run each training step through :func:`mixprec.capture_step` (one CUDA graph per
+            step, replayed; on CPU the same checks, eager): the trainer's ``train_step`` and
+            :meth:`MixedPrecisionManager.make_step`. Refused in ADAPTIVE mode and with
+            ``gradient_accumulation_steps > 1``; see ``docs/trainer.md``.
     """
 
     enabled: bool = True
@@ -225,20 +203,16 @@ class MixedPrecisionConfig:
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
-        """Check every field (also normalizes enum names to members).
-
-        Raises ``ValueError`` / ``TypeError`` naming the field.
-        """
+        """Check every field (and turn enum names into members); ``ValueError`` / ``TypeError``
+        naming the field."""
         self.mode = _enum(MixedPrecisionMode, "mode", self.mode)
         self.precision_level = _enum(PrecisionLevel, "precision_level", self.precision_level)
         for name in ("nan_handling", "overflow_handling", "underflow_handling"):
             setattr(self, name, _enum(HandlingAction, name, getattr(self, name)))
-        for name in ("enabled", "gradient_scaling", "dynamic_loss_scaling", "memory_efficiency",
-                     "performance_monitoring", "master_weights", "fp8_keep_first_last",
-                     "fp8_fsdp_all_gather", "capture"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(
-                    f"MixedPrecisionConfig.{name}: expected a bool, got {getattr(self, name)!r}")
+        for f in dataclasses.fields(self):
+            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
+                raise TypeError(f"MixedPrecisionConfig.{f.name}: expected a bool, got "
+                                f"{getattr(self, f.name)!r}")
         bits = self.optimizer_state_bits
         if bits not in (8, 32) or isinstance(bits, bool):
             raise ValueError(
@@ -368,6 +342,18 @@ class MixedPrecisionConfig:
         if unknown:
             raise ValueError(f"MixedPrecisionConfig.from_dict: unknown fields {unknown}")
         return cls(**data)
+
+
+def as_config(config: Any, who: str) -> MixedPrecisionConfig:
+    """``config`` validated (``None``: ``MixedPrecisionConfig()``); TypeError naming ``who``
+    for another type."""
+    if config is None:
+        return MixedPrecisionConfig()
+    if not isinstance(config, MixedPrecisionConfig):
+        raise TypeError(f"{who}: config must be a MixedPrecisionConfig, got "
+                        f"{type(config).__name__}")
+    config.validate()
+    return config
 
 
 #: Field values of the presets (every other field keeps its default).

@@ -1,25 +1,19 @@
 """The FP8 precision level: torchao's Float8 linears under mixprec's trainer and manager.
 
-``MixedPrecisionConfig(precision_level="fp8")`` converts the eligible ``nn.Linear`` layers
-of the model with ``torchao.float8.convert_to_float8_training`` (recipe
-``config.fp8_recipe``) and runs the rest of the model in bfloat16 autocast (AUTOMATIC) or
-with bfloat16 params and float32 masters (MANUAL). torchao is optional
-(``pip install "mixprec[fp8]"``); :func:`fp8_unavailable` says why the level cannot run.
+``MixedPrecisionConfig(precision_level="fp8")`` converts the eligible ``nn.Linear`` layers with
+``torchao.float8.convert_to_float8_training`` (recipe ``config.fp8_recipe``) and runs the rest of
+the model in bfloat16 autocast (AUTOMATIC) or with bfloat16 params and float32 masters (MANUAL).
+torchao is optional (``pip install "mixprec[fp8]"``); :func:`fp8_unavailable` says why not.
 
-Eligible: an ``nn.Linear`` (not already a ``Float8Linear``) whose ``in_features`` and
-``out_features`` are multiples of 16 (float8 GEMMs need it), and -- by default -- not the
-first or the last ``nn.Linear`` of the model (``named_modules`` order), which torchao and
-torchtitan advise keeping in high precision. A ``module_filter_fn(module, fqn) -> bool``
-replaces that first/last rule (the multiple-of-16 rule always holds).
+Eligible: an ``nn.Linear`` (not yet a ``Float8Linear``) with both dimensions multiples of 16
+(float8 GEMMs need it) and, by default, not the model's first or last ``nn.Linear``
+(``named_modules`` order), as torchao and torchtitan advise; a
+``module_filter_fn(module, fqn) -> bool`` replaces that first/last rule.
 
-Autocast. torchao's ``Float8Linear.forward`` casts its input to the *CUDA* autocast dtype
-(``torch.get_autocast_gpu_dtype()``) when CUDA autocast is on, and does nothing under CPU
-autocast: on the CPU the float8 matmul then sees float32 inputs whose product autocast turns
-to bfloat16, and the backward of ``rowwise_with_gw_hp`` (its high-precision weight
-gradient) fails on a bfloat16/float32 mismatch. :class:`Fp8Handle` therefore runs every
-converted linear with autocast off and its floating inputs cast to the compute dtype
-(bfloat16) -- on every device: on CUDA this is what torchao does itself under a bfloat16
-autocast, so the numbers do not change there.
+Autocast. torchao's ``Float8Linear.forward`` casts its input to the *CUDA* autocast dtype only;
+under CPU autocast the backward of ``rowwise_with_gw_hp`` fails on a bfloat16/float32 mismatch. So
+every converted linear runs with autocast off and its floating inputs cast to the compute dtype
+(bfloat16), on every device (on CUDA what torchao does itself: the same numbers).
 """
 
 from __future__ import annotations
@@ -32,6 +26,7 @@ from torch import Tensor, nn
 
 from .._dtensor import is_dtensor
 from ..amp.autocast import cast_floating
+from ..amp.module_policy import unwrap_forwards, wrap_forward
 
 __all__ = ["FP8_INSTALL", "fp8_unavailable", "fp8_available", "fp8_info", "require_torchao",
            "fp8_eligible", "default_module_filter", "convert_model", "float8_linears",
@@ -84,15 +79,12 @@ def require_torchao() -> Any:
     try:
         return importlib.import_module("torchao.float8")
     except ImportError as e:
-        raise ImportError(
-            f'MixedPrecisionConfig(precision_level="fp8") needs torchao, which is not '
-            f"installed or does not import ({e}): {FP8_INSTALL}"
-        ) from e
+        raise ImportError(f'MixedPrecisionConfig(precision_level="fp8") needs torchao, which is '
+                          f"not installed or does not import ({e}): {FP8_INSTALL}") from e
 
 
 def _is_float8_linear(module: nn.Module) -> bool:
-    return type(module).__name__ == "Float8Linear" or any(
-        c.__name__ == "Float8Linear" for c in type(module).__mro__)
+    return any(c.__name__ == "Float8Linear" for c in type(module).__mro__)
 
 
 def fp8_eligible(module: nn.Module) -> bool:
@@ -106,11 +98,7 @@ def default_module_filter(model: nn.Module, keep_first_last: bool = True) -> Mod
     ``keep_first_last``) the first and the last ``nn.Linear`` of the model."""
     linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     kept = {linears[0], linears[-1]} if keep_first_last and linears else set()
-
-    def keep(module: nn.Module, fqn: str) -> bool:
-        return fqn not in kept
-
-    return keep
+    return lambda module, fqn: fqn not in kept
 
 
 def float8_linears(model: nn.Module) -> list[str]:
@@ -118,12 +106,9 @@ def float8_linears(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if _is_float8_linear(m)]
 
 
-def convert_model(
-    model: nn.Module,
-    recipe: str = "tensorwise",
-    module_filter_fn: Optional[ModuleFilter] = None,
-    keep_first_last: bool = True,
-) -> list[str]:
+def convert_model(model: nn.Module, recipe: str = "tensorwise",
+                  module_filter_fn: Optional[ModuleFilter] = None,
+                  keep_first_last: bool = True) -> list[str]:
     """Convert ``model``'s eligible linears to torchao ``Float8Linear`` in place (what the
     FP8 level does at setup; call it yourself *before* ``fully_shard``); returns the names
     of the model's Float8 linears (converted now or before).
@@ -183,10 +168,7 @@ class _Fp8Forward:
 
     def __init__(self, module: nn.Module, prev: Optional[Callable[..., Any]],
                  dtype: torch.dtype, device_type: str) -> None:
-        self.module = module
-        self.prev = prev
-        self.dtype = dtype
-        self.device_type = device_type
+        self.module, self.prev, self.dtype, self.device_type = module, prev, dtype, device_type
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = cast_floating(args, self.dtype, only=_FLOATS)
@@ -200,34 +182,23 @@ class _Fp8Forward:
 class Fp8Handle:
     """The FP8 level on a model: its Float8 linears and their forward wrappers.
 
-    Attributes:
-        recipe: the torchao recipe name.
-        modules: qualified names of the Float8 linears.
-        dtype: the dtype their inputs (and outputs) are in (bfloat16).
+    Attributes: ``recipe`` (torchao's recipe name), ``modules`` (qualified names of the Float8
+    linears), ``dtype`` (the dtype of their inputs and outputs, bfloat16).
     """
 
     def __init__(self, model: nn.Module, recipe: str, dtype: torch.dtype, device_type: str,
                  module_filter_fn: Optional[ModuleFilter] = None,
                  keep_first_last: bool = True) -> None:
-        self.model = model
-        self.recipe = recipe
-        self.dtype = dtype
+        self.model, self.recipe, self.dtype = model, recipe, dtype
         self.modules = convert_model(model, recipe, module_filter_fn, keep_first_last)
         _refuse_float8_all_gather(model)
-        self._installed: list[tuple[nn.Module, bool, Any]] = []
+        self._installed: list[Any] = []
         by_name = dict(model.named_modules())
         for name in self.modules:
             m = by_name[name]
-            had = "forward" in m.__dict__
             prev = m.__dict__.get("forward")
-            self._installed.append((m, had, prev))
-            m.forward = _Fp8Forward(m, prev, dtype, device_type)  # type: ignore[method-assign]
+            wrap_forward(self._installed, m, _Fp8Forward(m, prev, dtype, device_type))
 
     def remove(self) -> None:
         """Take the forward wrappers off (the linears stay Float8; idempotent)."""
-        for m, had, prev in reversed(self._installed):
-            if had:
-                m.forward = prev  # type: ignore[method-assign]
-            else:
-                m.__dict__.pop("forward", None)
-        self._installed.clear()
+        unwrap_forwards(self._installed)

@@ -4,13 +4,11 @@
 a hand-written loop is in ``docs/trainer.md``.
 
 Host syncs: :meth:`~MixedPrecisionManager.autocast` and :meth:`~MixedPrecisionManager.backward`
-never sync. :meth:`~MixedPrecisionManager.step` does not either, except (as
-:meth:`mixprec.GradScaler.step`) with an optimizer that is not a mixprec/fused one: one
-``.item()``; and in ADAPTIVE mode, every ``logging_frequency`` steps, one read for the
-evaluation (when ``adapt_in_step``). ``bool()`` of its result syncs once (cached);
-:attr:`~MixedPrecisionManager.step_was_skipped` syncs once per step unless the scaler
-already did. :meth:`~MixedPrecisionManager.stats` and
-:meth:`~MixedPrecisionManager.state_dict` sync once each.
+never sync; :meth:`~MixedPrecisionManager.step` neither, except (as :meth:`mixprec.GradScaler.step`)
+with an optimizer that is not a mixprec/fused one (one ``.item()``), and in ADAPTIVE mode with
+``adapt_in_step`` one read every ``logging_frequency`` steps. ``bool()`` of its result syncs once
+(cached); :attr:`~MixedPrecisionManager.step_was_skipped` once per step unless the scaler already
+did; :meth:`~MixedPrecisionManager.stats` and :meth:`~MixedPrecisionManager.state_dict` once each.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle, apply_policy, modules_matching
 from ..amp.notices import warn_ineffective
 from ..capture import CapturedStep, CaptureError, capture_step
-from .config import MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
+from .config import MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel, as_config
 from .fp8 import Fp8Handle, ModuleFilter
 from .metrics import StepResult
 from .modes import NAME_PREC, PREC_NAME, ModeStrategy, strategy_for
@@ -44,9 +42,8 @@ logger = logging.getLogger("mixprec.trainer")
 def _underflow_flag(grads: list[Tensor], dtype: Optional[torch.dtype], threshold: float,
                     device: torch.device, groups: list[Any]) -> Tensor:
     """1.0 when the fraction of nonzero scaled grads that flush to zero in ``dtype``
-    (float32 for ``None``) exceeds ``threshold`` (device, no sync). ``grads`` may be the
-    local shards of DTensor grads: the counts are then summed over ``groups``
-    (:func:`mixprec._dtensor.reduce_groups`, the Shard dimensions) first."""
+    (float32 for ``None``) exceeds ``threshold`` (device, no sync). For the local shards of
+    DTensor grads the counts are summed over ``groups`` (the Shard dimensions) first."""
     fi = torch.finfo(dtype or torch.float32)
     tiny = fi.tiny * fi.eps / 2  # values at or below this round to zero
     with torch.no_grad():
@@ -56,14 +53,11 @@ def _underflow_flag(grads: list[Tensor], dtype: Optional[torch.dtype], threshold
             nz = a != 0
             small.append((nz & (a <= tiny)).sum())
             nonzero.append(nz.sum())
-        s = torch.stack([t.to(device) for t in small]).sum()
-        n = torch.stack([t.to(device) for t in nonzero]).sum()
+        counts = torch.stack([torch.stack([t.to(device) for t in ts]).sum()
+                              for ts in (small, nonzero)])
         if groups:
-            counts = torch.stack([s, n])
             _dtensor.all_reduce(counts, torch.distributed.ReduceOp.SUM, groups)
-            s, n = counts[0], counts[1]
-        frac = s.float() / n.clamp(min=1).float()
-        return (frac > threshold).float()
+        return (counts[0].float() / counts[1].clamp(min=1).float() > threshold).float()
 
 
 def _grad_norms(grads: list[Tensor], groups: list[Any]) -> list[Tensor]:
@@ -80,15 +74,21 @@ def _grad_norms(grads: list[Tensor], groups: list[Any]) -> list[Tensor]:
 def check_setup(model: nn.Module, optimizer: Any, config: MixedPrecisionConfig,
                 device: Union[str, torch.device, None] = None, scheduler: Any = None
                 ) -> tuple[torch.device, ModeStrategy, Optional[torch.dtype]]:
-    """Every refusal of :class:`MixedPrecisionManager`'s setup, changing nothing:
-    the config, the optimizer (a torch optimizer with params of ``model``; in MANUAL mode
-    one it can convert), the scheduler (one of ``optimizer``), the device, a sharded model
-    MANUAL cannot convert. Returns ``(device, strategy, compute_dtype)``."""
-    if not isinstance(config, MixedPrecisionConfig):
-        raise TypeError(f"MixedPrecisionManager: config must be a MixedPrecisionConfig, "
-                        f"got {type(config).__name__}")
-    config.validate()
-    _check_optimizer_of(model, optimizer)
+    """Every refusal of :class:`MixedPrecisionManager`'s setup, changing nothing: the config, the
+    optimizer (a torch optimizer over params of ``model``; in MANUAL mode one it can convert), the
+    scheduler (one of ``optimizer``), a sharded model MANUAL cannot convert. Returns
+    ``(device, strategy, compute_dtype)``."""
+    as_config(config, "MixedPrecisionManager")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"MixedPrecisionManager: optimizer must be a torch.optim.Optimizer, "
+                        f"got {type(optimizer).__name__}")
+    mine = {id(p) for p in model.parameters()}
+    theirs = [p for g in optimizer.param_groups for p in g["params"]]
+    if theirs and mine and not any(id(p) in mine for p in theirs):
+        raise ValueError(
+            f"MixedPrecisionManager: optimizer: none of its {len(theirs)} params is a param "
+            f"of model (an optimizer of another model, or built before the model was "
+            f"replaced?); build the optimizer over model.parameters()")
     if scheduler is not None and getattr(scheduler, "optimizer", optimizer) is not optimizer:
         raise ValueError("MixedPrecisionManager: scheduler must be an LR scheduler of "
                          "optimizer (its .optimizer), got one of another optimizer")
@@ -103,28 +103,25 @@ def check_setup(model: nn.Module, optimizer: Any, config: MixedPrecisionConfig,
     return dev, strategy, dtype
 
 
-def _check_optimizer_of(model: nn.Module, optimizer: Any) -> None:
-    """``optimizer`` must be a torch optimizer with at least one of ``model``'s params
-    (one over another model's params would train nothing)."""
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"MixedPrecisionManager: optimizer must be a torch.optim.Optimizer, "
-                        f"got {type(optimizer).__name__}")
-    mine = {id(p) for p in model.parameters()}
-    theirs = [p for g in optimizer.param_groups for p in g["params"]]
-    if theirs and mine and not any(id(p) in mine for p in theirs):
-        raise ValueError(
-            f"MixedPrecisionManager: optimizer: none of its {len(theirs)} params is a param "
-            f"of model (an optimizer of another model, or built before the model was "
-            f"replaced?); build the optimizer over model.parameters()")
+def check_plan(plan: Any, where: str) -> None:
+    """``plan`` (at ``where``) is a precision plan :meth:`~MixedPrecisionManager.load_plan_state`
+    takes; ValueError otherwise."""
+    if not (isinstance(plan, dict) and isinstance(plan.get("decisions"), list)
+            and isinstance(plan.get("overrides"), dict)
+            and all(isinstance(d, dict) for d in plan["decisions"])):
+        raise ValueError(f"{where}: expected a dict with 'decisions' (a list of dicts) and "
+                         f"'overrides' (a dict)")
+    root = plan.get("root_precision")
+    if root is not None and root not in ("fp16", "bf16", "fp32"):
+        raise ValueError(f"{where}['root_precision']: expected 'fp16', 'bf16', 'fp32' or None, "
+                         f"got {root!r}")
 
 
 def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
-    """Point LR ``scheduler`` at ``optimizer`` (the one MANUAL mode trains), through
-    public API only: its ``optimizer`` attribute, and torch's own step tracking installed
-    on ``optimizer.step`` by constructing a ``LambdaLR`` on it (whose lr writes are
-    undone), so that torch's "lr_scheduler.step() before optimizer.step()" check sees the
-    steps of the optimizer that trains. MANUAL's optimizer shares the original's param
-    group dicts, so the lrs the scheduler sets reach it either way."""
+    """Point LR ``scheduler`` at ``optimizer`` (the one MANUAL mode trains), public API
+    only: its ``optimizer`` attribute, and torch's step tracking installed on
+    ``optimizer.step`` by a ``LambdaLR`` (whose lr writes are undone), so that torch's
+    "lr_scheduler.step() before optimizer.step()" check sees the steps that train."""
     if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
         lrs = [g["lr"] for g in optimizer.param_groups]
         initial = [g.get("initial_lr") for g in optimizer.param_groups]
@@ -141,12 +138,11 @@ def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
 class MixedPrecisionManager:
     """Mixed precision for a model and its optimizer, in one of the five modes.
 
-    Construction prepares them for ``config.mode`` (see :class:`MixedPrecisionMode`):
-    puts a precision policy on ``model`` (forward wrappers; AUTOMATIC, SELECTIVE,
-    ADAPTIVE, MANUAL), in MANUAL mode converts the params to float16/bfloat16 (except
-    float32-policy modules such as norms) and replaces a ``torch.optim.SGD/Adam/AdamW``
-    by its mixprec master-weight equivalent (use :attr:`optimizer` afterwards), and
-    makes the :class:`mixprec.GradScaler` (:attr:`scaler`; disabled when not needed).
+    Construction prepares them for ``config.mode`` (see :class:`MixedPrecisionMode`): a precision
+    policy on ``model`` (forward wrappers; AUTOMATIC, SELECTIVE, ADAPTIVE, MANUAL); in MANUAL the
+    params converted to float16/bfloat16 (except float32-policy modules such as norms) and a
+    ``torch.optim.SGD/Adam/AdamW`` replaced by its mixprec master-weight equivalent (use
+    :attr:`optimizer` afterwards); and the :class:`mixprec.GradScaler` (:attr:`scaler`).
 
     Args:
         model: the model (mutated as described; moved to ``device`` when given).
@@ -154,27 +150,23 @@ class MixedPrecisionManager:
         config: default ``MixedPrecisionConfig()``.
         device: the training device; default the device of the model's first param.
         adapt_in_step: ADAPTIVE: evaluate every ``config.logging_frequency`` steps inside
-            :meth:`step` (one host sync each). The trainer turns it off and calls
-            :meth:`adapt` at its log steps, which sync anyway.
-        fp8_module_filter: FP8 level: ``(module, fqn) -> bool``, which eligible linears
-            torchao converts (replaces ``config.fp8_keep_first_last``); see
-            :mod:`mixprec.train.fp8`.
-        scheduler: an LR scheduler of ``optimizer`` (optional). When MANUAL mode replaces
-            the optimizer it is re-bound to :attr:`optimizer` (public API only); either
-            way the lr it sets is the lr that trains (MANUAL's optimizer shares the
-            original's param-group dicts).
+            :meth:`step` (one host sync each); the trainer turns it off and calls
+            :meth:`adapt` at its log steps.
+        fp8_module_filter: FP8 level: ``(module, fqn) -> bool``, which eligible linears torchao
+            converts (replaces ``config.fp8_keep_first_last``); see :mod:`mixprec.train.fp8`.
+        scheduler: an LR scheduler of ``optimizer`` (optional), re-bound to :attr:`optimizer` when
+            MANUAL mode replaces it (public API only); either way the lr it sets is the lr that
+            trains (the new optimizer shares the param-group dicts).
 
-    Every refusal (:func:`check_setup`) comes before anything is changed: an optimizer
-    over none of ``model``'s params, one MANUAL cannot convert, a scheduler of another
-    optimizer. A setting that does nothing with this model warns once
-    (:class:`~mixprec.amp.notices.IneffectiveSettingWarning`).
+    Every refusal (:func:`check_setup`) comes before anything is changed. A setting that does
+    nothing with this model warns once (:class:`~mixprec.amp.notices.IneffectiveSettingWarning`).
 
     Attributes:
         model, optimizer, config, device, scaler, strategy (the mode's
         :class:`~mixprec.train.modes.ModeStrategy`), compute_dtype (``torch.float16`` /
-        ``bfloat16``, ``None`` for float32), loss_scaling, policy_handle,
-        adaptive (the :class:`~mixprec.train.adaptive.AdaptiveController` or ``None``),
-        adaptive_decisions (list of dicts: step, module, from, to, reason), overrides
+        ``bfloat16``, ``None`` for float32), loss_scaling, policy_handle, adaptive (the
+        :class:`~mixprec.train.adaptive.AdaptiveController` or ``None``),
+        adaptive_decisions (dicts: step, module, from, to, reason), overrides
         (``{module: precision}`` ADAPTIVE promotions), steps (calls of :meth:`step`),
         fp8 (the :class:`~mixprec.train.fp8.Fp8Handle` of the FP8 level, else ``None``).
     """
@@ -184,15 +176,11 @@ class MixedPrecisionManager:
                  device: Union[str, torch.device, None] = None, adapt_in_step: bool = True,
                  fp8_module_filter: Optional[ModuleFilter] = None,
                  scheduler: Any = None) -> None:
-        cfg = config if config is not None else MixedPrecisionConfig()
-        if not isinstance(cfg, MixedPrecisionConfig):
-            raise TypeError(f"MixedPrecisionManager: config must be a MixedPrecisionConfig, "
-                            f"got {type(cfg).__name__}")
+        cfg = as_config(config, "MixedPrecisionManager")
         # every check before the first change (the model moved, params converted)
         self.device, self.strategy, self.compute_dtype = check_setup(
             model, optimizer, cfg, device, scheduler)
-        self.config = cfg
-        self.model = model
+        self.config, self.model = cfg, model
         if device is not None:
             model.to(self.device)
         self.eventual_dtype = self.strategy.eventual_dtype(self.compute_dtype, self.device)
@@ -230,9 +218,8 @@ class MixedPrecisionManager:
         return self.config.mode  # type: ignore[return-value]
 
     def _warn_ineffective(self) -> None:
-        """Warn (:class:`~mixprec.amp.notices.IneffectiveSettingWarning`) for a setting that
-        does nothing with this model: a SELECTIVE pattern matching no module, the FP8
-        level with no linear converted."""
+        """Warn for a SELECTIVE pattern matching no module, and for the FP8 level with no
+        linear converted."""
         cfg = self.config
         if not cfg.enabled:
             return
@@ -254,31 +241,27 @@ class MixedPrecisionManager:
 
     @property
     def low_precision_modules(self) -> int:
-        """How many modules (the root included) run their forward in float16/bfloat16
-        under the policy now on the model (0 without a policy)."""
+        """How many modules (the root included) run their forward in float16/bfloat16 under
+        the policy on the model (MANUAL: hold 16-bit params; 0 without a policy)."""
         if self.mode is MixedPrecisionMode.MANUAL and self.config.enabled:
-            # MANUAL converts the params instead: the modules holding 16-bit params
             dt = self.compute_dtype
-            return sum(1 for m in self.model.modules()
-                       if any(p.dtype == dt for p in m.parameters(recurse=False)))
+            return sum(any(p.dtype == dt for p in m.parameters(recurse=False))
+                       for m in self.model.modules())
         h = self.policy_handle
-        if h is None:
-            return 0
-        return sum(1 for p in h.precisions.values() if p in ("fp16", "bf16"))
+        return 0 if h is None else sum(p in ("fp16", "bf16") for p in h.precisions.values())
 
     def _make_scaler(self) -> GradScaler:
         cfg = self.config
         enabled = self.strategy.uses_scaler()
-        if self.loss_scaling:
-            self._fixed_scale = None if cfg.dynamic_loss_scaling else float(cfg.initial_scale)
-            return GradScaler(
-                self.device.type, init_scale=cfg.initial_scale, growth_factor=cfg.scale_factor,
-                backoff_factor=cfg.backoff_factor, growth_interval=cfg.scale_window,
-                enabled=enabled, min_scale=cfg.min_scale, max_scale=cfg.max_scale,
-                hysteresis=cfg.hysteresis)
-        # no loss scaling: scale pinned at 1.0, the scaler only checks and skips
-        self._fixed_scale = 1.0
-        return GradScaler(self.device.type, init_scale=1.0, enabled=enabled)
+        if not self.loss_scaling:  # scale pinned at 1.0: the scaler only checks and skips
+            self._fixed_scale = 1.0
+            return GradScaler(self.device.type, init_scale=1.0, enabled=enabled)
+        self._fixed_scale = None if cfg.dynamic_loss_scaling else float(cfg.initial_scale)
+        return GradScaler(
+            self.device.type, init_scale=cfg.initial_scale, growth_factor=cfg.scale_factor,
+            backoff_factor=cfg.backoff_factor, growth_interval=cfg.scale_window,
+            enabled=enabled, min_scale=cfg.min_scale, max_scale=cfg.max_scale,
+            hysteresis=cfg.hysteresis)
 
     def reset_scaler(self) -> None:
         """Replace the scaler by a fresh one (initial scale, no statistics)."""
@@ -286,11 +269,14 @@ class MixedPrecisionManager:
         scale = float(self.config.initial_scale) if self.loss_scaling else 1.0
         self.scaler = old.fresh(scale if old.is_enabled() else None)
 
-    def install_policy(self) -> None:
-        """(Re)apply the precision policy for the current plan (root precision, overrides)."""
+    def _remove_policy(self) -> None:
         if self.policy_handle is not None:
             self.policy_handle.remove()
             self.policy_handle = None
+
+    def install_policy(self) -> None:
+        """(Re)apply the precision policy for the current plan (root precision, overrides)."""
+        self._remove_policy()
         self.root_precision, policy = self.strategy.policy(self)
         if policy is not None:
             self.policy_handle = apply_policy(self.model, policy)
@@ -299,9 +285,7 @@ class MixedPrecisionManager:
     def close(self) -> None:
         """Take the policy, the FP8 forward wrappers and the ADAPTIVE hooks off the model
         (params and Float8 linears stay converted)."""
-        if self.policy_handle is not None:
-            self.policy_handle.remove()
-            self.policy_handle = None
+        self._remove_policy()
         if self.fp8 is not None:
             self.fp8.remove()
             self.fp8 = None
@@ -313,18 +297,17 @@ class MixedPrecisionManager:
     def autocast(self) -> Iterator[None]:
         """The forward context: run the model's forward (and the loss) inside it.
 
-        The precision policy on the model does the per-module work; in MANUAL mode
-        this context also casts the float32/float64 inputs of the model's forward to
-        the 16-bit param dtype (a forward pre-hook on the model while inside). The
-        model's floating outputs come out in float32. No host sync.
+        The policy on the model does the per-module work; in MANUAL mode this context also casts the
+        float32/float64 inputs of the model's forward to the 16-bit param dtype (a forward pre-hook
+        while inside). The model's floating outputs come out in float32. No host sync.
         """
         dtype = self.strategy.input_dtype(self)
         if dtype is None:
             yield
             return
+        only = (torch.float32, torch.float64)
 
         def cast(module: nn.Module, args: Any, kwargs: Any) -> Any:
-            only = (torch.float32, torch.float64)
             return cast_floating(args, dtype, only=only), cast_floating(kwargs, dtype, only=only)
 
         hook = self.model.register_forward_pre_hook(cast, with_kwargs=True)
@@ -334,24 +317,20 @@ class MixedPrecisionManager:
             hook.remove()
 
     def backward(self, loss: Tensor) -> None:
-        """``loss.backward()``, the loss multiplied by the scale when loss scaling is on.
-
-        For gradient accumulation pass ``loss / accumulation_steps``. No host sync.
-        """
+        """``loss.backward()``, the loss multiplied by the scale when loss scaling is on
+        (for gradient accumulation pass ``loss / accumulation_steps``). No host sync."""
         if self.scaler.is_enabled():
             loss = self.scaler.scale(loss)
         loss.backward()
 
     def step(self, optimizer: Optional[torch.optim.Optimizer] = None) -> StepResult:
-        """Unscale, check, (clip,) step the optimizer unless the grads are non-finite,
-        and update the scale; the mode's monitoring on the way. Returns a
-        :class:`StepResult`, true when the step was applied (lazily synced).
-
-        ``optimizer``: default :attr:`optimizer`. Clipping to ``config.max_grad_norm``
-        is fused with the unscale. With ``performance_monitoring`` (and in ADAPTIVE
-        mode) the per-param grad norms and the underflow check run on the device.
-        Host syncs: see the module docstring. With ``config.capture`` it must be called
-        inside a step of :meth:`make_step` (``RuntimeError`` otherwise).
+        """Unscale, check, (clip,) step ``optimizer`` (default :attr:`optimizer`) unless the grads
+        are non-finite, update the scale, and run the mode's monitoring on the device (per-param
+        grad norms and the underflow check with ``performance_monitoring`` and in ADAPTIVE mode).
+        Clipping to ``config.max_grad_norm`` is fused with the unscale. Returns a
+        :class:`StepResult`, true when the step was applied (lazily synced). Host syncs: see the
+        module docstring. With ``config.capture``: only inside a step of :meth:`make_step`
+        (``RuntimeError`` otherwise).
         """
         cfg = self.config
         if cfg.capture and not self._in_made_step:
@@ -360,26 +339,23 @@ class MixedPrecisionManager:
                 "outside a captured step; write the whole step as a function and run it "
                 "through manager.make_step(step_fn, example_inputs) (or set capture=False)")
         opt = optimizer if optimizer is not None else self.optimizer
-        scaler = self.scaler
-        dev = self.device
+        scaler, dev, adaptive = self.scaler, self.device, self.adaptive
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
         grads = [p.grad for p in params]
         # DTensor grads (FSDP2): the monitoring reads the local shards and sums over these
-        shard_groups = _dtensor.reduce_groups(_dtensor.specs_of(grads), True) if (
-            cfg.performance_monitoring or self.adaptive is not None) else []
+        shard_groups = []
+        if cfg.performance_monitoring or adaptive is not None:
+            shard_groups = _dtensor.reduce_groups(_dtensor.specs_of(grads), True)
         enabled = scaler.is_enabled()
         scale = scaler.scale_tensor() if enabled else None
-        if scale is None:
-            scale = torch.ones((), device=dev)
-        scale_before = scale.clone()
+        scale_before = torch.ones((), device=dev) if scale is None else scale.clone()
         norms: Optional[list[Tensor]] = None
-        adaptive = self.adaptive
         monitor = cfg.performance_monitoring and not cfg.max_grad_norm
         if grads and (adaptive is not None or monitor):
             with torch.no_grad():
                 norms = _grad_norms(grads, shard_groups)
-        if adaptive is not None and norms is not None:
-            adaptive.record_grads(params, norms)
+            if adaptive is not None:
+                adaptive.record_grads(params, norms)
         zero = torch.zeros((), device=dev)
         underflow = zero
         if cfg.performance_monitoring and grads:
@@ -415,23 +391,21 @@ class MixedPrecisionManager:
 
     def make_step(self, step_fn: Callable[..., Any], example_inputs: tuple[Any, ...],
                   **capture_kwargs: Any) -> Callable[..., Any]:
-        """The training step ``step_fn`` as the manager runs it: ``step_fn`` itself, or
-        with ``config.capture`` a callable running it through :func:`mixprec.capture_step`
-        (over :attr:`optimizer`, :attr:`scaler` and :attr:`model`; one captured step,
-        one CUDA graph, per input signature, all sharing one memory pool, replayed; on CPU
-        eager after the same checks).
+        """The training step ``step_fn`` as the manager runs it: ``step_fn`` itself, or with
+        ``config.capture`` a callable running it through :func:`mixprec.capture_step` (over
+        :attr:`optimizer`, :attr:`scaler` and :attr:`model`; one captured step, one CUDA graph,
+        per input signature, all sharing one memory pool; on CPU eager after the same checks).
 
-        ``step_fn(*inputs)`` is one whole step: ``optimizer.zero_grad(set_to_none=False)``,
-        the forward in :meth:`autocast`, :meth:`backward`, :meth:`step`; it returns
-        tensors (e.g. the loss), not host values. ``example_inputs``: a tuple of inputs
-        on :attr:`device`, as the calls will pass them. ``capture_kwargs``: keyword
-        arguments of :func:`~mixprec.capture_step` (``schedulers``, ``warmup``,
-        ``clone_outputs``, ``pool``), and ``max_graphs`` (default 4): the most input
-        signatures captured (one more raises). What cannot be captured raises
-        :class:`mixprec.capture.CaptureError` naming the setting. The callable counts
+        ``step_fn(*inputs)`` is one whole step (``optimizer.zero_grad(set_to_none=False)``, the
+        forward in :meth:`autocast`, :meth:`backward`, :meth:`step`) returning tensors, not host
+        values. ``example_inputs``: a tuple of inputs on :attr:`device`, as the calls will pass
+        them. ``capture_kwargs``: keyword arguments of :func:`~mixprec.capture_step`
+        (``schedulers``, ``warmup``, ``clone_outputs``, ``pool``), and ``max_graphs`` (default
+        4): the most input signatures captured (one more raises). What cannot be captured
+        raises :class:`mixprec.capture.CaptureError` naming the setting. The callable counts
         :attr:`steps` (a replay runs no Python) and captures anew after a new scaler
-        (:meth:`reset_scaler`) or a re-installed policy (:meth:`load_plan_state`,
-        :meth:`load_state_dict`). No host sync per call once captured.
+        (:meth:`reset_scaler`) or policy (:meth:`load_plan_state`, :meth:`load_state_dict`).
+        No host sync per call once captured.
         """
         if not self.config.capture:
             return step_fn
@@ -439,17 +413,16 @@ class MixedPrecisionManager:
 
     @property
     def step_was_skipped(self) -> bool:
-        """Whether the last :meth:`step` was skipped (``GradScaler.step_was_skipped``;
-        ``False`` with a disabled scaler). One host sync unless the scaler already did."""
+        """Whether the last :meth:`step` was skipped (``False`` with a disabled scaler).
+        One host sync unless the scaler already did."""
         return self.scaler.is_enabled() and self.scaler.step_was_skipped
 
     # ------------------------------------------------------------------ ADAPTIVE
     def _adapt_window(self, result: StepResult) -> None:
-        row = torch.stack([result.found_inf.to(self.device), result.scale.float()])
         if self._window is None:
             self._window = torch.zeros(2, device=self.device)
-        self._window[0] += row[0]
-        self._window[1] = row[1]
+        self._window[0] += result.found_inf.to(self.device)
+        self._window[1] = result.scale.float()
         if self.steps % self.config.logging_frequency == 0:
             overflows, scale = self._window.tolist()
             self._window.zero_()
@@ -458,31 +431,28 @@ class MixedPrecisionManager:
 
     def adapt(self, overflows: float, steps: int, last_scale: float,
               step: Optional[int] = None) -> None:
-        """ADAPTIVE: evaluate a window of ``steps`` optimizer steps, ``overflows`` of
-        which overflowed, that ended with scale ``last_scale`` at optimizer step
-        ``step`` (default :attr:`steps`); may promote a module or turn low precision
-        on. A no-op in the other modes. One host sync."""
+        """ADAPTIVE: evaluate a window of ``steps`` optimizer steps, ``overflows`` of which
+        overflowed, that ended with scale ``last_scale`` at optimizer step ``step`` (default
+        :attr:`steps`); may promote a module or turn low precision on. A no-op in the other
+        modes. One host sync."""
         if self.adaptive is not None:
             self.adaptive.evaluate(overflows, steps, last_scale,
                                    self.steps if step is None else step)
 
     # ------------------------------------------------------------------ state, stats
     def plan_state(self) -> dict[str, Any]:
-        """The precision plan as saved in checkpoints: ``decisions``, ``overrides``,
+        """The precision plan as checkpoints save it: ``decisions``, ``overrides``,
         ``root_precision`` and, in ADAPTIVE mode, ``fwd_counts`` / ``bwd_counts``."""
-        state: dict[str, Any] = {
-            "decisions": [dict(d) for d in self.adaptive_decisions],
-            "overrides": dict(self.overrides),
-            "root_precision": self.root_precision,
-        }
+        state: dict[str, Any] = {"decisions": [dict(d) for d in self.adaptive_decisions],
+                                 "overrides": dict(self.overrides),
+                                 "root_precision": self.root_precision}
         if self.adaptive is not None:
             state["fwd_counts"] = self.adaptive.fwd_counts.cpu()
             state["bwd_counts"] = self.adaptive.bwd_counts.cpu()
         return state
 
     def load_plan_state(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`plan_state`: restores the ADAPTIVE decisions and promotions
-        and re-applies the policy."""
+        """Inverse of :meth:`plan_state` (decisions, promotions); re-applies the policy."""
         self.adaptive_decisions = [dict(d) for d in state["decisions"]]
         self.overrides = dict(state["overrides"])
         root = state.get("root_precision")
@@ -495,22 +465,16 @@ class MixedPrecisionManager:
             self.adaptive.load_counts(state["fwd_counts"], state["bwd_counts"])
 
     def state_dict(self) -> dict[str, Any]:
-        """``format``, ``scaler`` (the GradScaler's state dict), ``adaptive`` (see
-        :meth:`plan_state`), ``steps`` and ``config``; plain values and CPU tensors, so
-        ``torch.load(weights_only=True)`` reads it. The model's and the optimizer's
-        state dicts are not included (save them as usual). One host sync."""
-        return {
-            "format": _MANAGER_FORMAT,
-            "scaler": self.scaler.state_dict(),
-            "adaptive": self.plan_state(),
-            "steps": self.steps,
-            "config": self.config.to_dict(),
-        }
+        """``format``, ``scaler`` (the GradScaler's state dict), ``adaptive``
+        (:meth:`plan_state`), ``steps`` and ``config``: plain values and CPU tensors, for
+        ``torch.load(weights_only=True)``. Not the model's and the optimizer's state dicts
+        (save them as usual). One host sync."""
+        return {"format": _MANAGER_FORMAT, "scaler": self.scaler.state_dict(),
+                "adaptive": self.plan_state(), "steps": self.steps, "config": self.config.to_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (scaler, plan, step count); the config is not
-        changed (the manager keeps its own). Everything is checked first: a bad state
-        raises (naming the key) and changes nothing."""
+        """Restore :meth:`state_dict` (scaler, plan, step count; the manager keeps its own config).
+        Everything is checked first: a bad state raises naming the key and changes nothing."""
         where = "MixedPrecisionManager.load_state_dict"
         if not isinstance(state, dict):
             raise TypeError(f"{where}: state must be a dict, got {type(state).__name__}")
@@ -522,61 +486,48 @@ class MixedPrecisionManager:
                              f"keys {sorted(map(str, set(state) - keys))}")
         if state["scaler"]:
             self.scaler.check_state_dict(state["scaler"])
-        plan = state["adaptive"]
-        if not (isinstance(plan, dict) and isinstance(plan.get("decisions"), list)
-                and isinstance(plan.get("overrides"), dict)):
-            raise ValueError(f"{where}: state['adaptive'] must be a dict with 'decisions' (a "
-                             "list) and 'overrides' (a dict)")
+        check_plan(state["adaptive"], f"{where}: state['adaptive']")
         steps = state["steps"]
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
             raise ValueError(f"{where}: state['steps'] must be an int >= 0, got {steps!r}")
         if state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         self.load_plan_state(state["adaptive"])
-        self.steps = int(state["steps"])
+        self.steps = steps
         self._window = None
         self._window_start = self.steps
 
     def stats(self) -> dict[str, Any]:
         """``steps`` (calls of :meth:`step`), ``skipped_steps``, ``overflow_rate``,
-        ``current_scale``, ``scale_increases``, ``scale_decreases``,
-        ``last_overflow_step`` (the scaler's, see :class:`mixprec.ScalerStats`),
-        ``loss_scaling``, ``compute_dtype`` (what is in effect, see
-        :attr:`precision_name`), ``low_precision_modules`` (how many modules run in
-        float16/bfloat16), ``fp8_modules`` (Float8 linears), ``mode``,
-        ``adaptive_decisions``. One host sync."""
+        ``current_scale``, ``scale_increases``, ``scale_decreases``, ``last_overflow_step`` (the
+        scaler's, see :class:`mixprec.ScalerStats`), ``loss_scaling``, ``compute_dtype``
+        (:attr:`precision_name`), ``low_precision_modules``, ``fp8_modules`` (Float8 linears),
+        ``mode``, ``adaptive_decisions``. One host sync."""
         sst = self.scaler.stats()
-        return {
-            "steps": self.steps,
-            "skipped_steps": sst.skipped_steps,
-            "overflow_rate": sst.overflow_rate,
-            "current_scale": sst.scale if self.scaler.is_enabled() else 1.0,
-            "scale_increases": sst.scale_increases,
-            "scale_decreases": sst.scale_decreases,
-            "last_overflow_step": sst.last_overflow_step,
-            "loss_scaling": self.loss_scaling,
-            "compute_dtype": self.precision_name,
-            "low_precision_modules": self.low_precision_modules,
-            "fp8_modules": len(self.fp8.modules) if self.fp8 is not None else 0,
-            "mode": self.mode.value,
-            "adaptive_decisions": [dict(d) for d in self.adaptive_decisions],
-        }
+        return {"steps": self.steps, "skipped_steps": sst.skipped_steps,
+                "overflow_rate": sst.overflow_rate,
+                "current_scale": sst.scale if self.scaler.is_enabled() else 1.0,
+                "scale_increases": sst.scale_increases, "scale_decreases": sst.scale_decreases,
+                "last_overflow_step": sst.last_overflow_step, "loss_scaling": self.loss_scaling,
+                "compute_dtype": self.precision_name,
+                "low_precision_modules": self.low_precision_modules,
+                "fp8_modules": len(self.fp8.modules) if self.fp8 is not None else 0,
+                "mode": self.mode.value,
+                "adaptive_decisions": [dict(d) for d in self.adaptive_decisions]}
 
     @property
     def precision_name(self) -> str:
-        """What is in effect: ``"fp16"``, ``"bf16"``, ``"fp32"`` (the compute dtype;
-        ``"fp32"`` when the policy runs no module in low precision), or ``"fp8"`` at the
-        FP8 level with at least one Float8 linear (the rest in bfloat16)."""
+        """What is in effect: ``"fp16"``, ``"bf16"``, ``"fp32"`` (also when the policy
+        runs no module in low precision), or ``"fp8"`` at the FP8 level with at least one
+        Float8 linear (the rest in bfloat16)."""
         if self.fp8 is not None and self.fp8.modules:
             return "fp8"
-        if self.strategy.low_precision_modules() is not None and \
-                self.low_precision_modules == 0:
+        if self.strategy.low_precision_modules() is not None and not self.low_precision_modules:
             return "fp32"  # SELECTIVE with no module selected
         return PREC_NAME.get(self.compute_dtype, "fp32")
 
     def describe(self) -> str:
-        """``"<mode>, <precision>"``, e.g. ``"automatic, fp16"`` or
-        ``"automatic, fp8 (tensorwise)"``."""
+        """``"<mode>, <precision>"``, e.g. ``"automatic, fp16"``, ``"manual, fp8 (tensorwise)"``."""
         if self.fp8 is not None and self.fp8.modules:
             return f"{self.mode.value}, fp8 ({self.fp8.recipe})"
         return f"{self.mode.value}, {self.precision_name}"
@@ -587,8 +538,7 @@ class _MadeStep:
 
     def __init__(self, manager: MixedPrecisionManager, fn: Callable[..., Any],
                  example_inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.manager = manager
-        self.fn = fn
+        self.manager, self.fn = manager, fn
         self.example_inputs = example_inputs
         self.max_graphs = int(kwargs.pop("max_graphs", 4))
         self.kwargs = kwargs
@@ -596,12 +546,11 @@ class _MadeStep:
         self._built_for: tuple[int, int, int] = (0, 0, 0)
 
     def _body(self, *inputs: Any) -> Any:
-        m = self.manager
-        m._in_made_step = True
+        self.manager._in_made_step = True
         try:
             return self.fn(*inputs)
         finally:
-            m._in_made_step = False
+            self.manager._in_made_step = False
 
     def _step_for(self, inputs: tuple[Any, ...]) -> CapturedStep:
         m = self.manager

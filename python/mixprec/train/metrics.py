@@ -24,21 +24,19 @@ logger = logging.getLogger("mixprec.trainer")
 
 
 class StepResult:
-    """What :meth:`mixprec.train.manager.MixedPrecisionManager.step` did; true when the
-    optimizer step was applied.
-
-    ``bool(result)`` reads the flag back: one host sync the first time (cached), none
-    when the scaler is disabled (every step is applied then). The device values, no sync:
+    """What :meth:`mixprec.train.manager.MixedPrecisionManager.step` did. ``bool(result)``:
+    whether the optimizer step was applied (one host sync the first time, cached; none with a
+    disabled scaler, where every step is applied). The device values, no sync:
 
     Attributes:
         applied: 0-dim bool tensor, ``True`` when the step was applied.
         found_inf: 0-dim float32, 1.0 when the grads held inf/NaN (with a disabled
             scaler: when the computed grad norm was non-finite; the step ran anyway).
         scale: the loss scale after the update (1.0 without loss scaling).
-        grad_norm: the unscaled L2 grad norm before clipping (0-dim float32), or
-            ``None`` when neither clipping nor ``performance_monitoring`` computed it.
-        underflow: 1.0 when more than ``underflow_threshold`` of the nonzero scaled
-            grads flush to zero in the compute dtype (0.0 without monitoring).
+        grad_norm: the unscaled L2 grad norm before clipping (0-dim float32), or ``None`` when
+            neither clipping nor ``performance_monitoring`` computed it.
+        underflow: 1.0 when more than ``underflow_threshold`` of the nonzero scaled grads flush
+            to zero in the compute dtype (0.0 without monitoring).
         checked: whether an enabled GradScaler checked this step (else never skipped).
     """
 
@@ -46,11 +44,8 @@ class StepResult:
 
     def __init__(self, found_inf: Tensor, scale: Tensor, grad_norm: Optional[Tensor],
                  underflow: Tensor, checked: bool) -> None:
-        self.found_inf = found_inf
-        self.scale = scale
-        self.grad_norm = grad_norm
-        self.underflow = underflow
-        self.checked = checked
+        self.found_inf, self.scale, self.grad_norm = found_inf, scale, grad_norm
+        self.underflow, self.checked = underflow, checked
         self._applied: Optional[Tensor] = None
         self._host: Optional[bool] = None if checked else True
 
@@ -76,14 +71,19 @@ COLS = ("loss", "scale", "overflow", "underflow", "nan", "grad_norm", "grad_norm
 C = {c: i for i, c in enumerate(COLS)}
 
 
+def has_data(t: Any, shape: Any = None, dtype: Optional[torch.dtype] = None,
+             floating: bool = False) -> bool:
+    """``t`` is a tensor not on 'meta', of ``shape``, ``dtype``, a floating dtype when given."""
+    return (isinstance(t, Tensor) and not t.is_meta
+            and (shape is None or tuple(t.shape) == tuple(shape))
+            and (dtype is None or t.dtype == dtype) and (not floating or t.is_floating_point()))
+
+
 # ------------------------------------------------------------------------ memory
 def memory_usage(device: Union[str, torch.device]) -> int:
-    """Bytes in use on ``device``, without a device sync.
-
-    CUDA: ``torch.cuda.memory_allocated`` (tensors of the caching allocator).
-    CPU: the process's resident set size (``/proc/self/statm``; the peak RSS
-    from ``getrusage`` where /proc is missing).
-    """
+    """Bytes in use on ``device``, without a device sync: CUDA: ``torch.cuda.memory_allocated``;
+    CPU: the process's resident set size (``/proc/self/statm``, else the peak RSS of
+    ``getrusage``)."""
     dev = torch.device(device)
     if dev.type == "cuda":
         return int(torch.cuda.memory_allocated(dev))
@@ -111,13 +111,11 @@ def memory_capacity(device: torch.device) -> int:
 class StepMetrics(Mapping[str, Any]):
     """The result of :meth:`MixedPrecisionTrainer.train_step`; a lazy read-only dict.
 
-    Values that live on the device (``loss``, ``current_scale``,
-    ``overflow_detected``, ``underflow_detected``, ``nan_detected``,
-    ``step_skipped``, ``grad_norm``) are read back -- one host sync -- the
-    first time they are looked up, and cached; :meth:`tensor` returns them
-    without a sync. ``None`` means "not computed at this step" (e.g. the
-    step-related values of a micro-batch that did not end an accumulation, or
-    ``grad_norm`` without clipping and monitoring).
+    Values that live on the device (``loss``, ``current_scale``, ``overflow_detected``,
+    ``underflow_detected``, ``nan_detected``, ``step_skipped``, ``grad_norm``) are read back -- one
+    host sync -- the first time they are looked up, and cached; :meth:`tensor` returns them without
+    a sync. ``None`` means "not computed at this step" (e.g. the step-related values of a
+    micro-batch that did not end an accumulation, or ``grad_norm`` without clipping and monitoring).
     """
 
     def __init__(self, values: dict[str, Any]) -> None:
@@ -158,12 +156,11 @@ class StepMetrics(Mapping[str, Any]):
 
 def step_row(step_loss: Tensor, result: StepResult,
              device: torch.device) -> tuple[Tensor, dict[str, Any]]:
-    """The :data:`COLS` row of an optimizer step and the device values of its
-    :class:`StepMetrics` (all but ``memory_usage``, ``lr``, ``optimizer_step``); device
-    work only, no sync.
+    """The :data:`COLS` row of an optimizer step and the device values of its :class:`StepMetrics`
+    (all but ``memory_usage``, ``lr``, ``optimizer_step``); device work only, no sync.
 
-    ``nan`` is set when the loss or the grad norm is NaN; the grad norm counts
-    (``grad_norm_ok``) when it was computed, is finite and the step was not skipped.
+    ``nan``: the loss or the grad norm is NaN; ``grad_norm_ok``: the grad norm was computed, is
+    finite and the step was not skipped.
     """
     found, grad_norm = result.found_inf, result.grad_norm
     zero = torch.zeros((), device=device)
@@ -175,30 +172,20 @@ def step_row(step_loss: Tensor, result: StepResult,
     row = torch.stack([step_loss.float().to(device), result.scale.float().to(device),
                        found.to(device), result.underflow.to(device), nan.to(device),
                        torch.where(gn_ok, gn, zero), gn_ok.float()])
-    values = {
-        "loss": step_loss,
-        "current_scale": result.scale,
-        "overflow_detected": found > 0,
-        "underflow_detected": result.underflow > 0,
-        "nan_detected": nan > 0,
-        "step_skipped": found > 0 if result.checked else torch.zeros((), dtype=torch.bool),
-        "grad_norm": grad_norm,
-    }
-    return row, values
+    skipped = found > 0 if result.checked else torch.zeros((), dtype=torch.bool)
+    return row, {"loss": step_loss, "current_scale": result.scale, "overflow_detected": found > 0,
+                 "underflow_detected": result.underflow > 0, "nan_detected": nan > 0,
+                 "step_skipped": skipped, "grad_norm": grad_norm}
 
 
 # ------------------------------------------------------------------------ the log
 class MetricsLog(FoldingLog[Tensor]):
-    """One row (:data:`COLS`) per optimizer step, kept on the device.
+    """One row (:data:`COLS`) per optimizer step (``count``), kept on the device.
 
-    * ``totals``: the running column sums (added at every row: the window and
-      epoch figures are differences of totals, available at any step);
+    * ``totals``: the running column sums (window and epoch figures are differences of totals);
     * ``hist`` / ``hist_steps``: the folded rows and their step numbers, at most
-      ``history_size`` of them: when full, the older half is thinned to every
-      other row (recent steps stay dense; the first and last rows are kept);
+      ``history_size``: when full, the older half is thinned to every other row;
     * ``log_snapshot`` / ``log_step``: the totals and step at the last log step.
-
-    The row index (``count``) is the optimizer step number.
     """
 
     def __init__(self, history_size: int) -> None:
@@ -259,14 +246,11 @@ class MetricsLog(FoldingLog[Tensor]):
         totals = self.read_totals()
         scale_hist = hist[:, C["scale"]].tolist() if hist is not None else []
         gn_count = totals[C["grad_norm_ok"]]
-        return {
-            "skipped_steps": int(totals[C["overflow"]]),
-            "overflow_rate": totals[C["overflow"]] / steps if steps else 0.0,
-            "underflow_steps": int(totals[C["underflow"]]),
-            "nan_steps": int(totals[C["nan"]]),
-            "avg_grad_norm": totals[C["grad_norm"]] / gn_count if gn_count else math.nan,
-            "scale_history": ScaleHistory(zip(hist_steps, scale_hist)),
-        }
+        return {"skipped_steps": int(totals[C["overflow"]]),
+                "overflow_rate": totals[C["overflow"]] / steps if steps else 0.0,
+                "underflow_steps": int(totals[C["underflow"]]), "nan_steps": int(totals[C["nan"]]),
+                "avg_grad_norm": totals[C["grad_norm"]] / gn_count if gn_count else math.nan,
+                "scale_history": ScaleHistory(zip(hist_steps, scale_hist))}
 
     def read_totals(self, since: Optional[Tensor] = None) -> list[float]:
         """The totals (minus ``since``) as floats; zeros before the first step. One sync."""
@@ -278,12 +262,9 @@ class MetricsLog(FoldingLog[Tensor]):
     def state(self) -> dict[str, Any]:
         """``totals``, ``log_snapshot``, ``history``, ``history_steps`` (CPU tensors/lists)."""
         steps, hist = self.history()
-        return {
-            "totals": None if self.totals is None else self.totals.cpu(),
-            "log_snapshot": None if self.log_snapshot is None else self.log_snapshot.cpu(),
-            "history": None if hist is None else hist.cpu(),
-            "history_steps": steps,
-        }
+        return {"totals": None if self.totals is None else self.totals.cpu(),
+                "log_snapshot": None if self.log_snapshot is None else self.log_snapshot.cpu(),
+                "history": None if hist is None else hist.cpu(), "history_steps": steps}
 
     def check_state(self, state: Mapping[str, Any], step: int) -> None:
         """Raise (``ValueError`` naming the key) when :meth:`state`'s keys in ``state``
@@ -291,9 +272,7 @@ class MetricsLog(FoldingLog[Tensor]):
         where = "MixedPrecisionTrainer.load_state: state"
         n = len(COLS)
         for key in ("totals", "log_snapshot"):
-            t = state[key]
-            if t is not None and not (isinstance(t, Tensor) and tuple(t.shape) == (n,)
-                                      and t.dtype == torch.float32 and not t.is_meta):
+            if state[key] is not None and not has_data(state[key], (n,), torch.float32):
                 raise ValueError(f"{where}[{key!r}]: expected None or a float32 tensor of "
                                  f"shape [{n}]")
         if (state["totals"] is None) != (state["log_snapshot"] is None):
@@ -301,8 +280,7 @@ class MetricsLog(FoldingLog[Tensor]):
         hist, steps = state["history"], state["history_steps"]
         if hist is None:
             return
-        if not (isinstance(hist, Tensor) and hist.dim() == 2 and hist.shape[1] == n
-                and hist.dtype == torch.float32 and not hist.is_meta):
+        if not (has_data(hist, dtype=torch.float32) and hist.dim() == 2 and hist.shape[1] == n):
             raise ValueError(f"{where}['history']: expected None or a float32 tensor of "
                              f"shape [rows, {n}]")
         if not (isinstance(steps, list) and len(steps) == hist.shape[0]
@@ -313,8 +291,7 @@ class MetricsLog(FoldingLog[Tensor]):
     def restore(self, state: Mapping[str, Any], step: int, log_step: int,
                 device: torch.device) -> None:
         """Load :meth:`state`'s keys; row indices continue at ``step``."""
-        self.count = int(step)
-        self.log_step = int(log_step)
+        self.count, self.log_step = int(step), int(log_step)
         if state["totals"] is not None:
             self.totals = state["totals"].to(device)
             self.log_snapshot = state["log_snapshot"].to(device)
@@ -324,9 +301,8 @@ class MetricsLog(FoldingLog[Tensor]):
 
 
 class ScaleHistory(list):  # type: ignore[type-arg]
-    """The ``(step, scale)`` pairs of ``stats()["scale_history"]``: a list (every kept
-    pair, up to ``history_size``), printed as a one-line summary (``print(stats())``
-    would otherwise dump thousands of tuples); ``list(h)`` or ``h[i]`` give the pairs."""
+    """The ``(step, scale)`` pairs of ``stats()["scale_history"]`` (up to ``history_size``): a
+    list printed as a one-line summary, not thousands of tuples."""
 
     def summary(self) -> str:
         """``"<n> points, steps a..b, scale x -> y (min m, max M)"``."""
@@ -346,35 +322,26 @@ class ScaleHistory(list):  # type: ignore[type-arg]
 def last_values(step: int, window: list[float], cur: list[float], lr: Any) -> dict[str, Any]:
     """What a log step reports: ``step``, ``loss``/``scale``/``grad_norm`` of the newest
     row ``cur`` (grad norm NaN when not counted), ``overflows`` of the ``window``, ``lr``."""
-    return {
-        "step": step,
-        "loss": cur[C["loss"]],
-        "scale": cur[C["scale"]],
-        "overflows": int(window[C["overflow"]]),
-        "grad_norm": cur[C["grad_norm"]] if cur[C["grad_norm_ok"]] else math.nan,
-        "lr": lr,
-    }
+    return {"step": step, "loss": cur[C["loss"]], "scale": cur[C["scale"]],
+            "overflows": int(window[C["overflow"]]),
+            "grad_norm": cur[C["grad_norm"]] if cur[C["grad_norm_ok"]] else math.nan, "lr": lr}
 
 
 def log_window(config: MixedPrecisionConfig, step: int, steps: int, window: list[float],
                last: dict[str, Any]) -> None:
     """Write the log line of a log step and apply the handling actions.
 
-    ``window``: the column sums of the ``steps`` optimizer steps since the
-    previous log step; ``last``: the newest values (``loss``, ``scale``,
-    ``grad_norm``, ``lr``). Raises ``FloatingPointError`` for a ``"raise"``
-    action whose event occurred in the window.
+    ``window``: the column sums of the ``steps`` optimizer steps since the previous log step;
+    ``last``: the newest values (``loss``, ``scale``, ``grad_norm``, ``lr``). Raises
+    ``FloatingPointError`` for a ``"raise"`` action whose event occurred in the window.
     """
     logger.info("step %d | loss %.4f | scale %g | lr %.3g | grad norm %.3g | overflows %d/%d "
                 "| underflows %d | nan %d", step, last["loss"], last["scale"], float(last["lr"]),
                 last["grad_norm"], int(window[C["overflow"]]), steps,
                 int(window[C["underflow"]]), int(window[C["nan"]]))
     for col in ("nan", "overflow", "underflow"):
-        n = int(window[C[col]])
-        key = f"{col}_handling"
-        action = getattr(config, key)
-        if not n:
-            continue
+        n, key = int(window[C[col]]), f"{col}_handling"
+        action = getattr(config, key) if n else HandlingAction.SKIP
         msg = f"{n} of the last {steps} optimizer steps had {col} (step {step})"
         if action is HandlingAction.RAISE:
             raise FloatingPointError(f"MixedPrecisionTrainer: {msg}; {key}='raise'")
@@ -385,8 +352,8 @@ def log_window(config: MixedPrecisionConfig, step: int, steps: int, window: list
 # ------------------------------------------------------------------------ plot
 def plot_history(steps: list[int], hist: Optional[Tensor], title: str,
                  path: Union[str, os.PathLike[str]]) -> str:
-    """Write a 2x2 PNG (loss, log2 scale, cumulative skipped steps, grad norm per
-    optimizer step) with matplotlib's Agg backend. Returns the path."""
+    """Write a 2x2 PNG (loss, log2 scale, cumulative skipped steps, grad norm per optimizer step)
+    with matplotlib's Agg backend. Returns the path."""
     try:
         import matplotlib
     except ImportError as exc:  # (only the demo extra installs it)

@@ -1,9 +1,8 @@
 """One strategy object per :class:`MixedPrecisionMode`: what differs between the modes.
 
-:class:`MixedPrecisionManager <mixprec.train.manager.MixedPrecisionManager>` asks its
-strategy (dtypes, loss scaling, model/optimizer preparation, policy, input casts, the ADAPTIVE
-controller) instead of testing the mode.
-``config.enabled=False`` selects :class:`Disabled` whatever the mode.
+:class:`MixedPrecisionManager <mixprec.train.manager.MixedPrecisionManager>` asks its strategy
+(dtypes, loss scaling, model/optimizer preparation, policy, input casts, the ADAPTIVE controller)
+instead of testing the mode. ``config.enabled=False`` selects :class:`Disabled` whatever the mode.
 """
 
 from __future__ import annotations
@@ -76,9 +75,8 @@ class ModeStrategy:
         return optimizer
 
     def policy(self, manager: PlanHost) -> tuple[str, Optional[PrecisionPolicy]]:
-        """``(root precision, the policy to put on the model)`` for ``manager``'s plan (the
-        policy ``None``: none); the manager stores both. Reads the manager, writes
-        nothing."""
+        """``(root precision, the policy to put on the model)`` for ``manager``'s plan (the policy
+        ``None``: none); the manager stores both. Reads the manager, writes nothing."""
         root = manager.root_precision
         if root is None or root not in NAME_PREC:
             root = PREC_NAME[manager.compute_dtype]
@@ -181,12 +179,9 @@ class Disabled(GradientScaling):
 
 
 _STRATEGIES: dict[MixedPrecisionMode, type[ModeStrategy]] = {
-    MixedPrecisionMode.AUTOMATIC: Automatic,
-    MixedPrecisionMode.MANUAL: Manual,
-    MixedPrecisionMode.SELECTIVE: Selective,
-    MixedPrecisionMode.ADAPTIVE: Adaptive,
-    MixedPrecisionMode.GRADIENT_SCALING: GradientScaling,
-}
+    MixedPrecisionMode.AUTOMATIC: Automatic, MixedPrecisionMode.MANUAL: Manual,
+    MixedPrecisionMode.SELECTIVE: Selective, MixedPrecisionMode.ADAPTIVE: Adaptive,
+    MixedPrecisionMode.GRADIENT_SCALING: GradientScaling}
 
 
 def strategy_for(config: MixedPrecisionConfig) -> ModeStrategy:
@@ -222,19 +217,17 @@ def check_convertible_params(model: nn.Module, dtype: torch.dtype) -> None:
 
 
 def convert_params(model: nn.Module, dtype: torch.dtype) -> dict[int, Tensor]:
-    """Convert the floating params and buffers of ``model`` to ``dtype``, except in
-    float32-policy modules (norms); returns float32 copies of the converted params,
-    by ``id`` (the masters). A model sharded with ``fully_shard`` (DTensor params) must
-    come converted: ValueError saying so for a DTensor param of another dtype."""
+    """Convert the floating params and buffers of ``model`` to ``dtype``, except in float32-policy
+    modules (norms); returns float32 copies of the converted params by ``id`` (the masters). A
+    sharded model must come converted: ValueError for a DTensor param of another dtype."""
     check_convertible_params(model, dtype)
     masters: dict[int, Tensor] = {}
+    for p in _convertible(model, dtype):  # lazily: a tied param is converted once
+        masters[id(p)] = p.detach().to(torch.float32, copy=True)
+        p.data = p.data.to(dtype)
     for module in model.modules():
         if isinstance(module, DEFAULT_FP32_MODULES):
             continue
-        for p in module.parameters(recurse=False):
-            if p.is_floating_point() and p.dtype != dtype:
-                masters[id(p)] = p.detach().to(torch.float32, copy=True)
-                p.data = p.data.to(dtype)
         for name, b in module.named_buffers(recurse=False):
             if b is not None and b.is_floating_point():
                 module._buffers[name] = b.to(dtype)
@@ -251,9 +244,8 @@ def _target_class(opt: Any) -> Any:
 
 
 def check_convertible(opt: Any, state_bits: int = 32) -> None:
-    """Raise when :func:`to_mixprec_optimizer` would refuse ``opt``, before anything is
-    converted: TypeError for a class it cannot convert, ValueError for 8-bit state with
-    amsgrad."""
+    """Raise when :func:`to_mixprec_optimizer` would refuse ``opt``, before anything is converted:
+    TypeError for a class it cannot convert, ValueError for 8-bit state with amsgrad."""
     from .. import optim as mo
 
     cls = _target_class(opt)
@@ -269,12 +261,10 @@ def check_convertible(opt: Any, state_bits: int = 32) -> None:
 
 def to_mixprec_optimizer(opt: torch.optim.Optimizer, master_weights: bool,
                          state_bits: int = 32) -> Any:
-    """A mixprec optimizer with ``opt``'s param groups and hyper-parameters (Adam/AdamW
-    with ``state_bits``: 8-bit moments for 8; tensors with 32-bit state keep it).
-
-    A torch optimizer's param-group dicts become the new optimizer's (the same dict
-    objects, given mixprec's keys): an LR scheduler of ``opt`` that is never re-bound
-    still sets the lr the new optimizer uses."""
+    """A mixprec optimizer with ``opt``'s param groups and hyper-parameters (Adam/AdamW with
+    ``state_bits``: 8-bit moments for 8; tensors with 32-bit state keep it). A torch optimizer's
+    param-group dicts become the new optimizer's (the same objects, given mixprec's keys), so an
+    LR scheduler of ``opt`` still sets the lr the new optimizer uses."""
     from .. import optim as mo
 
     check_convertible(opt, state_bits)

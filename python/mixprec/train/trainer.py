@@ -1,36 +1,28 @@
-"""``MixedPrecisionTrainer``: a mixed-precision training loop done right, in five modes.
+"""``MixedPrecisionTrainer``: a mixed-precision training loop in five modes, built on a
+:class:`~mixprec.train.manager.MixedPrecisionManager` (``trainer.mixed_precision_manager``),
+which holds the per-mode logic and can be used without the trainer.
 
-The trainer is a loop around a :class:`~mixprec.train.manager.MixedPrecisionManager`
-(``trainer.mixed_precision_manager``), which holds the per-mode logic and can be used
-without the trainer.
+Host syncs. A training step reads nothing back from the device, except:
 
-Host syncs. A training step issues no device-to-host read, except:
-
-* ``scaler.step`` with an optimizer that is not a mixprec/fused one (one
-  ``.item()``, as torch's GradScaler; MANUAL mode always uses mixprec's);
+* ``scaler.step`` with an optimizer that is not a mixprec/fused one (one ``.item()``, as
+  torch's GradScaler; MANUAL mode always uses mixprec's);
 * every ``logging_frequency`` optimizer steps: one read for the log line, the
-  ``nan/overflow/underflow_handling`` actions and the ADAPTIVE evaluation, and one for
-  the LR scheduler (the steps taken since the last log step; it is stepped only after
-  steps taken).
+  ``nan/overflow/underflow_handling`` actions and the ADAPTIVE evaluation, and one for the
+  LR scheduler (stepped over the steps taken since the last log step).
 
-With a mixprec optimizer an LR scheduler costs no read per step: its lrs reach the
-kernels from a table (:meth:`mixprec.optim.FusedOptimizer.lr_by_steps_taken`, remade at
-each log step) indexed on the device by the steps taken, and the host scheduler catches
-up at log steps and whenever :attr:`~MixedPrecisionTrainer.scheduler` is read. With
-another optimizer the scaler already reads "was the step skipped" (one ``.item()``), and
-the scheduler is stepped after each step taken, as before.
+With a mixprec optimizer an LR scheduler costs no read per step: its lrs reach the kernels
+from a table (:meth:`mixprec.optim.FusedOptimizer.lr_by_steps_taken`, remade at each log
+step) indexed on the device by the steps taken; the host scheduler catches up at log steps
+and whenever :attr:`~MixedPrecisionTrainer.scheduler` is read. With another optimizer the
+scheduler is stepped after each step taken (the scaler reads "was the step skipped" anyway).
 
-The dict :meth:`~MixedPrecisionTrainer.train_step` returns is lazy: reading
-``loss``, ``current_scale``, ``overflow_detected``, ``underflow_detected``,
-``nan_detected``, ``step_skipped`` or ``grad_norm`` syncs (once per key);
-``memory_usage``, ``lr`` and ``optimizer_step`` are host values.
-:meth:`~MixedPrecisionTrainer.train_epoch`, :meth:`~MixedPrecisionTrainer.evaluate`,
-:meth:`~MixedPrecisionTrainer.stats`, :meth:`~MixedPrecisionTrainer.save_state`
-and :meth:`~MixedPrecisionTrainer.plot` sync once each.
+The dict :meth:`~MixedPrecisionTrainer.train_step` returns is lazy: reading ``loss``,
+``current_scale``, ``overflow_detected``, ``underflow_detected``, ``nan_detected``, ``step_skipped``
+or ``grad_norm`` syncs (once per key); ``memory_usage``, ``lr`` and ``optimizer_step`` are host
+values. ``train_epoch``, ``evaluate``, ``stats``, ``save_state`` and ``plot`` sync once each.
 
-The checkpoint (:meth:`~MixedPrecisionTrainer.save_state`) is one ``torch.save`` of a dict
-of tensors and plain values (``torch.load(path, weights_only=True)`` reads it), format
-:data:`STATE_FORMAT` (``1``)::
+The checkpoint (:meth:`~MixedPrecisionTrainer.save_state`) is one ``torch.save`` of tensors and
+plain values (``torch.load(path, weights_only=True)`` reads it), format :data:`STATE_FORMAT`::
 
     format        1
     model         model.state_dict()
@@ -48,8 +40,7 @@ of tensors and plain values (``torch.load(path, weights_only=True)`` reads it), 
     pending_loss  the summed loss of an unfinished accumulation, or None
     pending_grads the grads of an unfinished accumulation (param order), or None
 
-Every file written since the format was introduced loads; a test loads files written by
-the trainer before it was split into parts (``tests/data/trainer_*.pt``).
+Every file written since the format was introduced loads (``tests/data/trainer_*.pt``).
 """
 
 from __future__ import annotations
@@ -73,13 +64,14 @@ from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle
 from ..optim import check_checkpoint
 from ..optim.torch_rules import check_torch_state_dict
-from .config import MixedPrecisionConfig, MixedPrecisionMode
-from .manager import MixedPrecisionManager, check_setup
+from .config import MixedPrecisionConfig, MixedPrecisionMode, as_config
+from .manager import MixedPrecisionManager, check_plan, check_setup
 from .metrics import (
     COLS,
     C,
     MetricsLog,
     StepMetrics,
+    has_data,
     last_values,
     log_window,
     logger,
@@ -92,9 +84,9 @@ __all__ = ["MixedPrecisionTrainer", "StepMetrics", "memory_usage", "STATE_FORMAT
 
 #: The version of the checkpoint layout (the dict's ``"format"``).
 STATE_FORMAT = 1
-#: The file of a sharded model's checkpoint directory that holds all but the model's and
-#: the optimizer's state.
+#: The file of a sharded checkpoint's directory that holds all but the model and optimizer.
 _REST_FILE = "trainer.pt"
+_WHERE = "MixedPrecisionTrainer.load_state: state"
 #: The keys of a checkpoint besides ``model``, ``optimizer`` and ``pending_grads``.
 _STATE_KEYS = ("format", "scaler", "scheduler", "config", "counters", "totals",
                "log_snapshot", "history", "history_steps", "adaptive", "rng", "pending_loss")
@@ -107,11 +99,11 @@ def _within(key: str, check: Callable[[], None]) -> None:
     try:
         check()
     except (TypeError, ValueError, KeyError) as e:
-        raise type(e)(f"MixedPrecisionTrainer.load_state: state[{key!r}]: {e}") from e
+        raise type(e)(f"{_WHERE}[{key!r}]: {e}") from e
 
 
-def _check_keys(where: str, saved: Any, expected: dict[str, Any]) -> None:
-    """``saved`` is a dict with exactly ``expected``'s keys."""
+def _check_keys(where: str, saved: Any, expected: Iterable[Any]) -> None:
+    """``saved`` is a dict with exactly the keys of ``expected``."""
     if not isinstance(saved, dict):
         raise TypeError(f"{where} must be a dict, got {type(saved).__name__}")
     missing = sorted(map(str, set(expected) - set(saved)))
@@ -124,7 +116,7 @@ def _check_keys(where: str, saved: Any, expected: dict[str, Any]) -> None:
 def _check_model_state(model: nn.Module, saved: Any) -> None:
     """``saved`` has the keys of ``model.state_dict()``, each a tensor of the same shape
     and dtype (a checkpoint of another precision setup has other dtypes)."""
-    where = "MixedPrecisionTrainer.load_state: state['model']"
+    where = f"{_WHERE}['model']"
     mine = model.state_dict()
     _check_keys(where, saved, mine)
     for k, t in mine.items():
@@ -141,15 +133,14 @@ def _check_model_state(model: nn.Module, saved: Any) -> None:
 
 
 def _check_optimizer_state(opt: Any, saved: Any) -> None:
-    """mixprec's optimizers check themselves; a torch optimizer: the layout torch's
-    ``load_state_dict`` would refuse only after replacing things."""
+    """mixprec's optimizers and torch's SGD/Adam/AdamW check themselves; another torch
+    optimizer: the layout torch's ``load_state_dict`` would refuse after replacing things."""
     check = getattr(opt, "check_state_dict", None)
     if check is not None:
-        check(saved)
+        return check(saved)
+    if check_torch_state_dict(opt, saved):
         return
-    if check_torch_state_dict(opt, saved):  # torch's SGD/Adam/AdamW: the same rules
-        return
-    where = "MixedPrecisionTrainer.load_state: state['optimizer']"
+    where = f"{_WHERE}['optimizer']"
     if not (isinstance(saved, dict) and isinstance(saved.get("state"), dict)
             and isinstance(saved.get("param_groups"), list)):
         raise ValueError(f"{where}: expected a dict with 'state' (a dict) and 'param_groups' "
@@ -169,25 +160,38 @@ def _check_optimizer_state(opt: Any, saved: Any) -> None:
 
 
 def _check_counters(c: Any) -> None:
-    where = "MixedPrecisionTrainer.load_state: state['counters']"
-    _check_keys(where, c, dict.fromkeys(_COUNTERS))
+    where = f"{_WHERE}['counters']"
+    _check_keys(where, c, _COUNTERS)
     for k in _COUNTERS:
-        v = c[k]
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"{where}[{k!r}]: expected an int >= 0, got {v!r}")
+        if not isinstance(c[k], int) or isinstance(c[k], bool) or c[k] < 0:
+            raise ValueError(f"{where}[{k!r}]: expected an int >= 0, got {c[k]!r}")
+    if c["log_step"] > c["optimizer_steps"]:
+        raise ValueError(f"{where}['log_step'] = {c['log_step']} is past "
+                         f"optimizer_steps = {c['optimizer_steps']}")
 
 
-def _check_plan(plan: Any) -> None:
-    where = "MixedPrecisionTrainer.load_state: state['adaptive']"
-    if not (isinstance(plan, dict) and isinstance(plan.get("decisions"), list)
-            and isinstance(plan.get("overrides"), dict)
-            and all(isinstance(d, dict) for d in plan["decisions"])):
-        raise ValueError(f"{where}: expected a dict with 'decisions' (a list of dicts) and "
-                         "'overrides' (a dict)")
-    root = plan.get("root_precision")
-    if root is not None and root not in ("fp16", "bf16", "fp32"):
-        raise ValueError(f"{where}['root_precision']: expected 'fp16', 'bf16', 'fp32' or None, "
-                         f"got {root!r}")
+def _check_pending(state: dict[str, Any], params: list[Tensor]) -> None:
+    """``rng``, ``pending_loss`` and ``pending_grads`` (``None``: not in ``state``)."""
+    rng, cpu_rng = state["rng"], torch.get_rng_state()
+    if not (isinstance(rng, dict) and has_data(rng.get("cpu"), cpu_rng.shape, torch.uint8)
+            and isinstance(rng.get("cuda"), (list, tuple))):
+        raise ValueError(f"{_WHERE}['rng'] must be {{'cpu': a uint8 tensor of shape "
+                         f"{list(cpu_rng.shape)}, 'cuda': a list}}")
+    loss = state["pending_loss"]
+    if loss is not None and not (has_data(loss, floating=True) and loss.numel() == 1):
+        raise ValueError(f"{_WHERE}['pending_loss'] must be None or a one-element floating tensor")
+    grads = state.get("pending_grads")
+    if grads is not None and (not isinstance(grads, (list, tuple)) or len(grads) != len(params)):
+        raise ValueError(f"{_WHERE}['pending_grads'] must be None or a list of "
+                         f"{len(params)} grads (one per param)")
+    for i, (g, p) in enumerate(zip(grads or (), params)):
+        if g is not None and not has_data(g, p.shape, floating=True):
+            raise ValueError(f"{_WHERE}['pending_grads'][{i}] must be None or a "
+                             f"floating tensor of shape {list(p.shape)}")
+    micro = state["counters"]["micro"]
+    if (micro > 0) != (loss is not None):
+        raise ValueError(f"{_WHERE}['pending_loss'] must be given exactly when "
+                         f"counters['micro'] > 0 (it is {micro})")
 
 
 def to_device(obj: Any, device: torch.device) -> Any:
@@ -202,8 +206,8 @@ def batch_size(obj: Any) -> int:
 
 
 def measured_forward(forward: Callable[[], Tensor], params: list[Tensor]) -> tuple[Tensor, int]:
-    """Run ``forward()`` while adding up the bytes autograd saves for backward, except
-    the ``params``' storages; returns ``(loss, activation bytes)``."""
+    """Run ``forward()`` adding up the bytes autograd saves for backward, except the
+    ``params``' storages; returns ``(loss, activation bytes)``."""
     seen: dict[int, int] = {}
 
     def pack(t: Tensor) -> Tensor:
@@ -223,12 +227,10 @@ def measured_forward(forward: Callable[[], Tensor], params: list[Tensor]) -> tup
 
 class _PlainProgress:
     """The progress display without tqdm: the tqdm methods the trainer calls, printing one
-    line at the start and one per epoch (``set_postfix(epoch=...)``)."""
+    line at the start and one per epoch (:meth:`epoch_end`)."""
 
     def __init__(self, total: Optional[int], desc: str) -> None:
-        self.total = total
-        self.desc = desc
-        self.n = 0
+        self.total, self.desc, self.n = total, desc, 0
         print(f"{desc}: {total if total is not None else '?'} batches", flush=True)
 
     def update(self, n: int = 1) -> None:
@@ -236,7 +238,7 @@ class _PlainProgress:
 
     def set_postfix(self, ordered_dict: Optional[dict[str, Any]] = None, refresh: bool = True,
                     **values: Any) -> None:
-        """tqdm's signature; a line is printed only at an epoch's end (:meth:`epoch_end`)."""
+        """tqdm's signature; prints nothing."""
 
     def epoch_end(self, values: dict[str, Any]) -> None:
         done = f"{self.n}/{self.total}" if self.total is not None else str(self.n)
@@ -248,31 +250,22 @@ class _PlainProgress:
 
 
 class _LineHandler(logging.Handler):
-    """The trainer's log lines written above the progress bar (``tqdm.write``, or a
-    printed line without tqdm), for :meth:`MixedPrecisionTrainer.train` while logging is
-    not configured."""
+    """Writes the trainer's log lines above the progress bar (``tqdm.write``), or prints them."""
 
     def __init__(self, bar: Any) -> None:
         super().__init__(logging.INFO)
-        self.bar = bar
+        self._write = getattr(bar, "write", None) or (lambda line: print(line, flush=True))
 
     def emit(self, record: logging.LogRecord) -> None:
-        line = self.format(record)
-        write = getattr(self.bar, "write", None)
-        if write is not None:
-            write(line)
-        else:
-            print(line, flush=True)
+        self._write(self.format(record))
 
 
 @contextlib.contextmanager
 def _log_lines(bar: Any) -> Iterator[None]:
-    """While training: the "mixprec.trainer" lines are shown. Unless logging was set up
-    to show them (INFO enabled for the logger: its effective level), they go above the
-    bar (or are printed without one): the ``logging_frequency`` lines and the epoch
-    lines, through a handler of ours for the call (not propagated, so nothing prints
-    twice). When INFO is enabled, the user's handlers write them; with a tqdm bar,
-    tqdm's ``logging_redirect_tqdm`` keeps console handlers off the bar's line."""
+    """While training, the "mixprec.trainer" lines are shown. Unless INFO is enabled for
+    that logger, they go above the bar (or are printed) through a handler of ours for the
+    call (not propagated: nothing prints twice). When it is, the user's handlers write
+    them; with a tqdm bar, ``logging_redirect_tqdm`` keeps them off the bar's line."""
     if logger.getEffectiveLevel() > logging.INFO:
         handler = _LineHandler(bar)
         level, propagate = logger.level, logger.propagate
@@ -312,33 +305,24 @@ class MixedPrecisionTrainer:
     Args:
         config: the configuration (default ``MixedPrecisionConfig()``).
         device: where to train; default the device of the model's first param.
-        history_size: at most this many per-step rows are kept for
-            :meth:`plot` / ``stats()["scale_history"]``; when full, the older
-            half is thinned to every other row (recent steps stay dense).
+        history_size: at most this many per-step rows are kept for :meth:`plot` /
+            ``stats()["scale_history"]``; when full, the older half is thinned to every
+            other row (recent steps stay dense). >= 16.
 
     Attributes set by :meth:`setup_training`:
-        model, optimizer (possibly converted, MANUAL), criterion, scheduler,
-        mixed_precision_manager (the :class:`~mixprec.MixedPrecisionManager` the
-        loop is built on), and, read from it: scaler (a :class:`mixprec.GradScaler`;
-        disabled when not needed), compute_dtype (``torch.float16``/``bfloat16`` or
-        ``None`` for float32), loss_scaling, policy_handle (the
-        :class:`mixprec.PolicyHandle` or ``None``), adaptive_decisions (list of
-        dicts: step, module, from, to, reason).
+        model, optimizer (converted in MANUAL mode), criterion, scheduler, mixed_precision_manager
+        (the :class:`~mixprec.MixedPrecisionManager` the loop is built on), and, read from it:
+        scaler, compute_dtype, loss_scaling, policy_handle, adaptive_decisions.
 
-    Aliases (the method names of the system mixprec replaces):
     :meth:`save_mixed_precision_state`, :meth:`load_mixed_precision_state` and
-    :meth:`get_mixed_precision_stats` are :meth:`save_state`, :meth:`load_state` and
-    :meth:`stats`.
+    :meth:`get_mixed_precision_stats` (the names of the system mixprec replaces) are
+    aliases of :meth:`save_state`, :meth:`load_state` and :meth:`stats`.
     """
 
     def __init__(self, config: Optional[MixedPrecisionConfig] = None, *,
                  device: Union[str, torch.device, None] = None,
                  history_size: int = 4096) -> None:
-        self.config = config if config is not None else MixedPrecisionConfig()
-        if not isinstance(self.config, MixedPrecisionConfig):
-            raise TypeError(f"MixedPrecisionTrainer: config must be a MixedPrecisionConfig, "
-                            f"got {type(self.config).__name__}")
-        self.config.validate()
+        self.config = as_config(config, "MixedPrecisionTrainer")
         if history_size < 16:
             raise ValueError(
                 f"MixedPrecisionTrainer: history_size must be >= 16, got {history_size}")
@@ -364,7 +348,8 @@ class MixedPrecisionTrainer:
 
     @property
     def scaler(self) -> Optional[GradScaler]:
-        """The manager's :class:`mixprec.GradScaler` (``None`` before setup)."""
+        """The manager's :class:`mixprec.GradScaler` (disabled when not needed; ``None``
+        before setup)."""
         return getattr(self.mixed_precision_manager, "scaler", None)
 
     @scaler.setter
@@ -416,8 +401,8 @@ class MixedPrecisionTrainer:
         return self._lr_route
 
     def _tabulate(self) -> None:
-        """(Re)make the optimizer's lr table from the scheduler as it stands (caught up):
-        one row per step up to the next log step, row 0 the next step's."""
+        """(Re)make the optimizer's lr table from the scheduler as it stands: one row per
+        step up to the next log step, row 0 the next step's."""
         rows = self.config.logging_frequency + 1
         table = self.optimizer.lr_by_steps_taken(self._scheduler, rows, restart=True)
         self._lr_rows = table[:, 0].to(self._manager().device)
@@ -426,7 +411,7 @@ class MixedPrecisionTrainer:
 
     def _catch_up_scheduler(self) -> None:
         """Step the host scheduler over the steps taken since the table was made (one
-        host read), then make the table afresh from there."""
+        host read), then remake the table."""
         if self._pending_steps == 0 or not self._route():
             return
         for _ in range(int(self._taken.item())):
@@ -434,13 +419,13 @@ class MixedPrecisionTrainer:
         self._tabulate()
 
     def _current_lr(self) -> Any:
-        """The lr of group 0 now: with the device route and steps since the table was
-        made, a 0-dim device tensor (read lazily by :class:`StepMetrics`); else a float."""
+        """The lr of group 0: a 0-dim device tensor (read lazily by :class:`StepMetrics`)
+        on the device route with steps since the table was made; else a float."""
         if self._pending_steps and self._route():
-            return self._lr_rows.index_select(
-                0, self._taken.to(torch.long).clamp(0, self._lr_rows.numel() - 1).reshape(1)
-            ).reshape(())
-        return self._lr()
+            i = self._taken.to(torch.long).clamp(0, self._lr_rows.numel() - 1).reshape(1)
+            return self._lr_rows.index_select(0, i).reshape(())
+        lr = self.optimizer.param_groups[0]["lr"]
+        return float(lr) if not isinstance(lr, Tensor) else lr
 
     def _manager(self) -> MixedPrecisionManager:
         if self.mixed_precision_manager is None or self.model is None:
@@ -460,8 +445,8 @@ class MixedPrecisionTrainer:
         self._measure_activations = True
         self._last_log: dict[str, Any] = {}
         self._step_fn: Optional[Callable[..., Any]] = None  # config.capture: made at step 1
-        # the scheduler's device route (_route): the steps taken since the optimizer's lr
-        # table was made (device), the optimizer steps since (host), group 0's rows
+        # the device route (_route): the steps taken since the optimizer's lr table was
+        # made (device), the optimizer steps since (host), group 0's rows
         self._lr_route: Optional[bool] = None
         self._taken = torch.zeros(())
         self._pending_steps = 0
@@ -473,19 +458,13 @@ class MixedPrecisionTrainer:
                        criterion: Callable[..., Tensor], scheduler: Any = None, *,
                        fp8_module_filter: Optional[Callable[[nn.Module, str], bool]] = None,
                        ) -> MixedPrecisionTrainer:
-        """Prepare ``model``/``optimizer`` for the configured mode.
+        """Prepare ``model``/``optimizer`` for the configured mode; returns ``self``.
 
-        Mutates ``model``: forwards wrapped by a precision policy (AUTOMATIC,
-        SELECTIVE, ADAPTIVE, MANUAL), params converted to float16/bfloat16
-        (MANUAL, except float32-policy modules such as norms). In MANUAL mode a
-        ``torch.optim.SGD/Adam/AdamW`` is replaced by its mixprec master-weight
-        equivalent with the same param groups and hyper-parameters (masters
-        initialised from the float32 weights before conversion), and
-        ``scheduler`` is re-pointed to it; use ``trainer.optimizer`` afterwards.
-        At the FP8 level the eligible ``nn.Linear`` layers become torchao Float8
-        linears (``fp8_module_filter(module, fqn)`` picks them; see
-        :mod:`mixprec.train.fp8`). Returns ``self``. Calling it again first undoes
-        the previous policy.
+        Mutates ``model`` as :class:`~mixprec.MixedPrecisionManager` does (policy wrappers; MANUAL:
+        16-bit params, a ``torch.optim.SGD/Adam/AdamW`` replaced by its mixprec master-weight
+        equivalent and ``scheduler`` re-pointed to it: use ``trainer.optimizer`` afterwards; FP8:
+        Float8 linears picked by ``fp8_module_filter(module, fqn)``, see :mod:`mixprec.train.fp8`).
+        Calling it again first undoes the previous policy.
         """
         check_setup(model, optimizer, self.config, self._device_arg, scheduler)
         if self.mixed_precision_manager is not None:
@@ -504,13 +483,11 @@ class MixedPrecisionTrainer:
     def _forward_loss(self, data: Any, target: Any) -> Tensor:
         manager = self._manager()
         assert self.model is not None and self.criterion is not None
-        data = to_device(data, manager.device)
-        target = to_device(target, manager.device)
         with manager.autocast():
-            output = self.model(data)
+            output = self.model(to_device(data, manager.device))
         with torch.autocast(manager.device.type, enabled=False):
-            output = cast_floating(output, torch.float32)
-            loss = self.criterion(output, target)
+            loss = self.criterion(cast_floating(output, torch.float32),
+                                  to_device(target, manager.device))
         return loss.float() if loss.dtype != torch.float32 else loss
 
     def _params(self) -> list[Tensor]:
@@ -521,42 +498,37 @@ class MixedPrecisionTrainer:
         optimizer step.
 
         Args:
-            data: the model input (tensor or nested tuple/list/dict), moved to
-                the training device (``non_blocking``); float32 inputs are cast
-                to the param dtype in MANUAL mode.
+            data: the model input (tensor or nested tuple/list/dict), moved to the training device
+                (``non_blocking``); float32 inputs are cast to the param dtype in MANUAL mode.
             target: passed to ``criterion(output, target)`` after moving.
 
         Returns:
-            :class:`StepMetrics` with ``loss`` (float32 loss of this call; of the
-            whole accumulation on the call that steps), ``current_scale`` (after
-            the update), ``overflow_detected`` (grads held inf/NaN),
-            ``underflow_detected`` (more than ``underflow_threshold`` of the
-            nonzero scaled gradient values flush to zero in the compute dtype;
-            only with ``performance_monitoring``), ``nan_detected`` (NaN loss
-            or grad norm), ``step_skipped`` (the optimizer step was skipped),
-            ``grad_norm`` (unscaled L2 norm before clipping), ``memory_usage``
-            (bytes, see :func:`memory_usage`), ``lr`` (of group 0) and
-            ``optimizer_step`` (whether this call stepped).
+            :class:`StepMetrics` with ``loss`` (float32, of this call; of the whole
+            accumulation on the call that steps), ``current_scale`` (after the update),
+            ``overflow_detected`` (grads held inf/NaN), ``underflow_detected`` (more than
+            ``underflow_threshold`` of the nonzero scaled grad values flush to zero in the
+            compute dtype; with ``performance_monitoring``), ``nan_detected`` (NaN loss
+            or grad norm), ``step_skipped``, ``grad_norm`` (unscaled L2 norm before
+            clipping), ``memory_usage`` (bytes, :func:`memory_usage`), ``lr`` (of group
+            0) and ``optimizer_step`` (whether this call stepped).
 
-        Mutates the model's grads, params, optimizer/scaler state and counters.
-        Syncs only as described in the module docstring. With ``config.capture`` the
-        step runs through :meth:`MixedPrecisionManager.make_step` (one CUDA graph,
-        replayed; grads are zeroed in place, never freed; the first step builds it
-        and a refused setup raises :class:`mixprec.capture.CaptureError` there).
+        Mutates grads, params, optimizer/scaler state and counters. Syncs only as the
+        module docstring says. With ``config.capture`` the step runs through
+        :meth:`MixedPrecisionManager.make_step` (one CUDA graph, replayed; grads zeroed
+        in place, never freed; a refused setup raises
+        :class:`mixprec.capture.CaptureError` at the first step).
         """
         manager = self._manager()
         assert self.model is not None
-        cfg = self.config
-        accum = cfg.gradient_accumulation_steps
+        accum = self.config.gradient_accumulation_steps
         self.model.train()
         if self._route() and self._lr_rows is None:
             self._taken = torch.zeros((), device=manager.device)
             self._tabulate()
-        if cfg.capture:
+        if self.config.capture:
             return self._captured_step(data, target)
         if self._micro == 0:
-            # memory_efficiency: grads were set to None at the previous step
-            self.optimizer.zero_grad(set_to_none=cfg.memory_efficiency)
+            self.optimizer.zero_grad(set_to_none=self.config.memory_efficiency)
         loss = self._first_measured_loss(data, target)
         manager.backward(loss / accum if accum > 1 else loss)
         self.micro_steps += 1
@@ -578,7 +550,6 @@ class MixedPrecisionTrainer:
         return loss
 
     def _captured_step(self, data: Any, target: Any) -> StepMetrics:
-        """``config.capture``: the whole step through the manager's captured step."""
         manager = self._manager()
         inputs = (to_device(data, manager.device), to_device(target, manager.device))
         if self._step_fn is None:
@@ -597,16 +568,10 @@ class MixedPrecisionTrainer:
         return step_row(loss.detach(), manager.step(self.optimizer), manager.device)
 
     def flush(self) -> Optional[StepMetrics]:
-        """Step on the gradients of an unfinished accumulation (e.g. at epoch end).
-
-        Returns the metrics of that step, or ``None`` when nothing was pending.
-        """
+        """Step on the gradients of an unfinished accumulation (e.g. at epoch end);
+        returns that step's metrics, or ``None`` when nothing was pending."""
         self._manager()
         return None if self._micro == 0 else self._optimizer_step()
-
-    def _lr(self) -> float:
-        lr = self.optimizer.param_groups[0]["lr"]
-        return float(lr) if not isinstance(lr, Tensor) else lr  # type: ignore[return-value]
 
     def _optimizer_step(self) -> StepMetrics:
         manager = self._manager()
@@ -636,22 +601,21 @@ class MixedPrecisionTrainer:
         if self.optimizer_steps % self.config.logging_frequency == 0:
             # a log step: the scheduler caught up; one sync, a log line, handling, ADAPTIVE
             self._catch_up_scheduler()
-            since = self._metrics.log_step
+            steps = self.optimizer_steps - self._metrics.log_step
             window, cur = self._metrics.read_window()
-            steps = self.optimizer_steps - since
-            self._last_log = last_values(self.optimizer_steps, window, cur, self._lr())
+            self._last_log = last_values(self.optimizer_steps, window, cur, self._current_lr())
             log_window(self.config, self.optimizer_steps, steps, window, self._last_log)
             manager.adapt(window[C["overflow"]], steps, cur[C["scale"]], self.optimizer_steps)
         return metrics
 
     # ------------------------------------------------------------------ loops
     def train_epoch(self, loader: Iterable[Any], _bar: Any = None) -> dict[str, Any]:
-        """One pass over ``loader`` (yielding ``(data, target)``); flushes a
-        trailing partial accumulation at the end.
+        """One pass over ``loader`` (yielding ``(data, target)``); flushes a trailing
+        partial accumulation at the end. One host sync, at the end.
 
         Returns ``epoch_loss`` (mean loss over the epoch's optimizer steps),
         ``num_batches``, ``overflow_steps``, ``underflow_steps``, ``nan_steps``,
-        ``average_scale`` and ``optimizer_steps``. One host sync at the end.
+        ``average_scale`` and ``optimizer_steps``.
         """
         self._manager()
         totals = self._metrics.totals
@@ -679,12 +643,11 @@ class MixedPrecisionTrainer:
     def train(self, loader: Iterable[Any], num_epochs: int,
               val_loader: Optional[Iterable[Any]] = None,
               progress: bool = True) -> list[dict[str, Any]]:
-        """Train for ``num_epochs`` with a progress bar (``progress``: tqdm's when tqdm is
-        installed, the ``demo`` extra; else a printed line per epoch), a log
-        line (logger ``"mixprec.trainer"``, INFO) every ``logging_frequency``
-        optimizer steps and one per epoch. Returns the per-epoch dicts of
-        :meth:`train_epoch`, with ``val_loss``/``val_accuracy`` and ``time_s``
-        added (``val_*`` only with ``val_loader``).
+        """Train for ``num_epochs`` with a progress bar (``progress``: tqdm's when installed,
+        the ``demo`` extra; else a printed line per epoch), a log line (logger
+        ``"mixprec.trainer"``, INFO) every ``logging_frequency`` optimizer steps and one
+        per epoch. Returns the per-epoch dicts of :meth:`train_epoch`, with ``epoch``,
+        ``time_s`` and, with ``val_loader``, ``val_loss``/``val_accuracy`` added.
         """
         self._manager()
         if num_epochs < 0:
@@ -696,42 +659,39 @@ class MixedPrecisionTrainer:
             total = None
         bar = _progress_bar(total, f"train ({self._describe()})") if progress else None
         history = []
-        lines = _log_lines(bar)
-        lines.__enter__()
         try:
-            for _ in range(num_epochs):
-                t0 = time.perf_counter()
-                result = self.train_epoch(loader, _bar=bar)
-                result["time_s"] = time.perf_counter() - t0
-                extra = ""
-                if val_loader is not None:
-                    ev = self.evaluate(val_loader)
-                    result["val_loss"], result["val_accuracy"] = ev["loss"], ev["accuracy"]
-                    if ev["accuracy"] is not None:
-                        extra = f" | val loss {ev['loss']:.4f} | val acc {ev['accuracy']:.4f}"
-                result["epoch"] = self.epochs_done
-                history.append(result)
-                logger.info("epoch %d | loss %.4f | overflow steps %d | avg scale %g | %.2fs%s",
-                            self.epochs_done, result["epoch_loss"], result["overflow_steps"],
-                            result["average_scale"], result["time_s"], extra)
-                if bar is not None:
-                    values = self._postfix(result["epoch_loss"], result["average_scale"],
-                                           epoch=self.epochs_done)
-                    if isinstance(bar, _PlainProgress):
-                        bar.epoch_end(values)
-                    else:
-                        bar.set_postfix(values)
+            with _log_lines(bar):
+                for _ in range(num_epochs):
+                    t0 = time.perf_counter()
+                    result = self.train_epoch(loader, _bar=bar)
+                    result["time_s"] = time.perf_counter() - t0
+                    extra = ""
+                    if val_loader is not None:
+                        ev = self.evaluate(val_loader)
+                        result["val_loss"], result["val_accuracy"] = ev["loss"], ev["accuracy"]
+                        if ev["accuracy"] is not None:
+                            extra = f" | val loss {ev['loss']:.4f} | val acc {ev['accuracy']:.4f}"
+                    result["epoch"] = self.epochs_done
+                    history.append(result)
+                    logger.info("epoch %d | loss %.4f | overflow steps %d | avg scale %g | "
+                                "%.2fs%s", self.epochs_done, result["epoch_loss"],
+                                result["overflow_steps"], result["average_scale"],
+                                result["time_s"], extra)
+                    if bar is not None:
+                        values = self._postfix(result["epoch_loss"], result["average_scale"],
+                                               self.epochs_done)
+                        if isinstance(bar, _PlainProgress):
+                            bar.epoch_end(values)
+                        else:
+                            bar.set_postfix(values)
         finally:
-            lines.__exit__(None, None, None)
             if bar is not None:
                 bar.close()
         return history
 
-    def _postfix(self, loss: float, scale: float, epoch: Optional[int] = None
-                 ) -> dict[str, str]:
-        """The progress bar's postfix, one format throughout: ``epoch`` (the one running,
-        or at its end the one done), ``loss`` (the last log step's, or at an epoch's end
-        the epoch's mean), and ``scale`` only with loss scaling."""
+    def _postfix(self, loss: float, scale: float, epoch: Optional[int] = None) -> dict[str, str]:
+        """The progress bar's postfix: ``epoch`` (the one running, or at its end the one done),
+        ``loss`` (the last log step's, or the epoch's mean), ``scale`` only with loss scaling."""
         out = {"epoch": str(self.epochs_done + 1 if epoch is None else epoch),
                "loss": f"{loss:.4f}"}
         if self.loss_scaling:
@@ -740,11 +700,9 @@ class MixedPrecisionTrainer:
 
     @torch.no_grad()
     def evaluate(self, loader: Iterable[Any]) -> dict[str, Any]:
-        """Mean loss (weighted by batch size) and, for class-index targets with
-        ``[N, C]`` outputs, accuracy, over ``loader``; in eval mode, with the
-        training precision policy. Restores the previous train/eval mode. One
-        host sync at the end.
-        """
+        """Mean loss (weighted by batch size) and, for class-index targets with ``[N, C]``
+        outputs, accuracy over ``loader``, in eval mode with the training precision policy
+        (the train/eval mode is restored). One host sync, at the end."""
         manager = self._manager()
         model, criterion, dev = self.model, self.criterion, manager.device
         assert model is not None and criterion is not None
@@ -771,9 +729,9 @@ class MixedPrecisionTrainer:
                 n += bs
         finally:
             model.train(was_training)
-        vals = torch.stack([loss_sum, correct.double()]).tolist()
-        return {"loss": vals[0] / max(n, 1),
-                "accuracy": (vals[1] / max(n, 1)) if classify and n else None, "num_samples": n}
+        loss, right = torch.stack([loss_sum, correct.double()]).tolist()
+        accuracy = right / max(n, 1) if classify and n else None
+        return {"loss": loss / max(n, 1), "accuracy": accuracy, "num_samples": n}
 
     # ------------------------------------------------------------------ reports
     def _describe(self) -> str:
@@ -787,19 +745,16 @@ class MixedPrecisionTrainer:
     def stats(self) -> dict[str, Any]:
         """Counters since setup (or since the loaded run began). One host sync.
 
-        Keys: ``total_steps`` (optimizer steps), ``micro_steps``,
-        ``skipped_steps``, ``overflow_rate``, ``underflow_steps``,
-        ``nan_steps``, ``current_scale``, ``avg_grad_norm`` (over steps where it
-        was computed and finite; NaN if none), ``scale_increases``,
-        ``scale_decreases``, ``scale_history`` (the ``(step, scale)`` pairs, at
-        most ``history_size``: a list printed as a one-line summary,
-        :class:`~mixprec.train.metrics.ScaleHistory`), ``compute_dtype`` (what is in
-        effect), ``low_precision_modules``, ``fp8_modules`` (see
-        :meth:`MixedPrecisionManager.stats`), ``mode``, ``peak_memory``,
-        ``activation_memory``, ``adaptive_decisions``.
+        Keys: ``total_steps`` (optimizer steps), ``micro_steps``, ``skipped_steps``,
+        ``overflow_rate``, ``underflow_steps``, ``nan_steps``, ``current_scale``, ``avg_grad_norm``
+        (over steps where it was computed and finite; NaN if none), ``scale_increases``,
+        ``scale_decreases``, ``scale_history`` (up to ``history_size`` ``(step, scale)`` pairs,
+        :class:`~mixprec.train.metrics.ScaleHistory`), ``compute_dtype`` (what is in effect),
+        ``low_precision_modules``, ``fp8_modules`` (see :meth:`MixedPrecisionManager.stats`),
+        ``mode``, ``peak_memory``, ``activation_memory``, ``adaptive_decisions``.
         """
-        n = self.optimizer_steps
         ms = self._manager().stats()
+        n = self.optimizer_steps
         return {"total_steps": n, "micro_steps": self.micro_steps, **self._metrics.summary(n),
                 "current_scale": ms["current_scale"],
                 "scale_increases": ms["scale_increases"] + self._scaler_offsets[1],
@@ -815,19 +770,18 @@ class MixedPrecisionTrainer:
         return self.stats()
 
     def reset(self) -> None:
-        """Forget statistics, history, counters and a pending accumulation, and
-        give the scaler its initial scale. The model, the optimizer state, the
-        scheduler and ADAPTIVE decisions are kept."""
+        """Forget statistics, history, counters and a pending accumulation, and give the
+        scaler its initial scale; keep the model, the optimizer state, the scheduler (its
+        steps taken so far) and ADAPTIVE decisions."""
         manager = self._manager()
         self.optimizer.zero_grad(set_to_none=True)
-        self._catch_up_scheduler()  # (its steps taken so far are kept)
+        self._catch_up_scheduler()
         manager.reset_scaler()
         self._reset_counters()
 
     def plot(self, path: Union[str, os.PathLike[str]]) -> str:
-        """Write a PNG of loss, log2 scale, skipped steps and grad norm per
-        optimizer step (matplotlib, Agg backend: no display needed). One sync.
-        Returns the path."""
+        """Write a PNG of loss, log2 scale, skipped steps and grad norm per optimizer step
+        (matplotlib, Agg backend: no display needed); returns the path. One sync."""
         self._manager()
         steps, hist = self._history()
         return plot_history(steps, hist, f"mixprec trainer: {self._describe()}", path)
@@ -842,52 +796,42 @@ class MixedPrecisionTrainer:
         sst = manager.scaler.stats()
         offsets = self._scaler_offsets
         return {
-            "format": STATE_FORMAT,
-            "scaler": manager.scaler.state_dict(),
+            "format": STATE_FORMAT, "scaler": manager.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "config": self.config.to_dict(),
-            "counters": {
+            "config": self.config.to_dict(), "counters": {
                 "optimizer_steps": self.optimizer_steps, "micro_steps": self.micro_steps,
                 "epochs_done": self.epochs_done, "micro": self._micro,
                 "log_step": self._metrics.log_step, "scaler_steps": sst.steps + offsets[0],
                 "scale_increases": sst.scale_increases + offsets[1],
                 "scale_decreases": sst.scale_decreases + offsets[2],
                 "peak_memory": self.peak_memory},
-            **self._metrics.state(),
-            "adaptive": manager.plan_state(),
+            **self._metrics.state(), "adaptive": manager.plan_state(),
             "rng": {"cpu": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
             "pending_loss": None if self._step_loss is None else self._step_loss.cpu(),
         }
 
     def save_state(self, path: Union[str, os.PathLike[str]]) -> None:
-        """Save everything needed to resume bitwise: model, optimizer (with
-        masters), scaler, scheduler, counters, statistics/history, config,
-        ADAPTIVE decisions and overrides, RNG states and the grads of an
-        unfinished accumulation. One host sync.
+        """Save everything needed to resume bitwise: model, optimizer (with masters), scaler,
+        scheduler, counters, statistics/history, config, ADAPTIVE plan, RNG states and the grads
+        of an unfinished accumulation. One host sync.
 
-        An unsharded model: one file, only tensors and plain Python values, so
-        ``torch.load(path, weights_only=True)`` reads it (layout: see
-        :mod:`mixprec.train.trainer`).
-
-        A sharded model (FSDP2, DTensor params): ``path`` is a directory, a
-        ``torch.distributed.checkpoint`` (DCP) checkpoint of the model's and the
-        optimizer's state (``get_state_dict``: keyed by parameter name, each rank
-        writing its shards) plus ``trainer.pt``, the rest of the layout above written
-        by rank 0. Every rank calls it. :meth:`load_state` reads it on any world size
-        and any sharding. An unfinished gradient accumulation cannot be saved this way
-        (``RuntimeError``: call :meth:`flush` first).
+        An unsharded model: one file (``torch.load(path, weights_only=True)`` reads it; layout in
+        :mod:`mixprec.train.trainer`). A sharded model (FSDP2): ``path`` is a directory, a
+        ``torch.distributed.checkpoint`` (DCP) checkpoint of the model's and the optimizer's state
+        (``get_state_dict``, each rank writing its shards) plus ``trainer.pt``, the rest, written
+        by rank 0; every rank calls it, and :meth:`load_state` reads it on any world size and
+        sharding. It cannot hold an unfinished accumulation (``RuntimeError``: :meth:`flush` first).
         """
         self._manager()
         assert self.model is not None
         if self._sharded():
-            self._save_sharded(os.fspath(path))
-            return
+            return self._save_sharded(os.fspath(path))
         state = self._state_rest()
         state["model"] = self.model.state_dict()
         state["optimizer"] = self.optimizer.state_dict()
-        state["pending_grads"] = [None if p.grad is None else p.grad.detach().cpu()
-                                  for p in self._params()] if self._micro else None
+        grads = [None if p.grad is None else p.grad.detach().cpu() for p in self._params()]
+        state["pending_grads"] = grads if self._micro else None
         torch.save(state, os.fspath(path))
 
     def _save_sharded(self, path: str) -> None:
@@ -909,29 +853,21 @@ class MixedPrecisionTrainer:
             dist.barrier()
 
     def load_state(self, path: Union[str, os.PathLike[str]], strict_config: bool = False) -> None:
-        """Restore a :meth:`save_state` checkpoint into this trainer, after
-        :meth:`setup_training` with the same model architecture and optimizer type:
-        a file (``weights_only=True``), or the directory :meth:`save_state` writes for a
-        sharded model (a DCP checkpoint: loads on any world size; every rank calls it).
+        """Restore a :meth:`save_state` checkpoint after :meth:`setup_training` with the same
+        model architecture and optimizer type: a file (``weights_only=True``), or the directory
+        of a sharded model (DCP: any world size; every rank calls it).
 
-        Everything is checked before anything changes: the layout, the model's state
-        (keys, shapes, dtypes: a checkpoint of another precision setup is refused), the
-        optimizer's (:meth:`mixprec.optim.FusedOptimizer.check_state_dict` for mixprec's),
-        the scaler's, the scheduler's keys, the counters, RNG states and pending grads.
-        A bad checkpoint raises (``ValueError``/``TypeError``/``KeyError`` naming the
-        entry) with the trainer, model, optimizer, scaler and scheduler as they were.
-
-        A config that differs from the saved one is reported with a
-        :class:`UserWarning` (``strict_config=True``: ``ValueError``; a field added
-        since the file was written counts as saved at its default). ADAPTIVE overrides
-        are re-applied. Mutates model, optimizer, scaler, scheduler, counters and the
-        global RNG states."""
+        Everything is checked before anything changes: the layout, the model's state (keys,
+        shapes, dtypes: another precision setup's is refused), the optimizer's, the scaler's, the
+        scheduler's keys, the counters, RNG states and pending grads; a bad checkpoint raises
+        ``ValueError``/``TypeError``/``KeyError`` naming the entry and changes nothing. A config
+        that differs from the saved one warns (``UserWarning``; ``strict_config=True``:
+        ``ValueError``; a field added since counts as saved at its default). Mutates model,
+        optimizer, scaler, scheduler, counters and the global RNG states."""
         self._manager()
-        assert self.model is not None
         where = os.fspath(path)
         if os.path.isdir(where):
-            self._load_sharded(where, strict_config)
-            return
+            return self._load_sharded(where, strict_config)
         state = torch.load(where, map_location="cpu", weights_only=True)
         self._check_state(state, strict_config, where)
         self._apply(lambda: self._load_all(state))
@@ -940,15 +876,15 @@ class MixedPrecisionTrainer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+        name = "MixedPrecisionTrainer.load_state"
         if not self._sharded():
-            raise ValueError(f"MixedPrecisionTrainer.load_state: {path} is a directory (the "
-                             "DCP checkpoint of a sharded model); this trainer's model is not "
-                             "sharded: shard it as the saved one was (fully_shard), any "
-                             "world size")
+            raise ValueError(f"{name}: {path} is a directory (the DCP checkpoint of a sharded "
+                             "model); this trainer's model is not sharded: shard it as the saved "
+                             "one was (fully_shard), any world size")
         rest_file = os.path.join(path, _REST_FILE)
         if not os.path.isfile(rest_file):
-            raise ValueError(f"MixedPrecisionTrainer.load_state: {path} has no {_REST_FILE}: "
-                             "not a checkpoint of MixedPrecisionTrainer.save_state")
+            raise ValueError(f"{name}: {path} has no {_REST_FILE}: not a checkpoint of "
+                             "MixedPrecisionTrainer.save_state")
         rest = torch.load(rest_file, map_location="cpu", weights_only=True)
         self._check_state(rest, strict_config, path, tensors=False, stacklevel=4)
         msd, osd = get_state_dict(self.model, self.optimizer)
@@ -988,65 +924,31 @@ class MixedPrecisionTrainer:
         if diff and strict_config:
             raise ValueError(f"{name}: config differs from the saved one in {diff}")
         if tensors:
+            assert self.model is not None
             _check_model_state(self.model, state["model"])
             _within("optimizer", lambda: _check_optimizer_state(self.optimizer,
                                                                 state["optimizer"]))
         if state["scaler"]:
             _within("scaler", lambda: manager.scaler.check_state_dict(state["scaler"]))
         if self._scheduler is not None and state["scheduler"] is not None:
-            _check_keys(f"{name}: state['scheduler']", state["scheduler"],
-                        self._scheduler.state_dict())
+            _check_keys(f"{_WHERE}['scheduler']", state["scheduler"], self._scheduler.state_dict())
         _check_counters(state["counters"])
-        c = state["counters"]
-        if c["log_step"] > c["optimizer_steps"]:
-            raise ValueError(f"{name}: state['counters']['log_step'] = {c['log_step']} is past "
-                             f"optimizer_steps = {c['optimizer_steps']}")
-        _check_plan(state["adaptive"])
-        rng = state["rng"]
-        if not (isinstance(rng, dict) and isinstance(rng.get("cpu"), Tensor)
-                and rng["cpu"].dtype == torch.uint8
-                and rng["cpu"].shape == torch.get_rng_state().shape and not rng["cpu"].is_meta
-                and isinstance(rng.get("cuda"), (list, tuple))):
-            raise ValueError(f"{name}: state['rng'] must be {{'cpu': a uint8 tensor of shape "
-                             f"{list(torch.get_rng_state().shape)}, 'cuda': a list}}")
-        loss = state["pending_loss"]
-        if loss is not None and not (isinstance(loss, Tensor) and loss.numel() == 1
-                                     and loss.is_floating_point() and not loss.is_meta):
-            raise ValueError(f"{name}: state['pending_loss'] must be None or a one-element "
-                             "floating tensor")
-        grads = state.get("pending_grads")
-        if grads is not None:
-            params = self._params()
-            if not isinstance(grads, (list, tuple)) or len(grads) != len(params):
-                raise ValueError(f"{name}: state['pending_grads'] must be None or a list of "
-                                 f"{len(params)} grads (one per param)")
-            for i, (g, p) in enumerate(zip(grads, params)):
-                if g is not None and not (isinstance(g, Tensor) and g.shape == p.shape
-                                          and g.is_floating_point() and not g.is_meta):
-                    raise ValueError(f"{name}: state['pending_grads'][{i}] must be None or a "
-                                     f"floating tensor of shape {list(p.shape)}")
-        if (c["micro"] > 0) != (loss is not None):
-            raise ValueError(f"{name}: state['pending_loss'] must be given exactly when "
-                             f"counters['micro'] > 0 (it is {c['micro']})")
-        self._metrics.check_state(state, c["optimizer_steps"])
+        check_plan(state["adaptive"], f"{_WHERE}['adaptive']")
+        _check_pending(state, self._params())
+        self._metrics.check_state(state, state["counters"]["optimizer_steps"])
         if diff:
             warnings.warn(f"{name}: config differs from the saved one in {diff}",
                           UserWarning, stacklevel=stacklevel)
 
     def _apply(self, load: Callable[[], None]) -> None:
-        """Run ``load``; if it raises, put the optimizer, scaler, scheduler, manager,
-        counters, grads and RNG states back as they were. A safety net only: the checks ran
-        first, so what is left to fail is a user's hook. The model's weights are not
-        copied for it (that would double the model's memory at every load); its load,
-        checked first (keys, shapes, dtypes), comes first."""
+        """Run ``load``; if it raises, put the optimizer, scaler, scheduler, manager, counters,
+        grads and RNG states back. A safety net for a user's hook (the checks ran first); the
+        model's weights are not copied (that would double its memory): its load comes first."""
         manager = self._manager()
-        assert self.model is not None
-        opt = self.optimizer
+        opt, scaler, sched = self.optimizer, manager.scaler, self._scheduler
         opt_state = (opt.state, opt.param_groups, [dict(g) for g in opt.param_groups])
-        scaler = manager.scaler
         scaler_state = scaler.state_dict() if scaler.is_enabled() else None
-        sched_state = (copy.deepcopy(self._scheduler.state_dict())
-                       if self._scheduler is not None else None)
+        sched_state = copy.deepcopy(sched.state_dict()) if sched is not None else None
         plan, steps = manager.plan_state(), manager.steps
         mine = dict(self.__dict__)
         rng = torch.get_rng_state()
@@ -1062,7 +964,7 @@ class MixedPrecisionTrainer:
             if scaler_state is not None:
                 scaler.load_state_dict(scaler_state)
             if sched_state is not None:
-                self._scheduler.load_state_dict(sched_state)
+                sched.load_state_dict(sched_state)
             manager.load_plan_state(plan)
             manager.steps = steps
             self.__dict__.clear()
@@ -1088,20 +990,18 @@ class MixedPrecisionTrainer:
             self._scheduler.load_state_dict(state["scheduler"])
         self._reset_counters()
         c = state["counters"]
-        self.optimizer_steps, self.micro_steps = int(c["optimizer_steps"]), int(c["micro_steps"])
-        self.epochs_done, self._micro = int(c["epochs_done"]), int(c["micro"])
-        self._scaler_offsets = [int(c["scaler_steps"]), int(c["scale_increases"]),
-                                int(c["scale_decreases"])]
-        self.peak_memory = int(c["peak_memory"])
+        self.optimizer_steps, self.micro_steps = c["optimizer_steps"], c["micro_steps"]
+        self.epochs_done, self._micro = c["epochs_done"], c["micro"]
+        self._scaler_offsets = [c["scaler_steps"], c["scale_increases"], c["scale_decreases"]]
+        self.peak_memory = c["peak_memory"]
         manager.steps = self.optimizer_steps
-        self._metrics.restore(state, self.optimizer_steps, int(c["log_step"]), manager.device)
+        self._metrics.restore(state, self.optimizer_steps, c["log_step"], manager.device)
         manager.load_plan_state(state["adaptive"])
         torch.set_rng_state(state["rng"]["cpu"])
         if state["rng"]["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        if state["pending_grads"] is not None:
-            for p, g in zip(self._params(), state["pending_grads"]):
-                p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)
+        for p, g in zip(self._params(), state["pending_grads"] or ()):
+            p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)
         if state["pending_loss"] is not None:
             self._step_loss = state["pending_loss"].to(manager.device)
         self._measure_activations = False
