@@ -1,18 +1,12 @@
 """mixprec: fused mixed-precision training ops for PyTorch.
 
-The subpackages follow the layers of ARCHITECTURE.md:
-
-* :mod:`mixprec.ops`: the fused ops (``torch.ops.mixprec.*``);
-* :mod:`mixprec.amp`: :class:`GradScaler`, :class:`autocast`, precision policies;
-* :mod:`mixprec.optim`: the fused master-weight optimizers;
-* :mod:`mixprec.train`: :class:`MixedPrecisionTrainer` and its configuration;
-* :mod:`mixprec.capture`: :func:`capture_step`, one CUDA graph per training step;
-* :mod:`mixprec.diagnostics`: :func:`check_fp16_safe`, :func:`health_report`,
-  :func:`compare_precisions`.
-
-Every public name is importable from ``mixprec`` itself. Importing this package
-loads the compiled kernels (:mod:`mixprec._extension`; :class:`ImportError` when they
-are missing or were built against another torch).
+Subpackages, by the layers of ARCHITECTURE.md: :mod:`mixprec.ops` (the fused ops),
+:mod:`mixprec.amp` (:class:`GradScaler`, :class:`autocast`, precision policies),
+:mod:`mixprec.optim` (fused master-weight optimizers), :mod:`mixprec.train`
+(:class:`MixedPrecisionTrainer`), :mod:`mixprec.capture` (:func:`capture_step`),
+:mod:`mixprec.diagnostics` (:func:`check_fp16_safe`, :func:`health_report`,
+:func:`compare_precisions`). Every public name is importable from ``mixprec``. Importing it
+loads the compiled kernels (:class:`ImportError` when missing or built for another torch).
 """
 
 from __future__ import annotations
@@ -26,19 +20,6 @@ from .capture import capture_step
 from .diagnostics import *  # noqa: F403  (every name of diagnostics.__all__)
 from .train import *  # noqa: F403  (every name of train.__all__)
 
-__all__ = [
-    "__version__",
-    "build_info",
-    "cmake_prefix_path",
-    "has_cuda_kernels",
-    "ops",
-    "amp",
-    "optim",
-    "train",
-    "capture",
-    "capture_step",
-    "diagnostics",
-    *amp.__all__,
-    *train.__all__,
-    *diagnostics.__all__,
-]
+__all__ = ["__version__", "build_info", "cmake_prefix_path", "has_cuda_kernels", "ops", "amp",
+           "optim", "train", "capture", "capture_step", "diagnostics", *amp.__all__,
+           *train.__all__, *diagnostics.__all__]

@@ -1,19 +1,13 @@
-"""Where a pip-installed mixprec keeps its C++ package (headers, libmixprec,
-CMake files), for LibTorch programs::
+"""Where a pip-installed mixprec keeps its C++ package (headers, libmixprec, CMake files)::
 
     cmake -DCMAKE_PREFIX_PATH="$(python -c 'import mixprec; print(mixprec.cmake_prefix_path)')" ..
-
     # CMakeLists.txt
     find_package(mixprec REQUIRED)      # finds Torch too
     target_link_libraries(app PRIVATE mixprec::mixprec)
 
-The prefix is ``<package>/_cpp`` (``include/mixprec/*.h``,
-``lib/libmixprec.so``, ``lib/cmake/mixprec/``). It is filled when the package
-is built with ``MIXPREC_BUNDLE_CPP=1`` (setup.py then also builds and installs
-libmixprec with CMake; wheels are built that way). Without it, build
-libmixprec from the source tree (``cmake --install``) and use that prefix;
-``cmake_prefix_path`` then raises FileNotFoundError, saying so, when it is
-printed or otherwise used as text.
+The prefix, ``<package>/_cpp``, is filled when the package is built with
+``MIXPREC_BUNDLE_CPP=1`` (as wheels are); without it ``cmake_prefix_path`` raises
+FileNotFoundError, saying how to get one, when used as text.
 """
 
 from __future__ import annotations
@@ -56,14 +50,10 @@ def missing_cpp_package_message() -> str:
 
 
 class MissingCppPackage(str):
-    """:data:`cmake_prefix_path` of an installation without the C++ package.
-
-    It compares equal to the path, but turning it into text -- ``str()``,
-    ``print``, f-strings, ``%``, ``+``, :func:`os.path.join` -- raises
-    FileNotFoundError saying how to get the C++ package, instead of handing
-    CMake a folder that does not exist. (str methods such as ``.split()``, and
-    :class:`pathlib.Path` on Python >= 3.12, still see the plain path.) Once
-    the package exists (built after the import), it behaves as the plain path.
+    """:data:`cmake_prefix_path` without the C++ package: equal to the path, but turning it
+    into text (``str()``, ``print``, f-strings, ``%``, ``+``, :func:`os.path.join`) raises
+    FileNotFoundError saying how to get the package (str methods still see the plain path).
+    Once the package exists it behaves as the plain path.
     """
 
     __slots__ = ()
@@ -89,11 +79,8 @@ class MissingCppPackage(str):
         return f"MissingCppPackage({str.__repr__(self)})"
 
 
-#: The CMake prefix of mixprec's C++ package inside this Python package (a
-#: string, like ``torch.utils.cmake_prefix_path``): ``<package>/_cpp``. Without
-#: the C++ package (editable or default installs) it is a
-#: :class:`MissingCppPackage`, which raises a FileNotFoundError with the ways
-#: to get one when used as text. See :func:`has_cpp_package`.
+#: The CMake prefix of the C++ package, ``<package>/_cpp`` (a string, like
+#: ``torch.utils.cmake_prefix_path``); a :class:`MissingCppPackage` without it.
 cmake_prefix_path: str = str(_PREFIX) if has_cpp_package() else MissingCppPackage(_PREFIX)
 
 

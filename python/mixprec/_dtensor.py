@@ -1,19 +1,10 @@
-"""DTensor (FSDP2) support shared by every layer: where torch keeps the classes, and the
-few facts mixprec needs of a DTensor.
+"""DTensor (FSDP2) support shared by every layer.
 
-mixprec's kernels work on plain tensors. A DTensor (what ``fully_shard`` turns params and
-grads into) is handed to them as its local shard (:func:`local`); what depends on the
-whole tensor is then reduced over the mesh dimensions the tensor is split over:
-
-* an inf/NaN verdict: MAX over the whole mesh (torch's own DTensor rule for
-  ``_amp_foreach_non_finite_check_and_unscale_`` skips the ``Replicate`` dimensions; a
-  MAX over them too costs one more one-element all-reduce and keeps replicas together
-  even when their grads differ);
-* a norm: the p-th powers summed over the ``Shard`` dimensions only, so that the replicas
-  of HSDP (``Replicate`` x ``Shard``) count each shard once.
-
-A DTensor's layout is read through its public ``device_mesh`` and ``placements``. Where
-FSDP2 is missing, :func:`fsdp2` says why. This module imports nothing of mixprec.
+mixprec's kernels take a DTensor as its local shard (:func:`local`); what depends on the
+whole tensor is reduced over its mesh: an inf/NaN verdict by MAX over every dimension (also
+``Replicate`` ones, keeping replicas together), a norm by summing p-th powers over the
+``Shard`` dimensions only (HSDP's replicas count each shard once). Layouts are read through
+the public ``device_mesh`` and ``placements``. This module imports nothing of mixprec.
 """
 
 from __future__ import annotations
@@ -32,9 +23,8 @@ __all__ = ["dtensor_class", "fsdp2", "fsdp2_unavailable", "is_dtensor", "any_dte
 # A DTensor's layout: (its DeviceMesh, its placements as a tuple).
 Layout = Tuple[Any, Tuple[Any, ...]]
 
-# The DTensor class once some module imported it (importing it costs about a second, so
-# mixprec never does so itself: without that module no DTensor exists), and the callbacks
-# told about it (the DTensor sharding rules of the ops, mixprec.ops._dtensor_rules).
+# The DTensor class once some module imported it (mixprec never does: it costs a second),
+# and the callbacks told about it (mixprec.ops._dtensor_rules).
 _CLS: Any = None
 _ON_FOUND: List[Callable[[Any], None]] = []
 
@@ -68,8 +58,7 @@ def fsdp2_unavailable() -> Optional[str]:
 
 
 def fsdp2() -> Tuple[Any, Any]:
-    """``(fully_shard, MixedPrecisionPolicy)`` from ``torch.distributed.fsdp``. ImportError
-    naming the torch version when it has no FSDP2."""
+    """``(fully_shard, MixedPrecisionPolicy)``; ImportError naming the torch without FSDP2."""
     if not torch.distributed.is_available():
         raise ImportError("mixprec: FSDP2 needs torch.distributed, which this torch build "
                           "does not have")
@@ -95,8 +84,7 @@ def any_dtensor(tensors: Iterable[Any]) -> bool:
 
 
 def local(t: Tensor) -> Tensor:
-    """The local shard of a DTensor (the very tensor it wraps, not a copy); ``t`` itself
-    for anything else."""
+    """A DTensor's local shard (not a copy); ``t`` itself for anything else."""
     return t._local_tensor if is_dtensor(t) else t
 
 
@@ -106,10 +94,9 @@ def locals_of(tensors: Sequence[Tensor]) -> List[Tensor]:
 
 
 def shard_like(t: Tensor, p: Tensor, what: str) -> Tensor:
-    """``t`` (a loaded state tensor of DTensor param ``p``) laid out as ``p``: a DTensor
-    on ``p``'s mesh with its placements. A DTensor laid out otherwise is redistributed; a
-    plain tensor of ``p``'s full shape (every rank holding the same values) is sharded
-    locally, without communication. ValueError for another shape."""
+    """``t`` (a loaded state tensor of DTensor param ``p``) laid out as ``p``: redistributed
+    if a DTensor, sharded locally (no communication) if a plain tensor of ``p``'s full
+    shape. ValueError for another shape."""
     if tuple(t.shape) != tuple(p.shape):
         raise ValueError(f"mixprec.optim: {what} has shape {list(t.shape)}, the param "
                          f"{list(p.shape)}")
@@ -148,9 +135,9 @@ def all_reduce(t: Tensor, op: Any, groups: Sequence[Any]) -> None:
 
 
 def all_reduce_norm(total: Tensor, norm_type: float, groups: Sequence[Any]) -> Tensor:
-    """The p-norm of the whole from this rank's ``total`` (the norm of its disjoint part):
-    the p-th powers (in float64) summed over ``groups``, then the p-th root (float32);
-    ``inf``: the MAX. A new tensor; ``total`` itself when ``groups`` is empty."""
+    """The p-norm of the whole from this rank's ``total`` (its disjoint part's): p-th powers
+    summed in float64 over ``groups``, the root in float32 (``inf``: MAX). A new tensor;
+    ``total`` itself without groups."""
     import torch.distributed as dist
 
     if not groups:
@@ -173,13 +160,9 @@ def specs_of(tensors: Iterable[Any]) -> List[Layout]:
 
 
 def reduce_groups(specs: Sequence[Any], shard_only: bool) -> List[Any]:
-    """The process groups over which a property of DTensors laid out as ``specs``
-    (:func:`specs_of`) is reduced, each once, in a fixed order (the same on every rank
-    that holds the same model): every mesh dimension (``shard_only=False``: inf checks,
-    MAX; also the ``Replicate`` ones, so that replicas whose grads differ, which a correct
-    all-reduce never gives, still cannot diverge) or every ``Shard`` dimension
-    (``shard_only=True``: norms, SUM). Empty without specs. Computed afresh each call
-    (FSDP2 models repeat a handful of layouts: one hash per tensor)."""
+    """The process groups to reduce over for DTensors laid out as ``specs``, each once, in
+    an order the same on every rank: every mesh dimension (inf checks) or, with
+    ``shard_only``, every ``Shard`` dimension (norms). Empty without specs."""
     if not specs:
         return []
     seen = dict.fromkeys(specs)  # in order
@@ -192,7 +175,6 @@ def reduce_groups(specs: Sequence[Any], shard_only: bool) -> List[Any]:
             if all(g is not h for h in groups):
                 groups.append(g)
     if shard_only and any(len(m) != len(groups) for m in per_key):
-        # a sum over one group of terms that are split over another would count them twice
         raise NotImplementedError(
             "mixprec: the norm of DTensor gradients split over different mesh dimensions "
             "is not supported; clip each set of gradients with its own optimizer")

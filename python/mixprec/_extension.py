@@ -1,10 +1,8 @@
 """Loading of the compiled extension ``mixprec._C`` and what it was built with.
 
-Importing :mod:`mixprec` loads ``mixprec._C``, which registers every kernel with the
-PyTorch dispatcher (``torch.ops.mixprec.*``). It must be there and match the running
-torch: a missing extension (a source checkout that was never built, a failed build) or
-one built against another torch raises :class:`ImportError` saying how to rebuild (a
-mismatched binary would crash or misbehave, never silently work).
+``mixprec._C`` registers every kernel with the dispatcher (``torch.ops.mixprec.*``). A missing
+extension, or one built against another torch, raises :class:`ImportError` saying how to
+rebuild.
 """
 
 from __future__ import annotations
@@ -24,11 +22,9 @@ REBUILD_HINT = (
     "tree (or `make build` in a checkout)."
 )
 
-#: Whether :mod:`mixprec.ops` enters the ops through the extension's direct entry
-#: (``mixprec._C.fast_<op>``, csrc/python_entry/fast_call.h: the one part of mixprec that reads
-#: CPython and torch-binding internals). ``MIXPREC_FAST_ENTRY=0``, read once here at
-#: import, routes every op through ``torch.ops.mixprec.*`` instead: the same kernels and
-#: results, a slower host path (every list element converted to an IValue).
+#: Whether :mod:`mixprec.ops` enters the ops through ``mixprec._C.fast_<op>``
+#: (csrc/python_entry/fast_call.h). ``MIXPREC_FAST_ENTRY=0`` (read at import) routes them
+#: through ``torch.ops.mixprec.*``: the same kernels, a slower host path.
 FAST_ENTRY: bool = os.environ.get("MIXPREC_FAST_ENTRY", "").strip().lower() not in (
     "0", "false", "no", "off")
 
@@ -46,14 +42,12 @@ def _load() -> ModuleType:
         raise ImportError(
             f"mixprec: the compiled extension mixprec._C failed to load with torch "
             f"{torch.__version__}: {exc}\nIt was most likely built against another torch. "
-            + REBUILD_HINT
-        ) from exc
+            + REBUILD_HINT) from exc
     built = module.torch_version
     if built != torch.__version__:
         raise ImportError(
             f"mixprec._C was built against torch {built}, but torch {torch.__version__} is "
-            f"running. C++ extensions must match the torch they run with. " + REBUILD_HINT
-        )
+            f"running. C++ extensions must match the torch they run with. " + REBUILD_HINT)
     return module
 
 
@@ -69,13 +63,10 @@ def has_cuda_kernels() -> bool:
 def build_info() -> dict[str, Any]:
     """What mixprec was built with and what it runs with.
 
-    Returns a dict with keys ``version``, ``torch_built`` (torch version the
-    extension was compiled against), ``torch_running``, ``cuda_kernels`` (bool),
-    ``cuda_version`` (toolkit of the build, or None), ``cuda_archs`` (list of
-    "8.0"-style strings), ``cpu_capability`` (the CPU kernel set picked for this
-    machine: "avx512", "avx2" or "default"), ``cuda_runtime_available``
-    (a GPU is usable now) and ``cuda_device`` (its name, or None). Never syncs
-    or allocates on a device.
+    A dict: ``version``, ``torch_built``, ``torch_running``, ``cuda_kernels`` (bool),
+    ``cuda_version`` (or None), ``cuda_archs`` ("8.0"-style strings), ``cpu_capability``
+    ("avx512", "avx2" or "default"), ``cuda_runtime_available`` and ``cuda_device`` (its
+    name, or None). Never syncs or allocates on a device.
     """
     gpu = torch.cuda.is_available()
     return {

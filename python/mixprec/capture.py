@@ -1,37 +1,20 @@
-"""One CUDA graph per training step: :func:`capture_step`.
+"""One CUDA graph per training step: :func:`capture_step` (guide: docs/capture.md).
 
-A layer above :mod:`mixprec.optim` and :mod:`mixprec.amp`, below :mod:`mixprec.train`.
-The user hands over their step body as it is written::
-
-    def train_step(x, y):
-        opt.zero_grad(set_to_none=False)         # grads keep their storage
-        with torch.autocast("cuda", dtype=torch.float16):
-            loss = loss_fn(model(x), y)
-        scaler.scale(loss).backward()
-        scaler.clip_grad_norm_(opt, 1.0)
-        scaler.step(opt)
-        scaler.update()
-        return loss
+Above :mod:`mixprec.optim` and :mod:`mixprec.amp`, below :mod:`mixprec.train`. The user's
+step body, written as for eager training, is captured as it is::
 
     step = mixprec.capture.capture_step(train_step, (x0, y0), optimizers=[opt],
                                         scaler=scaler, modules=[model])
     for x, y in data:
         loss = step(x, y)          # a device tensor; no host sync
-        sched.step()               # a torch LR scheduler, between calls, as usual
+        sched.step()               # between calls, as usual
 
-One graph per captured step, for one input signature (the example's shapes, dtypes
-and devices; another raises: capture another step, sharing the ``pool``). The first
-``warmup`` calls run the body eagerly on a side stream, the next one runs it eagerly
-under the checks (:class:`SyncDetector`; every persistent tensor keeps its storage; the
-body changes no host state; the scaler's iteration is closed), and the next one
-captures it into a :class:`torch.cuda.CUDAGraph` and replays it; later calls copy their
-inputs into static buffers and replay. :meth:`CapturedStep.prepare` runs before every
-call: the lr tensors are filled from the host lr, state replaced by a checkpoint load
-(torch's load hooks tell) is copied into the captured storages, and a change of what
-the graph baked in raises :class:`CaptureError` naming it. The sync ops and the baked
-settings are those of C++ ``mixprec::CapturedStep`` (``csrc/capture_rules.h``, read
-from ``mixprec._C``). On CPU the same checks and ``prepare`` run, and every call is
-eager. The guide: docs/capture.md.
+One graph per captured step, for one input signature. The first ``warmup`` calls run
+eagerly on a side stream, the next one eagerly under the checks, the next one is
+captured and replayed; later calls copy their inputs into static buffers and replay.
+:meth:`CapturedStep.prepare` runs before every call. The sync ops and baked settings are
+C++ ``mixprec::CapturedStep``'s (``csrc/capture_rules.h``, read from ``mixprec._C``). On
+CPU every call is eager, after the same checks.
 
 Host syncs: none per call once captured. Capturing synchronizes the device.
 """
@@ -54,20 +37,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _dtensor
 from ._extension import EXT
-from .amp.capability import ATTRIBUTES, HOST, LEGACY, SCALARS, step_kind
+from .amp.capability import HOST, LEGACY, SCALARS, step_kind
 
-__all__ = [
-    "CaptureError",
-    "CapturedStep",
-    "SyncDetector",
-    "SyncEvent",
-    "SYNC_OPS",
-    "capture_step",
-    "check_optimizers",
-    "check_distributed",
-    "check_autocast",
-    "persistent_tensors",
-]
+__all__ = ["CaptureError", "CapturedStep", "SyncDetector", "SyncEvent", "SYNC_OPS",
+           "capture_step", "check_optimizers", "check_distributed", "check_autocast",
+           "persistent_tensors"]
 
 log = logging.getLogger("mixprec.capture")
 
@@ -79,17 +53,11 @@ class CaptureError(RuntimeError):
     """A step cannot be captured as it is written; the message names the cause and the fix."""
 
 
-# --------------------------------------------------------------------------- detector
-
-#: Ops that read a device value on the host (a sync on CUDA; during capture an error, or
-#: a value baked into the graph), by ``OpOverloadPacket`` name, with their rule:
-#: ``"reads"`` (always), ``"bool_mask"`` (indexing with a boolean mask), ``"to_host"``
-#: (a copy from a device tensor into a CPU one). Any other op returning a Python float or
-#: bool counts too (:meth:`SyncDetector.why`). The table is C++'s
-#: (``csrc/capture_rules.h``), which ``mixprec::CapturedStep`` applies.
+#: Ops that read a device value on the host, by ``OpOverloadPacket`` name, with their rule:
+#: ``"reads"`` (always), ``"bool_mask"`` (indexing with a boolean mask), ``"to_host"`` (a
+#: device-to-CPU copy). C++'s table (``csrc/capture_rules.h``).
 SYNC_OPS: Mapping[str, str] = MappingProxyType(dict(EXT.capture_sync_ops))
-#: The param-group options a graph does not bake in (read from the device at every
-#: step): the rows of C++'s option lists flagged live.
+#: The param-group options a graph does not bake in (C++'s rows flagged live).
 _LIVE_OPTIONS: frozenset = EXT.capture_live_options
 #: The scaler's settings a graph bakes in: (name, the scaler's method or property).
 _SCALER_SETTINGS: Tuple[Tuple[str, str], ...] = EXT.capture_scaler_settings
@@ -120,21 +88,13 @@ def _user_frame() -> str:
 class SyncDetector(TorchDispatchMode):
     """A :class:`TorchDispatchMode` that counts every op that would sync with the host.
 
-    Counted (:meth:`why`): the ops of :data:`SYNC_OPS`; any other op that returns a
-    Python float or bool (a value read back to the host; an int is a size the op knows on
-    the host, as cuDNN attention's max sequence lengths); indexing with a boolean mask
-    (``aten::index``/``index_put_`` with a bool index: a ``nonzero`` on CUDA); a copy from
-    a non-CPU tensor into a CPU one. On CPU, kernels reading CPU tensors are not syncs
-    (no dispatcher op is seen); the detector counts the ops that would sync on CUDA, on
-    any device, so a CPU run proves the CUDA step sync-free. ``.item()`` of a CPU tensor
-    is counted too: under capture it bakes the value into the graph.
+    Counted (:meth:`why`): the ops of :data:`SYNC_OPS` by their rule, and any other op
+    returning a Python float or bool (an int is a size the op knows on the host). The ops
+    that would sync on CUDA are counted on any device, so a CPU run proves the CUDA step
+    sync-free (``.item()`` of a CPU tensor counts: capture would bake the value in).
 
-    Args:
-        raise_on_sync: raise :class:`CaptureError` at the first one (naming the op and
-            the user's line) instead of counting.
-
-    Attributes:
-        events: the :class:`SyncEvent` seen, in order. ``count``: their number.
+    ``raise_on_sync``: raise :class:`CaptureError` at the first one instead of counting.
+    ``events``: the :class:`SyncEvent` seen, in order; ``count``: their number.
     """
 
     def __init__(self, raise_on_sync: bool = False) -> None:
@@ -166,8 +126,6 @@ class SyncDetector(TorchDispatchMode):
                 return "copies a device tensor to the host"
         elif rule is None:
             for leaf in pytree.tree_leaves(out):
-                # (an int is a size or a count the op knows on the host -- cuDNN
-                # attention returns its max sequence lengths so -- not a device read)
                 if isinstance(leaf, bool):
                     return "returns a bool"
                 if isinstance(leaf, (float, complex)):
@@ -193,20 +151,11 @@ class SyncDetector(TorchDispatchMode):
         return out
 
 
-# --------------------------------------------------------------------------- checks
-
 def check_optimizers(optimizers: Sequence[torch.optim.Optimizer], scaler: Any) -> None:
-    """Refuse optimizers whose step cannot be captured. :class:`CaptureError` naming the
-    optimizer and the reason.
-
-    * mixprec's (``_step_takes_scalars``): accepted; lr, step counts and the scaler's
-      scalars are device tensors.
-    * others: every param group must have ``capturable=True`` (torch keeps step counts
-      on the device then); with an enabled scaler, the optimizer must also skip its own
-      step on the device (``_step_supports_amp_scaling``, torch's ``fused=True``), since
-      otherwise ``scaler.step`` reads ``found_inf`` on the host; torch's deprecated
-      ``grad_scaler`` protocol is refused.
-    """
+    """Refuse optimizers whose step cannot be captured (:class:`CaptureError` naming the
+    optimizer and the reason). mixprec's are accepted; others need ``capturable=True`` in
+    every group and, with an enabled scaler, ``_step_supports_amp_scaling`` (torch's
+    ``fused=True``); torch's deprecated ``grad_scaler`` protocol is refused."""
     if not optimizers:
         raise CaptureError("mixprec.capture: optimizers=[...] is required (the optimizers "
                            "the step body steps)")
@@ -238,14 +187,12 @@ def check_optimizers(optimizers: Sequence[torch.optim.Optimizer], scaler: Any) -
                     "on the host unless capturable=True. Use mixprec.optim (always "
                     "capturable) or pass capturable=True."
                 )
-        assert kind in (HOST, ATTRIBUTES)
 
 
 def check_distributed(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
                       modules: Sequence[torch.nn.Module]) -> None:
-    """Refuse what is not supported under capture: FSDP2 (DTensor params), a scaler with
-    a ``process_group``, DDP-wrapped modules, a multi-rank process group. See
-    ``docs/capture.md``."""
+    """Refuse FSDP2 (DTensor params), a scaler with a ``process_group``, DDP-wrapped modules
+    and a multi-rank process group (:class:`CaptureError`)."""
     for opt in optimizers:
         for group in opt.param_groups:
             if _dtensor.any_dtensor(group["params"]):
@@ -271,31 +218,24 @@ def check_distributed(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
 
 
 def check_autocast(device_type: str) -> None:
-    """Refuse an autocast region with its weight-cast cache open around the step: the
-    cache would keep tensors of the graph's pool across replays (torch's
-    ``make_graphed_callables`` refuses it too). The step body's own ``torch.autocast``
-    is fine: its cache closes inside the captured region."""
-    enabled = torch.is_autocast_enabled(device_type)
-    if enabled and torch.is_autocast_cache_enabled():
+    """Refuse an enclosing autocast region with its cast cache on (it would keep tensors of
+    the graph's pool across replays); the body's own ``torch.autocast`` is fine."""
+    if torch.is_autocast_enabled(device_type) and torch.is_autocast_cache_enabled():
         raise CaptureError(
             f"mixprec.capture: called inside an enabled torch.autocast({device_type!r}) region "
             "with its cast cache on: the cast weights it caches would outlive the graph. "
             "Put the autocast inside the step body, or use cache_enabled=False.")
 
 
-# --------------------------------------------------------------------------- bindings
-
 @dataclasses.dataclass
 class _Slot:
-    """One persistent tensor of the step: where it lives (``get``/``put``) and the tensor
-    the captured kernels use."""
+    """One persistent tensor: where it lives (``get``/``put``), the tensor the graph uses."""
 
     name: str
     get: Callable[[], Optional[Tensor]]
     put: Optional[Callable[[Tensor], None]]  # None: cannot be re-bound (a param)
     tensor: Tensor
     ptr: int
-    #: for mixprec's lr tensor of a float lr: (optimizer index, group index)
     lr_key: Optional[Tuple[int, int]] = None
 
 
@@ -303,14 +243,13 @@ def _slot(name: str, get: Callable[[], Optional[Tensor]],
           put: Optional[Callable[[Tensor], None]] = None,
           lr_key: Optional[Tuple[int, int]] = None) -> _Slot:
     t = get()
-    assert t is not None
-    return _Slot(name, get, put, t, t.data_ptr(), lr_key)
+    return _Slot(name, get, put, t, t.data_ptr(), lr_key)  # type: ignore[arg-type]
 
 
 def _entry(owner: Callable[[], Any], key: Any) -> Tuple[Callable[[], Optional[Tensor]],
                                                         Callable[[Tensor], None]]:
-    """``get``/``put`` of ``owner()[key]``, the owner looked up afresh at every use
-    (``load_state_dict`` builds new state and group dicts)."""
+    """``get``/``put`` of ``owner()[key]``, the owner looked up at every use (a load builds
+    new dicts)."""
     def get() -> Optional[Tensor]:
         d = owner()
         return None if d is None else d.get(key)
@@ -328,9 +267,8 @@ def _attr(obj: Any, name: str) -> Tuple[Callable[[], Optional[Tensor]],
 
 
 def _lr_slot(name: str, opt: torch.optim.Optimizer, o: int, i: int) -> Optional[_Slot]:
-    """The lr tensor the kernels of ``opt``'s group ``i`` read: the group's own tensor lr
-    (re-bindable), mixprec's device tensor for a float lr, or None (a float lr of a torch
-    optimizer: part of what a graph bakes in)."""
+    """The lr tensor group ``i``'s kernels read: a tensor lr, mixprec's device tensor of a
+    float lr, or None (a torch optimizer's float lr is baked in)."""
     groups = opt.param_groups
     if isinstance(groups[i]["lr"], Tensor):
         return _slot(name + "['lr']",
@@ -344,15 +282,9 @@ def _lr_slot(name: str, opt: torch.optim.Optimizer, o: int, i: int) -> Optional[
 
 def persistent_tensors(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
                        modules: Sequence[torch.nn.Module]) -> List[Tuple[str, Tensor]]:
-    """Every tensor a step keeps across steps, named: params, grads, optimizer state
-    (moments, masters, 8-bit codes and block maxima, step counts), the lr tensors, the
-    scaler's scale, growth tracker and hysteresis counter, and the modules' buffers.
-    Read-only (no op runs)."""
+    """Every tensor a step keeps across steps, named: params, grads, optimizer state, the
+    lr tensors, the scaler's state tensors and the modules' buffers. No op runs."""
     return [(s.name, s.tensor) for s in _collect_slots(optimizers, scaler, modules)]
-
-
-def _param_name(o: int, i: int, k: int) -> str:
-    return f"optimizers[{o}].param_groups[{i}]['params'][{k}]"
 
 
 def _collect_slots(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
@@ -361,7 +293,7 @@ def _collect_slots(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
     for o, opt in enumerate(optimizers):
         for i, group in enumerate(opt.param_groups):
             for k, p in enumerate(group["params"]):
-                where = _param_name(o, i, k)
+                where = f"optimizers[{o}].param_groups[{i}]['params'][{k}]"
                 slots.append(_slot(where, lambda p=p: p))
                 if p.grad is not None:
                     slots.append(_slot(where + ".grad", *_attr(p, "grad")))
@@ -387,11 +319,9 @@ def _collect_slots(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
 
 def _settings(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
               modules: Sequence[torch.nn.Module], deep: bool) -> Dict[str, Any]:
-    """What a graph bakes in from the host, by name: every param-group option but the
-    params and the live ones (``lr`` where it reaches the kernels as a device tensor),
-    the groups' param lists (as ``(list, length)``), the scaler's settings and the
-    modules' ``training`` flags (``deep``: every submodule's, else the modules' own).
-    Tensors by identity. No op runs; O(groups) unless ``deep``."""
+    """What a graph bakes in, by name: every param-group option but the live ones, the
+    param lists (``(id, len)``), the scaler's settings, the ``training`` flags (``deep``:
+    every submodule's). Tensors by identity. No op runs; O(groups) unless ``deep``."""
     out: Dict[str, Any] = {}
     for o, opt in enumerate(optimizers):
         device_lr = step_kind(opt) == SCALARS
@@ -402,13 +332,13 @@ def _settings(optimizers: Sequence[torch.optim.Optimizer], scaler: Any,
                 if key == "params":
                     out[f"{where}['params']"] = (id(value), len(value))
                 elif key in _LIVE_OPTIONS and (device_lr or isinstance(value, Tensor)):
-                    continue  # (a tensor lr is a slot, re-bound by the full walk)
+                    continue  # (a tensor lr is a slot)
                 else:
                     out[f"{where}[{key!r}]"] = id(value) if isinstance(value, Tensor) else value
     if scaler is not None:
         for name, accessor in _SCALER_SETTINGS:
             if name != "enabled" and not scaler.is_enabled():
-                continue  # (a disabled scaler has no rule)
+                continue
             value = getattr(scaler, accessor, None)
             out[f"scaler.{name}"] = value() if callable(value) else value
     for m, module in enumerate(modules):
@@ -428,12 +358,8 @@ def _changed(was: Dict[str, Any], now: Dict[str, Any]) -> Optional[str]:
     return f"{extra[0]} (new)" if extra else None
 
 
-# --------------------------------------------------------------------------- the step
-
 @dataclasses.dataclass
 class _Graph:
-    """The captured graph."""
-
     graph: Any  # torch.cuda.CUDAGraph
     static_inputs: List[Tensor]
     static_outputs: Any
@@ -460,17 +386,12 @@ def _signature(leaves: List[Any], spec: Any) -> Tuple[Any, ...]:
 class CapturedStep:
     """The callable :func:`capture_step` returns: ``step(*inputs)`` runs one training step.
 
-    Calls take inputs of the example's signature (same structure; tensor leaves of the
-    same shapes, dtypes and devices, copied into static buffers; the same other values):
-    another raises :class:`CaptureError` (capture another step for it, sharing
-    :attr:`pool`). Returns the body's return value: on a replay, clones of the static
-    outputs (device tensors; ``clone_outputs=False`` returns the static tensors
-    themselves, overwritten by the next replay). No host sync per call once captured.
+    Inputs must have the example's signature (else :class:`CaptureError`). Returns the
+    body's return value: on a replay, clones of the static outputs (``clone_outputs=False``:
+    the static tensors, overwritten by the next replay). No host sync once captured.
 
-    Attributes:
-        graph: the captured graph (None before the capture, and on CPU). ``calls``: the
-            calls made. ``device``: where the step runs. ``mode``: ``"cuda-graph"`` or
-            ``"eager"`` (CPU: validation mode). ``pool``: the graph's memory pool.
+    Attributes: ``graph`` (None before the capture, and on CPU), ``calls``, ``device``,
+    ``mode`` (``"cuda-graph"``, or ``"eager"`` on CPU), ``pool`` (the graph's memory pool).
     """
 
     def __init__(self, fn: Callable[..., Any], example_inputs: Tuple[Any, ...], *,
@@ -495,7 +416,7 @@ class CapturedStep:
         self._slots: Optional[List[_Slot]] = None  # from the checked call
         self._lr_slots: List[_Slot] = []
         self._settings: Optional[Dict[str, Any]] = None
-        self._deep: Optional[Dict[str, Any]] = None  # (with every submodule's flag)
+        self._deep: Optional[Dict[str, Any]] = None
         self._sentinels: List[Tuple[Tensor, int, Optional[Tensor]]] = []
         self._loaded = False  # set by the load hooks: the next prepare re-binds
         self._side: Any = None
@@ -518,7 +439,6 @@ class CapturedStep:
         for h in getattr(self, "_hooks", ()):
             h.remove()
 
-    # -- public ------------------------------------------------------------------
 
     def __call__(self, *inputs: Any) -> Any:
         check_autocast(self.device.type)
@@ -543,19 +463,10 @@ class CapturedStep:
     def prepare(self) -> None:
         """Make the captured state current; runs before every call (no host sync).
 
-        * what the graph bakes in (param-group options but lr, the param groups, the
-          scaler's settings, the modules' ``training`` flags) is compared with the
-          checked call's: a change raises :class:`CaptureError` naming it;
-        * after a load (torch's ``load_state_dict`` post hooks of the optimizers and
-          modules), or when the first param of a group moved or its grad was dropped,
-          every persistent tensor is walked: one replaced by a tensor of the same
-          layout (the optimizer's load builds new state) is copied into the captured
-          storage and put back (``copy_``), a dropped grad is put back, a param in new
-          storage raises;
-        * each group's host lr is written into the lr tensor the kernels read, when it
-          changed (``fill_``; a tensor lr that is not the captured one: ``copy_``).
-
-        Its cost does not grow with the number of params when nothing was loaded.
+        A change of what the graph bakes in raises :class:`CaptureError` naming it; after
+        a load (torch's load post hooks) or a moved first param or dropped grad of a group,
+        :meth:`rebind` runs; each group's lr is written into its lr tensor when it changed.
+        O(groups) when nothing was loaded.
         """
         if self._slots is None or self._settings is None:
             return
@@ -570,16 +481,15 @@ class CapturedStep:
         self._fill_lr()
 
     def rebind(self) -> None:
-        """The full walk of :meth:`prepare` (which runs it after a load): every
-        persistent tensor and every submodule's ``training`` flag checked against the
-        checked call's; replaced state copied back, dropped grads put back."""
-        assert self._slots is not None and self._deep is not None
-        problem = _changed(self._deep, _settings(self.optimizers, self.scaler,
-                                                 self.modules, deep=True))
+        """The full walk: every persistent tensor and ``training`` flag checked against the
+        checked call's; a tensor replaced by one of the same layout is copied into the
+        captured storage and put back, a dropped grad put back, anything else raises."""
+        deep = _settings(self.optimizers, self.scaler, self.modules, deep=True)
+        problem = _changed(self._deep, deep)  # type: ignore[arg-type]
         if problem is not None:
             raise CaptureError(_baked_message(problem, "since the checked call"))
         todo: List[Tuple[_Slot, Optional[Tensor]]] = []
-        for s in self._slots:
+        for s in self._slots:  # type: ignore[union-attr]
             cur = s.get()
             if cur is s.tensor and cur.data_ptr() == s.ptr:
                 continue
@@ -598,7 +508,6 @@ class CapturedStep:
                 s.put(s.tensor)  # type: ignore[misc]
         self._loaded = False
 
-    # -- phases ------------------------------------------------------------------
 
     def _refuse_inputs(self, leaves: List[Any], spec: Any) -> None:
         got = [_describe(x) for x in leaves]
@@ -630,10 +539,8 @@ class CapturedStep:
         return out
 
     def _checked(self, inputs: Tuple[Any, ...]) -> Any:
-        """One eager step under every check, run to its end (a real step, as eager
-        training would run it); then the first reason it cannot be captured raises.
-        The persistent tensors are walked before and after it; the second walk is what
-        the graph holds."""
+        """One eager step under every check, run to its end; then the first reason it cannot
+        be captured raises. The walk after it is what the graph holds."""
         before = _collect_slots(self.optimizers, self.scaler, self.modules)
         host = _settings(self.optimizers, self.scaler, self.modules, deep=True)
         lrs = [[g["lr"] for g in o.param_groups] for o in self.optimizers]
@@ -735,9 +642,8 @@ class CapturedStep:
         return pytree.tree_map_only(Tensor, lambda t: t.clone(), g.static_outputs)
 
     def _fill_lr(self) -> None:
-        """Bring each captured lr tensor of mixprec's up to date with its group's lr
-        (:meth:`mixprec.optim.FusedOptimizer.lr_tensor`: ``fill_`` when it changed; a
-        tensor lr the kernels do not read in place is copied in). No sync."""
+        """Bring each captured lr tensor up to date (``lr_tensor``: ``fill_`` when changed;
+        another tensor is copied in). No sync."""
         for s in self._lr_slots:
             o, i = s.lr_key  # type: ignore[misc]
             opt = self.optimizers[o]
@@ -765,8 +671,7 @@ def _scheduler_in_body(what: str) -> str:
 
 @contextlib.contextmanager
 def _side_stream(stream: Any) -> Iterator[None]:
-    """Run a block on ``stream`` after the current stream's work; the current stream
-    waits for it afterwards (torch's warm-up recipe for capture)."""
+    """Run a block on ``stream``, ordered after and before the current stream's work."""
     current = torch.cuda.current_stream(stream.device)
     stream.wait_stream(current)
     with torch.cuda.stream(stream):
@@ -801,43 +706,34 @@ def capture_step(
     """Capture a training step, written as for eager training, into a CUDA graph.
 
     Args:
-        step_fn: the step body, ``step_fn(*inputs) -> outputs`` (a tensor, a pytree of
-            tensors, or None). It must zero grads with ``set_to_none=False``, step the
-            optimizers through ``scaler.step`` (or directly, without a scaler) and end
-            with ``scaler.update()``. Gradient accumulation: loop over the micro-batches
-            inside the body (one graph holds the whole step).
-        example_inputs: a tuple (pytree) of inputs as the calls will pass them: tensors on
-            the step's device and plain values. They fix the one input signature of the
-            step (another raises: capture one step per shape, sharing ``pool``). Checked
-            here; not trained on (the calls are).
-        optimizers: every optimizer the body steps. mixprec's (lr as a device tensor);
-            others need ``capturable=True`` and, with a scaler, ``fused=True``
-            (:func:`check_optimizers`).
-        scaler: the :class:`mixprec.GradScaler` the body uses, or None. Its statistics
-            are counted on the device (``scaler.stats()`` counts replays);
-            ``found_inf()`` answers for the last replay.
-        schedulers: LR schedulers of these optimizers (optional): the checked call
-            refuses a body that steps one (host code a replay does not run; an lr
-            change is caught without them too, but only when it happens at that call).
+        step_fn: the step body, ``step_fn(*inputs) -> outputs`` (a pytree of tensors, or
+            None). It zeroes grads with ``set_to_none=False``, steps the optimizers
+            through ``scaler.step`` (or directly) and ends with ``scaler.update()``;
+            gradient accumulation loops over micro-batches inside it.
+        example_inputs: a tuple (pytree) of inputs as calls pass them, tensors on the
+            step's device. They fix the step's one input signature. Checked, not trained on.
+        optimizers: every optimizer the body steps: mixprec's, or torch's with
+            ``capturable=True`` (and ``fused=True`` with a scaler): :func:`check_optimizers`.
+        scaler: the :class:`mixprec.GradScaler` the body uses, or None. ``stats()`` counts
+            replays; ``found_inf()`` answers for the last replay.
+        schedulers: LR schedulers of these optimizers (optional): the checked call refuses
+            a body that steps one.
         modules: the models the body runs (optional): their buffers are persistent
-            tensors (checked, re-bound after a load) and their ``training`` flags are part
-            of what a graph bakes in; their loads (``load_state_dict``) are followed.
-            DDP-wrapped modules are refused.
+            tensors, their ``training`` flags are baked in, their loads are followed.
         warmup: eager calls before the checked one (on a side stream).
         clone_outputs: return clones of the static outputs (default) or the static
             tensors themselves (overwritten by the next replay).
-        pool: a memory pool (``torch.cuda.graph_pool_handle()``, or another step's
-            :attr:`CapturedStep.pool`) to share with other graphs, e.g. the steps of other
-            input shapes; by default a new one.
+        pool: a memory pool to share with other graphs (``torch.cuda.graph_pool_handle()``
+            or another step's :attr:`CapturedStep.pool`); by default a new one.
 
     Returns:
         A :class:`CapturedStep`. On CPU it runs every call eagerly after the same checks.
 
     Raises:
-        CaptureError: an optimizer, a distributed setup or an enclosing autocast cache
-            that cannot be captured (here, before anything runs); later, from a call, a
-            sync, a storage change or host state changed by the body (the checked call),
-            inputs of another signature or a change of what the graph bakes in (any call).
+        CaptureError: here, an optimizer, a distributed setup or an enclosing autocast cache
+            that cannot be captured; from a call, a sync, a storage change or host state
+            changed by the body (the checked call), inputs of another signature or a change
+            of what the graph bakes in (any call).
     """
     if not isinstance(warmup, int) or isinstance(warmup, bool):
         raise TypeError(f"mixprec.capture: warmup must be an int, got "

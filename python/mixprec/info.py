@@ -12,13 +12,8 @@ TOOLCHAIN_KEYS = ("cxx_compiler", "cxx_compiler_version", "nvcc_version")
 
 
 def toolchain_info() -> dict[str, str | None]:
-    """The toolchain recorded in the loaded ``mixprec._C``.
-
-    Keys ``cxx_compiler`` (path of the C++ compiler), ``cxx_compiler_version``
-    (first line of its ``--version``) and ``nvcc_version`` (nvcc's release
-    line; None without CUDA kernels). Module constants set in
-    csrc/python_entry/module.cpp from csrc/build_info.cpp.
-    """
+    """The toolchain recorded in ``mixprec._C``: ``cxx_compiler`` (path),
+    ``cxx_compiler_version`` and ``nvcc_version`` (None without CUDA kernels)."""
     return {key: getattr(_extension.EXT, key, "") or None for key in TOOLCHAIN_KEYS}
 
 

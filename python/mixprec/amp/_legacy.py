@@ -1,9 +1,6 @@
 """The per-device scaler classes ``mixprec.patch_torch()`` puts behind
-``torch.cuda.amp.GradScaler`` and ``torch.cpu.amp.GradScaler``.
-
-Both take torch's per-device argument order (no ``device``) and warn torch's
-deprecation message; they differ only in the device, a class attribute. Each
-subclasses torch's class too, so ``isinstance`` checks against it hold.
+``torch.cuda.amp.GradScaler`` and ``torch.cpu.amp.GradScaler``: torch's per-device argument
+order, torch's deprecation warning, subclasses of torch's class too.
 """
 
 from __future__ import annotations
@@ -26,31 +23,20 @@ class DeviceScaler(GradScaler):
 
     _device: ClassVar[str]
 
-    def __init__(
-        self,
-        init_scale: float = 2.0**16,
-        growth_factor: float = 2.0,
-        backoff_factor: float = 0.5,
-        growth_interval: int = 2000,
-        enabled: bool = True,
-        **extras: Any,
-    ) -> None:
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True,
+                 **extras: Any) -> None:
         device = self._device
-        warnings.warn(
-            f"`torch.{device}.amp.GradScaler(args...)` is deprecated. "
-            f"Please use `torch.amp.GradScaler('{device}', args...)` instead.",
-            FutureWarning,
-            stacklevel=2,
-        )
+        warnings.warn(f"`torch.{device}.amp.GradScaler(args...)` is deprecated. "
+                      f"Please use `torch.amp.GradScaler('{device}', args...)` instead.",
+                      FutureWarning, stacklevel=2)
         GradScaler.__init__(self, device, init_scale, growth_factor, backoff_factor,
                             growth_interval, enabled, **extras)
 
 
 class CudaGradScaler(DeviceScaler, torch.cuda.amp.GradScaler):
-    """``torch.cuda.amp.GradScaler(init_scale, growth_factor, backoff_factor,
-    growth_interval, enabled)`` backed by :class:`mixprec.GradScaler`. Warns
-    ``FutureWarning`` (torch's deprecation message) and, without CUDA, ``UserWarning``
-    and disables itself, as torch's class does."""
+    """mixprec's scaler with ``torch.cuda.amp.GradScaler``'s argument order (without CUDA it
+    warns and disables itself, as torch's)."""
 
     _device = "cuda"
 

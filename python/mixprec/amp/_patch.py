@@ -1,27 +1,13 @@
 """``mixprec.patch_torch()``: make torch's GradScaler classes construct mixprec's.
 
-After ``mixprec.patch_torch()``, ``torch.amp.GradScaler(...)`` (also reached as
-``torch.GradScaler``), ``torch.cuda.amp.GradScaler(...)`` and
-``torch.cpu.amp.GradScaler(...)`` return :class:`mixprec.GradScaler` instances
-(for the last two, subclasses with those classes' argument order that are also
-instances of the torch class), so unmodified scripts and frameworks -- including
-code that did ``from torch.amp import GradScaler`` before the patch -- use
-mixprec's scaler.
-
-How: the torch classes themselves are not replaced (``isinstance`` checks and
-earlier imports keep working); each gets a ``__new__`` that, when *exactly*
-that class is instantiated, allocates the mixprec class instead. Python then
-runs the mixprec ``__init__`` with the caller's arguments. Subclasses of torch's
-scaler (e.g. FSDP's ``ShardedGradScaler``) are not affected. Unpickling a
-torch scaler while patched also yields a mixprec one (its state is accepted).
-
-``mixprec.unpatch_torch()`` switches the hooks off (they stay installed and
-then just allocate the class being instantiated, as ``object.__new__`` does).
-``patch_torch()`` can be used as a context manager, restoring the previous
-state on exit::
-
-    with mixprec.patch_torch():
-        run_unmodified_training_script()
+After it, ``torch.amp.GradScaler(...)``, ``torch.cuda.amp.GradScaler(...)`` and
+``torch.cpu.amp.GradScaler(...)`` return :class:`mixprec.GradScaler` instances (the last two
+with their classes' argument order, still instances of them), even where the class was
+imported before. The torch classes are not replaced: each gets a ``__new__`` that allocates
+the mixprec class when exactly that class is instantiated (subclasses such as FSDP's
+``ShardedGradScaler`` are not affected; unpickling a torch scaler while patched yields a
+mixprec one). ``mixprec.unpatch_torch()`` switches the hooks off;
+``with mixprec.patch_torch(): ...`` restores the previous state on exit.
 """
 
 from __future__ import annotations
@@ -36,10 +22,8 @@ from .grad_scaler import GradScaler
 
 __all__ = ["patch_torch", "unpatch_torch", "is_torch_patched"]
 
-# The hooks are installed on first use and then stay; ``_active`` switches them.
-# (Deleting a ``__new__`` assigned to a class does not give it back
-# ``object.__new__``'s slot in CPython, so "unpatching" by deletion breaks
-# construction with arguments.)
+# The hooks stay once installed (deleting an assigned ``__new__`` breaks construction with
+# arguments in CPython); ``_active`` switches them.
 _installed: set[type] = set()
 _active = False
 
@@ -101,9 +85,8 @@ def patch_torch() -> _TorchPatch:
     """Make ``torch.amp.GradScaler`` / ``torch.cuda.amp.GradScaler`` /
     ``torch.cpu.amp.GradScaler`` construct :class:`mixprec.GradScaler`.
 
-    Takes effect immediately and lasts until :func:`unpatch_torch`; used as
-    ``with mixprec.patch_torch(): ...`` it lasts until the block exits (if
-    torch was already patched before, it stays patched). Idempotent.
+    Lasts until :func:`unpatch_torch`, or, as ``with mixprec.patch_torch(): ...``, until
+    the block exits (staying patched if it was before). Idempotent.
     """
     handle = _TorchPatch(is_torch_patched())
     _apply()

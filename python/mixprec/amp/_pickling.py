@@ -1,8 +1,5 @@
-"""Unpickling :class:`mixprec.GradScaler`: the state of any earlier form, made current.
-
-A pickle may come from torch's ``torch.amp.GradScaler`` (unpickled as mixprec's
-under ``mixprec.patch_torch()``), which lacks mixprec's attributes, or from an
-earlier mixprec version, which kept the last iteration's answer as a bool.
+"""Unpickling :class:`mixprec.GradScaler`: a torch scaler's state (under
+``mixprec.patch_torch()``) or an earlier mixprec's, made current.
 """
 
 from __future__ import annotations
@@ -16,15 +13,9 @@ __all__ = ["complete_state"]
 
 # mixprec's attributes, as a scaler built with torch's arguments has them
 _DEFAULTS: dict[str, Any] = {
-    "_policy": "torch",
-    "_allow_fp16_grads": None,
-    "_min_scale": None,
-    "_max_scale": None,
-    "_hysteresis": 1,
-    "_process_group": None,
-    "_init_hysteresis_left": 1,
-    "_hysteresis_left": None,
-}
+    "_policy": "torch", "_allow_fp16_grads": None, "_min_scale": None, "_max_scale": None,
+    "_hysteresis": 1, "_process_group": None, "_init_hysteresis_left": 1,
+    "_hysteresis_left": None}
 
 
 def complete_state(state: dict[str, Any]) -> dict[str, Any]:

@@ -1,16 +1,9 @@
 """``mixprec.autocast``: :class:`torch.autocast` by precision name, re-entrant.
 
-:class:`autocast` is a :class:`torch.autocast` subclass (``isinstance`` checks
-in frameworks keep working) that also takes ``precision="fp16" | "bf16" |
-"fp32" | "auto"`` and is re-entrant: the *same* instance may be entered while
-it is already active (nested, or recursively through a decorated function)
-and every exit restores exactly the state its matching enter found.
-:func:`resolve_precision` maps a precision name to a dtype for a device, and
-:func:`cast_floating` casts the 16-bit tensors of a nested structure. Per-module
-precision policies are in :mod:`mixprec.amp.module_policy`.
-
-Nothing here synchronizes with the device: dtype decisions are made on the host
-from tensor metadata, and casts are ordinary asynchronous kernels.
+:class:`autocast` subclasses :class:`torch.autocast`, also takes ``precision="fp16" | "bf16"
+| "fp32" | "auto"`` and can be re-entered while active (each exit restores what its enter
+found). :func:`resolve_precision` maps a name to a dtype; :func:`cast_floating` casts the
+16-bit tensors of a nested structure. Nothing here syncs with the device.
 """
 
 from __future__ import annotations
@@ -32,15 +25,13 @@ _LOW = (torch.float16, torch.bfloat16)
 def resolve_precision(device_type: str, precision: str) -> tuple[Optional[torch.dtype], bool]:
     """Map a precision name to ``(autocast dtype or None, needs_loss_scaling)``.
 
-    ``"fp16"`` -> ``(float16, True)``; ``"bf16"`` -> ``(bfloat16, False)``;
-    ``"fp32"`` -> ``(None, False)`` (autocast off); ``"auto"`` -> bfloat16 where
-    the device supports it (CUDA with ``torch.cuda.is_bf16_supported()``, CPU),
-    else float16 with loss scaling (older CUDA GPUs), else fp32. Host only.
+    ``"fp16"`` -> ``(float16, True)``; ``"bf16"`` -> ``(bfloat16, False)``; ``"fp32"`` ->
+    ``(None, False)`` (autocast off); ``"auto"`` -> bfloat16 where supported, else float16
+    with loss scaling (older CUDA GPUs), else fp32. Host only.
     """
     if precision not in PRECISIONS:
         raise ValueError(
-            f"mixprec.autocast: precision must be one of {PRECISIONS}, got {precision!r}"
-        )
+            f"mixprec.autocast: precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "auto":
         if device_type != "cuda":
             supported = device_type in ("cpu", "xpu", "mps", "hpu")
@@ -59,22 +50,17 @@ class autocast(torch.autocast):
 
     Args:
         device_type: ``"cuda"``, ``"cpu"``, ... as for torch.
-        dtype: the low-precision dtype (torch's keyword). Mutually exclusive
-            with a ``precision`` that implies another dtype.
-        enabled: as torch; ``False`` makes the region run without autocast.
-        cache_enabled: as torch.
-        precision: ``"fp16"``, ``"bf16"``, ``"fp32"`` (autocast disabled: the
-            region runs in the params' dtype) or ``"auto"`` (see
-            :func:`resolve_precision`). ``None`` (default): use ``dtype``.
+        dtype: the low-precision dtype (torch's keyword); must agree with ``precision``.
+        enabled, cache_enabled: as torch.
+        precision: ``"fp16"``, ``"bf16"``, ``"fp32"`` (autocast disabled) or ``"auto"``
+            (:func:`resolve_precision`). ``None`` (default): use ``dtype``.
 
     Attributes:
         precision: the resolved name (``"fp16"``, ``"bf16"`` or ``"fp32"``).
-        needs_loss_scaling: ``True`` when the region computes in float16, i.e.
-            gradients should go through a (mixprec) GradScaler.
+        needs_loss_scaling: ``True`` when the region computes in float16.
 
-    Usable as a context manager (also nested with itself) or as a decorator,
-    any number of times. The autocast state is thread-local in torch, and so is
-    the stack of saved states kept here. No host sync.
+    A context manager (also nested with itself) or a decorator; the saved states are
+    thread-local, as torch's autocast state. No host sync.
     """
 
     def __init__(
@@ -93,14 +79,12 @@ class autocast(torch.autocast):
                 if dtype not in (None, torch.float32):
                     raise ValueError(
                         f"mixprec.autocast: precision={precision!r} disables autocast but "
-                        f"dtype={dtype} was also given"
-                    )
+                        f"dtype={dtype} was also given")
                 enabled = False
             elif dtype is not None and dtype != pdtype:
                 raise ValueError(
                     f"mixprec.autocast: dtype={dtype} conflicts with precision={precision!r} "
-                    f"(which means {pdtype})"
-                )
+                    f"(which means {pdtype})")
             else:
                 dtype = pdtype
         elif dtype == torch.float32:
@@ -139,19 +123,15 @@ class autocast(torch.autocast):
         self._saved = threading.local()
 
     def __repr__(self) -> str:
-        return (
-            f"mixprec.autocast(device_type={self.device!r}, precision={self.precision!r}, "
-            f"dtype={self.fast_dtype}, enabled={self._enabled})"
-        )
+        return (f"mixprec.autocast(device_type={self.device!r}, precision={self.precision!r}, "
+                f"dtype={self.fast_dtype}, enabled={self._enabled})")
 
 
-# ----------------------------------------------------------------------- casting
 def cast_floating(obj: Any, dtype: torch.dtype, only: Sequence[torch.dtype] = _LOW) -> Any:
     """Cast every tensor of a dtype in ``only`` inside ``obj`` to ``dtype``.
 
-    ``obj`` may be a tensor or a (nested) tuple/list/dict of them; other
-    values pass through unchanged. Returns new containers; tensors already in
-    ``dtype`` or of other dtypes are returned as they are (no copy).
+    ``obj``: a tensor or a nested tuple/list/dict; other values pass through. Returns new
+    containers; other tensors are returned as they are (no copy).
     """
     if isinstance(obj, torch.Tensor):
         return obj.to(dtype) if obj.dtype in only and obj.dtype != dtype else obj

@@ -1,19 +1,10 @@
-"""Which of the step protocols an optimizer speaks: the scaler's only view of its type.
+"""Which step protocol an optimizer speaks: the scaler's only view of its type.
 
-:class:`mixprec.GradScaler` never tests an optimizer's class. It reads what the
-optimizer declares:
-
-* ``_step_supports_amp_scaling`` (torch's flag): the optimizer skips its own step on
-  the device when ``found_inf`` is set, so the scaler never syncs to decide;
-* ``_step_takes_scalars`` (mixprec's one extension of it, declared by
-  :class:`mixprec.optim.Adam`, ``AdamW`` and ``SGD``): with the flag above, ``step()``
-  takes ``grad_scale``/``found_inf``/``clip_coef`` as keyword arguments
-  (:func:`mixprec.amp.protocol.step_direct`) instead of torch's attributes;
-* a ``grad_scaler`` parameter of ``step`` (torch's deprecated protocol).
-
-:func:`step_kind` answers all three at once, before the scaler's inf check; the
-stepping itself is :mod:`mixprec.amp.protocol`'s. The C++ twin tests
-``dynamic_cast<FusedOptimizer*>``.
+:class:`mixprec.GradScaler` never tests an optimizer's class; it reads what the optimizer
+declares: ``_step_supports_amp_scaling`` (torch's: it skips its own step on ``found_inf``),
+``_step_takes_scalars`` (mixprec's: ``step()`` takes ``grad_scale``/``found_inf``/
+``clip_coef`` as keywords) or a ``grad_scaler`` parameter of ``step`` (torch's deprecated
+protocol). The stepping is :mod:`mixprec.amp.protocol`'s.
 """
 
 from __future__ import annotations
@@ -42,9 +33,7 @@ def step_kind(optimizer: torch.optim.Optimizer) -> str:
 
 
 def step_takes_grad_scaler(step: Callable[..., Any]) -> bool:
-    """Whether ``step`` has a ``grad_scaler`` parameter (torch's deprecated protocol): the
-    argument names of its code object (torch's step wrappers unwrapped), or
-    ``inspect.signature`` for a callable without one. Nothing is kept."""
+    """Whether ``step`` (unwrapped) has a ``grad_scaler`` parameter. Nothing is kept."""
     code = getattr(inspect.unwrap(getattr(step, "__func__", step)), "__code__", None)
     if code is None:
         return "grad_scaler" in inspect.signature(step).parameters

@@ -1,24 +1,16 @@
 """Gradient clipping of :meth:`mixprec.GradScaler.clip_grad_norm_`: the decision tree.
 
-:func:`clip_grad_norm` picks one of three branches for an optimizer's gradients:
+1. **folded** (a mixprec optimizer, ``fold_into_step=True``, ``p > 0``, no sparse grads): one
+   read-only pass, :func:`mixprec.ops.check_finite_and_norm_`; the grads stay scaled and
+   unclipped, the step gets ``grad_scale`` and the clip coefficient (kept in the
+   :class:`~mixprec.amp.protocol.OptimizerRecord`).
+2. **fused** (from READY otherwise): :func:`mixprec.ops.unscale_and_norm_`, then an in-place
+   clip (:func:`clip_with_norm`).
+3. **unfused** (after ``unscale_``, or ``norm_type`` 0): ``unscale_`` if needed, torch's
+   ``get_total_norm`` and the in-place clip.
 
-1. **folded** (a mixprec optimizer, ``fold_into_step=True``, a p-norm with
-   ``p > 0``, no sparse grads): one read-only pass,
-   :func:`mixprec.ops.check_finite_and_norm_`, gives the inf flag and the
-   norm of ``grad / scale``. The grads stay scaled and unclipped; the
-   optimizer's step gets ``grad_scale`` and the clip coefficient (kept in the
-   optimizer's :class:`~mixprec.amp.protocol.OptimizerRecord`).
-2. **fused** (from READY otherwise): :func:`mixprec.ops.unscale_and_norm_`
-   unscales, checks and measures in one pass; then an in-place clip
-   (:func:`clip_with_norm`).
-3. **unfused** (``unscale_`` already ran, ``norm_type`` 0, or the op is not
-   available): ``unscale_`` if still needed, torch's ``get_total_norm`` and the
-   in-place clip.
-
-With a ``process_group`` the norm is reduced over the ranks; without one, DTensor (FSDP2)
-grads are measured on their local shards and the norm is reduced over the ``Shard``
-dimensions of their mesh (not over ``Replicate`` ones: HSDP counts each shard once). No
-branch syncs with the host.
+The norm is reduced over ``process_group``, else over the ``Shard`` mesh dimensions of
+DTensor grads (HSDP counts each shard once). No branch syncs with the host.
 """
 
 from __future__ import annotations
@@ -48,18 +40,9 @@ __all__ = ["ClipAccess", "clip_grad_norm", "clip_with_norm"]
 
 @dataclass(frozen=True)
 class ClipAccess:
-    """What clipping needs of the scaler, handed over by it (data, not the scaler).
-
-    Attributes:
-        scale: the scale tensor (float32, one element); its device is where the norm and
-            the inf flags end up.
-        state: the optimizer's per-iteration state dict (``stage``,
-            ``found_inf_per_device``, the :class:`~mixprec.amp.protocol.IterationRecord`);
-            written here.
-        allow_fp16_grads: the scaler's ``allow_fp16_grads`` setting (None: decided by the
-            optimizer, :func:`~mixprec.amp.grads.fp16_grads_allowed`).
-        process_group: the group the norm and the flags are reduced over, or ``None``.
-    """
+    """What clipping needs of the scaler: ``scale`` (float32, one element; where the norm
+    and flags end up), ``state`` (the optimizer's per-iteration dict; written here), the
+    scaler's ``allow_fp16_grads`` and ``process_group``."""
 
     scale: Tensor
     state: dict[str, Any]
@@ -73,45 +56,31 @@ class ClipAccess:
         return collect_grads(optimizer, allow, coalesce_sparse)
 
 
-def clip_grad_norm(
-    scaler: ClipAccess,
-    optimizer: torch.optim.Optimizer,
-    max_norm: float,
-    norm_type: float,
-    fold_into_step: bool,
-) -> Tensor:
-    """The body of :meth:`mixprec.GradScaler.clip_grad_norm_` of an enabled scaler (see its
-    documentation)."""
+def clip_grad_norm(scaler: ClipAccess, optimizer: torch.optim.Optimizer, max_norm: float,
+                   norm_type: float, fold_into_step: bool) -> Tensor:
+    """:meth:`mixprec.GradScaler.clip_grad_norm_` of an enabled scaler."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     scale, state = scaler.scale, scaler.state
     if state["stage"] is OptState.STEPPED:
         raise RuntimeError("clip_grad_norm_() is being called after step().")
     norm_type = float(norm_type)
     home = scale.device
-    fold = (
-        fold_into_step
-        and step_kind(optimizer) is SCALARS
-        and norm_type > 0
-        and not any(p.grad is not None and p.grad.is_sparse for p in params)
-    )
+    fold = (fold_into_step and step_kind(optimizer) is SCALARS and norm_type > 0
+            and not any(p.grad is not None and p.grad.is_sparse for p in params))
     record = record_of(state)
     deferred = record.deferred_unscale
     if deferred and not fold:
-        # An earlier folded clip of this iteration left the grads scaled, its coefficient
-        # pending: apply both now, so that this clip measures and clips the grads the step
-        # would see, and the step then neither unscales nor clips them again.
+        # an earlier folded clip left the grads scaled, its coefficient pending: apply both
         _apply_deferred(scaler, optimizer, record)
         deferred = False
     total: Optional[Tensor] = None
     group = scaler.process_group
-    specs: list[Any] = []  # the layouts of DTensor grads (measured on their local shards)
+    specs: list[Any] = []  # the layouts of DTensor grads
     if fold and (state["stage"] is OptState.READY or deferred):
-        # Read-only pass: found_inf and the norm of grad * inv_scale.
         per_device = scaler.grads(optimizer)
         specs = per_device.specs
-        flags, total = norm_pass(
-            per_device, ops.check_finite_and_norm_, inv_scale(scale), norm_type
-        )
+        flags, total = norm_pass(per_device, ops.check_finite_and_norm_, inv_scale(scale),
+                                 norm_type)
         if not deferred:
             state["found_inf_per_device"] = reduce_found_inf(flags, home, group, specs)
             state["stage"] = OptState.UNSCALED
@@ -127,7 +96,6 @@ def clip_grad_norm(
             for p in params:
                 if p.grad is not None and p.grad.is_sparse:
                     p.grad = p.grad.coalesce()
-            # what the scaler's unscale_ does from READY
             found = torch.zeros((), dtype=torch.float32, device=home)
             state["found_inf_per_device"] = unscale_optimizer_grads(
                 optimizer, inv_scale(scale), found, False, group, scaler.allow_fp16_grads)
@@ -147,8 +115,6 @@ def clip_grad_norm(
                                          _dtensor.reduce_groups(specs, shard_only=True))
     pending = record.clip_coef
     if pending is not None:
-        # An earlier folded clip of this iteration: the grads it would have
-        # produced are the current ones times its coefficient.
         total = total * pending
     if fold:
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
@@ -160,10 +126,8 @@ def clip_grad_norm(
 
 def _apply_deferred(scaler: ClipAccess, optimizer: torch.optim.Optimizer,
                     record: Any) -> None:
-    """Multiply the grads by ``inv_scale`` times the pending clip coefficient, in place,
-    and clear the record's deferral (the inf flags of the folded pass stay valid: scaling
-    by a finite positive factor keeps every finite value finite, up to an overflow that
-    unscaling cannot produce). No host sync."""
+    """Multiply the grads in place by ``inv_scale`` times the pending clip coefficient and
+    clear the deferral (the folded pass's inf flags stay valid). No host sync."""
     factor = inv_scale(scaler.scale)
     if record.clip_coef is not None:
         factor = factor * record.clip_coef

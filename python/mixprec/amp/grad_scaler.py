@@ -1,19 +1,14 @@
 """``mixprec.GradScaler``: a drop-in, faster :class:`torch.amp.GradScaler`.
 
-A subclass (``isinstance`` checks in frameworks still pass) with torch's
-constructor, methods, state machine, exceptions and the private attributes and
-hooks frameworks use. It overrides only what differs; the parts live beside it:
-:mod:`.grads` (one fused op per device over all grads), :mod:`.capability` (which
-protocol an optimizer speaks), :mod:`.protocol` (how it is stepped, the
-per-optimizer record), :mod:`.policies` (scale
-rules), :mod:`.clipping` (:meth:`~GradScaler.clip_grad_norm_`).
+A subclass with torch's constructor, methods, state machine, exceptions and the private
+attributes and hooks frameworks use; it overrides only what differs. The parts: :mod:`.grads`
+(one fused op per device), :mod:`.capability` and :mod:`.protocol` (how an optimizer is
+stepped), :mod:`.policies` (scale rules), :mod:`.clipping`.
 
-Host syncs: :meth:`~GradScaler.step` syncs once (one ``.item()`` per device, as
-torch) only for ordinary optimizers, whose step must be skipped on the host;
-:meth:`~GradScaler.get_scale`, :meth:`~GradScaler.state_dict`,
-:meth:`~GradScaler.stats`, :attr:`~GradScaler.step_was_skipped` and pickling
-read device values. Everything else, :meth:`~GradScaler.found_inf` included,
-is asynchronous.
+Host syncs: :meth:`~GradScaler.step` syncs once per device only for ordinary optimizers (as
+torch); :meth:`~GradScaler.get_scale`, :meth:`~GradScaler.state_dict`,
+:meth:`~GradScaler.stats`, :attr:`~GradScaler.step_was_skipped` and pickling read device
+values. Everything else is asynchronous.
 """
 
 from __future__ import annotations
@@ -30,18 +25,11 @@ from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 from . import capability, grads, protocol
 from ._pickling import complete_state
 from .clipping import ClipAccess, clip_grad_norm
-from .policies import (
-    POLICIES,
-    ScalePolicy,
-    ScaleRule,
-    apply_scale_rule,
-    resolve_options,
-)
+from .policies import POLICIES, ScalePolicy, ScaleRule, apply_scale_rule, resolve_options
 from .protocol import IterationRecord, record_of
 from .stats import ScalerStats, _StatsTracker
 
 __all__ = ["GradScaler", "ScalePolicy", "POLICIES", "OptState"]
-
 
 _STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
@@ -51,8 +39,7 @@ def _number(v: Any) -> bool:
 
 
 def check_device(device: Any, who: str = "mixprec.GradScaler") -> None:
-    """``device`` must be a device string torch parses (``"cuda"``, ``"cpu"``...):
-    ``ValueError`` naming ``who``'s argument otherwise."""
+    """``ValueError`` naming ``who`` unless ``device`` is a device string torch parses."""
     try:
         ok = isinstance(device, str) and torch.device(device) is not None
     except RuntimeError:
@@ -64,10 +51,9 @@ def check_device(device: Any, who: str = "mixprec.GradScaler") -> None:
 
 def _check_scale_options(where: str, *, error: type = ValueError, key: str = "{}",
                          **values: Any) -> None:
-    """The ranges the constructor takes, for the constructor and for a loaded state dict
-    (``key`` formats the name in the message, e.g. ``"state_dict[{!r}]"``).
-    ``growth_factor``/``backoff_factor`` out of range raise ``error`` (AssertionError in
-    the constructor, as torch); every other bad value ValueError or TypeError."""
+    """The ranges the constructor takes (``key`` formats the name in the message). Factors
+    out of range raise ``error`` (AssertionError in the constructor, as torch); other bad
+    values ValueError or TypeError."""
     for name, v in values.items():
         shown = key.format(name)
         if name in ("growth_interval", "_growth_tracker", "_hysteresis_left"):
@@ -88,6 +74,10 @@ def _check_scale_options(where: str, *, error: type = ValueError, key: str = "{}
         if name == "backoff_factor" and not (0.0 < v < 1.0):
             raise error(f"{where}: {shown} must be in (0, 1), got {v!r} "
                         "(The backoff factor must be < 1.0.)")
+
+
+def _read_only(attr: str, doc: str) -> property:
+    return property(lambda self: getattr(self, attr), doc=doc)
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -112,37 +102,30 @@ class GradScaler(torch.amp.GradScaler):
     ``scaler.clip_grad_norm_(optimizer, 1.0)`` (one pass, no sync).
 
     Args:
-        device: device type of the scale, ``"cuda"`` (default) or ``"cpu"``
-            (any type torch accepts). As in torch, ``"cuda"`` without CUDA
-            warns and disables the scaler.
+        device: device type of the scale, ``"cuda"`` (default) or ``"cpu"`` (any type torch
+            accepts). ``"cuda"`` without CUDA warns and disables the scaler, as torch.
         init_scale: initial scale (default ``2.0**16``).
-        growth_factor: factor applied after ``growth_interval`` clean
-            iterations; must be > 1 (``AssertionError`` otherwise, as torch).
-        backoff_factor: factor applied on overflow; must be < 1.
+        growth_factor: applied after ``growth_interval`` clean iterations; must be > 1
+            (``AssertionError`` otherwise, as torch).
+        backoff_factor: applied on overflow; must be < 1.
         growth_interval: clean iterations between growths (default 2000).
-        enabled: ``False`` makes every method a transparent no-op
-            (:meth:`step` just calls ``optimizer.step``).
+        enabled: ``False`` makes every method a no-op (:meth:`step` calls ``optimizer.step``).
 
     Keyword-only extras (not in torch):
-        allow_fp16_grads: accept float16 gradients instead of raising
-            ``ValueError("Attempting to unscale FP16 gradients.")``. ``None``
-            (default): accept them only for optimizers that keep float32 master
-            weights (``optimizer.master_weights is True`` or
-            ``optimizer._mixprec_master_weights is True``).
-        min_scale, max_scale: bounds on the scale (finite, > 0). Backoff never
-            goes below ``min_scale``, growth never above ``max_scale``.
-        hysteresis: number of overflows tolerated before backing off, counted
-            since the last growth (1 = back off on every overflow, torch).
-        policy: ``"torch"`` (default), ``"deepspeed"`` or ``"megatron"``;
-            see :data:`POLICIES` for the exact rules and their sources.
-        process_group: a ``torch.distributed`` process group. Every inf check
-            is all-reduced (max) over its ranks, so that all ranks skip the same
-            steps, and :meth:`clip_grad_norm_` reduces the norm over the ranks
-            (disjoint shards assumed). Every rank must call the same methods.
+        allow_fp16_grads: accept float16 grads instead of raising
+            ``ValueError("Attempting to unscale FP16 gradients.")``. ``None`` (default):
+            only for optimizers with float32 masters (``optimizer.master_weights is True``
+            or ``optimizer._mixprec_master_weights is True``).
+        min_scale, max_scale: bounds on the scale (finite, > 0).
+        hysteresis: overflows tolerated since the last growth before backing off (1: torch).
+        policy: ``"torch"`` (default), ``"deepspeed"`` or ``"megatron"`` (:data:`POLICIES`).
+        process_group: a ``torch.distributed`` group: every inf check is all-reduced (max)
+            over it, so all ranks skip the same steps, and :meth:`clip_grad_norm_` reduces
+            the norm (disjoint shards assumed). Every rank must call the same methods.
 
-    State: ``_scale`` (float32 0-dim) and ``_growth_tracker`` (int32 0-dim) live
-    on the device of the first tensor passed to :meth:`scale`, created lazily
-    there; with hysteresis, ``_hysteresis_left`` (int32 0-dim) next to them.
+    State: ``_scale`` (float32 0-dim), ``_growth_tracker`` (int32 0-dim) and, with
+    hysteresis, ``_hysteresis_left`` (int32 0-dim), created lazily on the device of the
+    first tensor passed to :meth:`scale`.
     """
 
     def __init__(
@@ -177,8 +160,6 @@ class GradScaler(torch.amp.GradScaler):
                 stacklevel=2,
             )
             self._enabled = False
-
-        # mixprec's own state (present even when disabled).
         self._policy = policy
         self._allow_fp16_grads = allow_fp16_grads
         self._min_scale = options.min_scale
@@ -201,129 +182,78 @@ class GradScaler(torch.amp.GradScaler):
             self._init_growth_tracker = 0
             self._growth_tracker: Optional[Tensor] = None
             self._per_optimizer_states: dict[int, dict[str, Any]] = defaultdict(
-                _refresh_per_optimizer_state
-            )
+                _refresh_per_optimizer_state)
 
-    # ------------------------------------------------------------------ properties
-    @property
-    def policy(self) -> str:
-        """The preset this scaler was built with (``"torch"``, ``"deepspeed"``, ``"megatron"``)."""
-        return self._policy
-
-    @property
-    def process_group(self) -> Optional[Any]:
-        """The ``torch.distributed`` group inf checks are reduced over, or ``None``."""
-        return self._process_group
-
-    @property
-    def hysteresis(self) -> int:
-        """Overflows tolerated (since the last growth) before backing off; 1 = torch."""
-        return self._hysteresis
-
-    @property
-    def min_scale(self) -> Optional[float]:
-        """Lower bound of the scale, or ``None``."""
-        return self._min_scale
-
-    @property
-    def max_scale(self) -> Optional[float]:
-        """Upper bound of the scale, or ``None``."""
-        return self._max_scale
+    policy = _read_only("_policy", "The preset this scaler was built with (``POLICIES``).")
+    process_group = _read_only("_process_group", "The group inf checks are reduced over, or None.")
+    hysteresis = _read_only("_hysteresis", "Overflows tolerated before backing off; 1 = torch.")
+    min_scale = _read_only("_min_scale", "Lower bound of the scale, or ``None``.")
+    max_scale = _read_only("_max_scale", "Upper bound of the scale, or ``None``.")
 
     def scale_tensor(self) -> Optional[Tensor]:
-        """The scale as the scaler keeps it: a 0-dim float32 tensor on the device of
-        the first :meth:`scale` call, read without a host sync. ``None`` when disabled
-        or before the first :meth:`scale`. It is the scaler's own tensor: read it
-        (e.g. to log it later), do not write it; :meth:`update` changes it in place."""
+        """The scale itself (0-dim float32, no sync; ``None`` when disabled or before the
+        first :meth:`scale`). Read it, do not write it; :meth:`update` changes it in place."""
         return self._scale if self._enabled else None
 
     def iteration_open(self) -> bool:
-        """Whether an iteration is under way: some optimizer was unscaled, checked or
-        stepped since the last :meth:`update` (which closes it). No host sync."""
+        """Whether some optimizer was unscaled, checked or stepped since the last
+        :meth:`update`. No host sync."""
         return any(map(protocol.was_checked, self._per_optimizer_states.values()))
 
     def fresh(self, init_scale: Optional[float] = None) -> GradScaler:
-        """A new scaler with this one's settings and a fresh state.
-
-        Same device, growth and backoff factors (as they stand: torch's setters
-        change them), growth interval, ``enabled``, and the extras (policy, bounds,
-        hysteresis, ``allow_fp16_grads``, ``process_group``); the scale starts at
-        ``init_scale`` (default: this scaler's initial scale), with no growth count
-        and no statistics. This scaler is not modified."""
+        """A new scaler with this one's current settings (factors as torch's setters left
+        them, and the extras) and a fresh state starting at ``init_scale`` (default: this
+        one's initial scale). This scaler is not modified."""
         if init_scale is None:
             init_scale = getattr(self, "_init_scale", 2.0**16)
         return GradScaler(
-            self._device,
-            init_scale=init_scale,
-            growth_factor=getattr(self, "_growth_factor", 2.0),
-            backoff_factor=getattr(self, "_backoff_factor", 0.5),
-            growth_interval=getattr(self, "_growth_interval", 2000),
-            enabled=self._enabled,
-            allow_fp16_grads=self._allow_fp16_grads,
-            min_scale=self._min_scale,
-            max_scale=self._max_scale,
-            hysteresis=self._hysteresis,
-            policy=self._policy,
-            process_group=self._process_group,
-        )
+            self._device, init_scale, getattr(self, "_growth_factor", 2.0),
+            getattr(self, "_backoff_factor", 0.5), getattr(self, "_growth_interval", 2000),
+            self._enabled, allow_fp16_grads=self._allow_fp16_grads, min_scale=self._min_scale,
+            max_scale=self._max_scale, hysteresis=self._hysteresis, policy=self._policy,
+            process_group=self._process_group)
 
     def _scale_rule(self) -> ScaleRule:
         """The scale-update rule as it stands (torch's setters change its factors)."""
         return ScaleRule(self._growth_factor, self._backoff_factor, self._growth_interval,
                          self._min_scale, self._max_scale, self._hysteresis)
 
-    # ------------------------------------------------------------------ lazy state
     def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
         """torch's lazy ``_scale``/``_growth_tracker``, and ``_hysteresis_left`` next to them."""
         super()._lazy_init_scale_growth_tracker(dev)
         if self._scale_rule().extended:
-            self._hysteresis_left = torch.full(
-                (), self._init_hysteresis_left, dtype=torch.int32, device=dev
-            )
+            self._hysteresis_left = torch.full((), self._init_hysteresis_left,
+                                               dtype=torch.int32, device=dev)
 
     def _get_hysteresis_left(self) -> int:
         if self._hysteresis_left is None:
             return self._init_hysteresis_left
         return int(self._hysteresis_left.item())
 
-    # ------------------------------------------------------------------ gradients
-    def _collect_grads(
-        self, optimizer: torch.optim.Optimizer, allow_fp16: bool, coalesce_sparse: bool = False
-    ) -> grads.DeviceGrads:
-        """The optimizer's gradients by device (:func:`mixprec.amp.grads.collect_grads`),
-        fp16 grads allowed by ``allow_fp16`` or by this scaler's ``allow_fp16_grads``."""
+    def _collect_grads(self, optimizer: torch.optim.Optimizer, allow_fp16: bool,
+                       coalesce_sparse: bool = False) -> grads.DeviceGrads:
+        """:func:`mixprec.amp.grads.collect_grads`, fp16 allowed by ``allow_fp16`` or the
+        scaler's ``allow_fp16_grads``."""
         allow_fp16 = allow_fp16 or grads.fp16_grads_allowed(self._allow_fp16_grads, optimizer)
         return grads.collect_grads(optimizer, allow_fp16, coalesce_sparse)
 
-    def _unscale_grads_(
-        self,
-        optimizer: torch.optim.Optimizer,
-        inv_scale: Tensor,
-        found_inf: Tensor,
-        allow_fp16: bool,
-    ) -> dict[torch.device, Tensor]:
+    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: Tensor,
+                        found_inf: Tensor, allow_fp16: bool) -> dict[torch.device, Tensor]:
         """torch's hook behind :meth:`unscale_`: :func:`mixprec.amp.grads.unscale_optimizer_grads`
-        (one fused op per device; ``{device: found_inf}``, reduced). No host sync."""
+        (``{device: found_inf}``, reduced). No host sync."""
         return grads.unscale_optimizer_grads(optimizer, inv_scale, found_inf, allow_fp16,
                                              self._process_group, self._allow_fp16_grads)
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """torch's hook for optimizers that unscale in their own step: records and returns
-        :func:`mixprec.amp.grads.check_optimizer_grads` (read only on the grads, where torch
-        unscales them by 1.0). No host sync."""
+        :func:`mixprec.amp.grads.check_optimizer_grads` (read only). No host sync."""
         scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
         result = grads.check_optimizer_grads(optimizer, scale.device, self._process_group)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = result
         return result  # type: ignore[return-value]
 
-    # ------------------------------------------------------------------ stepping
-    def _maybe_opt_step(
-        self,
-        optimizer: torch.optim.Optimizer,
-        optimizer_state: dict[str, Any],
-        *args: Any,
-        **kwargs: Any,
-    ) -> Optional[float]:
+    def _maybe_opt_step(self, optimizer: torch.optim.Optimizer, optimizer_state: dict[str, Any],
+                        *args: Any, **kwargs: Any) -> Optional[float]:
         """Call ``optimizer.step(*args, **kwargs)`` unless an inf was found; one sync per device."""
         found = sum(v.item() for v in optimizer_state["found_inf_per_device"].values())
         record_of(optimizer_state).host_found_inf = bool(found)
@@ -334,16 +264,13 @@ class GradScaler(torch.amp.GradScaler):
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[float]:
         """Unscale (unless :meth:`unscale_` ran) and step ``optimizer`` if the grads are finite.
 
-        ``args``/``kwargs`` go to ``optimizer.step`` (looked up on the
-        optimizer at call time) and its return value is returned (``None`` when
-        the step is skipped). A ``closure`` keyword is rejected while enabled.
+        ``args``/``kwargs`` go to ``optimizer.step``, whose return value is returned (``None``
+        when skipped). A ``closure`` keyword is rejected while enabled.
 
-        Optimizers with ``_step_supports_amp_scaling = True`` are always stepped
-        and skip the update themselves when ``found_inf`` is set, with no host
-        sync; they get ``grad_scale`` (None if already unscaled) and ``found_inf``
-        -- mixprec's as ``step()`` arguments (with ``clip_coef``), others as
-        torch's attributes (:mod:`mixprec.amp.protocol`). Others: one host sync
-        to decide the skip, as in torch.
+        Optimizers with ``_step_supports_amp_scaling = True`` are always stepped and skip
+        the update themselves on ``found_inf``, with no host sync; they get ``grad_scale``
+        and ``found_inf`` (mixprec's as ``step()`` arguments with ``clip_coef``, others as
+        torch's attributes: :mod:`mixprec.amp.protocol`). Others: one host sync, as torch.
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
@@ -359,11 +286,8 @@ class GradScaler(torch.amp.GradScaler):
         if kind is not capability.HOST:
             if state["stage"] is OptState.READY:
                 self._check_inf_per_device(optimizer)
-            scale = self._get_scale_async()
-            if scale is None:
-                raise AssertionError("_get_scale_async returned None")
-            return protocol.step_amp_aware(optimizer, state, scale, kind is capability.SCALARS,
-                                           args, kwargs)
+            return protocol.step_amp_aware(optimizer, state, self._get_scale_async(),
+                                           kind is capability.SCALARS, args, kwargs)
         if state["stage"] is OptState.READY:
             self.unscale_(optimizer)
         if len(state["found_inf_per_device"]) == 0:
@@ -372,36 +296,23 @@ class GradScaler(torch.amp.GradScaler):
         state["stage"] = OptState.STEPPED
         return retval
 
-    # ------------------------------------------------------------------ clipping
-    def clip_grad_norm_(
-        self,
-        optimizer: torch.optim.Optimizer,
-        max_norm: float,
-        norm_type: float = 2.0,
-        *,
-        fold_into_step: bool = True,
-    ) -> Tensor:
+    def clip_grad_norm_(self, optimizer: torch.optim.Optimizer, max_norm: float,
+                        norm_type: float = 2.0, *, fold_into_step: bool = True) -> Tensor:
         """Unscale, check and clip ``optimizer``'s gradients; return their total norm.
 
-        Equivalent to ``scaler.unscale_(optimizer)`` followed by
-        ``torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)`` over the
-        optimizer's parameters, but the unscale, the inf/NaN check and the norm
-        are **one** pass over the gradients (:func:`mixprec.ops.unscale_and_norm_`,
-        one call per device), with no host sync. After :meth:`unscale_`, only the
-        norm and the clip are done. Counts as this iteration's :meth:`unscale_`.
+        ``scaler.unscale_(optimizer)`` + ``torch.nn.utils.clip_grad_norm_`` over its params,
+        but the unscale, the inf/NaN check and the norm are one pass per device
+        (:func:`mixprec.ops.unscale_and_norm_`), with no host sync; after :meth:`unscale_`,
+        only the norm and the clip. Counts as this iteration's :meth:`unscale_`.
 
-        With a :mod:`mixprec.optim` optimizer (and ``fold_into_step=True``) the
-        clip is folded into its fused step: this pass only **reads** the grads
-        (:func:`mixprec.ops.check_finite_and_norm_`) and :meth:`step` passes the
-        optimizer ``grad_scale`` and ``clip_coef = min(1, max_norm / (norm + 1e-6))``,
-        applied in the kernel that reads the grads anyway. ``param.grad`` stays
-        as backward produced it (scaled, unclipped); ``fold_into_step=False``
-        gives the clipped, unscaled grads instead. The update equals the unfolded
-        one within float32 rounding. The branches: :mod:`mixprec.amp.clipping`.
+        With a :mod:`mixprec.optim` optimizer and ``fold_into_step=True`` the pass only
+        reads the grads (:func:`mixprec.ops.check_finite_and_norm_`) and :meth:`step` passes
+        ``grad_scale`` and ``clip_coef = min(1, max_norm / (norm + 1e-6))`` to the fused
+        step: ``param.grad`` stays scaled and unclipped, the update equals the unfolded one
+        within float32 rounding (branches: :mod:`mixprec.amp.clipping`).
 
-        Sparse gradients are coalesced (``param.grad`` replaced). With
-        ``process_group``, the norm is reduced over the ranks (disjoint shards
-        assumed). With inf/NaN grads the norm is inf/NaN (the step is skipped).
+        Sparse grads are coalesced (``param.grad`` replaced). With ``process_group`` the
+        norm is reduced over the ranks. With inf/NaN grads the norm is inf/NaN.
 
         Args:
             optimizer: its ``param_groups`` give the parameters.
@@ -428,15 +339,13 @@ class GradScaler(torch.amp.GradScaler):
                             self._allow_fp16_grads, self._process_group)
         return clip_grad_norm(access, optimizer, max_norm, norm_type, fold_into_step)
 
-    # ------------------------------------------------------------------ update
     def update(self, new_scale: Union[float, Tensor, None] = None) -> None:
         """End the iteration: update the scale from this iteration's inf checks.
 
-        Back off on overflow, grow after ``growth_interval`` clean iterations
-        (with the hysteresis/bounds of the policy), all on the device with no
-        host sync; or set the scale to ``new_scale`` (a float, or a one-element
-        tensor on the scale's device type without ``requires_grad``; copied).
-        Call it once per iteration, after :meth:`step` for every optimizer.
+        Back off on overflow, grow after ``growth_interval`` clean iterations (with the
+        policy's hysteresis/bounds), on the device with no host sync; or set the scale to
+        ``new_scale`` (a float, or a one-element tensor on the scale's device type without
+        ``requires_grad``; copied). Once per iteration, after every :meth:`step`.
         """
         if not self._enabled:
             return
@@ -455,9 +364,8 @@ class GradScaler(torch.amp.GradScaler):
             found = sum(flags[1:], flags[0])  # not in place: flags[0] is an optimizer's own
             rule = self._scale_rule()
             if self._hysteresis_left is None and rule.extended:
-                self._hysteresis_left = torch.full(
-                    (), self._init_hysteresis_left, dtype=torch.int32, device=scale.device
-                )
+                self._hysteresis_left = torch.full((), self._init_hysteresis_left,
+                                                   dtype=torch.int32, device=scale.device)
             apply_scale_rule(rule, scale, tracker, found, self._hysteresis_left)
             self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         self._mp_last = protocol.close_iteration(states, found)
@@ -466,39 +374,30 @@ class GradScaler(torch.amp.GradScaler):
     def _home(self) -> torch.device:
         return self._scale.device if self._scale is not None else torch.device(self._device)
 
-    # ------------------------------------------------------------------ extras
     def found_inf(self, optimizer: Optional[torch.optim.Optimizer] = None) -> Tensor:
         """Whether an inf/NaN check of this iteration found a non-finite gradient; no host sync.
 
-        Returns a 0-dim float32 tensor on the scale's device: ``1.0`` if the
-        checks of ``optimizer`` (of all optimizers together when ``None``)
-        found inf/NaN -- so that its :meth:`step` is (or was) skipped -- else
-        ``0.0``. Reading the value (``.item()``, ``bool()``) is the sync; the
-        call itself only launches a few tiny device ops.
-
-        Valid after :meth:`step`, :meth:`unscale_` or :meth:`clip_grad_norm_`
-        of ``optimizer`` in the current iteration. Once :meth:`update` has
-        closed the iteration, and until the next inf check of any optimizer,
-        it answers for that last completed iteration. ``RuntimeError`` if
-        ``optimizer`` had no check in that iteration (or, for ``None``, if no
-        iteration has been checked yet). A zero CPU tensor on a disabled scaler.
+        Returns a 0-dim float32 tensor on the scale's device: ``1.0`` if the checks of
+        ``optimizer`` (all optimizers when ``None``) found inf/NaN, else ``0.0``. Reading
+        the value is the sync. Valid after :meth:`step`, :meth:`unscale_` or
+        :meth:`clip_grad_norm_` of ``optimizer`` in this iteration; after :meth:`update`,
+        until the next inf check, it answers for the last completed iteration.
+        ``RuntimeError`` if ``optimizer`` (``None``: any) had no check there. A zero CPU
+        tensor on a disabled scaler.
         """
         if not self._enabled:
             return torch.zeros((), dtype=torch.float32)
-        return protocol.found_inf(
-            self._per_optimizer_states, self._mp_last, optimizer, self._home()
-        )
+        return protocol.found_inf(self._per_optimizer_states, self._mp_last, optimizer,
+                                  self._home())
 
     @property
     def step_was_skipped(self) -> bool:
         """Whether the optimizer steps of the last completed iteration were skipped.
 
-        "Completed" means closed by :meth:`update`; ``False`` before the first
-        update and on a disabled scaler. Use it to step LR schedulers only
-        after real steps. Free when :meth:`step` already synced for ordinary
-        optimizers; otherwise it reads the device flag: one host sync per read
-        (as C++ ``GradScaler::step_was_skipped()``), so it answers for the last
-        replay of a captured step too. :meth:`found_inf` answers without the sync.
+        ``False`` before the first :meth:`update` and when disabled. Free when :meth:`step`
+        already synced (ordinary optimizers); otherwise one host sync per read of the
+        device flag (as C++), so it answers for a captured step's last replay too.
+        :meth:`found_inf` answers without the sync.
         """
         if not self._enabled or self._mp_last is None:
             return False
@@ -509,11 +408,9 @@ class GradScaler(torch.amp.GradScaler):
 
     @property
     def last_iteration(self) -> Optional[IterationRecord]:
-        """The record :meth:`update` kept of the last completed iteration (None before
-        the first): its inf flags are device tensors, which :meth:`found_inf` and
-        :attr:`step_was_skipped` read. A captured step (:mod:`mixprec.capture`) sets it
-        back to the record of its captured ``update()`` after each replay, whose flags
-        the replay rewrote."""
+        """The record :meth:`update` kept of the last completed iteration (None before the
+        first); its device inf flags are what :meth:`found_inf` and
+        :attr:`step_was_skipped` read. A captured step sets it after each replay."""
         return self._mp_last
 
     @last_iteration.setter
@@ -524,10 +421,9 @@ class GradScaler(torch.amp.GradScaler):
         self._mp_last = record
 
     def state_tensors(self) -> dict[str, Tensor]:
-        """The scaler's device state by name: ``scale``, ``growth_tracker`` and, with
-        hysteresis, ``hysteresis_left``, those created so far (none when disabled or
-        before the first :meth:`scale`). :meth:`update` and :meth:`load_state_dict`
-        change them in place; read them, do not replace them. No host sync."""
+        """The device state created so far by name: ``scale``, ``growth_tracker``,
+        ``hysteresis_left`` (none when disabled). Changed in place by :meth:`update` and
+        :meth:`load_state_dict`; do not replace them. No host sync."""
         if not self._enabled:
             return {}
         named = (("scale", self._scale), ("growth_tracker", self._growth_tracker),
@@ -535,34 +431,18 @@ class GradScaler(torch.amp.GradScaler):
         return {name: t for name, t in named if isinstance(t, Tensor)}
 
     def stats(self) -> ScalerStats:
-        """Counters since construction (see :class:`mixprec.amp.stats.ScalerStats`).
-
-        Counted on the device at every :meth:`update` (no sync there); this
-        call reads them back: one host sync. Zeros on a disabled scaler.
-        """
+        """Counters since construction (:class:`mixprec.amp.stats.ScalerStats`), counted on
+        the device at every :meth:`update`; this read is one host sync. Zeros when disabled."""
         if not self._enabled:
             return ScalerStats(0, 0, 0.0, 0, 0, 1.0, None)
         steps, skipped, inc, dec, last = self._mp_stats.read()
-        return ScalerStats(
-            steps=steps,
-            skipped_steps=skipped,
-            overflow_rate=(skipped / steps) if steps else 0.0,
-            scale_increases=inc,
-            scale_decreases=dec,
-            scale=self.get_scale(),
-            last_overflow_step=last,
-        )
+        return ScalerStats(steps, skipped, (skipped / steps) if steps else 0.0, inc, dec,
+                           self.get_scale(), last)
 
-    # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """torch's state dict: ``scale``, ``growth_factor``, ``backoff_factor``,
-        ``growth_interval``, ``_growth_tracker`` as plain float/int (``{}`` when
-        disabled); loadable by torch's scaler and by ``torch.load(weights_only=True)``.
-
-        With a hysteresis rule (``hysteresis > 1``) one more int,
-        ``"_hysteresis_left"``, so resuming is exact (torch's scaler ignores it).
-        Syncs (reads the scale).
-        """
+        """torch's state dict (``scale``, ``growth_factor``, ``backoff_factor``,
+        ``growth_interval``, ``_growth_tracker`` as plain numbers; ``{}`` when disabled),
+        plus ``"_hysteresis_left"`` with hysteresis (torch ignores it). Syncs."""
         out = super().state_dict()
         if self._enabled and self._hysteresis != 1:
             out["_hysteresis_left"] = self._get_hysteresis_left()
@@ -571,10 +451,9 @@ class GradScaler(torch.amp.GradScaler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict from this class or from :class:`torch.amp.GradScaler`.
 
-        No-op when disabled; ``RuntimeError`` for an empty dict (as torch).
-        Without ``"_hysteresis_left"`` the hysteresis budget is refilled. Everything is
-        checked first (:meth:`check_state_dict`): a bad dict raises ``ValueError`` or
-        ``TypeError`` naming the key, and the scaler is left as it was.
+        No-op when disabled. Without ``"_hysteresis_left"`` the hysteresis budget is
+        refilled. Checked first (:meth:`check_state_dict`): a bad dict raises naming the key
+        and leaves the scaler as it was.
         """
         if not self._enabled:
             return
@@ -588,10 +467,9 @@ class GradScaler(torch.amp.GradScaler):
             self._mp_stats.rebaseline(self._scale)
 
     def check_state_dict(self, state_dict: Any) -> None:
-        """Every entry of a state dict to load, checked before anything changes: the keys
-        of :meth:`state_dict` (``_hysteresis_left`` optional), nothing else, each of the
-        type and range the constructor takes, and the scale within ``min_scale`` /
-        ``max_scale``. ``RuntimeError`` for an empty dict (as torch)."""
+        """Check a state dict to load: the keys of :meth:`state_dict` (``_hysteresis_left``
+        optional) and no other, each of the constructor's type and range, the scale within
+        the bounds. ``ValueError``/``TypeError`` naming the key; ``RuntimeError`` when empty."""
         where = "mixprec.GradScaler.load_state_dict"
         if not isinstance(state_dict, dict):
             raise TypeError(f"{where}: state_dict must be a dict, got "
@@ -627,11 +505,8 @@ class GradScaler(torch.amp.GradScaler):
             state["_init_hysteresis_left"] = self._get_hysteresis_left()
             state["_hysteresis_left"] = None
         if state.get("_mp_last") is not None:
-            # the flags are device tensors of this process: keep only the answer
             state["_mp_last"] = IterationRecord({}, self.step_was_skipped)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # Also accepts the state of a torch.amp.GradScaler (unpickled as
-        # mixprec's under patch_torch()) and older mixprec pickles.
         self.__dict__.update(complete_state(state))

@@ -1,20 +1,10 @@
 """The passes of :class:`mixprec.GradScaler` over an optimizer's gradients.
 
-:func:`collect_grads` groups the gradients by device; each pass then makes one fused
-:mod:`mixprec.ops` call per device, all dtypes together, with a fresh 0-dim float32 inf
-flag per device:
-
-* :func:`unscale_and_check` -- :func:`mixprec.ops.unscale_and_check_` (``unscale_``;
-  :func:`unscale_optimizer_grads` is the whole of it, from the optimizer to the flags);
-* :func:`check_finite` -- :func:`mixprec.ops.check_finite_`, read only (the
-  inf check of optimizers that unscale in their own step; :func:`check_optimizer_grads`
-  is the whole of it);
-* :func:`norm_pass` -- :func:`mixprec.ops.unscale_and_norm_` or
-  :func:`mixprec.ops.check_finite_and_norm_` (``clip_grad_norm_``).
-
-:func:`reduce_found_inf` all-reduces the flags (MAX) over a process group, or over
-the meshes of DTensor (FSDP2) grads, whose local shards the passes run on
-(:class:`DeviceGrads` keeps their layouts). Nothing here syncs with the host.
+:func:`collect_grads` groups the grads by device; each pass makes one fused :mod:`mixprec.ops`
+call per device with a fresh 0-dim float32 inf flag per device: :func:`unscale_and_check`
+(``unscale_``), :func:`check_finite` (read only), :func:`norm_pass` (``clip_grad_norm_``).
+:func:`reduce_found_inf` all-reduces the flags (MAX) over a process group or the meshes of
+DTensor (FSDP2) grads, whose local shards the passes run on. Nothing here syncs with the host.
 """
 
 from __future__ import annotations
@@ -26,19 +16,17 @@ from torch import Tensor
 
 from .. import _dtensor, ops
 
-__all__ = [
-    "fp16_grads_allowed", "DeviceGrads", "inv_scale", "check_optimizer_grads",
-    "unscale_optimizer_grads", "collect_grads", "reduce_found_inf", "unscale_and_check",
-    "check_finite", "norm_pass"]
+__all__ = ["fp16_grads_allowed", "DeviceGrads", "inv_scale", "check_optimizer_grads",
+           "unscale_optimizer_grads", "collect_grads", "reduce_found_inf", "unscale_and_check",
+           "check_finite", "norm_pass"]
 
 PerDevice = dict[torch.device, list[Tensor]]
 Flags = dict[torch.device, Tensor]
 
 
 class DeviceGrads(dict):  # type: ignore[type-arg]
-    """What :func:`collect_grads` returns: ``{device: grads}`` (a DTensor grad as its local
-    shard), and in :attr:`specs` the layouts (:func:`mixprec._dtensor.specs_of`) of the
-    DTensor grads, in order (empty without any)."""
+    """``{device: grads}`` (DTensor grads as local shards); :attr:`specs`: the DTensor
+    grads' layouts (:func:`mixprec._dtensor.specs_of`), in order."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -49,10 +37,8 @@ def fp16_grads_allowed(setting: Optional[bool], optimizer: torch.optim.Optimizer
     """The scaler's ``allow_fp16_grads``, or (None) whether ``optimizer`` keeps float32 masters."""
     if setting is not None:
         return setting
-    return (
-        getattr(optimizer, "master_weights", False) is True
-        or getattr(optimizer, "_mixprec_master_weights", False) is True
-    )
+    return (getattr(optimizer, "master_weights", False) is True
+            or getattr(optimizer, "_mixprec_master_weights", False) is True)
 
 
 def inv_scale(scale: Tensor) -> Tensor:
@@ -65,10 +51,8 @@ def inv_scale(scale: Tensor) -> Tensor:
 
 def check_optimizer_grads(optimizer: torch.optim.Optimizer, home: torch.device,
                           group: Optional[Any]) -> Flags:
-    """The inf check of an optimizer that unscales in its own step: :func:`check_finite`
-    over ``optimizer``'s grads (read only, any dtype), the flags reduced (MAX) over
-    ``group`` or the meshes of DTensor grads (:func:`reduce_found_inf`, onto ``home``).
-    Returns ``{device: found_inf}``. No host sync."""
+    """:func:`check_finite` over ``optimizer``'s grads (any dtype), reduced onto ``home`` by
+    :func:`reduce_found_inf`. Returns ``{device: found_inf}``. No host sync."""
     per_device = collect_grads(optimizer, True)
     return reduce_found_inf(check_finite(per_device), home, group, per_device.specs)
 
@@ -76,29 +60,23 @@ def check_optimizer_grads(optimizer: torch.optim.Optimizer, home: torch.device,
 def unscale_optimizer_grads(optimizer: torch.optim.Optimizer, inv: Tensor, found_inf: Tensor,
                             allow_fp16: bool, group: Optional[Any],
                             setting: Optional[bool] = False) -> Flags:
-    """Unscale ``optimizer``'s grads by ``inv`` in place and check them for inf/NaN: one
-    :func:`unscale_and_check` call per device, the flags reduced (MAX) over ``group``, or
-    over the meshes of DTensor grads (:func:`reduce_found_inf`). Float16 grads are
-    accepted when ``allow_fp16`` or :func:`fp16_grads_allowed` of the scaler's
-    ``setting`` says so. Returns ``{device: found_inf}`` (on ``found_inf``'s device).
-    No host sync."""
+    """Unscale ``optimizer``'s grads by ``inv`` in place and check them
+    (:func:`unscale_and_check`, reduced by :func:`reduce_found_inf`); fp16 grads accepted
+    when ``allow_fp16`` or :func:`fp16_grads_allowed` of ``setting``. Returns
+    ``{device: found_inf}``. No host sync."""
     allow_fp16 = allow_fp16 or fp16_grads_allowed(setting, optimizer)
     per_device = collect_grads(optimizer, allow_fp16)
     flags = unscale_and_check(per_device, inv, found_inf)
     return reduce_found_inf(flags, found_inf.device, group, per_device.specs)
 
 
-def collect_grads(
-    optimizer: torch.optim.Optimizer, allow_fp16: bool, coalesce_sparse: bool = False
-) -> DeviceGrads:
-    """The optimizer's gradients (values of sparse ones, local shards of DTensor ones)
-    grouped by device; the DTensor grads' layouts in ``.specs``. ``allow_fp16``: as
-    resolved by the scaler (its setting, or :func:`fp16_grads_allowed`).
+def collect_grads(optimizer: torch.optim.Optimizer, allow_fp16: bool,
+                  coalesce_sparse: bool = False) -> DeviceGrads:
+    """The optimizer's grads (values of sparse ones, local shards of DTensor ones) by device.
 
-    ``ValueError("Attempting to unscale FP16 gradients.")`` for a float16
-    gradient unless ``allow_fp16``. Float16 sparse gradients are coalesced
-    first (replacing ``param.grad``), as torch does, since summing duplicate
-    indices can overflow; with ``coalesce_sparse`` every sparse gradient is.
+    ``ValueError("Attempting to unscale FP16 gradients.")`` for a float16 grad unless
+    ``allow_fp16``. Float16 sparse grads (all sparse ones with ``coalesce_sparse``) are
+    coalesced first, replacing ``param.grad``, as torch does.
     """
     per_device = DeviceGrads()
     lists: PerDevice = {}
@@ -116,20 +94,14 @@ def collect_grads(
                 raise ValueError("Attempting to unscale FP16 gradients.")
             if type(grad) is not Tensor or grad.is_sparse:
                 grad = _dense_local(param, grad, coalesce_sparse, per_device.specs)
-            same_device = lists.get(grad.device)
-            if same_device is None:
-                lists[grad.device] = [grad]
-            else:
-                same_device.append(grad)
+            lists.setdefault(grad.device, []).append(grad)
     per_device.update(lists)
     return per_device
 
 
 def _dense_local(param: Tensor, grad: Tensor, coalesce_sparse: bool, specs: List[Any]) -> Tensor:
-    """What the passes take for ``param``'s grad that is not a plain dense tensor: a
-    DTensor's local shard (its layout appended to ``specs``), a sparse grad's values (a
-    float16 one, or any with ``coalesce_sparse``, coalesced first into ``param.grad``),
-    another tensor subclass itself."""
+    """A DTensor's local shard (layout appended to ``specs``), a sparse grad's values
+    (coalesced as :func:`collect_grads` says), another subclass itself."""
     if _dtensor.is_dtensor(grad):
         specs.extend(_dtensor.specs_of([grad]))
         return _dtensor.local(grad)
@@ -143,13 +115,9 @@ def _dense_local(param: Tensor, grad: Tensor, coalesce_sparse: bool, specs: List
 
 def reduce_found_inf(per_device: Flags, home: torch.device, group: Optional[Any],
                      specs: Sequence[Any] = ()) -> Flags:
-    """All-reduce the inf flags (max) over the process ``group``; without one, over the
-    mesh of the DTensor grads laid out as ``specs`` (every dimension); identity when neither
-    applies.
-
-    When reduced, the result is a single flag on ``home`` (zero when this rank has no
-    gradients, so that every rank joins the collective).
-    """
+    """All-reduce the inf flags (MAX) over ``group``, else over every mesh dimension of
+    ``specs``, into one flag on ``home`` (zero without grads: every rank joins); identity
+    when neither applies."""
     if group is not None:
         groups = [group]
     elif specs:
@@ -168,10 +136,8 @@ def reduce_found_inf(per_device: Flags, home: torch.device, group: Optional[Any]
 def unscale_and_check(per_device: PerDevice, inv_scale: Tensor, found_inf: Tensor) -> Flags:
     """Unscale the grads in place and check them: one ``unscale_and_check_`` per device.
 
-    ``inv_scale``/``found_inf``: float32 0-dim tensors on one device; grads on
-    other devices get copies of them. Unlike torch, the ``found_inf`` passed
-    in is itself used (and set) for the grads on its own device instead of a
-    copy. Returns ``{device: found_inf on that device}``.
+    ``inv_scale``/``found_inf``: float32 0-dim on one device (copied to others); unlike
+    torch, ``found_inf`` itself is set for its own device. Returns ``{device: flag}``.
     """
     home = found_inf.device
     with torch.no_grad():
@@ -187,10 +153,8 @@ def unscale_and_check(per_device: PerDevice, inv_scale: Tensor, found_inf: Tenso
 
 
 def check_finite(per_device: PerDevice) -> Flags:
-    """Check the grads for inf/NaN without writing them: one ``check_finite_`` per device.
-
-    In any grad mode: the op writes only the fresh flag, which never requires grad, and
-    reads the grads (``create_graph`` ones require grad)."""
+    """Check the grads for inf/NaN without writing them: one ``check_finite_`` per device
+    (any grad mode: only the fresh flag is written)."""
     flags: Flags = {}
     for dev, grads in per_device.items():
         flag = torch.zeros((), dtype=torch.float32, device=dev)
@@ -199,17 +163,10 @@ def check_finite(per_device: PerDevice) -> Flags:
     return flags
 
 
-def norm_pass(
-    per_device: PerDevice,
-    op: Callable[[list[Tensor], Tensor, Tensor, float], Tensor],
-    inv_scale: Tensor,
-    norm_type: float,
-) -> tuple[Flags, Tensor]:
-    """One ``op`` call per device (a norm op of :mod:`mixprec.ops`) with a fresh inf flag.
-
-    Returns the per-device flags and the total norm (float32, 0-dim, on
-    ``inv_scale``'s device).
-    """
+def norm_pass(per_device: PerDevice, op: Callable[[list[Tensor], Tensor, Tensor, float], Tensor],
+              inv_scale: Tensor, norm_type: float) -> tuple[Flags, Tensor]:
+    """One ``op`` call (a norm op of :mod:`mixprec.ops`) per device with a fresh inf flag.
+    Returns the flags and the total norm (float32, 0-dim, on ``inv_scale``'s device)."""
     home = inv_scale.device
     flags: Flags = {}
     norms: list[Tensor] = []

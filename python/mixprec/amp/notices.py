@@ -1,11 +1,6 @@
-"""The warning category of a setting that has no effect.
-
-mixprec warns (:func:`warnings.warn`, never a log line) when something the user asked for
-does nothing: a SELECTIVE pattern that matches no module, the FP8 level with no eligible
-``nn.Linear``, ``stochastic_rounding=True`` on params it never rounds, 8-bit state with
-nothing to store in 8 bits, an lr table shorter than the schedule. Filter them with
-``warnings.filterwarnings("ignore", category=mixprec.amp.notices.IneffectiveSettingWarning)``
-or turn them into errors with ``"error"``.
+"""The warning category of a setting that has no effect (a pattern matching no module, an
+option with nothing to act on). Filter with ``warnings.filterwarnings("ignore",
+category=mixprec.amp.notices.IneffectiveSettingWarning)``, or make it an error.
 """
 
 from __future__ import annotations
@@ -20,7 +15,6 @@ class IneffectiveSettingWarning(UserWarning):
 
 
 def warn_ineffective(message: str, stacklevel: int = 2) -> None:
-    """Warn ``message`` as an :class:`IneffectiveSettingWarning` (shown once per call
-    site by Python's default filter), attributed ``stacklevel`` frames up (2: the
-    caller's caller)."""
+    """Warn ``message`` as an :class:`IneffectiveSettingWarning`, attributed ``stacklevel``
+    frames up (2: the caller's caller)."""
     warnings.warn(message, IneffectiveSettingWarning, stacklevel=stacklevel + 1)

@@ -1,10 +1,8 @@
 """Loss-scale policies of :class:`mixprec.GradScaler` and the checks of its extra arguments.
 
-A policy is a preset of the constructor's scale arguments that reproduces the
-loss-scale rule of a training system (:data:`POLICIES`). :func:`resolve_options`
-merges a preset with the arguments a user passed and validates the result; the
-scaler stores what it returns. :func:`apply_scale_rule` is the update of the
-scale at the end of an iteration, on the device.
+A policy (:data:`POLICIES`) presets the scale arguments to a training system's rule;
+:func:`resolve_options` merges it with the user's arguments and validates them;
+:func:`apply_scale_rule` updates the scale on the device.
 """
 
 from __future__ import annotations
@@ -29,11 +27,9 @@ TORCH_GROWTH_INTERVAL = 2000
 class ScalePolicy:
     """The loss-scale rule of a training system, as :class:`~mixprec.GradScaler` presets.
 
-    A preset supplies ``init_scale`` and ``growth_interval`` when the
-    constructor's arguments are left at torch's defaults (``2.0**16`` and
-    ``2000``), and ``hysteresis``/``min_scale``/``max_scale`` when they are
-    left at ``None``; any other value you pass wins. Growth and backoff
-    factors are 2.0 and 0.5 in all three systems.
+    It supplies ``init_scale`` and ``growth_interval`` left at torch's defaults and
+    ``hysteresis``/``min_scale``/``max_scale`` left at ``None``; any other value passed
+    wins. Growth and backoff factors are 2.0 and 0.5 in all three systems.
     """
 
     name: str
@@ -46,28 +42,23 @@ class ScalePolicy:
 
 #: The presets. Rules, in terms of :func:`mixprec.ops.update_scale_ext_`:
 #:
-#: ``"torch"`` -- ``torch.amp.GradScaler``: back off by 0.5 on every overflow,
-#: grow by 2 after 2000 clean steps, no bounds, no hysteresis (bitwise
-#: ``torch._amp_update_scale_``).
+#: ``"torch"`` -- ``torch.amp.GradScaler``: back off by 0.5 on every overflow, grow by 2 after
+#: 2000 clean steps, no bounds, no hysteresis (bitwise ``torch._amp_update_scale_``).
 #:
-#: ``"deepspeed"`` -- ``deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler``
-#: with DeepSpeed's fp16 config defaults (``initial_scale_power=16``,
-#: ``loss_scale_window=1000``, ``hysteresis=2``, ``min_loss_scale=1``,
-#: ``consecutive_hysteresis=False``): an overflow resets the growth window
-#: (``last_overflow_iter = cur_iter``); while ``cur_hysteresis > 1`` it only
-#: decrements it, otherwise ``scale = max(scale / 2, min_loss_scale)``; after
-#: ``loss_scale_window`` clean iterations the scale doubles and hysteresis is
-#: refilled. Differences: DeepSpeed raises when it would back off below
-#: ``min_loss_scale`` with ``raise_error_at_min_scale`` (that needs a host sync;
-#: here the scale stays at ``min_scale``), and ``consecutive_hysteresis=True``
-#: is not modelled.
+#: ``"deepspeed"`` -- ``deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler`` with DeepSpeed's
+#: fp16 config defaults (``initial_scale_power=16``, ``loss_scale_window=1000``,
+#: ``hysteresis=2``, ``min_loss_scale=1``, ``consecutive_hysteresis=False``): an overflow
+#: resets the growth window; while ``cur_hysteresis > 1`` it only decrements it, otherwise
+#: ``scale = max(scale / 2, min_loss_scale)``; after ``loss_scale_window`` clean iterations
+#: the scale doubles and hysteresis is refilled. Differences: at ``min_loss_scale`` the scale
+#: stays (DeepSpeed's ``raise_error_at_min_scale`` needs a host sync), and
+#: ``consecutive_hysteresis=True`` is not modelled.
 #:
-#: ``"megatron"`` -- ``megatron.core.optimizer.grad_scaler.DynamicGradScaler``
-#: with Megatron-LM's argument defaults (``--initial-loss-scale 2**32``,
-#: ``--min-loss-scale 1``, ``--loss-scale-window 1000``, ``--hysteresis 2``):
-#: on overflow ``growth_tracker = 0``, ``hysteresis_tracker -= 1`` and, if it is
-#: ``<= 0``, ``scale = max(scale * 0.5, min_scale)``; after ``growth_interval``
-#: clean steps ``scale *= 2`` and the hysteresis tracker is refilled.
+#: ``"megatron"`` -- ``megatron.core.optimizer.grad_scaler.DynamicGradScaler`` with
+#: Megatron-LM's defaults (``--initial-loss-scale 2**32``, ``--min-loss-scale 1``,
+#: ``--loss-scale-window 1000``, ``--hysteresis 2``): on overflow ``growth_tracker = 0``,
+#: ``hysteresis_tracker -= 1`` and, if ``<= 0``, ``scale = max(scale * 0.5, min_scale)``;
+#: after ``growth_interval`` clean steps ``scale *= 2`` and the tracker is refilled.
 #: Difference: a growth whose result would overflow float32 is skipped here.
 POLICIES: dict[str, ScalePolicy] = {
     "torch": ScalePolicy("torch", 2.0**16, 2000, 1, None, None),
@@ -87,24 +78,15 @@ class ScalerOptions:
     max_scale: Optional[float]
 
 
-def resolve_options(
-    policy: str,
-    init_scale: float,
-    growth_interval: int,
-    allow_fp16_grads: Optional[bool],
-    min_scale: Optional[float],
-    max_scale: Optional[float],
-    hysteresis: Optional[int],
-) -> ScalerOptions:
-    """Fill the arguments left at their defaults from ``POLICIES[policy]`` and check them.
-
-    Raises ``ValueError`` for an unknown policy or out-of-range bounds/hysteresis
-    and ``TypeError`` for a non-bool ``allow_fp16_grads``.
-    """
+def resolve_options(policy: str, init_scale: float, growth_interval: int,
+                    allow_fp16_grads: Optional[bool], min_scale: Optional[float],
+                    max_scale: Optional[float], hysteresis: Optional[int]) -> ScalerOptions:
+    """Fill the arguments left at their defaults from ``POLICIES[policy]`` and check them:
+    ``ValueError`` for an unknown policy or out-of-range bounds/hysteresis, ``TypeError``
+    for a non-bool ``allow_fp16_grads``."""
     if policy not in POLICIES:
         raise ValueError(
-            f"mixprec.GradScaler: policy must be one of {sorted(POLICIES)}, got {policy!r}"
-        )
+            f"mixprec.GradScaler: policy must be one of {sorted(POLICIES)}, got {policy!r}")
     preset = POLICIES[policy]
     init_scale = preset.init_scale if init_scale == TORCH_INIT_SCALE else init_scale
     if growth_interval == TORCH_GROWTH_INTERVAL:
@@ -113,10 +95,8 @@ def resolve_options(
     min_scale = preset.min_scale if min_scale is None else min_scale
     max_scale = preset.max_scale if max_scale is None else max_scale
     if allow_fp16_grads is not None and not isinstance(allow_fp16_grads, bool):
-        raise TypeError(
-            "mixprec.GradScaler: allow_fp16_grads must be None, True or False, got "
-            f"{allow_fp16_grads!r}"
-        )
+        raise TypeError("mixprec.GradScaler: allow_fp16_grads must be None, True or False, "
+                        f"got {allow_fp16_grads!r}")
     if isinstance(hysteresis, bool) or not isinstance(hysteresis, int) or hysteresis < 1:
         raise ValueError(f"mixprec.GradScaler: hysteresis must be an int >= 1, got {hysteresis!r}")
     for name, value in (("min_scale", min_scale), ("max_scale", max_scale)):
@@ -124,22 +104,16 @@ def resolve_options(
             raise ValueError(f"mixprec.GradScaler: {name} must be finite and > 0, got {value!r}")
     if min_scale is not None and max_scale is not None and min_scale > max_scale:
         raise ValueError(
-            f"mixprec.GradScaler: min_scale ({min_scale}) must not exceed max_scale ({max_scale})"
-        )
-    return ScalerOptions(
-        init_scale=init_scale,
-        growth_interval=growth_interval,
-        hysteresis=int(hysteresis),
-        min_scale=None if min_scale is None else float(min_scale),
-        max_scale=None if max_scale is None else float(max_scale),
-    )
+            f"mixprec.GradScaler: min_scale ({min_scale}) must not exceed max_scale ({max_scale})")
+    return ScalerOptions(init_scale, growth_interval, int(hysteresis),
+                         None if min_scale is None else float(min_scale),
+                         None if max_scale is None else float(max_scale))
 
 
 @dataclass(frozen=True)
 class ScaleRule:
-    """The constants of the scale update at one ``update()``: the scaler's current growth
-    factor, backoff factor and growth interval (torch's setters change them between
-    iterations) and its fixed bounds and hysteresis."""
+    """The constants of one ``update()``: the current growth/backoff factors and growth
+    interval (torch's setters change them), the bounds and the hysteresis."""
 
     growth_factor: float
     backoff_factor: float
@@ -150,8 +124,7 @@ class ScaleRule:
 
     @property
     def extended(self) -> bool:
-        """Whether the rule needs :func:`mixprec.ops.update_scale_ext_` (hysteresis or
-        bounds) and a ``hysteresis_left`` counter, rather than torch's."""
+        """Whether it needs :func:`mixprec.ops.update_scale_ext_` and ``hysteresis_left``."""
         return self.hysteresis != 1 or self.min_scale is not None or self.max_scale is not None
 
 
@@ -159,20 +132,15 @@ def apply_scale_rule(rule: ScaleRule, scale: Tensor, tracker: Tensor, found: Ten
                      hysteresis_left: Optional[Tensor]) -> None:
     """Back off or grow ``scale`` from the iteration's summed inf flag ``found``; no host sync.
 
-    torch's rule (:func:`mixprec.ops.update_scale_`, bitwise
-    ``torch._amp_update_scale_``) unless ``rule.extended``
-    (:func:`mixprec.ops.update_scale_ext_`, which then needs ``hysteresis_left``: int32,
-    0-dim, on the scale's device). Mutates ``scale``, ``tracker`` and ``hysteresis_left``.
-    """
+    torch's rule (:func:`mixprec.ops.update_scale_`) unless ``rule.extended``
+    (:func:`mixprec.ops.update_scale_ext_`, needing ``hysteresis_left``: int32 0-dim on the
+    scale's device). Mutates ``scale``, ``tracker`` and ``hysteresis_left``."""
     if not rule.extended:
-        ops.update_scale_(
-            scale, tracker, found, rule.growth_factor, rule.backoff_factor, rule.growth_interval,
-        )  # fmt: skip
+        ops.update_scale_(scale, tracker, found, rule.growth_factor, rule.backoff_factor,
+                          rule.growth_interval)
         return
     if hysteresis_left is None:
         raise ValueError("apply_scale_rule: an extended rule needs hysteresis_left")
-    ops.update_scale_ext_(
-        scale, tracker, hysteresis_left, found,
-        rule.growth_factor, rule.backoff_factor, rule.growth_interval,
-        rule.min_scale, rule.max_scale, rule.hysteresis,
-    )  # fmt: skip
+    ops.update_scale_ext_(scale, tracker, hysteresis_left, found, rule.growth_factor,
+                          rule.backoff_factor, rule.growth_interval, rule.min_scale,
+                          rule.max_scale, rule.hysteresis)

@@ -1,13 +1,10 @@
 """Statistics counted on the device, read lazily.
 
-* :class:`ScalerStats` and the scaler's counters (``_StatsTracker``): at every
-  :meth:`~mixprec.GradScaler.update`, a few tiny device ops add the iteration to five
-  int64 counters in place (steps, skipped steps, scale increases and decreases, the
-  last overflow's index). Nothing is read back to the host while training, and the
-  same ops run on every replay of a CUDA graph that captured ``update()``; a host sync
-  happens only when :meth:`mixprec.GradScaler.stats` is called.
-* :class:`FoldingLog`: per-step device rows kept pending and folded in blocks (the
-  trainer's metrics history, :mod:`mixprec.train.metrics`).
+* :class:`ScalerStats` and ``_StatsTracker``: every :meth:`~mixprec.GradScaler.update` adds
+  the iteration to int64 device counters in place (also on graph replays); only
+  :meth:`mixprec.GradScaler.stats` syncs.
+* :class:`FoldingLog`: per-step device rows kept pending and folded in blocks (the trainer's
+  metrics history, :mod:`mixprec.train.metrics`).
 """
 
 from __future__ import annotations
@@ -32,16 +29,13 @@ class ScalerStats:
 
     Attributes:
         steps: number of :meth:`~mixprec.GradScaler.update` calls (iterations).
-        skipped_steps: iterations whose gradients held inf/NaN, so that every
-            optimizer step of the iteration was skipped.
+        skipped_steps: iterations whose grads held inf/NaN (their steps were skipped).
         overflow_rate: ``skipped_steps / steps`` (0.0 before the first update).
         scale_increases: updates after which the scale was larger than before.
-        scale_decreases: updates after which the scale was smaller than before
-            (an overflow absorbed by hysteresis, or one at ``min_scale``, does
-            not decrease it).
+        scale_decreases: updates after which it was smaller (an overflow absorbed by
+            hysteresis or at ``min_scale`` does not count).
         scale: the current scale (1.0 for a disabled scaler).
-        last_overflow_step: 0-based index of the last iteration that saw
-            inf/NaN (the first ``update()`` closes iteration 0), or ``None``.
+        last_overflow_step: 0-based index of the last iteration with inf/NaN, or ``None``.
     """
 
     steps: int
@@ -60,17 +54,11 @@ class ScalerStats:
 class FoldingLog(Generic[Row]):
     """Per-step device values, recorded without a host sync and folded in blocks.
 
-    :meth:`append` only keeps a reference to the step's row (a 1-D tensor, or a
-    tuple of 0-dim tensors, already on the device; not to be modified afterwards).
-    Every ``fold_every`` rows, and whenever a reader asks (:meth:`fold`), the
-    pending rows are handed to :meth:`_fold_rows` with the index of the first
-    one; a subclass reduces them with a few vectorised ops into device-side
-    counters or history. So memory is bounded by ``fold_every`` rows plus what
-    the subclass keeps, appending costs no device work, and nothing is read
-    back to the host here: reading is the subclass's business.
-
-    ``count`` is the number of rows appended so far (a host int, no sync); a
-    restored log sets it so that row indices continue.
+    :meth:`append` keeps a reference to the step's row (a 1-D tensor or a tuple of 0-dim
+    tensors on the device; not modified afterwards). Every ``fold_every`` rows, and at
+    :meth:`fold`, the pending rows go to a subclass's :meth:`_fold_rows` with the index of
+    the first, to be reduced on the device. Nothing is read back to the host here.
+    ``count``: rows appended so far (a host int; a restored log sets it).
     """
 
     def __init__(self, fold_every: int = FOLD_EVERY) -> None:
@@ -111,14 +99,11 @@ class FoldingLog(Generic[Row]):
 class _StatsTracker:
     """Device-side counters behind :meth:`mixprec.GradScaler.stats`, updated in place.
 
-    Device state, on the scale's device, created at the first update: ``_counts``
-    (int64 ``[steps, skipped, increases, decreases, last overflow index (-1: none)]``),
-    ``_row`` (bool ``[1, overflowed, grew, shrank]`` of the last update) and ``_prev``
-    (float32 0-dim: the scale the next update starts from). Every tensor keeps its
-    storage from its creation on (a captured ``update()`` replays into it); an update
-    costs six tiny device ops (written with ``out=``, no allocation). Pickles as plain
-    numbers (the format of every earlier version); ``_host`` holds them until the first
-    update after an unpickle.
+    On the scale's device, from the first update: ``_counts`` (int64 ``[steps, skipped,
+    increases, decreases, last overflow index (-1: none)]``), ``_row`` (bool ``[1,
+    overflowed, grew, shrank]``) and ``_prev`` (float32 0-dim, the scale before the next
+    update). Each keeps its storage (a captured ``update()`` replays into it). Pickles as
+    plain numbers, held in ``_host`` until the next update.
     """
 
     def __init__(self) -> None:
@@ -137,7 +122,6 @@ class _StatsTracker:
     def record(self, found_inf: Optional[Tensor], scale: Tensor) -> None:
         """After an update: ``found_inf`` (the iteration's combined 0-dim float32 flag, or
         ``None`` when no inf check ran) and the new ``scale``."""
-        assert self._prev is not None, "start() comes first"
         after, prev = scale.detach().reshape(()), self._prev
         if self._counts is None or self._row is None:  # filled on the device (no copy)
             self._counts = torch.zeros(5, dtype=torch.int64, device=after.device)

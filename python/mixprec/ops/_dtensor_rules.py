@@ -1,26 +1,16 @@
-"""``torch.ops.mixprec.*`` on DTensors: what each op does when its tensor lists hold
-DTensors (FSDP2 params and grads), registered with DTensor's dispatcher as torch
-registers its own ``_amp_foreach_non_finite_check_and_unscale_`` rule.
+"""``torch.ops.mixprec.*`` on DTensors (FSDP2 params and grads), registered with DTensor's
+dispatcher as torch registers its ``_amp_foreach_non_finite_check_and_unscale_`` rule.
 
-* The checks (``unscale_and_check_``, ``check_finite_``): the op runs on the local shards,
-  then ``found_inf`` (a plain tensor) is all-reduced (MAX) over the DTensors' mesh:
-  every rank gets the same verdict.
-* The norms (``unscale_and_norm_``, ``check_finite_and_norm_``): the same, and the
-  returned norm is that of the whole tensors: the p-th powers summed over the ``Shard``
-  dimensions only (``inf``: MAX), so that HSDP's replicas count each shard once.
-* The optimizers (``fused_adam_``, ``fused_sgd_`` and their 8-bit twins): element-wise
-  (the 8-bit ones per block inside a row, which a sharding by rows keeps whole), so they
-  run on the local shards; the DTensors of one param (param, grad, state, master) must be
-  laid out alike. ``found_inf`` is read as given: reduce it first (the scaler does).
-  Stochastic rounding numbers the elements of the local shards as given by ``sr_bases``
-  (the optimizers pass each shard's place in the whole tensor; without it, the local
-  shards are numbered as an unsharded call of them would be).
-* The scale updates take no DTensor: they raise, naming the op.
+* The checks run on the local shards, then ``found_inf`` (a plain tensor) is all-reduced
+  (MAX) over the mesh; the norms also return the whole tensors' norm (p-th powers summed
+  over the ``Shard`` dimensions; ``inf``: MAX).
+* The optimizers (element-wise; 8-bit per block inside a row) run on the local shards; a
+  param's DTensors must be laid out alike. ``found_inf`` is read as given (reduce it first).
+  Stochastic rounding numbers elements by ``sr_bases`` (each shard's place in the whole).
+* The scale updates refuse DTensors, naming the op.
 
-Registered when mixprec first sees the DTensor class (:func:`mixprec._dtensor.on_dtensor_class`:
-at ``import mixprec`` when DTensor was imported before, else at the first mixprec call
-that meets a DTensor). Collectives: the all-reduces above, on the current stream (no
-host sync with NCCL).
+Registered when mixprec first sees the DTensor class (:func:`mixprec._dtensor.on_dtensor_class`).
+The all-reduces run on the current stream (no host sync with NCCL).
 """
 
 from __future__ import annotations
@@ -39,8 +29,8 @@ _SCALE = ("update_scale_", "update_scale_ext_")
 
 
 def _unwrap(args: Sequence[Any]) -> Tuple[List[Any], List[Tensor]]:
-    """The arguments with every DTensor (alone or in a list) replaced by its local shard,
-    and the DTensors met, in order."""
+    """The arguments with every DTensor (alone or in a list) as its local shard, and the
+    DTensors met."""
     seen: List[Tensor] = []
 
     def one(t: Any) -> Any:
