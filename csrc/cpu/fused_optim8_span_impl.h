@@ -67,8 +67,24 @@ inline void store_codes(uint8_t* p, const IVec& c) {
 #endif
 }
 
-// out[0, n) = the values of codes[0, n) in a block of absmax `a`. The last
-// n % FVec::size() codes take the same vector path on a zero-padded copy.
+// Runs fn(const In*, Out*) on FVec::size() lanes over in[0, n) -> out[0, n):
+// whole vectors in place, the last n % FVec::size() on a zero-padded copy.
+template <typename In, typename Out, typename Fn>
+C10_ALWAYS_INLINE void map_lanes(const In* in, Out* out, int64_t n, Fn&& fn) {
+  int64_t j = 0;
+  for (; j + FVec::size() <= n; j += FVec::size()) {
+    fn(in + j, out + j);
+  }
+  if (j < n) {
+    alignas(64) In pad[FVec::size()] = {};
+    alignas(64) Out res[FVec::size()];
+    copy_n(pad, in + j, n - j);
+    fn(pad, res);
+    copy_n(out + j, res, n - j);
+  }
+}
+
+// out[0, n) = the values of codes[0, n) in a block of absmax `a`.
 C10_ALWAYS_INLINE void decode_block(const uint8_t* codes, float a, int table,
                                     int64_t n, float* out) {
   const float* values = q8::kQ8Values + table * 256;
@@ -79,22 +95,11 @@ C10_ALWAYS_INLINE void decode_block(const uint8_t* codes, float a, int table,
     const FVec v = at::vec::gather<sizeof(float)>(values, load_codes(c));
     (v * av).store(o);
   };
-  int64_t j = 0;
-  for (; j + FVec::size() <= n; j += FVec::size()) {
-    decode(codes + j, out + j);
-  }
-  if (j < n) {
-    alignas(64) uint8_t c[FVec::size()] = {};
-    alignas(64) float o[FVec::size()];
-    copy_n(c, codes + j, n - j);
-    decode(c, o);
-    copy_n(out + j, o, n - j);
-  }
+  map_lanes(codes, out, n, decode);
 }
 
 // codes[0, n) = the codes of x[0, n) in a block of absmax `a` (>= every |x|):
-// q8::encode_fraction, lane by lane; the last n % FVec::size() values take the
-// same vector path on a zero-padded copy.
+// q8::encode_fraction, lane by lane.
 C10_ALWAYS_INLINE void encode_block(const float* x, float a, int table,
                                     int64_t n, uint8_t* codes) {
   const float* enc =
@@ -134,17 +139,7 @@ C10_ALWAYS_INLINE void encode_block(const float* x, float a, int table,
     c = IVec::blendv(c, zero_code, at::vec::cast<int32_t>(y == zero_f));
     store_codes(out, c);
   };
-  int64_t j = 0;
-  for (; j + FVec::size() <= n; j += FVec::size()) {
-    encode(x + j, codes + j);
-  }
-  if (j < n) {
-    alignas(64) float xs[FVec::size()] = {};
-    alignas(64) uint8_t out[FVec::size()];
-    copy_n(xs, x + j, n - j);
-    encode(xs, out);
-    copy_n(codes + j, out, n - j);
-  }
+  map_lanes(x, codes, n, encode);
 }
 
 // The NaN-propagating max of |x| over a vector accumulator and a scalar.
