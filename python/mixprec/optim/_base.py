@@ -1,13 +1,10 @@
 """Shared machinery of mixprec's fused master-weight optimizers.
 
 :class:`FusedOptimizer` is a :class:`torch.optim.Optimizer` whose ``step`` runs one fused
-mixprec op per (device, with/without masters) bucket of a param group. It owns what Adam,
-AdamW and SGD share: per-param state (a float32 step count on the param's device, float32
-moments, a float32 ``master_param`` for 16-bit params with ``master_weights=True``); the
-amp contract (``grad_scale``/``found_inf``/``clip_coef`` read on the device, as ``step()``
-arguments from :class:`mixprec.GradScaler` or as attributes from ``torch.amp.GradScaler``);
-``lr`` as a device tensor, so a step never syncs; ``state_dict`` loading that accepts
-torch.optim state dicts; :meth:`master_params`.
+mixprec op per (device, with/without masters) bucket of a param group: per-param state
+(float32 step count on the param's device, float32 moments and masters), the amp contract
+(scalars read on the device), ``lr`` as a device tensor (no sync), and loading of mixprec
+and torch.optim state dicts.
 """
 
 from __future__ import annotations
@@ -358,9 +355,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         return state
 
     def lr_tensor(self, index: int, device: torch.device) -> Tensor:
-        """The 0-dim lr tensor the kernels of ``param_groups[index]`` read on ``device``.
-
-        A one-element float32/float64 tensor ``lr`` on ``device`` is returned itself;
+        """The 0-dim lr tensor the kernels of ``param_groups[index]`` read on ``device``. A
+        one-element float32/float64 tensor ``lr`` on ``device`` is returned itself;
         another tensor is converted. A float ``lr`` is kept as one float64 tensor per
         (group, device), refilled in place (``fill_``, no sync) when it changed, so a
         captured graph replayed after this call reads the new value."""
@@ -542,14 +538,13 @@ class FusedOptimizer(torch.optim.Optimizer):
             else:
                 out[k] = v
         step = saved.get("step")
-        out["step"] = self._default_step(saved, p) if step is None else torch.as_tensor(
-            step).detach().to(device=p.device, dtype=torch.float32, copy=True).reshape(())
+        if step is None:  # (torch's SGD keeps none: a stored buffer means steps were taken)
+            step = 1.0 if isinstance(saved.get("momentum_buffer"), Tensor) else 0.0
+        out["step"] = torch.as_tensor(step).detach().to(device=p.device, dtype=torch.float32,
+                                                        copy=True).reshape(())
         if self.keeps_master(p, group) and out.get("master_param") is None:
             out["master_param"] = float32_copy(p)
         return out
-
-    def _default_step(self, saved: Dict[str, Any], p: Tensor) -> Tensor:
-        return torch.zeros((), dtype=torch.float32, device=p.device)
 
 
 #: Group options of a known type (checked at load).

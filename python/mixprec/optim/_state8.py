@@ -76,8 +76,7 @@ class EightBitState:
         return tuple(m for m in self._MOMENTS8 if m[0] in names)
 
     def _quantized(self, p: Tensor, group: Dict[str, Any]) -> bool:
-        """Whether ``p``'s moments are 8-bit (``state_bits=8``, a moment to keep, and
-        ``p`` of two or more dims and big enough)."""
+        """Whether ``p``'s moments are 8-bit (``state_bits=8``, ``p`` 2-D+ and big enough)."""
         return (group.get("state_bits", 32) == 8 and bool(self._moments8(group))
                 and p.dim() >= 2 and p.numel() >= group.get("min_8bit_size", 4096))
 
@@ -265,8 +264,7 @@ def zero_state(p: Tensor, table: str) -> Tuple[Tensor, Tensor]:
 
 
 def quantize_state(x: Tensor, table: str, p: Tensor) -> Tuple[Tensor, Tensor]:
-    """(codes, maxima) of float32 state ``x`` of param ``p``: for a DTensor param, of this
-    rank's rows, as DTensors laid out as ``p`` and as :func:`absmax_like`."""
+    """(codes, maxima) of float32 state ``x`` of param ``p`` (DTensors laid out as ``p``)."""
     if not _dtensor.is_dtensor(p):
         return q8.quantize(x, table)
     from torch.distributed.tensor import DTensor

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Union
 
-import torch
 from torch import Tensor
 
 from .. import ops
@@ -86,11 +85,6 @@ class SGD(EightBitState, FusedOptimizer):
             stochastic_rounding=stochastic_rounding, seed=int(seed),
             state_bits=int(state_bits), min_8bit_size=int(min_8bit_size))
         super().__init__(params, defaults)
-
-    def _default_step(self, saved: Dict[str, Any], p: Tensor) -> Tensor:
-        # A torch SGD state has no step: a stored buffer means steps were taken.
-        taken = 1.0 if isinstance(saved.get("momentum_buffer"), Tensor) else 0.0
-        return torch.full((), taken, dtype=torch.float32, device=p.device)
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], scalars: StepScalars,
              args: Dict[str, Any]) -> None:
