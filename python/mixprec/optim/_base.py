@@ -1,22 +1,10 @@
 """Shared machinery of mixprec's fused master-weight optimizers.
 
-:class:`FusedOptimizer` is a :class:`torch.optim.Optimizer` whose ``step`` runs
-one fused mixprec op per (device, with/without masters) bucket of a param
-group. It owns what Adam, AdamW and SGD have in common:
-
-* state: per param a float32 step count on the param's device, float32
-  moments/buffers and, for float16/bfloat16 params of a group with
-  ``master_weights=True``, a float32 master copy (``state["master_param"]``);
-* the amp contract (``_step_supports_amp_scaling = True``): ``grad_scale``,
-  ``found_inf`` and ``clip_coef`` are read on the device by the kernels.
-  :class:`mixprec.GradScaler` passes them as ``step()`` arguments (see
-  :mod:`mixprec.amp.protocol`); ``torch.amp.GradScaler`` sets
-  ``optimizer.grad_scale``/``optimizer.found_inf`` attributes for the call
-  (torch's protocol), which ``step()`` reads when an argument is None;
-* ``lr`` as a device tensor (kept per group and device, refilled in place when the
-  group's float lr changes), so a step never syncs with the host;
-* ``state_dict``/``load_state_dict`` that keep masters in float32 and accept
-  torch.optim state dicts, and :meth:`master_params`.
+:class:`FusedOptimizer` is a :class:`torch.optim.Optimizer` whose ``step`` runs one fused
+mixprec op per (device, with/without masters) bucket of a param group: per-param state
+(float32 step count on the param's device, float32 moments and masters), the amp contract
+(scalars read on the device), ``lr`` as a device tensor (no sync), and loading of mixprec
+and torch.optim state dicts.
 """
 
 from __future__ import annotations
@@ -33,9 +21,6 @@ from ..amp.notices import warn_ineffective
 from ..amp.protocol import StepScalars
 from . import _sr
 
-#: The scalars of a step given none (a plain ``opt.step()``): one shared value.
-_NO_SCALARS = StepScalars(None, None, None)
-
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -44,8 +29,7 @@ BucketKey = Tuple[torch.device, bool]
 
 
 def _on(scalars: StepScalars, device: torch.device) -> StepScalars:
-    """``scalars`` on ``device`` (each tensor elsewhere copied ``non_blocking``; the same
-    object when all are there). No host sync."""
+    """``scalars`` on ``device`` (copied ``non_blocking`` where elsewhere). No host sync."""
     given = (scalars.grad_scale, scalars.found_inf, scalars.clip_coef)
     if all(not isinstance(t, Tensor) or t.device == device for t in given):
         return scalars
@@ -54,33 +38,27 @@ def _on(scalars: StepScalars, device: torch.device) -> StepScalars:
 
 
 def float32_copy(p: Tensor) -> Tensor:
-    """A float32 copy of ``p``'s values: a master weight. A tensor subclass that is not a
-    DTensor (torchao's float8 weight wrapper, whose ``to``/``clone`` keep the subclass and
-    whose ``data_ptr()`` is 0) gets a plain tensor: optimizer state is never a subclass.
-    A DTensor stays a DTensor (its state is sharded like it)."""
+    """A float32 copy of ``p``: a master weight. A DTensor stays one; another subclass
+    (torchao's float8 wrapper) gets a plain tensor: state is never such a subclass."""
     t = p.detach()
     if type(t) is not Tensor and not _dtensor.is_dtensor(t):
-        out = torch.empty(t.shape, dtype=torch.float32, device=t.device)
-        out.copy_(t)
-        return out
+        return torch.empty(t.shape, dtype=torch.float32, device=t.device).copy_(t)
     return t.to(torch.float32, copy=True)
 
 
 def _lr_at(table: Dict[Any, Tensor], step: Tensor, device: torch.device) -> Tensor:
-    """``table``'s lr after ``step`` steps taken (the last one past its end), as a 0-dim
-    float64 tensor on ``device``: a gather on the device, no sync. ``table`` holds the
-    host copy under ``None`` and the copy on each device used (state, made once). A
-    table made with ``restart=True`` (:meth:`FusedOptimizer.lr_by_steps_taken`) counts
-    from the step count its first step finds: under ``("base", device)`` that count and
-    under ``("pending", device)`` a flag set when the table was (re)made, both on the
-    device, so a captured graph re-reads them."""
+    """``table``'s lr after ``step`` steps taken (the last one past its end), a 0-dim
+    float64 tensor on ``device`` (a gather, no sync). ``table``: the host copy under
+    ``None``, a copy per device used. With ``restart=True`` it counts from the step count
+    its first step finds: that count under ``("base", device)``, a flag set when the table
+    was (re)made under ``("pending", device)``, both on the device (a graph re-reads them)."""
     values = table.get(device)
     if values is None:
         values = table[device] = table[None].to(device)
     step = step.detach()
     if "restart" in table:
         base, pending = table.get(("base", device)), table.get(("pending", device))
-        if base is None or pending is None:
+        if base is None:
             base = table[("base", device)] = torch.zeros((), dtype=step.dtype, device=device)
             pending = table[("pending", device)] = torch.ones((), dtype=torch.float32,
                                                              device=device)
@@ -92,8 +70,7 @@ def _lr_at(table: Dict[Any, Tensor], step: Tensor, device: torch.device) -> Tens
 
 
 def _check_sharded(cls: str, index: int, k: int, p: Tensor) -> None:
-    """A param of a group with DTensors (FSDP2): a DTensor whose grad is a DTensor laid out
-    as the param (so that the local shards match element for element)."""
+    """A param of a DTensor (FSDP2) group: a DTensor with a grad laid out as it."""
     where = f"mixprec.optim.{cls}: param_groups[{index}]['params'][{k}]"
     if not _dtensor.is_dtensor(p):
         raise RuntimeError(f"{where} is a plain tensor in a group of DTensor params; put "
@@ -118,9 +95,10 @@ _INVALID = {"lr": "Invalid learning rate", "eps": "Invalid epsilon value",
 
 
 def _check_nonneg(cls: str, name: str, value: Any) -> None:
-    """``value`` must be a finite number >= 0: ValueError worded as torch's otherwise."""
+    """``value``: a finite number >= 0 (ValueError worded as torch's), or a tensor (not read:
+    that would sync)."""
     if isinstance(value, Tensor):
-        return  # a tensor is not read on the host (that would sync)
+        return
     if not _is_number(value):
         raise TypeError(f"mixprec.optim.{cls}: {name} must be a float, got "
                         f"{type(value).__name__} {value!r}")
@@ -133,72 +111,49 @@ class FusedOptimizer(torch.optim.Optimizer):
     """Base class of :class:`~mixprec.optim.Adam`, :class:`~mixprec.optim.AdamW`
     and :class:`~mixprec.optim.SGD`; not used directly.
 
-    Subclasses declare :attr:`STATE` (their per-param state besides step/master) and
-    define ``_run(bucket, group, scalars, args)``: the ops' step, ``scalars`` the
-    :class:`~mixprec.amp.protocol.StepScalars` on the bucket's device (the ops'
-    ``grad_scale``/``found_inf``/``clip_coef``), ``args`` the other keyword arguments every
-    fused optimizer op takes (``lr``, ``weight_decay``... ``seed``), theirs to extend.
+    Subclasses declare :attr:`STATE` and define ``_run(bucket, group, scalars, args)``: the
+    ops' step, ``scalars`` the :class:`~mixprec.amp.protocol.StepScalars` on the bucket's
+    device, ``args`` the keyword arguments every fused optimizer op takes (``lr``,
+    ``weight_decay``... ``seed``), theirs to extend.
     """
 
-    #: GradScaler contract (torch's): this optimizer unscales in its own kernel
-    #: and skips the step on the device when found_inf is set.
+    #: GradScaler contract (torch's): unscales in its kernel, skips on the device on inf.
     _step_supports_amp_scaling = True
-    #: mixprec's one extension of that contract (what mixprec.GradScaler looks for; it
-    #: never tests the type): ``step(grad_scale=, found_inf=, clip_coef=)`` takes the
-    #: scalars as arguments, and with a ``clip_coef`` the scaler can fold
-    #: ``clip_grad_norm_`` into the step.
+    #: mixprec's extension (what mixprec.GradScaler looks for): ``step(grad_scale=,
+    #: found_inf=, clip_coef=)`` takes the scalars, so ``clip_grad_norm_`` can be folded in.
     _step_takes_scalars = True
 
     def __init__(self, params: Any, defaults: Dict[str, Any]) -> None:
         self._lr_cache: Dict[Tuple[int, torch.device], Tuple[float, Tensor]] = {}
-        #: per param group index: the lr after k steps taken, k = 0.. (float64, on the
-        #: group's devices once used): see :meth:`lr_by_steps_taken`
+        #: per group index: the :meth:`lr_by_steps_taken` table (see :func:`_lr_at`)
         self._lr_tables: Dict[int, Dict[Any, Tensor]] = {}
         self._rounding_checked = False  # (the warning of _warn_ineffective_rounding given)
         self._table_calls = [0, 0]  # lr_by_steps_taken: step() calls since, num_steps
         super().__init__(params, defaults)
 
-    # -- what subclasses declare and implement ------------------------------------
-
-    #: The per-param state a step reads and writes besides ``step`` and
-    #: ``master_param``, in the order the op takes it: ``(name, the group option that
-    #: keeps it or None for always, its code table with state_bits=8 or None)``.
+    #: The per-param state besides ``step`` and ``master_param``, in the op's order: ``(name,
+    #: the group option that keeps it or None for always, its 8-bit code table or None)``.
     STATE: ClassVar[Tuple[Tuple[str, Optional[str], Optional[str]], ...]] = ()
 
     def state_names(self, group: Dict[str, Any]) -> List[str]:
-        """The names of the per-param state tensors a step of ``group`` reads and
-        writes, besides ``step`` and ``master_param`` (e.g. ``["exp_avg",
-        "exp_avg_sq"]``), in the order the op takes them: :attr:`STATE`'s entries that
-        ``group`` keeps, then with ``state_bits=8`` the block maxima of the 8-bit ones
-        (``"<name>_absmax"``)."""
-        names = []
-        for n, option, _ in self.STATE:  # (a loop: a comprehension costs 0.1 us more here)
-            if option is None or group[option]:
-                names.append(n)
+        """The per-param state a step of ``group`` uses besides ``step`` and
+        ``master_param``, in the op's order (e.g. ``["exp_avg", "exp_avg_sq"]``), then with
+        ``state_bits=8`` the 8-bit ones' maxima (``"<name>_absmax"``)."""
+        names = [n for n, option, _ in self.STATE if option is None or group[option]]
         if names and group.get("state_bits", 32) == 8:
             names += [absmax for n, absmax, _ in coded_states(self.STATE) if n in names]
         return names
 
-    def _run(self, bucket: Bucket, group: Dict[str, Any], scalars: StepScalars,
-             args: Dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    # -- public API -------------------------------------------------------------
-
     @property
     def master_weights(self) -> bool:
-        """True when some param group keeps float32 masters for 16-bit params.
-
-        A GradScaler may then accept float16 gradients: they are unscaled in
-        float32 inside the optimizer kernel.
-        """
+        """True when some param group keeps float32 masters for 16-bit params (a
+        GradScaler may then accept float16 grads: the kernel unscales them in float32)."""
         return any(g.get("master_weights", False) for g in self.param_groups)
 
     def _warn_ineffective_rounding(self) -> None:
-        """At the first step (the params' dtypes final, e.g. after MANUAL's conversion):
-        an :class:`~mixprec.amp.notices.IneffectiveSettingWarning` for each group that
-        asks for ``stochastic_rounding`` where it does nothing (float16 params, or no
-        bfloat16 param without a master)."""
+        """At the first step (dtypes final): an ``IneffectiveSettingWarning`` per group
+        whose ``stochastic_rounding`` does nothing (float16 params, or no bfloat16 param
+        without a master)."""
         self._rounding_checked = True
         for index, group in enumerate(self.param_groups):
             if not group.get("stochastic_rounding"):
@@ -217,10 +172,9 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
-        self.__dict__.setdefault("_lr_cache", {})
-        self.__dict__.setdefault("_lr_tables", {})
-        self.__dict__.setdefault("_rounding_checked", False)
-        self.__dict__.setdefault("_table_calls", [0, 0])
+        for key, value in (("_lr_cache", {}), ("_lr_tables", {}), ("_rounding_checked", False),
+                           ("_table_calls", [0, 0])):
+            self.__dict__.setdefault(key, value)
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 if key != "params":
@@ -233,57 +187,38 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def master_params(self) -> List[Tensor]:
-        """The float32 weights the optimizer updates, one per param in group order.
-
-        For a 16-bit param with masters: its float32 master (the tensor in the
-        state, not a copy; a fresh float32 copy of the param before its first
-        step). For a float32 param: the param itself. For a 16-bit param
-        without masters: the param itself (16-bit). No host sync.
-        """
+        """The weights the optimizer updates, one per param in group order: a 16-bit
+        param's float32 master (the state's tensor; a fresh float32 copy before its first
+        step), else the param itself (16-bit without masters). No host sync."""
         out: List[Tensor] = []
         for group in self.param_groups:
             for p in group["params"]:
                 master = self.state.get(p, {}).get("master_param")
-                if master is not None:
-                    out.append(master)
-                elif self.keeps_master(p, group):
-                    out.append(float32_copy(p))
-                else:
-                    out.append(p)
+                out.append(master if master is not None else
+                           float32_copy(p) if self.keeps_master(p, group) else p)
         return out
 
     def lr_by_steps_taken(self, scheduler: Any, num_steps: int, *,
                           restart: bool = False) -> Tensor:
         """Make each step's lr the one ``scheduler`` gives after as many steps as this
-        optimizer has **taken**, so that steps skipped on the device (an inf/NaN under a
-        GradScaler) do not advance the schedule -- without a host sync.
+        optimizer has **taken**, so that steps skipped on the device (inf/NaN under a
+        GradScaler) do not advance the schedule, without a host sync.
 
-        A skipped step is invisible on the host (no sync tells anyone), so frameworks
-        that step their LR scheduler after every optimizer step (the HF Trainer,
-        Accelerate, Lightning with torch's fused optimizers) advance it over skipped
-        steps too. With this, the lr a kernel uses is read on the device from a table of
-        ``scheduler``'s values, indexed by the step count the kernels keep (the first
-        param with a grad of the group, on each device), which a skipped step does not
-        advance. The scheduler itself is left as it was; it may go on being stepped (and
-        logged: its ``get_last_lr()`` then counts calls, not steps taken) -- ``group["lr"]``
-        no longer reaches the kernels.
+        The kernels read the lr on the device from a table of ``scheduler``'s values,
+        indexed by the step count they keep (the group's first param with a grad, per
+        device); ``group["lr"]`` no longer reaches them. The scheduler is left as it was
+        (stepping it on only changes its ``get_last_lr()``).
 
-        Call before the first step, with the scheduler as constructed (its
-        ``last_epoch`` 0) and the optimizer's groups as they will train. The table is
-        computed now by stepping ``scheduler`` ``num_steps`` times and restoring it
-        (``state_dict``/``load_state_dict``; warnings of those calls are silenced);
-        past ``num_steps`` taken steps the last value stays, and the step call past
-        ``num_steps`` calls (counted on the host from here) warns once
-        (:class:`~mixprec.amp.notices.IneffectiveSettingWarning`). Not in the optimizer's
-        ``state_dict``: call again after building a fresh optimizer; loading a state
-        dict keeps it, and the loaded step counts index it. ``ReduceLROnPlateau``
-        (which needs metrics) is refused.
+        Call before the first step, with the scheduler as constructed (``last_epoch`` 0).
+        The table is computed now by stepping ``scheduler`` ``num_steps`` times and
+        restoring it; past ``num_steps`` taken steps the last value stays, and the step
+        call past ``num_steps`` calls warns once (``IneffectiveSettingWarning``). Not in
+        ``state_dict``: call again on a fresh optimizer; loading keeps it.
 
-        With ``restart=True`` it may be called at any point of a run, with ``scheduler``
-        standing at the schedule of the steps taken so far (a loop that steps it only
-        after steps taken, catching up at its syncs: the trainer): row 0 is the lr of the
-        next step, whatever step count that step finds, and the table is refilled in
-        place when ``num_steps`` is unchanged (a captured graph reads the new rows).
+        With ``restart=True`` it may be called at any point, ``scheduler`` standing at the
+        schedule of the steps taken so far (the trainer's catch-up): row 0 is the next
+        step's lr whatever step count it finds, and an unchanged ``num_steps`` refills the
+        table in place (a captured graph reads the new rows).
 
         Args:
             scheduler: a ``torch.optim.lr_scheduler.LRScheduler`` of this optimizer.
@@ -293,6 +228,11 @@ class FusedOptimizer(torch.optim.Optimizer):
         Returns:
             The table, ``[num_steps, len(param_groups)]`` float64 on the CPU: row ``k``
             holds each group's lr after ``k`` steps taken (from now, with ``restart``).
+
+        Raises:
+            TypeError: ``ReduceLROnPlateau``.
+            ValueError: another optimizer's scheduler, or ``num_steps`` not an int >= 1.
+            RuntimeError: without ``restart``, called after the first step.
         """
         import warnings
 
@@ -321,10 +261,9 @@ class FusedOptimizer(torch.optim.Optimizer):
             scheduler.load_state_dict(saved)
             for g, lr in zip(self.param_groups, lrs):
                 g["lr"] = lr
-        self._table_calls = [0, num_steps]  # (step calls since, the table's length)
+        self._table_calls = [0, num_steps]
         values = torch.tensor(rows, dtype=torch.float64)
-        old = self._lr_tables
-        self._lr_tables = {}
+        old, self._lr_tables = self._lr_tables, {}
         for i in range(len(self.param_groups)):
             column = values[:, i].contiguous()
             table = old.get(i)
@@ -351,28 +290,22 @@ class FusedOptimizer(torch.optim.Optimizer):
         """Perform one optimization step over every param that has a ``.grad``.
 
         Args:
-            closure: re-evaluates the model and returns the loss (run with
-                grad enabled), as in torch.
-            grad_scale: one-element float32 tensor, the scale the grads carry
-                (they are multiplied by its float64 reciprocal in the kernel).
-            found_inf: one-element float32 tensor; when non-zero the step is
-                skipped on the device (params, masters, state and step counts
-                unchanged).
-            clip_coef: one-element float32 tensor multiplied into the grads
-                (gradient clipping folded into the step).
+            closure: re-evaluates the model and returns the loss (run with grad enabled).
+            grad_scale: one-element float32 tensor, the scale the grads carry (they are
+                multiplied by its float64 reciprocal in the kernel).
+            found_inf: one-element float32 tensor; non-zero skips the step on the device
+                (params, masters, state and step counts unchanged).
+            clip_coef: one-element float32 tensor multiplied into the grads (a folded clip).
 
-        :class:`mixprec.GradScaler` passes these three; each one left None
-        defaults to the attribute of the same name (``self.grad_scale``...),
-        which is how ``torch.amp.GradScaler`` hands over the first two.
+        :class:`mixprec.GradScaler` passes these three; each left None defaults to the
+        attribute of that name (how ``torch.amp.GradScaler`` hands over the first two).
 
-        Runs under ``torch.no_grad()``. As for every torch optimizer,
-        :class:`torch.optim.Optimizer` wraps it (once per class) so that step hooks
-        and the profiler see it.
+        Mutates the params, masters and state; grads are read only. No host sync (scalars
+        on another device are copied ``non_blocking``). Params on ``meta`` get state only.
 
-        Mutates the params, their masters and state; grads are read only.
-        No host sync (the scalars are moved to each param device with
-        ``non_blocking=True`` when they live elsewhere). Params on the ``meta``
-        device get their state created and nothing computed (no data to compute on).
+        Raises:
+            RuntimeError: a scalar that is not a one-element float32 tensor (nothing
+                changed).
 
         Returns:
             The closure's loss, or None.
@@ -381,17 +314,11 @@ class FusedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if grad_scale is None:
-            grad_scale = getattr(self, "grad_scale", None)
-        if found_inf is None:
-            found_inf = getattr(self, "found_inf", None)
-        if clip_coef is None:
-            clip_coef = getattr(self, "clip_coef", None)
-        # the scalars of this step, from here to the kernel calls
-        scalars = _NO_SCALARS if grad_scale is None and found_inf is None \
-            and clip_coef is None else StepScalars(grad_scale, found_inf, clip_coef)
-        # Checked before any state is created, so a rejected step changes nothing.
-        for name, t in () if scalars is _NO_SCALARS else vars(scalars).items():
+        scalars = StepScalars(
+            getattr(self, "grad_scale", None) if grad_scale is None else grad_scale,
+            getattr(self, "found_inf", None) if found_inf is None else found_inf,
+            getattr(self, "clip_coef", None) if clip_coef is None else clip_coef)
+        for name, t in vars(scalars).items():  # checked before any state is created
             if t is not None and not (isinstance(t, Tensor) and t.dtype == torch.float32
                                       and t.numel() == 1):
                 raise RuntimeError(
@@ -405,7 +332,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         if self._lr_tables:
             calls = self._table_calls
             calls[0] += 1
-            if calls[0] == calls[1] + 1:  # (a host count: no sync)
+            if calls[0] == calls[1] + 1:
                 warn_ineffective(
                     f"mixprec.optim.{type(self).__name__}: step() called more times "
                     f"({calls[0]}) than lr_by_steps_taken's num_steps ({calls[1]}); once "
@@ -414,8 +341,6 @@ class FusedOptimizer(torch.optim.Optimizer):
         for index, group in enumerate(self.param_groups):
             self._step_group(index, group, scalars)
         return loss
-
-    # -- internals ------------------------------------------------------------
 
     def _init_state(self, p: Tensor, group: Dict[str, Any]) -> Dict[str, Any]:
         state = self.state[p]
@@ -430,15 +355,11 @@ class FusedOptimizer(torch.optim.Optimizer):
         return state
 
     def lr_tensor(self, index: int, device: torch.device) -> Tensor:
-        """The 0-dim lr tensor the kernels of ``param_groups[index]`` read on ``device``.
-
-        A tensor ``lr`` (float32/float64, one element, on ``device``) is returned itself,
-        read in place; another tensor, converted. A float ``lr`` is kept as one float64
-        tensor per (group, device) for the optimizer's life (checkpoint loads included),
-        refilled in place (``fill_``, no sync) when the group's ``lr`` changed: a CUDA
-        graph that captured the step reads the new value once this ran before its replay
-        (:func:`mixprec.capture_step` calls it).
-        """
+        """The 0-dim lr tensor the kernels of ``param_groups[index]`` read on ``device``. A
+        one-element float32/float64 tensor ``lr`` on ``device`` is returned itself;
+        another tensor is converted. A float ``lr`` is kept as one float64 tensor per
+        (group, device), refilled in place (``fill_``, no sync) when it changed, so a
+        captured graph replayed after this call reads the new value."""
         lr = self.param_groups[index]["lr"]
         if isinstance(lr, Tensor):
             if lr.device == device and lr.dtype in (torch.float32, torch.float64) \
@@ -446,23 +367,18 @@ class FusedOptimizer(torch.optim.Optimizer):
                 return lr  # read in place: in-place updates reach captured graphs
             return lr.detach().to(device=device, dtype=torch.float64,
                                   non_blocking=True).reshape(())
-        key = (index, device)
+        key, value = (index, device), float(lr)
         cached = self._lr_cache.get(key)
-        value = float(lr)
         if cached is None:
-            t = torch.full((), value, dtype=torch.float64, device=device)
-            self._lr_cache[key] = (value, t)
-            return t
-        if cached[0] != value:
-            cached[1].fill_(value)  # a kernel with the value as argument: no sync
-            self._lr_cache[key] = (value, cached[1])
+            cached = (value, torch.full((), value, dtype=torch.float64, device=device))
+        elif cached[0] != value:
+            cached = (value, cached[1].fill_(value))
+        self._lr_cache[key] = cached
         return cached[1]
 
     def _check_param(self, index: int, k: int, p: Tensor, sharded: bool) -> None:
-        """The checks of ``param_groups[index]['params'][k]`` before its state is created
-        (and, for DTensor groups, every step): a dense grad, its dtype, a DTensor's layout.
-        (Afterwards the op checks what it is given, sparse grads included, before it
-        writes anything.)"""
+        """Checks of ``param_groups[index]['params'][k]`` before its state is created (each
+        step for DTensor groups): a dense grad, the dtype, a DTensor's layout."""
         if p.grad is not None and p.grad.is_sparse:
             raise RuntimeError(
                 f"mixprec.optim.{type(self).__name__} does not support sparse gradients: "
@@ -479,51 +395,38 @@ class FusedOptimizer(torch.optim.Optimizer):
             )
 
     def _buckets(self, index: int, group: Dict[str, Any]) -> Dict[BucketKey, Bucket]:
-        """The group's params with a grad, as the op's tensor lists per (device, has
-        master), built afresh each step as torch.optim does, in one pass over the params.
-
-        A param whose state lacks an entry (its first step, or an option that keeps more
-        state was turned on) is checked and its state completed (:meth:`_init_state`);
-        so is every param of a DTensor (FSDP2) group, which runs as its local shard (its
-        state too).
-        """
+        """The group's params with a grad as the op's tensor lists per (device, has
+        master), built afresh each step. A param whose state lacks an entry is checked and
+        its state completed (:meth:`_init_state`); so is every param of a DTensor group,
+        which runs as its local shard (its state too)."""
         names = self.state_names(group)
         needed = {"step", *names}
         needed_with_master = {"master_param", *needed}
         masters_on = bool(group.get("master_weights", True))
         sharded = _dtensor.any_dtensor(group["params"])
-        all_states = self.state
         # per (device, has master): the params, their grads, their states
         lists: Dict[BucketKey, Tuple[List[Tensor], List[Tensor], List[Dict[str, Any]]]] = {}
         for k, p in enumerate(group["params"]):
-            grad = p.grad
-            if grad is None:
+            if p.grad is None:
                 continue
-            state = all_states[p]
+            state = self.state[p]
             keeps = masters_on and p.dtype in _LOW_PRECISION  # the rule of keeps_master
             if sharded or not state.keys() >= (needed_with_master if keeps else needed):
                 self._check_param(index, k, p, sharded)
                 state = self._init_state(p, group)
-            key = (p.device, keeps)
-            same_key = lists.get(key)
-            if same_key is None:
-                same_key = lists[key] = ([], [], [])
-            params, grads, states = same_key
-            params.append(p)
-            grads.append(grad)
-            states.append(state)
+            for out, x in zip(lists.setdefault((p.device, keeps), ([], [], [])),
+                              (p, p.grad, state)):
+                out.append(x)
         buckets: Dict[BucketKey, Bucket] = {}
         for key, (params, grads, states) in lists.items():
             b = buckets[key] = {
-                "params": params,
-                "grads": grads,
+                "params": params, "grads": grads,
                 "master_params": [st["master_param"] for st in states] if key[1] else [],
-                "state_steps": [st["step"] for st in states],
-            }
+                "state_steps": [st["step"] for st in states]}
             for n in names:
                 b[n] = [st[n] for st in states]
-            if sharded:  # the kernels take a DTensor's local shard, and its state's
-                if group.get("stochastic_rounding", False):  # (its elements' SR numbers)
+            if sharded:  # the kernels take the local shards (and the SR element numbers)
+                if group.get("stochastic_rounding", False):
                     b["sr_extents"] = [_sr.extent(p) for p in params]
                 for n in ("params", "grads", "master_params", "state_steps", *names):
                     b[n] = _dtensor.locals_of(b[n])
@@ -532,49 +435,41 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _step_group(self, index: int, group: Dict[str, Any], scalars: StepScalars) -> None:
         buckets = self._buckets(index, group)
         seed = (int(group.get("seed", 0)) * 1_000_003 + index) & 0x7FFFFFFFFFFFFFFF
-        on_device: Dict[torch.device, StepScalars] = {}  # (buckets of a device share them)
+        on_device: Dict[torch.device, StepScalars] = {}
         for (device, _), bucket in buckets.items():
             if device.type == "meta":
-                continue  # no data: nothing to compute (as torch's kernels on meta tensors)
-            here = on_device.get(device)
-            if here is None:
-                here = on_device[device] = _on(scalars, device)
+                continue  # no data to compute on
+            if device not in on_device:
+                on_device[device] = _on(scalars, device)
             table = self._lr_tables.get(index)
             lr = self.lr_tensor(index, device) if table is None else \
                 _lr_at(table, bucket["state_steps"][0], device)
             sr = bool(group.get("stochastic_rounding", False)) and not bucket["master_params"]
-            self._run(bucket, group, here, dict(
+            self._run(bucket, group, on_device[device], dict(
                 lr=lr, weight_decay=float(group["weight_decay"]),
                 maximize=bool(group["maximize"]), stochastic_rounding=sr, seed=seed))
 
-    #: Group options every saved param group has (besides ``params``, ``lr``,
-    #: ``weight_decay``), checked at load.
+    #: Group options every saved group has besides ``params``, ``lr``, ``weight_decay``.
     REQUIRED_OPTIONS: ClassVar[Tuple[str, ...]] = ()
     #: Whether a param's saved state may lack ``step`` (torch's SGD keeps none).
     STEP_OPTIONAL: ClassVar[bool] = False
-
-    #: Group options a loaded state dict does not change (the 8-bit mixin's
-    #: ``state_bits``: the layout is this optimizer's choice, the values are converted).
+    #: Group options a load does not change (8-bit: ``state_bits``; values are converted).
     _KEPT_ON_LOAD: ClassVar[Tuple[str, ...]] = ()
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Load a state dict of this class or of ``torch.optim.Adam/AdamW/SGD``.
 
-        Param groups are matched as in torch, and torch's load_state_dict hooks run as
-        in torch: the pre hooks first; the state is then converted to this optimizer's
-        layout, from the dict the pre hooks left, before any post hook runs (so a post
-        hook sees what a step will use). Conversion (copies, so the loaded dict is not
-        aliased): step counts become float32 tensors on the param's device, moments
-        and buffers float32, and masters are taken from the dict when present, else
-        built from the params (migration from a torch checkpoint). Keys this class does
-        not set (``master_weights``, ``stochastic_rounding``, ``seed``...) are filled
-        from its defaults. Entries of ``state`` whose key is not a param (and not an
-        int: a param id of no group is refused) are kept as they are, as torch does.
+        Groups are matched and hooks run as in torch; the state is converted from the
+        dict the pre hooks left, before any post hook runs. Conversion copies: step counts
+        become float32 tensors on the param's device, moments float32, masters are taken
+        from the dict or built from the params (a torch checkpoint). Missing options
+        (``master_weights``, ``seed``...) come from the defaults. ``state`` entries whose
+        key is not a param (nor an int: an unknown param id is refused) are kept.
 
-        Checked first (:meth:`check_state_dict`, after the user's pre hooks): a dict that
-        cannot be loaded raises ``TypeError``/``ValueError`` naming the entry, and the
-        optimizer is left exactly as it was (state, groups, lr tensors). Should anything
-        raise later (a post hook), the state and groups are put back too.
+        Raises:
+            TypeError, ValueError: :meth:`check_state_dict`'s, run after the pre hooks;
+                the optimizer is left as it was (state, groups, lr tensors), as it is
+                when anything later (a post hook) raises.
         """
         loaded: List[Dict[str, Any]] = []
         kept = [{k: g[k] for k in self._KEPT_ON_LOAD if k in g} for g in self.param_groups]
@@ -584,16 +479,20 @@ class FusedOptimizer(torch.optim.Optimizer):
             loaded.append(sd)
 
         def convert(opt: torch.optim.Optimizer) -> None:
+            # the saved state, converted, replaces torch's (other entries: kept as torch did)
+            sd = loaded[-1]
             for g, options in zip(self.param_groups, kept):
                 g.update(options)
-            self._convert_loaded(loaded[-1])
+            ids = chain.from_iterable(g["params"] for g in sd["param_groups"])
+            mine = dict(zip(ids, ((p, g) for g in self.param_groups for p in g["params"])))
+            for key, saved in sd["state"].items():
+                if key in mine:
+                    p, g = mine[key]
+                    self.state[p] = self._convert_state(p, g, saved)
 
-        # (registered now: the check runs after the user's pre hooks, the conversion
-        # before the user's post hooks; both removed again whatever happens)
         pre = self.register_load_state_dict_pre_hook(check)
         post = self.register_load_state_dict_post_hook(convert, prepend=True)
-        # what a failed load (a user's hook raising, say) puts back: torch's load builds a
-        # new ``state`` and new group dicts, so the old objects are the old state
+        # torch's load builds a new ``state`` and group dicts: the old ones are the old state
         before = (self.state, self.param_groups, [dict(g) for g in self.param_groups])
         try:
             super().load_state_dict(state_dict)
@@ -609,17 +508,12 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def check_state_dict(self, state_dict: Any) -> None:
         """Raise when ``state_dict`` cannot be loaded into this optimizer, changing
-        nothing: what :meth:`load_state_dict` runs before it replaces anything.
-
-        Checked against this optimizer's params and groups: ``state`` and
-        ``param_groups`` present and of the right types, as many groups and params per
-        group as here, every hyper-parameter of a known name of the right type and range,
-        each param's state a dict with only keys this class knows, ``step`` a finite
-        whole number >= 0, each moment and master a floating tensor of the param's shape
-        (``master_param`` float32, only for a param that keeps one), with data (not on
-        ``meta`` unless the param is), finite (and >= 0 for second moments), and the
-        moments a group keeps present once the param has stepped. The 8-bit codes and
-        maxima are checked by the 8-bit layer (:meth:`_check_loadable`).
+        nothing (what :meth:`load_state_dict` runs first). Checked against this optimizer's
+        groups: the entries and their types, group and param counts, each known option's
+        type and range, only known state keys, ``step`` a whole number >= 0, moments and
+        masters floating tensors of the param's shape (``master_param`` float32, only where
+        one is kept), with data, finite (second moments >= 0), the group's moments present
+        once stepped; 8-bit codes and maxima by the 8-bit layer. Syncs (reads values).
 
         Raises:
             TypeError: a wrong type (of the dict, an entry or a hyper-parameter).
@@ -630,21 +524,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         self._check_loadable(state_dict)
 
     def _check_loadable(self, state_dict: Dict[str, Any]) -> None:
-        """Raise before anything is loaded when ``state_dict`` cannot be (the 8-bit
-        mixin checks its coded moments); nothing to check here."""
-
-    def _convert_loaded(self, state_dict: Dict[str, Any]) -> None:
-        """Replace the state torch loaded (cast to the params' dtypes) by the saved
-        entries converted to this optimizer's layout (:meth:`_convert_state`)."""
-        saved_groups = state_dict["param_groups"]
-        id_map = dict(zip(chain.from_iterable(g["params"] for g in saved_groups),
-                          chain.from_iterable(g["params"] for g in self.param_groups)))
-        group_of = {id(p): g for g in self.param_groups for p in g["params"]}
-        for key, saved in state_dict["state"].items():
-            p = id_map.get(key)
-            if p is None:
-                continue  # not a param's: torch kept it as it is
-            self.state[p] = self._convert_state(p, group_of[id(p)], saved)
+        """The 8-bit mixin's checks of its coded moments; none here."""
 
     def _convert_state(self, p: Tensor, group: Dict[str, Any],
                        saved: Dict[str, Any]) -> Dict[str, Any]:
@@ -657,25 +537,21 @@ class FusedOptimizer(torch.optim.Optimizer):
                     out[k] = _dtensor.shard_like(out[k], p, f"state {k!r}")
             else:
                 out[k] = v
-        if "step" in saved and saved["step"] is not None:
-            step = torch.as_tensor(saved["step"])
-            out["step"] = step.detach().to(device=p.device, dtype=torch.float32,
-                                           copy=True).reshape(())
-        else:
-            out["step"] = self._default_step(saved, p)
+        step = saved.get("step")
+        if step is None:  # (torch's SGD keeps none: a stored buffer means steps were taken)
+            step = 1.0 if isinstance(saved.get("momentum_buffer"), Tensor) else 0.0
+        out["step"] = torch.as_tensor(step).detach().to(device=p.device, dtype=torch.float32,
+                                                        copy=True).reshape(())
         if self.keeps_master(p, group) and out.get("master_param") is None:
             out["master_param"] = float32_copy(p)
         return out
 
-    def _default_step(self, saved: Dict[str, Any], p: Tensor) -> Tensor:
-        return torch.zeros((), dtype=torch.float32, device=p.device)
 
-
-#: Group options of a known type: booleans and ints (checked at load).
+#: Group options of a known type (checked at load).
 _BOOL_OPTIONS = ("amsgrad", "maximize", "nesterov", "master_weights", "stochastic_rounding",
                  "decoupled_weight_decay")
 _INT_OPTIONS = ("seed", "min_8bit_size")
-#: State tensors that can never be negative (a negative one would make NaN params).
+#: State that is never negative (a negative one makes NaN params).
 _NONNEGATIVE = ("exp_avg_sq", "max_exp_avg_sq")
 
 
@@ -691,8 +567,7 @@ def _describe(v: Any) -> str:
 
 
 def _check_group_option(where: str, key: str, v: Any) -> None:
-    """One hyper-parameter of a saved param group: the type and range its constructor
-    takes (a tensor ``lr``: one floating element)."""
+    """One option of a saved param group: the type and range its constructor takes."""
     if key == "lr" and isinstance(v, Tensor):
         if v.numel() != 1 or not v.is_floating_point():
             raise ValueError(f"{where}['lr']: expected a float >= 0 or a one-element floating "
@@ -724,8 +599,7 @@ def _check_group_option(where: str, key: str, v: Any) -> None:
 
 
 def _check_step(where: str, v: Any) -> None:
-    """A saved step count: a finite whole number >= 0 (an int, a float or a one-element
-    real tensor)."""
+    """A saved step count: a whole number >= 0 (a number or a one-element real tensor)."""
     value: Any = v
     if isinstance(v, Tensor):
         if v.numel() != 1 or v.is_complex() or v.dtype == torch.bool or v.is_meta:
@@ -739,21 +613,20 @@ def _check_step(where: str, v: Any) -> None:
         raise ValueError(f"{where}: expected a whole number of steps >= 0, got {value!r}")
 
 
-def _check_state_tensor(where: str, name: str, v: Any, p: Optional[Tensor]) -> None:
-    """A saved moment, buffer or master of param ``p`` (None: a state entry whose param
-    is not known; only the value is checked)."""
+def _check_state_tensor(where: str, name: str, v: Any, p: Tensor) -> None:
+    """A saved moment or master of param ``p``."""
     if not isinstance(v, Tensor):
         raise TypeError(f"{where}: expected a float32 tensor, got {_describe(v)}")
     want = "float32" if name == "master_param" else "floating"
     if not v.is_floating_point() or (name == "master_param" and v.dtype != torch.float32):
         raise ValueError(f"{where}: expected a {want} tensor, got {_describe(v)}")
-    if p is not None and tuple(v.shape) != tuple(p.shape):
+    if tuple(v.shape) != tuple(p.shape):
         raise ValueError(f"{where}: expected the param's shape {list(p.shape)}, got "
                          f"{_describe(v)} (the state of another model?)")
-    if v.is_meta and not (p is not None and p.is_meta):
-        raise ValueError(f"{where}: a tensor on 'meta' has no data to load; expected one on "
-                         f"{p.device if p is not None else 'a real device'}")
     if v.is_meta:
+        if not p.is_meta:
+            raise ValueError(f"{where}: a tensor on 'meta' has no data to load; expected "
+                             f"one on {p.device}")
         return
     local = _dtensor.local(v).detach()
     if local.numel() and not bool(torch.isfinite(local).all()):
@@ -764,11 +637,9 @@ def _check_state_tensor(where: str, name: str, v: Any, p: Optional[Tensor]) -> N
 
 
 def check_state_dict32(opt: FusedOptimizer, sd: Any, name: Optional[str] = None) -> None:
-    """The checks of :meth:`FusedOptimizer.check_state_dict` but the 8-bit ones (``opt``:
-    an optimizer, or an object with the attributes they read; ``name``: the messages'
-    prefix, default ``mixprec.optim.<class>.load_state_dict``)."""
-    cls = type(opt).__name__
-    name = name or f"mixprec.optim.{cls}.load_state_dict"
+    """:meth:`FusedOptimizer.check_state_dict` but the 8-bit checks. ``opt``: an optimizer
+    or an object with its attributes; ``name``: the messages' prefix."""
+    name = name or f"mixprec.optim.{type(opt).__name__}.load_state_dict"
     if not isinstance(sd, dict):
         raise TypeError(f"{name}: state_dict must be a dict, got {type(sd).__name__}")
     for key in ("state", "param_groups"):
@@ -828,9 +699,6 @@ def check_state_dict32(opt: FusedOptimizer, sd: Any, name: Optional[str] = None)
         if unknown:
             raise ValueError(f"{where}: unexpected keys {unknown} (expected some of "
                              f"{sorted(known)})")
-        coded = {n for n in known if isinstance(st.get(n), Tensor)
-                 and st[n].dtype == torch.uint8}
-        coded |= {n + "_absmax" for n in coded} | {"quant"}
         if "step" not in st and not opt.STEP_OPTIONAL and any(
                 isinstance(v, Tensor) for v in st.values()):
             raise ValueError(f"{where}: missing 'step' (the step count of a param with "
@@ -843,8 +711,9 @@ def check_state_dict32(opt: FusedOptimizer, sd: Any, name: Optional[str] = None)
                 raise ValueError(f"{where}: missing {missing} (a param that has stepped keeps "
                                  f"them with these options)")
         for k, v in st.items():
-            if k in ("step",) or k in coded or k.endswith("_absmax"):
-                continue
+            if k in ("step", "quant") or k.endswith("_absmax") or (
+                    isinstance(v, Tensor) and v.dtype == torch.uint8):
+                continue  # 8-bit state: checked by the 8-bit layer
             if v is None and k != "master_param":
                 continue  # torch's SGD keeps momentum_buffer=None without momentum
             if k == "master_param" and not opt.keeps_master(p, options):
@@ -857,8 +726,7 @@ def check_state_dict32(opt: FusedOptimizer, sd: Any, name: Optional[str] = None)
 
 def coded_states(state: Tuple[Tuple[str, Optional[str], Optional[str]], ...]
                  ) -> Tuple[Tuple[str, str, str], ...]:
-    """The states of a :attr:`FusedOptimizer.STATE` declaration that are 8-bit with
-    ``state_bits=8``, as ``(name, name of its block maxima, code table)``."""
+    """The 8-bit states of a :attr:`FusedOptimizer.STATE`: ``(name, maxima's name, table)``."""
     return tuple((n, n + "_absmax", table) for n, _, table in state if table is not None)
 
 

@@ -1,14 +1,9 @@
 """A DCP checkpoint checked against the state dict it is about to be loaded into.
 
-``torch.distributed.checkpoint.load`` compares the saved tensors with the target's only
-while it plans the read, and its errors name DCP's flattened keys and nothing else (``Size
-mismatch between saved torch.Size([66]) and current: torch.Size([68]) for
-optim.state.2.weight.exp_avg_absmax``). :func:`check_checkpoint` reads the checkpoint's
-metadata first (no tensor data; every rank may call it) and says what differs in mixprec's
-words: a missing entry, another shape, and 8-bit optimizer state saved in the previous
-layout (blocks over each rank's shard), with the world size it was saved at and the fix.
-``MixedPrecisionTrainer.load_state`` calls it before loading a sharded checkpoint; call it
-before your own ``dcp.load`` for the same checks.
+``dcp.load``'s errors name only DCP's flattened keys and sizes. :func:`check_checkpoint`
+reads the metadata first and says what differs in mixprec's words: a missing entry, another
+shape, 8-bit state of the previous layout (with the world size it was saved at and the
+fix). ``MixedPrecisionTrainer.load_state`` calls it before a sharded load.
 """
 
 from __future__ import annotations
@@ -24,20 +19,17 @@ __all__ = ["check_checkpoint"]
 
 
 def _flat(obj: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
-    """(DCP's flattened key, value) of every tensor of a nested dict/list state dict."""
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _flat(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _flat(v, f"{prefix}.{i}" if prefix else str(i))
-    elif isinstance(obj, torch.Tensor):
+    """(DCP's flattened key, tensor) of a nested dict/list state dict."""
+    if isinstance(obj, torch.Tensor):
         yield prefix, obj
+    elif isinstance(obj, (dict, list, tuple)):
+        for k, v in obj.items() if isinstance(obj, dict) else enumerate(obj):
+            yield from _flat(v, f"{prefix}.{k}" if prefix else str(k))
 
 
 def _flat_layout_world(saved: int, codes_shape: Tuple[int, ...]) -> Optional[int]:
     """The world size at which the previous 8-bit layout saves ``saved`` maxima for codes of
-    ``codes_shape`` (each rank's blocks padded to the largest shard's count), or None."""
+    ``codes_shape``, or None."""
     rows = codes_shape[0] if codes_shape else 1
     per_row = math.prod(codes_shape[1:]) if len(codes_shape) > 1 else 1
     for world in range(1, saved + 1):

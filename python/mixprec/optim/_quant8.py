@@ -1,40 +1,28 @@
 """Block-wise 8-bit quantization of optimizer state: the code tables and the pure-PyTorch
 quantizer (the reference every backend must match bit for bit).
 
-A state tensor is cut into **rows** (its slices along dim 0: ``numel / shape[0]`` elements
-each; a tensor of one or no dims is one row), and each row, in element order, into blocks of
-:data:`BLOCK` = 256 elements (the last block of a row holds the rest of it, so a block never
-spans two rows). Each block keeps one float32 ``absmax`` (the largest magnitude in it) and
-one byte per element: the index of the code-table entry nearest to ``x / absmax`` (computed
-in float32). The value read back is ``table[code] * absmax`` (float32). The maxima have the
-shape :func:`absmax_shape` gives: ``(rows, blocks per row)``, or ``(blocks,)`` for one row.
+A state tensor is cut into **rows** (slices along dim 0; a tensor of one or no dims is one
+row), each row in element order into blocks of :data:`BLOCK` = 256 (a row's last block
+holds the rest: a block never spans two rows, so no FSDP2/DCP sharding cuts one and a
+shard's 8-bit step computes the unsharded bits). Each block keeps a float32 ``absmax`` and
+per element one byte, the index of the table entry nearest to ``x / absmax`` (float32);
+it reads back as ``table[code] * absmax``. Maxima have shape :func:`absmax_shape`.
 
-Why rows: FSDP2 (and DCP when it reshards) cut a tensor only between rows, so no sharding
-cuts a block. A shard's codes and maxima are then exactly the rows of the whole tensor's,
-and an 8-bit step of a shard computes the same bits as the unsharded step, at any world
-size.
+The "dynamic" tables (Dettmers et al. 2022): an optional sign, ``e`` zero bits (a factor
+``10**-e``), a 1 bit, then ``f`` fraction bits: ``10**-e * (0.1 + 0.9 * (k + 1) / 2**f)``,
+``k < 2**f`` (the absmax element is stored exactly as 1.0):
 
-The tables are "dynamic" (Dettmers et al. 2022): a byte reads as an optional sign, a run
-of ``e`` zero bits (the decade: a factor ``10**-e``), an indicator 1 bit, then ``f``
-fraction bits spread linearly over ``(0.1, 1]``: ``10**-e * (0.1 + 0.9 * (k + 1) / 2**f)``,
-``k < 2**f``. So the top of the first decade is exactly 1.0 (the block's absmax element is
-stored exactly), and the spacing inside decade ``e`` is ``0.9 * 10**-e / 2**f``: fine
-near the absmax, coarser (relatively) far below it. mixprec's own construction:
+* :data:`SIGNED` (first moment, momentum): sign + decades ``e = 0..6``, ``f = 6 - e``
+  (smallest ``1e-6``), and zero twice (+0, -0): 256 entries ascending;
+* :data:`UNSIGNED` (second moment): ``e = 0..7``, ``f = 7 - e`` (smallest ``1e-7``), and 0.
 
-* :data:`SIGNED` (first moment, momentum): 1 sign bit, 7 magnitude bits: decades
-  ``e = 0..6`` with ``f = 6 - e`` fraction bits (127 magnitudes, smallest ``1e-6``), and
-  zero (twice, +0 and -0), 256 entries sorted ascending;
-* :data:`UNSIGNED` (second moment): 8 magnitude bits: ``e = 0..7``, ``f = 7 - e`` (255
-  magnitudes, smallest ``1e-7``), and zero.
-
-Rounding is to the nearest entry (a value exactly between two entries takes the lower),
-except that **a nonzero value never becomes zero**: it takes the smallest entry of its
-sign. (A second moment flushed to zero would turn Adam's ``m / (sqrt(v) + eps)`` into
-``m / eps``.) The error bound per element, with ``A`` the block's absmax and ``y = x / A``:
-``|read - x| <= A * max(gap(y) / 2, s)`` where ``gap(y)`` is the distance between the two
-entries around ``y`` and ``s`` the smallest nonzero magnitude; :func:`error_bound` computes
-it. A block of zeros has ``absmax = 0`` and reads back as zeros; a non-finite value has no
-code (callers skip steps with inf/NaN gradients before they reach the state).
+Rounding is to the nearest entry (ties: the lower), except that **a nonzero value never
+becomes zero** (it takes the smallest entry of its sign: a second moment flushed to zero
+would turn Adam's ``m / (sqrt(v) + eps)`` into ``m / eps``). Per element, with ``A`` the
+block's absmax and ``y = x / A``: ``|read - x| <= A * max(gap(y) / 2, s)``, ``gap(y)``
+the distance between the entries around ``y``, ``s`` the smallest nonzero magnitude
+(:func:`error_bound`). A block of zeros has ``absmax = 0``; non-finite values have no code
+(steps with inf/NaN grads are skipped before they reach the state).
 """
 
 from __future__ import annotations
@@ -58,18 +46,13 @@ TABLES = (SIGNED, UNSIGNED)
 
 
 def _magnitudes(bits: int) -> list[float]:
-    out = []
-    for e in range(bits):
-        f = bits - 1 - e
-        for k in range(2**f):
-            out.append(10.0**-e * (0.1 + 0.9 * (k + 1) / 2**f))
-    return out
+    return [10.0**-e * (0.1 + 0.9 * (k + 1) / 2**(bits - 1 - e))
+            for e in range(bits) for k in range(2**(bits - 1 - e))]
 
 
 @cache
 def _table_cpu(name: str) -> Tuple[Tensor, Tensor]:
-    """(values, midpoints) of a table, float32 on the CPU: 256 ascending values and the
-    255 float32 midpoints between neighbours (computed once)."""
+    """(256 ascending values, the 255 midpoints between them) of a table, float32 CPU."""
     if name == SIGNED:
         mags = _magnitudes(7)
         values = sorted([-m for m in mags] + [0.0, 0.0] + mags)
@@ -78,7 +61,6 @@ def _table_cpu(name: str) -> Tuple[Tensor, Tensor]:
     else:
         raise ValueError(f"mixprec: unknown 8-bit code table {name!r}; known: {TABLES}")
     v = torch.tensor(values, dtype=torch.float64).to(torch.float32)
-    assert v.numel() == 256 and bool((v[1:] >= v[:-1]).all())
     mid = ((v[1:].double() + v[:-1].double()) / 2).to(torch.float32)
     return v, mid
 
@@ -90,13 +72,6 @@ def _smallest_codes(name: str) -> Tuple[int, int]:
     pos = min(i for i, x in enumerate(v) if x > 0)
     neg = max((i for i, x in enumerate(v) if x < 0), default=0)
     return pos, neg
-
-
-def _tables_on(name: str, device: torch.device) -> Tuple[Tensor, Tensor]:
-    """(values, midpoints) on ``device`` (a copy per call: the reference and state
-    creation and conversion use them, not the fused kernels' step)."""
-    v, mid = _table_cpu(name)
-    return v.to(device), mid.to(device)
 
 
 def table(name: str, device: torch.device | str = "cpu") -> Tensor:
@@ -119,8 +94,7 @@ def num_blocks(numel: int) -> int:
 
 
 def row_length(shape: Sequence[int]) -> int:
-    """Elements per row of a tensor of ``shape``: the product of ``shape[1:]`` for two
-    or more dims, the number of elements for fewer (one row)."""
+    """Elements per row of a tensor of ``shape`` (fewer than two dims: one row)."""
     n = 1
     for d in (shape[1:] if len(shape) >= 2 else shape):
         n *= int(d)
@@ -128,8 +102,8 @@ def row_length(shape: Sequence[int]) -> int:
 
 
 def absmax_shape(shape: Sequence[int]) -> Tuple[int, ...]:
-    """The shape of the block maxima of a state tensor of ``shape``: ``(shape[0],
-    blocks per row)`` for two or more dims, ``(blocks,)`` for fewer."""
+    """The maxima's shape for ``shape``: ``(shape[0], blocks per row)``, or ``(blocks,)``
+    for fewer than two dims."""
     per_row = num_blocks(row_length(shape))
     return (int(shape[0]), per_row) if len(shape) >= 2 else (per_row,)
 
@@ -155,7 +129,8 @@ def _unblock(b: Tensor, shape: Sequence[int]) -> Tensor:
 def quantize(x: Tensor, name: str) -> Tuple[Tensor, Tensor]:
     """``(codes, absmax)`` of ``x`` (any float dtype, finite): ``codes`` uint8 of ``x``'s
     shape, ``absmax`` float32 of shape ``absmax_shape(x.shape)``. No host sync."""
-    values, mid = _tables_on(name, x.device)
+    values, mid = _table_cpu(name)
+    values, mid = values.to(x.device), mid.to(x.device)
     b = _blocks(x)
     absmax = b.abs().amax(dim=1)
     y = torch.where(absmax[:, None] > 0, b / absmax[:, None], torch.zeros_like(b))
@@ -172,16 +147,14 @@ def quantize(x: Tensor, name: str) -> Tuple[Tensor, Tensor]:
 def dequantize(codes: Tensor, absmax: Tensor, name: str) -> Tensor:
     """The float32 values of ``codes`` (uint8) with per-block ``absmax`` (float32, of
     ``absmax_shape(codes.shape)``)."""
-    values = _tables_on(name, codes.device)[0]
+    values = _table_cpu(name)[0].to(codes.device)
     v = values[_blocks(codes).long()]
     scale = absmax.reshape(-1, 1).float()
     return _unblock(v * scale, codes.shape)
 
 
 def error_bound(x: Tensor, name: str) -> Tensor:
-    """The documented bound on ``|dequantize(quantize(x)) - x|`` per element (float64):
-    ``A * max(gap / 2, smallest)`` with ``A`` the block's absmax and ``gap`` the distance
-    between the table entries around ``x / A``."""
+    """The bound on ``|dequantize(quantize(x)) - x|`` per element (float64, see above)."""
     values, _ = _table_cpu(name)
     v = values.double().to(x.device)
     b = _blocks(x).double()
@@ -191,7 +164,6 @@ def error_bound(x: Tensor, name: str) -> Tensor:
     gap = v[hi] - v[hi - 1]
     smallest = v[v > 0].min()
     bound = a * torch.maximum(gap / 2, smallest.expand_as(gap))
-    # float32 rounding of y = x / A and of table * A: a few ulps of A (for a denormal
-    # product, the denormal spacing 2**-149)
+    # float32 rounding of x / A and table * A: a few ulps of A (denormals: 2**-149)
     bound = bound + a * 4 * torch.finfo(torch.float32).eps + 2.0**-149
     return _unblock(bound, x.shape)

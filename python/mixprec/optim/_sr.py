@@ -1,13 +1,10 @@
 """Stochastic rounding's element numbers for sharded params.
 
-The fused optimizer ops round a bf16 param stochastically with the random bits of
-``(seed, step, grad dtype, element number)`` (``csrc/common/optim_math.h``). Element ``e``
-of param ``t`` of a call is numbered ``sr_bases[t] + e``; without ``sr_bases`` the ops
-number an unsharded call: ``sr_bases[t]`` counts the :data:`SR_CHUNK`-element chunks of
-the params before ``t`` with its (param dtype, grad dtype). A shard of a DTensor param
-must draw the bits its elements draw in the unsharded call, so the optimizer passes the
-same count over the whole tensors, plus the index (in the whole tensor) of the shard's
-first element: the same bits at every world size.
+The fused ops round a bf16 param with the random bits of ``(seed, step, grad dtype,
+element number)`` (``csrc/common/optim_math.h``); element ``e`` of param ``t`` is numbered
+``sr_bases[t] + e``, by default the :data:`SR_CHUNK`-element chunks of the earlier params of
+its (param dtype, grad dtype). A DTensor shard gets the same count over the whole tensors
+plus the index of its first element: the same bits at every world size.
 """
 
 from __future__ import annotations
@@ -64,12 +61,7 @@ def sr_bases(params: Sequence[Tensor], grads: Sequence[Tensor],
 
 
 def bucket_bases(*buckets: Optional[Dict[str, Any]]) -> List[Optional[List[int]]]:
-    """The ``sr_bases`` of the op call of each bucket (an optimizer's bucket, or a part of
-    it; None for none): None unless the bucket holds the extents of sharded params
-    (:meth:`FusedOptimizer._buckets` adds them, under ``"sr_extents"``, for a DTensor group
-    with stochastic rounding)."""
-    out: List[Optional[List[int]]] = []
-    for b in buckets:
-        extents = None if b is None else b.get("sr_extents")
-        out.append(None if extents is None else sr_bases(b["params"], b["grads"], extents))
-    return out
+    """The ``sr_bases`` of each bucket's op call (None for a None bucket or one without
+    ``"sr_extents"``, which ``_buckets`` adds for a DTensor group with stochastic rounding)."""
+    return [None if b is None or "sr_extents" not in b
+            else sr_bases(b["params"], b["grads"], b["sr_extents"]) for b in buckets]

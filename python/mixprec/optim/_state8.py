@@ -1,44 +1,38 @@
 """8-bit optimizer state (``state_bits=8``), shared by Adam/AdamW and SGD.
 
-A param with two or more dims and at least ``min_8bit_size`` elements keeps each of its
-moments (the class's ``_MOMENTS8``: name, name of the maxima, code table) as uint8 codes of
-the param's shape plus float32 block maxima of shape ``(rows, blocks per row)``
-(:mod:`mixprec.optim._quant8`: the blocks lie inside rows), and ``state["quant"] = QUANT``
-names the layout. Any other param keeps float32 moments and empty maxima (so that every
-param of a bucket has an entry in every list): a 1-D param (a bias, a norm's weight)
-because a sharding may cut it anywhere. The step runs the class's 8-bit op on the 8-bit
-params of a bucket (:func:`split_coded`) and its usual op on the rest.
+A param of two or more dims and at least ``min_8bit_size`` elements keeps each moment of
+the class's ``_MOMENTS8`` (name, maxima's name, code table) as uint8 codes of its shape and
+float32 block maxima of shape ``(rows, blocks per row)`` (:mod:`mixprec.optim._quant8`),
+with ``state["quant"] = QUANT``. Other params (1-D ones: a sharding may cut them anywhere)
+keep float32 moments and empty maxima. A step runs the 8-bit op on a bucket's 8-bit params
+and the usual op on the rest.
 
-Checkpoints: the codes, the maxima and ``quant`` are saved as they are, and load as they
-are when the loading optimizer keeps that param in 8 bits (bit for bit, at any sharding:
-DCP reshards the rows); otherwise loading converts to the loading optimizer's layout (a
-float32 moment is quantized, codes are read back to float32). A checkpoint of the previous
-layout (:data:`FLAT_QUANT`: blocks over the flattened tensor) is converted: exactly where
-its blocks are the rows' blocks, else requantized from the decoded values with a warning.
-Every 8-bit entry is checked first (:meth:`_check_loadable`), so a corrupted one changes
-nothing.
+Checkpoints save codes, maxima and ``quant`` as they are; they load as they are where the
+loading optimizer keeps the param in 8 bits (bit for bit, at any sharding), else converted
+(quantized, or read back to float32). The previous layout (:data:`FLAT_QUANT`) converts
+exactly where its blocks are rows' blocks, else is requantized with a warning. Every 8-bit
+entry is checked first (:meth:`_check_loadable`), so a corrupt one changes nothing.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, ClassVar, Dict, List, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .. import _dtensor
 from . import _quant8 as q8
-from ._base import Bucket, float32_copy
+from . import _sr
+from ._base import Bucket
 
 __all__ = ["QUANT", "FLAT_QUANT", "EightBitState", "check_state_bits",
            "split_coded"]
 
-#: what a quantized param's state records under "quant": the code tables of
-#: mixprec.optim._quant8, blocks of 256 inside rows
+#: a quantized param's state["quant"]: mixprec.optim._quant8's tables, blocks inside rows
 QUANT = "dynamic8/rows/b256"
-#: the previous layout (before the row layout): blocks of 256 over the flattened tensor,
-#: and for a DTensor param over each rank's shard
+#: the previous layout: blocks over the flattened tensor (a DTensor: over each shard)
 FLAT_QUANT = "dynamic8/b256"
 
 
@@ -53,8 +47,8 @@ def check_state_bits(cls: str, state_bits: Any, min_8bit_size: Any) -> None:
 
 
 def split_coded(bucket: Bucket, first: str) -> Tuple[Optional[Bucket], Bucket]:
-    """``(the bucket's 8-bit params, the rest)``, told apart by the dtype of moment
-    ``first``; ``(None, bucket)`` when none is 8-bit."""
+    """``(the bucket's 8-bit params by moment ``first``'s dtype, the rest)``; ``(None,
+    bucket)`` when none is 8-bit."""
     if first not in bucket:
         return None, bucket
     coded = [c.dtype == torch.uint8 for c in bucket[first]]
@@ -82,37 +76,46 @@ class EightBitState:
         return tuple(m for m in self._MOMENTS8 if m[0] in names)
 
     def _quantized(self, p: Tensor, group: Dict[str, Any]) -> bool:
-        """Whether ``p``'s moments are 8-bit (``state_bits=8``, a moment to keep, and
-        ``p`` of two or more dims and big enough)."""
+        """Whether ``p``'s moments are 8-bit (``state_bits=8``, ``p`` 2-D+ and big enough)."""
         return (group.get("state_bits", 32) == 8 and bool(self._moments8(group))
                 and p.dim() >= 2 and p.numel() >= group.get("min_8bit_size", 4096))
 
     def _init_state(self, p: Tensor, group: Dict[str, Any]) -> Dict[str, Any]:
-        moments = self._moments8(group)
-        if group.get("state_bits", 32) != 8 or not moments:
-            return super()._init_state(p, group)  # type: ignore[misc]
+        # the 8-bit moments (small params: float32, empty maxima); the rest in the base class
+        moments = self._moments8(group) if group.get("state_bits", 32) == 8 else ()
         state = self.state[p]
-        if "step" not in state:
-            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-        if state.get(moments[0][0]) is None:
-            if self._quantized(p, group):
-                for name, absname, table in moments:
-                    state[name], state[absname] = zero_state(p, table)
+        if moments and state.get(moments[0][0]) is None:
+            if "step" not in state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            quantized = self._quantized(p, group)
+            for name, absname, table in moments:
+                state[name], state[absname] = zero_state(p, table) if quantized else (
+                    torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format),
+                    torch.zeros(0, dtype=torch.float32, device=p.device))
+            if quantized:
                 state["quant"] = QUANT
-            else:  # small: float32 moments, empty maxima (one list per name in the op)
-                for name, absname, _ in moments:
-                    state[name] = torch.zeros_like(p, dtype=torch.float32,
-                                                   memory_format=torch.preserve_format)
-                    state[absname] = torch.zeros(0, dtype=torch.float32, device=p.device)
-        if self.keeps_master(p, group) and state.get("master_param") is None:  # type: ignore[attr-defined]
-            state["master_param"] = float32_copy(p)
-        return state
+        return super()._init_state(p, group)  # type: ignore[misc]
+
+    def _run_split(self, bucket: Bucket, group: Dict[str, Any], scalars: Any,
+                   args: Dict[str, Any], op8: Callable[..., None], lists8: Dict[str, str],
+                   op: Callable[..., None], lists: Dict[str, str], **only32: Any) -> None:
+        """The step of one bucket: ``op8`` on its 8-bit params, ``op`` on the rest.
+        ``lists``: the op's state-list arguments -> bucket keys (absent keys: ``[]``);
+        ``only32``: keyword arguments of ``op`` only."""
+        coded, rest = (split_coded(bucket, self._MOMENTS8[0][0])
+                       if group.get("state_bits", 32) == 8 else (None, bucket))
+        args.update(vars(scalars))
+        for b, fn, names, extra, sr in zip((coded, rest), (op8, op), (lists8, lists),
+                                           ({}, only32), _sr.bucket_bases(coded, rest)):
+            if b is not None and b["params"]:
+                fn(params=b["params"], grads=b["grads"], master_params=b["master_params"],
+                   state_steps=b["state_steps"], sr_bases=sr,
+                   **{k: b.get(v, []) for k, v in names.items()}, **extra, **args)
 
     def _convert_state(self, p: Tensor, group: Dict[str, Any],
                        saved: Dict[str, Any]) -> Dict[str, Any]:
-        # Codes of this layout that stay 8-bit load as they are (laid out like p); any
-        # other 8-bit moment is read back to float32 first (whole, or this rank's part of
-        # a DTensor), and the base class moves and shards the floats as usual
+        # codes of this layout that stay 8-bit load as they are; other codes are read back
+        # to float32 first, which the base class moves and shards
         saved = dict(saved)
         layout = saved.pop("quant", None)
         quantized = self._quantized(p, group)
@@ -132,47 +135,41 @@ class EightBitState:
             else:
                 saved[name] = read_back(v, a, table, p, layout)
                 if quantized and layout == FLAT_QUANT:
-                    _warn_requantized(name, tuple(v.shape))
+                    warnings.warn(
+                        f"mixprec.optim: state {name!r} of shape {list(v.shape)} was saved in "
+                        f"the previous 8-bit layout ({FLAT_QUANT!r}: blocks over the flattened "
+                        f"tensor), whose blocks are not this version's ({QUANT!r}: blocks "
+                        "inside rows); it was requantized from its decoded values (within the "
+                        "8-bit error bound, not bit for bit). Save again to keep the new "
+                        "layout.", UserWarning, stacklevel=1)
         out = super()._convert_state(p, group, saved)  # type: ignore[misc]
         out.update(kept)
         moments8 = self._moments8(group) if group.get("state_bits", 32) == 8 else ()
-        if not moments8:  # 32-bit state
-            return out
         for name, absname, table in moments8:
             if name in kept:
                 continue
             m = out.get(name)
-            if m is None:
-                m = torch.zeros_like(p, dtype=torch.float32)
-            if quantized:
-                out[name], out[absname] = quantize_state(m.float(), table, p)
-            else:
-                out[name] = m.float()
-                out[absname] = torch.zeros(0, dtype=torch.float32, device=p.device)
+            m = torch.zeros_like(p, dtype=torch.float32) if m is None else m.float()
+            out[name], out[absname] = quantize_state(m, table, p) if quantized else (
+                m, torch.zeros(0, dtype=torch.float32, device=p.device))
         if quantized:
             out["quant"] = QUANT
         return out
 
-    #: A loaded state dict keeps each group's ``state_bits`` (FusedOptimizer.load_state_dict):
-    #: moments are converted to it (a 32-bit checkpoint, mixprec's or torch's, loads into
-    #: an 8-bit optimizer and the other way round).
     _KEPT_ON_LOAD = ("state_bits",)
 
     def _check_loadable(self, state_dict: Dict[str, Any]) -> None:
-        """Every 8-bit entry of ``state_dict`` is checked before anything is loaded:
-        ValueError naming it otherwise."""
-        cls = type(self).__name__
-        params = [p for g in self.param_groups for p in g["params"]]
-        keys = [k for g in state_dict.get("param_groups", []) for k in g.get("params", [])]
-        index = dict(zip(keys, params))
-        for key, st in state_dict.get("state", {}).items():
+        """ValueError naming the first bad 8-bit entry of ``state_dict``."""
+        index = dict(zip((k for g in state_dict["param_groups"] for k in g["params"]),
+                         (p for g in self.param_groups for p in g["params"])))
+        for key, st in state_dict["state"].items():
             if not isinstance(st, dict):
                 continue
             coded = [m for m in self._MOMENTS8
                      if isinstance(st.get(m[0]), Tensor) and st[m[0]].dtype == torch.uint8]
             if not coded:
                 continue
-            where = f"mixprec.optim.{cls}.load_state_dict: state[{key!r}]"
+            where = f"mixprec.optim.{type(self).__name__}.load_state_dict: state[{key!r}]"
             layout = st.get("quant")
             if layout not in (QUANT, FLAT_QUANT):
                 raise ValueError(f"{where}: unknown 8-bit layout {layout!r} "
@@ -204,25 +201,14 @@ class EightBitState:
 
 
 def _flat_blocks_are_rows(codes: Tensor) -> bool:
-    """Whether the previous layout's blocks (256 over the flattened tensor) are this
-    layout's (256 inside rows) for codes of this shape: rows a multiple of 256 long, or
-    one row. Never for DTensor codes (their blocks ran over each rank's shard)."""
+    """Whether :data:`FLAT_QUANT`'s blocks are this layout's for these codes: plain codes
+    of one row or rows a multiple of 256 long."""
     return (not _dtensor.is_dtensor(codes)
             and (codes.dim() < 2 or q8.row_length(codes.shape) % q8.BLOCK == 0))
 
 
-def _warn_requantized(name: str, shape: Tuple[int, ...]) -> None:
-    warnings.warn(f"mixprec.optim: state {name!r} of shape {list(shape)} was saved in the "
-                  f"previous 8-bit layout ({FLAT_QUANT!r}: blocks over the flattened "
-                  f"tensor), whose blocks are not this version's ({QUANT!r}: blocks inside "
-                  "rows); it was requantized from its decoded values (within the 8-bit "
-                  "error bound, not bit for bit). Save again to keep the new layout.",
-                  UserWarning, stacklevel=2)
-
-
 def _check_flat_sharded(where: str, codes: Tensor, p: Optional[Tensor]) -> None:
-    """Codes of the previous layout saved from a sharded optimizer: their blocks ran over
-    each rank's shard, so they read back only at the sharding they were saved with."""
+    """:data:`FLAT_QUANT` codes saved sharded read back only at the same sharding."""
     if p is not None and _dtensor.is_dtensor(p) and codes.device_mesh == p.device_mesh \
             and tuple(codes.placements) == tuple(p.placements):
         return
@@ -238,8 +224,7 @@ def _check_flat_sharded(where: str, codes: Tensor, p: Optional[Tensor]) -> None:
 
 
 def _rows_like(t: Tensor, p: Tensor) -> Tensor:
-    """Saved codes or maxima of this layout (rows as ``p``'s) placed like ``p``: a copy on
-    its device, and for a DTensor param sharded by rows as ``p`` is."""
+    """Saved codes or maxima of this layout placed like ``p`` (a copy; sharded as ``p``)."""
     if not _dtensor.is_dtensor(p):
         whole = t.full_tensor() if _dtensor.is_dtensor(t) else t
         return whole.detach().to(p.device, copy=True)
@@ -253,30 +238,15 @@ def _rows_like(t: Tensor, p: Tensor) -> Tensor:
                              src_data_rank=None)
 
 
-# -- DTensor (FSDP2) params ---------------------------------------------------------------
-#
-# The blocks lie inside rows (mixprec.optim._quant8), and FSDP2 shards a param by rows
-# (Shard(0)), so a rank's codes and maxima are exactly the rows of the whole tensor's. Both
-# are DTensors laid out like the param (the maxima have shape (rows, blocks per row)), and
-# DCP reshards them as it reshards the param: an 8-bit checkpoint reloads at any world size.
-
-
-def _check_rows_sharded(p: Tensor) -> None:
-    """8-bit state of a DTensor param needs the param sharded by rows (FSDP2's default)."""
-    from torch.distributed.tensor import Shard
-
-    for pl in p.placements:
-        if isinstance(pl, Shard) and pl.dim != 0:
-            raise ValueError(f"mixprec.optim: state_bits=8 takes DTensor params sharded "
-                             f"on dim 0 (FSDP2's default), got {p.placements}")
-
-
 def absmax_like(p: Tensor, local: Tensor) -> Tensor:
     """This rank's block maxima ``local`` (its rows' maxima) of DTensor param ``p`` as a
-    DTensor laid out like ``p``, of global shape ``absmax_shape(p.shape)``."""
-    from torch.distributed.tensor import DTensor
+    DTensor laid out like ``p``, of global shape ``absmax_shape(p.shape)``. ValueError
+    unless ``p`` is sharded by rows."""
+    from torch.distributed.tensor import DTensor, Shard
 
-    _check_rows_sharded(p)
+    if any(isinstance(pl, Shard) and pl.dim != 0 for pl in p.placements):
+        raise ValueError(f"mixprec.optim: state_bits=8 takes DTensor params sharded "
+                         f"on dim 0 (FSDP2's default), got {p.placements}")
     shape = q8.absmax_shape(p.shape)
     stride = (shape[1], 1) if len(shape) == 2 else (1,)
     return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False,
@@ -284,8 +254,7 @@ def absmax_like(p: Tensor, local: Tensor) -> Tensor:
 
 
 def zero_state(p: Tensor, table: str) -> Tuple[Tensor, Tensor]:
-    """(codes, maxima) of a zero moment of ``p``, as ``quantize_state`` of zeros gives
-    them (without its work: traceable by ``torch.compile``)."""
+    """(codes, maxima) of a zero moment of ``p`` (``quantize_state`` of zeros, traceable)."""
     if _dtensor.is_dtensor(p):
         codes = torch.full_like(p, q8.zero_code(table), dtype=torch.uint8)
         local = torch.zeros(q8.absmax_shape(_dtensor.local(p).shape), device=p.device)
@@ -295,8 +264,7 @@ def zero_state(p: Tensor, table: str) -> Tuple[Tensor, Tensor]:
 
 
 def quantize_state(x: Tensor, table: str, p: Tensor) -> Tuple[Tensor, Tensor]:
-    """(codes, maxima) of float32 state ``x`` of param ``p``: for a DTensor param, of this
-    rank's rows, as DTensors laid out as ``p`` and as :func:`absmax_like`."""
+    """(codes, maxima) of float32 state ``x`` of param ``p`` (DTensors laid out as ``p``)."""
     if not _dtensor.is_dtensor(p):
         return q8.quantize(x, table)
     from torch.distributed.tensor import DTensor

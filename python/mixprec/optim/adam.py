@@ -9,9 +9,8 @@ from torch import Tensor
 from .. import ops
 from ..amp.protocol import StepScalars
 from . import _quant8 as q8
-from . import _sr
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
-from ._state8 import EightBitState, check_state_bits, split_coded
+from ._state8 import EightBitState, check_state_bits
 
 __all__ = ["Adam", "AdamW", "Adam8bit", "AdamW8bit"]
 
@@ -31,31 +30,21 @@ def _beta(cls: str, index: int, value: Union[float, Tensor]) -> float:
 class Adam(EightBitState, FusedOptimizer):
     """Adam (and, with ``decoupled_weight_decay=True``, AdamW) in one fused kernel.
 
-    A drop-in for :class:`torch.optim.Adam`: same arguments, defaults, param
-    groups, ``add_param_group``, ``zero_grad``, ``maximize`` and ``amsgrad``,
-    and with float32 params the same update as ``torch.optim.Adam(foreach=False)``
-    (operation by operation; within float rounding of torch's own kernels).
+    A drop-in for :class:`torch.optim.Adam` (arguments, defaults, param groups, ``maximize``,
+    ``amsgrad``; with float32 params the update of ``torch.optim.Adam(foreach=False)``,
+    within float rounding). In addition:
 
-    In addition:
-
-    * params may be float32, float16 or bfloat16, mixed. For 16-bit params,
-      ``master_weights=True`` (default) keeps a float32 master in
-      ``state[p]["master_param"]``; the update runs on it and the param receives
-      it rounded to nearest. Moments are always float32.
-    * grads may be float32, float16 or bfloat16 (any of them for any param);
-      they are read, never written.
-    * ``stochastic_rounding=True`` rounds bfloat16 params that have no master
-      (``master_weights=False``) stochastically, from a counter-based hash of
-      (``seed``, step, element): reproducible bit for bit, also across a
-      save/load.
-    * GradScaler integration without host syncs (``_step_supports_amp_scaling``):
-      the grads are unscaled in the kernel and a step with ``found_inf`` set
-      changes nothing, step counts included. See :meth:`step`.
-    * step counts and lr live on the param's device, so every step is
-      capturable (``capturable`` is accepted for compatibility; it is always
-      in effect). For CUDA-graph replays with a changing lr, pass ``lr`` as a
-      one-element float32/float64 tensor on the params' device and update it in
-      place.
+    * params may be float32, float16 or bfloat16, mixed; ``master_weights=True`` keeps a
+      float32 master of each 16-bit param in ``state[p]["master_param"]``, updated and
+      rounded to nearest into the param. Moments are float32.
+    * grads may be float32, float16 or bfloat16; they are read, never written.
+    * ``stochastic_rounding=True`` rounds bfloat16 params without a master stochastically
+      from a hash of (``seed``, step, element): reproducible, also across a save/load.
+    * GradScaler without host syncs: grads are unscaled in the kernel and a step with
+      ``found_inf`` set changes nothing, step counts included (see :meth:`step`).
+    * step counts and lr live on the param's device: every step is capturable. For graph
+      replays with a changing lr, pass ``lr`` as a one-element float32/float64 tensor on
+      the params' device and update it in place.
 
     Args:
         params: iterable of tensors or of param-group dicts.
@@ -65,20 +54,17 @@ class Adam(EightBitState, FusedOptimizer):
         weight_decay: L2 penalty (Adam) or decoupled decay (AdamW). Default 0.
         amsgrad: use the AMSGrad variant. Default False.
         maximize: maximize the objective. Default False.
-        foreach, fused: accepted for compatibility and ignored (always fused).
-        capturable: accepted; steps are always capturable.
+        foreach, fused, capturable: accepted and ignored (always fused and capturable).
         differentiable: must be False.
         decoupled_weight_decay: AdamW's decay. Default False.
         master_weights: keep float32 masters for 16-bit params. Default True.
         stochastic_rounding: stochastic rounding of bf16 params without masters.
         seed: stochastic-rounding seed (int). Default 0.
-        state_bits: 32 (default) or 8: block-wise 8-bit moments (one byte per element
-            and one float32 maximum per block of 256, ``mixprec.optim._quant8``) for params
-            of at least ``min_8bit_size`` elements; smaller ones keep float32 moments.
-            The step is one fused ``fused_adam8_`` per bucket of 8-bit params (codes
-            read back, updated and re-quantized in one pass). Not with ``amsgrad``. With
-            FSDP2 (DTensor) params the blocks run over each local shard
-            (``docs/distributed.md``).
+        state_bits: 32 (default) or 8: block-wise 8-bit moments (a byte per element, a
+            float32 maximum per block of 256, ``mixprec.optim._quant8``) for params of
+            two or more dims and ``min_8bit_size`` elements, stepped by one
+            ``fused_adam8_`` per bucket. Not with ``amsgrad``. FSDP2: see
+            ``docs/distributed.md``.
         min_8bit_size: the size threshold of ``state_bits=8``. Default 4096.
     """
 
@@ -110,68 +96,36 @@ class Adam(EightBitState, FusedOptimizer):
         if state_bits == 8 and amsgrad:
             raise ValueError(f"mixprec.optim.{cls}: amsgrad=True needs state_bits=32")
         b1, b2 = _beta(cls, 0, betas[0]), _beta(cls, 1, betas[1])
-        defaults: Dict[str, Any] = {
-            "lr": lr,
-            "betas": (b1, b2),
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "amsgrad": amsgrad,
-            "maximize": maximize,
-            "foreach": foreach,
-            "capturable": capturable,
-            "differentiable": False,
-            "fused": fused,
-            "decoupled_weight_decay": decoupled_weight_decay,
-            "master_weights": master_weights,
-            "stochastic_rounding": stochastic_rounding,
-            "seed": int(seed),
-            "state_bits": int(state_bits),
-            "min_8bit_size": int(min_8bit_size),
-        }
+        defaults = dict(
+            lr=lr, betas=(b1, b2), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+            maximize=maximize, foreach=foreach, capturable=capturable, differentiable=False,
+            fused=fused, decoupled_weight_decay=decoupled_weight_decay,
+            master_weights=master_weights, stochastic_rounding=stochastic_rounding,
+            seed=int(seed), state_bits=int(state_bits), min_8bit_size=int(min_8bit_size))
         super().__init__(params, defaults)
 
-    def _decoupled(self, group: Dict[str, Any]) -> bool:
-        return bool(group.get("decoupled_weight_decay", False))
-
     REQUIRED_OPTIONS = ("betas", "eps")
-
     STATE = (("exp_avg", None, q8.SIGNED), ("exp_avg_sq", None, q8.UNSIGNED),
              ("max_exp_avg_sq", "amsgrad", None))
-    #: the 8-bit moments (EightBitState): name, maxima's name, code table
     _MOMENTS8 = coded_states(STATE)
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], scalars: StepScalars,
              args: Dict[str, Any]) -> None:
         beta1, beta2 = group["betas"]
         args.update(beta1=float(beta1), beta2=float(beta2), eps=float(group["eps"]),
-                    decoupled_weight_decay=self._decoupled(group))
-        coded = None
-        if group.get("state_bits", 32) == 8:  # (a 32-bit group has nothing to split)
-            coded, bucket = split_coded(bucket, "exp_avg")
-        sr_coded, sr_rest = _sr.bucket_bases(coded, bucket)
-        if coded is not None:  # the 8-bit params: one fused_adam8_
-            ops.fused_adam8_(
-                params=coded["params"], grads=coded["grads"], exp_avgs=coded["exp_avg"],
-                exp_avg_absmax=coded["exp_avg_absmax"], exp_avg_sqs=coded["exp_avg_sq"],
-                exp_avg_sq_absmax=coded["exp_avg_sq_absmax"],
-                master_params=coded["master_params"], state_steps=coded["state_steps"],
-                sr_bases=sr_coded, **vars(scalars), **args)
-        if bucket["params"]:
-            ops.fused_adam_(
-                params=bucket["params"], grads=bucket["grads"], exp_avgs=bucket["exp_avg"],
-                exp_avg_sqs=bucket["exp_avg_sq"],
-                max_exp_avg_sqs=bucket.get("max_exp_avg_sq", []),
-                master_params=bucket["master_params"], state_steps=bucket["state_steps"],
-                amsgrad=bool(group["amsgrad"]), sr_bases=sr_rest, **vars(scalars), **args)
+                    decoupled_weight_decay=isinstance(self, AdamW)
+                    or bool(group.get("decoupled_weight_decay", False)))
+        moments = dict(exp_avgs="exp_avg", exp_avg_sqs="exp_avg_sq")
+        self._run_split(bucket, group, scalars, args,
+                        ops.fused_adam8_, dict(moments, exp_avg_absmax="exp_avg_absmax",
+                                               exp_avg_sq_absmax="exp_avg_sq_absmax"),
+                        ops.fused_adam_, dict(moments, max_exp_avg_sqs="max_exp_avg_sq"),
+                        amsgrad=bool(group["amsgrad"]))
 
 
 class AdamW(Adam):
     """AdamW (decoupled weight decay) in one fused kernel; a drop-in for
-    :class:`torch.optim.AdamW` (``weight_decay`` default 1e-2).
-
-    Everything else is as :class:`Adam` (masters, grad dtypes, stochastic
-    rounding, GradScaler integration, capturable steps).
-    """
+    :class:`torch.optim.AdamW` (``weight_decay`` default 1e-2). Otherwise as :class:`Adam`."""
 
     def __init__(
         self,
@@ -198,11 +152,7 @@ class AdamW(Adam):
             capturable=capturable, differentiable=differentiable, fused=fused,
             decoupled_weight_decay=True, master_weights=master_weights,
             stochastic_rounding=stochastic_rounding, seed=seed, state_bits=state_bits,
-            min_8bit_size=min_8bit_size,
-        )
-
-    def _decoupled(self, group: Dict[str, Any]) -> bool:
-        return True
+            min_8bit_size=min_8bit_size)
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)

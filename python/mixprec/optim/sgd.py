@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Union
 
-import torch
 from torch import Tensor
 
 from .. import ops
 from ..amp.notices import warn_ineffective
 from ..amp.protocol import StepScalars
 from . import _quant8 as q8
-from . import _sr
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
-from ._state8 import EightBitState, check_state_bits, split_coded
+from ._state8 import EightBitState, check_state_bits
 
 __all__ = ["SGD", "SGD8bit"]
 
@@ -21,18 +19,12 @@ __all__ = ["SGD", "SGD8bit"]
 class SGD(EightBitState, FusedOptimizer):
     """SGD (momentum, dampening, Nesterov, weight decay) in one fused kernel.
 
-    A drop-in for :class:`torch.optim.SGD`: same arguments, defaults and
-    behaviour, and with float32 params the same update as
-    ``torch.optim.SGD(foreach=False)``. Like :class:`~mixprec.optim.Adam` it
-    takes float32/float16/bfloat16 params (``master_weights=True`` keeps float32
-    masters for 16-bit ones), grads of any of those dtypes, stochastic rounding
-    for bfloat16 params without masters, GradScaler's ``grad_scale`` and
-    ``found_inf`` (skip on the device, no sync) and a ``clip_coef``.
-
-    State per param: ``momentum_buffer`` (float32, when momentum != 0) as in
-    torch, plus ``step`` (float32 count on the param's device; the buffer starts
-    as a copy of the grad on the first step that is not skipped) and
-    ``master_param``.
+    A drop-in for :class:`torch.optim.SGD` (with float32 params the update of
+    ``torch.optim.SGD(foreach=False)``). Like :class:`~mixprec.optim.Adam`: 16-bit params
+    with float32 masters, grads of any float dtype, stochastic rounding, GradScaler's
+    scalars read on the device. State per param: ``momentum_buffer`` (float32, when
+    momentum != 0; a copy of the grad at the first step not skipped), ``step`` (float32,
+    on the param's device) and ``master_param``.
 
     Args:
         params: iterable of tensors or of param-group dicts.
@@ -42,8 +34,7 @@ class SGD(EightBitState, FusedOptimizer):
         weight_decay: L2 penalty >= 0. Default 0.
         nesterov: Nesterov momentum (needs momentum > 0 and dampening 0).
         maximize: maximize the objective. Default False.
-        foreach, fused: accepted for compatibility and ignored (always fused).
-        capturable: accepted; steps are always capturable.
+        foreach, fused, capturable: accepted and ignored (always fused and capturable).
         differentiable: must be False.
         master_weights, stochastic_rounding, seed, state_bits, min_8bit_size: as
             :class:`~mixprec.optim.Adam` (8 bits: the momentum buffer, signed code).
@@ -52,7 +43,6 @@ class SGD(EightBitState, FusedOptimizer):
     STATE = (("momentum_buffer", "momentum", q8.SIGNED),)
     REQUIRED_OPTIONS = ("momentum", "dampening", "nesterov")
     STEP_OPTIONAL = True  # (torch's SGD keeps only momentum_buffer)
-    #: the 8-bit momentum (EightBitState): name, maxima's name, code table
     _MOMENTS8 = coded_states(STATE)
 
     def __init__(
@@ -75,63 +65,35 @@ class SGD(EightBitState, FusedOptimizer):
         state_bits: int = 32,
         min_8bit_size: int = 4096,
     ) -> None:
-        params_and_kwargs_check(type(self).__name__, lr, differentiable,
+        cls = type(self).__name__
+        params_and_kwargs_check(cls, lr, differentiable,
                                 [("momentum", momentum), ("weight_decay", weight_decay)])
-        check_state_bits(type(self).__name__, state_bits, min_8bit_size)
+        check_state_bits(cls, state_bits, min_8bit_size)
         if state_bits == 8 and momentum == 0:
             warn_ineffective(
-                f"mixprec.optim.{type(self).__name__}: state_bits=8 without momentum stores "
+                f"mixprec.optim.{cls}: state_bits=8 without momentum stores "
                 "nothing in 8 bits (SGD keeps no state then); pass momentum > 0, or use "
                 "mixprec.optim.SGD with state_bits=32", stacklevel=3)
         if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError(f"mixprec.optim.{type(self).__name__}: Nesterov momentum requires a "
+            raise ValueError(f"mixprec.optim.{cls}: Nesterov momentum requires a "
                              f"momentum and zero dampening, got momentum={momentum}, "
                              f"dampening={dampening}")
-        defaults: Dict[str, Any] = {
-            "lr": lr,
-            "momentum": momentum,
-            "dampening": dampening,
-            "weight_decay": weight_decay,
-            "nesterov": nesterov,
-            "maximize": maximize,
-            "foreach": foreach,
-            "differentiable": False,
-            "fused": fused,
-            "capturable": capturable,
-            "master_weights": master_weights,
-            "stochastic_rounding": stochastic_rounding,
-            "seed": int(seed),
-            "state_bits": int(state_bits),
-            "min_8bit_size": int(min_8bit_size),
-        }
+        defaults = dict(
+            lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+            nesterov=nesterov, maximize=maximize, foreach=foreach, differentiable=False,
+            fused=fused, capturable=capturable, master_weights=master_weights,
+            stochastic_rounding=stochastic_rounding, seed=int(seed),
+            state_bits=int(state_bits), min_8bit_size=int(min_8bit_size))
         super().__init__(params, defaults)
-
-    def _default_step(self, saved: Dict[str, Any], p: Tensor) -> Tensor:
-        # A torch SGD state has no step: a stored buffer means steps were taken.
-        taken = 1.0 if isinstance(saved.get("momentum_buffer"), Tensor) else 0.0
-        return torch.full((), taken, dtype=torch.float32, device=p.device)
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], scalars: StepScalars,
              args: Dict[str, Any]) -> None:
         args.update(momentum=float(group["momentum"]), dampening=float(group["dampening"]),
                     nesterov=bool(group["nesterov"]))
-        coded = None
-        if group.get("state_bits", 32) == 8:  # (a 32-bit group has nothing to split)
-            coded, bucket = split_coded(bucket, "momentum_buffer")
-        sr_coded, sr_rest = _sr.bucket_bases(coded, bucket)
-        if coded is not None:  # the 8-bit params: one fused_sgd8_
-            ops.fused_sgd8_(
-                params=coded["params"], grads=coded["grads"],
-                momentum_buffers=coded["momentum_buffer"],
-                momentum_absmax=coded["momentum_buffer_absmax"],
-                master_params=coded["master_params"], state_steps=coded["state_steps"],
-                sr_bases=sr_coded, **vars(scalars), **args)
-        if bucket["params"]:
-            ops.fused_sgd_(
-                params=bucket["params"], grads=bucket["grads"],
-                momentum_buffers=bucket.get("momentum_buffer", []),
-                master_params=bucket["master_params"], state_steps=bucket["state_steps"],
-                sr_bases=sr_rest, **vars(scalars), **args)
+        self._run_split(bucket, group, scalars, args,
+                        ops.fused_sgd8_, dict(momentum_buffers="momentum_buffer",
+                                              momentum_absmax="momentum_buffer_absmax"),
+                        ops.fused_sgd_, dict(momentum_buffers="momentum_buffer"))
 
 
 class SGD8bit(SGD):
