@@ -313,6 +313,23 @@ def test_bad_arguments_are_named(kwargs, match):
         mixprec.optim.AdamW(_model(torch.float32).parameters(), **kwargs)
 
 
+def test_amsgrad_with_8bit_state_is_refused_in_any_group():
+    """A group added later, or loaded, cannot bring amsgrad=True to 8-bit state (no step
+    keeps a max_exp_avg_sq in 8 bits): refused, the optimizer unchanged."""
+    from _unchanged import refused_unchanged
+
+    model = _model(torch.float32)
+    opt = mixprec.optim.AdamW([model[0].weight], state_bits=8, min_8bit_size=0)
+    opt.step()  # (no grads: nothing moves, the state is still checked below)
+    extra = {"params": [model[2].weight], "amsgrad": True}
+    msg = refused_unchanged(opt, lambda: opt.add_param_group(extra), ValueError)
+    assert "param_groups[1]: amsgrad=True needs state_bits=32" in msg
+    saved = opt.state_dict()
+    saved["param_groups"][0]["amsgrad"] = True
+    msg = refused_unchanged(opt, lambda: opt.load_state_dict(saved), ValueError)
+    assert "param_groups[0]: amsgrad=True needs state_bits=32" in msg
+
+
 def test_manual_mode_swaps_in_an_8bit_optimizer():
     from mixprec import MixedPrecisionConfig, MixedPrecisionTrainer
 

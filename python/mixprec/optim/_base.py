@@ -449,6 +449,13 @@ class FusedOptimizer(torch.optim.Optimizer):
                 lr=lr, weight_decay=float(group["weight_decay"]),
                 maximize=bool(group["maximize"]), stochastic_rounding=sr, seed=seed))
 
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """torch's ``add_param_group``; a group whose options (its own, else the defaults)
+        combine ``amsgrad=True`` with ``state_bits=8`` is refused (ValueError), unadded."""
+        _check_combination(f"mixprec.optim.{type(self).__name__}: param_groups"
+                           f"[{len(self.param_groups)}]", {**self.defaults, **param_group})
+        super().add_param_group(param_group)
+
     #: Group options every saved group has besides ``params``, ``lr``, ``weight_decay``.
     REQUIRED_OPTIONS: ClassVar[Tuple[str, ...]] = ()
     #: Whether a param's saved state may lack ``step`` (torch's SGD keeps none).
@@ -598,6 +605,13 @@ def _check_group_option(where: str, key: str, v: Any) -> None:
             raise ValueError(f"{where}['state_bits']: expected 8 or 32, got {_describe(v)}")
 
 
+def _check_combination(where: str, options: Dict[str, Any]) -> None:
+    """Options of one group that no step can honour together (ValueError)."""
+    if options.get("amsgrad") and options.get("state_bits", 32) == 8:
+        raise ValueError(f"{where}: amsgrad=True needs state_bits=32 (8-bit state keeps no "
+                         "max_exp_avg_sq)")
+
+
 def _check_step(where: str, v: Any) -> None:
     """A saved step count: a whole number >= 0 (a number or a one-element real tensor)."""
     value: Any = v
@@ -676,6 +690,7 @@ def check_state_dict32(opt: FusedOptimizer, sd: Any, name: Optional[str] = None)
                 _check_group_option(where, k, v)
         options = {**opt.defaults, **mine, **saved}
         options.update({k: mine[k] for k in opt._KEPT_ON_LOAD if k in mine})
+        _check_combination(where, options)
         for pid, p in zip(ids, mine["params"]):
             if pid in index:
                 raise ValueError(f"{where}['params']: param id {pid!r} appears twice")
