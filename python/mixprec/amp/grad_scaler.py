@@ -230,13 +230,6 @@ class GradScaler(torch.amp.GradScaler):
             return self._init_hysteresis_left
         return int(self._hysteresis_left.item())
 
-    def _collect_grads(self, optimizer: torch.optim.Optimizer, allow_fp16: bool,
-                       coalesce_sparse: bool = False) -> grads.DeviceGrads:
-        """:func:`mixprec.amp.grads.collect_grads`, fp16 allowed by ``allow_fp16`` or the
-        scaler's ``allow_fp16_grads``."""
-        allow_fp16 = allow_fp16 or grads.fp16_grads_allowed(self._allow_fp16_grads, optimizer)
-        return grads.collect_grads(optimizer, allow_fp16, coalesce_sparse)
-
     def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: Tensor,
                         found_inf: Tensor, allow_fp16: bool) -> dict[torch.device, Tensor]:
         """torch's hook behind :meth:`unscale_`: :func:`mixprec.amp.grads.unscale_optimizer_grads`
