@@ -470,10 +470,7 @@ class CapturedStep:
         """
         if self._slots is None or self._settings is None:
             return
-        problem = _changed(self._settings, _settings(self.optimizers, self.scaler,
-                                                     self.modules, deep=False))
-        if problem is not None:
-            raise CaptureError(_baked_message(problem, "since the checked call"))
+        self._check_baked(self._settings, deep=False)
         moved = any(p.data_ptr() != ptr or p.grad is not grad
                     for p, ptr, grad in self._sentinels)
         if self._loaded or moved:
@@ -484,10 +481,7 @@ class CapturedStep:
         """The full walk: every persistent tensor and ``training`` flag checked against the
         checked call's; a tensor replaced by one of the same layout is copied into the
         captured storage and put back, a dropped grad put back, anything else raises."""
-        deep = _settings(self.optimizers, self.scaler, self.modules, deep=True)
-        problem = _changed(self._deep, deep)  # type: ignore[arg-type]
-        if problem is not None:
-            raise CaptureError(_baked_message(problem, "since the checked call"))
+        self._check_baked(self._deep, deep=True)  # type: ignore[arg-type]
         todo: List[Tuple[_Slot, Optional[Tensor]]] = []
         for s in self._slots:  # type: ignore[union-attr]
             cur = s.get()
@@ -507,6 +501,15 @@ class CapturedStep:
                     s.tensor.copy_(cur)  # e.g. optimizer.load_state_dict's new tensors
                 s.put(s.tensor)  # type: ignore[misc]
         self._loaded = False
+
+    def _check_baked(self, was: Dict[str, Any], deep: bool) -> None:
+        """:class:`CaptureError` for a change of what the graph bakes in since the checked call."""
+        change = _changed(was, _settings(self.optimizers, self.scaler, self.modules, deep=deep))
+        if change is not None:
+            raise CaptureError(
+                f"mixprec.capture: what the graph bakes in changed since the checked call: "
+                f"{change}. Capture a new step to change it (sharing the pool: "
+                "capture_step(..., pool=step.pool))")
 
 
     def _refuse_inputs(self, leaves: List[Any], spec: Any) -> None:
@@ -659,11 +662,6 @@ class CapturedStep:
 
 _OPEN = ("mixprec.capture: the step leaves the scaler's iteration open; end the step body "
          "with scaler.update()")
-
-
-def _baked_message(change: str, when: str) -> str:
-    return (f"mixprec.capture: what the graph bakes in changed {when}: {change}. Capture a "
-            "new step to change it (sharing the pool: capture_step(..., pool=step.pool))")
 
 
 def _scheduler_in_body(what: str) -> str:
