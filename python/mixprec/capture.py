@@ -470,10 +470,7 @@ class CapturedStep:
         """
         if self._slots is None or self._settings is None:
             return
-        problem = _changed(self._settings, _settings(self.optimizers, self.scaler,
-                                                     self.modules, deep=False))
-        if problem is not None:
-            raise CaptureError(_baked_message(problem, "since the checked call"))
+        self._check_baked(self._settings, deep=False)
         moved = any(p.data_ptr() != ptr or p.grad is not grad
                     for p, ptr, grad in self._sentinels)
         if self._loaded or moved:
@@ -484,10 +481,7 @@ class CapturedStep:
         """The full walk: every persistent tensor and ``training`` flag checked against the
         checked call's; a tensor replaced by one of the same layout is copied into the
         captured storage and put back, a dropped grad put back, anything else raises."""
-        deep = _settings(self.optimizers, self.scaler, self.modules, deep=True)
-        problem = _changed(self._deep, deep)  # type: ignore[arg-type]
-        if problem is not None:
-            raise CaptureError(_baked_message(problem, "since the checked call"))
+        self._check_baked(self._deep, deep=True)  # type: ignore[arg-type]
         todo: List[Tuple[_Slot, Optional[Tensor]]] = []
         for s in self._slots:  # type: ignore[union-attr]
             cur = s.get()
@@ -508,6 +502,15 @@ class CapturedStep:
                 s.put(s.tensor)  # type: ignore[misc]
         self._loaded = False
 
+    def _check_baked(self, was: Dict[str, Any], deep: bool) -> None:
+        """:class:`CaptureError` for a change of what the graph bakes in since the checked call."""
+        change = _changed(was, _settings(self.optimizers, self.scaler, self.modules, deep=deep))
+        if change is not None:
+            raise CaptureError(
+                f"mixprec.capture: what the graph bakes in changed since the checked call: "
+                f"{change}. Capture a new step to change it (sharing the pool: "
+                "capture_step(..., pool=step.pool))")
+
 
     def _refuse_inputs(self, leaves: List[Any], spec: Any) -> None:
         got = [_describe(x) for x in leaves]
@@ -522,12 +525,20 @@ class CapturedStep:
             "shape, dtype or device needs its own captured step (sharing the pool: "
             "capture_step(..., pool=step.pool)), or pad the batch")
 
-    def _stream_ctx(self) -> Any:
+    @contextlib.contextmanager
+    def _stream_ctx(self) -> Iterator[None]:
+        """On CUDA, run a block on the side stream, ordered after and before the current
+        stream's work."""
         if self.device.type != "cuda":
-            return contextlib.nullcontext()
+            yield
+            return
         if self._side is None:
             self._side = torch.cuda.Stream(self.device)
-        return _side_stream(self._side)
+        current = torch.cuda.current_stream(self.device)
+        self._side.wait_stream(current)
+        with torch.cuda.stream(self._side):
+            yield
+        current.wait_stream(self._side)
 
     def _eager(self, inputs: Tuple[Any, ...]) -> Any:
         with self._stream_ctx():
@@ -550,34 +561,15 @@ class CapturedStep:
         with self._stream_ctx(), detector:
             out = self.fn(*inputs)
         after = _collect_slots(self.optimizers, self.scaler, self.modules)
-        now = _settings(self.optimizers, self.scaler, self.modules, deep=True)
-        problem = self._problem(before, after, host, now, lrs, detector, record)
-        for k, sc in enumerate(self.schedulers):
-            if problem is None and getattr(sc, "last_epoch", None) != epochs[k]:
-                problem = _scheduler_in_body(
-                    f"schedulers[{k}] ({type(sc).__name__}), an LR scheduler stepped inside the "
-                    "body")
-        if problem is not None:
-            raise CaptureError(problem)
-        self._slots, self._deep = after, now
-        self._lr_slots = [s for s in after if s.lr_key is not None]
-        self._settings = _settings(self.optimizers, self.scaler, self.modules, deep=False)
-        self._sentinels = [(g["params"][0], g["params"][0].data_ptr(), g["params"][0].grad)
-                           for o in self.optimizers for g in o.param_groups if g["params"]]
-        self._loaded = False
-        return out
-
-    def _problem(self, before: List[_Slot], after: List[_Slot], host: Dict[str, Any],
-                 now_host: Dict[str, Any], lrs: List[List[Any]], detector: SyncDetector,
-                 record: Any) -> Optional[str]:
-        """The first reason the step just run cannot be replayed, or None."""
+        now_host = _settings(self.optimizers, self.scaler, self.modules, deep=True)
         if detector.events:
-            return (f"mixprec.capture: the step syncs with the host: {detector.events[0]} "
-                    f"({detector.count} op(s) in all). A CUDA graph cannot capture a host "
-                    "read (capture fails, or the value read at capture is replayed "
-                    "forever). Keep values on the device: return the loss tensor, use "
-                    "scaler.found_inf() instead of step_was_skipped, no .item()/bool()/print "
-                    "of a tensor in the step.")
+            raise CaptureError(
+                f"mixprec.capture: the step syncs with the host: {detector.events[0]} "
+                f"({detector.count} op(s) in all). A CUDA graph cannot capture a host "
+                "read (capture fails, or the value read at capture is replayed "
+                "forever). Keep values on the device: return the loss tensor, use "
+                "scaler.found_inf() instead of step_was_skipped, no .item()/bool()/print "
+                "of a tensor in the step.")
         names = {s.name: s for s in after}
         for s in before:
             now = names.get(s.name)
@@ -585,28 +577,42 @@ class CapturedStep:
             if now is None:
                 hint = (" (zero_grad(set_to_none=True) in the step? use set_to_none=False: "
                         "the grads must keep their storage)") if grad else ""
-                return f"mixprec.capture: the step drops {s.name}{hint}"
+                raise CaptureError(f"mixprec.capture: the step drops {s.name}{hint}")
             if now.tensor is not s.tensor or now.ptr != s.ptr:
                 hint = (" (zero_grad(set_to_none=True) in the step? use set_to_none=False)"
                         if grad else " (a tensor rebuilt instead of updated in place)")
-                return (f"mixprec.capture: the step changes the storage of {s.name}{hint}; "
-                        "a replay would keep writing the old storage")
+                raise CaptureError(f"mixprec.capture: the step changes the storage of "
+                                   f"{s.name}{hint}; a replay would keep writing the old storage")
         for o, opt in enumerate(self.optimizers):
             for i, group in enumerate(opt.param_groups):
                 old = lrs[o][i] if i < len(lrs[o]) else None
                 if group["lr"] is not old and group["lr"] != old:
-                    return _scheduler_in_body(f"optimizers[{o}].param_groups[{i}]['lr'] (an "
-                                              "LR scheduler stepped inside the body?)")
+                    raise CaptureError(_scheduler_in_body(
+                        f"optimizers[{o}].param_groups[{i}]['lr'] (an LR scheduler stepped "
+                        "inside the body?)"))
         changed = _changed(host, now_host)
         if changed is not None:
-            return f"mixprec.capture: the step changes host state a replay would not: {changed}"
+            raise CaptureError(f"mixprec.capture: the step changes host state a replay would "
+                               f"not: {changed}")
         sc = self.scaler
         if sc is not None and sc.is_enabled():
             if sc.iteration_open():
-                return _OPEN
+                raise CaptureError(_OPEN)
             if sc.last_iteration is record:
-                return "mixprec.capture: the scaler passed as scaler= is not updated by the step"
-        return None
+                raise CaptureError("mixprec.capture: the scaler passed as scaler= is not "
+                                   "updated by the step")
+        for k, sc in enumerate(self.schedulers):
+            if getattr(sc, "last_epoch", None) != epochs[k]:
+                raise CaptureError(_scheduler_in_body(
+                    f"schedulers[{k}] ({type(sc).__name__}), an LR scheduler stepped inside the "
+                    "body"))
+        self._slots, self._deep = after, now_host
+        self._lr_slots = [s for s in after if s.lr_key is not None]
+        self._settings = _settings(self.optimizers, self.scaler, self.modules, deep=False)
+        self._sentinels = [(g["params"][0], g["params"][0].data_ptr(), g["params"][0].grad)
+                           for o in self.optimizers for g in o.param_groups if g["params"]]
+        self._loaded = False
+        return out
 
     def _capture(self, inputs: Tuple[Any, ...], leaves: List[Any]) -> _Graph:
         static = [x.detach().clone() if isinstance(x, Tensor) else x for x in leaves]
@@ -658,25 +664,10 @@ _OPEN = ("mixprec.capture: the step leaves the scaler's iteration open; end the 
          "with scaler.update()")
 
 
-def _baked_message(change: str, when: str) -> str:
-    return (f"mixprec.capture: what the graph bakes in changed {when}: {change}. Capture a "
-            "new step to change it (sharing the pool: capture_step(..., pool=step.pool))")
-
-
 def _scheduler_in_body(what: str) -> str:
     return (f"mixprec.capture: the step changes {what}: host code a replay does not run. "
             "Step schedulers outside the body, between calls: the lr reaches the graph as "
             "a device tensor filled before each replay")
-
-
-@contextlib.contextmanager
-def _side_stream(stream: Any) -> Iterator[None]:
-    """Run a block on ``stream``, ordered after and before the current stream's work."""
-    current = torch.cuda.current_stream(stream.device)
-    stream.wait_stream(current)
-    with torch.cuda.stream(stream):
-        yield
-    current.wait_stream(stream)
 
 
 def _step_device(optimizers: Sequence[torch.optim.Optimizer],

@@ -381,7 +381,8 @@ def test_a_callback_is_found() -> None:
     try:
         grads.fp16_grads_allowed = planted["allowed"]
         opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
-        assert len(callbacks(lambda: scaler._collect_grads(opt, False))) == 1
+        assert len(callbacks(
+            lambda: scaler._unscale_grads_(opt, torch.ones(()), torch.zeros(()), False))) == 1
     finally:
         grads.fp16_grads_allowed = original
 

@@ -76,21 +76,15 @@ def clip_grad_norm(scaler: ClipAccess, optimizer: torch.optim.Optimizer, max_nor
     total: Optional[Tensor] = None
     group = scaler.process_group
     specs: list[Any] = []  # the layouts of DTensor grads
-    if fold and (state["stage"] is OptState.READY or deferred):
-        per_device = scaler.grads(optimizer)
+    if norm_type > 0 and (state["stage"] is OptState.READY or deferred):  # (deferred: folds)
+        per_device = scaler.grads(optimizer, coalesce_sparse=not fold)
         specs = per_device.specs
-        flags, total = norm_pass(per_device, ops.check_finite_and_norm_, inv_scale(scale),
-                                 norm_type)
+        flags, total = norm_pass(per_device, ops.check_finite_and_norm_ if fold
+                                 else ops.unscale_and_norm_, inv_scale(scale), norm_type)
         if not deferred:
             state["found_inf_per_device"] = reduce_found_inf(flags, home, group, specs)
             state["stage"] = OptState.UNSCALED
-            record.deferred_unscale = True
-    elif state["stage"] is OptState.READY and norm_type > 0:
-        per_device = scaler.grads(optimizer, coalesce_sparse=True)
-        specs = per_device.specs
-        flags, total = norm_pass(per_device, ops.unscale_and_norm_, inv_scale(scale), norm_type)
-        state["found_inf_per_device"] = reduce_found_inf(flags, home, group, specs)
-        state["stage"] = OptState.UNSCALED
+            record.deferred_unscale = fold
     else:
         if state["stage"] is OptState.READY:
             for p in params:

@@ -34,10 +34,6 @@ __all__ = ["GradScaler", "ScalePolicy", "POLICIES", "OptState"]
 _STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def check_device(device: Any, who: str = "mixprec.GradScaler") -> None:
     """``ValueError`` naming ``who`` unless ``device`` is a device string torch parses."""
     try:
@@ -64,7 +60,7 @@ def _check_scale_options(where: str, *, error: type = ValueError, key: str = "{}
             if v < low:
                 raise ValueError(f"{where}: {shown} must be >= {low}, got {v}")
             continue
-        if not _number(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TypeError(f"{where}: {shown} must be a float, got {type(v).__name__} {v!r}")
         if name in ("scale", "init_scale") and not (0.0 < v < math.inf):
             raise ValueError(f"{where}: {shown} must be finite and > 0, got {v!r}")
@@ -230,13 +226,6 @@ class GradScaler(torch.amp.GradScaler):
             return self._init_hysteresis_left
         return int(self._hysteresis_left.item())
 
-    def _collect_grads(self, optimizer: torch.optim.Optimizer, allow_fp16: bool,
-                       coalesce_sparse: bool = False) -> grads.DeviceGrads:
-        """:func:`mixprec.amp.grads.collect_grads`, fp16 allowed by ``allow_fp16`` or the
-        scaler's ``allow_fp16_grads``."""
-        allow_fp16 = allow_fp16 or grads.fp16_grads_allowed(self._allow_fp16_grads, optimizer)
-        return grads.collect_grads(optimizer, allow_fp16, coalesce_sparse)
-
     def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: Tensor,
                         found_inf: Tensor, allow_fp16: bool) -> dict[torch.device, Tensor]:
         """torch's hook behind :meth:`unscale_`: :func:`mixprec.amp.grads.unscale_optimizer_grads`
@@ -282,17 +271,18 @@ class GradScaler(torch.amp.GradScaler):
             raise RuntimeError("step() has already been called since the last update().")
         kind = capability.step_kind(optimizer)
         if kind is capability.LEGACY:
-            return protocol.legacy_step(optimizer, self, state, args, kwargs)
-        if kind is not capability.HOST:
+            retval = protocol.legacy_step(optimizer, self, args, kwargs)
+        elif kind is not capability.HOST:
             if state["stage"] is OptState.READY:
                 self._check_inf_per_device(optimizer)
-            return protocol.step_amp_aware(optimizer, state, self._get_scale_async(),
-                                           kind is capability.SCALARS, args, kwargs)
-        if state["stage"] is OptState.READY:
-            self.unscale_(optimizer)
-        if len(state["found_inf_per_device"]) == 0:
-            raise AssertionError("No inf checks were recorded for this optimizer.")
-        retval = self._maybe_opt_step(optimizer, state, *args, **kwargs)
+            retval = protocol.step_amp_aware(optimizer, state, self._get_scale_async(),
+                                             kind is capability.SCALARS, args, kwargs)
+        else:
+            if state["stage"] is OptState.READY:
+                self.unscale_(optimizer)
+            if len(state["found_inf_per_device"]) == 0:
+                raise AssertionError("No inf checks were recorded for this optimizer.")
+            retval = self._maybe_opt_step(optimizer, state, *args, **kwargs)
         state["stage"] = OptState.STEPPED
         return retval
 

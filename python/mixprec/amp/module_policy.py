@@ -115,10 +115,11 @@ def modules_matching(model: nn.Module, spec: ModuleSpec) -> list[str]:
 
 
 @dataclass(eq=False)
-class _PolicyForward:
+class ModuleForward:
     """The forward installed on a module: runs the original (``prev``, an instance forward it
-    replaced, else the class's) in ``ctx``. Holds the module, not a closure, so that
-    ``copy.deepcopy`` of a model gives a copy whose wrappers call the copy."""
+    replaced, else the class's) in ``ctx``, its inputs of a dtype in ``cast_only`` cast to
+    ``cast_inputs_to``. Holds the module, not a closure, so that ``copy.deepcopy`` of a model
+    gives a copy whose wrappers call the copy."""
 
     module: nn.Module
     prev: Optional[Callable[..., Any]]
@@ -126,12 +127,13 @@ class _PolicyForward:
     cast_inputs_to: Optional[torch.dtype] = None
     cast_outputs_to: Optional[torch.dtype] = None
     restore_input_dtype: bool = False
+    cast_only: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         in_dtype = _first_low_dtype((args, kwargs)) if self.restore_input_dtype else None
         if self.cast_inputs_to is not None:
-            args = cast_floating(args, self.cast_inputs_to)
-            kwargs = cast_floating(kwargs, self.cast_inputs_to)
+            args = cast_floating(args, self.cast_inputs_to, self.cast_only)
+            kwargs = cast_floating(kwargs, self.cast_inputs_to, self.cast_only)
         forward = self.prev
         if forward is None:
             forward = partial(type(self.module).forward, self.module)
@@ -264,12 +266,12 @@ def apply_policy(model: nn.Module, policy: Optional[PrecisionPolicy] = None) -> 
         ctx = autocast(device_type, precision=prec)
         is_fp32 = ctx.precision == "fp32"  # autocast off in this region
         handle.precisions[name] = ctx.precision
-        wrap_forward(handle._installed, module, _PolicyForward(
+        wrap_forward(handle._installed, module, ModuleForward(
             module, module.__dict__.get("forward"), ctx,
             cast_inputs_to=torch.float32 if is_fp32 else None,
             restore_input_dtype=is_fp32 and policy.restore_input_dtype))
     if root_ctx is not None or policy.cast_outputs:
-        wrap_forward(handle._installed, model, _PolicyForward(
+        wrap_forward(handle._installed, model, ModuleForward(
             model, model.__dict__.get("forward"), root_ctx,
             cast_outputs_to=torch.float32 if policy.cast_outputs else None))
     model._mixprec_policy = handle  # type: ignore[assignment]

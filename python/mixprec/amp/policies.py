@@ -15,8 +15,7 @@ from torch import Tensor
 
 from .. import ops
 
-__all__ = ["ScalePolicy", "POLICIES", "ScalerOptions", "ScaleRule", "resolve_options",
-           "apply_scale_rule"]
+__all__ = ["ScalePolicy", "POLICIES", "ScaleRule", "resolve_options", "apply_scale_rule"]
 
 #: torch.amp.GradScaler's defaults: an argument left at them takes the preset's value.
 TORCH_INIT_SCALE = 2.0**16
@@ -67,23 +66,12 @@ POLICIES: dict[str, ScalePolicy] = {
 }
 
 
-@dataclass(frozen=True)
-class ScalerOptions:
-    """A policy merged with the constructor's arguments, validated."""
-
-    init_scale: float
-    growth_interval: int
-    hysteresis: int
-    min_scale: Optional[float]
-    max_scale: Optional[float]
-
-
 def resolve_options(policy: str, init_scale: float, growth_interval: int,
                     allow_fp16_grads: Optional[bool], min_scale: Optional[float],
-                    max_scale: Optional[float], hysteresis: Optional[int]) -> ScalerOptions:
-    """Fill the arguments left at their defaults from ``POLICIES[policy]`` and check them:
-    ``ValueError`` for an unknown policy or out-of-range bounds/hysteresis, ``TypeError``
-    for a non-bool ``allow_fp16_grads``."""
+                    max_scale: Optional[float], hysteresis: Optional[int]) -> ScalePolicy:
+    """``POLICIES[policy]`` with the constructor's arguments that are not left at their
+    defaults, checked: ``ValueError`` for an unknown policy or out-of-range
+    bounds/hysteresis, ``TypeError`` for a non-bool ``allow_fp16_grads``."""
     if policy not in POLICIES:
         raise ValueError(
             f"mixprec.GradScaler: policy must be one of {sorted(POLICIES)}, got {policy!r}")
@@ -105,9 +93,9 @@ def resolve_options(policy: str, init_scale: float, growth_interval: int,
     if min_scale is not None and max_scale is not None and min_scale > max_scale:
         raise ValueError(
             f"mixprec.GradScaler: min_scale ({min_scale}) must not exceed max_scale ({max_scale})")
-    return ScalerOptions(init_scale, growth_interval, int(hysteresis),
-                         None if min_scale is None else float(min_scale),
-                         None if max_scale is None else float(max_scale))
+    return ScalePolicy(policy, init_scale, growth_interval, int(hysteresis),
+                       None if min_scale is None else float(min_scale),
+                       None if max_scale is None else float(max_scale))
 
 
 @dataclass(frozen=True)

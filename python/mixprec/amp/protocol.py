@@ -156,18 +156,16 @@ def found_inf(current: dict[int, dict[str, Any]], last: Optional[IterationRecord
     return any_found(state["found_inf_per_device"].values(), home)
 
 
-def legacy_step(optimizer: torch.optim.Optimizer, grad_scaler: Any, state: dict[str, Any],
-                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def legacy_step(optimizer: torch.optim.Optimizer, grad_scaler: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
     """torch's deprecated protocol: an amp-aware ``optimizer.step`` with a ``grad_scaler``
-    parameter gets the scaler itself (with torch's FutureWarning); marks it STEPPED."""
+    parameter gets the scaler itself (with torch's FutureWarning)."""
     warnings.warn("GradScaler is going to stop passing itself as a keyword argument to the passed "
                   "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
                   "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
                   "directly.", FutureWarning, stacklevel=4)
     kwargs["grad_scaler"] = grad_scaler
-    retval = optimizer.step(*args, **kwargs)
-    state["stage"] = OptState.STEPPED
-    return retval
+    return optimizer.step(*args, **kwargs)
 
 
 def step_amp_aware(optimizer: torch.optim.Optimizer, state: dict[str, Any], scale: Tensor,
@@ -175,11 +173,9 @@ def step_amp_aware(optimizer: torch.optim.Optimizer, state: dict[str, Any], scal
     """:meth:`GradScaler.step <mixprec.GradScaler.step>` of an optimizer with
     ``_step_supports_amp_scaling`` whose inf check has run (``state`` past READY; ``direct``: it
     takes the scalars as arguments, :data:`mixprec.amp.capability.SCALARS`): step it with the
-    scalars, mark it STEPPED. No host sync."""
+    scalars. No host sync."""
     scalars = step_scalars(optimizer, state, scale, direct)
-    retval = (step_direct if direct else step_with_attributes)(optimizer, scalars, args, kwargs)
-    state["stage"] = OptState.STEPPED
-    return retval
+    return (step_direct if direct else step_with_attributes)(optimizer, scalars, args, kwargs)
 
 
 def step_scalars(optimizer: torch.optim.Optimizer, state: dict[str, Any], scale: Tensor,

@@ -1,26 +1,17 @@
-"""Statistics counted on the device, read lazily.
-
-* :class:`ScalerStats` and ``_StatsTracker``: every :meth:`~mixprec.GradScaler.update` adds
-  the iteration to int64 device counters in place (also on graph replays); only
-  :meth:`mixprec.GradScaler.stats` syncs.
-* :class:`FoldingLog`: per-step device rows kept pending and folded in blocks (the trainer's
-  metrics history, :mod:`mixprec.train.metrics`).
+"""Statistics counted on the device, read lazily: :class:`ScalerStats` and ``_StatsTracker``.
+Every :meth:`~mixprec.GradScaler.update` adds the iteration to int64 device counters in place
+(also on graph replays); only :meth:`mixprec.GradScaler.stats` syncs.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Generic, Optional, TypeVar
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
-__all__ = ["ScalerStats", "FOLD_EVERY", "FoldingLog"]
-
-#: Number of rows (scaler: updates) kept pending before they are folded.
-FOLD_EVERY = 64
-
-Row = TypeVar("Row")
+__all__ = ["ScalerStats"]
 
 
 @dataclass(frozen=True)
@@ -49,51 +40,6 @@ class ScalerStats:
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as a ``dict`` (for loggers)."""
         return asdict(self)
-
-
-class FoldingLog(Generic[Row]):
-    """Per-step device values, recorded without a host sync and folded in blocks.
-
-    :meth:`append` keeps a reference to the step's row (a 1-D tensor or a tuple of 0-dim
-    tensors on the device; not modified afterwards). Every ``fold_every`` rows, and at
-    :meth:`fold`, the pending rows go to a subclass's :meth:`_fold_rows` with the index of
-    the first, to be reduced on the device. Nothing is read back to the host here.
-    ``count``: rows appended so far (a host int; a restored log sets it).
-    """
-
-    def __init__(self, fold_every: int = FOLD_EVERY) -> None:
-        if fold_every < 1:
-            raise ValueError(f"FoldingLog: fold_every must be >= 1, got {fold_every}")
-        self.fold_every = int(fold_every)
-        self.count = 0
-        self._pending: list[Row] = []
-        self._pending_base = 0
-
-    @property
-    def pending(self) -> list[Row]:
-        """The rows not folded yet (oldest first); do not modify."""
-        return self._pending
-
-    def append(self, row: Row) -> None:
-        """Record one row (index ``count``); folds when ``fold_every`` are pending."""
-        if not self._pending:
-            self._pending_base = self.count
-        self._pending.append(row)
-        self.count += 1
-        if len(self._pending) >= self.fold_every:
-            self.fold()
-
-    def fold(self) -> None:
-        """Reduce the pending rows (no host sync); a no-op when none are pending."""
-        if not self._pending:
-            return
-        rows, base = self._pending, self._pending_base
-        self._pending = []
-        self._fold_rows(rows, base)
-
-    def _fold_rows(self, rows: list[Row], first_index: int) -> None:
-        """Reduce ``rows`` (indices ``first_index, first_index + 1, ...``)."""
-        raise NotImplementedError
 
 
 class _StatsTracker:

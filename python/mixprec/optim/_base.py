@@ -755,9 +755,7 @@ def params_and_kwargs_check(cls: str, lr: Union[float, Tensor], differentiable: 
         if not lr.is_floating_point():
             raise ValueError(f"mixprec.optim.{cls}: Tensor lr must be floating point, got "
                              f"{lr.dtype}")
-    else:
-        _check_nonneg(cls, "lr", lr)
-    for name, value in extra:
+    for name, value in (("lr", lr), *extra):  # (a tensor is not read: that would sync)
         _check_nonneg(cls, name, value)
     if differentiable:
         raise ValueError(f"mixprec.optim.{cls}: differentiable=True is not supported (the "

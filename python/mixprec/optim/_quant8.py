@@ -112,10 +112,7 @@ def _blocks(x: Tensor) -> Tensor:
     """``x`` as (blocks, BLOCK) float32, row by row, each row's last block zero-padded."""
     row = row_length(x.shape)
     rows = x.numel() // row if row else 0
-    b = x.reshape(rows, row).float()
-    pad = num_blocks(row) * BLOCK - row
-    if pad:
-        b = torch.cat([b, b.new_zeros(rows, pad)], dim=1)
+    b = torch.nn.functional.pad(x.reshape(rows, row).float(), (0, num_blocks(row) * BLOCK - row))
     return b.reshape(-1, BLOCK)
 
 

@@ -171,22 +171,15 @@ class AdaptiveController:
         reason = (f"overflow rate {rate:.0%} > overflow_threshold {cfg.overflow_threshold:.0%}"
                   if rate > cfg.overflow_threshold else f"scale reached min_scale {cfg.min_scale}")
         low = [i for i in self.fwd_order if self._precision(self.names[i]) in ("fp16", "bf16")]
-        target: Optional[int] = None
-        for i in low:  # forward origin: first module whose output was non-finite
-            if fwd[i] > 0:
-                target = i
-                reason += "; its forward output was non-finite"
-                break
-        if target is None:  # backward origin: the overflowing module closest to the loss
-            for i in reversed(low):
-                if bwd[i] > 0:
-                    target = i
-                    reason += "; its gradients were non-finite"
-                    break
-        if target is None:
+        # the forward origin (the first module whose output was non-finite), else the
+        # backward one (the module closest to the loss whose gradients were)
+        found = [(i, "; its forward output was non-finite") for i in low if fwd[i] > 0] + [
+            (i, "; its gradients were non-finite") for i in reversed(low) if bwd[i] > 0]
+        if not found:
             logger.info("adaptive: %s, but no low-precision module overflowed", reason)
             return
-        name = self.names[target]
+        name = self.names[found[0][0]]
+        reason += found[0][1]
         old = self._precision(name)
         dev_type = m.device.type
         bf16_ok = resolve_precision(dev_type, "bf16")[0] is not None and (

@@ -25,8 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from .._dtensor import is_dtensor
-from ..amp.autocast import cast_floating
-from ..amp.module_policy import unwrap_forwards, wrap_forward
+from ..amp.autocast import autocast
+from ..amp.module_policy import ModuleForward, unwrap_forwards, wrap_forward
 
 __all__ = ["FP8_INSTALL", "fp8_unavailable", "fp8_available", "fp8_info", "require_torchao",
            "fp8_eligible", "default_module_filter", "convert_model", "float8_linears",
@@ -162,23 +162,6 @@ def _refuse_float8_all_gather(model: nn.Module) -> None:
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-class _Fp8Forward:
-    """The forward installed on a Float8Linear: autocast off, floating inputs cast to
-    ``dtype``. Holds the module, not a closure (``copy.deepcopy`` calls the copy)."""
-
-    def __init__(self, module: nn.Module, prev: Optional[Callable[..., Any]],
-                 dtype: torch.dtype, device_type: str) -> None:
-        self.module, self.prev, self.dtype, self.device_type = module, prev, dtype, device_type
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        args = cast_floating(args, self.dtype, only=_FLOATS)
-        kwargs = cast_floating(kwargs, self.dtype, only=_FLOATS)
-        with torch.autocast(self.device_type, enabled=False):
-            if self.prev is not None:
-                return self.prev(*args, **kwargs)
-            return type(self.module).forward(self.module, *args, **kwargs)
-
-
 class Fp8Handle:
     """The FP8 level on a model: its Float8 linears and their forward wrappers.
 
@@ -194,10 +177,11 @@ class Fp8Handle:
         _refuse_float8_all_gather(model)
         self._installed: list[Any] = []
         by_name = dict(model.named_modules())
-        for name in self.modules:
+        for name in self.modules:  # autocast off, floating inputs cast to ``dtype``
             m = by_name[name]
-            prev = m.__dict__.get("forward")
-            wrap_forward(self._installed, m, _Fp8Forward(m, prev, dtype, device_type))
+            wrap_forward(self._installed, m, ModuleForward(
+                m, m.__dict__.get("forward"), autocast(device_type, enabled=False),
+                cast_inputs_to=dtype, cast_only=_FLOATS))
 
     def remove(self) -> None:
         """Take the forward wrappers off (the linears stay Float8; idempotent)."""

@@ -362,13 +362,10 @@ class MixedPrecisionManager:
             underflow = _underflow_flag(_dtensor.locals_of(grads), self.compute_dtype,
                                         cfg.underflow_threshold, dev, shard_groups)
         grad_norm: Optional[Tensor] = None
-        if cfg.max_grad_norm:
-            if enabled:
-                grad_norm = scaler.clip_grad_norm_(opt, cfg.max_grad_norm)
-            else:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-                if _dtensor.is_dtensor(grad_norm):  # torch's answer for DTensor grads
-                    grad_norm = grad_norm.full_tensor()
+        if cfg.max_grad_norm:  # (a disabled scaler: torch's clip_grad_norm_)
+            grad_norm = scaler.clip_grad_norm_(opt, cfg.max_grad_norm)
+            if _dtensor.is_dtensor(grad_norm):  # torch's answer for DTensor grads
+                grad_norm = grad_norm.full_tensor()
         elif norms is not None:
             with torch.no_grad():
                 total = torch.linalg.vector_norm(torch.stack([n.to(dev) for n in norms]))

@@ -14,7 +14,6 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor
 
-from ..amp.stats import FOLD_EVERY, FoldingLog
 from .config import HandlingAction, MixedPrecisionConfig
 
 __all__ = ["StepResult", "StepMetrics", "MetricsLog", "COLS", "memory_usage", "log_window",
@@ -179,18 +178,24 @@ def step_row(step_loss: Tensor, result: StepResult,
 
 
 # ------------------------------------------------------------------------ the log
-class MetricsLog(FoldingLog[Tensor]):
+#: Rows kept pending before they are folded into the history.
+FOLD_EVERY = 64
+
+
+class MetricsLog:
     """One row (:data:`COLS`) per optimizer step (``count``), kept on the device.
 
     * ``totals``: the running column sums (window and epoch figures are differences of totals);
-    * ``hist`` / ``hist_steps``: the folded rows and their step numbers, at most
-      ``history_size``: when full, the older half is thinned to every other row;
+    * ``pending``: the newest rows (references, not modified), folded every :data:`FOLD_EVERY`
+      rows (and at :meth:`history`) into ``hist`` / ``hist_steps``: the rows and their step
+      numbers, at most ``history_size``: when full, the older half is thinned to every other row;
     * ``log_snapshot`` / ``log_step``: the totals and step at the last log step.
     """
 
     def __init__(self, history_size: int) -> None:
-        super().__init__(FOLD_EVERY)
         self.history_size = int(history_size)
+        self.count = 0
+        self.pending: list[Tensor] = []
         self.totals: Optional[Tensor] = None
         self.log_snapshot: Optional[Tensor] = None
         self.log_step = 0
@@ -203,12 +208,19 @@ class MetricsLog(FoldingLog[Tensor]):
             self.totals = torch.zeros(len(COLS), device=row.device)
             self.log_snapshot = self.totals.clone()
         self.totals.add_(row)
-        self.append(row)
+        self.pending.append(row)
+        self.count += 1
+        if len(self.pending) >= FOLD_EVERY:
+            self.fold()
 
-    def _fold_rows(self, rows: list[Tensor], first_index: int) -> None:
-        block = torch.stack(rows)
+    def fold(self) -> None:
+        """Move the pending rows into the history (no host sync)."""
+        if not self.pending:
+            return
+        block, first = torch.stack(self.pending), self.count - len(self.pending)
+        self.pending = []
         self.hist = block if self.hist is None else torch.cat((self.hist, block))
-        self.hist_steps.extend(range(first_index, first_index + len(rows)))
+        self.hist_steps.extend(range(first, first + block.shape[0]))
         while self.hist.shape[0] > self.history_size:
             half = self.hist.shape[0] // 2
             self.hist = torch.cat((self.hist[:half:2], self.hist[half:]))

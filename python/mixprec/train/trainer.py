@@ -481,14 +481,23 @@ class MixedPrecisionTrainer:
 
     # ------------------------------------------------------------------ stepping
     def _forward_loss(self, data: Any, target: Any) -> Tensor:
-        manager = self._manager()
-        assert self.model is not None and self.criterion is not None
-        with manager.autocast():
-            output = self.model(to_device(data, manager.device))
-        with torch.autocast(manager.device.type, enabled=False):
-            loss = self.criterion(cast_floating(output, torch.float32),
-                                  to_device(target, manager.device))
-        return loss.float() if loss.dtype != torch.float32 else loss
+        """The forward's float32 loss; the first one also measures the activation memory."""
+        manager, model, criterion = self._manager(), self.model, self.criterion
+        assert model is not None and criterion is not None
+
+        def forward() -> Tensor:
+            with manager.autocast():
+                output = model(to_device(data, manager.device))
+            with torch.autocast(manager.device.type, enabled=False):
+                loss = criterion(cast_floating(output, torch.float32),
+                                 to_device(target, manager.device))
+            return loss.float() if loss.dtype != torch.float32 else loss
+
+        if not (self._measure_activations and self.config.performance_monitoring):
+            return forward()
+        loss, self.activation_memory = measured_forward(forward, self._params())
+        self._measure_activations = False
+        return loss
 
     def _params(self) -> list[Tensor]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -529,7 +538,7 @@ class MixedPrecisionTrainer:
             return self._captured_step(data, target)
         if self._micro == 0:
             self.optimizer.zero_grad(set_to_none=self.config.memory_efficiency)
-        loss = self._first_measured_loss(data, target)
+        loss = self._forward_loss(data, target)
         manager.backward(loss / accum if accum > 1 else loss)
         self.micro_steps += 1
         self._micro += 1
@@ -539,15 +548,6 @@ class MixedPrecisionTrainer:
             return StepMetrics.micro_batch(detached, memory_usage(manager.device),
                                            self._current_lr())
         return self._optimizer_step()
-
-    def _first_measured_loss(self, data: Any, target: Any) -> Tensor:
-        """The forward's loss; the first one also measures the activation memory."""
-        if not (self._measure_activations and self.config.performance_monitoring):
-            return self._forward_loss(data, target)
-        loss, self.activation_memory = measured_forward(
-            lambda: self._forward_loss(data, target), self._params())
-        self._measure_activations = False
-        return loss
 
     def _captured_step(self, data: Any, target: Any) -> StepMetrics:
         manager = self._manager()
@@ -563,7 +563,7 @@ class MixedPrecisionTrainer:
         """The captured step: device work only, no host read."""
         manager = self._manager()
         self.optimizer.zero_grad(set_to_none=False)  # a graph's grads keep their storage
-        loss = self._first_measured_loss(data, target)
+        loss = self._forward_loss(data, target)
         manager.backward(loss)
         return step_row(loss.detach(), manager.step(self.optimizer), manager.device)
 
@@ -870,7 +870,7 @@ class MixedPrecisionTrainer:
             return self._load_sharded(where, strict_config)
         state = torch.load(where, map_location="cpu", weights_only=True)
         self._check_state(state, strict_config, where)
-        self._apply(lambda: self._load_all(state))
+        self._apply(lambda: self._load(state))
 
     def _load_sharded(self, path: str, strict_config: bool) -> None:
         import torch.distributed.checkpoint as dcp
@@ -895,7 +895,7 @@ class MixedPrecisionTrainer:
         def load() -> None:
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optimizer"])
-            self._load_rest({**rest, "pending_grads": None})
+            self._load({**rest, "pending_grads": None})
 
         self._apply(load)
 
@@ -976,14 +976,14 @@ class MixedPrecisionTrainer:
                 p.grad = g
             raise
 
-    def _load_all(self, state: dict[str, Any]) -> None:
-        assert self.model is not None
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self._load_rest(state)
-
-    def _load_rest(self, state: dict[str, Any]) -> None:
+    def _load(self, state: dict[str, Any]) -> None:
+        """Load a checked ``state`` (a sharded checkpoint's model and optimizer are not in it:
+        set_state_dict loaded them)."""
         manager = self._manager()
+        if "model" in state:
+            assert self.model is not None
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         if state["scaler"]:
             manager.scaler.load_state_dict(state["scaler"])
         if self._scheduler is not None and state["scheduler"] is not None:
