@@ -730,6 +730,7 @@ void GradScaler::load_state_dict(
   if (it != state.end()) {
     left = ivalue_to_int(it->value(), "_hysteresis_left");
   }
+  ++settings_version_;
   init_scale_ = scale;
   if (scale_.defined()) scale_.fill_(scale);
   growth_factor_ = growth;

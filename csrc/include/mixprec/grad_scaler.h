@@ -158,16 +158,29 @@ class MIXPREC_API GradScaler {
   at::Tensor scale_tensor() const { return scale_; }
 
   double get_growth_factor() const { return growth_factor_; }
-  void set_growth_factor(double v) { growth_factor_ = v; }
+  void set_growth_factor(double v) {
+    ++settings_version_;
+    growth_factor_ = v;
+  }
   double get_backoff_factor() const { return backoff_factor_; }
-  void set_backoff_factor(double v) { backoff_factor_ = v; }
+  void set_backoff_factor(double v) {
+    ++settings_version_;
+    backoff_factor_ = v;
+  }
   int64_t get_growth_interval() const { return growth_interval_; }
-  void set_growth_interval(int64_t v) { growth_interval_ = v; }
+  void set_growth_interval(int64_t v) {
+    ++settings_version_;
+    growth_interval_ = v;
+  }
   bool is_enabled() const { return enabled_; }
   int64_t hysteresis() const { return hysteresis_; }
   std::optional<double> min_scale() const { return min_scale_; }
   std::optional<double> max_scale() const { return max_scale_; }
   c10::DeviceType device_type() const { return device_type_; }
+  // A count of the calls that may change the settings above (the setters,
+  // load_state_dict() and the loads): mixprec::CapturedStep compares the
+  // settings its graph bakes in when it moved.
+  uint64_t settings_version() const noexcept { return settings_version_; }
 
   // Whether the optimizer steps of the last iteration closed by update() were
   // skipped; false before the first update and when disabled. Known on the
@@ -244,6 +257,7 @@ class MIXPREC_API GradScaler {
   int64_t hysteresis_;
   int64_t init_hysteresis_left_;
   std::optional<bool> allow_fp16_grads_;
+  uint64_t settings_version_ = 0;
 
   at::Tensor scale_;            // float32 0-dim, lazily created
   at::Tensor growth_tracker_;   // int32 0-dim
