@@ -43,6 +43,7 @@
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 
+#include <bit>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -159,17 +160,17 @@ class MIXPREC_API GradScaler {
 
   double get_growth_factor() const { return growth_factor_; }
   void set_growth_factor(double v) {
-    ++settings_version_;
+    if (differs(v, growth_factor_)) ++settings_version_;
     growth_factor_ = v;
   }
   double get_backoff_factor() const { return backoff_factor_; }
   void set_backoff_factor(double v) {
-    ++settings_version_;
+    if (differs(v, backoff_factor_)) ++settings_version_;
     backoff_factor_ = v;
   }
   int64_t get_growth_interval() const { return growth_interval_; }
   void set_growth_interval(int64_t v) {
-    ++settings_version_;
+    if (v != growth_interval_) ++settings_version_;
     growth_interval_ = v;
   }
   bool is_enabled() const { return enabled_; }
@@ -177,7 +178,7 @@ class MIXPREC_API GradScaler {
   std::optional<double> min_scale() const { return min_scale_; }
   std::optional<double> max_scale() const { return max_scale_; }
   c10::DeviceType device_type() const { return device_type_; }
-  // A count of the calls that may change the settings above (the setters,
+  // A count of the changes of the settings above (by the setters,
   // load_state_dict() and the loads): mixprec::CapturedStep compares the
   // settings its graph bakes in when it moved.
   uint64_t settings_version() const noexcept { return settings_version_; }
@@ -223,6 +224,10 @@ class MIXPREC_API GradScaler {
     std::optional<at::Tensor> clip_coef;
   };
 
+  // (bit for bit: -0.0 is not 0.0)
+  static bool differs(double a, double b) {
+    return std::bit_cast<uint64_t>(a) != std::bit_cast<uint64_t>(b);
+  }
   std::pair<at::Tensor, at::Tensor> check_scale_growth_tracker(
       const char* funcname) const;
   void lazy_init_scale_growth_tracker(c10::Device device);
