@@ -503,10 +503,13 @@ void test_changes_between_calls() {
                      torch::zeros({3}, torch::kHalf).requires_grad_());
                })(),
                "optimizers[0].param_groups[0] has 3 params, the graph 2");
-  // a group's first param replaced by another tensor of its layout
+  // a group's first param replaced by another tensor of its layout (with
+  // the captured grad)
   CHECK_THROWS(c10::Error, between_refuses([](Run& r) {
                  auto& params = r.opt->param_groups()[0].params();
-                 params[0] = params[0].detach().clone().requires_grad_();
+                 auto fresh = params[0].detach().clone().requires_grad_();
+                 fresh.mutable_grad() = params[0].grad();
+                 params[0] = fresh;
                })(),
                "optimizers[0].param_groups[0]['params'][0] is another tensor "
                "or in new storage since the checked call");
@@ -551,6 +554,81 @@ void test_changes_between_calls() {
                    /*rebind=*/true)(),
                "optimizers[0].param_groups[0]['params'][1] is another tensor "
                "or in new storage since the checked call");
+}
+
+// What moves the counters the per-call check compares, for each optimizer
+// class: a load (torch::load, load_state_dict), add_param_group, a changed
+// scaler setting (a setter, a load); and what does not: a step, zero_grad,
+// the lr tensors, a save, a scaler setter or load that keeps the settings.
+void test_version_counters(const std::string& dir) {
+  for (int kind = 0; kind < 3; ++kind) {
+    const char* name = kind == 0 ? "AdamW" : kind == 1 ? "Adam" : "SGD";
+    auto w = torch::randn({8, 4}).to(torch::kHalf).requires_grad_();
+    std::unique_ptr<mixprec::optim::FusedOptimizer> opt;
+    std::unique_ptr<torch::optim::OptimizerOptions> extra;
+    if (kind == 0) {
+      opt = std::make_unique<mixprec::optim::AdamW>(
+          std::vector<torch::Tensor>{w});
+      extra = std::make_unique<mixprec::optim::AdamWOptions>();
+    } else if (kind == 1) {
+      opt =
+          std::make_unique<mixprec::optim::Adam>(std::vector<torch::Tensor>{w});
+      extra = std::make_unique<mixprec::optim::AdamOptions>();
+    } else {
+      opt = std::make_unique<mixprec::optim::SGD>(
+          std::vector<torch::Tensor>{w},
+          mixprec::optim::SGDOptions(0.1).momentum(0.9));
+      extra = std::make_unique<mixprec::optim::SGDOptions>();
+    }
+    w.mutable_grad() = torch::ones_like(w);
+    uint64_t v = opt->version();
+    const auto moved = [&](const char* what, bool expected) {
+      const uint64_t now = opt->version();
+      CHECK_MSG((now != v) == expected,
+                c10::str(name, ": ", what, expected ? " moves" : " keeps",
+                         " version()"));
+      v = now;
+    };
+    opt->step();
+    opt->zero_grad();
+    opt->lr_tensors();
+    opt->lr_tensor(0, torch::kCPU);
+    const auto sd = opt->state_dict();
+    const std::string file = dir + "/version_" + name + ".pt";
+    torch::save(*opt, file);
+    moved("step, zero_grad, lr_tensors, state_dict, save", false);
+    torch::load(*opt, file);
+    moved("torch::load", true);
+    opt->load_state_dict(sd);
+    moved("load_state_dict", true);
+    opt->add_param_group(torch::optim::OptimizerParamGroup(
+        {torch::zeros({3}).requires_grad_()}, std::move(extra)));
+    moved("add_param_group", true);
+  }
+  mixprec::GradScaler scaler(torch::kCPU);
+  uint64_t v = scaler.settings_version();
+  const auto moved = [&](const char* what, bool expected) {
+    const uint64_t now = scaler.settings_version();
+    CHECK_MSG((now != v) == expected,
+              c10::str("GradScaler: ", what, expected ? " moves" : " keeps",
+                       " settings_version()"));
+    v = now;
+  };
+  scaler.set_growth_factor(scaler.get_growth_factor());
+  scaler.set_backoff_factor(scaler.get_backoff_factor());
+  scaler.set_growth_interval(scaler.get_growth_interval());
+  scaler.load_state_dict(scaler.state_dict());
+  moved("a setter or a load of the same settings", false);
+  scaler.set_growth_factor(3.0);
+  moved("set_growth_factor", true);
+  scaler.set_backoff_factor(0.25);
+  moved("set_backoff_factor", true);
+  scaler.set_growth_interval(7);
+  moved("set_growth_interval", true);
+  auto sd = scaler.state_dict();
+  sd.insert_or_assign("growth_interval", int64_t{9});
+  scaler.load_state_dict(sd);
+  moved("load_state_dict", true);
 }
 
 // C++-only checks: a state tensor of another layout put in by hand is
@@ -601,6 +679,7 @@ int main(int argc, char** argv) {
          test_refusal_table(argc > 2 ? argv[2] : "capture_refusals.txt");
        }},
       {"changes between calls", test_changes_between_calls},
+      {"version counters", [&] { test_version_counters(dir); }},
       {"between calls", test_between_calls},
   };
   return mixprec_test::run_tests(tests);
