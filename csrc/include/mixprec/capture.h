@@ -59,11 +59,12 @@
 //    example's (another shape needs its own CapturedStep: one graph per
 //    step; several steps can share a memory pool, options.pool()); a param
 //    in new storage, or a grad or state tensor replaced by one of another
-//    shape or dtype, since the checked call (the graph holds the old
-//    addresses: load params in place with copy_); a change of what the graph
-//    bakes in: an option other than lr, the scaler's settings, the param
-//    groups (csrc/capture_rules.h and mixprec/optim.h list them); a call
-//    inside an autocast region with its cast cache on;
+//    shape or dtype, since the checked call (where the check above sees it,
+//    or at rebind(); the graph holds the old addresses: load params in place
+//    with copy_); a change of what the graph bakes in: an option other than
+//    lr, the scaler's settings, the param groups (csrc/capture_rules.h and
+//    mixprec/optim.h list them); a call inside an autocast region with its
+//    cast cache on;
 //  * by the checked call, after running the step: an op that reads a device
 //    value on the host (.item(), bool(), GradScaler::step()'s answer,
 //    boolean-mask indexing, a copy to the CPU, an op returning a float or a
