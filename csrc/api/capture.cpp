@@ -25,6 +25,9 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -263,6 +266,41 @@ Settings baked_options(const torch::optim::OptimizerOptions& options) {
   return out;
 }
 
+// Whether two values of an option are the same bits (-0.0 is not 0.0, as
+// their shown forms differ).
+template <typename T>
+bool same_value(const T& a, const T& b) {
+  return a == b;
+}
+bool same_value(double a, double b) {
+  return std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(b);
+}
+bool same_value(const std::tuple<double, double>& a,
+                const std::tuple<double, double>& b) {
+  return same_value(std::get<0>(a), std::get<0>(b)) &&
+         same_value(std::get<1>(a), std::get<1>(b));
+}
+
+// Whether `now` holds the options `was` holds, but for the live ones: what
+// baked_options compares, without building its text (the per-call check).
+bool same_baked(const torch::optim::OptimizerOptions& was,
+                const torch::optim::OptimizerOptions& now) {
+  bool same = false;
+  optim::options_table::visit(now, [&](const auto& n) {
+    using O = std::decay_t<decltype(n)>;
+    const auto* w = dynamic_cast<const O*>(&was);
+    if (w == nullptr) return;
+    same = true;
+    optim::options_table::for_each_option_pair(
+        *w, n, [&](const char*, const auto& a, const auto& b, unsigned flags) {
+          if (!(flags & optim::options_flag::kLive) && !same_value(a, b)) {
+            same = false;
+          }
+        });
+  });
+  return same;
+}
+
 // The scaler's settings a graph bakes in (capture_rules.h).
 Settings scaler_settings(const GradScaler* s) {
   Settings out;
@@ -301,8 +339,11 @@ struct ParamRecord {
 struct OptimizerRecord {
   std::vector<size_t> group_sizes;
   std::vector<Settings> options;  // baked_options per group
+  // each group's options, for the per-call check (same_baked)
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> option_values;
   std::vector<double> lrs;
   std::vector<ParamRecord> params;  // in group order
+  uint64_t version = 0;             // FusedOptimizer::version()
 };
 
 // Everything the step's graph holds, at one moment.
@@ -310,6 +351,7 @@ struct Record {
   std::vector<OptimizerRecord> optimizers;
   Held scale;
   Settings scaler;
+  uint64_t scaler_version = 0;  // GradScaler::settings_version()
 };
 
 // A captured tensor to put back where the step finds it (a grad dropped
@@ -354,9 +396,16 @@ struct CapturedStep::Impl {
   std::unique_ptr<at::cuda::CUDAGraph> graph;
 #endif
 
+  // the (param group, device) of each lr tensor the graph reads, per
+  // optimizer (from the checked call)
+  std::vector<std::vector<std::pair<size_t, c10::Device>>> lr_keys;
+
   Record record() const;
   std::vector<Restore> check_against(const Record& rec, const char* when,
                                      bool restorable);
+  bool unchanged() const;
+  void rebind();
+  void fill_lr();
   at::Tensor run_eager();
   at::Tensor run_checked();
   at::Tensor capture_and_replay();
@@ -369,6 +418,7 @@ Record CapturedStep::Impl::record() const {
     for (auto& group : opt->param_groups()) {
       o.group_sizes.push_back(group.params().size());
       o.options.push_back(baked_options(group.options()));
+      o.option_values.push_back(group.options().clone());
       o.lrs.push_back(group.options().get_lr());
       for (auto& p : group.params()) {
         ParamRecord r;
@@ -384,9 +434,13 @@ Record CapturedStep::Impl::record() const {
         o.params.push_back(std::move(r));
       }
     }
+    o.version = opt->version();
     rec.optimizers.push_back(std::move(o));
   }
-  if (scaler != nullptr) rec.scale = Held(scaler->scale_tensor());
+  if (scaler != nullptr) {
+    rec.scale = Held(scaler->scale_tensor());
+    rec.scaler_version = scaler->settings_version();
+  }
   rec.scaler = scaler_settings(scaler);
   return rec;
 }
@@ -482,6 +536,85 @@ std::vector<Restore> CapturedStep::Impl::check_against(const Record& rec,
   return restores;
 }
 
+// The per-call check, O(param groups): whether, as far as it can tell
+// without visiting every param, everything `fixed` holds is where it was.
+// False when an optimizer's version() or the scaler's settings_version()
+// moved (a load, an added group, a setter), a group count, param count or
+// baked option differs, or a group's first param or its grad is another
+// tensor or in new storage (a grad dropped by zero_grad(), a param set_ to
+// new storage). Not seen here (the full walk sees them): a later param of a
+// group in new storage, its grad dropped alone, state replaced through
+// state() by hand.
+bool CapturedStep::Impl::unchanged() const {
+  const Record& rec = *fixed;
+  for (size_t k = 0; k < optimizers.size(); ++k) {
+    const auto* opt = optimizers[k];
+    const OptimizerRecord& o = rec.optimizers[k];
+    if (opt->version() != o.version) return false;
+    const auto& groups = opt->param_groups();
+    if (groups.size() != o.group_sizes.size()) return false;
+    size_t first = 0;  // the group's first param in o.params
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const auto& params = groups[g].params();
+      if (params.size() != o.group_sizes[g]) return false;
+      if (!same_baked(*o.option_values[g], groups[g].options())) return false;
+      if (!params.empty()) {
+        const ParamRecord& r = o.params[first];
+        if (!r.param.same(params[0])) return false;
+        if (r.grad.t.defined() && !r.grad.same(params[0].grad())) return false;
+      }
+      first += params.size();
+    }
+  }
+  if (scaler != nullptr) {
+    if (scaler->settings_version() != rec.scaler_version) return false;
+    if (rec.scale.t.defined() && !rec.scale.same(scaler->scale_tensor())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The full walk between calls (check_against every param, grad and state
+// tensor), then its restores; then the per-call check's baseline (versions,
+// options) is brought up to date. c10::Error before any write.
+void CapturedStep::Impl::rebind() {
+  const std::vector<Restore> restores =
+      check_against(*fixed, "since the checked call", /*restorable=*/true);
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& r : restores) {
+      if (r.copy) r.captured.copy_(*r.slot);  // a checkpoint's values
+      *r.slot = r.captured;
+    }
+  }
+  for (size_t k = 0; k < optimizers.size(); ++k) {
+    OptimizerRecord& o = fixed->optimizers[k];
+    o.version = optimizers[k]->version();
+    const auto& groups = optimizers[k]->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      o.option_values[g] = groups[g].options().clone();
+    }
+  }
+  if (scaler != nullptr) fixed->scaler_version = scaler->settings_version();
+}
+
+// Each param group's lr into the device tensor the fused kernels read: after
+// the checked call only those the graph reads (O(param groups)), before it
+// every one (lr_tensors()).
+void CapturedStep::Impl::fill_lr() {
+  at::NoGradGuard no_grad;
+  if (!fixed) {
+    for (auto* opt : optimizers) opt->lr_tensors();
+    return;
+  }
+  for (size_t k = 0; k < optimizers.size(); ++k) {
+    for (const auto& [group, device] : lr_keys[k]) {
+      optimizers[k]->lr_tensor(group, device);
+    }
+  }
+}
+
 at::Tensor CapturedStep::Impl::run_eager() {
 #if MIXPREC_WITH_CUDA_KERNELS
   if (cuda) {
@@ -544,6 +677,21 @@ at::Tensor CapturedStep::Impl::run_checked() {
   }
   check_against(before, "after the step", /*restorable=*/false);
   fixed = record();  // (with what the step created: state, grads, scale)
+  lr_keys.clear();
+  for (auto* opt : optimizers) {
+    std::vector<std::pair<size_t, c10::Device>> keys;
+    const auto& groups = opt->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const size_t from = keys.size();
+      for (const auto& p : groups[g].params()) {
+        const auto seen = std::find_if(
+            keys.begin() + from, keys.end(),
+            [&](const auto& key) { return key.second == p.device(); });
+        if (seen == keys.end()) keys.emplace_back(g, p.device());
+      }
+    }
+    lr_keys.push_back(std::move(keys));
+  }
   return loss;
 }
 
@@ -651,6 +799,10 @@ CapturedStep::~CapturedStep() = default;
 
 int64_t CapturedStep::calls() const { return impl_->calls; }
 
+void CapturedStep::rebind() {
+  if (impl_->fixed) impl_->rebind();
+}
+
 bool CapturedStep::graphed() const {
 #if MIXPREC_WITH_CUDA_KERNELS
   return impl_->graph != nullptr;
@@ -675,20 +827,12 @@ at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
                 "the weights' casts made at capture would outlive the graph; "
                 "open the region inside the step");
   }
-  std::vector<Restore> restores;
-  if (s.fixed) {
-    restores = s.check_against(*s.fixed, "since the checked call",
-                               /*restorable=*/true);
-  }
+  // the full walk (its checks, then its restores) only when the per-call
+  // check sees a change
+  if (s.fixed && !s.unchanged()) s.rebind();
+  s.fill_lr();
   {
     at::NoGradGuard no_grad;
-    for (auto& r : restores) {
-      if (r.copy) r.captured.copy_(*r.slot);  // a checkpoint's values
-      *r.slot = r.captured;
-    }
-    for (auto* opt : s.optimizers) {
-      opt->lr_tensors();  // each group's lr into the tensor the graph reads
-    }
     for (size_t i = 0; i < inputs.size(); ++i) {
       s.inputs[i].copy_(inputs[i]);
     }

@@ -730,6 +730,10 @@ void GradScaler::load_state_dict(
   if (it != state.end()) {
     left = ivalue_to_int(it->value(), "_hysteresis_left");
   }
+  if (differs(growth, growth_factor_) || differs(backoff, backoff_factor_) ||
+      interval != growth_interval_) {
+    ++settings_version_;
+  }
   init_scale_ = scale;
   if (scale_.defined()) scale_.fill_(scale);
   growth_factor_ = growth;

@@ -274,6 +274,19 @@ at::Tensor FusedOptimizer::lr_tensor(
   return it->second.second;
 }
 
+at::Tensor FusedOptimizer::lr_tensor(size_t index, c10::Device device) {
+  TORCH_CHECK(index < param_groups().size(), "mixprec.optim.", name(),
+              ".lr_tensor: no param group ", index, " (", param_groups().size(),
+              " groups)");
+  return lr_tensor(index, param_groups()[index], device);
+}
+
+void FusedOptimizer::add_param_group(
+    const torch::optim::OptimizerParamGroup& param_group) {
+  count_change();
+  torch::optim::Optimizer::add_param_group(param_group);
+}
+
 std::vector<at::Tensor> FusedOptimizer::lr_tensors() {
   std::vector<at::Tensor> out;
   const auto& groups = param_groups();
@@ -486,6 +499,7 @@ void AdamBase<Options>::save(torch::serialize::OutputArchive& archive) const {
 
 template <typename Options>
 void AdamBase<Options>::load(torch::serialize::InputArchive& archive) {
+  count_change();
   torch::optim::serialize<AdamParamState, Options>(archive, *this);
   fix_loaded_state();
 }
@@ -584,7 +598,8 @@ int64_t state_bits_of(const torch::optim::OptimizerParamGroup& group) {
 }  // namespace
 
 void FusedOptimizer::fix_loaded_state() {
-  lr_cache_.clear();
+  // (lr_cache_ is kept: lr_tensor() refills a tensor whose group's lr the
+  // load changed, and a captured graph reads these tensors)
   for (auto& group : param_groups()) {
     for (auto& p : group.params()) {
       auto it = state().find(p.unsafeGetTensorImpl());
@@ -875,6 +890,7 @@ void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
                   groups[i].params()[j]);
     }
   }
+  count_change();
   for (size_t i = 0; i < groups.size(); ++i) {
     const auto g = saved_groups[i].toGenericDict();
     auto& opts = groups[i].options();
@@ -947,6 +963,7 @@ void SGD::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void SGD::load(torch::serialize::InputArchive& archive) {
+  count_change();
   torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
   fix_loaded_state();
 }

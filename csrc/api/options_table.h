@@ -1,7 +1,8 @@
 // The places an optimizer option is used, generated from the option lists of
 // mixprec/optim.h (MIXPREC_ADAM_OPTIONS, MIXPREC_ADAMW_OPTIONS,
 // MIXPREC_SGD_OPTIONS): for_each_option visits every row of an options
-// object's list with its name, value, flags and check. optim.cpp builds the
+// object's list with its name, value, flags and check (for_each_option_pair:
+// two objects' values side by side). optim.cpp builds the
 // archive, the state-dict group entries and the checks on it, capture.cpp
 // the settings a graph bakes in. for_each_state does the same for the
 // per-param state lists (MIXPREC_ADAM_STATE, MIXPREC_SGD_STATE). Private to
@@ -91,6 +92,23 @@ void for_each_option(O& o, F&& f) {
     MIXPREC_SGD_OPTIONS(MIXPREC_VISIT_OPTION)
   }
 #undef MIXPREC_VISIT_OPTION
+}
+
+// Calls f(name, a's value, b's value, flags) for every row of the list of
+// a's and b's type, in order.
+template <typename O, typename F>
+void for_each_option_pair(const O& a, const O& b, F&& f) {
+#define MIXPREC_VISIT_OPTION_PAIR(type, name, default_value, check, flags) \
+  f(#name, a.name(), b.name(), static_cast<unsigned>(flags));
+  if constexpr (std::is_same_v<O, AdamOptions>) {
+    MIXPREC_ADAM_OPTIONS(MIXPREC_VISIT_OPTION_PAIR)
+  } else if constexpr (std::is_same_v<O, AdamWOptions>) {
+    MIXPREC_ADAMW_OPTIONS(MIXPREC_VISIT_OPTION_PAIR)
+  } else {
+    static_assert(std::is_same_v<O, SGDOptions>);
+    MIXPREC_SGD_OPTIONS(MIXPREC_VISIT_OPTION_PAIR)
+  }
+#undef MIXPREC_VISIT_OPTION_PAIR
 }
 
 // Calls f(o) with `options` as the mixprec options type it is (const);

@@ -2,10 +2,13 @@
 // runs every call eagerly with the checks a CUDA graph needs: a captured run
 // equals the hand-written eager loop bit for bit (16-bit params with masters,
 // AdamW or SGD, GradScaler, folded clipping, overflows, scale growth), an lr
-// set between calls reaches the step before it runs, a checkpoint loaded
-// between calls continues bit for bit in the captured storages, and each
-// refusal of the table both twins test (tests/data/capture_refusals.txt)
-// names its cause. The CUDA run (graph vs eager, 50 steps, sync
+// set between calls reaches the step before it runs (after a load too), a
+// checkpoint loaded between calls (state_dict or torch::load) continues bit
+// for bit in the captured storages, each refusal of the table both twins
+// test (tests/data/capture_refusals.txt) names its cause, and so does each
+// change between calls that the per-call check must see (a load of another
+// layout or other options, an added group, a replaced param, a changed
+// option or scaler setting). The CUDA run (graph vs eager, 50 steps, sync
 // debug mode) is test_capture_cuda.cpp.
 #include <mixprec/mixprec.h>
 
@@ -214,6 +217,11 @@ void test_lr_between_calls() {
       batch(0), {captured.opt.get()}, captured.scaler.get());
   std::vector<double> lrs;
   for (int k = 0; k < 9; ++k) {
+    if (k == 5) {
+      // a checkpoint of itself loaded: new state tensors, same values; the
+      // lr tensor the step reads is still the one the lr is written into
+      captured.opt->load_state_dict(captured.opt->state_dict());
+    }
     const double lr = 1e-2 / (1 + k);  // changes before every call
     lrs.push_back(lr);
     eager.opt->param_groups()[0].options().set_lr(lr);
@@ -225,14 +233,16 @@ void test_lr_between_calls() {
               c10::str("step ", k));
   }
   CHECK(seen == lrs);
+  CHECK(captured.opt->lr_tensors().at(0).is_same(lr_tensor));
   CHECK(!same_snapshots(fixed_lr.snapshot(), captured.snapshot()));
 }
 
 // A checkpoint (mixprec::torch_save of the params and the optimizer's
-// state_dict, GradScaler::save) loaded between calls: the loads make new
-// state tensors; the next call copies them into the captured ones, puts
-// those back into the state, and the run continues bit for bit.
-void test_checkpoint_between_calls(const std::string& dir) {
+// state_dict, or with `archive` torch::save of the optimizer; GradScaler::
+// save) loaded between calls: the loads make new state tensors and move the
+// optimizer's version(); the next call copies them into the captured ones,
+// puts those back into the state, and the run continues bit for bit.
+void test_checkpoint_between_calls(const std::string& dir, bool archive) {
   Run run(torch::kHalf);
   auto step = run.capture();
   const std::vector<int> overflow = {7};
@@ -241,7 +251,13 @@ void test_checkpoint_between_calls(const std::string& dir) {
   mixprec::torch_save(
       c10::List<at::Tensor>({run.w.detach().clone(), run.b.detach().clone()}),
       dir + "/capture_params.pt");
-  mixprec::torch_save(run.opt->state_dict(), dir + "/capture_optim.pt");
+  const std::string optim_file =
+      dir + (archive ? "/capture_optim_archive.pt" : "/capture_optim.pt");
+  if (archive) {
+    torch::save(*run.opt, optim_file);
+  } else {
+    mixprec::torch_save(run.opt->state_dict(), optim_file);
+  }
   run.scaler->save(dir + "/capture_scaler.pt");
   std::vector<std::vector<torch::Tensor>> first;
   std::vector<torch::Tensor> first_losses;
@@ -256,8 +272,13 @@ void test_checkpoint_between_calls(const std::string& dir) {
     run.w.copy_(params.toListRef().at(0).toTensor());
     run.b.copy_(params.toListRef().at(1).toTensor());
   }
-  run.opt->load_state_dict(
-      mixprec::torch_load(dir + "/capture_optim.pt").toGenericDict());
+  const uint64_t version = run.opt->version();
+  if (archive) {
+    torch::load(*run.opt, optim_file);
+  } else {
+    run.opt->load_state_dict(mixprec::torch_load(optim_file).toGenericDict());
+  }
+  CHECK(run.opt->version() != version);
   run.scaler->load(dir + "/capture_scaler.pt");
   CHECK(run.state_addresses() != captured_state);  // the load replaced them
   for (int k = 5; k < 10; ++k) {
@@ -288,17 +309,22 @@ Planting checked_refuses(
   };
 }
 
-// After the checked call, `change` between calls; the next call refuses,
-// and changes nothing.
-Planting between_refuses(std::function<void(Run&)> change) {
-  return [change] {
+// After the checked call, `change` between calls; the next call (with
+// `rebind`: CapturedStep::rebind()) refuses, and changes nothing.
+Planting between_refuses(std::function<void(Run&)> change,
+                         bool rebind = false) {
+  return [change, rebind] {
     Run run(torch::kHalf);
     auto step = run.capture(mixprec::CapturedStepOptions().warmup(1));
     for (int k = 0; k < 3; ++k) (*step)(batch(k));
     change(run);
     const auto before = run.snapshot();
     try {
-      (*step)(batch(3));
+      if (rebind) {
+        step->rebind();
+      } else {
+        (*step)(batch(3));
+      }
     } catch (...) {
       CHECK(same_snapshots(before, run.snapshot()));
       throw;
@@ -415,15 +441,209 @@ void test_refusal_table(const std::string& table) {
   CHECK_MSG(rows == planted.size(), "plantings without a row");
 }
 
-// C++-only checks: a state tensor of another layout between calls is refused;
-// grads dropped between calls are put back; warmup 0 runs.
-void test_between_calls() {
+// The optimizer's state_dict with `edit` applied to it.
+c10::impl::GenericDict edited_state_dict(
+    Run& r, const std::function<void(c10::impl::GenericDict&)>& edit) {
+  auto sd = r.opt->state_dict();
+  edit(sd);
+  return sd;
+}
+
+// param group g of a state dict (shared with it: an edit edits the dict)
+c10::impl::GenericDict group_of(c10::impl::GenericDict& sd, size_t g) {
+  return sd.at("param_groups").toList().get(g).toGenericDict();
+}
+
+// Changes between calls that only the optimizer or the scaler can tell the
+// per-call check about (their version counters), and those it compares
+// itself (counts, options, each group's first param): each is refused by
+// the next call, naming it, and changes nothing. The counters move.
+void test_changes_between_calls() {
+  // a checkpoint of another layout, loaded (its new state tensors are seen
+  // through version() only)
   CHECK_THROWS(
       c10::Error, between_refuses([](Run& r) {
-        auto& s = static_cast<mixprec::optim::AdamParamState&>(
-            *r.opt->state().at(r.w.unsafeGetTensorImpl()));
-        s.exp_avg(torch::zeros({3}));
+        const uint64_t version = r.opt->version();
+        r.opt->load_state_dict(edited_state_dict(r, [](c10::impl::GenericDict&
+                                                           sd) {
+          sd.at("state").toGenericDict().at(0).toGenericDict().insert_or_assign(
+              "exp_avg", torch::zeros({3}));
+        }));
+        CHECK(r.opt->version() != version);
       })(),
+      "optimizers[0].param_groups[0]['params'][0] state['exp_avg'] was Float "
+      "[8, 4] on cpu and is now Float [3] on cpu (since the checked call)");
+  // a checkpoint with another baked option, loaded
+  CHECK_THROWS(
+      c10::Error, between_refuses([](Run& r) {
+        const uint64_t version = r.opt->version();
+        r.opt->load_state_dict(
+            edited_state_dict(r, [](c10::impl::GenericDict& sd) {
+              group_of(sd, 0).insert_or_assign("weight_decay", 0.5);
+            }));
+        CHECK(r.opt->version() != version);
+      })(),
+      "what the graph bakes in changed since the checked call: "
+      "optimizers[0].param_groups[0]['weight_decay'] 0.10000000000000001 -> "
+      "0.5");
+  // an added param group
+  CHECK_THROWS(
+      c10::Error, between_refuses([](Run& r) {
+        const uint64_t version = r.opt->version();
+        r.opt->add_param_group(torch::optim::OptimizerParamGroup(
+            {torch::zeros({3}, torch::kHalf).requires_grad_()},
+            std::make_unique<mixprec::optim::AdamWOptions>(1e-2)));
+        CHECK(r.opt->version() != version);
+      })(),
+      "what the graph bakes in changed since the checked call: optimizers[0] "
+      "has 2 param groups, the graph 1");
+  // a param added to a group through param_groups() (not counted)
+  CHECK_THROWS(c10::Error, between_refuses([](Run& r) {
+                 r.opt->param_groups()[0].params().push_back(
+                     torch::zeros({3}, torch::kHalf).requires_grad_());
+               })(),
+               "optimizers[0].param_groups[0] has 3 params, the graph 2");
+  // a group's first param replaced by another tensor of its layout (with
+  // the captured grad)
+  CHECK_THROWS(c10::Error, between_refuses([](Run& r) {
+                 auto& params = r.opt->param_groups()[0].params();
+                 auto fresh = params[0].detach().clone().requires_grad_();
+                 fresh.mutable_grad() = params[0].grad();
+                 params[0] = fresh;
+               })(),
+               "optimizers[0].param_groups[0]['params'][0] is another tensor "
+               "or in new storage since the checked call");
+  // a baked option changed through a new options object
+  CHECK_THROWS(
+      c10::Error, between_refuses([](Run& r) {
+        r.opt->param_groups()[0].set_options(
+            std::make_unique<mixprec::optim::AdamWOptions>(
+                mixprec::optim::AdamWOptions(1e-2).weight_decay(0.1).eps(
+                    1e-6)));
+      })(),
+      "what the graph bakes in changed since the checked call: "
+      "optimizers[0].param_groups[0]['eps'] 1e-08 -> 9.9999999999999995e-07");
+  // the scaler's settings: each setter, and a load
+  CHECK_THROWS(c10::Error, between_refuses([](Run& r) {
+                 r.scaler->set_backoff_factor(0.25);
+               })(),
+               "what the graph bakes in changed since the checked call: "
+               "scaler.backoff_factor 0.5 -> 0.25");
+  CHECK_THROWS(c10::Error, between_refuses([](Run& r) {
+                 r.scaler->set_growth_interval(5);
+               })(),
+               "what the graph bakes in changed since the checked call: "
+               "scaler.growth_interval 3 -> 5");
+  CHECK_THROWS(c10::Error, between_refuses([](Run& r) {
+                 const uint64_t version = r.scaler->settings_version();
+                 auto sd = r.scaler->state_dict();
+                 sd.insert_or_assign("growth_factor", 4.0);
+                 r.scaler->load_state_dict(sd);
+                 CHECK(r.scaler->settings_version() != version);
+               })(),
+               "what the graph bakes in changed since the checked call: "
+               "scaler.growth_factor 2 -> 4");
+  // a later param of a group in new storage, or a state tensor replaced by
+  // hand: not seen by the per-call check; rebind() sees them
+  CHECK_THROWS(c10::Error,
+               between_refuses(
+                   [](Run& r) {
+                     torch::NoGradGuard no_grad;
+                     r.b.set_(r.b.detach().clone());
+                   },
+                   /*rebind=*/true)(),
+               "optimizers[0].param_groups[0]['params'][1] is another tensor "
+               "or in new storage since the checked call");
+}
+
+// What moves the counters the per-call check compares, for each optimizer
+// class: a load (torch::load, load_state_dict), add_param_group, a changed
+// scaler setting (a setter, a load); and what does not: a step, zero_grad,
+// the lr tensors, a save, a scaler setter or load that keeps the settings.
+void test_version_counters(const std::string& dir) {
+  for (int kind = 0; kind < 3; ++kind) {
+    const char* name = kind == 0 ? "AdamW" : kind == 1 ? "Adam" : "SGD";
+    auto w = torch::randn({8, 4}).to(torch::kHalf).requires_grad_();
+    std::unique_ptr<mixprec::optim::FusedOptimizer> opt;
+    std::unique_ptr<torch::optim::OptimizerOptions> extra;
+    if (kind == 0) {
+      opt = std::make_unique<mixprec::optim::AdamW>(
+          std::vector<torch::Tensor>{w});
+      extra = std::make_unique<mixprec::optim::AdamWOptions>();
+    } else if (kind == 1) {
+      opt =
+          std::make_unique<mixprec::optim::Adam>(std::vector<torch::Tensor>{w});
+      extra = std::make_unique<mixprec::optim::AdamOptions>();
+    } else {
+      opt = std::make_unique<mixprec::optim::SGD>(
+          std::vector<torch::Tensor>{w},
+          mixprec::optim::SGDOptions(0.1).momentum(0.9));
+      extra = std::make_unique<mixprec::optim::SGDOptions>();
+    }
+    w.mutable_grad() = torch::ones_like(w);
+    uint64_t v = opt->version();
+    const auto moved = [&](const char* what, bool expected) {
+      const uint64_t now = opt->version();
+      CHECK_MSG((now != v) == expected,
+                c10::str(name, ": ", what, expected ? " moves" : " keeps",
+                         " version()"));
+      v = now;
+    };
+    opt->step();
+    opt->zero_grad();
+    opt->lr_tensors();
+    opt->lr_tensor(0, torch::kCPU);
+    const auto sd = opt->state_dict();
+    const std::string file = dir + "/version_" + name + ".pt";
+    torch::save(*opt, file);
+    moved("step, zero_grad, lr_tensors, state_dict, save", false);
+    torch::load(*opt, file);
+    moved("torch::load", true);
+    opt->load_state_dict(sd);
+    moved("load_state_dict", true);
+    opt->add_param_group(torch::optim::OptimizerParamGroup(
+        {torch::zeros({3}).requires_grad_()}, std::move(extra)));
+    moved("add_param_group", true);
+  }
+  mixprec::GradScaler scaler(torch::kCPU);
+  uint64_t v = scaler.settings_version();
+  const auto moved = [&](const char* what, bool expected) {
+    const uint64_t now = scaler.settings_version();
+    CHECK_MSG((now != v) == expected,
+              c10::str("GradScaler: ", what, expected ? " moves" : " keeps",
+                       " settings_version()"));
+    v = now;
+  };
+  scaler.set_growth_factor(scaler.get_growth_factor());
+  scaler.set_backoff_factor(scaler.get_backoff_factor());
+  scaler.set_growth_interval(scaler.get_growth_interval());
+  scaler.load_state_dict(scaler.state_dict());
+  moved("a setter or a load of the same settings", false);
+  scaler.set_growth_factor(3.0);
+  moved("set_growth_factor", true);
+  scaler.set_backoff_factor(0.25);
+  moved("set_backoff_factor", true);
+  scaler.set_growth_interval(7);
+  moved("set_growth_interval", true);
+  auto sd = scaler.state_dict();
+  sd.insert_or_assign("growth_interval", int64_t{9});
+  scaler.load_state_dict(sd);
+  moved("load_state_dict", true);
+}
+
+// C++-only checks: a state tensor of another layout put in by hand is
+// refused by rebind(); grads dropped between calls are put back; warmup 0
+// runs.
+void test_between_calls() {
+  CHECK_THROWS(
+      c10::Error,
+      between_refuses(
+          [](Run& r) {
+            auto& s = static_cast<mixprec::optim::AdamParamState&>(
+                *r.opt->state().at(r.w.unsafeGetTensorImpl()));
+            s.exp_avg(torch::zeros({3}));
+          },
+          /*rebind=*/true)(),
       "optimizers[0].param_groups[0]['params'][0] state['exp_avg'] was Float "
       "[8, 4] on cpu and is now Float [3] on cpu (since the checked call)");
   Run run(torch::kHalf), eager(torch::kHalf);
@@ -450,11 +670,16 @@ int main(int argc, char** argv) {
       {"captured (CPU) == eager loop", test_equals_eager_loop},
       {"input mismatch refused", test_input_mismatch},
       {"lr set between calls", test_lr_between_calls},
-      {"checkpoint between calls", [&] { test_checkpoint_between_calls(dir); }},
+      {"checkpoint between calls (state_dict)",
+       [&] { test_checkpoint_between_calls(dir, /*archive=*/false); }},
+      {"checkpoint between calls (torch::save)",
+       [&] { test_checkpoint_between_calls(dir, /*archive=*/true); }},
       {"refusals (the twins' table)",
        [&] {
          test_refusal_table(argc > 2 ? argv[2] : "capture_refusals.txt");
        }},
+      {"changes between calls", test_changes_between_calls},
+      {"version counters", [&] { test_version_counters(dir); }},
       {"between calls", test_between_calls},
   };
   return mixprec_test::run_tests(tests);

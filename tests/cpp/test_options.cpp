@@ -338,8 +338,9 @@ void check_state_entries(const std::string& what, const Options& options,
   });
 
   place(what, "CapturedStep", [&] {
-    // a captured step holds every entry: replaced ones are copied back into
-    // the tensors it captured
+    // a captured step holds every entry: replaced ones (by hand, which
+    // rebind() walks for; a load moves the optimizer's version()) are copied
+    // back into the tensors it captured
     auto cs = make();
     Opt copt(cs, options);
     mixprec::CapturedStep step(
@@ -365,6 +366,7 @@ void check_state_entries(const std::string& what, const Options& options,
       replace_all(
           static_cast<State&>(*copt.state().at(p.unsafeGetTensorImpl())));
     }
+    step.rebind();
     call();
     for (size_t j = 0; j < cs.size(); ++j) {
       const auto now = state_of(copt, cs[j]);

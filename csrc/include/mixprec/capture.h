@@ -35,15 +35,22 @@
 // devices; they are not trained on. Without CUDA tensors there is no graph:
 // every call runs eagerly, with the same checks (graphed() stays false).
 //
-// Before every call, without a host sync: each param group's lr is written
-// into the device tensor the fused kernels read (FusedOptimizer::
-// lr_tensors()); optimizer state replaced since the checked call (a
-// load_state_dict or torch::load of a checkpoint) is copied into the
-// captured tensors, which are put back into the state, so training goes on
-// bit for bit.
+// Before every call, without a host sync, at a cost that does not grow with
+// the number of params: each param group's lr is written into the device
+// tensor the fused kernels read (FusedOptimizer::lr_tensor()), and a check
+// compares what can change between calls: the optimizers' version() (moved
+// by a load_state_dict or torch::load of a checkpoint, add_param_group), the
+// scaler's settings_version(), the group and param counts, the baked
+// options, each group's first param and its grad, the scale tensor. When it
+// sees a change, every param, grad and state tensor is checked (rebind()):
+// optimizer state replaced by a load is copied into the captured tensors,
+// which are put back into the state, so training goes on bit for bit; a
+// grad dropped between calls (LibTorch's zero_grad() sets grads to none) is
+// put back.
 //
-// A grad dropped between calls (LibTorch's zero_grad() sets grads to none)
-// is put back.
+// Not seen by that check: a later param of a group given new storage, its
+// grad replaced alone, state tensors replaced through state() by hand. Call
+// rebind() after such a change.
 //
 // c10::Error naming the cause, before anything changes:
 //  * at construction: an optimizer that is not a mixprec::optim optimizer
@@ -52,11 +59,12 @@
 //    example's (another shape needs its own CapturedStep: one graph per
 //    step; several steps can share a memory pool, options.pool()); a param
 //    in new storage, or a grad or state tensor replaced by one of another
-//    shape or dtype, since the checked call (the graph holds the old
-//    addresses: load params in place with copy_); a change of what the graph
-//    bakes in: an option other than lr, the scaler's settings, the param
-//    groups (csrc/capture_rules.h and mixprec/optim.h list them); a call
-//    inside an autocast region with its cast cache on;
+//    shape or dtype, since the checked call (where the check above sees it,
+//    or at rebind(); the graph holds the old addresses: load params in place
+//    with copy_); a change of what the graph bakes in: an option other than
+//    lr, the scaler's settings, the param groups (csrc/capture_rules.h and
+//    mixprec/optim.h list them); a call inside an autocast region with its
+//    cast cache on;
 //  * by the checked call, after running the step: an op that reads a device
 //    value on the host (.item(), bool(), GradScaler::step()'s answer,
 //    boolean-mask indexing, a copy to the CPU, an op returning a float or a
@@ -108,6 +116,14 @@ class MIXPREC_API CapturedStep {
   // One training step on `inputs` (copied into the static buffers); returns
   // the loss, detached (on a replay a copy of the graph's output).
   at::Tensor operator()(const std::vector<at::Tensor>& inputs);
+
+  // Checks every param, grad and state tensor against the checked call's
+  // now, as a call does when its check sees a change: a state tensor or
+  // grad replaced by one of the same shape, dtype and device is copied into
+  // the captured one, which is put back; a dropped grad is put back; c10::
+  // Error for anything else (before any write). Nothing before the checked
+  // call.
+  void rebind();
 
   // Calls made so far.
   int64_t calls() const;

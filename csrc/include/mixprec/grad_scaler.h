@@ -43,6 +43,7 @@
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 
+#include <bit>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -158,16 +159,29 @@ class MIXPREC_API GradScaler {
   at::Tensor scale_tensor() const { return scale_; }
 
   double get_growth_factor() const { return growth_factor_; }
-  void set_growth_factor(double v) { growth_factor_ = v; }
+  void set_growth_factor(double v) {
+    if (differs(v, growth_factor_)) ++settings_version_;
+    growth_factor_ = v;
+  }
   double get_backoff_factor() const { return backoff_factor_; }
-  void set_backoff_factor(double v) { backoff_factor_ = v; }
+  void set_backoff_factor(double v) {
+    if (differs(v, backoff_factor_)) ++settings_version_;
+    backoff_factor_ = v;
+  }
   int64_t get_growth_interval() const { return growth_interval_; }
-  void set_growth_interval(int64_t v) { growth_interval_ = v; }
+  void set_growth_interval(int64_t v) {
+    if (v != growth_interval_) ++settings_version_;
+    growth_interval_ = v;
+  }
   bool is_enabled() const { return enabled_; }
   int64_t hysteresis() const { return hysteresis_; }
   std::optional<double> min_scale() const { return min_scale_; }
   std::optional<double> max_scale() const { return max_scale_; }
   c10::DeviceType device_type() const { return device_type_; }
+  // A count of the changes of the settings above (by the setters,
+  // load_state_dict() and the loads): mixprec::CapturedStep compares the
+  // settings its graph bakes in when it moved.
+  uint64_t settings_version() const noexcept { return settings_version_; }
 
   // Whether the optimizer steps of the last iteration closed by update() were
   // skipped; false before the first update and when disabled. Known on the
@@ -210,6 +224,10 @@ class MIXPREC_API GradScaler {
     std::optional<at::Tensor> clip_coef;
   };
 
+  // (bit for bit: -0.0 is not 0.0)
+  static bool differs(double a, double b) {
+    return std::bit_cast<uint64_t>(a) != std::bit_cast<uint64_t>(b);
+  }
   std::pair<at::Tensor, at::Tensor> check_scale_growth_tracker(
       const char* funcname) const;
   void lazy_init_scale_growth_tracker(c10::Device device);
@@ -244,6 +262,7 @@ class MIXPREC_API GradScaler {
   int64_t hysteresis_;
   int64_t init_hysteresis_left_;
   std::optional<bool> allow_fp16_grads_;
+  uint64_t settings_version_ = 0;
 
   at::Tensor scale_;            // float32 0-dim, lazily created
   at::Tensor growth_tracker_;   // int32 0-dim

@@ -87,9 +87,30 @@ class MIXPREC_API FusedOptimizer : public torch::optim::Optimizer {
   // (param group, device of its params), in group order, each holding its
   // group's current lr (filled where the lr changed, created where missing;
   // no host sync). step() does this for the groups it steps; a replayed CUDA
-  // graph of a step does not, so mixprec::CapturedStep calls this before
-  // every call: an lr set between calls reaches the graph.
+  // graph of a step does not, so mixprec::CapturedStep refreshes the ones
+  // its graph reads before every call (lr_tensor()): an lr set between calls
+  // reaches the graph. They are the same tensors for the optimizer's life
+  // (a load refills them), as a graph holding their addresses needs.
   std::vector<at::Tensor> lr_tensors();
+  // The one of param group `index` (c10::Error where there is none) for its
+  // params on `device`, as lr_tensors() makes it; without walking the
+  // group's params (Python: FusedOptimizer.lr_tensor(index, device)).
+  at::Tensor lr_tensor(size_t index, c10::Device device);
+
+  // torch::optim::Optimizer::add_param_group (not virtual there), counted
+  // in version(). (Called through a torch::optim::Optimizer, it is torch's:
+  // not counted.)
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
+
+  // A count of the changes made through this optimizer to what a captured
+  // step holds besides the values it updates: bumped by load() (torch::load),
+  // load_state_dict() (new state tensors, the groups' options) and
+  // add_param_group(). mixprec::CapturedStep compares it before every call
+  // and checks every param, grad and state tensor when it moved. Changes
+  // made through param_groups() and state() are not counted (the options,
+  // the group and param counts and each group's first param and grad are
+  // compared at every call instead).
+  uint64_t version() const noexcept { return version_; }
 
   // The optimizer as the Python class's state_dict(): {"state": {index:
   // {"step", "exp_avg", ..., "master_param"}}, "param_groups": [{"lr", ...,
@@ -142,6 +163,8 @@ class MIXPREC_API FusedOptimizer : public torch::optim::Optimizer {
                       torch::optim::OptimizerParamGroup& group, Bucket& bucket);
   // After torch::load: state tensors to the param's device, float32.
   void fix_loaded_state();
+  // Counts a change in version(); called before it is made.
+  void count_change() noexcept { ++version_; }
 
  private:
   at::Tensor lr_tensor(size_t index,
@@ -150,6 +173,7 @@ class MIXPREC_API FusedOptimizer : public torch::optim::Optimizer {
   // (group index, device) -> (lr value, float64 0-dim tensor)
   std::map<std::pair<size_t, std::string>, std::pair<double, at::Tensor>>
       lr_cache_;
+  uint64_t version_ = 0;
 };
 
 // ------------------------------------------------------------------ options
