@@ -63,6 +63,32 @@ void check_groups(const torch::optim::Optimizer& opt) {
   }
 }
 
+// FusedOptimizer::group_options for Options: a copy of `defaults` with the
+// fields of `own` that differ from a default-constructed Options.
+template <typename Options>
+std::unique_ptr<torch::optim::OptimizerOptions> merged_group_options(
+    const torch::optim::OptimizerOptions& defaults,
+    const torch::optim::OptimizerOptions& own) {
+  const auto* typed = dynamic_cast<const Options*>(&own);
+  TORCH_CHECK(typed != nullptr, "mixprec.optim.",
+              options_table::class_name<Options>(),
+              ": a param group has options of another optimizer");
+  auto out = std::make_unique<Options>(static_cast<const Options&>(defaults));
+  const Options fresh;
+#define MIXPREC_MERGE_OPTION_(type, name, default_value, check, flags) \
+  if (!(typed->name() == fresh.name())) out->name(typed->name());
+  if constexpr (std::is_same_v<Options, AdamOptions>) {
+    MIXPREC_ADAM_OPTIONS(MIXPREC_MERGE_OPTION_)
+  } else if constexpr (std::is_same_v<Options, AdamWOptions>) {
+    MIXPREC_ADAMW_OPTIONS(MIXPREC_MERGE_OPTION_)
+  } else {
+    static_assert(std::is_same_v<Options, SGDOptions>);
+    MIXPREC_SGD_OPTIONS(MIXPREC_MERGE_OPTION_)
+  }
+#undef MIXPREC_MERGE_OPTION_
+  return out;
+}
+
 at::Tensor zeros_f32_like(const at::Tensor& p) {
   return at::zeros_like(p, p.options().dtype(at::kFloat),
                         at::MemoryFormat::Preserve);
@@ -285,6 +311,15 @@ void FusedOptimizer::add_param_group(
     const torch::optim::OptimizerParamGroup& param_group) {
   count_change();
   torch::optim::Optimizer::add_param_group(param_group);
+  try {
+    if (param_group.has_options()) {
+      param_groups_.back().set_options(group_options(param_group.options()));
+    }
+    check_param_groups();
+  } catch (...) {
+    param_groups_.pop_back();
+    throw;
+  }
 }
 
 std::vector<at::Tensor> FusedOptimizer::lr_tensors() {
@@ -467,12 +502,30 @@ AdamBase<Options>::AdamBase(
     Options defaults)
     : FusedOptimizer(groups,
                      std::make_unique<Options>(check_options(defaults))) {
+  // torch's constructor kept only the defaults for each group
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i].has_options()) {
+      param_groups_[i].set_options(group_options(groups[i].options()));
+    }
+  }
   check_groups<Options>(*this);
+}
+
+template <typename Options>
+std::unique_ptr<torch::optim::OptimizerOptions>
+AdamBase<Options>::group_options(
+    const torch::optim::OptimizerOptions& own) const {
+  return merged_group_options<Options>(defaults(), own);
 }
 
 template <typename Options>
 const char* AdamBase<Options>::name() const {
   return options_table::class_name<Options>();
+}
+
+template <typename Options>
+void AdamBase<Options>::check_param_groups() const {
+  check_groups<Options>(*this);
 }
 
 template <typename Options>
@@ -942,8 +995,21 @@ SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups,
          SGDOptions defaults)
     : FusedOptimizer(groups,
                      std::make_unique<SGDOptions>(check_options(defaults))) {
+  // torch's constructor kept only the defaults for each group
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i].has_options()) {
+      param_groups_[i].set_options(group_options(groups[i].options()));
+    }
+  }
   check_groups<SGDOptions>(*this);
 }
+
+std::unique_ptr<torch::optim::OptimizerOptions> SGD::group_options(
+    const torch::optim::OptimizerOptions& own) const {
+  return merged_group_options<SGDOptions>(defaults(), own);
+}
+
+void SGD::check_param_groups() const { check_groups<SGDOptions>(*this); }
 
 bool SGD::master_weights() const {
   return any_group_master_weights<SGDOptions>(*this);

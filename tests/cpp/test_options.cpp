@@ -430,6 +430,69 @@ void test_shared_rows() {
   CHECK(mixprec::optim::AdamWOptions().weight_decay() == 1e-2);
 }
 
+// A group added later gets the constructor's checks, and a refused one is
+// not added: amsgrad=True with 8-bit state (no step keeps an 8-bit
+// max_exp_avg_sq), a negative lr, another optimizer's options.
+void test_added_group_checked() {
+  using mixprec::optim::AdamW;
+  using mixprec::optim::AdamWOptions;
+  AdamW opt({torch::zeros({64, 64})}, AdamWOptions(1e-3).state_bits(8));
+  const auto version = opt.version();
+  const auto add = [&](std::unique_ptr<torch::optim::OptimizerOptions> o) {
+    opt.add_param_group(torch::optim::OptimizerParamGroup(
+        {torch::zeros({64, 64})}, std::move(o)));
+  };
+  CHECK_THROWS(c10::ValueError,
+               add(std::make_unique<AdamWOptions>(
+                   AdamWOptions(1e-3).state_bits(8).amsgrad(true))),
+               "amsgrad=True needs state_bits=32");
+  CHECK_THROWS(c10::ValueError,
+               add(std::make_unique<AdamWOptions>(AdamWOptions(-1.0))), "lr");
+  CHECK_THROWS(c10::Error,
+               add(std::make_unique<mixprec::optim::SGDOptions>(1e-3)),
+               "options of another optimizer");
+  CHECK(opt.param_groups().size() == 1);
+  add(std::make_unique<AdamWOptions>(AdamWOptions(2e-3)));
+  CHECK(opt.param_groups().size() == 2);
+  CHECK(opt.version() > version);
+}
+
+// A group's own options are kept, merged with the defaults as torch's C++
+// optimizers merge theirs (a field left at its constructor default takes
+// the optimizer's), in the constructor and in add_param_group.
+void test_group_options_kept() {
+  using mixprec::optim::AdamW;
+  using mixprec::optim::AdamWOptions;
+  using mixprec::optim::SGDOptions;
+  const auto defaults = AdamWOptions(1e-3).weight_decay(0.5).state_bits(8);
+  AdamW adamw(
+      {torch::optim::OptimizerParamGroup({torch::zeros({64, 64})}),
+       torch::optim::OptimizerParamGroup(
+           {torch::zeros({64, 64})},
+           std::make_unique<AdamWOptions>(AdamWOptions(5e-3).eps(1e-6)))},
+      defaults);
+  adamw.add_param_group(torch::optim::OptimizerParamGroup(
+      {torch::zeros({64, 64})},
+      std::make_unique<AdamWOptions>(AdamWOptions(7e-3).state_bits(32))));
+  const auto& g = adamw.param_groups();
+  const auto opts = [&](size_t i) {
+    return static_cast<const AdamWOptions&>(g[i].options());
+  };
+  CHECK(opts(0).lr() == 1e-3 && opts(0).eps() == 1e-8);
+  CHECK(opts(1).lr() == 5e-3 && opts(1).eps() == 1e-6);
+  CHECK(opts(1).weight_decay() == 0.5 && opts(1).state_bits() == 8);
+  CHECK(opts(2).lr() == 7e-3 && opts(2).weight_decay() == 0.5);
+  CHECK(opts(2).state_bits() == 8);  // 32 is the constructor default
+  mixprec::optim::SGD sgd(
+      {torch::optim::OptimizerParamGroup(
+          {torch::zeros({4})},
+          std::make_unique<SGDOptions>(SGDOptions(0.1).nesterov(true)))},
+      SGDOptions(1e-2).momentum(0.9));
+  const auto& s =
+      static_cast<const SGDOptions&>(sgd.param_groups()[0].options());
+  CHECK(s.lr() == 0.1 && s.momentum() == 0.9 && s.nesterov());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -442,6 +505,8 @@ int main(int argc, char** argv) {
       {"SGD's rows", [&] { test_sgd_rows(dir); }},
       {"shared rows", test_shared_rows},
       {"state entries", [&] { test_state_entries(dir); }},
+      {"an added group is checked", test_added_group_checked},
+      {"a group's own options are kept", test_group_options_kept},
   };
   return mixprec_test::run_tests(tests);
 }

@@ -98,8 +98,11 @@ class MIXPREC_API FusedOptimizer : public torch::optim::Optimizer {
   at::Tensor lr_tensor(size_t index, c10::Device device);
 
   // torch::optim::Optimizer::add_param_group (not virtual there), counted
-  // in version(). (Called through a torch::optim::Optimizer, it is torch's:
-  // not counted.)
+  // in version(); the group's own options are merged with the defaults
+  // (group_options) and checked as the constructor's are (c10::ValueError
+  // naming the option; the group is not added then).
+  // (Called through a torch::optim::Optimizer, it is torch's: neither
+  // counted nor checked.)
   void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
 
   // A count of the changes made through this optimizer to what a captured
@@ -151,6 +154,18 @@ class MIXPREC_API FusedOptimizer : public torch::optim::Optimizer {
   virtual int64_t group_seed(
       const torch::optim::OptimizerParamGroup& group) const = 0;
   virtual const char* name() const = 0;
+  // The checks of every param group's options (c10::ValueError naming the
+  // option; c10::Error for options of another optimizer).
+  virtual void check_param_groups() const = 0;
+  // A group's own options merged with the optimizer's defaults as torch's
+  // C++ optimizers merge theirs (a field set to other than its constructor
+  // default is the group's, the rest the defaults'; Python: the keys a
+  // group's dict sets). torch::optim::Optimizer::add_param_group merges only
+  // for its own classes and keeps the defaults alone for any other, so the
+  // constructors and add_param_group apply this instead. c10::Error for
+  // options of another optimizer.
+  virtual std::unique_ptr<torch::optim::OptimizerOptions> group_options(
+      const torch::optim::OptimizerOptions& own) const = 0;
 
   bool wants_master(const at::Tensor& p,
                     const torch::optim::OptimizerParamGroup& group) const;
@@ -349,6 +364,9 @@ class MIXPREC_API AdamBase : public FusedOptimizer {
   int64_t group_seed(
       const torch::optim::OptimizerParamGroup& group) const override;
   const char* name() const override;
+  void check_param_groups() const override;
+  std::unique_ptr<torch::optim::OptimizerOptions> group_options(
+      const torch::optim::OptimizerOptions& own) const override;
   bool coded(const at::Tensor& p,
              const torch::optim::OptimizerParamGroup& group) const override;
 };
@@ -417,6 +435,9 @@ class MIXPREC_API SGD : public FusedOptimizer {
   int64_t group_seed(
       const torch::optim::OptimizerParamGroup& group) const override;
   const char* name() const override { return "SGD"; }
+  void check_param_groups() const override;
+  std::unique_ptr<torch::optim::OptimizerOptions> group_options(
+      const torch::optim::OptimizerOptions& own) const override;
   bool coded(const at::Tensor& p,
              const torch::optim::OptimizerParamGroup& group) const override;
 };
