@@ -1,9 +1,13 @@
 """How the ops are entered: the eager fast path (mixprec._C.fast_<op>), its fallback to
-torch.ops for arguments it does not take, and the Autograd-key kernels (not differentiable:
-written tensors must not require grad under grad mode; version counters are bumped)."""
+torch.ops for arguments it does not take, and the Autograd-key kernels
+(python/mixprec/ops/_autograd.py; not differentiable: written tensors must not require grad
+under grad mode; version counters are bumped), which lean on torch helpers named here."""
 
 from __future__ import annotations
 
+import functools
+import re
+import subprocess
 import sys
 
 import pytest
@@ -15,6 +19,7 @@ import mixprec
 from _helpers import assert_bitwise_equal
 from _op_cases import sample
 from mixprec import _C
+from mixprec.ops import _autograd
 
 
 def _args(device="cpu"):
@@ -222,6 +227,23 @@ def test_every_op_fast_entry_matches_torch_ops(op):
         assert_bitwise_equal(a, b)
 
 
+@pytest.mark.parametrize("grad_mode", [True, False])
+@pytest.mark.parametrize("op", list(_C.op_names))
+def test_every_op_bumps_the_version_of_each_tensor_it_writes(op, grad_mode):
+    schema, args = _positional(op, *sample(op)("cpu"))
+    written = [list(_tensors([args[i]])) for i, a in enumerate(schema.arguments)
+               if a.alias_info is not None and a.alias_info.is_write]
+    read = [list(_tensors([args[i]])) for i, a in enumerate(schema.arguments)
+            if a.alias_info is None]
+    assert sum(map(len, written)) > 0, op
+    before = [[t._version for t in ts] for ts in written + read]
+    with torch.set_grad_enabled(grad_mode):
+        getattr(torch.ops.mixprec, op)(*args)
+    after = [[t._version for t in ts] for ts in written + read]
+    bumps = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)]
+    assert bumps == [[1] * len(ts) for ts in written] + [[0] * len(ts) for ts in read]
+
+
 @pytest.mark.parametrize("op", list(_C.op_names))
 def test_every_op_has_the_no_grad_autograd_kernel(op):
     # The first written floating-point argument requiring grad is refused, by name.
@@ -236,3 +258,52 @@ def test_every_op_has_the_no_grad_autograd_kernel(op):
         pytest.fail(f"{op} writes no floating-point tensor of its sample")
     with pytest.raises(RuntimeError, match=rf"mixprec\.{op}: {a.name}.* requires grad"):
         getattr(torch.ops.mixprec, op)(*args)
+
+
+def test_each_op_has_one_autograd_kernel_registered_from_python():
+    # mixprec._C no longer compiles csrc/autograd.cpp (libmixprec's C++ kernels): a second
+    # registration would show as an inactive line
+    for op in _C.op_names:
+        lines = [line for line in torch._C._dispatch_dump(f"mixprec::{op}").splitlines()
+                 if line.startswith("Autograd")]
+        assert len(lines) == 1 and "mixprec/ops/_autograd.py" in lines[0], (op, lines)
+
+
+def test_the_autograd_kernels_lean_on_these_torch_helpers():
+    # Named here so that a torch that drops or changes one fails loudly (its import of
+    # mixprec fails too, naming the helper: the test below).
+    assert _autograd.HELPERS == (
+        "torch._C._AutoDispatchBelowADInplaceOrView", "torch._C._after_ADInplaceOrView_keyset",
+        "torch._ops.OpOverload.redispatch", "torch.autograd.graph.increment_version")
+    x, z = torch.ones(2, requires_grad=True), torch.zeros(2)
+    with torch._C._AutoDispatchBelowADInplaceOrView():  # below autograd and ADInplaceOrView:
+        y = x * 2  # nothing recorded
+        z.add_(1)  # no version bump
+    assert not y.requires_grad and z._version == 0
+    assert (x * 2).requires_grad
+    keys = torch._C.DispatchKey
+    after = torch._C._after_ADInplaceOrView_keyset
+    assert after.has(keys.CPU) and after.has(keys.CUDA) and after.has(keys.Python)
+    assert not after.has(keys.AutogradCPU) and not after.has(keys.ADInplaceOrView)
+    found = torch.zeros(())
+    op = torch.ops.mixprec.check_finite_.default
+    torch._ops.OpOverload.redispatch(op, torch._C.DispatchKeySet(keys.CPU),
+                                     [torch.tensor([float("inf")])], found)
+    assert found.item() == 1.0
+    a, b = torch.zeros(2), torch.zeros(3)
+    torch.autograd.graph.increment_version([a, b])  # a list: one call for all
+    assert (a._version, b._version) == (1, 1)
+
+
+@pytest.mark.parametrize("helper", _autograd.HELPERS)
+def test_a_missing_helper_fails_the_import_naming_it(helper, monkeypatch):
+    owner, name = helper.rsplit(".", 1)
+    monkeypatch.delattr(functools.reduce(getattr, owner.split(".")[1:], torch), name)
+    with pytest.raises(ImportError, match=rf"torch {re.escape(torch.__version__)} has no "
+                                          rf"{re.escape(helper)}, which mixprec's Autograd"):
+        _autograd._helper(helper)
+    if helper == _autograd.HELPERS[0]:  # and the import itself, in a fresh process
+        code = f"import torch\ndel {helper}\nimport mixprec"
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode != 0 and f"has no {helper}" in proc.stderr, proc.stderr[-2000:]

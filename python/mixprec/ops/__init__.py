@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .. import _dtensor
 from .._extension import EXT, FAST_ENTRY
-from . import _dtensor_rules
+from . import _autograd, _dtensor_rules  # noqa: F401  (_autograd registers Autograd kernels)
 
 __all__ = ["unscale_and_check_", "unscale_and_norm_", "check_finite_", "check_finite_and_norm_",
            "update_scale_", "update_scale_ext_", "fused_adam_", "fused_sgd_", "fused_adam8_",
