@@ -62,7 +62,6 @@ class _DispatchLog(TorchDispatchMode):
 
 
 def test_subclass_and_function_mode_see_the_op_once_through_the_wrapper():
-    # once: the Autograd-key kernel redispatches below torch_function handling
     grads, found, inv = _args()
     _Logged.seen.clear()
     sub = [g.as_subclass(_Logged) for g in grads]
@@ -181,6 +180,19 @@ def test_every_op_bumps_the_version_of_each_tensor_it_writes(op, grad_mode):
     after = [[t._version for t in ts] for ts in written + read]
     bumps = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)]
     assert bumps == [[1] * len(ts) for ts in written] + [[0] * len(ts) for ts in read]
+
+
+@pytest.mark.parametrize("grad_mode", [True, False])
+def test_the_kernels_own_copies_run_below_autograd(grad_mode):
+    # Strided written tensors, which the CPU kernels copy back into in place: bumped once
+    # (by the Autograd-key kernel), not again by the copy.
+    grads, params = [torch.randn(40)[::2]], [torch.randn(9, 4).t()]
+    before = [grads[0]._version, params[0]._version]
+    with torch.set_grad_enabled(grad_mode):
+        mixprec.ops.unscale_and_check_(grads, torch.zeros(()), torch.full((), 0.5))
+        mixprec.ops.fused_sgd_(params, [torch.randn(4, 9)], [], [], [torch.zeros(())],
+                               torch.tensor(0.1), 0.0, 0.0, 0.0, False, False)
+    assert [grads[0]._version, params[0]._version] == [v + 1 for v in before]
 
 
 @pytest.mark.parametrize("op", list(_C.op_names))
