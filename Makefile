@@ -1,8 +1,7 @@
 # mixprec — the two commands of the README:
 #   make demo    bootstrap .venv, build, run the example training job
 #   make test    bootstrap .venv, build (CUDA-torch build + a MIXPREC_FORCE_CPU=1 build),
-#                run the Python suite against both, a focused part of it with the fast
-#                entry off (MIXPREC_FAST_ENTRY=0), the C++ (ctest) suite, and the
+#                run the Python suite against both, the C++ (ctest) suite, and the
 #                GPU check's CPU smoke run (gpu-check-smoke)
 # With PYTHON=/path/to/python an existing interpreter that already has torch is used
 # instead of .venv (e.g. on a GPU machine without network).
@@ -29,15 +28,13 @@ PYTEST_ARGS ?=
 # The test-only extension mixprec._cuda_emulation_C (csrc/cuda_emulation: the CUDA launchers
 # run on the CPU) is built beside _C when MIXPREC_BUILD_TEST_EXT=1: for every goal that runs
 # the Python tests, never for `make build` / `make demo` alone.
-TEST_GOALS := test test-python test-python-cpu-only test-no-fast-entry test-no-fast-entry-focused \
-  test-isa test-oldest
+TEST_GOALS := test test-python test-python-cpu-only test-isa test-oldest
 ifneq ($(filter $(TEST_GOALS),$(MAKECMDGOALS)),)
 export MIXPREC_BUILD_TEST_EXT := 1
 endif
 
 .PHONY: help env python-env build build-cpu-only demo test test-python test-python-cpu-only \
-        test-cpp test-isa test-oldest test-no-fast-entry test-no-fast-entry-focused lint format \
-        bench clean gpu-peers
+        test-cpp test-isa test-oldest lint format bench clean gpu-peers
 
 help:
 	@echo "make demo     bootstrap .venv (torch $(TORCH_VERSION)), build, run the demo"
@@ -139,25 +136,9 @@ test-oldest:
 	$(MAKE) --no-print-directory test-python-cpu-only \
 	  PYTHON=$(ROOT)/$(OLDEST_DIR)/venv/bin/python CPU_ONLY_DIR=$(OLDEST_DIR)
 
-# The eager fast entry switched off (MIXPREC_FAST_ENTRY=0: every op through
-# torch.ops.mixprec.*, csrc/python_entry/fast_call.h unused). test-no-fast-entry runs the whole
-# Python suite that way (on demand: a third full run is too long for `make test`);
-# `make test` runs the focused set FAST_ENTRY_OFF_TESTS (the ops' entry paths, the scaler,
-# the optimizers; tests/ops/test_fast_entry.py also compares a run with the switch off to one
-# with it on, bit for bit).
-FAST_ENTRY_OFF_TESTS := tests/ops/test_fast_entry.py tests/ops/test_dispatch_paths.py \
-  tests/ops/test_unscale.py tests/amp/test_scaler_torch_api.py tests/ops/test_optim_ops.py \
-  tests/optim/test_variants.py
-
-test-no-fast-entry: build
-	MIXPREC_FAST_ENTRY=0 $(PY) -m pytest tests $(PYTEST_ARGS)
-
-test-no-fast-entry-focused: build
-	MIXPREC_FAST_ENTRY=0 $(PY) -m pytest $(FAST_ENTRY_OFF_TESTS) $(PYTEST_ARGS)
-
 -include cmake/cpp.mk
 
-test: test-python test-python-cpu-only test-cpp test-isa test-no-fast-entry-focused gpu-check-smoke
+test: test-python test-python-cpu-only test-cpp test-isa gpu-check-smoke
 
 # C++ sources clang-format checks (.clang-format); `make format` rewrites them in place
 CPP_FORMAT_FILES = $(shell git ls-files 'csrc/*.h' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh' \

@@ -32,9 +32,10 @@ Configuration (printed at build time, recorded in the binary for
   binary (``python -m mixprec.info``).
 
 Sources come from the csrc/ folders by glob; CMakeLists.txt globs the same
-folders (csrc/python_entry/ -- the Python module's entry points, the init of
-``mixprec._C`` and the eager fast entry -- and the test-only csrc/cuda_emulation/
-are built here only).
+folders (csrc/python_entry/ -- the init of the module ``mixprec._C`` -- and the
+test-only csrc/cuda_emulation/ are built here only). csrc/autograd.cpp, the C++
+Autograd-key kernels, is built by CMake only (libmixprec has no Python): the Python
+package registers its Autograd-key kernels from Python (python/mixprec/ops/_autograd.py).
 """
 
 from __future__ import annotations
@@ -212,7 +213,8 @@ def _sources(with_cuda: bool) -> list[str]:
                 "csrc/python_entry/*.cpp"]
     if with_cuda:
         patterns.append("csrc/cuda/*.cu")
-    return _glob(patterns)
+    # (libmixprec's C++ Autograd-key kernels; the Python package registers its own)
+    return [f for f in _glob(patterns) if f != "csrc/autograd.cpp"]
 
 
 def _test_ext_sources() -> list[str]:

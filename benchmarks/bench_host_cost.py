@@ -10,7 +10,7 @@ blocks). While the GPU keeps up, that is the host cost of one call. The last col
 Cases (fp32 unless named):
 
 =====================  ==============================================================
-unscale mixprec.ops    ``mixprec.ops.unscale_and_check_`` (the eager fast entry)
+unscale mixprec.ops    ``mixprec.ops.unscale_and_check_`` (the wrapper over torch.ops)
 unscale torch.ops      ``torch.ops.mixprec.unscale_and_check_`` (the dispatcher)
 unscale torch          ``torch._amp_foreach_non_finite_check_and_unscale_``
 adamw mixprec          ``mixprec.optim.AdamW.step()``, fp32 params
@@ -49,9 +49,9 @@ machine disturb less than the wall time.
 of the test extension (``mixprec._cuda_emulation_C``, built with
 ``MIXPREC_BUILD_TEST_EXT=1``; tests/_cuda_emulation.py) run everything the CUDA op does
 on the host -- checks, flattening, dtype grouping, slot wiring, the launch plan built
-from scratch -- and launch nothing. Called through their fast entry (and once through
-``torch.ops``, GIL held) under ``torch.inference_mode()`` on one-element tensors, one
-thread; controls: mixprec's CPU op and torch's foreach unscale on the same tensors.
+from scratch -- and launch nothing. Called through ``torch.ops`` under
+``torch.inference_mode()`` on one-element tensors, one thread; controls: mixprec's CPU op
+and torch's foreach unscale on the same tensors.
 Checked once, untimed: the plans cover exactly the expected number of blocks.
 ``--cpu-time`` counts the calling thread's CPU time instead of wall time.
 
@@ -260,25 +260,14 @@ def _adam_args(n: int, dtype: torch.dtype) -> tuple:
 
 def emulated_cases(n: int) -> Dict[str, Callable[[], None]]:
     """name -> call over n one-element tensors (the plan-only ops must take them)."""
-    emu = _emulation()
-    mod, ops = emu.module(), emu.ops()
-
-    def fast(fn: Callable[..., Any]) -> Callable[..., None]:
-        def call(*args: Any) -> None:
-            if fn(*args) is NotImplemented:
-                raise CheckFailed(f"{fn.__name__} declined its arguments")
-        return call
-
-    plan_unscale = fast(mod.emu_plan_unscale_and_check_)
-    plan_adam = fast(mod.emu_plan_fused_adam_)
+    ops = _emulation().ops()
+    plan_unscale, plan_adam = ops.plan_unscale_and_check_, ops.plan_fused_adam_
     cpu_unscale = mixprec.ops.unscale_and_check_
     grads = [torch.randn(1) for _ in range(n)]
     found, inv = torch.zeros(1), torch.ones(1)  # inv_scale 1: nothing is written
     adam16, adam32 = _adam_args(n, torch.float16), _adam_args(n, torch.float32)
     return {
         "unscale_and_check_ CUDA host path": lambda: plan_unscale(grads, found, inv),
-        "  the same through torch.ops (GIL held)":
-            lambda: ops.plan_unscale_and_check_(grads, found, inv),
         "fused_adam_ fp16+master CUDA host path": lambda: plan_adam(*adam16),
         "fused_adam_ fp32 CUDA host path": lambda: plan_adam(*adam32),
         "control: mixprec unscale_and_check_ CPU kernel": lambda: cpu_unscale(grads, found, inv),

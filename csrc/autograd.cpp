@@ -16,6 +16,10 @@
 //   * the version counter of every written tensor is bumped, as PyTorch's own
 //     in-place ops do, so autograd notices a tensor saved for backward that an
 //     op changed afterwards.
+//
+// Built into libmixprec only (CMakeLists.txt). The Python package's mixprec._C
+// leaves this file out (setup.py) and registers the same kernels from Python
+// (python/mixprec/ops/_autograd.py): one Autograd kernel per op in a process.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/LegacyTypeDispatch.h>

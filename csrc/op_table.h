@@ -6,10 +6,11 @@
 // other piece of C++ takes the op from this header:
 //
 //   * MIXPREC_FOR_EACH_OP(X) drives the schema registration
-//     (registration.cpp), the Autograd-key kernels (autograd.cpp), the fast
-//     entries and the op list of mixprec._C (csrc/python_entry/module.cpp), the
-//     typed dispatcher calls behind the public functions (ops.cpp) and the C++
-//     link test;
+//     (registration.cpp), libmixprec's Autograd-key kernels (autograd.cpp),
+//     the op list of mixprec._C (csrc/python_entry/module.cpp; the Python
+//     package's Autograd-key kernels are registered from it), the typed
+//     dispatcher calls behind the public functions (ops.cpp) and the C++ link
+//     test;
 //   * the C++ signature of an op is decltype of its public function
 //     (OpSig<&mixprec::fused_adam_>): no signature is restated;
 //   * the backend kernels take OpArgs<&mixprec::x_> (the call's arguments in

@@ -1,7 +1,8 @@
 // The one TORCH_LIBRARY block of mixprec: every op of MIXPREC_FOR_EACH_OP,
 // with its schema from csrc/op_table.h (where the contract comments
 // are). Kernels register themselves per backend (csrc/cpu, csrc/cuda) and at
-// the Autograd key (autograd.cpp).
+// the Autograd key (libmixprec: autograd.cpp; the Python package:
+// python/mixprec/ops/_autograd.py).
 #include <torch/library.h>
 
 #include "op_table.h"

@@ -16,8 +16,7 @@ on CUDA tensors (up to device libm rounding in p-norms; see host_exec.h).
 ``ops().plan_<op>`` (every op) does the launcher's host work only --
 checks, flattening, grouping, launch plans -- and launches nothing; with
 ``planned_blocks()`` / ``planned_launches()`` (totals since load) it measures the
-host cost of the CUDA ops without a GPU (benchmarks/bench_host_cost.py, through the
-module's fast entries ``module().emu_plan_<op>``);
+host cost of the CUDA ops without a GPU (benchmarks/bench_host_cost.py);
 ``planned_small_launches()`` counts the launches that fit the small kernel-argument
 table (``SmallTensorListMeta``), which launch faster.
 

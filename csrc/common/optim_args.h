@@ -192,8 +192,8 @@ inline OptimLists check_fused_sgd8_args(const OpArgs<&fused_sgd8_>& a,
 
 // Tensors by address: the caller's (which outlive the call) or a FlatSet's own
 // copies. Not at::Tensor copies: copying a tensor that Python owns
-// increments its PyObject, which takes the GIL -- per tensor, per list, and
-// the fast entry releases the GIL around the op.
+// increments its PyObject, which takes the GIL -- per tensor, per list,
+// whenever the op runs without the GIL.
 using TensorRefs = std::vector<const at::Tensor*>;
 
 // The tensors of one parameter as the kernels see them: flat element spans

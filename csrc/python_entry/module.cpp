@@ -1,23 +1,17 @@
 // The Python extension module mixprec._C. Loading it runs the static
 // registrations of every op (TORCH_LIBRARY / TORCH_LIBRARY_IMPL); the module
-// carries the build configuration as constants, the eager fast path of
-// the ops (python_entry/fast_call.h), which mixprec.ops uses outside
-// torch.compile.
+// carries the build configuration, the op list and the capture rules as
+// constants. The ops themselves are called through torch.ops.mixprec.*.
 #include <Python.h>
 
 #include "capture_rules.h"
 #include "op_table.h"
 #include "mixprec/build_info.h"
 #include "mixprec/optim.h"
-#include "python_entry/fast_call.h"
 
 #include <iterator>
 
 namespace {
-
-using mixprec::OpInfo;
-using mixprec::OpSig;
-using mixprec::python::fast_entry;
 
 PyObject* cpu_capability(PyObject* /*self*/, PyObject* /*args*/) {
   return PyUnicode_FromString(mixprec::cpu_capability().c_str());
@@ -33,12 +27,7 @@ PyMethodDef methods[] = {
     {"cpu_kernel_threads", cpu_kernel_threads, METH_NOARGS,
      "How many threads the CPU kernels' loops run on now (1 when built without "
      "torch's parallel backend)."},
-#define MIXPREC_FAST_ENTRY_(op)                                               \
-  {"fast_" #op, fast_entry<OpInfo<&mixprec::op>::kName, OpSig<&mixprec::op>>, \
-   METH_VARARGS, nullptr},
-    MIXPREC_FOR_EACH_OP(MIXPREC_FAST_ENTRY_)
-#undef MIXPREC_FAST_ENTRY_
-        {nullptr, nullptr, 0, nullptr},
+    {nullptr, nullptr, 0, nullptr},
 };
 
 PyModuleDef module_def = {

@@ -8,7 +8,6 @@ rebuild.
 from __future__ import annotations
 
 import importlib
-import os
 from types import ModuleType
 from typing import Any
 
@@ -21,12 +20,6 @@ REBUILD_HINT = (
     "`pip install --no-build-isolation --force-reinstall --no-deps mixprec` from the source "
     "tree (or `make build` in a checkout)."
 )
-
-#: Whether :mod:`mixprec.ops` enters the ops through ``mixprec._C.fast_<op>``
-#: (csrc/python_entry/fast_call.h). ``MIXPREC_FAST_ENTRY=0`` (read at import) routes them
-#: through ``torch.ops.mixprec.*``: the same kernels, a slower host path.
-FAST_ENTRY: bool = os.environ.get("MIXPREC_FAST_ENTRY", "").strip().lower() not in (
-    "0", "false", "no", "off")
 
 
 def _load() -> ModuleType:

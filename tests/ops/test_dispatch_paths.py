@@ -1,9 +1,14 @@
-"""How the ops are entered: the eager fast path (mixprec._C.fast_<op>), its fallback to
-torch.ops for arguments it does not take, and the Autograd-key kernels (not differentiable:
-written tensors must not require grad under grad mode; version counters are bumped)."""
+"""How the ops are entered: the wrappers of mixprec.ops call torch.ops.mixprec.* (tensor
+subclasses, TorchFunctionModes and TorchDispatchModes see the op), and the Autograd-key kernels
+(python/mixprec/ops/_autograd.py; not differentiable: written tensors must not require grad
+under grad mode; version counters are bumped), which lean on torch helpers named here."""
 
 from __future__ import annotations
 
+import functools
+import gc
+import re
+import subprocess
 import sys
 
 import pytest
@@ -15,6 +20,7 @@ import mixprec
 from _helpers import assert_bitwise_equal
 from _op_cases import sample
 from mixprec import _C
+from mixprec.ops import _autograd
 
 
 def _args(device="cpu"):
@@ -55,109 +61,44 @@ class _DispatchLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_ops_with_one_signature_keep_their_own_fast_entry():
-    # unscale_and_norm_ and check_finite_and_norm_ share a C++ signature; each entry must
-    # still reach its own op (the read-only one must not unscale), in either call order.
-    for first in ("unscale", "check"):
-        grads, found, inv = _args()
-        before = [g.clone() for g in grads]
-        if first == "unscale":
-            _C.fast_unscale_and_norm_([g.clone() for g in grads], found, inv, 2.0)
-        _C.fast_check_finite_and_norm_(grads, found, inv, 2.0)
-        for g, b in zip(grads, before):
-            assert_bitwise_equal(g, b)
-        _C.fast_unscale_and_norm_(grads, found, inv, 2.0)
-        assert_bitwise_equal(grads[0], before[0] * 0.125)
-
-
-def test_fast_entry_runs_plain_arguments_like_torch_ops():
-    a = _args()
-    b = tuple([t.clone() for t in x] if isinstance(x, list) else x.clone() for x in a)
-    assert _C.fast_unscale_and_check_(*a) is None  # ran
-    torch.ops.mixprec.unscale_and_check_(*b)
-    for x, y in zip(a[0] + [a[1]], b[0] + [b[1]]):
-        assert_bitwise_equal(x, y)
-    n1 = _C.fast_unscale_and_norm_(*a, 2.0)
-    n2 = torch.ops.mixprec.unscale_and_norm_(*b, 2.0)
-    assert isinstance(n1, torch.Tensor) and type(n1) is torch.Tensor
-    assert_bitwise_equal(n1, n2)
-    # tuples work as lists do
-    assert _C.fast_check_finite_(tuple(a[0]), a[1]) is None
-
-
-@pytest.mark.parametrize("case", ["subclass_grad", "subclass_found_inf", "count", "type",
-                                  "not_a_list", "int_for_float"])
-def test_fast_entry_declines_what_it_does_not_take(case):
-    grads, found, inv = _args()
-    before = [g.clone() for g in grads]
-    if case == "subclass_grad":
-        args = ([grads[0].as_subclass(_Logged)] + grads[1:], found, inv)
-    elif case == "subclass_found_inf":
-        args = (grads, found.as_subclass(_Logged), inv)
-    elif case == "count":
-        args = (grads, found)
-    elif case == "type":
-        args = (grads, found, 0.5)
-    elif case == "not_a_list":
-        args = (iter(grads), found, inv)
-    else:
-        args = (grads, found, inv, 2)  # norm_type given as int is fine ...
-        assert _C.fast_unscale_and_norm_(*args) is not NotImplemented
-        args = (grads, found, inv, "2")  # ... a string is not
-        assert _C.fast_unscale_and_norm_(*args) is NotImplemented
-        return
-    assert _C.fast_unscale_and_check_(*args) is NotImplemented
-    for g, b in zip(grads, before):
-        assert_bitwise_equal(g, b)  # declined before touching anything
-
-
-def test_subclass_and_function_mode_still_see_the_op_through_the_wrapper():
+def test_subclass_and_function_mode_see_the_op_once_through_the_wrapper():
     grads, found, inv = _args()
     _Logged.seen.clear()
     sub = [g.as_subclass(_Logged) for g in grads]
     mixprec.ops.unscale_and_check_(sub, found, inv)
-    assert any("unscale_and_check_" in s for s in _Logged.seen)
+    assert [s for s in _Logged.seen if "mixprec" in s] == ["mixprec.unscale_and_check_"]
     mode = _FnMode()
     with mode:
         mixprec.ops.check_finite_(grads, found)
-    assert any("check_finite_" in s for s in mode.seen)
+    assert [s for s in mode.seen if "mixprec" in s] == ["mixprec.check_finite_"]
 
 
-def test_dispatch_mode_sees_the_fast_path():
+def test_dispatch_mode_sees_the_op_once():
     grads, found, inv = _args()
     with _DispatchLog() as log:
         mixprec.ops.unscale_and_check_(grads, found, inv)
     assert log.seen == ["mixprec.unscale_and_check_.default"]
 
 
-def test_fast_entry_errors_match_torch_ops():
-    grads, found, inv = _args()
-    bad = torch.zeros((), dtype=torch.float64)
-    with pytest.raises(RuntimeError) as fast:
-        _C.fast_unscale_and_check_(grads, bad, inv)
-    with pytest.raises(RuntimeError) as slow:
-        torch.ops.mixprec.unscale_and_check_(grads, bad, inv)
-    assert str(fast.value) == str(slow.value)
-    assert "found_inf" in str(fast.value)
-
-
-def test_fast_entry_leaves_reference_counts_alone():
+def test_op_calls_leave_reference_counts_alone():
     grads, found, inv = _args()
     counts = [sys.getrefcount(g) for g in grads] + [sys.getrefcount(found)]
     for _ in range(50):
         mixprec.ops.unscale_and_check_(grads, found, inv)
         mixprec.ops.check_finite_and_norm_(grads, found, inv, 2.0)
     with pytest.raises(RuntimeError):
-        _C.fast_unscale_and_check_(grads + [torch.ones(2, dtype=torch.int32)], found, inv)
+        mixprec.ops.unscale_and_check_(grads + [torch.ones(2, dtype=torch.int32)], found, inv)
+    gc.collect()  # (the error's traceback held the call's frames)
     assert [sys.getrefcount(g) for g in grads] + [sys.getrefcount(found)] == counts
 
 
-@pytest.mark.parametrize("entry", ["fast", "torch.ops"])
+@pytest.mark.parametrize("entry", ["mixprec.ops", "torch.ops"])
 def test_written_tensor_requiring_grad_is_an_error_under_grad_mode(entry):
     grads, found, inv = _args()
     grads[1].requires_grad_(True)
     before = [g.detach().clone() for g in grads]
-    fn = _C.fast_unscale_and_check_ if entry == "fast" else torch.ops.mixprec.unscale_and_check_
+    fn = (mixprec.ops.unscale_and_check_ if entry == "mixprec.ops"
+          else torch.ops.mixprec.unscale_and_check_)
     with pytest.raises(RuntimeError, match=r"unscale_and_check_: grads\[1\] requires grad"):
         fn(grads, found, inv)
     for g, b in zip(grads, before):
@@ -189,7 +130,7 @@ def test_written_tensors_get_their_version_bumped():
 
 
 def _positional(op, args, kwargs):
-    """The sample's arguments as the fast entry takes them: all positional."""
+    """The sample's arguments, all positional (as the wrappers pass them)."""
     schema = getattr(torch.ops.mixprec, op).default._schema
     rest = [kwargs[a.name] if a.name in kwargs else a.default_value
             for a in schema.arguments[len(args):]]
@@ -210,16 +151,48 @@ def _tensors(values):
 
 
 @pytest.mark.parametrize("op", list(_C.op_names))
-def test_every_op_fast_entry_matches_torch_ops(op):
-    # Every op of the table has a fast entry that runs (does not decline) plain arguments
-    # and leaves every argument and the result as torch.ops does.
+def test_every_op_wrapper_matches_torch_ops(op):
+    # The wrapper (its parameters passed on in the schema's order), with grad mode on, leaves
+    # every argument and the result as torch.ops does under torch.no_grad().
     _, args = _positional(op, *sample(op)("cpu"))
-    fast_args, ops_args = _clone(args), _clone(args)
-    out_fast = getattr(_C, f"fast_{op}")(*fast_args)
-    assert out_fast is not NotImplemented
-    out_ops = getattr(torch.ops.mixprec, op)(*ops_args)
-    for a, b in zip(_tensors([out_fast, *fast_args]), _tensors([out_ops, *ops_args])):
-        assert_bitwise_equal(a, b)
+    wrapper_args, ops_args = _clone(args), _clone(args)
+    out_wrapper = getattr(mixprec.ops, op)(*wrapper_args)
+    with torch.no_grad():
+        out_ops = getattr(torch.ops.mixprec, op)(*ops_args)
+    a, b = list(_tensors([out_wrapper, *wrapper_args])), list(_tensors([out_ops, *ops_args]))
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert_bitwise_equal(x, y)
+
+
+@pytest.mark.parametrize("grad_mode", [True, False])
+@pytest.mark.parametrize("op", list(_C.op_names))
+def test_every_op_bumps_the_version_of_each_tensor_it_writes(op, grad_mode):
+    schema, args = _positional(op, *sample(op)("cpu"))
+    written = [list(_tensors([args[i]])) for i, a in enumerate(schema.arguments)
+               if a.alias_info is not None and a.alias_info.is_write]
+    read = [list(_tensors([args[i]])) for i, a in enumerate(schema.arguments)
+            if a.alias_info is None]
+    assert sum(map(len, written)) > 0, op
+    before = [[t._version for t in ts] for ts in written + read]
+    with torch.set_grad_enabled(grad_mode):
+        getattr(torch.ops.mixprec, op)(*args)
+    after = [[t._version for t in ts] for ts in written + read]
+    bumps = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)]
+    assert bumps == [[1] * len(ts) for ts in written] + [[0] * len(ts) for ts in read]
+
+
+@pytest.mark.parametrize("grad_mode", [True, False])
+def test_the_kernels_own_copies_run_below_autograd(grad_mode):
+    # Strided written tensors, which the CPU kernels copy back into in place: bumped once
+    # (by the Autograd-key kernel), not again by the copy.
+    grads, params = [torch.randn(40)[::2]], [torch.randn(9, 4).t()]
+    before = [grads[0]._version, params[0]._version]
+    with torch.set_grad_enabled(grad_mode):
+        mixprec.ops.unscale_and_check_(grads, torch.zeros(()), torch.full((), 0.5))
+        mixprec.ops.fused_sgd_(params, [torch.randn(4, 9)], [], [], [torch.zeros(())],
+                               torch.tensor(0.1), 0.0, 0.0, 0.0, False, False)
+    assert [grads[0]._version, params[0]._version] == [v + 1 for v in before]
 
 
 @pytest.mark.parametrize("op", list(_C.op_names))
@@ -236,3 +209,52 @@ def test_every_op_has_the_no_grad_autograd_kernel(op):
         pytest.fail(f"{op} writes no floating-point tensor of its sample")
     with pytest.raises(RuntimeError, match=rf"mixprec\.{op}: {a.name}.* requires grad"):
         getattr(torch.ops.mixprec, op)(*args)
+
+
+def test_each_op_has_one_autograd_kernel_registered_from_python():
+    # mixprec._C no longer compiles csrc/autograd.cpp (libmixprec's C++ kernels): a second
+    # registration would show as an inactive line
+    for op in _C.op_names:
+        lines = [line for line in torch._C._dispatch_dump(f"mixprec::{op}").splitlines()
+                 if line.startswith("Autograd")]
+        assert len(lines) == 1 and "mixprec/ops/_autograd.py" in lines[0], (op, lines)
+
+
+def test_the_autograd_kernels_lean_on_these_torch_helpers():
+    # Named here so that a torch that drops or changes one fails loudly (its import of
+    # mixprec fails too, naming the helper: the test below).
+    assert _autograd.HELPERS == (
+        "torch._C._AutoDispatchBelowADInplaceOrView", "torch._C._after_ADInplaceOrView_keyset",
+        "torch._ops.OpOverload.redispatch", "torch.autograd.graph.increment_version")
+    x, z = torch.ones(2, requires_grad=True), torch.zeros(2)
+    with torch._C._AutoDispatchBelowADInplaceOrView():  # below autograd and ADInplaceOrView:
+        y = x * 2  # nothing recorded
+        z.add_(1)  # no version bump
+    assert not y.requires_grad and z._version == 0
+    assert (x * 2).requires_grad
+    keys = torch._C.DispatchKey
+    after = torch._C._after_ADInplaceOrView_keyset
+    assert after.has(keys.CPU) and after.has(keys.CUDA) and after.has(keys.Python)
+    assert not after.has(keys.AutogradCPU) and not after.has(keys.ADInplaceOrView)
+    found = torch.zeros(())
+    op = torch.ops.mixprec.check_finite_.default
+    torch._ops.OpOverload.redispatch(op, torch._C.DispatchKeySet(keys.CPU),
+                                     [torch.tensor([float("inf")])], found)
+    assert found.item() == 1.0
+    a, b = torch.zeros(2), torch.zeros(3)
+    torch.autograd.graph.increment_version([a, b])  # a list: one call for all
+    assert (a._version, b._version) == (1, 1)
+
+
+@pytest.mark.parametrize("helper", _autograd.HELPERS)
+def test_a_missing_helper_fails_the_import_naming_it(helper, monkeypatch):
+    owner, name = helper.rsplit(".", 1)
+    monkeypatch.delattr(functools.reduce(getattr, owner.split(".")[1:], torch), name)
+    with pytest.raises(ImportError, match=rf"torch {re.escape(torch.__version__)} has no "
+                                          rf"{re.escape(helper)}, which mixprec's Autograd"):
+        _autograd._helper(helper)
+    if helper == _autograd.HELPERS[0]:  # and the import itself, in a fresh process
+        code = f"import torch\ndel {helper}\nimport mixprec"
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode != 0 and f"has no {helper}" in proc.stderr, proc.stderr[-2000:]

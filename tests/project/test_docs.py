@@ -142,7 +142,7 @@ def test_the_check_catches_what_is_gone() -> None:
     # the same names, present
     ok = ("`python/mixprec/optim/_base.py`, `csrc/cpu/span_kernels_*.cpp`, `op_table.h`, "
           "`mixprec.optim.AdamW8bit`, `torch.ops.mixprec.fused_adam_`, `mixprec/ops.h`, "
-          "`mixprec::optim::AdamWOptions`, `mixprec._C.fast_<op>`")
+          "`mixprec::optim::AdamWOptions`, `mixprec._C.op_names`")
     assert problems(ok, tracked) == []
 
 

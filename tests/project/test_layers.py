@@ -313,8 +313,8 @@ def file_entries(fn: Callable[[], Any]) -> List[str]:
     generator resumed where it is consumed, or the ``__enter__``/``__exit__`` of a context
     manager (read with the call that made it: ``with torch.no_grad():`` is one
     visit), nor what the op layer (``ops/__init__.py``) calls on an op's behalf (it is
-    entered once per op: with ``MIXPREC_FAST_ENTRY=0`` each op's route asks
-    ``_dtensor.py`` for the DTensor class)."""
+    entered once per op: each op's route asks ``_dtensor.py`` for the DTensor class, and
+    the dispatcher calls the op's Autograd-key kernel in ``ops/_autograd.py``)."""
     entries: List[str] = []
 
     def on_call(f: str, below: List[str], name: str) -> None:

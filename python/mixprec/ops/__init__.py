@@ -17,8 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
-from .._extension import EXT, FAST_ENTRY
-from . import _dtensor_rules
+from . import _autograd, _dtensor_rules  # noqa: F401  (_autograd registers Autograd kernels)
 
 __all__ = ["unscale_and_check_", "unscale_and_norm_", "check_finite_", "check_finite_and_norm_",
            "update_scale_", "update_scale_ext_", "fused_adam_", "fused_sgd_", "fused_adam8_",
@@ -38,19 +37,9 @@ _dtensor.on_dtensor_class(_dtensor_rules.register)
 
 
 def _call(name: str, *args: Any) -> Any:
-    """Run op ``name`` on ``args`` (all positional; the wrappers pass
-    ``*locals().values()``, their parameters in the schema's order).
-
-    ``mixprec._C.fast_<op>`` makes the same typed dispatcher call as
-    ``torch.ops.mixprec.<op>`` without converting the arguments to IValues; it answers
-    NotImplemented for what it does not take (tensor subclasses, TorchFunctionModes), and
-    is skipped while torch.compile traces and with ``MIXPREC_FAST_ENTRY=0``.
-    """
+    """Run ``torch.ops.mixprec.<name>`` on ``args`` (all positional; the wrappers pass
+    ``*locals().values()``, their parameters in the schema's order)."""
     try:
-        if FAST_ENTRY and not torch.compiler.is_compiling():
-            out = getattr(EXT, "fast_" + name)(*args)
-            if out is not NotImplemented:
-                return out
         _dtensor.dtensor_class()  # DTensor arguments: their rules (_dtensor_rules) registered
         return getattr(torch.ops.mixprec, name)(*args)
     except (RuntimeError, NotImplementedError) as e:
