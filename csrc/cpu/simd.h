@@ -17,9 +17,13 @@
 // loops (as at::vec's were).
 //
 // Every operation gives the same bits as ATen's at::vec::Vectorized did in
-// the same set (NaNs included): arithmetic is IEEE per lane (the builds use
+// the same set: arithmetic is IEEE per lane (the builds use
 // -ffp-contract=off), and where at::vec's sets differed, each set here keeps
-// its own behaviour (maximum's NaN, fp16 and bf16 rounding of NaN).
+// its own behaviour (maximum's NaN, fp16 and bf16 rounding of NaN). The one
+// thing no source fixes: when both operands of an add or a multiply are NaNs
+// with different payloads, which one comes out depends on the operand order
+// the compiler picks for that instruction (x86 returns the first), in this
+// header as in at::vec.
 #pragma once
 
 #include <cmath>
