@@ -488,35 +488,67 @@ inline void store2(float* p, const FVec& a, const FVec& b) {
 }
 
 inline void load2(const bf16* p, FVec& a, FVec& b) {
-  typedef uint16_t half_vec __attribute__((vector_size(kBytes / 2)));
-  typedef uint32_t word_vec __attribute__((vector_size(kBytes)));
-  half_vec lo, hi;
-  std::memcpy(&lo, p, sizeof(lo));
-  std::memcpy(&hi, p + FVec::size(), sizeof(hi));
-  a = FVec((FVec::native)(__builtin_convertvector(lo, word_vec) << 16));
-  b = FVec((FVec::native)(__builtin_convertvector(hi, word_vec) << 16));
+#if defined(MIXPREC_SIMD_AVX512)
+  const auto widen = [](const bf16* q) {
+    return FVec((FVec::native)_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))),
+        16));
+  };
+#elif defined(MIXPREC_SIMD_AVX2)
+  const auto widen = [](const bf16* q) {
+    return FVec((FVec::native)_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(q))),
+        16));
+  };
+#else
+  const auto widen = [](const bf16* q) {
+    typedef uint16_t half_vec __attribute__((vector_size(kBytes / 2)));
+    typedef uint32_t word_vec __attribute__((vector_size(kBytes)));
+    half_vec h;
+    std::memcpy(&h, q, sizeof(h));
+    return FVec((FVec::native)(__builtin_convertvector(h, word_vec) << 16));
+  };
+#endif
+  a = widen(p);
+  b = widen(p + FVec::size());
 }
 
 // Rounded to nearest even, as to_bf16; a NaN lane becomes 0xffff in the x86
 // sets (at::vec's vector rounding) and 0x7fc0 in the portable set.
 inline void store2(bf16* p, const FVec& a, const FVec& b) {
 #if defined(MIXPREC_SIMD_AVX2) || defined(MIXPREC_SIMD_AVX512)
-  constexpr uint32_t kNaN = 0xffff;
+  constexpr int32_t kNaN = 0xffff;
 #else
-  constexpr uint32_t kNaN = 0x7fc0;
+  constexpr int32_t kNaN = 0x7fc0;
 #endif
-  typedef uint16_t half_vec __attribute__((vector_size(kBytes / 2)));
-  typedef uint32_t word_vec __attribute__((vector_size(kBytes)));
+  // The bf16 bits of each lane, in the low half of an int32 lane.
   const auto round = [](const FVec& x) {
+    typedef uint32_t word_vec __attribute__((vector_size(kBytes)));
     const word_vec u = (word_vec)x.v;
     const word_vec r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const word_vec nan = (word_vec)IVec(static_cast<int32_t>(kNaN)).v;
-    return __builtin_convertvector(x.v != x.v ? nan : r, half_vec);
+    return select(x != x, IVec(kNaN), IVec((IVec::native)r));
   };
-  const half_vec lo = round(a);
-  const half_vec hi = round(b);
-  std::memcpy(p, &lo, sizeof(lo));
-  std::memcpy(p + FVec::size(), &hi, sizeof(hi));
+  const IVec lo = round(a);
+  const IVec hi = round(b);
+#if defined(MIXPREC_SIMD_AVX512)
+  // packus interleaves the 128-bit lanes of lo and hi; the permute restores
+  // their order.
+  const __m512i packed = _mm512_packus_epi32((__m512i)lo.v, (__m512i)hi.v);
+  _mm512_storeu_si512(p, _mm512_permutexvar_epi64(
+                             _mm512_set_epi64(7, 5, 3, 1, 6, 4, 2, 0), packed));
+#elif defined(MIXPREC_SIMD_AVX2)
+  const __m256i packed = _mm256_packus_epi32((__m256i)lo.v, (__m256i)hi.v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm256_permute4x64_epi64(packed, 0xd8));
+#else
+  typedef uint16_t half_vec __attribute__((vector_size(kBytes / 2)));
+  const half_vec l = __builtin_convertvector(lo.v, half_vec);
+  const half_vec h = __builtin_convertvector(hi.v, half_vec);
+  std::memcpy(p, &l, sizeof(l));
+  std::memcpy(p + FVec::size(), &h, sizeof(h));
+#endif
 }
 
 inline void load2(const fp16* p, FVec& a, FVec& b) {
