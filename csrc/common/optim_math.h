@@ -39,7 +39,7 @@
 // run draws the same bits as an uninterrupted one.
 #pragma once
 
-#include <c10/macros/Macros.h>
+#include <torch/headeronly/macros/Macros.h>
 
 #include <cmath>
 #include <cstdint>

@@ -8,7 +8,7 @@
 // No ATen types appear here; only c10's host/device macro.
 #pragma once
 
-#include <c10/macros/Macros.h>
+#include <torch/headeronly/macros/Macros.h>
 
 namespace mixprec {
 namespace math {
