@@ -7,7 +7,7 @@
 // as in torch.linalg.vector_norm.
 #pragma once
 
-#include <c10/macros/Macros.h>
+#include <torch/headeronly/macros/Macros.h>
 
 #include <type_traits>
 

@@ -4,8 +4,8 @@
 // The update functions are templates over the value type V and an `Ops`
 // policy giving sqrt and a NaN-propagating maximum for V, so the same
 // expressions serve a scalar float on the host, a float in a CUDA kernel and
-// at::vec::Vectorized<float> in the CPU loop (whose policy lives in
-// csrc/cpu/fused_optim_cpu.h).
+// simd::FVec in the CPU loop (csrc/cpu/simd.h; the policy lives in
+// csrc/cpu/fused_optim_span_impl.h).
 //
 // The order of operations is torch.optim's single-tensor (foreach=False) CPU
 // path, operation by operation, each product/sum rounded to float once
@@ -39,7 +39,7 @@
 // run draws the same bits as an uninterrupted one.
 #pragma once
 
-#include <c10/macros/Macros.h>
+#include <torch/headeronly/macros/Macros.h>
 
 #include <cmath>
 #include <cstdint>

@@ -21,7 +21,7 @@
 // constexpr arrays; device code reads copies in device global memory.
 #pragma once
 
-#include <c10/macros/Macros.h>
+#include <torch/headeronly/macros/Macros.h>
 
 #include <cstdint>
 

@@ -9,7 +9,7 @@
 // clang-format off
 #pragma once
 
-#include <c10/macros/Macros.h>
+#include <torch/headeronly/macros/Macros.h>
 
 #include <cstdint>
 

@@ -4,11 +4,11 @@
 // Written once, as templates over the value type, so the same expressions serve
 //   * a scalar float/double on the host,
 //   * a scalar float/double in a CUDA kernel,
-//   * at::vec::Vectorized<float/double> in the vectorized CPU loop.
+//   * simd::Vec<float/double> in the vectorized CPU loop (csrc/cpu/simd.h).
 // No ATen types appear here; only c10's host/device macro.
 #pragma once
 
-#include <c10/macros/Macros.h>
+#include <torch/headeronly/macros/Macros.h>
 
 namespace mixprec {
 namespace math {

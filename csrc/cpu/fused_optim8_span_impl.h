@@ -12,60 +12,19 @@
 #error "define MIXPREC_SPAN_NS before including fused_optim8_span_impl.h"
 #endif
 
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
-
 #include <cstdint>
 
 #include "common/optim_math.h"
 #include "common/quant8_math.h"
+#include "cpu/simd.h"
 #include "cpu/span_kernels.h"
-
-#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-#include <immintrin.h>
-#endif
 
 namespace mixprec {
 namespace cpu {
 namespace MIXPREC_SPAN_NS {
 
-using IVec = at::vec::Vectorized<int32_t>;
+using simd::IVec;
 static_assert(IVec::size() == FVec::size(), "int32 and float vectors differ");
-
-// FVec::size() codes widened to int32.
-inline IVec load_codes(const uint8_t* p) {
-#if defined(CPU_CAPABILITY_AVX512)
-  return IVec(_mm512_cvtepu8_epi32(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-#elif defined(CPU_CAPABILITY_AVX2)
-  return IVec(_mm256_cvtepu8_epi32(
-      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-#else
-  alignas(64) int32_t tmp[IVec::size()];
-  for (int k = 0; k < IVec::size(); ++k) {
-    tmp[k] = p[k];
-  }
-  return IVec::loadu(tmp);
-#endif
-}
-
-// Stores FVec::size() codes (int32 lanes in [0, 255]) as bytes.
-inline void store_codes(uint8_t* p, const IVec& c) {
-#if defined(CPU_CAPABILITY_AVX512)
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(c));
-#elif defined(CPU_CAPABILITY_AVX2)
-  const __m256i v = c;
-  const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(v),
-                                     _mm256_extracti128_si256(v, 1));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
-#else
-  alignas(64) int32_t tmp[IVec::size()];
-  c.store(tmp);
-  for (int k = 0; k < IVec::size(); ++k) {
-    p[k] = static_cast<uint8_t>(tmp[k]);
-  }
-#endif
-}
 
 // Runs fn(const In*, Out*) on FVec::size() lanes over in[0, n) -> out[0, n):
 // whole vectors in place, the last n % FVec::size() on a zero-padded copy.
@@ -92,7 +51,7 @@ C10_ALWAYS_INLINE void decode_block(const uint8_t* codes, float a, int table,
   const auto decode = [&](const uint8_t* c, float* o) {
     // (A lookup by sixteen AVX-512 register permutes instead of the gather
     // measured the same on an AMD EPYC: 2.93 vs 3.00 ns per element.)
-    const FVec v = at::vec::gather<sizeof(float)>(values, load_codes(c));
+    const FVec v = simd::gather(values, simd::load_u8(c));
     (v * av).store(o);
   };
   map_lanes(codes, out, n, decode);
@@ -122,22 +81,20 @@ C10_ALWAYS_INLINE void encode_block(const float* x, float a, int table,
   const FVec av(a);
   const auto encode = [&](const float* xs, uint8_t* out) {
     const FVec y = nonzero_block ? FVec::loadu(xs) / av : zero_f;
-    const IVec u = at::vec::maximum(at::vec::cast<int32_t>(y) & abs_bits, base);
-    const IVec b = at::vec::minimum((u - base) >> shift, last);
-    const IVec neg = at::vec::cast<int32_t>(y < zero_f);  // -1 or 0
-    const IVec e = at::vec::cast<int32_t>(
-        at::vec::gather<sizeof(float)>(enc, b + (neg & neg_offset)));
+    const IVec u = simd::maximum(simd::bit_cast<IVec>(y) & abs_bits, base);
+    const IVec b = simd::minimum((u - base) >> shift, last);
+    const IVec neg = y < zero_f;  // -1 or 0
+    const IVec e =
+        simd::bit_cast<IVec>(simd::gather(enc, b + (neg & neg_offset)));
     const IVec thr = e >> eight;
     const IVec low = u & low_bits;
-    const IVec up = IVec::blendv(low > thr, low < thr, neg);
+    const IVec up = simd::select(neg, low<thr, low> thr);
     IVec c = (e & code_bits) - up;  // a true lane is -1
-    const IVec on_zero =
-        (c > zlo) & (c < zhi) & at::vec::cast<int32_t>(y != zero_f);
-    const IVec smallest =
-        IVec::blendv(sneg, spos, at::vec::cast<int32_t>(y > zero_f));
-    c = IVec::blendv(c, smallest, on_zero);
-    c = IVec::blendv(c, zero_code, at::vec::cast<int32_t>(y == zero_f));
-    store_codes(out, c);
+    const IVec on_zero = (c > zlo) & (c < zhi) & (y != zero_f);
+    const IVec smallest = simd::select(y > zero_f, spos, sneg);
+    c = simd::select(on_zero, smallest, c);
+    c = simd::select(y == zero_f, zero_code, c);
+    simd::store_u8(out, c);
   };
   map_lanes(x, codes, n, encode);
 }
@@ -157,10 +114,13 @@ inline float reduce_abs_max(const FVec& acc, float scalar) {
 // writes (the Seen of adam_span and sgd_span), from which the block's new
 // absmaxes come.
 struct StateMax {
-  FVec vec[2] = {FVec(0.0f), FVec(0.0f)};
-  float scalar[2] = {0.0f, 0.0f};
+  FVec vec[2];
+  float scalar[2];
+  // User-provided, so that it is compiled for this file's ISA (an implicit
+  // constructor gets no target pragma and could not inline the broadcast).
+  StateMax() : vec{FVec(0.0f), FVec(0.0f)}, scalar{0.0f, 0.0f} {}
   void see(int k, const FVec& a, const FVec& b) {
-    vec[k] = at::vec::maximum(vec[k], at::vec::maximum(a.abs(), b.abs()));
+    vec[k] = simd::maximum(vec[k], simd::maximum(simd::abs(a), simd::abs(b)));
   }
   void see(int k, float x) { scalar[k] = q8::abs_max(scalar[k], x); }
   float absmax(int k) const { return reduce_abs_max(vec[k], scalar[k]); }

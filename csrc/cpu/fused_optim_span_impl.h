@@ -1,81 +1,52 @@
 // The vectorized element loops of fused_adam_ and fused_sgd_ on CPU: the
-// at::vec policy for common/optim_math.h, loads/stores of float32, float16
+// simd.h policy for common/optim_math.h, loads/stores of float32, float16
 // and bfloat16 spans as pairs of float vectors, rounding back to the param
 // dtype (nearest or stochastic); a span's last partial step runs on
 // zero-padded copies.
 //
 // Included once per instruction set by span_kernels_isa.h, which defines
-// MIXPREC_SPAN_NS (and, for an ISA, CPU_CAPABILITY so at::vec picks its
-// intrinsics) first; everything lands in mixprec::cpu::MIXPREC_SPAN_NS, next
-// to the unscale loops of span_kernels_impl.h, and both fill that ISA's
+// MIXPREC_SPAN_NS (and, for an ISA, the MIXPREC_SIMD_* macro that picks
+// simd.h's vectors) first; everything lands in mixprec::cpu::MIXPREC_SPAN_NS,
+// next to the unscale loops of span_kernels_impl.h, and both fill that ISA's
 // SpanKernels table (span_kernels.h).
 #ifndef MIXPREC_SPAN_NS
 #error "define MIXPREC_SPAN_NS before including fused_optim_span_impl.h"
 #endif
 
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
 #include <cstdint>
-#include <tuple>
 #include <type_traits>
 
 #include "common/optim_math.h"
+#include "cpu/simd.h"
 #include "cpu/span_kernels.h"
 
 namespace mixprec {
 namespace cpu {
 namespace MIXPREC_SPAN_NS {
 
-using FVec = at::vec::Vectorized<float>;
+using simd::FVec;
+using simd::load2;
+using simd::store2;
 
-// optim_math's Ops policy for Vectorized<float>.
+// optim_math's Ops policy for simd::FVec.
 struct VecOps {
-  static FVec sqrt(const FVec& v) { return v.sqrt(); }
+  static FVec sqrt(const FVec& v) { return simd::sqrt(v); }
   static FVec maximum(const FVec& a, const FVec& b) {
-    return at::vec::maximum(a, b);
+    return simd::maximum(a, b);
   }
 };
 
-// Elements per vector step: two float vectors = one vector of a 16-bit type.
+// Elements per vector step: two float vectors (what load2 / store2 move).
 constexpr int64_t kStep = 2 * FVec::size();
-static_assert(at::vec::Vectorized<c10::Half>::size() == kStep &&
-                  at::vec::Vectorized<c10::BFloat16>::size() == kStep,
-              "a 16-bit vector must hold two float vectors");
-
-template <typename T>
-inline void load2(const T* p, FVec& a, FVec& b) {
-  if constexpr (std::is_same_v<T, float>) {
-    a = FVec::loadu(p);
-    b = FVec::loadu(p + FVec::size());
-  } else {
-    auto ab = at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p));
-    a = std::get<0>(ab);
-    b = std::get<1>(ab);
-  }
-}
-
-template <typename T>
-inline void store2(T* p, const FVec& a, const FVec& b) {
-  if constexpr (std::is_same_v<T, float>) {
-    a.store(p);
-    b.store(p + FVec::size());
-  } else {
-    at::vec::convert_from_float<T>(a, b).store(p);
-  }
-}
 
 // Stochastic rounding of float results to bfloat16; `index` is the SR element
 // index of out[0] (see common/optim_math.h).
-inline void store_bf16_stochastic(c10::BFloat16* out, const float* x, int64_t n,
+inline void store_bf16_stochastic(simd::bf16* out, const float* x, int64_t n,
                                   uint32_t key, uint32_t index) {
   for (int64_t j = 0; j < n; ++j) {
     const uint32_t r =
         math::sr_bits(key, index + static_cast<uint32_t>(j)) >> 16;
-    out[j] = c10::BFloat16(math::bf16_bits_stochastic(x[j], r),
-                           c10::BFloat16::from_bits());
+    out[j] = simd::bf16{math::bf16_bits_stochastic(x[j], r)};
   }
 }
 
@@ -88,7 +59,7 @@ inline void store_param(P* p, float* master, int64_t i, const FVec& a,
   if (master != nullptr) {
     store2(master + i, a, b);
   }
-  if constexpr (std::is_same_v<P, c10::BFloat16>) {
+  if constexpr (std::is_same_v<P, simd::bf16>) {
     if (sr) {
       alignas(64) float tmp[kStep];
       a.store(tmp);
@@ -117,7 +88,8 @@ C10_ALWAYS_INLINE void adam_step(P* p, const G* g, float* m, float* v,
                                  float* vm, float* master,
                                  const AdamSpanArgs& a, uint32_t index,
                                  Seen& seen) {
-  FVec w0, w1, g0, g1, m0, m1, v0, v1, x0, x1;
+  FVec w0, w1, g0, g1, m0, m1, v0, v1;
+  FVec x0(0.0f), x1(0.0f);  // read only with kAms
   if constexpr (kMaster) {
     load2(master, w0, w1);
   } else {
@@ -210,7 +182,8 @@ template <typename P, typename G, bool kMaster, bool kMom, class Seen>
 C10_ALWAYS_INLINE void sgd_step(P* p, const G* g, float* buf, float* master,
                                 const SgdSpanArgs& a, uint32_t index,
                                 Seen& seen) {
-  FVec w0, w1, g0, g1, b0, b1;
+  FVec w0, w1, g0, g1;
+  FVec b0(0.0f), b1(0.0f);  // read only with kMom, after the first step
   if constexpr (kMaster) {
     load2(master, w0, w1);
   } else {
@@ -283,10 +256,10 @@ void dispatch2(SpanDtype pd, SpanDtype gd, F&& f) {
   auto with_grad = [&](auto* ptag) {
     switch (gd) {
       case SpanDtype::kHalf:
-        f(ptag, static_cast<c10::Half*>(nullptr));
+        f(ptag, static_cast<simd::fp16*>(nullptr));
         return;
       case SpanDtype::kBFloat16:
-        f(ptag, static_cast<c10::BFloat16*>(nullptr));
+        f(ptag, static_cast<simd::bf16*>(nullptr));
         return;
       default:
         f(ptag, static_cast<float*>(nullptr));
@@ -295,10 +268,10 @@ void dispatch2(SpanDtype pd, SpanDtype gd, F&& f) {
   };
   switch (pd) {
     case SpanDtype::kHalf:
-      with_grad(static_cast<c10::Half*>(nullptr));
+      with_grad(static_cast<simd::fp16*>(nullptr));
       return;
     case SpanDtype::kBFloat16:
-      with_grad(static_cast<c10::BFloat16*>(nullptr));
+      with_grad(static_cast<simd::bf16*>(nullptr));
       return;
     default:
       with_grad(static_cast<float*>(nullptr));

@@ -1,7 +1,7 @@
 // The portable span kernels (unscale family and fused optimizers), built on
-// at::vec's DEFAULT implementation (auto-vectorized for the baseline ISA); the
-// body is span_kernels_isa.h, which defines span_kernels_default(). The
-// selection among the per-ISA tables is span_kernels() (span_kernels.cpp).
+// simd.h's portable vectors (compiled for the baseline ISA); the body is
+// span_kernels_isa.h, which defines span_kernels_default(). The selection
+// among the per-ISA tables is span_kernels() (span_kernels.cpp).
 #include "cpu/span_kernels.h"
 
 #define MIXPREC_ISA default

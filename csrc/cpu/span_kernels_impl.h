@@ -2,21 +2,18 @@
 // unscale_and_norm_. Math in opmath (float for fp16/bf16), one rounding back.
 //
 // Included once per instruction set by span_kernels_isa.h, which defines
-// MIXPREC_SPAN_NS (and, for an ISA, CPU_CAPABILITY so at::vec picks its
-// intrinsics) first; everything lands in mixprec::cpu::MIXPREC_SPAN_NS.
+// MIXPREC_SPAN_NS (and, for an ISA, the MIXPREC_SIMD_* macro that picks
+// simd.h's vectors) first; everything lands in mixprec::cpu::MIXPREC_SPAN_NS.
 #ifndef MIXPREC_SPAN_NS
 #error "define MIXPREC_SPAN_NS before including span_kernels_impl.h"
 #endif
-
-#include <ATen/OpMathType.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 
 #include <type_traits>
 #include <utility>
 
 #include "common/norm_math.h"
 #include "common/unscale_math.h"
+#include "cpu/simd.h"
 #include "cpu/span_kernels.h"
 
 namespace mixprec {
@@ -24,7 +21,15 @@ namespace cpu {
 namespace MIXPREC_SPAN_NS {
 
 template <typename scalar_t>
-using OpVec = at::vec::Vectorized<at::opmath_type<scalar_t>>;
+using OpVec = simd::Vec<simd::opmath_t<scalar_t>>;
+
+// Elements of scalar_t per storage vector: one OpVec, or two for the 16-bit
+// types.
+template <typename scalar_t>
+constexpr int64_t kStorageLanes =
+    std::is_same_v<scalar_t, simd::opmath_t<scalar_t>>
+        ? OpVec<scalar_t>::size()
+        : 2 * OpVec<scalar_t>::size();
 
 // Calls f(OpVec&) on every full storage vector of p[0, n) converted to opmath
 // (two calls per vector for fp16/bf16); when `write`, stores what f left in
@@ -32,22 +37,23 @@ using OpVec = at::vec::Vectorized<at::opmath_type<scalar_t>>;
 // the caller handles the scalar tail [returned, n).
 template <typename scalar_t, typename F>
 int64_t map_vectors(scalar_t* p, int64_t n, bool write, F&& f) {
-  using opmath_t = at::opmath_type<scalar_t>;
-  using VecS = at::vec::Vectorized<scalar_t>;
+  using Vec = OpVec<scalar_t>;
+  constexpr int64_t kS = kStorageLanes<scalar_t>;
   int64_t i = 0;
-  for (; i + VecS::size() <= n; i += VecS::size()) {
-    if constexpr (std::is_same_v<scalar_t, opmath_t>) {
-      VecS v = VecS::loadu(p + i);
+  for (; i + kS <= n; i += kS) {
+    if constexpr (std::is_same_v<scalar_t, simd::opmath_t<scalar_t>>) {
+      Vec v = Vec::loadu(p + i);
       f(v);
       if (write) {
         v.store(p + i);
       }
     } else {
-      auto [a, b] = at::vec::convert_to_float<scalar_t>(VecS::loadu(p + i));
+      Vec a, b;
+      simd::load2(p + i, a, b);
       f(a);
       f(b);
       if (write) {
-        at::vec::convert_from_float<scalar_t>(a, b).store(p + i);
+        simd::store2(p + i, a, b);
       }
     }
   }
@@ -72,21 +78,19 @@ template <bool kWrite, typename scalar_t>
 C10_ALWAYS_INLINE void unscale_check_vector(scalar_t* p,
                                             const OpVec<scalar_t>& vinv,
                                             OpVec<scalar_t>& acc) {
-  using opmath_t = at::opmath_type<scalar_t>;
-  using VecS = at::vec::Vectorized<scalar_t>;
-  if constexpr (std::is_same_v<scalar_t, opmath_t>) {
-    const VecS v = VecS::loadu(p);
+  using Vec = OpVec<scalar_t>;
+  if constexpr (std::is_same_v<scalar_t, simd::opmath_t<scalar_t>>) {
+    const Vec v = Vec::loadu(p);
     acc = acc + math::nonfinite_probe(v);
     if constexpr (kWrite) {
       math::unscale(v, vinv).store(p);
     }
   } else {
-    auto [a, b] = at::vec::convert_to_float<scalar_t>(VecS::loadu(p));
+    Vec a, b;
+    simd::load2(p, a, b);
     acc = acc + math::nonfinite_probe(a) + math::nonfinite_probe(b);
     if constexpr (kWrite) {
-      at::vec::convert_from_float<scalar_t>(math::unscale(a, vinv),
-                                            math::unscale(b, vinv))
-          .store(p);
+      simd::store2(p, math::unscale(a, vinv), math::unscale(b, vinv));
     }
   }
 }
@@ -100,9 +104,9 @@ C10_ALWAYS_INLINE void unscale_check_vector(scalar_t* p,
 // result, like every unscaled value, is the same on every ISA.
 template <bool kWrite, typename scalar_t>
 bool unscale_check_span_impl(scalar_t* p, int64_t n, float inv_scale_f) {
-  using opmath_t = at::opmath_type<scalar_t>;
+  using opmath_t = simd::opmath_t<scalar_t>;
   using Vec = OpVec<scalar_t>;
-  constexpr int64_t kS = at::vec::Vectorized<scalar_t>::size();
+  constexpr int64_t kS = kStorageLanes<scalar_t>;
   const opmath_t inv = static_cast<opmath_t>(inv_scale_f);
   const Vec vinv(inv);
   Vec a0(opmath_t(0)), a1(opmath_t(0)), a2(opmath_t(0)), a3(opmath_t(0));
@@ -118,10 +122,10 @@ bool unscale_check_span_impl(scalar_t* p, int64_t n, float inv_scale_f) {
   }
   opmath_t tail = 0;
   for (; i < n; ++i) {
-    const opmath_t v = static_cast<opmath_t>(p[i]);
+    const opmath_t v = simd::widen(p[i]);
     tail += math::nonfinite_probe(v);
     if constexpr (kWrite) {
-      p[i] = static_cast<scalar_t>(math::unscale(v, inv));
+      p[i] = simd::narrow<scalar_t>(math::unscale(v, inv));
     }
   }
   const Vec acc = (a0 + a1) + (a2 + a3);
@@ -143,16 +147,16 @@ V vec_norm_term(const V& u, const V& p) {
   if constexpr (Kind == math::kNormL2) {
     return u * u;
   } else if constexpr (Kind == math::kNormL1 || Kind == math::kNormInf) {
-    return u.abs();
+    return simd::abs(u);
   } else {
-    return u.abs().pow(p);
+    return simd::pow(simd::abs(u), p);
   }
 }
 
 template <int Kind, typename V>
 V vec_combine(const V& a, const V& b) {
   if constexpr (Kind == math::kNormInf) {
-    return at::vec::maximum(a, b);  // propagates NaN
+    return simd::maximum(a, b);  // propagates NaN
   } else {
     return a + b;
   }
@@ -164,7 +168,7 @@ V vec_combine(const V& a, const V& b) {
 template <typename scalar_t, int Kind>
 SpanNorm unscale_norm_span(scalar_t* p, int64_t n, float inv_scale_f,
                            bool write, double norm_type) {
-  using opmath_t = at::opmath_type<scalar_t>;
+  using opmath_t = simd::opmath_t<scalar_t>;
   using Vec = OpVec<scalar_t>;
   constexpr int kFlush = 32;
   const opmath_t inv = static_cast<opmath_t>(inv_scale_f);
@@ -193,13 +197,13 @@ SpanNorm unscale_norm_span(scalar_t* p, int64_t n, float inv_scale_f,
   flush();
   opmath_t tail_probe = 0;
   for (; i < n; ++i) {
-    const opmath_t v = static_cast<opmath_t>(p[i]);
+    const opmath_t v = simd::widen(p[i]);
     tail_probe += math::nonfinite_probe(v);
     const opmath_t u = math::unscale(v, inv);
     partial = math::combine<Kind, double>(
         partial, static_cast<double>(math::norm_term<Kind>(u, pn)));
     if (write) {
-      p[i] = static_cast<scalar_t>(u);
+      p[i] = simd::narrow<scalar_t>(u);
     }
   }
   const bool nan_lane = reduce_lanes<bool>(
@@ -214,9 +218,9 @@ decltype(auto) dispatch_dtype(SpanDtype dtype, F&& f) {
     case SpanDtype::kFloat:
       return f(float{});
     case SpanDtype::kHalf:
-      return f(c10::Half{});
+      return f(simd::fp16{});
     case SpanDtype::kBFloat16:
-      return f(c10::BFloat16{});
+      return f(simd::bf16{});
     case SpanDtype::kDouble:
     default:
       return f(double{});

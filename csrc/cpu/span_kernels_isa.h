@@ -7,10 +7,10 @@
 //
 // The including file names the ISA (MIXPREC_ISA: default, avx2, avx512). For
 // an x86 ISA it has already set, on x86-64 GCC/Clang, its `#pragma GCC
-// target`, CPU_CAPABILITY and the ISA macros beyond AVX2's; everything it
-// compiles is below its pragma. The baseline also defines
-// MIXPREC_ISA_PORTABLE: it is compiled on every target, with at::vec's
-// DEFAULT implementation; an x86 ISA elsewhere yields nullptr.
+// target` and MIXPREC_SIMD_AVX2 or MIXPREC_SIMD_AVX512, which picks simd.h's
+// vectors; everything it compiles is below its pragma. The baseline also
+// defines MIXPREC_ISA_PORTABLE: it is compiled on every target, with
+// simd.h's portable vectors; an x86 ISA elsewhere yields nullptr.
 // Included once per such file: no include guard.
 #ifndef MIXPREC_ISA
 #error "define MIXPREC_ISA before including span_kernels_isa.h"
@@ -25,26 +25,10 @@
 
 #if defined(MIXPREC_ISA_PORTABLE) || (defined(__x86_64__) && defined(__GNUC__))
 
-#ifndef MIXPREC_ISA_PORTABLE
-#ifndef CPU_CAPABILITY
-#error "span_kernels_isa.h: set the target pragma and CPU_CAPABILITY first"
+#if !defined(MIXPREC_ISA_PORTABLE) && !defined(MIXPREC_SIMD_AVX2) && \
+    !defined(MIXPREC_SIMD_AVX512)
+#error "span_kernels_isa.h: set the target pragma and MIXPREC_SIMD_<ISA> first"
 #endif
-// GCC's target pragma enables the instructions but not the ISA macros that
-// at::vec and SLEEF test, so they are defined here for this file only (those
-// of AVX2, which every ISA here includes; the file defines the others).
-#ifndef __AVX__
-#define __AVX__ 1
-#endif
-#ifndef __AVX2__
-#define __AVX2__ 1
-#endif
-#ifndef __FMA__
-#define __FMA__ 1
-#endif
-#ifndef __F16C__
-#define __F16C__ 1
-#endif
-#endif  // !MIXPREC_ISA_PORTABLE
 
 #define MIXPREC_SPAN_NS MIXPREC_ISA_CAT(isa_, MIXPREC_ISA)
 #include "cpu/fused_optim_span_impl.h"

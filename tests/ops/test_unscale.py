@@ -189,6 +189,20 @@ def test_bf16_against_float64_reference(device, inv):
     assert found.item() == 1.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("inv", INV_SCALES + [2.0**-20, 1.5])
+def test_every_16bit_pattern_against_torch_conversion(device, dtype, inv):
+    """Every fp16 / bf16 bit pattern (zeros, subnormals, the overflow edge, inf, NaNs), through
+    the vector loop and the scalar tail, rounds as torch's float32 -> dtype conversion."""
+    patterns = torch.arange(65536, dtype=torch.int32).to(torch.int16)
+    grads = [torch.cat([patterns, patterns[:7]]).view(dtype).to(device)]
+    expected = (grads[0].float() * inv).to(dtype)
+    found = torch.zeros((), device=device)
+    mixprec.ops.unscale_and_check_(grads, found, torch.full((), inv, device=device))
+    assert_bitwise_equal(grads[0], expected, any_nan_payload=True)
+    assert found.item() == 1.0
+
+
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_matches_reference_bitwise(device, dtype):
     """The pure-PyTorch fallback is bitwise equal to the kernels (it is also the oracle)."""
