@@ -150,7 +150,7 @@ def render() -> str:
         "// clang-format off",
         "#pragma once",
         "",
-        "#include <c10/macros/Macros.h>",
+        "#include <torch/headeronly/macros/Macros.h>",
         "",
         "#include <cstdint>",
         "",
