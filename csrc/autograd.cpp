@@ -25,7 +25,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/library.h>
 
-#include "op_table.h"
+#include "op_dispatch.h"
 
 #include <optional>
 #include <string>
@@ -153,7 +153,7 @@ struct NoGradKernel<Name, Ret(Args...)> {
 TORCH_LIBRARY_IMPL(mixprec, Autograd, m) {
 #define MIXPREC_AUTOGRAD_IMPL_(op)                                          \
   m.impl(#op,                                                               \
-         &::mixprec::NoGradKernel<::mixprec::OpInfo<&::mixprec::op>::kName, \
+         &::mixprec::NoGradKernel<::mixprec::OpInfo<::mixprec::Op::op>::kName, \
                                   ::mixprec::OpSig<&::mixprec::op>>::fn);
   MIXPREC_FOR_EACH_OP(MIXPREC_AUTOGRAD_IMPL_)
 #undef MIXPREC_AUTOGRAD_IMPL_

@@ -2,31 +2,36 @@
 //
 // Each op is written down in three places: its schema (below, in
 // mixprec::schema), its public C++ function (include/mixprec/ops.h, with
-// defaults and a doc comment) and its Python wrapper (python/mixprec). Every
-// other piece of C++ takes the op from this header:
+// defaults and a doc comment; libmixprec only) and its Python wrapper
+// (python/mixprec). Every other piece of C++ takes the op from this header:
 //
 //   * MIXPREC_FOR_EACH_OP(X) drives the schema registration
-//     (registration.cpp), libmixprec's Autograd-key kernels (autograd.cpp),
-//     the op list of mixprec._C (csrc/python_entry/module.cpp; the Python
-//     package's Autograd-key kernels are registered from it), the typed
-//     dispatcher calls behind the public functions (ops.cpp) and the C++ link
-//     test;
-//   * the C++ signature of an op is decltype of its public function
-//     (OpSig<&mixprec::fused_adam_>): no signature is restated;
-//   * the backend kernels take OpArgs<&mixprec::x_> (the call's arguments in
-//     one object) and read arguments by schema name (MIXPREC_ARG,
-//     MIXPREC_BIND); OpKernel adapts such a kernel to the dispatcher.
+//     (registration.cpp), libmixprec's Autograd-key kernels (autograd.cpp)
+//     and typed dispatcher calls (ops.cpp, through op_dispatch.h), the op
+//     list the Python package reads (build_info.cpp) and the C++ link test;
+//   * the backend kernels take OpArgs<Op::x_>: the call's arguments in one
+//     object, each of the C++ type its schema type names (Tensor[] is a
+//     std::vector<Tensor>, float a double, ...; torch's stable ABI types,
+//     common/tensor.h), read by schema name (MIXPREC_ARG, MIXPREC_BIND);
+//     boxed_kernel adapts such a kernel to the stable ABI's boxed calling
+//     convention.
 //
-// A mismatch between the schema and the public function's types fails when a
-// kernel registers (at load); a name that is not in the schema fails to
-// compile.
+// The kernels build with TORCH_TARGET_VERSION: nothing here includes ATen or
+// c10. A name that is not in the schema, or a schema type with no C++ type
+// here, fails to compile.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <tuple>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
-#include "mixprec/ops.h"
+#include <torch/csrc/stable/library.h>
+
+#include "common/tensor.h"
 
 // X(name) for every op, in schema order. A new op adds a line here, its schema
 // below and its function in include/mixprec/ops.h.
@@ -221,19 +226,167 @@ constexpr int schema_arg_index(const char* schema, const char* name) {
   }
 }
 
-// The C++ function type of the op whose public function is Fn
-// (&mixprec::fused_adam_, ...).
-template <auto Fn>
-using OpSig = std::remove_pointer_t<decltype(Fn)>;
+// The kinds of argument a schema of the table uses, and their C++ types in
+// a kernel (the stable ABI's: common/tensor.h).
+enum class ArgKind {
+  kTensor,          // Tensor, Tensor(a!)
+  kTensorList,      // Tensor[], Tensor(a!)[]
+  kOptionalTensor,  // Tensor?
+  kFloat,           // float
+  kOptionalFloat,   // float?
+  kInt,             // int
+  kOptionalIntList, // int[]?
+  kBool,            // bool
+  kUnknown,
+};
 
-// Per op: kName ("mixprec::x_", usable as a template argument) and kSchema.
-template <auto Fn>
+// The kind of argument `index` of `schema` (its type: the text before its
+// name).
+constexpr ArgKind schema_arg_kind(const char* schema, int index) {
+  size_t i = 0;
+  while (schema[i] != '(') {
+    ++i;
+  }
+  ++i;
+  for (int k = 0; k < index; ++k) {
+    int depth = 0;
+    while (depth > 0 || schema[i] != ',') {
+      if (schema[i] == '(') {
+        ++depth;
+      } else if (schema[i] == ')') {
+        if (depth == 0) {
+          return ArgKind::kUnknown;
+        }
+        --depth;
+      }
+      ++i;
+    }
+    ++i;
+    while (schema[i] == ' ') {
+      ++i;
+    }
+  }
+  // The type: up to the first space, with any alias annotation "(a!)".
+  const size_t start = i;
+  size_t end = i;
+  while (schema[end] != ' ') {
+    ++end;
+  }
+  auto is = [&](const char* word) {
+    size_t k = 0;
+    for (size_t j = start; j < end; ++j) {
+      if (schema[j] == '(') {  // skip the alias annotation
+        while (schema[j] != ')') {
+          ++j;
+        }
+        continue;
+      }
+      if (word[k] != schema[j]) {
+        return false;
+      }
+      ++k;
+    }
+    return word[k] == '\0';
+  };
+  if (is("Tensor")) return ArgKind::kTensor;
+  if (is("Tensor[]")) return ArgKind::kTensorList;
+  if (is("Tensor?")) return ArgKind::kOptionalTensor;
+  if (is("float")) return ArgKind::kFloat;
+  if (is("float?")) return ArgKind::kOptionalFloat;
+  if (is("int")) return ArgKind::kInt;
+  if (is("int[]?")) return ArgKind::kOptionalIntList;
+  if (is("bool")) return ArgKind::kBool;
+  return ArgKind::kUnknown;
+}
+
+// The number of arguments of `schema`.
+constexpr int schema_num_args(const char* schema) {
+  size_t i = 0;
+  while (schema[i] != '(') {
+    ++i;
+  }
+  ++i;
+  if (schema[i] == ')') {
+    return 0;
+  }
+  int n = 1;
+  int depth = 0;
+  for (; depth > 0 || schema[i] != ')'; ++i) {
+    if (schema[i] == '(') {
+      ++depth;
+    } else if (schema[i] == ')') {
+      --depth;
+    } else if (schema[i] == ',' && depth == 0) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+// Whether `schema` returns one Tensor ("-> Tensor"); else it returns nothing.
+constexpr bool schema_returns_tensor(const char* schema) {
+  size_t i = 0;
+  while (!(schema[i] == '-' && schema[i + 1] == '>')) {
+    ++i;
+  }
+  i += 2;
+  while (schema[i] == ' ') {
+    ++i;
+  }
+  return schema[i] == 'T';
+}
+
+template <ArgKind K>
+struct ArgTypeOf;
+template <>
+struct ArgTypeOf<ArgKind::kTensor> {
+  using type = Tensor;
+};
+template <>
+struct ArgTypeOf<ArgKind::kTensorList> {
+  using type = std::vector<Tensor>;
+};
+template <>
+struct ArgTypeOf<ArgKind::kOptionalTensor> {
+  using type = std::optional<Tensor>;
+};
+template <>
+struct ArgTypeOf<ArgKind::kFloat> {
+  using type = double;
+};
+template <>
+struct ArgTypeOf<ArgKind::kOptionalFloat> {
+  using type = std::optional<double>;
+};
+template <>
+struct ArgTypeOf<ArgKind::kInt> {
+  using type = int64_t;
+};
+template <>
+struct ArgTypeOf<ArgKind::kOptionalIntList> {
+  using type = std::optional<std::vector<int64_t>>;
+};
+template <>
+struct ArgTypeOf<ArgKind::kBool> {
+  using type = bool;
+};
+
+// Every op of the table, by name (Op::fused_adam_, ...).
+enum class Op {
+#define MIXPREC_OP_ENUM_(op) op,
+  MIXPREC_FOR_EACH_OP(MIXPREC_OP_ENUM_)
+#undef MIXPREC_OP_ENUM_
+};
+
+// Per op: kName ("mixprec::x_"), kOpName ("x_") and kSchema.
+template <Op O>
 struct OpInfo;
 
 #define MIXPREC_OP_INFO_(op)                                             \
   template <>                                                            \
-  struct OpInfo<&::mixprec::op> {                                        \
+  struct OpInfo<Op::op> {                                                \
     static constexpr char kName[] = "mixprec::" #op;                     \
+    static constexpr const char* kOpName = #op;                          \
     static constexpr const char* kSchema = ::mixprec::schema::op;        \
     static_assert(::mixprec::schema_is_of(kSchema, #op),                 \
                   "the schema of " #op " does not start with its name"); \
@@ -241,26 +394,38 @@ struct OpInfo;
 MIXPREC_FOR_EACH_OP(MIXPREC_OP_INFO_)
 #undef MIXPREC_OP_INFO_
 
-// The arguments of one call of op Fn, as the dispatcher passed them (tensors
-// by reference, scalars by value): the form in which backend kernels take
-// them. Read them with MIXPREC_ARG / MIXPREC_BIND, by schema name.
-template <auto Fn, class Sig = OpSig<Fn>>
+// The C++ type of argument I of op O, from its schema.
+template <Op O, size_t I>
+using OpArgType = typename ArgTypeOf<schema_arg_kind(
+    OpInfo<O>::kSchema, static_cast<int>(I))>::type;
+
+// The arguments of one call of op O, taken from the stable ABI's stack once
+// (each converted to its schema type, owning what it holds): the form in
+// which backend kernels take them. Read them with MIXPREC_ARG / MIXPREC_BIND,
+// by schema name.
+template <Op O, class Seq = std::make_index_sequence<
+                    static_cast<size_t>(schema_num_args(OpInfo<O>::kSchema))>>
 struct OpArgs;
 
-template <auto Fn, class Ret, class... Args>
-struct OpArgs<Fn, Ret(Args...)> {
-  static constexpr const char* kSchema = OpInfo<Fn>::kSchema;
-  std::tuple<Args...> values;
+// Hidden, as the stable ABI's types it holds.
+template <Op O, size_t... I>
+struct __attribute__((visibility("hidden"))) OpArgs<O,
+                                                    std::index_sequence<I...>> {
+  static constexpr const char* kSchema = OpInfo<O>::kSchema;
+  std::tuple<OpArgType<O, I>...> values;
+
+  explicit OpArgs(StableIValue* stack)
+      : values{torch::stable::detail::to<OpArgType<O, I>>(stack[I])...} {}
 };
 
 template <int I, class A>
-constexpr decltype(auto) op_arg(const A& a) {
+constexpr const auto& op_arg(const A& a) {
   static_assert(I >= 0, "MIXPREC_ARG: no argument of that name in the schema");
   return std::get<static_cast<size_t>(I < 0 ? 0 : I)>(a.values);
 }
 
-// The argument `name` of OpArgs `a` (a reference to it), checked against the
-// schema at compile time.
+// The argument `name` of OpArgs `a` (a const reference to it), checked
+// against the schema at compile time.
 #define MIXPREC_ARG(a, name)                      \
   (::mixprec::op_arg<::mixprec::schema_arg_index( \
        std::decay_t<decltype(a)>::kSchema, #name)>(a))
@@ -301,25 +466,25 @@ constexpr decltype(auto) op_arg(const A& a) {
                    MIXPREC_PP_1_)                                              \
   (MIXPREC_BIND_ONE_, a, __VA_ARGS__)
 
-// A backend kernel `Impl`, taking `const OpArgs<Fn>&`, as the dispatcher
-// calls it: OpKernel<Fn, Impl>::fn has op Fn's C++ signature.
-template <auto Fn, auto Impl, class Sig = OpSig<Fn>>
-struct OpKernel;
-
-template <auto Fn, auto Impl, class Ret, class... Args>
-struct OpKernel<Fn, Impl, Ret(Args...)> {
-  static Ret fn(Args... args) {
-    return Impl(OpArgs<Fn>{std::tuple<Args...>(args...)});
+// A backend kernel `Impl` (taking `const OpArgs<O>&`, returning a Tensor
+// when the schema does, else nothing) as a boxed kernel of the stable ABI.
+template <Op O, auto Impl>
+void boxed_kernel(StableIValue* stack, uint64_t /*num_args*/,
+                  uint64_t /*num_outputs*/) {
+  OpArgs<O> args(stack);
+  using Ret = decltype(Impl(args));
+  static_assert(std::is_void_v<Ret> != schema_returns_tensor(OpInfo<O>::kSchema),
+                "a kernel's return type differs from its op's schema");
+  if constexpr (std::is_void_v<Ret>) {
+    Impl(args);
+  } else {
+    stack[0] = torch::stable::detail::from(Impl(args));
   }
-};
+}
 
-// OpKernel<Fn, Impl>::fn, for m.impl under a name other than the op's.
-template <auto Fn, auto Impl>
-inline constexpr auto kernel = &OpKernel<Fn, Impl>::fn;
-
-// m.impl of `kernel_fn` (a function taking `const OpArgs<&mixprec::op>&`)
-// for op `op`, in a TORCH_LIBRARY_IMPL(mixprec, <key>, m) block.
+// m.impl of `kernel_fn` (a function taking `const OpArgs<Op::op>&`) for op
+// `op`, in a STABLE_TORCH_LIBRARY_IMPL(mixprec, <key>, m) block.
 #define MIXPREC_IMPL(m, op, kernel_fn) \
-  (m).impl(#op, &::mixprec::OpKernel<&::mixprec::op, kernel_fn>::fn)
+  (m).impl(#op, &::mixprec::boxed_kernel<::mixprec::Op::op, kernel_fn>)
 
 }  // namespace mixprec

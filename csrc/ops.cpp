@@ -4,7 +4,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "op_table.h"
+#include "op_dispatch.h"
 
 namespace mixprec {
 namespace detail {
@@ -12,7 +12,7 @@ namespace detail {
 template <auto Fn, class Ret, class... Args>
 Ret Dispatch<Fn, Ret(Args...)>::call(Args... args) {
   static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow(OpInfo<Fn>::kName, "")
+                             .findSchemaOrThrow(OpInfo<OpOfFn<Fn>::value>::kName, "")
                              .template typed<Ret(Args...)>();
   return op.call(args...);
 }

@@ -1,7 +1,6 @@
 #include "common/checks.h"
 
-#include <ATen/MemoryOverlap.h>
-#include <c10/util/Exception.h>
+#include "common/tensor.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,70 +11,70 @@
 namespace mixprec {
 namespace checks {
 
-bool is_supported_float(c10::ScalarType t) {
-  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 ||
-         t == at::kDouble;
+bool is_supported_float(ScalarType t) {
+  return t == ScalarType::Float || t == ScalarType::Half || t == ScalarType::BFloat16 ||
+         t == ScalarType::Double;
 }
 
 namespace {
 
 // torch's name of the dtypes these checks ask for (float32, not Float)
-const char* dtype_name(c10::ScalarType t) {
+const char* dtype_name(ScalarType t) {
   switch (t) {
-    case at::kFloat:
+    case ScalarType::Float:
       return "float32";
-    case at::kDouble:
+    case ScalarType::Double:
       return "float64";
-    case at::kInt:
+    case ScalarType::Int:
       return "int32";
     default:
-      return c10::toString(t);
+      return dtype_str(t);
   }
 }
 
 }  // namespace
 
-void check_scalar_tensor(const char* op, const char* name, const at::Tensor& t,
-                         c10::ScalarType dtype, const c10::Device& device,
-                         const char* device_of, c10::ScalarType alt) {
-  const bool has_alt = alt != c10::ScalarType::Undefined;
-  TORCH_CHECK(t.defined(), "mixprec.", op, ": ", name, " is undefined");
-  TORCH_CHECK(t.layout() == at::kStrided, "mixprec.", op, ": ", name,
+void check_scalar_tensor(const char* op, const char* name, const Tensor& t,
+                         ScalarType dtype, const Device& device,
+                         const char* device_of, ScalarType alt) {
+  const bool has_alt = alt != ScalarType::Undefined;
+  MIXPREC_CHECK(t.defined(), "mixprec.", op, ": ", name, " is undefined");
+  MIXPREC_CHECK(t.layout() == Layout::Strided, "mixprec.", op, ": ", name,
               " must be a dense (strided) tensor, got layout ", t.layout());
-  TORCH_CHECK(t.scalar_type() == dtype || (has_alt && t.scalar_type() == alt),
+  MIXPREC_CHECK(t.scalar_type() == dtype || (has_alt && t.scalar_type() == alt),
               "mixprec.", op, ": ", name, " must be a ", dtype_name(dtype),
               has_alt ? " or " : "", has_alt ? dtype_name(alt) : "",
               " tensor, got ", t.scalar_type());
-  TORCH_CHECK(t.numel() == 1, "mixprec.", op, ": ", name,
+  MIXPREC_CHECK(t.numel() == 1, "mixprec.", op, ": ", name,
               " must be a one-element tensor, got shape ", t.sizes());
-  TORCH_CHECK(t.device() == device, "mixprec.", op, ": ", name, " must be on ",
+  MIXPREC_CHECK(t.device() == device, "mixprec.", op, ": ", name, " must be on ",
               device, " (the device of ", device_of, "), got ", t.device());
 }
 
 void check_grad_member(const char* op, const char* name, size_t i,
-                       const at::Tensor& t, const c10::Device& device,
+                       const Tensor& t, const Device& device,
                        bool written) {
-  TORCH_CHECK(t.defined(), "mixprec.", op, ": ", name, "[", i,
+  MIXPREC_CHECK(t.defined(), "mixprec.", op, ": ", name, "[", i,
               "] is undefined");
-  TORCH_CHECK(t.layout() == at::kStrided, "mixprec.", op, ": ", name, "[", i,
+  MIXPREC_CHECK(t.layout() == Layout::Strided, "mixprec.", op, ": ", name, "[", i,
               "] must be a dense (strided) tensor, got layout ", t.layout(),
               "; coalesce sparse gradients and pass "
               "their values() instead");
-  TORCH_CHECK(is_supported_float(t.scalar_type()), "mixprec.", op, ": ", name,
+  MIXPREC_CHECK(is_supported_float(t.scalar_type()), "mixprec.", op, ": ", name,
               "[", i, "] must be float32, float16, bfloat16 or float64, got ",
               t.scalar_type());
-  TORCH_CHECK(t.device() == device, "mixprec.", op, ": ", name, "[", i,
+  MIXPREC_CHECK(t.device() == device, "mixprec.", op, ": ", name, "[", i,
               "] is on ", t.device(), " but found_inf is on ", device,
               "; call the op once per device");
-  if (written && !t.is_non_overlapping_and_dense()) {
-    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "mixprec.",
+  if (written && !is_dense(t)) {
+    MIXPREC_CHECK(!has_internal_overlap(t), "mixprec.",
                 op, ": ", name, "[", i,
                 "] has internal overlap (e.g. an expanded tensor), so an "
                 "in-place write would touch an element more than once");
   }
 }
 
-void check_disjoint(const char* op, const char* name, at::TensorList tensors) {
+void check_disjoint(const char* op, const char* name, TensorList tensors) {
   if (tensors.size() < 2) {
     return;
   }
@@ -87,21 +86,21 @@ void check_disjoint(const char* op, const char* name, at::TensorList tensors) {
   std::vector<Span> spans;
   spans.reserve(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const at::Tensor& t = tensors[i];
-    if (!t.defined() || t.layout() != at::kStrided || t.numel() == 0 ||
-        !t.is_non_overlapping_and_dense() || t.data_ptr() == nullptr ||
+    const Tensor& t = tensors[i];
+    if (!t.defined() || t.layout() != Layout::Strided || t.numel() == 0 ||
+        !is_dense(t) || t.data_ptr() == nullptr ||
         t.device() != tensors[0].device()) {
       continue;
     }
     const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
-    spans.push_back({begin, begin + static_cast<uintptr_t>(t.nbytes()), i});
+    spans.push_back({begin, begin + static_cast<uintptr_t>(t.numel() * static_cast<int64_t>(t.element_size())), i});
   }
   std::sort(spans.begin(), spans.end(),
             [](const Span& a, const Span& b) { return a.begin < b.begin; });
   for (size_t k = 1; k < spans.size(); ++k) {
     const Span& a = spans[k - 1];
     const Span& b = spans[k];
-    TORCH_CHECK(b.begin >= a.end, "mixprec.", op, ": ", name, "[",
+    MIXPREC_CHECK(b.begin >= a.end, "mixprec.", op, ": ", name, "[",
                 std::min(a.index, b.index), "] and ", name, "[",
                 std::max(a.index, b.index),
                 "] share memory (the same tensor twice, or overlapping views "
@@ -109,8 +108,8 @@ void check_disjoint(const char* op, const char* name, at::TensorList tensors) {
   }
 }
 
-void check_grad_list(const char* op, const char* name, at::TensorList tensors,
-                     const c10::Device& device, bool written) {
+void check_grad_list(const char* op, const char* name, TensorList tensors,
+                     const Device& device, bool written) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     check_grad_member(op, name, i, tensors[i], device, written);
   }
@@ -122,53 +121,53 @@ void check_grad_list(const char* op, const char* name, at::TensorList tensors,
 namespace mixprec {
 namespace checks {
 
-void check_update_scale_args(const char* op, const at::Tensor& scale,
-                             const at::Tensor& growth_tracker,
-                             const at::Tensor* hysteresis_left,
-                             const at::Tensor& found_inf,
+void check_update_scale_args(const char* op, const Tensor& scale,
+                             const Tensor& growth_tracker,
+                             const Tensor* hysteresis_left,
+                             const Tensor& found_inf,
                              int64_t growth_interval) {
-  TORCH_CHECK(scale.defined(), "mixprec.", op, ": scale is undefined");
-  const c10::Device device = scale.device();
-  check_scalar_tensor(op, "scale", scale, at::kFloat, device, "scale");
-  check_scalar_tensor(op, "growth_tracker", growth_tracker, at::kInt, device,
+  MIXPREC_CHECK(scale.defined(), "mixprec.", op, ": scale is undefined");
+  const Device device = scale.device();
+  check_scalar_tensor(op, "scale", scale, ScalarType::Float, device, "scale");
+  check_scalar_tensor(op, "growth_tracker", growth_tracker, ScalarType::Int, device,
                       "scale");
   if (hysteresis_left != nullptr) {
-    check_scalar_tensor(op, "hysteresis_left", *hysteresis_left, at::kInt,
+    check_scalar_tensor(op, "hysteresis_left", *hysteresis_left, ScalarType::Int,
                         device, "scale");
   }
-  check_scalar_tensor(op, "found_inf", found_inf, at::kFloat, device, "scale");
-  TORCH_CHECK(growth_interval >= 1 && growth_interval <= INT32_MAX, "mixprec.",
+  check_scalar_tensor(op, "found_inf", found_inf, ScalarType::Float, device, "scale");
+  MIXPREC_CHECK(growth_interval >= 1 && growth_interval <= INT32_MAX, "mixprec.",
               op, ": growth_interval must be a positive 32-bit integer, got ",
               growth_interval);
 }
 
-ScaleBounds check_update_scale_ext_args(const OpArgs<&update_scale_ext_>& a) {
+ScaleBounds check_update_scale_ext_args(const OpArgs<Op::update_scale_ext_>& a) {
   MIXPREC_BIND(a, scale, growth_tracker, hysteresis_left, found_inf,
                growth_factor, backoff_factor, growth_interval, min_scale,
                max_scale, hysteresis)
   const char* op = "update_scale_ext_";
   check_update_scale_args(op, scale, growth_tracker, &hysteresis_left,
                           found_inf, growth_interval);
-  TORCH_CHECK(growth_factor > 1.0 && std::isfinite(growth_factor), "mixprec.",
+  MIXPREC_CHECK(growth_factor > 1.0 && std::isfinite(growth_factor), "mixprec.",
               op, ": growth_factor must be a finite number > 1, got ",
               growth_factor);
-  TORCH_CHECK(backoff_factor > 0.0 && backoff_factor < 1.0, "mixprec.", op,
+  MIXPREC_CHECK(backoff_factor > 0.0 && backoff_factor < 1.0, "mixprec.", op,
               ": backoff_factor must be in (0, 1), got ", backoff_factor);
-  TORCH_CHECK(hysteresis >= 1 && hysteresis <= INT32_MAX, "mixprec.", op,
+  MIXPREC_CHECK(hysteresis >= 1 && hysteresis <= INT32_MAX, "mixprec.", op,
               ": hysteresis must be a positive 32-bit integer, got ",
               hysteresis);
   ScaleBounds b{0.0, std::numeric_limits<double>::infinity()};
   if (min_scale.has_value()) {
-    TORCH_CHECK(*min_scale > 0.0 && std::isfinite(*min_scale), "mixprec.", op,
+    MIXPREC_CHECK(*min_scale > 0.0 && std::isfinite(*min_scale), "mixprec.", op,
                 ": min_scale must be a finite number > 0, got ", *min_scale);
     b.min_scale = *min_scale;
   }
   if (max_scale.has_value()) {
-    TORCH_CHECK(*max_scale > 0.0 && std::isfinite(*max_scale), "mixprec.", op,
+    MIXPREC_CHECK(*max_scale > 0.0 && std::isfinite(*max_scale), "mixprec.", op,
                 ": max_scale must be a finite number > 0, got ", *max_scale);
     b.max_scale = *max_scale;
   }
-  TORCH_CHECK(b.min_scale <= b.max_scale, "mixprec.", op, ": min_scale (",
+  MIXPREC_CHECK(b.min_scale <= b.max_scale, "mixprec.", op, ": min_scale (",
               b.min_scale, ") must not exceed max_scale (", b.max_scale, ")");
   return b;
 }
@@ -179,21 +178,21 @@ ScaleBounds check_update_scale_ext_args(const OpArgs<&update_scale_ext_>& a) {
 namespace mixprec {
 namespace checks {
 
-c10::Device check_unscale_args(const char* op, at::TensorList tensors,
-                               const at::Tensor& found_inf,
-                               const at::Tensor* inv_scale,
-                               c10::DeviceType backend, bool read_only,
+Device check_unscale_args(const char* op, TensorList tensors,
+                               const Tensor& found_inf,
+                               const Tensor* inv_scale,
+                               DeviceType backend, bool read_only,
                                bool each_tensor) {
-  TORCH_CHECK(found_inf.defined() && found_inf.device().type() == backend,
+  MIXPREC_CHECK(found_inf.defined() && found_inf.device().type() == backend,
               "mixprec.", op, ": found_inf must be a ",
-              c10::DeviceTypeName(backend, /*lower_case=*/true),
+              device_str(backend),
               " tensor on the device of the tensors, got ",
-              found_inf.defined() ? found_inf.device().str() : "undefined");
-  const c10::Device device = found_inf.device();
-  check_scalar_tensor(op, "found_inf", found_inf, at::kFloat, device,
+              found_inf.defined() ? device_str(found_inf.device()) : "undefined");
+  const Device device = found_inf.device();
+  check_scalar_tensor(op, "found_inf", found_inf, ScalarType::Float, device,
                       "found_inf");
   if (inv_scale != nullptr) {
-    check_scalar_tensor(op, "inv_scale", *inv_scale, at::kFloat, device,
+    check_scalar_tensor(op, "inv_scale", *inv_scale, ScalarType::Float, device,
                         "found_inf");
   }
   const bool written = inv_scale != nullptr && !read_only;
@@ -208,7 +207,7 @@ c10::Device check_unscale_args(const char* op, at::TensorList tensors,
 }
 
 void check_norm_type(const char* op, double norm_type) {
-  TORCH_CHECK(norm_type > 0.0, "mixprec.", op,
+  MIXPREC_CHECK(norm_type > 0.0, "mixprec.", op,
               ": norm_type must be > 0 or inf, got ", norm_type);
 }
 

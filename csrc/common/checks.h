@@ -3,9 +3,7 @@
 // written, so an op that rejects its input modifies nothing.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <c10/core/ScalarType.h>
-#include <c10/util/ArrayRef.h>
+#include "common/tensor.h"
 
 #include <optional>
 #include <string>
@@ -19,34 +17,34 @@ namespace checks {
 // lr, grad_scale, ...) of dtype `dtype`, or `alt` when that is not Undefined,
 // on `device`: the device of the argument named `device_of`. Every op's
 // scalar-tensor arguments go through this one check.
-void check_scalar_tensor(const char* op, const char* name, const at::Tensor& t,
-                         c10::ScalarType dtype, const c10::Device& device,
+void check_scalar_tensor(const char* op, const char* name, const Tensor& t,
+                         ScalarType dtype, const Device& device,
                          const char* device_of,
-                         c10::ScalarType alt = c10::ScalarType::Undefined);
+                         ScalarType alt = ScalarType::Undefined);
 
 // A list of gradient-like tensors: dense (strided layout), on `device`, of a
 // floating dtype mixprec handles (float32, float16, bfloat16, float64), and,
 // when `written`, without internal overlap (an in-place write must touch each
 // element once).
-void check_grad_list(const char* op, const char* name, at::TensorList tensors,
-                     const c10::Device& device, bool written);
+void check_grad_list(const char* op, const char* name, TensorList tensors,
+                     const Device& device, bool written);
 // The same checks for tensors[i] == t alone (check_grad_list is a loop of it),
 // for launchers that check while they plan, in one pass over the list.
 void check_grad_member(const char* op, const char* name, size_t i,
-                       const at::Tensor& t, const c10::Device& device,
+                       const Tensor& t, const Device& device,
                        bool written);
 
 // No two dense tensors of a list that an op writes share memory (the same
 // tensor twice, or overlapping views of one): an in-place update would write
 // an element twice. Checked before the tensors one by one (tensors that are
 // undefined, empty, not strided or not dense are left to those checks).
-void check_disjoint(const char* op, const char* name, at::TensorList tensors);
+void check_disjoint(const char* op, const char* name, TensorList tensors);
 
-bool is_supported_float(c10::ScalarType t);
+bool is_supported_float(ScalarType t);
 
 // a == b for sizes or strides, inline: the planners compare a few int64 per
 // tensor, where IntArrayRef's == calls memcmp.
-inline bool same_dims(c10::IntArrayRef a, c10::IntArrayRef b) {
+inline bool same_dims(IntArrayRef a, IntArrayRef b) {
   if (a.size() != b.size()) {
     return false;
   }
@@ -65,10 +63,10 @@ inline bool same_dims(c10::IntArrayRef a, c10::IntArrayRef b) {
 // With each_tensor false the list's tensors are left to the caller, which
 // must run check_grad_member on every one of them before it writes anything.
 // Returns the device of the call (found_inf's).
-c10::Device check_unscale_args(const char* op, at::TensorList tensors,
-                               const at::Tensor& found_inf,
-                               const at::Tensor* inv_scale,
-                               c10::DeviceType backend, bool read_only = false,
+Device check_unscale_args(const char* op, TensorList tensors,
+                               const Tensor& found_inf,
+                               const Tensor* inv_scale,
+                               DeviceType backend, bool read_only = false,
                                bool each_tensor = true);
 
 // norm_type must be > 0 (inf allowed) and not NaN.
@@ -77,10 +75,10 @@ void check_norm_type(const char* op, double norm_type);
 // update_scale_: scale (float32), growth_tracker (int32), optional
 // hysteresis_left (int32) and found_inf (float32), one element each, all on
 // the device of scale; growth_interval >= 1.
-void check_update_scale_args(const char* op, const at::Tensor& scale,
-                             const at::Tensor& growth_tracker,
-                             const at::Tensor* hysteresis_left,
-                             const at::Tensor& found_inf,
+void check_update_scale_args(const char* op, const Tensor& scale,
+                             const Tensor& growth_tracker,
+                             const Tensor* hysteresis_left,
+                             const Tensor& found_inf,
                              int64_t growth_interval);
 
 struct ScaleBounds {
@@ -90,7 +88,7 @@ struct ScaleBounds {
 
 // update_scale_ext_: the above plus growth_factor > 1, 0 < backoff_factor < 1,
 // hysteresis >= 1, 0 < min_scale <= max_scale (both finite when given).
-ScaleBounds check_update_scale_ext_args(const OpArgs<&update_scale_ext_>& a);
+ScaleBounds check_update_scale_ext_args(const OpArgs<Op::update_scale_ext_>& a);
 
 }  // namespace checks
 }  // namespace mixprec

@@ -6,9 +6,7 @@
 // modifies nothing.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <c10/core/DeviceType.h>
-#include <c10/util/ArrayRef.h>
+#include "common/tensor.h"
 
 #include <deque>
 #include <optional>
@@ -25,33 +23,33 @@ namespace optim {
 // are the list `absmax` names (one per block of q8::kBlock elements).
 struct StateList {
   const char* name;
-  at::TensorList list;
+  TensorList list;
   bool coded = false;
   const char* absmax_name = nullptr;
-  at::TensorList absmax = {};
+  TensorList absmax = {};
 };
 
 // The tensor lists of one fused-optimizer call. Lists that an optimizer does
 // not use (max_exp_avg_sqs without amsgrad, momentum buffers without momentum,
 // masters when params are updated in place) are empty.
 struct OptimLists {
-  at::TensorList params;
-  at::TensorList grads;
+  TensorList params;
+  TensorList grads;
   std::vector<StateList> states;
-  at::TensorList master_params;
-  at::TensorList state_steps;
+  TensorList master_params;
+  TensorList state_steps;
   const char* op = nullptr;  // the op's name, for messages
   // Stochastic rounding's element number of each param's element 0
   // (op_table.h); none: the numbering of an unsharded call.
-  at::OptionalIntArrayRef sr_bases = std::nullopt;
+  std::optional<std::vector<int64_t>> sr_bases = std::nullopt;
 };
 
 // The one-element scalars of a call.
 struct OptimScalars {
-  const at::Tensor* lr;  // float32 or float64
-  const std::optional<at::Tensor>* grad_scale;
-  const std::optional<at::Tensor>* found_inf;
-  const std::optional<at::Tensor>* clip_coef;
+  const Tensor* lr;  // float32 or float64
+  const std::optional<Tensor>* grad_scale;
+  const std::optional<Tensor>* found_inf;
+  const std::optional<Tensor>* clip_coef;
 };
 
 // Checks lists and scalars: equal lengths (states: empty or len(params), as
@@ -66,12 +64,12 @@ struct OptimScalars {
 void check_optim_args(const OptimLists& lists,
                       const std::vector<bool>& state_required,
                       const OptimScalars& scalars, bool stochastic_rounding,
-                      c10::DeviceType backend, bool each_param = true);
+                      DeviceType backend, bool each_param = true);
 
 // The checks of param i and of its tensors in every list (the per-param part
 // of check_optim_args); `device` is the call's (params[0]'s).
 void check_optim_param(const OptimLists& lists, size_t i,
-                       const c10::Device& device);
+                       const Device& device);
 
 // Hyper-parameter checks (host floats); `op` names the op in messages.
 void check_adam_hparams(double beta1, double beta2, double weight_decay,
@@ -86,8 +84,8 @@ void check_sgd_hparams(double weight_decay, double momentum, double dampening,
 // (check_optim_args' each_param), not the hyper-parameters either: the caller
 // runs check_optim_param for every param, then the hyper-parameter checks
 // (the same order of checks, so the same first error).
-inline OptimLists check_fused_adam_args(const OpArgs<&fused_adam_>& a,
-                                        c10::DeviceType backend,
+inline OptimLists check_fused_adam_args(const OpArgs<Op::fused_adam_>& a,
+                                        DeviceType backend,
                                         bool each_param = true) {
   MIXPREC_BIND(a, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
                master_params, state_steps, lr, beta1, beta2, weight_decay, eps,
@@ -111,8 +109,8 @@ inline OptimLists check_fused_adam_args(const OpArgs<&fused_adam_>& a,
   return lists;
 }
 
-inline OptimLists check_fused_sgd_args(const OpArgs<&fused_sgd_>& a,
-                                       c10::DeviceType backend,
+inline OptimLists check_fused_sgd_args(const OpArgs<Op::fused_sgd_>& a,
+                                       DeviceType backend,
                                        bool each_param = true) {
   MIXPREC_BIND(a, params, grads, momentum_buffers, master_params, state_steps,
                lr, weight_decay, momentum, dampening, nesterov, grad_scale,
@@ -136,8 +134,8 @@ inline OptimLists check_fused_sgd_args(const OpArgs<&fused_sgd_>& a,
 
 // The checks of the 8-bit ops (fused_adam8_, fused_sgd8_): the lists as above
 // with the codes and their maxima; fused_sgd8_ requires momentum > 0.
-inline OptimLists check_fused_adam8_args(const OpArgs<&fused_adam8_>& a,
-                                         c10::DeviceType backend,
+inline OptimLists check_fused_adam8_args(const OpArgs<Op::fused_adam8_>& a,
+                                         DeviceType backend,
                                          bool each_param = true) {
   MIXPREC_BIND(a, params, grads, exp_avgs, exp_avg_absmax, exp_avg_sqs,
                exp_avg_sq_absmax, master_params, state_steps, lr, beta1, beta2,
@@ -165,8 +163,8 @@ inline OptimLists check_fused_adam8_args(const OpArgs<&fused_adam8_>& a,
 
 void check_sgd8_momentum(double momentum);
 
-inline OptimLists check_fused_sgd8_args(const OpArgs<&fused_sgd8_>& a,
-                                        c10::DeviceType backend,
+inline OptimLists check_fused_sgd8_args(const OpArgs<Op::fused_sgd8_>& a,
+                                        DeviceType backend,
                                         bool each_param = true) {
   MIXPREC_BIND(a, params, grads, momentum_buffers, momentum_absmax,
                master_params, state_steps, lr, weight_decay, momentum,
@@ -191,10 +189,10 @@ inline OptimLists check_fused_sgd8_args(const OpArgs<&fused_sgd8_>& a,
 }
 
 // Tensors by address: the caller's (which outlive the call) or a FlatSet's own
-// copies. Not at::Tensor copies: copying a tensor that Python owns
+// copies. Not Tensor copies: copying a tensor that Python owns
 // increments its PyObject, which takes the GIL -- per tensor, per list,
 // whenever the op runs without the GIL.
-using TensorRefs = std::vector<const at::Tensor*>;
+using TensorRefs = std::vector<const Tensor*>;
 
 // The tensors of one parameter as the kernels see them: flat element spans
 // in which index k of every tensor is the same logical element. When a
@@ -212,8 +210,8 @@ struct FlatSet {
   std::vector<int> state_view;
   // The list in `views` of the masters; -1 without masters.
   int master_view = -1;
-  std::deque<at::Tensor> owned;  // contiguous copies (stable addresses)
-  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (orig, flat)
+  std::deque<Tensor> owned;  // contiguous copies (stable addresses)
+  std::vector<std::pair<Tensor, Tensor>> copy_back;  // (orig, flat)
 
   // `lists` as check_optim_args accepted them; every list but grads is
   // written by the op.
@@ -222,17 +220,17 @@ struct FlatSet {
 };
 
 // The float32 data of an optional one-element scalar; null when not given.
-inline float* scalar_data(const std::optional<at::Tensor>& t) {
-  return t.has_value() ? t->data_ptr<float>() : nullptr;
+inline float* scalar_data(const std::optional<Tensor>& t) {
+  return t.has_value() ? t->mutable_data_ptr<float>() : nullptr;
 }
 
 // Whether found_inf is given and non-zero, read on the host (CPU tensors
 // only): a step with an inf/NaN gradient changes nothing, the step counts
 // included.
-bool found_inf_cpu(const std::optional<at::Tensor>& found_inf);
+bool found_inf_cpu(const std::optional<Tensor>& found_inf);
 
 // Reads a one-element float32/float64 lr tensor on the host (CPU tensors only).
-double read_lr_cpu(const at::Tensor& lr);
+double read_lr_cpu(const Tensor& lr);
 
 }  // namespace optim
 }  // namespace mixprec

@@ -2,7 +2,7 @@
 // kernel of update_scale_ / update_scale_ext_. No ATen types.
 #pragma once
 
-#include <c10/macros/Macros.h>
+#include <torch/headeronly/macros/Macros.h>
 
 #ifndef __CUDACC__
 #include <cmath>

@@ -2,7 +2,7 @@
 // every parameter, whatever the param/grad dtypes; the element loops
 // (fused_optim_span_impl.h) are vectorized for the best ISA of this CPU, with a
 // scalar tail running the same element math (common/optim_math.h).
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <optional>
 #include <type_traits>
@@ -40,7 +40,7 @@ void adam_pass(const Args& args, const optim::OptimLists& lists, Run&& run,
   std::vector<float> step_after(n);
   std::vector<math::AdamStep> steps(n);
   for (size_t t = 0; t < n; ++t) {
-    step_after[t] = state_steps[t].template data_ptr<float>()[0] + 1.0f;
+    step_after[t] = state_steps[t].template mutable_data_ptr<float>()[0] + 1.0f;
     steps[t] = math::make_adam_step(lr_v, beta1, beta2, weight_decay,
                                     static_cast<double>(step_after[t]));
   }
@@ -65,13 +65,13 @@ void adam_pass(const Args& args, const optim::OptimLists& lists, Run&& run,
       coded ? &rows : nullptr);
   fs.finish();
   for (size_t t = 0; t < n; ++t) {
-    state_steps[t].template data_ptr<float>()[0] = step_after[t];
+    state_steps[t].template mutable_data_ptr<float>()[0] = step_after[t];
   }
 }
 
-void fused_adam_cpu(const OpArgs<&fused_adam_>& args) {
+void fused_adam_cpu(const OpArgs<Op::fused_adam_>& args) {
   const SpanKernels& kernels = span_kernels();
-  adam_pass(args, optim::check_fused_adam_args(args, c10::DeviceType::CPU),
+  adam_pass(args, optim::check_fused_adam_args(args, DeviceType::CPU),
             [&](const optim::FlatSet& fs, const ParamSpan& s,
                 const AdamSpanArgs& a, int64_t) {
               // exp_avgs, exp_avg_sqs, max_exp_avg_sqs (-1 without amsgrad)
@@ -88,11 +88,11 @@ static_assert(kCpuChunk % q8::kBlock == 0,
               "every CPU chunk must start at an 8-bit state block");
 
 // fused_adam8_: the moments as codes (fs.state_view) + maxima (the lists).
-void fused_adam8_cpu(const OpArgs<&fused_adam8_>& args) {
+void fused_adam8_cpu(const OpArgs<Op::fused_adam8_>& args) {
   MIXPREC_BIND(args, exp_avg_absmax, exp_avg_sq_absmax)
   const SpanKernels& kernels = span_kernels();
   adam_pass(
-      args, optim::check_fused_adam8_args(args, c10::DeviceType::CPU),
+      args, optim::check_fused_adam8_args(args, DeviceType::CPU),
       [&](const optim::FlatSet& fs, const ParamSpan& s, const AdamSpanArgs& a,
           int64_t row) {
         kernels.adam8(s.param_dtype, s.grad_dtype, s.p, s.g,
@@ -107,14 +107,14 @@ void fused_adam8_cpu(const OpArgs<&fused_adam8_>& args) {
 }  // namespace cpu
 }  // namespace mixprec
 
-TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
   MIXPREC_IMPL(m, fused_adam_, &mixprec::cpu::fused_adam_cpu);
   MIXPREC_IMPL(m, fused_adam8_, &mixprec::cpu::fused_adam8_cpu);
 }
 
 // A sparse grad routes the call here; the argument checks then reject it with
 // a message naming the grad (instead of a missing-kernel error).
-TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
   MIXPREC_IMPL(m, fused_adam_, &mixprec::cpu::fused_adam_cpu);
   MIXPREC_IMPL(m, fused_adam8_, &mixprec::cpu::fused_adam8_cpu);
 }

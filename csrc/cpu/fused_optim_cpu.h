@@ -5,8 +5,7 @@
 // fused_optim_span_impl.h, compiled per ISA into the table of span_kernels.h.
 #pragma once
 
-#include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
+#include "common/tensor.h"
 
 #include <cstdint>
 #include <vector>
@@ -65,18 +64,18 @@ struct ParamSpan {
   // Element `begin` of the float32 list `view` of the FlatSet (a state or
   // the masters); null for a list not in use (view -1).
   float* f32(const optim::FlatSet& fs, int view) const {
-    return view >= 0 ? fs.views[view][t]->data_ptr<float>() + begin : nullptr;
+    return view >= 0 ? fs.views[view][t]->mutable_data_ptr<float>() + begin : nullptr;
   }
 
   // The 8-bit state `view` of the FlatSet (uint8 codes) from element `begin`,
   // with its maxima `absmax` (the call's list: contiguous, one per block) and
   // `row` elements per row (`begin` is a block's first element, as every
   // chunk start of for_each_span with rows is).
-  CodedSpan coded(const optim::FlatSet& fs, int view, at::TensorList absmax,
+  CodedSpan coded(const optim::FlatSet& fs, int view, TensorList absmax,
                   int64_t row) const {
     return CodedSpan{
-        fs.views[view][t]->data_ptr<uint8_t>() + begin,
-        absmax[t].data_ptr<float>() + q8::RowBlocks(row).block_at(begin), row,
+        fs.views[view][t]->mutable_data_ptr<uint8_t>() + begin,
+        absmax[t].mutable_data_ptr<float>() + q8::RowBlocks(row).block_at(begin), row,
         begin % row};
   }
 };
@@ -98,7 +97,7 @@ inline std::vector<int64_t> row_lengths(const optim::TensorRefs& params) {
 // over kBlock slots per block (q8::RowBlocks), mapped back to elements.
 template <typename Fn>
 void for_each_span(const optim::FlatSet& fs, bool stochastic_rounding,
-                   at::OptionalIntArrayRef sr_bases, Fn&& fn,
+                   std::optional<std::vector<int64_t>> sr_bases, Fn&& fn,
                    const std::vector<int64_t>* rows = nullptr) {
   const optim::TensorRefs& P = fs.views[0];
   const optim::TensorRefs& G = fs.views[1];
@@ -121,8 +120,8 @@ void for_each_span(const optim::FlatSet& fs, bool stochastic_rounding,
   }
   work.for_each([&](const WorkItem& it) {
     const size_t t = static_cast<size_t>(it.tensor);
-    const at::Tensor& pt = *P[t];
-    const at::Tensor& gt = *G[t];
+    const Tensor& pt = *P[t];
+    const Tensor& gt = *G[t];
     int64_t b = it.begin;
     int64_t e = it.end;
     if (rows != nullptr) {  // block slots (multiples of kBlock) -> elements
@@ -141,7 +140,7 @@ void for_each_span(const optim::FlatSet& fs, bool stochastic_rounding,
         span_dtype(gt.scalar_type()),
         static_cast<char*>(pt.data_ptr()) + b * psz,
         static_cast<const char*>(gt.data_ptr()) + b * gsz,
-        stochastic_rounding && pt.scalar_type() == at::kBFloat16,
+        stochastic_rounding && pt.scalar_type() == ScalarType::BFloat16,
         static_cast<uint32_t>(gt.scalar_type()),
         sr_base[t] + static_cast<uint32_t>(b)};
     fn(span);

@@ -2,7 +2,7 @@
 // parameter; the element loops (fused_optim_span_impl.h) are vectorized for the
 // best ISA of this CPU, with a scalar tail running the same element math
 // (common/optim_math.h).
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <optional>
 #include <type_traits>
@@ -38,7 +38,7 @@ void sgd_pass(const Args& args, const optim::OptimLists& lists, Run&& run,
   const size_t n = params.size();
   std::vector<float> step_before(n);
   for (size_t t = 0; t < n; ++t) {
-    step_before[t] = state_steps[t].template data_ptr<float>()[0];
+    step_before[t] = state_steps[t].template mutable_data_ptr<float>()[0];
   }
   // 8-bit state: each param's elements per row (the blocks' layout)
   const std::vector<int64_t> rows =
@@ -62,13 +62,13 @@ void sgd_pass(const Args& args, const optim::OptimLists& lists, Run&& run,
       coded ? &rows : nullptr);
   fs.finish();
   for (size_t t = 0; t < n; ++t) {
-    state_steps[t].template data_ptr<float>()[0] = step_before[t] + 1.0f;
+    state_steps[t].template mutable_data_ptr<float>()[0] = step_before[t] + 1.0f;
   }
 }
 
-void fused_sgd_cpu(const OpArgs<&fused_sgd_>& args) {
+void fused_sgd_cpu(const OpArgs<Op::fused_sgd_>& args) {
   const SpanKernels& kernels = span_kernels();
-  sgd_pass(args, optim::check_fused_sgd_args(args, c10::DeviceType::CPU),
+  sgd_pass(args, optim::check_fused_sgd_args(args, DeviceType::CPU),
            [&](const optim::FlatSet& fs, const ParamSpan& s,
                const SgdSpanArgs& a, int64_t) {
              // momentum_buffers (-1 without momentum), master_params (-1
@@ -80,11 +80,11 @@ void fused_sgd_cpu(const OpArgs<&fused_sgd_>& args) {
 }
 
 // fused_sgd8_: the momentum buffer as codes + maxima.
-void fused_sgd8_cpu(const OpArgs<&fused_sgd8_>& args) {
+void fused_sgd8_cpu(const OpArgs<Op::fused_sgd8_>& args) {
   MIXPREC_BIND(args, momentum_absmax)
   const SpanKernels& kernels = span_kernels();
   sgd_pass(
-      args, optim::check_fused_sgd8_args(args, c10::DeviceType::CPU),
+      args, optim::check_fused_sgd8_args(args, DeviceType::CPU),
       [&](const optim::FlatSet& fs, const ParamSpan& s, const SgdSpanArgs& a,
           int64_t row) {
         kernels.sgd8(s.param_dtype, s.grad_dtype, s.p, s.g,
@@ -98,14 +98,14 @@ void fused_sgd8_cpu(const OpArgs<&fused_sgd8_>& args) {
 }  // namespace cpu
 }  // namespace mixprec
 
-TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
   MIXPREC_IMPL(m, fused_sgd_, &mixprec::cpu::fused_sgd_cpu);
   MIXPREC_IMPL(m, fused_sgd8_, &mixprec::cpu::fused_sgd8_cpu);
 }
 
 // A sparse grad routes the call here; the argument checks then reject it with
 // a message naming the grad (instead of a missing-kernel error).
-TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
   MIXPREC_IMPL(m, fused_sgd_, &mixprec::cpu::fused_sgd_cpu);
   MIXPREC_IMPL(m, fused_sgd8_, &mixprec::cpu::fused_sgd8_cpu);
 }

@@ -5,12 +5,10 @@
 // a DenseTensors, the fused optimizers over a FlatSet (fused_optim_cpu.h).
 #pragma once
 
-#include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
+#include "common/tensor.h"
 
 #include "cpu/span_kernels.h"
 
-#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <atomic>
@@ -81,18 +79,18 @@ struct WorkList {
   template <typename Fn>
   bool claim_items(Fn&& fn) const {
     const int64_t n = static_cast<int64_t>(items.size());
-    if (total < 2 * kCpuChunk || n < 2 || at::get_num_threads() < 2 ||
-        at::in_parallel_region()) {
+    if (total < 2 * kCpuChunk || n < 2 || static_cast<int64_t>(torch::stable::get_num_threads()) < 2 ||
+        false) {
       bool found = false;
       for (int64_t i = 0; i < n; ++i) {
         found |= fn(items[i]);
       }
       return found;
     }
-    const int64_t workers = std::min<int64_t>(at::get_num_threads(), n);
+    const int64_t workers = std::min<int64_t>(static_cast<int64_t>(torch::stable::get_num_threads()), n);
     std::atomic<int64_t> next{0};
     std::atomic<bool> found{false};
-    at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
+    torch::stable::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
       bool local = false;
       for (int64_t w = begin; w < end; ++w) {
         for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
@@ -108,18 +106,18 @@ struct WorkList {
   }
 };
 
-inline SpanDtype span_dtype(at::ScalarType t) {
+inline SpanDtype span_dtype(ScalarType t) {
   switch (t) {
-    case at::kFloat:
+    case ScalarType::Float:
       return SpanDtype::kFloat;
-    case at::kHalf:
+    case ScalarType::Half:
       return SpanDtype::kHalf;
-    case at::kBFloat16:
+    case ScalarType::BFloat16:
       return SpanDtype::kBFloat16;
-    case at::kDouble:
+    case ScalarType::Double:
       return SpanDtype::kDouble;
     default:
-      TORCH_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a kernel");
+      MIXPREC_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a kernel");
   }
 }
 
@@ -136,23 +134,23 @@ struct DenseTensors {
   std::vector<char*> base;
   std::vector<SpanDtype> dtype;
   std::vector<int64_t> esize;
-  std::vector<at::Tensor> owned;  // contiguous copies of strided inputs
-  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (orig, dense)
+  std::vector<Tensor> owned;  // contiguous copies of strided inputs
+  std::vector<std::pair<Tensor, Tensor>> copy_back;  // (orig, dense)
   WorkList work;
 
-  DenseTensors(at::TensorList tensors, bool written) {
+  DenseTensors(TensorList tensors, bool written) {
     base.reserve(tensors.size());
     dtype.reserve(tensors.size());
     esize.reserve(tensors.size());
     work.items.reserve(tensors.size());
-    for (const at::Tensor& t : tensors) {
+    for (const Tensor& t : tensors) {
       const int64_t n = t.numel();
       if (n == 0) {
         continue;
       }
-      const at::Tensor* d = &t;
-      if (!t.is_non_overlapping_and_dense()) {
-        owned.push_back(t.contiguous());
+      const Tensor* d = &t;
+      if (!is_dense(t)) {
+        owned.push_back(dense_copy(t));
         d = &owned.back();
         if (written) {
           copy_back.emplace_back(t, *d);
@@ -173,7 +171,7 @@ struct DenseTensors {
 
   void finish() {
     for (auto& pr : copy_back) {
-      pr.first.copy_(pr.second);
+      copy_into(pr.first, pr.second);
     }
   }
 };

@@ -2,7 +2,7 @@
 // among the per-ISA tables span_kernels_default/avx2/avx512().
 #include "cpu/span_kernels.h"
 
-#include <c10/util/Exception.h>
+#include "common/tensor.h"
 
 #include <cstdlib>
 #include <string>
@@ -47,7 +47,7 @@ const SpanKernels& select() {
 #endif
   (void)cap;
   const SpanKernels* portable = span_kernels_default();
-  TORCH_INTERNAL_ASSERT(portable != nullptr);
+  MIXPREC_INTERNAL_ASSERT(portable != nullptr);
   return *portable;
 }
 

@@ -1,6 +1,6 @@
 // unscale_and_check_ and check_finite_ on CPU: one parallel pass over the
 // chunks of all tensors, whatever their dtypes.
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include "common/checks.h"
 #include "op_table.h"
@@ -11,12 +11,12 @@ namespace mixprec {
 namespace cpu {
 namespace {
 
-void run(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
-         const at::Tensor* inv_scale) {
+void run(const char* op, TensorList tensors, const Tensor& found_inf,
+         const Tensor* inv_scale) {
   checks::check_unscale_args(op, tensors, found_inf, inv_scale,
-                             c10::DeviceType::CPU);
+                             DeviceType::CPU);
   const float inv =
-      inv_scale != nullptr ? inv_scale->data_ptr<float>()[0] : 1.f;
+      inv_scale != nullptr ? inv_scale->mutable_data_ptr<float>()[0] : 1.f;
   // Skip the write when inv_scale == 1: torch stores the value unchanged.
   const bool write = inv_scale != nullptr && inv != 1.0f;
   DenseTensors list(tensors, write);
@@ -27,16 +27,16 @@ void run(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
   });
   list.finish();
   if (found) {
-    found_inf.data_ptr<float>()[0] = 1.0f;
+    found_inf.mutable_data_ptr<float>()[0] = 1.0f;
   }
 }
 
-void unscale_and_check_cpu(const OpArgs<&unscale_and_check_>& a) {
+void unscale_and_check_cpu(const OpArgs<Op::unscale_and_check_>& a) {
   run("unscale_and_check_", MIXPREC_ARG(a, grads), MIXPREC_ARG(a, found_inf),
       &MIXPREC_ARG(a, inv_scale));
 }
 
-void check_finite_cpu(const OpArgs<&check_finite_>& a) {
+void check_finite_cpu(const OpArgs<Op::check_finite_>& a) {
   run("check_finite_", MIXPREC_ARG(a, tensors), MIXPREC_ARG(a, found_inf),
       nullptr);
 }
@@ -45,14 +45,14 @@ void check_finite_cpu(const OpArgs<&check_finite_>& a) {
 }  // namespace cpu
 }  // namespace mixprec
 
-TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
   MIXPREC_IMPL(m, unscale_and_check_, &mixprec::cpu::unscale_and_check_cpu);
   MIXPREC_IMPL(m, check_finite_, &mixprec::cpu::check_finite_cpu);
 }
 
 // Sparse tensors reach these kernels through the SparseCPU key; the
 // kernel's argument checks then reject them with a message naming the tensor.
-TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
   MIXPREC_IMPL(m, unscale_and_check_, &mixprec::cpu::unscale_and_check_cpu);
   MIXPREC_IMPL(m, check_finite_, &mixprec::cpu::check_finite_cpu);
 }

@@ -2,8 +2,8 @@
 // p-norm of the unscaled values (+ the in-place unscale for the former) in one
 // parallel pass. Per-chunk partials are combined in a fixed order, so the
 // result does not depend on the thread count.
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
+#include "common/tensor.h"
+#include <torch/csrc/stable/library.h>
 
 #include "common/checks.h"
 #include "common/norm_math.h"
@@ -16,7 +16,7 @@ namespace cpu {
 namespace {
 
 template <int Kind>
-at::Tensor run(at::TensorList grads, const at::Tensor& found_inf, float inv,
+Tensor run(TensorList grads, const Tensor& found_inf, float inv,
                double norm_type, bool in_place) {
   const bool write = in_place && inv != 1.0f;
   DenseTensors list(grads, write);
@@ -30,38 +30,38 @@ at::Tensor run(at::TensorList grads, const at::Tensor& found_inf, float inv,
   });
   list.finish();
   if (found) {
-    found_inf.data_ptr<float>()[0] = 1.0f;
+    found_inf.mutable_data_ptr<float>()[0] = 1.0f;
   }
   double total = 0.0;
   for (double x : partials) {
     total = math::combine<Kind, double>(total, x);
   }
   const double norm = math::finish<Kind, double>(total, norm_type);
-  at::Tensor out = at::empty({}, found_inf.options());
-  out.data_ptr<float>()[0] = static_cast<float>(norm);
+  Tensor out = new_scalar(found_inf);
+  out.mutable_data_ptr<float>()[0] = static_cast<float>(norm);
   return out;
 }
 
-at::Tensor norm_cpu(const char* op, at::TensorList grads,
-                    const at::Tensor& found_inf, const at::Tensor& inv_scale,
+Tensor norm_cpu(const char* op, TensorList grads,
+                    const Tensor& found_inf, const Tensor& inv_scale,
                     double norm_type, bool in_place) {
   checks::check_unscale_args(op, grads, found_inf, &inv_scale,
-                             c10::DeviceType::CPU, /*read_only=*/!in_place);
+                             DeviceType::CPU, /*read_only=*/!in_place);
   checks::check_norm_type(op, norm_type);
-  const float inv = inv_scale.data_ptr<float>()[0];
+  const float inv = inv_scale.mutable_data_ptr<float>()[0];
   return math::dispatch_norm_kind(math::norm_kind(norm_type), [&](auto kind) {
     return run<decltype(kind)::value>(grads, found_inf, inv, norm_type,
                                       in_place);
   });
 }
 
-at::Tensor unscale_and_norm_cpu(const OpArgs<&unscale_and_norm_>& a) {
+Tensor unscale_and_norm_cpu(const OpArgs<Op::unscale_and_norm_>& a) {
   MIXPREC_BIND(a, grads, found_inf, inv_scale, norm_type)
   return norm_cpu("unscale_and_norm_", grads, found_inf, inv_scale, norm_type,
                   /*in_place=*/true);
 }
 
-at::Tensor check_finite_and_norm_cpu(const OpArgs<&check_finite_and_norm_>& a) {
+Tensor check_finite_and_norm_cpu(const OpArgs<Op::check_finite_and_norm_>& a) {
   MIXPREC_BIND(a, grads, found_inf, inv_scale, norm_type)
   return norm_cpu("check_finite_and_norm_", grads, found_inf, inv_scale,
                   norm_type, /*in_place=*/false);
@@ -71,7 +71,7 @@ at::Tensor check_finite_and_norm_cpu(const OpArgs<&check_finite_and_norm_>& a) {
 }  // namespace cpu
 }  // namespace mixprec
 
-TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
   MIXPREC_IMPL(m, unscale_and_norm_, &mixprec::cpu::unscale_and_norm_cpu);
   MIXPREC_IMPL(m, check_finite_and_norm_,
                &mixprec::cpu::check_finite_and_norm_cpu);
@@ -79,7 +79,7 @@ TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
 
 // Sparse tensors reach these kernels through the SparseCPU key; the
 // kernel's argument checks then reject them with a message naming the tensor.
-TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
   MIXPREC_IMPL(m, unscale_and_norm_, &mixprec::cpu::unscale_and_norm_cpu);
   MIXPREC_IMPL(m, check_finite_and_norm_,
                &mixprec::cpu::check_finite_and_norm_cpu);

@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kBlockSize)
 }
 
 struct DeviceExec {
-  static constexpr c10::DeviceType kBackend = c10::DeviceType::CUDA;
+  static constexpr DeviceType kBackend = DeviceType::CUDA;
   using Guard = c10::cuda::OptionalCUDAGuard;
 
   // Meta: a TensorListMeta or SmallTensorListMeta (launch_plan.h).

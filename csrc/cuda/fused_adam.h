@@ -7,7 +7,7 @@
 // no host sync and can be captured in a CUDA graph.
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include "common/tensor.h"
 
 #include <array>
 #include <optional>
@@ -100,10 +100,10 @@ AdamKernelArgs adam_kernel_args(const A& op_args) {
 }
 
 template <class Exec>
-void fused_adam_launch(const OpArgs<&fused_adam_>& op_args) {
+void fused_adam_launch(const OpArgs<Op::fused_adam_>& op_args) {
   MIXPREC_BIND(op_args, state_steps, beta1, beta2, weight_decay, eps, amsgrad,
                stochastic_rounding)
-  auto fill = [&](const FlatRows& fs, const at::Tensor* const* v, size_t i,
+  auto fill = [&](const FlatRows& fs, const Tensor* const* v, size_t i,
                   void*(&a)[AdamSlot::kDepth]) {
     const int vm_view = fs.state_view[2];  // max_exp_avg_sqs (amsgrad)
     void* p = v[0]->data_ptr();
@@ -182,10 +182,10 @@ template <typename P, typename G, bool kHasMaster, bool>
 using Adam8Op = Optim8Op<P, G, kHasMaster, Adam8Rule>;
 
 template <class Exec>
-void fused_adam8_launch(const OpArgs<&fused_adam8_>& op_args) {
+void fused_adam8_launch(const OpArgs<Op::fused_adam8_>& op_args) {
   MIXPREC_BIND(op_args, exp_avg_absmax, exp_avg_sq_absmax, state_steps, beta1,
                beta2, weight_decay, eps, stochastic_rounding)
-  auto fill = [&](const FlatRows& fs, const at::Tensor* const* v, size_t i,
+  auto fill = [&](const FlatRows& fs, const Tensor* const* v, size_t i,
                   void*(&a)[Adam8Slot::kDepth]) {
     void* p = v[0]->data_ptr();
     a[Adam8Slot::kParam] = p;

@@ -6,9 +6,9 @@
 // launch_plan.h).
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include "common/tensor.h"
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 
 #include <algorithm>
 #include <array>
@@ -63,11 +63,11 @@ MIXPREC_HD void store_vec(T* p, int64_t vi, const float (&in)[kOptVec]) {
 // bits of SR element `index`.
 template <typename P>
 MIXPREC_HD P round_param(float w, bool sr, uint32_t key, uint32_t index) {
-  if constexpr (std::is_same_v<P, c10::BFloat16>) {
+  if constexpr (std::is_same_v<P, torch::headeronly::BFloat16>) {
     if (sr) {
       const uint32_t r = math::sr_bits(key, index) >> 16;
-      return c10::BFloat16(math::bf16_bits_stochastic(w, r),
-                           c10::BFloat16::from_bits());
+      return torch::headeronly::BFloat16(math::bf16_bits_stochastic(w, r),
+                           torch::headeronly::BFloat16::from_bits());
     }
   }
   return static_cast<P>(w);
@@ -130,16 +130,16 @@ struct OptimKernelArgs {
   uint32_t stream;  // SR stream: the grad dtype's code, set per group
 
   // Fills the fields above from a launcher's arguments (host).
-  void set_common(const at::Tensor& lr_t,
-                  const std::optional<at::Tensor>& grad_scale_t,
-                  const std::optional<at::Tensor>& found_inf_t,
-                  const std::optional<at::Tensor>& clip_coef_t, bool maximize_,
+  void set_common(const Tensor& lr_t,
+                  const std::optional<Tensor>& grad_scale_t,
+                  const std::optional<Tensor>& found_inf_t,
+                  const std::optional<Tensor>& clip_coef_t, bool maximize_,
                   int64_t seed_) {
     found_inf = optim::scalar_data(found_inf_t);
     grad_scale = optim::scalar_data(grad_scale_t);
     clip_coef = optim::scalar_data(clip_coef_t);
     lr = lr_t.data_ptr();
-    lr_double = lr_t.scalar_type() == at::kDouble;
+    lr_double = lr_t.scalar_type() == ScalarType::Double;
     maximize = maximize_;
     sr = false;
     seed = static_cast<uint64_t>(seed_);
@@ -334,9 +334,9 @@ class FlatRows {
   explicit FlatRows(const optim::OptimLists& in) {
     add(in.params, true);
     add(in.grads, false);
-    TORCH_INTERNAL_ASSERT(in.states.size() <= state_view.size());
+    MIXPREC_INTERNAL_ASSERT(in.states.size() <= state_view.size());
     for (size_t s = 0; s < in.states.size(); ++s) {
-      const at::TensorList list = in.states[s].list;
+      const TensorList list = in.states[s].list;
       state_view[s] = list.empty() ? -1 : count_;
       if (!list.empty()) {
         add(list, true);
@@ -350,21 +350,21 @@ class FlatRows {
 
   // Param i's tensors, by list (index with state_view / master_view); valid
   // until the next call.
-  const at::Tensor* const* row(size_t i) {
-    const at::Tensor& p = lists_[0][i];
-    bool direct = p.is_non_overlapping_and_dense();
+  const Tensor* const* row(size_t i) {
+    const Tensor& p = lists_[0][i];
+    bool direct = is_dense(p);
     for (int l = 1; l < count_ && direct; ++l) {
-      const at::Tensor& t = lists_[l][i];
-      direct = t.is_non_overlapping_and_dense() &&
+      const Tensor& t = lists_[l][i];
+      direct = is_dense(t) &&
                checks::same_dims(t.strides(), p.strides());
     }
     for (int l = 0; l < count_; ++l) {
-      const at::Tensor& t = lists_[l][i];
+      const Tensor& t = lists_[l][i];
       if (direct) {
         row_[l] = &t;
       } else {
-        owned_.push_back(t.contiguous());
-        if (written_[l] && !owned_.back().is_same(t)) {
+        owned_.push_back(dense_copy(t));
+        if (written_[l] && owned_.back().data_ptr() != t.data_ptr()) {
           copy_back_.emplace_back(t, owned_.back());
         }
         row_[l] = &owned_.back();
@@ -375,7 +375,7 @@ class FlatRows {
 
   void finish() {
     for (auto& pr : copy_back_) {
-      pr.first.copy_(pr.second);
+      copy_into(pr.first, pr.second);
     }
   }
 
@@ -384,28 +384,28 @@ class FlatRows {
   int master_view = -1;  // the row index of the masters; -1 without
 
  private:
-  void add(at::TensorList list, bool written) {
-    TORCH_INTERNAL_ASSERT(count_ < kMaxLists);
+  void add(TensorList list, bool written) {
+    MIXPREC_INTERNAL_ASSERT(count_ < kMaxLists);
     lists_[count_] = list;
     written_[count_] = written;
     ++count_;
   }
 
-  std::array<at::TensorList, kMaxLists> lists_;
+  std::array<TensorList, kMaxLists> lists_;
   std::array<bool, kMaxLists> written_{};
   int count_ = 0;
-  std::array<const at::Tensor*, kMaxLists> row_{};
-  std::deque<at::Tensor> owned_;  // contiguous copies (stable addresses)
-  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back_;  // (orig, flat)
+  std::array<const Tensor*, kMaxLists> row_{};
+  std::deque<Tensor> owned_;  // contiguous copies (stable addresses)
+  std::vector<std::pair<Tensor, Tensor>> copy_back_;  // (orig, flat)
 };
 
 // The (param dtype, grad dtype) groups of a plan: params grouped by the
 // pair, in list order within a group; groups in a fixed order (param dtype,
 // then grad dtype, each as half, float, bfloat16).
 struct DtypePairGroups {
-  static constexpr std::array<at::ScalarType, 3> kDtypes{at::kHalf, at::kFloat,
-                                                         at::kBFloat16};
-  static int group(at::ScalarType param, at::ScalarType grad) {
+  static constexpr std::array<ScalarType, 3> kDtypes{ScalarType::Half, ScalarType::Float,
+                                                         ScalarType::BFloat16};
+  static int group(ScalarType param, ScalarType grad) {
     return 3 * dtype_index(kDtypes, param) + dtype_index(kDtypes, grad);
   }
 };
@@ -433,9 +433,9 @@ void run_optim_plan(const OptimPlan<Depth>& plan, bool masters, bool option,
     if (launches.empty()) {
       continue;
     }
-    const at::ScalarType pdt = DtypePairGroups::kDtypes[k / 3];
-    const at::ScalarType gdt = DtypePairGroups::kDtypes[k % 3];
-    args.sr = stochastic_rounding && pdt == at::kBFloat16;
+    const ScalarType pdt = DtypePairGroups::kDtypes[k / 3];
+    const ScalarType gdt = DtypePairGroups::kDtypes[k % 3];
+    args.sr = stochastic_rounding && pdt == ScalarType::BFloat16;
     args.stream = static_cast<uint32_t>(gdt);
     optim::dispatch_param_grad(pdt, gdt, [&](auto* ptag, auto* gtag) {
       // (remove_reference: g++ gives the captured parameter's type as a
@@ -446,7 +446,7 @@ void run_optim_plan(const OptimPlan<Depth>& plan, bool masters, bool option,
         constexpr bool kMs = decltype(master_tag)::value;
         constexpr bool kOpt = decltype(option_tag)::value;
         if constexpr (kMs && std::is_same_v<PT, float>) {
-          TORCH_INTERNAL_ASSERT(false, "float32 params have no master");
+          MIXPREC_INTERNAL_ASSERT(false, "float32 params have no master");
         } else {
           run_launches<Exec, Depth>(launches, Op<PT, GT, kMs, kOpt>{}, args);
         }
@@ -492,7 +492,7 @@ void launch_optim(const optim::OptimLists& lists,
     check_hparams();
     return;
   }
-  const c10::Device device = lists.params[0].device();
+  const Device device = lists.params[0].device();
   typename Exec::Guard guard(device);
   const bool masters = !lists.master_params.empty();
 
@@ -513,7 +513,7 @@ void launch_optim(const optim::OptimLists& lists,
     if (numel == 0) {
       continue;  // no chunks (its step count is still incremented)
     }
-    const at::Tensor* const* row = rows.row(i);
+    const Tensor* const* row = rows.row(i);
     const int k =
         DtypePairGroups::group(row[0]->scalar_type(), row[1]->scalar_type());
     if (!planners[k]) {
@@ -523,7 +523,7 @@ void launch_optim(const optim::OptimLists& lists,
     fill(rows, row, i, addresses);
     int64_t planned = numel;
     if (row_slot >= 0) {
-      const at::Tensor& p = lists.params[i];
+      const Tensor& p = lists.params[i];
       const q8::RowBlocks rb(q8::row_length(p.sizes().data(), p.dim()));
       addresses[row_slot] =
           reinterpret_cast<void*>(static_cast<uintptr_t>(rb.row));

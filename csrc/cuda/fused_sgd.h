@@ -6,7 +6,7 @@
 // clip_coef are read on the device (no host sync, graph-capturable).
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include "common/tensor.h"
 
 #include <array>
 #include <optional>
@@ -86,11 +86,11 @@ SgdKernelArgs sgd_kernel_args(const A& op_args) {
 }
 
 template <class Exec>
-void fused_sgd_launch(const OpArgs<&fused_sgd_>& op_args) {
+void fused_sgd_launch(const OpArgs<Op::fused_sgd_>& op_args) {
   MIXPREC_BIND(op_args, state_steps, weight_decay, momentum, dampening,
                nesterov, stochastic_rounding)
   const bool has_mom = momentum != 0.0;
-  auto fill = [&](const FlatRows& fs, const at::Tensor* const* v, size_t i,
+  auto fill = [&](const FlatRows& fs, const Tensor* const* v, size_t i,
                   void*(&a)[SgdSlot::kDepth]) {
     const int buf_view = fs.state_view[0];  // momentum_buffers (momentum != 0)
     void* p = v[0]->data_ptr();
@@ -161,10 +161,10 @@ template <typename P, typename G, bool kHasMaster, bool>
 using Sgd8Op = Optim8Op<P, G, kHasMaster, Sgd8Rule>;
 
 template <class Exec>
-void fused_sgd8_launch(const OpArgs<&fused_sgd8_>& op_args) {
+void fused_sgd8_launch(const OpArgs<Op::fused_sgd8_>& op_args) {
   MIXPREC_BIND(op_args, momentum_absmax, state_steps, weight_decay, momentum,
                dampening, nesterov, stochastic_rounding)
-  auto fill = [&](const FlatRows& fs, const at::Tensor* const* v, size_t i,
+  auto fill = [&](const FlatRows& fs, const Tensor* const* v, size_t i,
                   void*(&a)[Sgd8Slot::kDepth]) {
     void* p = v[0]->data_ptr();
     a[Sgd8Slot::kParam] = p;

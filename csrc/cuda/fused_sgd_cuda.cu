@@ -1,5 +1,5 @@
 // fused_sgd_ and fused_sgd8_ on CUDA: csrc/cuda/fused_sgd.h run by DeviceExec.
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include "cuda/device_exec.cuh"
 #include "cuda/fused_sgd.h"
@@ -15,14 +15,14 @@ constexpr auto fused_sgd8_cuda = &fused_sgd8_launch<DeviceExec>;
 }  // namespace cuda
 }  // namespace mixprec
 
-TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
   MIXPREC_IMPL(m, fused_sgd_, mixprec::cuda::fused_sgd_cuda);
   MIXPREC_IMPL(m, fused_sgd8_, mixprec::cuda::fused_sgd8_cuda);
 }
 
 // A sparse grad routes the call here; the argument checks then reject it with
 // a message naming the grad (instead of a missing-kernel error).
-TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
   MIXPREC_IMPL(m, fused_sgd_, mixprec::cuda::fused_sgd_cuda);
   MIXPREC_IMPL(m, fused_sgd8_, mixprec::cuda::fused_sgd8_cuda);
 }

@@ -24,9 +24,8 @@
 // table and copies a launch that fits into the small one (Launch::small).
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <c10/macros/Macros.h>
-#include <c10/util/Exception.h>
+#include "common/tensor.h"
+#include <torch/headeronly/macros/Macros.h>
 
 #include <algorithm>
 #include <array>
@@ -192,7 +191,7 @@ class LaunchPlanner {
     meta_->numel[nt_] = numel;
     ++nt_;
     const int64_t chunks = (numel + kChunkSize - 1) / kChunkSize;
-    TORCH_CHECK(chunks <= INT32_MAX, "mixprec: tensor too large (", numel,
+    MIXPREC_CHECK(chunks <= INT32_MAX, "mixprec: tensor too large (", numel,
                 " elements)");
     for (int64_t c = 0; c < chunks; ++c) {
       meta_->block_to_tensor[nb_] = static_cast<uint16_t>(nt_ - 1);
@@ -275,13 +274,13 @@ void run_launches(const Launches<Depth>& launches, const Op& op,
 // The position of dtype `t` in a launcher's dtype groups `dtypes`. The op's
 // checks let only those dtypes through, so any other reaching here is a bug.
 template <size_t N>
-int dtype_index(const std::array<at::ScalarType, N>& dtypes, at::ScalarType t) {
+int dtype_index(const std::array<ScalarType, N>& dtypes, ScalarType t) {
   for (size_t k = 0; k < N; ++k) {
     if (dtypes[k] == t) {
       return static_cast<int>(k);
     }
   }
-  TORCH_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a launcher");
+  MIXPREC_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a launcher");
 }
 
 // The `where` of functors that run as one block, not over a plan (step

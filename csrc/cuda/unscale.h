@@ -4,10 +4,7 @@
 // cuda_emulation::HostExec in CI). Plain C++, see launch_plan.h.
 #pragma once
 
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
+#include "common/tensor.h"
 
 #include <algorithm>
 #include <array>
@@ -162,20 +159,20 @@ struct FinishNormOp {
 // a contiguous copy, copied back by finish() when written.
 struct UnscalePlan {
   // Group order (fixed: it orders the norm partials).
-  static constexpr std::array<at::ScalarType, 4> kDtypes{
-      at::kHalf, at::kFloat, at::kDouble, at::kBFloat16};
+  static constexpr std::array<ScalarType, 4> kDtypes{
+      ScalarType::Half, ScalarType::Float, ScalarType::Double, ScalarType::BFloat16};
   std::array<Launches<1>, 4> groups;  // empty for a dtype not in the list
-  std::vector<at::Tensor> owned;      // contiguous copies of strided inputs
-  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (orig, dense)
+  std::vector<Tensor> owned;      // contiguous copies of strided inputs
+  std::vector<std::pair<Tensor, Tensor>> copy_back;  // (orig, dense)
 
   // Checks the call (check_unscale_args) and plans `tensors`; `device` is set
   // to the call's device once the scalars are checked.
   template <class Guard>
-  UnscalePlan(const char* op, at::TensorList tensors,
-              const at::Tensor& found_inf, const at::Tensor* inv_scale,
-              c10::DeviceType backend, bool read_only,
+  UnscalePlan(const char* op, TensorList tensors,
+              const Tensor& found_inf, const Tensor* inv_scale,
+              DeviceType backend, bool read_only,
               std::optional<Guard>& guard) {
-    const c10::Device device =
+    const Device device =
         checks::check_unscale_args(op, tensors, found_inf, inv_scale, backend,
                                    read_only, /*each_tensor=*/false);
     guard.emplace(device);
@@ -183,17 +180,17 @@ struct UnscalePlan {
     const char* name = inv_scale != nullptr ? "grads" : "tensors";
     std::array<std::optional<LaunchPlanner<1>>, 4> planners;
     for (size_t i = 0; i < tensors.size(); ++i) {
-      const at::Tensor& t = tensors[i];
+      const Tensor& t = tensors[i];
       checks::check_grad_member(op, name, i, t, device, written);
       const int64_t n = t.numel();
       if (n == 0) {
         continue;
       }
       void* data = nullptr;
-      if (t.is_non_overlapping_and_dense()) {
+      if (is_dense(t)) {
         data = t.data_ptr();
       } else {
-        owned.push_back(t.contiguous());
+        owned.push_back(dense_copy(t));
         data = owned.back().data_ptr();
         if (written) {
           copy_back.emplace_back(t, owned.back());
@@ -226,7 +223,7 @@ struct UnscalePlan {
   // Copies the written copies back into the caller's strided tensors.
   void finish() {
     for (auto& pr : copy_back) {
-      pr.first.copy_(pr.second);
+      copy_into(pr.first, pr.second);
     }
   }
 };
@@ -234,18 +231,18 @@ struct UnscalePlan {
 // unscale_and_check_ (inv_scale given) and check_finite_ (inv_scale null):
 // one plan per dtype present in the list.
 template <class Exec>
-void finite_check_launch(const char* op, at::TensorList tensors,
-                         const at::Tensor& found_inf,
-                         const at::Tensor* inv_scale) {
+void finite_check_launch(const char* op, TensorList tensors,
+                         const Tensor& found_inf,
+                         const Tensor* inv_scale) {
   const bool unscale = inv_scale != nullptr;
   std::optional<typename Exec::Guard> guard;
   UnscalePlan plan(op, tensors, found_inf, inv_scale, Exec::kBackend,
                    /*read_only=*/false, guard);
-  float* found_ptr = found_inf.data_ptr<float>();
-  const float* inv_ptr = unscale ? inv_scale->data_ptr<float>() : nullptr;
-  plan.for_each([&](at::ScalarType dtype, const Launches<1>& launches) {
+  float* found_ptr = found_inf.mutable_data_ptr<float>();
+  const float* inv_ptr = unscale ? inv_scale->mutable_data_ptr<float>() : nullptr;
+  plan.for_each([&](ScalarType dtype, const Launches<1>& launches) {
     AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kHalf, at::kBFloat16, dtype, "mixprec_unscale_cuda", [&] {
+        ScalarType::Half, ScalarType::BFloat16, dtype, "mixprec_unscale_cuda", [&] {
           auto go = [&](auto op_fn) {
             run_launches<Exec, 1>(launches, op_fn, found_ptr, inv_ptr,
                                   static_cast<double*>(nullptr), 0.0f);
@@ -264,22 +261,22 @@ void finite_check_launch(const char* op, at::TensorList tensors,
 // one norm partial per block; one block then combines the partials in
 // double, in a fixed order (deterministic), and writes the norm.
 template <class Exec, int Kind>
-at::Tensor norm_run(UnscalePlan& plan, const at::Tensor& found_inf,
-                    const at::Tensor& inv_scale, double norm_type,
+Tensor norm_run(UnscalePlan& plan, const Tensor& found_inf,
+                    const Tensor& inv_scale, double norm_type,
                     bool in_place) {
   int64_t blocks = 0;
-  plan.for_each([&](at::ScalarType, const Launches<1>& launches) {
+  plan.for_each([&](ScalarType, const Launches<1>& launches) {
     blocks += count_blocks(launches);
   });
-  at::Tensor partials = at::empty({std::max<int64_t>(blocks, 1)},
-                                  found_inf.options().dtype(at::kDouble));
-  double* part_ptr = partials.data_ptr<double>();
-  float* found_ptr = found_inf.data_ptr<float>();
-  const float* inv_ptr = inv_scale.data_ptr<float>();
+  Tensor partials = new_vector(found_inf, std::max<int64_t>(blocks, 1),
+                                ScalarType::Double);
+  double* part_ptr = partials.mutable_data_ptr<double>();
+  float* found_ptr = found_inf.mutable_data_ptr<float>();
+  const float* inv_ptr = inv_scale.mutable_data_ptr<float>();
   int64_t offset = 0;
-  plan.for_each([&](at::ScalarType dtype, const Launches<1>& launches) {
+  plan.for_each([&](ScalarType dtype, const Launches<1>& launches) {
     AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kHalf, at::kBFloat16, dtype, "mixprec_norm_cuda", [&] {
+        ScalarType::Half, ScalarType::BFloat16, dtype, "mixprec_norm_cuda", [&] {
           auto go = [&](auto op_fn) {
             run_launches<Exec, 1>(launches, op_fn, found_ptr, inv_ptr,
                                   part_ptr + offset,
@@ -294,16 +291,16 @@ at::Tensor norm_run(UnscalePlan& plan, const at::Tensor& found_inf,
     offset += count_blocks(launches);
   });
   plan.finish();
-  at::Tensor out = at::empty({}, found_inf.options());
+  Tensor out = new_scalar(found_inf);
   Exec::launch_single_block(kBlockSize, FinishNormOp<Kind>{},
                             static_cast<const double*>(part_ptr), blocks,
-                            norm_type, out.data_ptr<float>());
+                            norm_type, out.mutable_data_ptr<float>());
   return out;
 }
 
 template <class Exec>
-at::Tensor norm_launch(const char* op, at::TensorList grads,
-                       const at::Tensor& found_inf, const at::Tensor& inv_scale,
+Tensor norm_launch(const char* op, TensorList grads,
+                       const Tensor& found_inf, const Tensor& inv_scale,
                        double norm_type, bool in_place) {
   std::optional<typename Exec::Guard> guard;
   UnscalePlan plan(op, grads, found_inf, &inv_scale, Exec::kBackend,
@@ -320,28 +317,28 @@ at::Tensor norm_launch(const char* op, at::TensorList grads,
 // registers them with DeviceExec, the host emulation with HostExec and
 // PlanOnlyExec.
 template <class Exec>
-void unscale_and_check_launch(const OpArgs<&unscale_and_check_>& a) {
+void unscale_and_check_launch(const OpArgs<Op::unscale_and_check_>& a) {
   finite_check_launch<Exec>("unscale_and_check_", MIXPREC_ARG(a, grads),
                             MIXPREC_ARG(a, found_inf),
                             &MIXPREC_ARG(a, inv_scale));
 }
 
 template <class Exec>
-void check_finite_launch(const OpArgs<&check_finite_>& a) {
+void check_finite_launch(const OpArgs<Op::check_finite_>& a) {
   finite_check_launch<Exec>("check_finite_", MIXPREC_ARG(a, tensors),
                             MIXPREC_ARG(a, found_inf), nullptr);
 }
 
 template <class Exec>
-at::Tensor unscale_and_norm_launch(const OpArgs<&unscale_and_norm_>& a) {
+Tensor unscale_and_norm_launch(const OpArgs<Op::unscale_and_norm_>& a) {
   MIXPREC_BIND(a, grads, found_inf, inv_scale, norm_type)
   return norm_launch<Exec>("unscale_and_norm_", grads, found_inf, inv_scale,
                            norm_type, /*in_place=*/true);
 }
 
 template <class Exec>
-at::Tensor check_finite_and_norm_launch(
-    const OpArgs<&check_finite_and_norm_>& a) {
+Tensor check_finite_and_norm_launch(
+    const OpArgs<Op::check_finite_and_norm_>& a) {
   MIXPREC_BIND(a, grads, found_inf, inv_scale, norm_type)
   return norm_launch<Exec>("check_finite_and_norm_", grads, found_inf,
                            inv_scale, norm_type, /*in_place=*/false);

@@ -2,7 +2,7 @@
 // the unscale (or read-only check) pass also writes one norm partial per
 // block; a one-block kernel then combines the partials in double, in a fixed
 // order (deterministic), and writes the norm. No host sync.
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include "cuda/device_exec.cuh"
 #include "cuda/unscale.h"
@@ -13,7 +13,7 @@ namespace cu = mixprec::cuda;
 using cu::DeviceExec;
 }  // namespace
 
-TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
   MIXPREC_IMPL(m, unscale_and_norm_, &cu::unscale_and_norm_launch<DeviceExec>);
   MIXPREC_IMPL(m, check_finite_and_norm_,
                &cu::check_finite_and_norm_launch<DeviceExec>);
@@ -21,7 +21,7 @@ TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
 
 // Sparse tensors reach these kernels through the SparseCUDA key; the
 // kernel's argument checks then reject them with a message naming the tensor.
-TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
   MIXPREC_IMPL(m, unscale_and_norm_, &cu::unscale_and_norm_launch<DeviceExec>);
   MIXPREC_IMPL(m, check_finite_and_norm_,
                &cu::check_finite_and_norm_launch<DeviceExec>);

@@ -4,7 +4,7 @@
 // launch_plan.h).
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include "common/tensor.h"
 
 #include <cstdint>
 #include <optional>
@@ -38,29 +38,29 @@ struct UpdateScaleExtOp {
 };
 
 template <class Exec>
-void update_scale_launch(const OpArgs<&update_scale_>& a) {
+void update_scale_launch(const OpArgs<Op::update_scale_>& a) {
   MIXPREC_BIND(a, scale, growth_tracker, found_inf, growth_factor,
                backoff_factor, growth_interval)
   checks::check_update_scale_args("update_scale_", scale, growth_tracker,
                                   nullptr, found_inf, growth_interval);
   typename Exec::Guard guard(scale.device());
   Exec::launch_single_block(
-      1, UpdateScaleOp{}, scale.data_ptr<float>(),
-      growth_tracker.data_ptr<int>(),
-      static_cast<const float*>(found_inf.data_ptr<float>()), growth_factor,
+      1, UpdateScaleOp{}, scale.mutable_data_ptr<float>(),
+      growth_tracker.mutable_data_ptr<int>(),
+      static_cast<const float*>(found_inf.mutable_data_ptr<float>()), growth_factor,
       backoff_factor, static_cast<int>(growth_interval));
 }
 
 template <class Exec>
-void update_scale_ext_launch(const OpArgs<&update_scale_ext_>& a) {
+void update_scale_ext_launch(const OpArgs<Op::update_scale_ext_>& a) {
   const checks::ScaleBounds b = checks::check_update_scale_ext_args(a);
   MIXPREC_BIND(a, scale, growth_tracker, hysteresis_left, found_inf,
                growth_factor, backoff_factor, growth_interval, hysteresis)
   typename Exec::Guard guard(scale.device());
   Exec::launch_single_block(
-      1, UpdateScaleExtOp{}, scale.data_ptr<float>(),
-      growth_tracker.data_ptr<int>(), hysteresis_left.data_ptr<int>(),
-      static_cast<const float*>(found_inf.data_ptr<float>()), growth_factor,
+      1, UpdateScaleExtOp{}, scale.mutable_data_ptr<float>(),
+      growth_tracker.mutable_data_ptr<int>(), hysteresis_left.mutable_data_ptr<int>(),
+      static_cast<const float*>(found_inf.mutable_data_ptr<float>()), growth_factor,
       backoff_factor, static_cast<int>(growth_interval), b.min_scale,
       b.max_scale, static_cast<int>(hysteresis));
 }

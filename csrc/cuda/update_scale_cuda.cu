@@ -1,5 +1,5 @@
 // update_scale_ and update_scale_ext_ on CUDA (csrc/cuda/update_scale.h).
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include "cuda/device_exec.cuh"
 #include "cuda/update_scale.h"
@@ -15,7 +15,7 @@ constexpr auto update_scale_ext_cuda = &update_scale_ext_launch<DeviceExec>;
 }  // namespace cuda
 }  // namespace mixprec
 
-TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
   MIXPREC_IMPL(m, update_scale_, mixprec::cuda::update_scale_cuda);
   MIXPREC_IMPL(m, update_scale_ext_, mixprec::cuda::update_scale_ext_cuda);
 }

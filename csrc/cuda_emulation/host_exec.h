@@ -15,7 +15,7 @@
 // on the device.
 #pragma once
 
-#include <c10/core/DeviceType.h>
+#include "common/tensor.h"
 
 #include <atomic>
 #include <cstdint>
@@ -31,7 +31,7 @@ using cuda::GridPos;
 using cuda::kBlockSize;
 
 struct NoGuard {
-  explicit NoGuard(const c10::Device&) {}
+  explicit NoGuard(const Device&) {}
 };
 
 // Replays block_reduce: a shuffle-down tree within each warp of 32 threads
@@ -58,7 +58,7 @@ double block_reduce(std::vector<double>& v) {
 }
 
 struct HostExec {
-  static constexpr c10::DeviceType kBackend = c10::DeviceType::CPU;
+  static constexpr DeviceType kBackend = DeviceType::CPU;
   using Guard = NoGuard;
 
   template <typename Op, typename Where, typename... Args>
@@ -95,7 +95,7 @@ struct HostExec {
         }
       }
     } else if constexpr (cuda::ReducesBlock<Op>::value) {
-      TORCH_INTERNAL_ASSERT(threads % 32 == 0 && threads <= 1024);
+      MIXPREC_INTERNAL_ASSERT(threads % 32 == 0 && threads <= 1024);
       std::vector<double> partial(threads);
       for (int t = 0; t < threads; ++t) {
         partial[t] = op(where, GridPos{block, t, threads}, args...);
@@ -113,7 +113,7 @@ struct HostExec {
   template <class Meta, typename Op, typename... Args>
   static void launch(const Meta& meta, int blocks, const Op& op,
                      const Args&... args) {
-    TORCH_INTERNAL_ASSERT(blocks > 0 && blocks <= Meta::kMaxBlocks);
+    MIXPREC_INTERNAL_ASSERT(blocks > 0 && blocks <= Meta::kMaxBlocks);
     for (int b = 0; b < blocks; ++b) {
       run_block(b, kBlockSize, op, meta, args...);
     }
@@ -131,7 +131,7 @@ struct HostExec {
 // CUDA ops per call and per tensor without a GPU
 // (benchmarks/bench_host_cost.py --emulated).
 struct PlanOnlyExec {
-  static constexpr c10::DeviceType kBackend = c10::DeviceType::CPU;
+  static constexpr DeviceType kBackend = DeviceType::CPU;
   using Guard = NoGuard;
   // Totals since load, for the benchmark's check that the plans were made.
   static inline std::atomic<int64_t> launches{0};
@@ -141,7 +141,7 @@ struct PlanOnlyExec {
 
   template <class Meta, typename Op, typename... Args>
   static void launch(const Meta&, int nblocks, const Op&, const Args&...) {
-    TORCH_INTERNAL_ASSERT(nblocks > 0 && nblocks <= Meta::kMaxBlocks);
+    MIXPREC_INTERNAL_ASSERT(nblocks > 0 && nblocks <= Meta::kMaxBlocks);
     launches.fetch_add(1, std::memory_order_relaxed);
     blocks.fetch_add(nblocks, std::memory_order_relaxed);
     if constexpr (cuda::kHasSmallTable &&

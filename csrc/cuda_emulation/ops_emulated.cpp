@@ -7,7 +7,7 @@
 //
 // A testing aid: nothing in mixprec calls these kernels, and the real ops'
 // dispatch never reaches them.
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 // The launchers, one header per op family (a new family adds its header).
 #include "cuda/fused_adam.h"
@@ -33,7 +33,7 @@ int64_t planned_small_launches() { return PlanOnlyExec::small_launches.load(); }
 // launcher's host work only (PlanOnlyExec: checks, grouping, plans; launches
 // counted, not run). A new op needs no line here: a launcher missing or
 // misnamed fails to compile.
-TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CPU, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CPU, m) {
   namespace cu = mixprec::cuda;
   using mixprec::cuda_emulation::HostExec;
   using mixprec::cuda_emulation::PlanOnlyExec;
@@ -46,7 +46,7 @@ TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CPU, m) {
 }
 
 // Counters of PlanOnlyExec (no tensor arguments: a CatchAll kernel).
-TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CompositeExplicitAutograd, m) {
+STABLE_TORCH_LIBRARY_IMPL(mixprec_cuda_emu, CompositeExplicitAutograd, m) {
   m.impl("planned_blocks", &mixprec::cuda_emulation::planned_blocks);
   m.impl("planned_launches", &mixprec::cuda_emulation::planned_launches);
   m.impl("planned_small_launches",
