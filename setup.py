@@ -1,4 +1,14 @@
-"""Build of mixprec._C (torch.utils.cpp_extension).
+"""Build of mixprec's op libraries (torch.utils.cpp_extension).
+
+The Python package has no extension module: it loads shared libraries with
+``torch.ops.load_library``, built on torch's stable ABI (``TORCH_TARGET_VERSION``
+= 2.11), so one build loads into every torch from 2.11 on:
+
+* ``mixprec/_ops``: the op schemas, the CPU kernels and the build description
+  (C functions read with ctypes; csrc/registration.cpp, csrc/build_info.cpp,
+  csrc/common/, csrc/cpu/). It needs only libtorch_cpu: CPU and CUDA torch alike.
+* ``mixprec/_ops_cuda``: the CUDA kernels (csrc/cuda/), loaded only when torch has
+  CUDA.
 
 Configuration (printed at build time, recorded in the binary for
 ``mixprec.build_info()``):
@@ -9,12 +19,11 @@ Configuration (printed at build time, recorded in the binary for
   nvcc or a CUDA build of torch is missing); ``MIXPREC_FORCE_CPU=1`` leaves
   them out.
 * ``TORCH_CUDA_ARCH_LIST`` picks the GPU architectures; default "8.0;9.0+PTX".
-* ``MIXPREC_BUILD_TEST_EXT=1`` also builds the test-only extension
-  ``mixprec._cuda_emulation_C`` (csrc/cuda_emulation/: the CUDA launchers run on
+* ``MIXPREC_BUILD_TEST_EXT=1`` also builds the test-only library
+  ``mixprec/_cuda_emulation`` (csrc/cuda_emulation/: the CUDA launchers run on
   the CPU, for tests/ops/test_cuda_emulation.py and ``benchmarks/bench_host_cost.py
-  --emulated``),
-  in every configuration, CPU-only included. ``make test`` sets it; wheels and
-  plain installs leave it out.
+  --emulated``), in every configuration, CPU-only included. ``make test`` sets it;
+  wheels and plain installs leave it out.
 * ``MIXPREC_BUNDLE_CPP=1`` also builds libmixprec (the C++ API, no Python) with
   CMake, same configuration rules, and installs it with its headers and CMake
   package files into ``mixprec/_cpp`` -- what ``mixprec.cmake_prefix_path``
@@ -23,19 +32,18 @@ Configuration (printed at build time, recorded in the binary for
   build of ``make test-cpp``). Off by default: it compiles the kernels again.
 * The C++ compiler must link the shared libstdc++ into shared objects. Before
   compiling, the build links a small test object with the compiler that will
-  link ``_C`` (``CXX``, else ``c++``; and the linker setuptools uses) and
+  link the libraries (``CXX``, else ``c++``; and the linker setuptools uses) and
   refuses a compiler that links libstdc++ statically (``-static-libstdc++``,
-  e.g. from a wrapper script): such an extension crashes on any error
-  message with a number in it. The built ``_C`` is checked the same way.
+  e.g. from a wrapper script): such a library crashes on any error
+  message with a number in it. The built libraries are checked the same way.
   ``MIXPREC_ALLOW_STATIC_LIBSTDCXX=1`` turns the refusal into a warning.
   The compiler (path, ``--version``) and nvcc's version are recorded in the
   binary (``python -m mixprec.info``).
 
-Sources come from the csrc/ folders by glob; CMakeLists.txt globs the same
-folders (csrc/python_entry/ -- the init of the module ``mixprec._C`` -- and the
-test-only csrc/cuda_emulation/ are built here only). csrc/autograd.cpp, the C++
-Autograd-key kernels, is built by CMake only (libmixprec has no Python): the Python
-package registers its Autograd-key kernels from Python (python/mixprec/ops/_autograd.py).
+Sources come from the csrc/ folders by glob; CMakeLists.txt builds libmixprec from
+the same kernel sources plus the C++ API (csrc/api/, csrc/ops.cpp, csrc/autograd.cpp:
+the C++ Autograd-key kernels; the Python package registers its own from Python,
+python/mixprec/ops/_autograd.py). The test-only csrc/cuda_emulation/ is built here only.
 """
 
 from __future__ import annotations
@@ -181,26 +189,6 @@ def _version() -> str:
     return match.group(1)
 
 
-def _openmp_flags(cxx_version: str) -> list[str]:
-    """``-fopenmp`` where torch runs ``at::parallel_for`` on OpenMP and the compiler is GCC.
-
-    ``at::parallel_for`` is a header template: compiled without the flag, every loop of
-    the CPU kernels runs on the calling thread, whatever ``torch.set_num_threads`` says.
-    GCC's runtime is the one torch's Linux builds use (the link names ``libgomp.so.1``,
-    which resolves to the copy torch has already loaded: one thread pool); another
-    compiler's OpenMP runtime would be a second pool, so it gets no flag and serial loops.
-    """
-    import torch
-
-    config = Path(torch.__file__).parent / "include" / "ATen" / "Config.h"
-    try:
-        omp = "#define AT_PARALLEL_OPENMP 1" in config.read_text()
-    except OSError:
-        omp = False
-    gcc = sys.platform.startswith("linux") and "clang" not in cxx_version.lower()
-    return ["-fopenmp"] if omp and gcc else []
-
-
 def _glob(patterns: list[str]) -> list[str]:
     files: list[str] = []
     for pattern in patterns:
@@ -208,19 +196,26 @@ def _glob(patterns: list[str]) -> list[str]:
     return files
 
 
-def _sources(with_cuda: bool) -> list[str]:
-    patterns = ["csrc/*.cpp", "csrc/common/*.cpp", "csrc/cpu/*.cpp", "csrc/api/*.cpp",
-                "csrc/python_entry/*.cpp"]
-    if with_cuda:
-        patterns.append("csrc/cuda/*.cu")
-    # (libmixprec's C++ Autograd-key kernels; the Python package registers its own)
-    return [f for f in _glob(patterns) if f != "csrc/autograd.cpp"]
+#: The stable-ABI version the op libraries are built for (torch 2.11): they load into every
+#: torch from 2.11 on, CPU and CUDA builds alike.
+TORCH_TARGET_VERSION = "0x020b000000000000"
+
+
+def _cpu_sources() -> list[str]:
+    # The schemas, the CPU kernels, their checks and the build description. (ops.cpp and
+    # autograd.cpp are libmixprec's: the C++ API's typed calls and Autograd-key kernels.)
+    return _glob(["csrc/registration.cpp", "csrc/build_info.cpp", "csrc/common/*.cpp",
+                  "csrc/cpu/*.cpp"])
+
+
+def _cuda_sources() -> list[str]:
+    # The CUDA kernels and their own copy of the host-side checks (csrc/cuda/host_checks.cpp).
+    return _glob(["csrc/cuda/*.cu", "csrc/cuda/*.cpp"])
 
 
 def _test_ext_sources() -> list[str]:
-    # The emulated launchers, their module and their own copy of the host-side checks
-    # (csrc/cuda_emulation/host_checks.cpp includes csrc/common/*.cpp). Host code only:
-    # a C++ extension in every configuration.
+    # The emulated launchers and their own copy of the host-side checks
+    # (csrc/cuda_emulation/host_checks.cpp). Host code only: built in every configuration.
     return _glob(["csrc/cuda_emulation/*.cpp"])
 
 
@@ -273,7 +268,6 @@ def _extensions() -> tuple[list, dict]:
     version = _version()
     cxx_path, cxx_version = _toolchain.compiler_description(_cxx_compiler())
     nvcc_version = _nvcc_release(nvcc) if with_cuda and nvcc else ""
-    openmp = _openmp_flags(cxx_version)
     print(
         "mixprec build configuration:\n"
         f"  mixprec       {version}\n"
@@ -282,7 +276,7 @@ def _extensions() -> tuple[list, dict]:
         f"  C++ compiler  {cxx_path} ({cxx_version or 'version unknown'})\n"
         f"  nvcc          {nvcc or 'not found'}{f' ({nvcc_version})' if nvcc_version else ''}\n"
         f"  archs         {archs or '-'}\n"
-        f"  CPU threads   {'OpenMP (-fopenmp)' if openmp else 'serial loops'}",
+        f"  stable ABI    torch >= 2.11 (TORCH_TARGET_VERSION={TORCH_TARGET_VERSION})",
         flush=True,
     )
 
@@ -301,29 +295,27 @@ def _extensions() -> tuple[list, dict]:
         },
     )
     include_dirs = [str(ROOT / "csrc"), str(ROOT / "csrc" / "include"), str(gen_dir)]
-    cxx_flags = ["-O3", "-fvisibility=hidden", "-ffp-contract=off"]
-    cxx_flags += openmp
-    ext_cls = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension
-    kwargs: dict = {"extra_compile_args": {"cxx": cxx_flags}, "extra_link_args": openmp}
+    # Stable ABI only: every ATen/c10 header #errors under TORCH_TARGET_VERSION; hidden
+    # symbols, so the libraries export only their C entry points and registrations.
+    stable = [f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}"]
+    cxx_flags = ["-O3", "-fvisibility=hidden", "-ffp-contract=off"] + stable
+
+    def library(name: str, sources: list[str], cuda: bool = False):
+        """A shared library loaded with torch.ops.load_library (no Python module)."""
+        cls = cpp_extension.CUDAExtension if cuda else cpp_extension.CppExtension
+        args: dict = {"cxx": cxx_flags}
+        if cuda:
+            args["nvcc"] = ["-O3", "-lineinfo", "--fmad=false"] + stable
+        return cls(name=name, sources=sources, include_dirs=include_dirs,
+                   extra_compile_args=args, py_limited_api=True)
+
+    exts = [library("mixprec._ops", _cpu_sources())]
     if with_cuda:
-        kwargs["extra_compile_args"]["nvcc"] = ["-O3", "-lineinfo", "--fmad=false"]
-    ext = ext_cls(
-        name="mixprec._C",
-        sources=_sources(with_cuda),
-        include_dirs=include_dirs,
-        **kwargs,
-    )
-    exts = [ext]
+        exts.append(library("mixprec._ops_cuda", _cuda_sources(), cuda=True))
     if _flag("MIXPREC_BUILD_TEST_EXT"):
-        print("mixprec: MIXPREC_BUILD_TEST_EXT=1: also building mixprec._cuda_emulation_C "
+        print("mixprec: MIXPREC_BUILD_TEST_EXT=1: also building mixprec._cuda_emulation "
               "(tests only)", flush=True)
-        exts.append(cpp_extension.CppExtension(
-            name="mixprec._cuda_emulation_C",
-            sources=_test_ext_sources(),
-            include_dirs=include_dirs,
-            extra_compile_args={"cxx": cxx_flags},
-            extra_link_args=openmp,
-        ))
+        exts.append(library("mixprec._cuda_emulation", _test_ext_sources()))
     build_ext = _with_cpp_bundle(
         cpp_extension.BuildExtension.with_options(no_python_abi_suffix=False))
     return exts, {"build_ext": build_ext}

@@ -1,6 +1,6 @@
 """The CUDA backend of every op, run on the CPU: a testing aid for machines without a GPU.
 
-The test-only extension ``mixprec._cuda_emulation_C`` (built beside ``mixprec._C`` when
+The test-only library ``mixprec/_cuda_emulation`` (built beside the op libraries when
 ``MIXPREC_BUILD_TEST_EXT=1``, as ``make test`` does; never part of a plain install)
 carries the CUDA launchers of ``csrc/cuda/*.h`` instantiated with a host executor
 (``csrc/cuda_emulation``):
@@ -26,8 +26,7 @@ and exist so that CI, which has no GPU, executes the CUDA code paths.
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
+from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -37,24 +36,23 @@ from mixprec.ops import __all__ as OP_NAMES
 
 NAMESPACE = "mixprec_cuda_emu"
 
-MODULE = "mixprec._cuda_emulation_C"
+LIBRARY = "_cuda_emulation"
 
 _library: Optional[torch.library.Library] = None
-_module: Optional[ModuleType] = None
+_module: Optional[Path] = None
 _tried = False
 
 
-def module() -> Optional[ModuleType]:
-    """The test extension (its import registers the emulated launchers), loaded on first
-    use after ``mixprec._C``; None when it was not built."""
+def module() -> Optional[Path]:
+    """The test library's path (loading it registers the emulated launchers), loaded on
+    first use after mixprec's op library; None when it was not built."""
     global _module, _tried
     if not _tried and _extension.EXT is not None:
         _tried = True
-        try:
-            _module = importlib.import_module(MODULE)
-        except ModuleNotFoundError as exc:
-            if exc.name != MODULE:
-                raise
+        path = _extension.find_library(LIBRARY)
+        if path is not None:
+            torch.ops.load_library(str(path))
+            _module = path
     return _module
 
 
@@ -101,11 +99,11 @@ def ops() -> torch._ops._OpNamespace:
     """``torch.ops.mixprec_cuda_emu``, its schemas defined on first use.
 
     Raises:
-        RuntimeError: when the test extension is not built (or mixprec._C not loaded).
+        RuntimeError: when the test library is not built.
     """
     if not available():
         raise RuntimeError(
-            "mixprec: the CUDA emulation needs the test extension mixprec._cuda_emulation_C: "
+            "mixprec: the CUDA emulation needs the test library mixprec/_cuda_emulation: "
             "build with MIXPREC_BUILD_TEST_EXT=1 (make test does)"
         )
     return getattr(torch.ops, NAMESPACE)

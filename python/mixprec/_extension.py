@@ -1,65 +1,137 @@
-"""Loading of the compiled extension ``mixprec._C`` and what it was built with.
+"""Loading of mixprec's op libraries and what they were built with.
 
-``mixprec._C`` registers every kernel with the dispatcher (``torch.ops.mixprec.*``). A missing
-extension, or one built against another torch, raises :class:`ImportError` saying how to
-rebuild.
+The kernels live in shared libraries built on torch's stable ABI (``TORCH_TARGET_VERSION``
+2.11), loaded with :func:`torch.ops.load_library`: ``_ops`` (the schemas, the CPU kernels and
+a description of the build, read through C functions with :mod:`ctypes`) and, where torch has
+CUDA, ``_ops_cuda``. One build loads into every torch from 2.11 on. A missing library, or a
+torch older than 2.11, raises :class:`ImportError` saying what to do.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
+import ctypes
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ._version import __version__
 
+#: The oldest torch whose stable ABI the op libraries were built for.
+MIN_TORCH = (2, 11)
+
 REBUILD_HINT = (
-    "Rebuild mixprec against the installed torch: "
-    "`pip install --no-build-isolation --force-reinstall --no-deps mixprec` from the source "
-    "tree (or `make build` in a checkout)."
+    "Reinstall mixprec (`pip install --force-reinstall --no-deps mixprec`), or build it from "
+    "the source tree (`make build` in a checkout)."
 )
 
 
-def _load() -> ModuleType:
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def find_library(name: str) -> Path | None:
+    """The file of op library ``name`` ("_ops", "_ops_cuda", ...) in the package, or None."""
+    here = Path(__file__).resolve().parent
+    found = sorted(here.glob(f"{name}.*so"))
+    return found[0] if found else None
+
+
+class OpLibrary:
+    """The loaded ``_ops`` library: its build description as attributes.
+
+    Attributes (from the library): ``version``, ``torch_version`` (the torch it was compiled
+    with), ``cuda_kernels`` (bool: whether the CUDA library was built), ``cuda_version``,
+    ``cuda_archs``, ``cxx_compiler``, ``cxx_compiler_version``, ``nvcc_version`` (str),
+    ``op_names`` (tuple of the ops' names, in the op table's order), ``capture_sync_ops``
+    (dict op name -> rule), ``capture_scaler_settings`` (tuple of (name, accessor)),
+    ``capture_live_options`` (frozenset); ``__file__``: the library's path.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.__file__ = str(path)
+        self._dll = ctypes.CDLL(str(path))
+        self._dll.mixprec_build_info_json.restype = ctypes.c_char_p
+        self._dll.mixprec_cpu_capability.restype = ctypes.c_char_p
+        self._dll.mixprec_cpu_kernel_threads.restype = ctypes.c_int
+        info: dict[str, Any] = json.loads(self._dll.mixprec_build_info_json().decode())
+        self.version: str = info["version"]
+        self.torch_version: str = info["torch_version"]
+        self.cuda_kernels: bool = bool(info["cuda_kernels"])
+        self.cuda_version: str = info["cuda_version"]
+        self.cuda_archs: str = info["cuda_archs"]
+        self.cxx_compiler: str = info["cxx_compiler"]
+        self.cxx_compiler_version: str = info["cxx_compiler_version"]
+        self.nvcc_version: str = info["nvcc_version"]
+        self.op_names: tuple[str, ...] = tuple(info["op_names"])
+        self.capture_sync_ops: dict[str, str] = dict(info["capture_sync_ops"])
+        self.capture_scaler_settings: tuple[tuple[str, str], ...] = tuple(
+            (name, accessor) for name, accessor in info["capture_scaler_settings"])
+        self.capture_live_options: frozenset[str] = frozenset(info["capture_live_options"])
+
+    def cpu_capability(self) -> str:
+        """The CPU kernel set chosen for this machine: "avx512", "avx2" or "default"."""
+        return self._dll.mixprec_cpu_capability().decode()
+
+    def cpu_kernel_threads(self) -> int:
+        """How many threads the CPU kernels' loops run on now (torch's intra-op pool)."""
+        return int(self._dll.mixprec_cpu_kernel_threads())
+
+
+def _load() -> OpLibrary:
+    if _torch_version() < MIN_TORCH:
+        raise ImportError(
+            f"mixprec needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (its kernels use torch's "
+            f"stable ABI of that version); torch {torch.__version__} is installed.")
+    path = find_library("_ops")
+    if path is None:
+        raise ImportError(
+            "mixprec: the op library mixprec/_ops was not found (was the package built?). "
+            + REBUILD_HINT)
     try:
-        module = importlib.import_module("mixprec._C")
-    except ModuleNotFoundError as exc:
-        if exc.name != "mixprec._C":
-            raise
+        torch.ops.load_library(str(path))
+        library = OpLibrary(path)
+    except (OSError, RuntimeError, AttributeError) as exc:
         raise ImportError(
-            "mixprec: the compiled extension mixprec._C was not found (was the package "
-            "built?). " + REBUILD_HINT) from exc
-    except (ImportError, OSError) as exc:
-        raise ImportError(
-            f"mixprec: the compiled extension mixprec._C failed to load with torch "
-            f"{torch.__version__}: {exc}\nIt was most likely built against another torch. "
-            + REBUILD_HINT) from exc
-    built = module.torch_version
-    if built != torch.__version__:
-        raise ImportError(
-            f"mixprec._C was built against torch {built}, but torch {torch.__version__} is "
-            f"running. C++ extensions must match the torch they run with. " + REBUILD_HINT)
-    return module
+            f"mixprec: the op library {path} failed to load into torch {torch.__version__}: "
+            f"{exc}\n" + REBUILD_HINT) from exc
+    cuda = find_library("_ops_cuda")
+    if library.cuda_kernels and cuda is None:
+        raise ImportError(f"mixprec: the CUDA op library is missing next to {path}. "
+                          + REBUILD_HINT)
+    if cuda is not None and torch.version.cuda is not None:
+        try:
+            torch.ops.load_library(str(cuda))
+        except OSError as exc:
+            raise ImportError(
+                f"mixprec: the CUDA op library {cuda} failed to load into torch "
+                f"{torch.__version__} (CUDA {torch.version.cuda}): {exc}\n" + REBUILD_HINT
+            ) from exc
+        _LOADED_CUDA.append(cuda)
+    return library
 
 
-#: The loaded extension module ``mixprec._C``.
-EXT: ModuleType = _load()
+_LOADED_CUDA: list[Path] = []
+
+#: The loaded op library ``mixprec/_ops``.
+EXT: OpLibrary = _load()
 
 
 def has_cuda_kernels() -> bool:
-    """Whether the loaded extension was compiled with its CUDA kernels."""
-    return bool(EXT.cuda_kernels)
+    """Whether mixprec's CUDA kernels are loaded (built, and torch has CUDA)."""
+    return bool(_LOADED_CUDA)
 
 
 def build_info() -> dict[str, Any]:
     """What mixprec was built with and what it runs with.
 
-    A dict: ``version``, ``torch_built``, ``torch_running``, ``cuda_kernels`` (bool),
-    ``cuda_version`` (or None), ``cuda_archs`` ("8.0"-style strings), ``cpu_capability``
-    ("avx512", "avx2" or "default"), ``cuda_runtime_available`` and ``cuda_device`` (its
-    name, or None). Never syncs or allocates on a device.
+    A dict: ``version``, ``torch_built`` (the torch it was compiled with; it loads into every
+    torch from 2.11 on), ``torch_running``, ``cuda_kernels`` (bool: loaded), ``cuda_version``
+    (or None), ``cuda_archs`` ("8.0"-style strings), ``cpu_capability`` ("avx512", "avx2" or
+    "default"), ``cuda_runtime_available`` and ``cuda_device`` (its name, or None). Never
+    syncs or allocates on a device.
     """
     gpu = torch.cuda.is_available()
     return {

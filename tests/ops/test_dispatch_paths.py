@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import mixprec
 from _helpers import assert_bitwise_equal
 from _op_cases import sample
-from mixprec import _C
+from mixprec._extension import EXT as _C
 from mixprec.ops import _autograd
 
 

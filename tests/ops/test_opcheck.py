@@ -9,7 +9,7 @@ import _reference
 import mixprec
 from _helpers import assert_bitwise_equal
 from _op_cases import SAMPLES
-from mixprec import _C
+from mixprec._extension import EXT as _C
 
 
 @pytest.mark.parametrize(("op_name", "build"), [pytest.param(op, build, id=name)

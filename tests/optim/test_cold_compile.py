@@ -60,7 +60,7 @@ _any = _d.any_dtensor
 def any_dtensor(ts):
     if _first[0]:
         _first[0] = False
-        mixprec._C.cpu_capability()
+        mixprec._extension.EXT.cpu_capability()
     return _any(ts)
 _d.any_dtensor = any_dtensor
 """

@@ -16,7 +16,7 @@ import mixprec
 
 #: The ops of csrc/op_table.h, as the extension exports them (``_C.op_names``); the
 #: ops ``mixprec.ops`` wraps are that list exactly (without the extension, its own list).
-OP_TABLE = list(mixprec._C.op_names)
+OP_TABLE = list(mixprec._extension.EXT.op_names)
 
 # Names of mixprec itself; the rest of the top level is what the layers below export.
 TOP_ONLY = {
