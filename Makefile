@@ -25,8 +25,8 @@ endif
 CPU_ONLY_DIR := build/cpu-only
 PYTEST_ARGS ?=
 
-# The test-only extension mixprec._cuda_emulation_C (csrc/cuda_emulation: the CUDA launchers
-# run on the CPU) is built beside _C when MIXPREC_BUILD_TEST_EXT=1: for every goal that runs
+# The test-only library mixprec/_cuda_emulation (csrc/cuda_emulation: the CUDA launchers
+# run on the CPU) is built beside the op libraries when MIXPREC_BUILD_TEST_EXT=1: for every goal that runs
 # the Python tests, never for `make build` / `make demo` alone.
 TEST_GOALS := test test-python test-python-cpu-only test-isa test-oldest
 ifneq ($(filter $(TEST_GOALS),$(MAKECMDGOALS)),)
@@ -82,7 +82,7 @@ build: env $(EDITABLE_STAMP)
 build-cpu-only: env
 	@rm -rf $(CPU_ONLY_DIR)/pkg && mkdir -p $(CPU_ONLY_DIR)/pkg
 	cp -r python/mixprec $(CPU_ONLY_DIR)/pkg/mixprec
-	@rm -rf $(CPU_ONLY_DIR)/pkg/mixprec/_C*.so $(CPU_ONLY_DIR)/pkg/mixprec/_cuda_emulation_C*.so \
+	@rm -rf $(CPU_ONLY_DIR)/pkg/mixprec/_ops*.so $(CPU_ONLY_DIR)/pkg/mixprec/_cuda_emulation*.so \
 	  $(CPU_ONLY_DIR)/pkg/mixprec/__pycache__
 	MIXPREC_FORCE_CUDA= MIXPREC_FORCE_CPU=1 $(PY) setup.py --quiet build_ext --build-lib $(CPU_ONLY_DIR)/pkg \
 	  --build-temp $(CPU_ONLY_DIR)/temp
@@ -193,5 +193,5 @@ gpu-peers: env
 	@du -sh .gpu_peers
 
 clean:
-	rm -rf build dist python/*.egg-info python/mixprec/_C*.so python/mixprec/_cuda_emulation_C*.so \
+	rm -rf build dist python/*.egg-info python/mixprec/_ops*.so python/mixprec/_cuda_emulation*.so \
 	  python/mixprec/_cpp demo_report.png

@@ -46,7 +46,7 @@ With ``--cpu-time`` it counts the thread's CPU time, which other processes on a 
 machine disturb less than the wall time.
 
 ``--emulated`` times the CUDA ops' host path on the CPU, without a GPU: the plan-only ops
-of the test extension (``mixprec._cuda_emulation_C``, built with
+of the test library (``mixprec/_cuda_emulation``, built with
 ``MIXPREC_BUILD_TEST_EXT=1``; tests/_cuda_emulation.py) run everything the CUDA op does
 on the host -- checks, flattening, dtype grouping, slot wiring, the launch plan built
 from scratch -- and launch nothing. Called through ``torch.ops`` under

@@ -16,7 +16,7 @@ torch's build machinery runs) and reads ELF files itself, so neither ``nm`` nor
 * :func:`probe_compiler` links a tiny shared object with a compiler command and
   inspects it;
 * :func:`inspect_shared_object` inspects an existing shared object (the built
-  ``mixprec._C``, or libmixprec);
+  mixprec's op libraries, or libmixprec);
 * :func:`refusal_message` is the error text the build prints.
 
 Set ``MIXPREC_ALLOW_STATIC_LIBSTDCXX=1`` to build anyway (:data:`OVERRIDE_ENV`).

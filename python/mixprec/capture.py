@@ -13,7 +13,7 @@ One graph per captured step, for one input signature. The first ``warmup`` calls
 eagerly on a side stream, the next one eagerly under the checks, the next one is
 captured and replayed; later calls copy their inputs into static buffers and replay.
 :meth:`CapturedStep.prepare` runs before every call. The sync ops and baked settings are
-C++ ``mixprec::CapturedStep``'s (``csrc/capture_rules.h``, read from ``mixprec._C``). On
+C++ ``mixprec::CapturedStep``'s (``csrc/capture_rules.h``, read from the op library). On
 CPU every call is eager, after the same checks.
 
 Host syncs: none per call once captured. Capturing synchronizes the device.

@@ -12,7 +12,7 @@ TOOLCHAIN_KEYS = ("cxx_compiler", "cxx_compiler_version", "nvcc_version")
 
 
 def toolchain_info() -> dict[str, str | None]:
-    """The toolchain recorded in ``mixprec._C``: ``cxx_compiler`` (path),
+    """The toolchain recorded in the op library: ``cxx_compiler`` (path),
     ``cxx_compiler_version`` and ``nvcc_version`` (None without CUDA kernels)."""
     return {key: getattr(_extension.EXT, key, "") or None for key in TOOLCHAIN_KEYS}
 

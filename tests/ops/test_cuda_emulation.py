@@ -29,7 +29,7 @@ from _helpers import assert_bitwise_equal, ulps
 # (MIXPREC_BUILD_TEST_EXT=1, as make test sets it: the tests run, and fail without it)
 pytestmark = pytest.mark.skipif(
     not _cuda_emulation.available() and os.environ.get("MIXPREC_BUILD_TEST_EXT") != "1",
-    reason="needs the test extension mixprec._cuda_emulation_C (MIXPREC_BUILD_TEST_EXT=1)",
+    reason="needs the test library mixprec/_cuda_emulation (MIXPREC_BUILD_TEST_EXT=1)",
 )
 
 LOW = (torch.float16, torch.bfloat16)

@@ -212,8 +212,8 @@ def test_every_op_has_the_no_grad_autograd_kernel(op):
 
 
 def test_each_op_has_one_autograd_kernel_registered_from_python():
-    # mixprec._C no longer compiles csrc/autograd.cpp (libmixprec's C++ kernels): a second
-    # registration would show as an inactive line
+    # the op library does not compile csrc/autograd.cpp (libmixprec's C++ kernels): a
+    # second registration would show as an inactive line
     for op in _C.op_names:
         lines = [line for line in torch._C._dispatch_dump(f"mixprec::{op}").splitlines()
                  if line.startswith("Autograd")]

@@ -27,7 +27,7 @@ from _helpers import ulps as ulp_distance
 # (MIXPREC_BUILD_TEST_EXT=1, as make test sets it: the tests run, and fail without it)
 pytestmark = pytest.mark.skipif(
     not _cuda_emulation.available() and os.environ.get("MIXPREC_BUILD_TEST_EXT") != "1",
-    reason="needs the test extension mixprec._cuda_emulation_C (MIXPREC_BUILD_TEST_EXT=1)",
+    reason="needs the test library mixprec/_cuda_emulation (MIXPREC_BUILD_TEST_EXT=1)",
 )
 
 CAP = 64  # capacity of the buffers the tensors view (room for resizes in place)

@@ -27,7 +27,7 @@ CHUNK = 65536  # the CUDA launcher's elements per block (a CPU chunk is half of 
 ALL = (torch.float32, torch.float16, torch.bfloat16)
 
 needs_ext = pytest.mark.skipif(not hasattr(torch.ops.mixprec, "fused_adam8_"),
-                               reason="needs mixprec._C")
+                               reason="needs the op library")
 
 
 def test_the_kernels_tables_are_the_reference_tables():

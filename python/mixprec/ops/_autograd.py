@@ -1,4 +1,4 @@
-"""The Autograd-key kernel of every op of ``mixprec._C.op_names``, registered from Python.
+"""The Autograd-key kernel of every op of the op library's ``op_names``, registered from Python.
 
 The ops are not differentiable: they write grads, optimizer and loss-scale state in place.
 Each kernel, generic over its op's schema (without one, torch's boxed "autograd not
