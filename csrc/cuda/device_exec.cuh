@@ -1,19 +1,52 @@
 // DeviceExec: runs the launch plans of csrc/cuda/*.h as CUDA kernels on the
 // current stream of the current device (the launcher holds a device guard).
+// Only torch's stable ABI is used: the guard is torch::stable's, the current
+// stream comes from the C shim aoti_torch_get_current_cuda_stream.
 // Its twin for CI without a GPU is csrc/cuda_emulation/host_exec.h; both give
 // the functors the same GridPos and the same block-reduction order.
 #pragma once
 
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/macros.h>
+
+#include <cstdint>
 
 #include "common/norm_math.h"
+#include "common/tensor.h"
 #include "cuda/launch_plan.h"
+
+// Exported by libtorch_cuda; shim.h declares it only under USE_CUDA.
+#ifndef USE_CUDA
+extern "C" AOTI_TORCH_EXPORT AOTITorchError
+aoti_torch_get_current_cuda_stream(int32_t device_index, void** ret_stream);
+#endif
 
 namespace mixprec {
 namespace cuda {
+
+// Makes `device` the current CUDA device for the guard's lifetime (the
+// launchers construct Exec::Guard from the call's Device).
+struct CudaDeviceGuard {
+  explicit CudaDeviceGuard(const Device& device) : guard(device.index()) {}
+  torch::stable::accelerator::DeviceGuard guard;
+};
+
+// torch's current CUDA stream of the current device.
+inline cudaStream_t current_stream() {
+  void* stream = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(
+      aoti_torch_get_current_cuda_stream(/*device_index=*/-1, &stream));
+  return static_cast<cudaStream_t>(stream);
+}
+
+// Throws if the last kernel launch failed.
+inline void check_launch() {
+  const cudaError_t err = cudaGetLastError();
+  MIXPREC_CHECK(err == cudaSuccess, "mixprec: CUDA kernel launch failed: ",
+                cudaGetErrorString(err));
+}
 
 // Combines (sum, or max for the inf-norm) a per-thread double across the
 // block; the result is valid in thread 0. Fixed shuffle order: deterministic
@@ -91,24 +124,22 @@ __global__ void __launch_bounds__(kBlockSize)
 
 struct DeviceExec {
   static constexpr DeviceType kBackend = DeviceType::CUDA;
-  using Guard = c10::cuda::OptionalCUDAGuard;
+  using Guard = CudaDeviceGuard;
 
   // Meta: a TensorListMeta or SmallTensorListMeta (launch_plan.h).
   template <class Meta, typename Op, typename... Args>
   static void launch(const Meta& meta, int blocks, const Op& op,
                      const Args&... args) {
     multi_tensor_kernel<Meta>
-        <<<blocks, kBlockSize, 0, c10::cuda::getCurrentCUDAStream()>>>(meta, op,
-                                                                       args...);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+        <<<blocks, kBlockSize, 0, current_stream()>>>(meta, op, args...);
+    check_launch();
   }
 
   template <typename Op, typename... Args>
   static void launch_single_block(int threads, const Op& op,
                                   const Args&... args) {
-    single_block_kernel<<<1, threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-        op, args...);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    single_block_kernel<<<1, threads, 0, current_stream()>>>(op, args...);
+    check_launch();
   }
 };
 

@@ -66,8 +66,9 @@ MIXPREC_HD P round_param(float w, bool sr, uint32_t key, uint32_t index) {
   if constexpr (std::is_same_v<P, torch::headeronly::BFloat16>) {
     if (sr) {
       const uint32_t r = math::sr_bits(key, index) >> 16;
-      return torch::headeronly::BFloat16(math::bf16_bits_stochastic(w, r),
-                           torch::headeronly::BFloat16::from_bits());
+      return torch::headeronly::BFloat16(
+          math::bf16_bits_stochastic(w, r),
+          torch::headeronly::BFloat16::from_bits());
     }
   }
   return static_cast<P>(w);
@@ -130,8 +131,7 @@ struct OptimKernelArgs {
   uint32_t stream;  // SR stream: the grad dtype's code, set per group
 
   // Fills the fields above from a launcher's arguments (host).
-  void set_common(const Tensor& lr_t,
-                  const std::optional<Tensor>& grad_scale_t,
+  void set_common(const Tensor& lr_t, const std::optional<Tensor>& grad_scale_t,
                   const std::optional<Tensor>& found_inf_t,
                   const std::optional<Tensor>& clip_coef_t, bool maximize_,
                   int64_t seed_) {
@@ -355,8 +355,7 @@ class FlatRows {
     bool direct = is_dense(p);
     for (int l = 1; l < count_ && direct; ++l) {
       const Tensor& t = lists_[l][i];
-      direct = is_dense(t) &&
-               checks::same_dims(t.strides(), p.strides());
+      direct = is_dense(t) && checks::same_dims(t.strides(), p.strides());
     }
     for (int l = 0; l < count_; ++l) {
       const Tensor& t = lists_[l][i];
@@ -403,8 +402,8 @@ class FlatRows {
 // pair, in list order within a group; groups in a fixed order (param dtype,
 // then grad dtype, each as half, float, bfloat16).
 struct DtypePairGroups {
-  static constexpr std::array<ScalarType, 3> kDtypes{ScalarType::Half, ScalarType::Float,
-                                                         ScalarType::BFloat16};
+  static constexpr std::array<ScalarType, 3> kDtypes{
+      ScalarType::Half, ScalarType::Float, ScalarType::BFloat16};
   static int group(ScalarType param, ScalarType grad) {
     return 3 * dtype_index(kDtypes, param) + dtype_index(kDtypes, grad);
   }

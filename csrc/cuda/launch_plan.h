@@ -192,7 +192,7 @@ class LaunchPlanner {
     ++nt_;
     const int64_t chunks = (numel + kChunkSize - 1) / kChunkSize;
     MIXPREC_CHECK(chunks <= INT32_MAX, "mixprec: tensor too large (", numel,
-                " elements)");
+                  " elements)");
     for (int64_t c = 0; c < chunks; ++c) {
       meta_->block_to_tensor[nb_] = static_cast<uint16_t>(nt_ - 1);
       meta_->block_to_chunk[nb_] = static_cast<int32_t>(c);

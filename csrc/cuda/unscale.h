@@ -6,9 +6,13 @@
 
 #include "common/tensor.h"
 
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
+
 #include <algorithm>
 #include <array>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -23,6 +27,44 @@ namespace cuda {
 
 constexpr int kNoNorm = -1;
 
+// The type the unscale arithmetic runs in: float for fp16/bf16, the dtype
+// itself for float32/float64.
+template <typename T>
+struct OpMath {
+  using type = T;
+};
+template <>
+struct OpMath<torch::headeronly::Half> {
+  using type = float;
+};
+template <>
+struct OpMath<torch::headeronly::BFloat16> {
+  using type = float;
+};
+
+// Calls f(T*) with a null pointer whose type is the C++ type of `dtype`
+// (float32, float64, float16 or bfloat16: the dtypes the checks let through).
+template <typename F>
+void dispatch_unscale_dtype(ScalarType dtype, F&& f) {
+  switch (dtype) {
+    case ScalarType::Float:
+      f(static_cast<float*>(nullptr));
+      return;
+    case ScalarType::Double:
+      f(static_cast<double*>(nullptr));
+      return;
+    case ScalarType::Half:
+      f(static_cast<torch::headeronly::Half*>(nullptr));
+      return;
+    case ScalarType::BFloat16:
+      f(static_cast<torch::headeronly::BFloat16*>(nullptr));
+      return;
+    default:
+      MIXPREC_INTERNAL_ASSERT(false, "unchecked dtype ", dtype,
+                              " reached an unscale launcher");
+  }
+}
+
 // The per-thread part of one block's chunk: check for inf/NaN, multiply by
 // inv_scale when kUnscale (stored in place when kWrite and inv_scale != 1),
 // and, when Kind != kNoNorm, the thread's norm partial of the unscaled
@@ -32,7 +74,7 @@ struct UnscaleOpBase {
   template <class Meta>  // TensorListMeta<1> or SmallTensorListMeta<1>
   MIXPREC_HD double run(const Meta& meta, GridPos pos, float* found_inf,
                         const float* inv_scale, float norm_type) const {
-    using opmath_t = at::opmath_type<scalar_t>;
+    using opmath_t = typename OpMath<scalar_t>::type;
     constexpr int kVec = 16 / sizeof(scalar_t);
     using VecT = AlignedVector<scalar_t, kVec>;
     constexpr bool kNorm = Kind != kNoNorm;
@@ -160,17 +202,17 @@ struct FinishNormOp {
 struct UnscalePlan {
   // Group order (fixed: it orders the norm partials).
   static constexpr std::array<ScalarType, 4> kDtypes{
-      ScalarType::Half, ScalarType::Float, ScalarType::Double, ScalarType::BFloat16};
+      ScalarType::Half, ScalarType::Float, ScalarType::Double,
+      ScalarType::BFloat16};
   std::array<Launches<1>, 4> groups;  // empty for a dtype not in the list
-  std::vector<Tensor> owned;      // contiguous copies of strided inputs
+  std::vector<Tensor> owned;          // contiguous copies of strided inputs
   std::vector<std::pair<Tensor, Tensor>> copy_back;  // (orig, dense)
 
   // Checks the call (check_unscale_args) and plans `tensors`; `device` is set
   // to the call's device once the scalars are checked.
   template <class Guard>
-  UnscalePlan(const char* op, TensorList tensors,
-              const Tensor& found_inf, const Tensor* inv_scale,
-              DeviceType backend, bool read_only,
+  UnscalePlan(const char* op, TensorList tensors, const Tensor& found_inf,
+              const Tensor* inv_scale, DeviceType backend, bool read_only,
               std::optional<Guard>& guard) {
     const Device device =
         checks::check_unscale_args(op, tensors, found_inf, inv_scale, backend,
@@ -232,27 +274,26 @@ struct UnscalePlan {
 // one plan per dtype present in the list.
 template <class Exec>
 void finite_check_launch(const char* op, TensorList tensors,
-                         const Tensor& found_inf,
-                         const Tensor* inv_scale) {
+                         const Tensor& found_inf, const Tensor* inv_scale) {
   const bool unscale = inv_scale != nullptr;
   std::optional<typename Exec::Guard> guard;
   UnscalePlan plan(op, tensors, found_inf, inv_scale, Exec::kBackend,
                    /*read_only=*/false, guard);
   float* found_ptr = found_inf.mutable_data_ptr<float>();
-  const float* inv_ptr = unscale ? inv_scale->mutable_data_ptr<float>() : nullptr;
+  const float* inv_ptr = unscale ? inv_scale->const_data_ptr<float>() : nullptr;
   plan.for_each([&](ScalarType dtype, const Launches<1>& launches) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        ScalarType::Half, ScalarType::BFloat16, dtype, "mixprec_unscale_cuda", [&] {
-          auto go = [&](auto op_fn) {
-            run_launches<Exec, 1>(launches, op_fn, found_ptr, inv_ptr,
-                                  static_cast<double*>(nullptr), 0.0f);
-          };
-          if (unscale) {
-            go(UnscaleOp<scalar_t, true, kNoNorm>{});
-          } else {
-            go(UnscaleOp<scalar_t, false, kNoNorm>{});
-          }
-        });
+    dispatch_unscale_dtype(dtype, [&](auto* type_tag) {
+      using scalar_t = std::remove_pointer_t<decltype(type_tag)>;
+      auto go = [&](auto op_fn) {
+        run_launches<Exec, 1>(launches, op_fn, found_ptr, inv_ptr,
+                              static_cast<double*>(nullptr), 0.0f);
+      };
+      if (unscale) {
+        go(UnscaleOp<scalar_t, true, kNoNorm>{});
+      } else {
+        go(UnscaleOp<scalar_t, false, kNoNorm>{});
+      }
+    });
   });
   plan.finish();
 }
@@ -262,32 +303,30 @@ void finite_check_launch(const char* op, TensorList tensors,
 // double, in a fixed order (deterministic), and writes the norm.
 template <class Exec, int Kind>
 Tensor norm_run(UnscalePlan& plan, const Tensor& found_inf,
-                    const Tensor& inv_scale, double norm_type,
-                    bool in_place) {
+                const Tensor& inv_scale, double norm_type, bool in_place) {
   int64_t blocks = 0;
   plan.for_each([&](ScalarType, const Launches<1>& launches) {
     blocks += count_blocks(launches);
   });
-  Tensor partials = new_vector(found_inf, std::max<int64_t>(blocks, 1),
-                                ScalarType::Double);
+  Tensor partials =
+      new_vector(found_inf, std::max<int64_t>(blocks, 1), ScalarType::Double);
   double* part_ptr = partials.mutable_data_ptr<double>();
   float* found_ptr = found_inf.mutable_data_ptr<float>();
-  const float* inv_ptr = inv_scale.mutable_data_ptr<float>();
+  const float* inv_ptr = inv_scale.const_data_ptr<float>();
   int64_t offset = 0;
   plan.for_each([&](ScalarType dtype, const Launches<1>& launches) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        ScalarType::Half, ScalarType::BFloat16, dtype, "mixprec_norm_cuda", [&] {
-          auto go = [&](auto op_fn) {
-            run_launches<Exec, 1>(launches, op_fn, found_ptr, inv_ptr,
-                                  part_ptr + offset,
-                                  static_cast<float>(norm_type));
-          };
-          if (in_place) {
-            go(UnscaleOp<scalar_t, true, Kind>{});
-          } else {
-            go(UnscaleOp<scalar_t, true, Kind, /*kWrite=*/false>{});
-          }
-        });
+    dispatch_unscale_dtype(dtype, [&](auto* type_tag) {
+      using scalar_t = std::remove_pointer_t<decltype(type_tag)>;
+      auto go = [&](auto op_fn) {
+        run_launches<Exec, 1>(launches, op_fn, found_ptr, inv_ptr,
+                              part_ptr + offset, static_cast<float>(norm_type));
+      };
+      if (in_place) {
+        go(UnscaleOp<scalar_t, true, Kind>{});
+      } else {
+        go(UnscaleOp<scalar_t, true, Kind, /*kWrite=*/false>{});
+      }
+    });
     offset += count_blocks(launches);
   });
   plan.finish();
@@ -299,9 +338,8 @@ Tensor norm_run(UnscalePlan& plan, const Tensor& found_inf,
 }
 
 template <class Exec>
-Tensor norm_launch(const char* op, TensorList grads,
-                       const Tensor& found_inf, const Tensor& inv_scale,
-                       double norm_type, bool in_place) {
+Tensor norm_launch(const char* op, TensorList grads, const Tensor& found_inf,
+                   const Tensor& inv_scale, double norm_type, bool in_place) {
   std::optional<typename Exec::Guard> guard;
   UnscalePlan plan(op, grads, found_inf, &inv_scale, Exec::kBackend,
                    /*read_only=*/!in_place, guard);

@@ -44,11 +44,10 @@ void update_scale_launch(const OpArgs<Op::update_scale_>& a) {
   checks::check_update_scale_args("update_scale_", scale, growth_tracker,
                                   nullptr, found_inf, growth_interval);
   typename Exec::Guard guard(scale.device());
-  Exec::launch_single_block(
-      1, UpdateScaleOp{}, scale.mutable_data_ptr<float>(),
-      growth_tracker.mutable_data_ptr<int>(),
-      static_cast<const float*>(found_inf.mutable_data_ptr<float>()), growth_factor,
-      backoff_factor, static_cast<int>(growth_interval));
+  Exec::launch_single_block(1, UpdateScaleOp{}, scale.mutable_data_ptr<float>(),
+                            growth_tracker.mutable_data_ptr<int>(),
+                            found_inf.const_data_ptr<float>(), growth_factor,
+                            backoff_factor, static_cast<int>(growth_interval));
 }
 
 template <class Exec>
@@ -59,10 +58,11 @@ void update_scale_ext_launch(const OpArgs<Op::update_scale_ext_>& a) {
   typename Exec::Guard guard(scale.device());
   Exec::launch_single_block(
       1, UpdateScaleExtOp{}, scale.mutable_data_ptr<float>(),
-      growth_tracker.mutable_data_ptr<int>(), hysteresis_left.mutable_data_ptr<int>(),
-      static_cast<const float*>(found_inf.mutable_data_ptr<float>()), growth_factor,
-      backoff_factor, static_cast<int>(growth_interval), b.min_scale,
-      b.max_scale, static_cast<int>(hysteresis));
+      growth_tracker.mutable_data_ptr<int>(),
+      hysteresis_left.mutable_data_ptr<int>(),
+      found_inf.const_data_ptr<float>(), growth_factor, backoff_factor,
+      static_cast<int>(growth_interval), b.min_scale, b.max_scale,
+      static_cast<int>(hysteresis));
 }
 
 }  // namespace cuda

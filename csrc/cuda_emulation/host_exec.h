@@ -5,8 +5,8 @@
 // the order of the device's block_reduce (csrc/cuda/device_exec.cuh), so the
 // results are the device's bit for bit wherever the arithmetic is IEEE
 // (no fused multiply-add contraction differences: the host build of these
-// files uses -ffp-contract=off, like nvcc's default only where written so;
-// see csrc/cuda_emulation/ops_emulated.cpp).
+// files uses -ffp-contract=off and the CUDA build --fmad=false, so neither
+// fuses a multiply and an add that the source does not fuse).
 //
 // Sequential threads are a faithful model of these kernels because none of
 // them communicates between threads except through block_reduce and the
