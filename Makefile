@@ -1,8 +1,8 @@
 # mixprec — the two commands of the README:
 #   make demo    bootstrap .venv, build, run the example training job
-#   make test    bootstrap .venv, build (CUDA-torch build + a MIXPREC_FORCE_CPU=1 build),
-#                run the Python suite against both, the C++ (ctest) suite, and the
-#                GPU check's CPU smoke run (gpu-check-smoke)
+#   make test    bootstrap .venv, build the op libraries once (stable ABI), run the Python
+#                suite with .venv's torch and with a CPU torch (2.13.0+cpu, its own venv),
+#                the ABI gates, the C++ (ctest) suite, and the GPU check's CPU smoke run
 # With PYTHON=/path/to/python an existing interpreter that already has torch is used
 # instead of .venv (e.g. on a GPU machine without network).
 SHELL := /bin/bash
@@ -22,23 +22,22 @@ PY := $(PYTHON)
 ENV_TARGET := python-env
 endif
 
-CPU_ONLY_DIR := build/cpu-only
 PYTEST_ARGS ?=
 
-# The test-only library mixprec/_cuda_emulation (csrc/cuda_emulation: the CUDA launchers
-# run on the CPU) is built beside the op libraries when MIXPREC_BUILD_TEST_EXT=1: for every goal that runs
-# the Python tests, never for `make build` / `make demo` alone.
-TEST_GOALS := test test-python test-python-cpu-only test-isa test-oldest
-ifneq ($(filter $(TEST_GOALS),$(MAKECMDGOALS)),)
+# A checkout's build always carries the test-only library mixprec/_cuda_emulation
+# (csrc/cuda_emulation: the CUDA launchers run on the CPU), so that `make demo` and
+# `make test` share one build; wheels and plain installs leave it out.
 export MIXPREC_BUILD_TEST_EXT := 1
-endif
 
-.PHONY: help env python-env build build-cpu-only demo test test-python test-python-cpu-only \
-        test-cpp test-isa test-oldest lint format bench clean gpu-peers
+.PHONY: help env python-env build demo test test-python test-python-cpu-torch abi-gates \
+        wheel test-wheel test-cpp test-isa lint format bench clean gpu-peers
 
 help:
 	@echo "make demo     bootstrap .venv (torch $(TORCH_VERSION)), build, run the demo"
-	@echo "make test     build (default + CPU-only) and run the Python and C++ suites"
+	@echo "make test     build once, run the Python suites (.venv's torch and a CPU torch), the"
+	@echo "              ABI gates and the C++ suite"
+	@echo "make wheel    the release wheel (CUDA kernels, manylinux_2_28) in dist/, gated"
+	@echo "make test-wheel  that wheel's suite with torch $(MATRIX_TORCHES)"
 	@echo "make bench    run the benchmarks (figures: benchmarks/README.md)"
 	@echo "PYTHON=...    use that interpreter (with torch) instead of .venv"
 
@@ -67,8 +66,8 @@ env: $(ENV_TARGET)
 # from scratch, so the install is redone only when a C++ source or the build files change,
 # or for another interpreter / FORCE setting (the stamp's name).
 NATIVE_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
-EDITABLE_STAMP := build/.editable-$(shell printf '%s|%s|%s|%s|%s' '$(PY)' '$(MIXPREC_FORCE_CUDA)' \
-  '$(MIXPREC_FORCE_CPU)' '$(TORCH_CUDA_ARCH_LIST)' '$(MIXPREC_BUILD_TEST_EXT)' | md5sum | cut -c1-12)
+EDITABLE_STAMP := build/.editable-$(shell printf '%s|%s|%s|%s' '$(PY)' '$(MIXPREC_FORCE_CUDA)' \
+  '$(MIXPREC_FORCE_CPU)' '$(TORCH_CUDA_ARCH_LIST)' | md5sum | cut -c1-12)
 
 $(EDITABLE_STAMP): $(NATIVE_SOURCES) | env
 	$(PY) -m pip install --no-build-isolation --no-deps --quiet -e .
@@ -77,17 +76,6 @@ $(EDITABLE_STAMP): $(NATIVE_SOURCES) | env
 build: env $(EDITABLE_STAMP)
 	$(PY) -m mixprec.info
 
-# A second, CPU-only build (MIXPREC_FORCE_CPU=1) into its own folder, importable with
-# PYTHONPATH=$(CPU_ONLY_DIR)/pkg, so its tests run against exactly that binary.
-build-cpu-only: env
-	@rm -rf $(CPU_ONLY_DIR)/pkg && mkdir -p $(CPU_ONLY_DIR)/pkg
-	cp -r python/mixprec $(CPU_ONLY_DIR)/pkg/mixprec
-	@rm -rf $(CPU_ONLY_DIR)/pkg/mixprec/_ops*.so $(CPU_ONLY_DIR)/pkg/mixprec/_cuda_emulation*.so \
-	  $(CPU_ONLY_DIR)/pkg/mixprec/__pycache__
-	MIXPREC_FORCE_CUDA= MIXPREC_FORCE_CPU=1 $(PY) setup.py --quiet build_ext --build-lib $(CPU_ONLY_DIR)/pkg \
-	  --build-temp $(CPU_ONLY_DIR)/temp
-	PYTHONPATH=$(CPU_ONLY_DIR)/pkg $(PY) -m mixprec.info
-
 # --- run -------------------------------------------------------------------------------
 demo: build
 	$(PY) examples/train_digits.py
@@ -95,11 +83,42 @@ demo: build
 test-python: build
 	env $${MIXPREC_FORCE_CUDA:+MIXPREC_EXPECT_CUDA_KERNELS=1} $(PY) -m pytest tests $(PYTEST_ARGS)
 
-# tests/frameworks/ (HF Trainer, Lightning, Accelerate: Python glue over the same kernels)
-# runs once, in test-python.
-test-python-cpu-only: build-cpu-only
-	MIXPREC_EXPECT_CUDA_KERNELS=0 PYTHONPATH=$(ROOT)/$(CPU_ONLY_DIR)/pkg \
-	  $(PY) -m pytest tests --ignore=tests/frameworks $(PYTEST_ARGS)
+# The same build loaded into a CPU torch (CPU_TORCH, from the machine's wheel store, in its
+# own venv with the test dependencies only): the op libraries are built on torch's stable
+# ABI (2.11), so this replaces a second, CPU-only build. tests/frameworks/, tests/project/
+# and tests/cpp/ run once, in test-python (tools/torch_matrix.py).
+CPU_TORCH ?= 2.13.0
+test-python-cpu-torch: build
+	MIXPREC_EXPECT_CUDA_KERNELS=0 $(PY) tools/torch_matrix.py --package python/mixprec \
+	  $(CPU_TORCH) -- $(PYTEST_ARGS)
+
+# The gates every build of the op libraries passes to load into torch 2.11 and newer
+# (stable shims only, each exported by torch 2.11; no SLEEF, Python or torch C++ symbols;
+# tools/abi_gates.py): on the checkout's build here, on the wheel in `make wheel`.
+abi-gates: build
+	$(PY) tools/abi_gates.py python/mixprec
+
+# The release wheel: CUDA kernels (WHEEL_ARCHS, CUDA 13.0: serves cu130 and cu132 torch) and
+# the CPU kernels in one py3-none-manylinux_2_28 wheel for every torch from 2.11 on, built
+# in its own folders (the checkout's build stays), repaired by auditwheel (torch's and CUDA's
+# libraries excluded: they come with torch) and gated (tools/abi_gates.py).
+WHEEL_ARCHS ?= 8.0;9.0;10.0+PTX
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' python/mixprec/_version.py)
+wheel: env
+	rm -rf build/wheel dist/mixprec-$(VERSION)-*.whl
+	MIXPREC_BUILD_TEST_EXT= MIXPREC_FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="$(WHEEL_ARCHS)" \
+	  $(PY) setup.py --quiet build_ext --build-temp build/wheel/temp \
+	  bdist_wheel --bdist-dir build/wheel/bdist --dist-dir build/wheel/raw
+	$(PY) -m auditwheel repair --plat manylinux_2_28_x86_64 --exclude 'libtorch*.so' \
+	  --exclude 'libc10*.so' --exclude 'libcudart.so.*' -w dist build/wheel/raw/mixprec-*.whl
+	$(PY) tools/abi_gates.py dist/mixprec-$(VERSION)-py3-none-manylinux_2_28_x86_64.whl
+
+# The wheel's suite in a fresh venv per torch of the matrix (tools/torch_matrix.py; the
+# newer releases come from PyPI, a CUDA build each: several GB and minutes per venv).
+MATRIX_TORCHES ?= 2.11.0 2.13.0 2.14.1 2.15.0
+test-wheel: wheel
+	$(PY) tools/torch_matrix.py --package dist/mixprec-$(VERSION)-py3-none-manylinux_2_28_x86_64.whl \
+	  $(MATRIX_TORCHES) -- $(PYTEST_ARGS)
 
 # The CPU kernels are picked by the CPU: mixprec's per ISA (MIXPREC_CPU_CAPABILITY caps
 # them) and torch's, which the references and torch.optim run on (ATEN_CPU_CAPABILITY).
@@ -123,22 +142,9 @@ test-isa: build
 	    -q -p no:cacheprovider -k "not cuda and not compile" $(PYTEST_ARGS) || exit 1; \
 	done
 
-# The oldest torch pyproject.toml claims, in its own venv and build folder (CPU wheel from
-# the machine's wheel store): mixprec built against it (CPU kernels) and the Python suite.
-# Not part of `make test` (another full build); run before changing the torch floor.
-OLDEST_TORCH ?= 2.13.0
-OLDEST_DIR := build/torch-$(OLDEST_TORCH)
-
-test-oldest:
-	@test -x $(OLDEST_DIR)/venv/bin/python || python3 -m venv $(OLDEST_DIR)/venv
-	$(OLDEST_DIR)/venv/bin/python -m pip install --quiet "torch==$(OLDEST_TORCH)" \
-	  -r requirements-dev.txt
-	$(MAKE) --no-print-directory test-python-cpu-only \
-	  PYTHON=$(ROOT)/$(OLDEST_DIR)/venv/bin/python CPU_ONLY_DIR=$(OLDEST_DIR)
-
 -include cmake/cpp.mk
 
-test: test-python test-python-cpu-only test-cpp test-isa gpu-check-smoke
+test: test-python test-python-cpu-torch abi-gates test-cpp test-isa gpu-check-smoke
 
 # C++ sources clang-format checks (.clang-format); `make format` rewrites them in place
 CPP_FORMAT_FILES = $(shell git ls-files 'csrc/*.h' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh' \

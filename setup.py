@@ -297,17 +297,26 @@ def _extensions() -> tuple[list, dict]:
     include_dirs = [str(ROOT / "csrc"), str(ROOT / "csrc" / "include"), str(gen_dir)]
     # Stable ABI only: every ATen/c10 header #errors under TORCH_TARGET_VERSION; hidden
     # symbols, so the libraries export only their C entry points and registrations.
-    stable = [f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}"]
+    # csrc/common/glibc_compat.h, first in every translation unit: loads on glibc 2.28.
+    stable = [f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}",
+              "-include", str(ROOT / "csrc" / "common" / "glibc_compat.h")]
     cxx_flags = ["-O3", "-fvisibility=hidden", "-ffp-contract=off"] + stable
 
     def library(name: str, sources: list[str], cuda: bool = False):
-        """A shared library loaded with torch.ops.load_library (no Python module)."""
+        """A shared library loaded with torch.ops.load_library (no Python module).
+
+        It links only the torch libraries whose C shims it calls: libtorch_cpu, and for the
+        CUDA kernels libtorch_cuda (the current stream) and the CUDA runtime.
+        """
         cls = cpp_extension.CUDAExtension if cuda else cpp_extension.CppExtension
         args: dict = {"cxx": cxx_flags}
         if cuda:
-            args["nvcc"] = ["-O3", "-lineinfo", "--fmad=false"] + stable
-        return cls(name=name, sources=sources, include_dirs=include_dirs,
-                   extra_compile_args=args, py_limited_api=True)
+            args["nvcc"] = ["-O3", "-lineinfo", "--fmad=false",
+                            "-Xcompiler", "-fvisibility=hidden"] + stable
+        ext = cls(name=name, sources=sources, include_dirs=include_dirs,
+                  extra_compile_args=args, py_limited_api=True)
+        ext.libraries = ["torch_cpu"] + (["torch_cuda", "cudart"] if cuda else [])
+        return ext
 
     exts = [library("mixprec._ops", _cpu_sources())]
     if with_cuda:
@@ -396,7 +405,19 @@ def _with_cpp_bundle(base: type) -> type:
     return BuildExtWithCpp
 
 
+def _bdist_wheel() -> type:
+    """bdist_wheel tagged py3-none: the libraries use neither Python's C API nor its ABI."""
+    from setuptools.command.bdist_wheel import bdist_wheel
+
+    class BdistWheelPy3(bdist_wheel):
+        def get_tag(self) -> tuple[str, str, str]:
+            return ("py3", "none", super().get_tag()[2])
+
+    return BdistWheelPy3
+
+
 ext_modules, cmdclass = _extensions()
+cmdclass["bdist_wheel"] = _bdist_wheel()
 
 setup(
     name="mixprec",

@@ -23,7 +23,8 @@
 // thing no source fixes: when both operands of an add or a multiply are NaNs
 // with different payloads, which one comes out depends on the operand order
 // the compiler picks for that instruction (x86 returns the first), in this
-// header as in at::vec.
+// header as in at::vec. The exception is pow (below): std::pow per lane,
+// where at::vec called SLEEF.
 #pragma once
 
 #include <cmath>
@@ -50,19 +51,6 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
-#if defined(MIXPREC_SIMD_AVX2) || defined(MIXPREC_SIMD_AVX512)
-// SLEEF's vector pow (1-ulp), which libtorch_cpu exports and at::vec's AVX2
-// and AVX-512 pow called; weak, so a torch without them still loads this
-// library and pow() then takes the scalar std::pow of the portable set.
-extern "C" {
-__m256 Sleef_powf8_u10(__m256, __m256) __attribute__((weak));
-__m256d Sleef_powd4_u10(__m256d, __m256d) __attribute__((weak));
-#if defined(MIXPREC_SIMD_AVX512)
-__m512 Sleef_powf16_u10(__m512, __m512) __attribute__((weak));
-__m512d Sleef_powd8_u10(__m512d, __m512d) __attribute__((weak));
-#endif
-}
-#endif
 
 namespace mixprec {
 namespace simd {
@@ -302,31 +290,11 @@ inline IVec minimum(const IVec& a, const IVec& b) {
   return IVec(a.v < b.v ? a.v : b.v);
 }
 
-// x^p per lane: SLEEF's pow in the x86 sets (while libtorch_cpu exports it),
-// std::pow otherwise.
+// x^p per lane, with std::pow: SLEEF's vector pow is torch's own, not part
+// of its stable surface (the p-norms of p other than 1, 2 and inf are the only
+// users, and match torch's to within an ulp per element, not bit for bit).
 template <typename T>
 inline Vec<T> pow(const Vec<T>& x, const Vec<T>& p) {
-#if defined(MIXPREC_SIMD_AVX512)
-  if constexpr (std::is_same_v<T, float>) {
-    if (Sleef_powf16_u10 != nullptr) {
-      return Vec<T>(Sleef_powf16_u10(x.v, p.v));
-    }
-  } else {
-    if (Sleef_powd8_u10 != nullptr) {
-      return Vec<T>(Sleef_powd8_u10(x.v, p.v));
-    }
-  }
-#elif defined(MIXPREC_SIMD_AVX2)
-  if constexpr (std::is_same_v<T, float>) {
-    if (Sleef_powf8_u10 != nullptr) {
-      return Vec<T>(Sleef_powf8_u10(x.v, p.v));
-    }
-  } else {
-    if (Sleef_powd4_u10 != nullptr) {
-      return Vec<T>(Sleef_powd4_u10(x.v, p.v));
-    }
-  }
-#endif
   return lanewise(x, p, [](T a, T b) { return std::pow(a, b); });
 }
 

@@ -746,18 +746,12 @@ void test_autocast_guard() {
   CHECK(torch::mm(w, w).scalar_type() == torch::kFloat);
 }
 
-// The CPU kernels' loops run on torch's thread pool (libmixprec is compiled for
-// torch's OpenMP where torch uses it and the compiler is GCC: CMakeLists.txt).
+// The CPU kernels' loops run on torch's thread pool (torch's stable
+// parallel_for, inside libtorch).
 void test_cpu_kernel_threads() {
   const int before = at::get_num_threads();
   at::set_num_threads(2);
-#if defined(__GNUC__) && !defined(__clang__)
-  const bool openmp_torch = AT_PARALLEL_OPENMP;
-#else
-  const bool openmp_torch = false;
-#endif
-  CHECK(mixprec::cpu_kernel_threads() ==
-        (openmp_torch || AT_PARALLEL_NATIVE ? 2 : 1));
+  CHECK(mixprec::cpu_kernel_threads() == 2);
   at::set_num_threads(1);
   CHECK(mixprec::cpu_kernel_threads() == 1);
   at::set_num_threads(before);

@@ -26,10 +26,9 @@ MIXPREC_API BuildInfo build_info();
 // "default" (capped by MIXPREC_CPU_CAPABILITY / ATEN_CPU_CAPABILITY).
 MIXPREC_API std::string cpu_capability();
 
-// How many threads the CPU kernels' loops run on now: at::get_num_threads()
-// where the library was compiled for torch's parallel backend (with OpenMP,
-// -fopenmp: at::parallel_for is a header template that runs serially in code
-// compiled without it), else 1.
+// How many threads the CPU kernels' loops run on now: the size of torch's
+// intra-op pool (the kernels run their loops through torch's stable
+// parallel_for).
 MIXPREC_API int cpu_kernel_threads();
 
 }  // namespace mixprec
