@@ -17,9 +17,10 @@
 //     in-place ops do, so autograd notices a tensor saved for backward that an
 //     op changed afterwards.
 //
-// Built into libmixprec only (CMakeLists.txt). The Python package's mixprec._C
-// leaves this file out (setup.py) and registers the same kernels from Python
-// (python/mixprec/ops/_autograd.py): one Autograd kernel per op in a process.
+// Built into libmixprec only (CMakeLists.txt). The Python package's op
+// library leaves this file out (setup.py) and registers the same kernels from
+// Python (python/mixprec/ops/_autograd.py): one Autograd kernel per op in a
+// process.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/LegacyTypeDispatch.h>
@@ -151,8 +152,8 @@ struct NoGradKernel<Name, Ret(Args...)> {
 }  // namespace mixprec
 
 TORCH_LIBRARY_IMPL(mixprec, Autograd, m) {
-#define MIXPREC_AUTOGRAD_IMPL_(op)                                          \
-  m.impl(#op,                                                               \
+#define MIXPREC_AUTOGRAD_IMPL_(op)                                             \
+  m.impl(#op,                                                                  \
          &::mixprec::NoGradKernel<::mixprec::OpInfo<::mixprec::Op::op>::kName, \
                                   ::mixprec::OpSig<&::mixprec::op>>::fn);
   MIXPREC_FOR_EACH_OP(MIXPREC_AUTOGRAD_IMPL_)

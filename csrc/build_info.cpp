@@ -86,16 +86,16 @@ std::string describe() {
 #undef MIXPREC_OP_NAME_
   j += "], \"capture_sync_ops\": {";
   sep = "";
-#define MIXPREC_SYNC_OP_ENTRY_(name, rule)       \
+#define MIXPREC_SYNC_OP_ENTRY_(name, rule)            \
   j += sep + json_str(name) + ": " + json_str(#rule); \
   sep = ", ";
   MIXPREC_FOR_EACH_SYNC_OP(MIXPREC_SYNC_OP_ENTRY_)
 #undef MIXPREC_SYNC_OP_ENTRY_
   j += "}, \"capture_scaler_settings\": [";
   sep = "";
-#define MIXPREC_SCALER_SETTING_ENTRY_(name, accessor)                    \
+#define MIXPREC_SCALER_SETTING_ENTRY_(name, accessor)                          \
   j += sep + std::string("[") + json_str(#name) + ", " + json_str(#accessor) + \
-       "]";                                                             \
+       "]";                                                                    \
   sep = ", ";
   MIXPREC_FOR_EACH_SCALER_SETTING(MIXPREC_SCALER_SETTING_ENTRY_)
 #undef MIXPREC_SCALER_SETTING_ENTRY_

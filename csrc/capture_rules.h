@@ -1,5 +1,5 @@
 // The rules of a captured step, one list for both twins: Python's
-// mixprec.capture (which reads them from mixprec._C) and C++'s
+// mixprec.capture (which reads them from the op library) and C++'s
 // mixprec::CapturedStep (csrc/api/capture.cpp). docs/capture.md states the
 // contract they implement.
 //
@@ -19,7 +19,7 @@
 // Python GradScaler's method (called) or property of that name. The
 // optimizers' settings a graph bakes in are every param-group option but the
 // live ones: in C++ the rows flagged options_flag::kLive in mixprec/optim.h,
-// exported to Python as mixprec._C.capture_live_options.
+// exported to Python by build_info.cpp (capture_live_options).
 #pragma once
 
 #define MIXPREC_FOR_EACH_SYNC_OP(X)        \

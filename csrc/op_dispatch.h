@@ -20,10 +20,10 @@ using OpSig = std::remove_pointer_t<decltype(Fn)>;
 template <auto Fn>
 struct OpOfFn;
 
-#define MIXPREC_OP_OF_FN_(op)                          \
-  template <>                                          \
-  struct OpOfFn<&::mixprec::op> {                      \
-    static constexpr Op value = Op::op;                \
+#define MIXPREC_OP_OF_FN_(op)           \
+  template <>                           \
+  struct OpOfFn<&::mixprec::op> {       \
+    static constexpr Op value = Op::op; \
   };
 MIXPREC_FOR_EACH_OP(MIXPREC_OP_OF_FN_)
 #undef MIXPREC_OP_OF_FN_

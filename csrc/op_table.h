@@ -229,14 +229,14 @@ constexpr int schema_arg_index(const char* schema, const char* name) {
 // The kinds of argument a schema of the table uses, and their C++ types in
 // a kernel (the stable ABI's: common/tensor.h).
 enum class ArgKind {
-  kTensor,          // Tensor, Tensor(a!)
-  kTensorList,      // Tensor[], Tensor(a!)[]
-  kOptionalTensor,  // Tensor?
-  kFloat,           // float
-  kOptionalFloat,   // float?
-  kInt,             // int
-  kOptionalIntList, // int[]?
-  kBool,            // bool
+  kTensor,           // Tensor, Tensor(a!)
+  kTensorList,       // Tensor[], Tensor(a!)[]
+  kOptionalTensor,   // Tensor?
+  kFloat,            // float
+  kOptionalFloat,    // float?
+  kInt,              // int
+  kOptionalIntList,  // int[]?
+  kBool,             // bool
   kUnknown,
 };
 
@@ -403,14 +403,14 @@ using OpArgType = typename ArgTypeOf<schema_arg_kind(
 // (each converted to its schema type, owning what it holds): the form in
 // which backend kernels take them. Read them with MIXPREC_ARG / MIXPREC_BIND,
 // by schema name.
-template <Op O, class Seq = std::make_index_sequence<
-                    static_cast<size_t>(schema_num_args(OpInfo<O>::kSchema))>>
+template <Op O, class Seq = std::make_index_sequence<static_cast<size_t>(
+                    schema_num_args(OpInfo<O>::kSchema))>>
 struct OpArgs;
 
 // Hidden, as the stable ABI's types it holds.
 template <Op O, size_t... I>
-struct __attribute__((visibility("hidden"))) OpArgs<O,
-                                                    std::index_sequence<I...>> {
+struct __attribute__((visibility("hidden")))
+OpArgs<O, std::index_sequence<I...>> {
   static constexpr const char* kSchema = OpInfo<O>::kSchema;
   std::tuple<OpArgType<O, I>...> values;
 
@@ -473,8 +473,9 @@ void boxed_kernel(StableIValue* stack, uint64_t /*num_args*/,
                   uint64_t /*num_outputs*/) {
   OpArgs<O> args(stack);
   using Ret = decltype(Impl(args));
-  static_assert(std::is_void_v<Ret> != schema_returns_tensor(OpInfo<O>::kSchema),
-                "a kernel's return type differs from its op's schema");
+  static_assert(
+      std::is_void_v<Ret> != schema_returns_tensor(OpInfo<O>::kSchema),
+      "a kernel's return type differs from its op's schema");
   if constexpr (std::is_void_v<Ret>) {
     Impl(args);
   } else {

@@ -11,9 +11,10 @@ namespace detail {
 
 template <auto Fn, class Ret, class... Args>
 Ret Dispatch<Fn, Ret(Args...)>::call(Args... args) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow(OpInfo<OpOfFn<Fn>::value>::kName, "")
-                             .template typed<Ret(Args...)>();
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow(OpInfo<OpOfFn<Fn>::value>::kName, "")
+          .template typed<Ret(Args...)>();
   return op.call(args...);
 }
 

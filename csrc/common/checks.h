@@ -31,8 +31,7 @@ void check_grad_list(const char* op, const char* name, TensorList tensors,
 // The same checks for tensors[i] == t alone (check_grad_list is a loop of it),
 // for launchers that check while they plan, in one pass over the list.
 void check_grad_member(const char* op, const char* name, size_t i,
-                       const Tensor& t, const Device& device,
-                       bool written);
+                       const Tensor& t, const Device& device, bool written);
 
 // No two dense tensors of a list that an op writes share memory (the same
 // tensor twice, or overlapping views of one): an in-place update would write
@@ -64,10 +63,9 @@ inline bool same_dims(IntArrayRef a, IntArrayRef b) {
 // must run check_grad_member on every one of them before it writes anything.
 // Returns the device of the call (found_inf's).
 Device check_unscale_args(const char* op, TensorList tensors,
-                               const Tensor& found_inf,
-                               const Tensor* inv_scale,
-                               DeviceType backend, bool read_only = false,
-                               bool each_tensor = true);
+                          const Tensor& found_inf, const Tensor* inv_scale,
+                          DeviceType backend, bool read_only = false,
+                          bool each_tensor = true);
 
 // norm_type must be > 0 (inf allowed) and not NaN.
 void check_norm_type(const char* op, double norm_type);
@@ -78,8 +76,7 @@ void check_norm_type(const char* op, double norm_type);
 void check_update_scale_args(const char* op, const Tensor& scale,
                              const Tensor& growth_tracker,
                              const Tensor* hysteresis_left,
-                             const Tensor& found_inf,
-                             int64_t growth_interval);
+                             const Tensor& found_inf, int64_t growth_interval);
 
 struct ScaleBounds {
   double min_scale;  // 0 when not given

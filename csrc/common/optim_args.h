@@ -68,8 +68,7 @@ void check_optim_args(const OptimLists& lists,
 
 // The checks of param i and of its tensors in every list (the per-param part
 // of check_optim_args); `device` is the call's (params[0]'s).
-void check_optim_param(const OptimLists& lists, size_t i,
-                       const Device& device);
+void check_optim_param(const OptimLists& lists, size_t i, const Device& device);
 
 // Hyper-parameter checks (host floats); `op` names the op in messages.
 void check_adam_hparams(double beta1, double beta2, double weight_decay,

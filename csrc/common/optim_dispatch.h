@@ -19,10 +19,12 @@ void dispatch_param(ScalarType p, F&& f) {
       f(static_cast<float*>(nullptr), static_cast<G*>(nullptr));
       return;
     case ScalarType::Half:
-      f(static_cast<torch::headeronly::Half*>(nullptr), static_cast<G*>(nullptr));
+      f(static_cast<torch::headeronly::Half*>(nullptr),
+        static_cast<G*>(nullptr));
       return;
     case ScalarType::BFloat16:
-      f(static_cast<torch::headeronly::BFloat16*>(nullptr), static_cast<G*>(nullptr));
+      f(static_cast<torch::headeronly::BFloat16*>(nullptr),
+        static_cast<G*>(nullptr));
       return;
     default:
       MIXPREC_INTERNAL_ASSERT(false, "unexpected param dtype ", p);

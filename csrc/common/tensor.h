@@ -4,9 +4,10 @@
 // of ATen or c10, so the op libraries build with TORCH_TARGET_VERSION and load
 // into every torch from that version on.
 //
-// Errors: MIXPREC_CHECK throws std::runtime_error (a RuntimeError in Python)
-// with the message its arguments stream; MIXPREC_INTERNAL_ASSERT marks a bug
-// in mixprec, not a user error.
+// Errors: MIXPREC_CHECK throws with the message its arguments stream:
+// std::runtime_error in the op libraries (a RuntimeError in Python), c10::Error
+// where the same sources build libmixprec against the full LibTorch;
+// MIXPREC_INTERNAL_ASSERT marks a bug in mixprec, not a user error.
 #pragma once
 
 #include <torch/csrc/stable/device.h>
@@ -45,11 +46,10 @@ void stream_all(std::ostringstream& os, const T& first, const Rest&... rest);
 
 // "cpu", "cuda", "cuda:1", ...
 inline std::string device_str(DeviceType type, int index = -1) {
-  std::string s = type == DeviceType::CPU    ? "cpu"
-                  : type == DeviceType::CUDA ? "cuda"
-                                             : "device type " +
-                                                   std::to_string(
-                                                       static_cast<int>(type));
+  std::string s = type == DeviceType::CPU ? "cpu"
+                  : type == DeviceType::CUDA
+                      ? "cuda"
+                      : "device type " + std::to_string(static_cast<int>(type));
   if (index >= 0) {
     s += ":" + std::to_string(index);
   }
@@ -171,7 +171,9 @@ inline bool has_internal_overlap(const Tensor& t) {
 }
 
 // A contiguous copy of `t` (t itself when it is contiguous).
-inline Tensor dense_copy(const Tensor& t) { return torch::stable::contiguous(t); }
+inline Tensor dense_copy(const Tensor& t) {
+  return torch::stable::contiguous(t);
+}
 
 // dst.copy_(src).
 inline void copy_into(Tensor& dst, const Tensor& src) {
@@ -190,18 +192,31 @@ inline Tensor new_vector(const Tensor& like, int64_t n, ScalarType dtype) {
 
 }  // namespace mixprec
 
+#ifdef TORCH_TARGET_VERSION
+// The op libraries (stable ABI): std::runtime_error, a RuntimeError in Python.
 #define MIXPREC_CHECK(cond, ...)                             \
   do {                                                       \
     if (!(cond)) {                                           \
       throw std::runtime_error(::mixprec::str(__VA_ARGS__)); \
     }                                                        \
   } while (false)
+#else
+// libmixprec (a LibTorch build): c10::Error, as every LibTorch op throws, so
+// C++ callers catch mixprec's errors as torch's.
+#include <c10/util/Exception.h>
+#define MIXPREC_CHECK(cond, ...)                       \
+  do {                                                 \
+    if (!(cond)) {                                     \
+      TORCH_CHECK(false, ::mixprec::str(__VA_ARGS__)); \
+    }                                                  \
+  } while (false)
+#endif
 
-#define MIXPREC_INTERNAL_ASSERT(cond, ...)                              \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
-      throw std::logic_error(::mixprec::str(                            \
+#define MIXPREC_INTERNAL_ASSERT(cond, ...)                                 \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      throw std::logic_error(::mixprec::str(                               \
           "mixprec internal error (a bug; please report it) at " __FILE__, \
-          ":", __LINE__, ": " #cond " ", ##__VA_ARGS__));               \
-    }                                                                   \
+          ":", __LINE__, ": " #cond " ", ##__VA_ARGS__));                  \
+    }                                                                      \
   } while (false)

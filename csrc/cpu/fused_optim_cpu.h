@@ -64,7 +64,8 @@ struct ParamSpan {
   // Element `begin` of the float32 list `view` of the FlatSet (a state or
   // the masters); null for a list not in use (view -1).
   float* f32(const optim::FlatSet& fs, int view) const {
-    return view >= 0 ? fs.views[view][t]->mutable_data_ptr<float>() + begin : nullptr;
+    return view >= 0 ? fs.views[view][t]->mutable_data_ptr<float>() + begin
+                     : nullptr;
   }
 
   // The 8-bit state `view` of the FlatSet (uint8 codes) from element `begin`,
@@ -73,10 +74,10 @@ struct ParamSpan {
   // chunk start of for_each_span with rows is).
   CodedSpan coded(const optim::FlatSet& fs, int view, TensorList absmax,
                   int64_t row) const {
-    return CodedSpan{
-        fs.views[view][t]->mutable_data_ptr<uint8_t>() + begin,
-        absmax[t].mutable_data_ptr<float>() + q8::RowBlocks(row).block_at(begin), row,
-        begin % row};
+    return CodedSpan{fs.views[view][t]->mutable_data_ptr<uint8_t>() + begin,
+                     absmax[t].mutable_data_ptr<float>() +
+                         q8::RowBlocks(row).block_at(begin),
+                     row, begin % row};
   }
 };
 

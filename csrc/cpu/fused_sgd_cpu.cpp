@@ -62,7 +62,8 @@ void sgd_pass(const Args& args, const optim::OptimLists& lists, Run&& run,
       coded ? &rows : nullptr);
   fs.finish();
   for (size_t t = 0; t < n; ++t) {
-    state_steps[t].template mutable_data_ptr<float>()[0] = step_before[t] + 1.0f;
+    state_steps[t].template mutable_data_ptr<float>()[0] =
+        step_before[t] + 1.0f;
   }
 }
 

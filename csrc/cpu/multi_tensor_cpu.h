@@ -1,14 +1,13 @@
 // The CPU counterpart of multi-tensor apply: one flat work list made of the
-// chunks of every tensor (WorkList), processed by at::parallel_for, so that
-// 2,000 small tensors keep every core busy just as one large tensor does.
-// Every CPU kernel over tensor lists runs through it: the unscale family over
-// a DenseTensors, the fused optimizers over a FlatSet (fused_optim_cpu.h).
+// chunks of every tensor (WorkList), processed by torch::stable::parallel_for,
+// so that 2,000 small tensors keep every core busy just as one large tensor
+// does. Every CPU kernel over tensor lists runs through it: the unscale family
+// over a DenseTensors, the fused optimizers over a FlatSet (fused_optim_cpu.h).
 #pragma once
 
 #include "common/tensor.h"
 
 #include "cpu/span_kernels.h"
-
 
 #include <algorithm>
 #include <atomic>
@@ -79,15 +78,15 @@ struct WorkList {
   template <typename Fn>
   bool claim_items(Fn&& fn) const {
     const int64_t n = static_cast<int64_t>(items.size());
-    if (total < 2 * kCpuChunk || n < 2 || static_cast<int64_t>(torch::stable::get_num_threads()) < 2 ||
-        false) {
+    const auto threads = static_cast<int64_t>(torch::stable::get_num_threads());
+    if (total < 2 * kCpuChunk || n < 2 || threads < 2) {
       bool found = false;
       for (int64_t i = 0; i < n; ++i) {
         found |= fn(items[i]);
       }
       return found;
     }
-    const int64_t workers = std::min<int64_t>(static_cast<int64_t>(torch::stable::get_num_threads()), n);
+    const int64_t workers = std::min<int64_t>(threads, n);
     std::atomic<int64_t> next{0};
     std::atomic<bool> found{false};
     torch::stable::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
@@ -117,7 +116,8 @@ inline SpanDtype span_dtype(ScalarType t) {
     case ScalarType::Double:
       return SpanDtype::kDouble;
     default:
-      MIXPREC_INTERNAL_ASSERT(false, "unchecked dtype ", t, " reached a kernel");
+      MIXPREC_INTERNAL_ASSERT(false, "unchecked dtype ", t,
+                              " reached a kernel");
   }
 }
 

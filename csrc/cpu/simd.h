@@ -51,7 +51,6 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
-
 namespace mixprec {
 namespace simd {
 

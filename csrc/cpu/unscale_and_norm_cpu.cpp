@@ -17,7 +17,7 @@ namespace {
 
 template <int Kind>
 Tensor run(TensorList grads, const Tensor& found_inf, float inv,
-               double norm_type, bool in_place) {
+           double norm_type, bool in_place) {
   const bool write = in_place && inv != 1.0f;
   DenseTensors list(grads, write);
   std::vector<double> partials(list.work.items.size(), 0.0);
@@ -42,11 +42,10 @@ Tensor run(TensorList grads, const Tensor& found_inf, float inv,
   return out;
 }
 
-Tensor norm_cpu(const char* op, TensorList grads,
-                    const Tensor& found_inf, const Tensor& inv_scale,
-                    double norm_type, bool in_place) {
-  checks::check_unscale_args(op, grads, found_inf, &inv_scale,
-                             DeviceType::CPU, /*read_only=*/!in_place);
+Tensor norm_cpu(const char* op, TensorList grads, const Tensor& found_inf,
+                const Tensor& inv_scale, double norm_type, bool in_place) {
+  checks::check_unscale_args(op, grads, found_inf, &inv_scale, DeviceType::CPU,
+                             /*read_only=*/!in_place);
   checks::check_norm_type(op, norm_type);
   const float inv = inv_scale.mutable_data_ptr<float>()[0];
   return math::dispatch_norm_kind(math::norm_kind(norm_type), [&](auto kind) {

@@ -15,7 +15,8 @@ void update_scale_cpu(const OpArgs<Op::update_scale_>& a) {
                backoff_factor, growth_interval)
   checks::check_update_scale_args("update_scale_", scale, growth_tracker,
                                   nullptr, found_inf, growth_interval);
-  math::update_scale(scale.mutable_data_ptr<float>(), growth_tracker.mutable_data_ptr<int>(),
+  math::update_scale(scale.mutable_data_ptr<float>(),
+                     growth_tracker.mutable_data_ptr<int>(),
                      found_inf.mutable_data_ptr<float>()[0], growth_factor,
                      backoff_factor, static_cast<int>(growth_interval));
 }
@@ -26,9 +27,10 @@ void update_scale_ext_cpu(const OpArgs<Op::update_scale_ext_>& a) {
                growth_factor, backoff_factor, growth_interval, hysteresis)
   math::update_scale_ext(
       scale.mutable_data_ptr<float>(), growth_tracker.mutable_data_ptr<int>(),
-      hysteresis_left.mutable_data_ptr<int>(), found_inf.mutable_data_ptr<float>()[0],
-      growth_factor, backoff_factor, static_cast<int>(growth_interval),
-      b.min_scale, b.max_scale, static_cast<int>(hysteresis));
+      hysteresis_left.mutable_data_ptr<int>(),
+      found_inf.mutable_data_ptr<float>()[0], growth_factor, backoff_factor,
+      static_cast<int>(growth_interval), b.min_scale, b.max_scale,
+      static_cast<int>(hysteresis));
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 """``torch.compile(opt.step, fullgraph=True)`` as the first mixprec step of a process.
 
 Each case runs in a fresh interpreter (a test process has long since stepped eagerly,
-which hides first-call work: the first DTensor-class lookup once called into ``mixprec._C``
+which hides first-call work: the first DTensor-class lookup once called into the extension
 inside the trace, which dynamo cannot trace, so a cold ``fullgraph=True`` step raised and a
 cold step without ``fullgraph`` broke the graph ten times). The compiled first step is then
 compared with the same step run eagerly on a twin, bit for bit."""
@@ -86,7 +86,7 @@ def test_a_cold_fullgraph_step_works_and_equals_eager(case: str) -> None:
 
 
 def test_a_c_call_on_the_first_step_is_caught() -> None:
-    """The check itself: with the old first-step call into ``mixprec._C`` put back, the
+    """The check itself: with a first-step call into the op library (ctypes) planted, the
     cold ``fullgraph=True`` step fails."""
     out = _run("adamw-fp32", PLANT)
     assert out.returncode != 0 and "Unsupported" in out.stderr, out.stderr[-3000:]

@@ -1,8 +1,7 @@
 // MIXPREC_API marks what libmixprec exports. The library is built with hidden
 // default visibility (CMakeLists.txt: CXX_VISIBILITY_PRESET hidden), so only
 // the classes and functions of the public headers that carry this macro are
-// visible to programs linking it; everything else stays internal. (The Python
-// extension mixprec._C compiles the same sources with default visibility.)
+// visible to programs linking it; everything else stays internal.
 #pragma once
 
 #if defined(_WIN32)
