@@ -107,17 +107,17 @@ VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' python/mixprec/_versi
 wheel: env
 	rm -rf build/wheel dist/mixprec-$(VERSION)-*.whl
 	MIXPREC_BUILD_TEST_EXT= MIXPREC_FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="$(WHEEL_ARCHS)" \
-	  $(PY) setup.py --quiet build_ext --build-temp build/wheel/temp \
+	  $(PY) setup.py --quiet build --build-base build/wheel \
 	  bdist_wheel --bdist-dir build/wheel/bdist --dist-dir build/wheel/raw
-	$(PY) -m auditwheel repair --plat manylinux_2_28_x86_64 --exclude 'libtorch*.so' \
-	  --exclude 'libc10*.so' --exclude 'libcudart.so.*' -w dist build/wheel/raw/mixprec-*.whl
-	$(PY) tools/abi_gates.py dist/mixprec-$(VERSION)-py3-none-manylinux_2_28_x86_64.whl
+	$(PY) -m auditwheel repair --exclude 'libtorch*.so' --exclude 'libc10*.so' \
+	  --exclude 'libcudart.so.*' -w dist build/wheel/raw/mixprec-*.whl
+	$(PY) tools/abi_gates.py dist/mixprec-$(VERSION)-py3-none-manylinux_*_x86_64.whl
 
 # The wheel's suite in a fresh venv per torch of the matrix (tools/torch_matrix.py; the
 # newer releases come from PyPI, a CUDA build each: several GB and minutes per venv).
 MATRIX_TORCHES ?= 2.11.0 2.13.0 2.14.1 2.15.0
 test-wheel: wheel
-	$(PY) tools/torch_matrix.py --package dist/mixprec-$(VERSION)-py3-none-manylinux_2_28_x86_64.whl \
+	$(PY) tools/torch_matrix.py --package dist/mixprec-$(VERSION)-py3-none-manylinux_*_x86_64.whl \
 	  $(MATRIX_TORCHES) -- $(PYTEST_ARGS)
 
 # The CPU kernels are picked by the CPU: mixprec's per ISA (MIXPREC_CPU_CAPABILITY caps

@@ -18,6 +18,8 @@ Per op library (``_ops*.so`` in a wheel or folder; any library given by its path
 * **NEEDED** (``readelf -d``): libraries of the system, of torch's C++ runtime and of CUDA only:
   never ``libtorch_python`` or ``libpython``; the CPU library never a CUDA library;
 * **glibc**: no symbol version above GLIBC_2.28 (manylinux_2_28).
+
+A wheel must hold the op libraries only (``_ops*.so``): no test library, no stale module.
 """
 
 from __future__ import annotations
@@ -126,6 +128,13 @@ def check_library(lib: Path, shims_211: set[str]) -> list[str]:
     return problems
 
 
+def _foreign_libraries(wheel: Path) -> list[str]:
+    """The shared libraries in a wheel other than the op libraries."""
+    with zipfile.ZipFile(wheel) as z:
+        return [n for n in z.namelist()
+                if ".so" in Path(n).name and not Path(n).name.startswith("_ops")]
+
+
 def _libraries(path: Path, scratch: Path) -> list[Path]:
     if path.suffix == ".whl":
         with zipfile.ZipFile(path) as wheel:
@@ -144,6 +153,11 @@ def main(argv: list[str]) -> int:
     for f in EXPORTS:
         shims |= set(f.read_text().split())
     failures = 0
+    for arg in argv:
+        if arg.endswith(".whl") and _foreign_libraries(Path(arg)):
+            print(f"abi_gates: {Path(arg).name}: FAILED\n  - holds libraries other than the op "
+                  f"libraries: {', '.join(_foreign_libraries(Path(arg)))}")
+            failures += 1
     with tempfile.TemporaryDirectory() as scratch:
         libs = [lib for arg in argv for lib in _libraries(Path(arg), Path(scratch))]
         if not libs:

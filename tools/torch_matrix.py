@@ -97,8 +97,10 @@ def main() -> int:
     parser.add_argument("--package", required=True, type=Path,
                         help="a wheel, or a built package folder (python/mixprec)")
     parser.add_argument("versions", nargs="+", help="torch versions, e.g. 2.11.0 2.15.0")
-    args, rest = parser.parse_known_args()
-    pytest_args = [a for a in rest if a != "--"]
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    pytest_args = argv[split + 1:]
     package = args.package.resolve()
     if not package.exists():
         parser.error(f"{package} does not exist")

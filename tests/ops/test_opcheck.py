@@ -35,7 +35,7 @@ def test_op_table_is_every_registered_op_with_every_entry():
                   if name.startswith("mixprec::")}
     assert registered == set(table)
     assert set(mixprec.ops.__all__) == set(table)
-    keys = ["CPU", "Autograd"] + (["CUDA"] if _C.cuda_kernels else [])
+    keys = ["CPU", "Autograd"] + (["CUDA"] if mixprec.has_cuda_kernels() else [])
     for op in table:
         assert callable(getattr(_reference, op)), op
         for key in keys:

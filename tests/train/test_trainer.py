@@ -437,6 +437,7 @@ def test_train_returns_one_history_entry_per_epoch():
 
 
 def test_train_logs_every_logging_frequency_steps_and_shows_a_bar(caplog, capsys):
+    pytest.importorskip("tqdm")  # the bar; without tqdm the trainer prints plain lines
     _trained_two_epochs(caplog)
     log_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
     assert len(log_lines) == 4  # 12 optimizer steps / logging_frequency 3
@@ -461,6 +462,7 @@ def test_stats_after_training():
 
 
 def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
     trainer, _, _ = _trained_two_epochs()
     png = trainer.plot(tmp_path / "report.png")
     with open(png, "rb") as f:
