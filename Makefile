@@ -96,7 +96,7 @@ test-python-cpu-torch: build
 # (stable shims only, each exported by torch 2.11; no SLEEF, Python or torch C++ symbols;
 # tools/abi_gates.py): on the checkout's build here, on the wheel in `make wheel`.
 abi-gates: build
-	$(PY) tools/abi_gates.py python/mixprec
+	PATH="$(dir $(PY)):$$PATH" $(PY) tools/abi_gates.py python/mixprec
 
 # The release wheel: CUDA kernels (WHEEL_ARCHS, CUDA 13.0: serves cu130 and cu132 torch) and
 # the CPU kernels in one py3-none-manylinux_2_28 wheel for every torch from 2.11 on, built
@@ -109,9 +109,9 @@ wheel: env
 	MIXPREC_BUILD_TEST_EXT= MIXPREC_FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="$(WHEEL_ARCHS)" \
 	  $(PY) setup.py --quiet build --build-base build/wheel \
 	  bdist_wheel --bdist-dir build/wheel/bdist --dist-dir build/wheel/raw
-	$(PY) -m auditwheel repair --exclude 'libtorch*.so' --exclude 'libc10*.so' \
+	PATH="$(dir $(PY)):$$PATH" $(PY) -m auditwheel repair --exclude 'libtorch*.so' --exclude 'libc10*.so' \
 	  --exclude 'libcudart.so.*' -w dist build/wheel/raw/mixprec-*.whl
-	$(PY) tools/abi_gates.py dist/mixprec-$(VERSION)-py3-none-manylinux_*_x86_64.whl
+	PATH="$(dir $(PY)):$$PATH" $(PY) tools/abi_gates.py dist/mixprec-$(VERSION)-py3-none-manylinux_*_x86_64.whl
 
 # The wheel's suite in a fresh venv per torch of the matrix (tools/torch_matrix.py; the
 # newer releases come from PyPI, a CUDA build each: several GB and minutes per venv).

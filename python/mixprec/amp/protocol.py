@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Dict, Iterable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -39,6 +39,13 @@ class StepScalars:
     grad_scale: Optional[Tensor] = None
     found_inf: Union[int, Tensor, None] = None
     clip_coef: Optional[Tensor] = None
+
+    def as_kwargs(self) -> Dict[str, Any]:
+        """The fields by name, as the ops' keyword arguments (attribute reads only, which
+        every torch.compile of the supported torch releases traces; ``vars()`` of a frozen
+        dataclass is not traced by torch 2.11's)."""
+        return {"grad_scale": self.grad_scale, "found_inf": self.found_inf,
+                "clip_coef": self.clip_coef}
 
 #: Key of the :class:`OptimizerRecord` in a per-optimizer state dict.
 RECORD_KEY = "mixprec"
@@ -214,7 +221,7 @@ def step_direct(optimizer: torch.optim.Optimizer, scalars: StepScalars, args: tu
                 kwargs: dict[str, Any]) -> Any:
     """``optimizer.step(*args, grad_scale=, found_inf=, clip_coef=, **kwargs)``: mixprec's protocol
     (keyword arguments passed to ``scaler.step`` win over the scaler's)."""
-    return optimizer.step(*args, **{**vars(scalars), **kwargs})
+    return optimizer.step(*args, **{**scalars.as_kwargs(), **kwargs})
 
 
 def step_with_attributes(optimizer: torch.optim.Optimizer, scalars: StepScalars,

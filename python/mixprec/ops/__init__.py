@@ -37,8 +37,8 @@ _dtensor.on_dtensor_class(_dtensor_rules.register)
 
 
 def _call(name: str, *args: Any) -> Any:
-    """Run ``torch.ops.mixprec.<name>`` on ``args`` (all positional; the wrappers pass
-    ``*locals().values()``, their parameters in the schema's order)."""
+    """Run ``torch.ops.mixprec.<name>`` on ``args`` (all positional, in the schema's order;
+    each wrapper names its parameters: torch 2.11's torch.compile traces no ``locals()``)."""
     try:
         _dtensor.dtensor_class()  # DTensor arguments: their rules (_dtensor_rules) registered
         return getattr(torch.ops.mixprec, name)(*args)
@@ -85,7 +85,7 @@ def unscale_and_check_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Te
     No host sync. CUDA: one launch per dtype present (more only past 1,036 tensors or
     2,560 chunks of 65,536 elements per dtype); CPU: one parallel pass.
     """
-    _call("unscale_and_check_", *locals().values())
+    _call("unscale_and_check_", grads, found_inf, inv_scale)
 
 
 def unscale_and_norm_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor,
@@ -101,7 +101,7 @@ def unscale_and_norm_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Ten
     as ``torch.nn.utils.clip_grad_norm_`` computes it after ``unscale_`` (inf/NaN when a
     grad held inf/NaN). No host sync.
     """
-    return _call("unscale_and_norm_", *locals().values())
+    return _call("unscale_and_norm_", grads, found_inf, inv_scale, norm_type)
 
 
 def check_finite_and_norm_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor,
@@ -114,7 +114,7 @@ def check_finite_and_norm_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale
     ``grads`` are read only. The first half of a clip whose second half happens in an
     optimizer's fused kernel (:meth:`mixprec.GradScaler.clip_grad_norm_`). No host sync.
     """
-    return _call("check_finite_and_norm_", *locals().values())
+    return _call("check_finite_and_norm_", grads, found_inf, inv_scale, norm_type)
 
 
 def check_finite_(tensors: Sequence[Tensor], found_inf: Tensor) -> None:
@@ -124,7 +124,7 @@ def check_finite_(tensors: Sequence[Tensor], found_inf: Tensor) -> None:
     back), for optimizers that unscale in their own kernel. Argument rules as
     :func:`unscale_and_check_`; ``found_inf`` mutated, never cleared. No host sync.
     """
-    _call("check_finite_", *locals().values())
+    _call("check_finite_", tensors, found_inf)
 
 
 def update_scale_(scale: Tensor, growth_tracker: Tensor, found_inf: Tensor, growth_factor: float,
@@ -144,7 +144,8 @@ def update_scale_(scale: Tensor, growth_tracker: Tensor, found_inf: Tensor, grow
 
     Runs on the tensors' device (a one-thread kernel on CUDA); no host sync.
     """
-    _call("update_scale_", *locals().values())
+    _call("update_scale_",
+          scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval)
 
 
 def update_scale_ext_(scale: Tensor, growth_tracker: Tensor, hysteresis_left: Tensor,
@@ -176,7 +177,9 @@ def update_scale_ext_(scale: Tensor, growth_tracker: Tensor, hysteresis_left: Te
 
     No host sync.
     """
-    _call("update_scale_ext_", *locals().values())
+    _call("update_scale_ext_",
+          scale, growth_tracker, hysteresis_left, found_inf, growth_factor, backoff_factor,
+          growth_interval, min_scale, max_scale, hysteresis)
 
 
 def fused_adam_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequence[Tensor],
@@ -232,7 +235,10 @@ def fused_adam_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Seq
     Every tensor on params[0]'s device. No host sync: on CUDA one launch per (param dtype,
     grad dtype) present plus one for the step counts; on CPU one parallel pass.
     """
-    _call("fused_adam_", *locals().values())
+    _call("fused_adam_",
+          params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, state_steps, lr,
+          beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay, grad_scale,
+          found_inf, clip_coef, stochastic_rounding, seed, sr_bases)
 
 
 def fused_sgd_(params: Sequence[Tensor], grads: Sequence[Tensor],
@@ -259,7 +265,10 @@ def fused_sgd_(params: Sequence[Tensor], grads: Sequence[Tensor],
 
     No host sync.
     """
-    _call("fused_sgd_", *locals().values())
+    _call("fused_sgd_",
+          params, grads, momentum_buffers, master_params, state_steps, lr, weight_decay, momentum,
+          dampening, nesterov, maximize, grad_scale, found_inf, clip_coef, stochastic_rounding,
+          seed, sr_bases)
 
 
 def fused_adam8_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequence[Tensor],
@@ -287,7 +296,10 @@ def fused_adam8_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Se
 
     No host sync (CUDA: one launch per (param dtype, grad dtype) plus the step counts).
     """
-    _call("fused_adam8_", *locals().values())
+    _call("fused_adam8_",
+          params, grads, exp_avgs, exp_avg_absmax, exp_avg_sqs, exp_avg_sq_absmax, master_params,
+          state_steps, lr, beta1, beta2, weight_decay, eps, maximize, decoupled_weight_decay,
+          grad_scale, found_inf, clip_coef, stochastic_rounding, seed, sr_bases)
 
 
 def fused_sgd8_(params: Sequence[Tensor], grads: Sequence[Tensor],
@@ -306,4 +318,7 @@ def fused_sgd8_(params: Sequence[Tensor], grads: Sequence[Tensor],
     param's first step the buffer starts from the gradient, as in torch. Mutates params,
     masters, codes, maxima and step counts; nothing with ``found_inf`` set. No host sync.
     """
-    _call("fused_sgd8_", *locals().values())
+    _call("fused_sgd8_",
+          params, grads, momentum_buffers, momentum_absmax, master_params, state_steps, lr,
+          weight_decay, momentum, dampening, nesterov, maximize, grad_scale, found_inf, clip_coef,
+          stochastic_rounding, seed, sr_bases)

@@ -127,7 +127,9 @@ class FusedOptimizer(torch.optim.Optimizer):
         self._lr_cache: Dict[Tuple[int, torch.device], Tuple[float, Tensor]] = {}
         #: per group index: the :meth:`lr_by_steps_taken` table (see :func:`_lr_at`)
         self._lr_tables: Dict[int, Dict[Any, Tensor]] = {}
-        self._rounding_checked = False  # (the warning of _warn_ineffective_rounding given)
+        # [whether _warn_ineffective_rounding ran]: a list, mutated in place, as torch 2.11's
+        # torch.compile traces no attribute set on an optimizer
+        self._rounding_checked = [False]
         self._table_calls = [0, 0]  # lr_by_steps_taken: step() calls since, num_steps
         super().__init__(params, defaults)
 
@@ -154,7 +156,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         """At the first step (dtypes final): an ``IneffectiveSettingWarning`` per group
         whose ``stochastic_rounding`` does nothing (float16 params, or no bfloat16 param
         without a master)."""
-        self._rounding_checked = True
+        self._rounding_checked[0] = True
         for index, group in enumerate(self.param_groups):
             if not group.get("stochastic_rounding"):
                 continue
@@ -172,7 +174,7 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
-        for key, value in (("_lr_cache", {}), ("_lr_tables", {}), ("_rounding_checked", False),
+        for key, value in (("_lr_cache", {}), ("_lr_tables", {}), ("_rounding_checked", [False]),
                            ("_table_calls", [0, 0])):
             self.__dict__.setdefault(key, value)
         for group in self.param_groups:
@@ -318,7 +320,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             getattr(self, "grad_scale", None) if grad_scale is None else grad_scale,
             getattr(self, "found_inf", None) if found_inf is None else found_inf,
             getattr(self, "clip_coef", None) if clip_coef is None else clip_coef)
-        for name, t in vars(scalars).items():  # checked before any state is created
+        for name, t in scalars.as_kwargs().items():  # checked before any state is created
             if t is not None and not (isinstance(t, Tensor) and t.dtype == torch.float32
                                       and t.numel() == 1):
                 raise RuntimeError(
@@ -327,7 +329,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                     f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}"
                     f"{' of shape ' + str(list(t.shape)) if isinstance(t, Tensor) else ''}"
                 )
-        if not self._rounding_checked:
+        if not self._rounding_checked[0]:
             self._warn_ineffective_rounding()
         if self._lr_tables:
             calls = self._table_calls
@@ -400,8 +402,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         its state completed (:meth:`_init_state`); so is every param of a DTensor group,
         which runs as its local shard (its state too)."""
         names = self.state_names(group)
-        needed = {"step", *names}
-        needed_with_master = {"master_param", *needed}
+        needed = ("step", *names)
+        needed_with_master = ("master_param", *needed)
         masters_on = bool(group.get("master_weights", True))
         sharded = _dtensor.any_dtensor(group["params"])
         # per (device, has master): the params, their grads, their states
@@ -411,7 +413,8 @@ class FusedOptimizer(torch.optim.Optimizer):
                 continue
             state = self.state[p]
             keeps = masters_on and p.dtype in _LOW_PRECISION  # the rule of keeps_master
-            if sharded or not state.keys() >= (needed_with_master if keeps else needed):
+            if sharded or not all(key in state for key in (needed_with_master if keeps
+                                                           else needed)):
                 self._check_param(index, k, p, sharded)
                 state = self._init_state(p, group)
             for out, x in zip(lists.setdefault((p.device, keeps), ([], [], [])),
