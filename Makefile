@@ -36,7 +36,7 @@ help:
 	@echo "make demo     bootstrap .venv (torch $(TORCH_VERSION)), build, run the demo"
 	@echo "make test     build once, run the Python suites (.venv's torch and a CPU torch), the"
 	@echo "              ABI gates and the C++ suite"
-	@echo "make wheel    the release wheel (CUDA kernels, manylinux_2_28) in dist/, gated"
+	@echo "make wheel    the release wheel (CPU and CUDA kernels, py3-none-manylinux) in dist/, gated"
 	@echo "make test-wheel  that wheel's suite with torch $(MATRIX_TORCHES)"
 	@echo "make bench    run the benchmarks (figures: benchmarks/README.md)"
 	@echo "PYTHON=...    use that interpreter (with torch) instead of .venv"
@@ -99,9 +99,10 @@ abi-gates: build
 	PATH="$(dir $(PY)):$$PATH" $(PY) tools/abi_gates.py python/mixprec
 
 # The release wheel: CUDA kernels (WHEEL_ARCHS, CUDA 13.0: serves cu130 and cu132 torch) and
-# the CPU kernels in one py3-none-manylinux_2_28 wheel for every torch from 2.11 on, built
-# in its own folders (the checkout's build stays), repaired by auditwheel (torch's and CUDA's
-# libraries excluded: they come with torch) and gated (tools/abi_gates.py).
+# the CPU kernels in one py3-none wheel for every torch from 2.11 on, built in its own
+# folders (the checkout's build stays), repaired by auditwheel (torch's and CUDA's libraries
+# excluded: they come with torch), which picks the manylinux tag the compiler's libstdc++
+# symbols allow (GCC 12: manylinux_2_34), and gated (tools/abi_gates.py).
 WHEEL_ARCHS ?= 8.0;9.0;10.0+PTX
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' python/mixprec/_version.py)
 wheel: env

@@ -17,7 +17,8 @@ Per op library (``_ops*.so`` in a wheel or folder; any library given by its path
   wheel);
 * **NEEDED** (``readelf -d``): libraries of the system, of torch's C++ runtime and of CUDA only:
   never ``libtorch_python`` or ``libpython``; the CPU library never a CUDA library;
-* **glibc**: no symbol version above GLIBC_2.28 (manylinux_2_28).
+* **glibc**: no glibc symbol version above GLIBC_2.28 (the libstdc++ versions are the
+  compiler's; auditwheel's tag of the wheel states them).
 
 A wheel must hold the op libraries only (``_ops*.so``): no test library, no stale module.
 """
@@ -124,7 +125,7 @@ def check_library(lib: Path, shims_211: set[str]) -> list[str]:
              for m in re.finditer(r"GLIBC_(\d+)\.(\d+)", versions)}
     if glibc and max(glibc) > MAX_GLIBC:
         problems.append(f"needs GLIBC_{'.'.join(map(str, max(glibc)))} "
-                        f"(manylinux_2_28 allows {MAX_GLIBC[0]}.{MAX_GLIBC[1]})")
+                        f"(at most {MAX_GLIBC[0]}.{MAX_GLIBC[1]})")
     return problems
 
 

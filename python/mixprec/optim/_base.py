@@ -320,7 +320,10 @@ class FusedOptimizer(torch.optim.Optimizer):
             getattr(self, "grad_scale", None) if grad_scale is None else grad_scale,
             getattr(self, "found_inf", None) if found_inf is None else found_inf,
             getattr(self, "clip_coef", None) if clip_coef is None else clip_coef)
-        for name, t in scalars.as_kwargs().items():  # checked before any state is created
+        # checked before any state is created (attribute reads: torch 2.11's torch.compile
+        # traces no vars() of a frozen dataclass)
+        for name, t in (("grad_scale", scalars.grad_scale), ("found_inf", scalars.found_inf),
+                        ("clip_coef", scalars.clip_coef)):
             if t is not None and not (isinstance(t, Tensor) and t.dtype == torch.float32
                                       and t.numel() == 1):
                 raise RuntimeError(
