@@ -297,7 +297,7 @@ def _extensions() -> tuple[list, dict]:
     include_dirs = [str(ROOT / "csrc"), str(ROOT / "csrc" / "include"), str(gen_dir)]
     # Stable ABI only: every ATen/c10 header #errors under TORCH_TARGET_VERSION; hidden
     # symbols, so the libraries export only their C entry points and registrations.
-    # csrc/common/glibc_compat.h, first in every translation unit: loads on glibc 2.28.
+    # csrc/common/glibc_compat.h, first in every translation unit: no glibc symbol above 2.28.
     stable = [f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}",
               "-include", str(ROOT / "csrc" / "common" / "glibc_compat.h")]
     cxx_flags = ["-O3", "-fvisibility=hidden", "-ffp-contract=off"] + stable

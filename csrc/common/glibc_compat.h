@@ -1,7 +1,8 @@
-// Keeps the op libraries loadable on glibc 2.28 (manylinux_2_28) when they are
-// built on a newer system: force-included first into every translation unit of
-// the op libraries (setup.py); tools/abi_gates.py checks that no symbol
-// version above GLIBC_2.28 is left.
+// Keeps the op libraries free of glibc symbol versions above GLIBC_2.28 when
+// they are built on a newer system: force-included first into every
+// translation unit of the op libraries (setup.py); tools/abi_gates.py checks
+// that none is left. (Their libstdc++ symbol versions are the compiler's; the
+// wheel's manylinux tag states them.)
 //
 //   * pow and dlsym are bound to their GLIBC_2.2.5 versions (glibc 2.29 gave
 //     pow a new version; 2.34 moved dlsym, which torch's stable headers call,
