@@ -101,24 +101,25 @@ abi-gates: build
 # The release wheel: CUDA kernels (WHEEL_ARCHS, CUDA 13.0: serves cu130 and cu132 torch) and
 # the CPU kernels in one py3-none wheel for every torch from 2.11 on, built in its own
 # folders (the checkout's build stays), repaired by auditwheel (torch's and CUDA's libraries
-# excluded: they come with torch), which picks the manylinux tag the compiler's libstdc++
-# symbols allow (GCC 12: manylinux_2_34), and gated (tools/abi_gates.py).
+# excluded: they come with torch) to manylinux_2_28 (csrc/compat/ keeps newer glibc and
+# libstdc++ symbol versions out), and gated (tools/abi_gates.py).
 WHEEL_ARCHS ?= 8.0;9.0;10.0+PTX
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' python/mixprec/_version.py)
+WHEEL := dist/mixprec-$(VERSION)-py3-none-manylinux_2_28_x86_64.whl
 wheel: env
 	rm -rf build/wheel dist/mixprec-$(VERSION)-*.whl
 	MIXPREC_BUILD_TEST_EXT= MIXPREC_FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="$(WHEEL_ARCHS)" \
 	  $(PY) setup.py --quiet build --build-base build/wheel \
 	  bdist_wheel --bdist-dir build/wheel/bdist --dist-dir build/wheel/raw
 	PATH="$(dir $(PY)):$$PATH" $(PY) -m auditwheel repair --exclude 'libtorch*.so' --exclude 'libc10*.so' \
-	  --exclude 'libcudart.so.*' -w dist build/wheel/raw/mixprec-*.whl
-	PATH="$(dir $(PY)):$$PATH" $(PY) tools/abi_gates.py dist/mixprec-$(VERSION)-py3-none-manylinux_*_x86_64.whl
+	  --exclude 'libcudart.so.*' --plat manylinux_2_28_x86_64 -w dist build/wheel/raw/mixprec-*.whl
+	PATH="$(dir $(PY)):$$PATH" $(PY) tools/abi_gates.py $(WHEEL)
 
 # The wheel's suite in a fresh venv per torch of the matrix (tools/torch_matrix.py; the
 # newer releases come from PyPI, a CUDA build each: several GB and minutes per venv).
 MATRIX_TORCHES ?= 2.11.0 2.13.0 2.14.1 2.15.0
 test-wheel: wheel
-	$(PY) tools/torch_matrix.py --package dist/mixprec-$(VERSION)-py3-none-manylinux_*_x86_64.whl \
+	$(PY) tools/torch_matrix.py --package $(WHEEL) \
 	  $(MATRIX_TORCHES) -- $(PYTEST_ARGS)
 
 # The CPU kernels are picked by the CPU: mixprec's per ISA (MIXPREC_CPU_CAPABILITY caps

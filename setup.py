@@ -297,10 +297,16 @@ def _extensions() -> tuple[list, dict]:
     include_dirs = [str(ROOT / "csrc"), str(ROOT / "csrc" / "include"), str(gen_dir)]
     # Stable ABI only: every ATen/c10 header #errors under TORCH_TARGET_VERSION; hidden
     # symbols, so the libraries export only their C entry points and registrations.
-    # csrc/common/glibc_compat.h, first in every translation unit: no glibc symbol above 2.28.
+    # csrc/compat/glibc_compat.h, first in every translation unit: no glibc symbol above 2.28.
+    # csrc/compat/libstdcxx_compat.cpp, linked into each: no libstdc++ version above 3.4.24.
+    # No debug info, and __FILE__ (in torch's and mixprec's check messages) relative to the
+    # source tree and torch's include folder, so no build machine's path ships.
     stable = [f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}",
-              "-include", str(ROOT / "csrc" / "common" / "glibc_compat.h")]
-    cxx_flags = ["-O3", "-fvisibility=hidden", "-ffp-contract=off"] + stable
+              "-include", str(ROOT / "csrc" / "compat" / "glibc_compat.h")]
+    host = ["-g0", f"-fmacro-prefix-map={ROOT}/=",
+            f"-fmacro-prefix-map={cpp_extension.include_paths()[0]}/="]
+    cxx_flags = ["-O3", "-fvisibility=hidden", "-ffp-contract=off"] + stable + host
+    compat = _glob(["csrc/compat/*.cpp"])
 
     def library(name: str, sources: list[str], cuda: bool = False):
         """A shared library loaded with torch.ops.load_library (no Python module).
@@ -313,7 +319,8 @@ def _extensions() -> tuple[list, dict]:
         if cuda:
             args["nvcc"] = ["-O3", "-lineinfo", "--fmad=false",
                             "-Xcompiler", "-fvisibility=hidden"] + stable
-        ext = cls(name=name, sources=sources, include_dirs=include_dirs,
+            args["nvcc"] += [arg for flag in host for arg in ("-Xcompiler", flag)]
+        ext = cls(name=name, sources=sources + compat, include_dirs=include_dirs,
                   extra_compile_args=args, py_limited_api=True)
         ext.libraries = ["torch_cpu"] + (["torch_cuda", "cudart"] if cuda else [])
         return ext

@@ -70,6 +70,12 @@ std::string describe() {
   std::string j = "{";
   j += "\"version\": " + json_str(info.version);
   j += ", \"torch_version\": " + json_str(info.torch_version);
+#ifdef TORCH_TARGET_VERSION
+  // The oldest torch whose stable ABI the library was built for ("2.11").
+  j += ", \"torch_target\": " +
+       json_str(std::to_string((TORCH_TARGET_VERSION >> 56) & 0xff) + "." +
+                std::to_string((TORCH_TARGET_VERSION >> 48) & 0xff));
+#endif
   j += std::string(", \"cuda_kernels\": ") +
        (info.cuda_kernels ? "true" : "false");
   j += ", \"cuda_version\": " + json_str(info.cuda_version);

@@ -17,8 +17,10 @@ Per op library (``_ops*.so`` in a wheel or folder; any library given by its path
   wheel);
 * **NEEDED** (``readelf -d``): libraries of the system, of torch's C++ runtime and of CUDA only:
   never ``libtorch_python`` or ``libpython``; the CPU library never a CUDA library;
-* **glibc**: no glibc symbol version above GLIBC_2.28 (the libstdc++ versions are the
-  compiler's; auditwheel's tag of the wheel states them).
+* **build paths**: no absolute path into a source tree or torch's headers among the
+  read-only strings (``__FILE__`` in check messages: the build maps them to relative ones);
+* **glibc and libstdc++** (manylinux_2_28's baseline): no symbol version above GLIBC_2.28,
+  GLIBCXX_3.4.24 or CXXABI_1.3.11 (``csrc/compat/`` keeps a newer compiler's out).
 
 A wheel must hold the op libraries only (``_ops*.so``): no test library, no stale module.
 """
@@ -38,7 +40,8 @@ HERE = Path(__file__).resolve().parent
 EXPORTS = [HERE / "abi" / "torch-2.11.0-libtorch_cpu.exports",
            HERE / "abi" / "torch-2.11.0-libtorch_cuda.exports"]
 MAX_TORCH = (2, 11)
-MAX_GLIBC = (2, 28)
+#: The newest symbol version of each runtime library that manylinux_2_28 allows.
+MAX_VERSIONS = {"GLIBC": (2, 28), "GLIBCXX": (3, 4, 24), "CXXABI": (1, 3, 11)}
 
 #: Libraries an op library may need: the system's, torch's and CUDA's runtime.
 ALLOWED_NEEDED = re.compile(
@@ -46,12 +49,14 @@ ALLOWED_NEEDED = re.compile(
     r"|^lib(torch|torch_cpu|torch_cuda|c10|c10_cuda)\.so$"
     r"|^libcudart\.so\.\d+$")
 CUDA_NEEDED = re.compile(r"^lib(torch_cuda|c10_cuda|cudart)\.so")
+BUILD_PATH = re.compile(r"/[\w./+-]*/(?:torch/include|csrc)/[\w./+-]+")
 FORBIDDEN_CXX = re.compile(r"\b(at|c10|torch)::")
 ALLOWED_CXX = re.compile(r"\btorch::(stable|headeronly)::")
 
 
 def _run(cmd: list[str]) -> str:
-    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return subprocess.run(cmd, capture_output=True, text=True, errors="replace",
+                          check=True).stdout
 
 
 def _symbols(lib: Path, which: str) -> list[str]:
@@ -120,12 +125,17 @@ def check_library(lib: Path, shims_211: set[str]) -> list[str]:
             problems.append(f"needs {name}")
     if "cuda" not in lib.name and any(CUDA_NEEDED.match(n) for n in needed):
         problems.append(f"the CPU library needs a CUDA library: {needed}")
+    strings = _run(["readelf", "-W", "-p", ".rodata", str(lib)])
+    paths = sorted(set(BUILD_PATH.findall(strings)))
+    if paths:
+        problems.append("carries build paths: " + ", ".join(paths[:4]))
     versions = _run(["readelf", "--version-info", "-W", str(lib)])
-    glibc = {tuple(int(x) for x in m.groups())
-             for m in re.finditer(r"GLIBC_(\d+)\.(\d+)", versions)}
-    if glibc and max(glibc) > MAX_GLIBC:
-        problems.append(f"needs GLIBC_{'.'.join(map(str, max(glibc)))} "
-                        f"(at most {MAX_GLIBC[0]}.{MAX_GLIBC[1]})")
+    for name, most in MAX_VERSIONS.items():
+        found = {tuple(int(x) for x in m.group(1).split("."))
+                 for m in re.finditer(rf"\b{name}_(\d+(?:\.\d+)+)", versions)}
+        if found and max(found) > most:
+            problems.append(f"needs {name}_{'.'.join(map(str, max(found)))} "
+                            f"(at most {'.'.join(map(str, most))})")
     return problems
 
 

@@ -1,8 +1,8 @@
 """tools/abi_gates.py: the built op libraries pass, and each gate catches what it guards.
 
 Each planted library is a tiny shared object whose one function calls what the gate forbids
-(an at:: function, SLEEF's pow, a shim torch 2.11 lacks, Python's C API), or that needs a
-library or glibc version an op library must not.
+(an at:: function, SLEEF's pow, a shim torch 2.11 lacks, Python's C API), that needs a
+library, glibc or libstdc++ version an op library must not, or that carries a build path.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _problems(lib: Path) -> str:
 def test_the_built_op_libraries_pass() -> None:
     import mixprec._extension as ext
 
-    libs = [Path(ext.EXT.__file__)] + [Path(p) for p in ext._LOADED_CUDA]
+    libs = [Path(ext.EXT.__file__)] + ([ext.EXT.cuda_library] if ext.EXT.cuda_library else [])
     for lib in libs:
         assert abi_gates.check_library(lib, SHIMS) == [], lib
 
@@ -97,7 +97,7 @@ def test_a_glibc_above_2_28_is_caught(tmp_path: Path) -> None:
     assert "needs GLIBC_2.29" in _problems(lib)
     compat = _library(tmp_path, "glibc_compat", "#include <cmath>\n"
                       "extern \"C\" double f(double x, double y) { return std::pow(x, y); }\n",
-                      "-include", str(REPO / "csrc" / "common" / "glibc_compat.h"))
+                      "-include", str(REPO / "csrc" / "compat" / "glibc_compat.h"))
     assert "GLIBC" not in _problems(compat)
 
 
@@ -109,3 +109,28 @@ def test_a_wheel_with_another_library_is_caught(tmp_path: Path) -> None:
         z.writestr("mixprec/_ops.abi3.so", b"")
         z.writestr("mixprec/_C.cpython-311-x86_64-linux-gnu.so", b"")
     assert abi_gates._foreign_libraries(wheel) == ["mixprec/_C.cpython-311-x86_64-linux-gnu.so"]
+
+
+def test_a_libstdcxx_above_manylinux_2_28_is_caught(tmp_path: Path) -> None:
+    # At -O0 nothing is inlined: the C++20 str() is called in libstdc++ (GLIBCXX_3.4.29 in
+    # GCC >= 11) unless csrc/compat/libstdcxx_compat.cpp is linked in.
+    source = ("#include <sstream>\n#include <string>\n"
+              "std::string f(int x) { std::ostringstream s; s << x; return s.str(); }\n")
+    lib = _library(tmp_path, "cxx", source, "-O0", "-std=c++20")
+    versions = subprocess.run(["readelf", "--version-info", "-W", str(lib)],
+                              capture_output=True, text=True).stdout
+    if "GLIBCXX_3.4.29" not in versions:
+        pytest.skip("this compiler's libstdc++ keeps str() below GLIBCXX_3.4.29")
+    assert "needs GLIBCXX_3.4.29 (at most 3.4.24)" in _problems(lib)
+    compat = _library(tmp_path, "cxx_compat", source, "-O0", "-std=c++20",
+                      str(REPO / "csrc" / "compat" / "libstdcxx_compat.cpp"))
+    assert "GLIBCXX" not in _problems(compat)
+
+
+def test_a_build_path_in_a_message_is_caught(tmp_path: Path) -> None:
+    source = ('extern "C" const char* f() { return "check failed at " __FILE__; }\n')
+    (tmp_path / "csrc").mkdir()
+    lib = _library(tmp_path / "csrc", "where", source)
+    assert f"carries build paths: {tmp_path}/csrc/where.cpp" in _problems(lib)
+    mapped = _library(tmp_path / "csrc", "mapped", source, f"-fmacro-prefix-map={tmp_path}/=")
+    assert "build paths" not in _problems(mapped)

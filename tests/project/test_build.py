@@ -36,7 +36,10 @@ def test_build_info_keys_and_values():
     assert info["version"] == mixprec.__version__
     assert info["torch_running"] == torch.__version__
     assert info["torch_built"] == torch.__version__
+    assert info["torch_target"] == "2.11"
     assert isinstance(info["cuda_kernels"], bool)
+    assert (info["cuda_kernels_missing"] is None) is (info["cuda_kernels"]
+                                                      or torch.version.cuda is None)
     if info["cuda_kernels"]:
         assert torch.version.cuda is not None
         assert info["cuda_version"] and info["cuda_archs"]
@@ -66,8 +69,8 @@ def test_python_m_mixprec_info():
                          timeout=300)
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    for key in ("version", "torch_built", "torch_running", "cuda_kernels", "cuda_version",
-                "cuda_archs"):
+    for key in ("version", "torch_built", "torch_target", "torch_running", "cuda_kernels",
+                "cuda_version", "cuda_archs"):
         assert key in text
     kernels_line = next(line for line in text.splitlines() if line.startswith("cuda_kernels"))
     assert kernels_line.endswith("yes" if mixprec.has_cuda_kernels() else "no")
@@ -96,6 +99,49 @@ except ImportError as e:
     out = _run(code, env={"PYTHONPATH": str(PKG_DIR.parent)})
     assert "ERR" in out.stdout, out.stdout + out.stderr
     assert "torch >= 2.11" in out.stdout and "2.10.1+cpu" in out.stdout, out.stdout
+
+
+
+def test_a_cuda_torch_the_kernels_cannot_serve_keeps_the_cpu_kernels_and_names_why():
+    """A CUDA torch of another CUDA major (or a build without CUDA kernels): the import
+    warns, the CPU kernels work, and CUDA tensors get an error naming the CUDA library and
+    the reason, not the dispatcher's "could not run" message."""
+    from mixprec._extension import EXT
+
+    code = """
+import warnings
+import torch
+torch.version.cuda = "99.0"
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import mixprec
+print("WARN", [str(w.message) for w in caught if "CUDA kernels are not loaded" in str(w.message)])
+info = mixprec.build_info()
+print("INFO", info["cuda_kernels"], "|", info["cuda_kernels_missing"])
+grads, found, inv = [torch.ones(3)], torch.zeros(1), torch.full((1,), 0.5)
+mixprec.ops.unscale_and_check_(grads, found, inv)
+print("CPU", grads[0].tolist())
+with torch._C._IncludeDispatchKeyGuard(torch._C.DispatchKey.CUDA):
+    try:
+        mixprec.ops.unscale_and_check_(grads, found, inv)
+    except RuntimeError as e:
+        print("ERR", e)
+print("AFTER", grads[0].tolist())
+"""
+    out = _run(code, env={"PYTHONPATH": str(PKG_DIR.parent)})
+    lines = {line.split(" ", 1)[0]: line for line in out.stdout.splitlines()}
+    assert set(lines) >= {"WARN", "INFO", "CPU", "ERR", "AFTER"}, out.stdout + out.stderr
+    why = ("built for CUDA " + EXT.cuda_version + ", and torch" if EXT.cuda_kernels
+           else "has no CUDA kernels")
+    assert why in lines["WARN"] and "the CPU kernels work" in lines["WARN"], lines["WARN"]
+    assert lines["INFO"].startswith("INFO False |") and why in lines["INFO"], lines["INFO"]
+    if EXT.cuda_kernels:
+        assert "runs CUDA 99.0" in lines["INFO"] and "install a torch built for CUDA" in lines[
+            "INFO"]
+    assert lines["CPU"] == "CPU [0.5, 0.5, 0.5]"
+    assert "mixprec.ops.unscale_and_check_: got CUDA tensors" in lines["ERR"], lines["ERR"]
+    assert "mixprec/_ops_cuda" in lines["ERR"] and why in lines["ERR"], lines["ERR"]
+    assert lines["AFTER"] == "AFTER [0.5, 0.5, 0.5]"
 
 
 # ---- the C++ toolchain: libstdc++ must be linked as a shared library ---------------------------
