@@ -163,12 +163,9 @@ def reduce_groups(specs: Sequence[Any], shard_only: bool) -> List[Any]:
     """The process groups to reduce over for DTensors laid out as ``specs``, each once, in
     an order the same on every rank: every mesh dimension (inf checks) or, with
     ``shard_only``, every ``Shard`` dimension (norms). Empty without specs."""
-    if not specs:
-        return []
-    seen = dict.fromkeys(specs)  # in order
     groups: List[Any] = []
     per_key = []
-    for mesh, placements in seen:
+    for mesh, placements in dict.fromkeys(specs):  # each layout once, in order
         mine = [mesh.get_group(dim) for dim in _dims(placements, shard_only)]
         per_key.append(mine)
         for g in mine:

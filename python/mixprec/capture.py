@@ -45,7 +45,6 @@ __all__ = ["CaptureError", "CapturedStep", "SyncDetector", "SyncEvent", "SYNC_OP
 
 log = logging.getLogger("mixprec.capture")
 
-_OUR_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
@@ -109,7 +108,8 @@ class SyncDetector(TorchDispatchMode):
     @staticmethod
     def why(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], out: Any) -> Optional[str]:
         """Why the call ``func(*args, **kwargs) -> out`` syncs, or None."""
-        rule = SYNC_OPS.get(func.name().split(".")[0])  # "aten::add.Tensor" -> "aten::add"
+        name = func.name().split(".")[0]  # "aten::add.Tensor" -> "aten::add"
+        rule = SYNC_OPS.get(name)
         if rule == "reads":
             return "reads a device value on the host"
         if rule == "bool_mask":
@@ -118,7 +118,6 @@ class SyncDetector(TorchDispatchMode):
                 if isinstance(t, Tensor) and t.dtype in (torch.bool, torch.uint8):
                     return "boolean-mask indexing (a nonzero on the device)"
         elif rule == "to_host":  # copy_(self <- src), _copy_from(src -> dst), to(src)
-            name = func.name().split(".")[0]
             src, dst = ((args[1], args[0]) if name == "aten::copy_" else
                         (args[0], args[1]) if name == "aten::_copy_from" else (args[0], out))
             if (isinstance(src, Tensor) and isinstance(dst, Tensor)
@@ -439,7 +438,6 @@ class CapturedStep:
         for h in getattr(self, "_hooks", ()):
             h.remove()
 
-
     def __call__(self, *inputs: Any) -> Any:
         check_autocast(self.device.type)
         leaves, spec = pytree.tree_flatten(inputs)
@@ -510,7 +508,6 @@ class CapturedStep:
                 f"mixprec.capture: what the graph bakes in changed since the checked call: "
                 f"{change}. Capture a new step to change it (sharing the pool: "
                 "capture_step(..., pool=step.pool))")
-
 
     def _refuse_inputs(self, leaves: List[Any], spec: Any) -> None:
         got = [_describe(x) for x in leaves]

@@ -236,14 +236,12 @@ def apply_policy(model: nn.Module, policy: Optional[PrecisionPolicy] = None) -> 
     if selective or policy.precision is not None:
         root_ctx = autocast(device_type, precision="fp32" if selective else policy.precision)
         handle.precisions[""] = root_ctx.precision
-    # below the root, in named_modules order (parents before children)
-    specs = policy.low_precision_modules or ()
-    selected = [name for name, module in model.named_modules()
-                if name and any(_matches(s, name, module) for s in specs)]
+    selected = {n for s in policy.low_precision_modules or () for n in modules_matching(model, s)}
 
     def inside_selected(name: str) -> bool:
         return any(name == s or name.startswith(s + ".") for s in selected)
 
+    # below the root, in named_modules order (parents before children)
     for name, module in model.named_modules():
         if name == "":
             continue

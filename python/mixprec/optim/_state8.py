@@ -71,18 +71,19 @@ class EightBitState:
     param_groups: List[Dict[str, Any]]
 
     def _moments8(self, group: Dict[str, Any]) -> Tuple[Tuple[str, str, str], ...]:
-        """The 8-bit moments this group keeps (its ``state_names``)."""
-        names = self.state_names(group)  # type: ignore[attr-defined]
+        """The 8-bit moments of the group's ``state_names`` (none unless ``state_bits=8``)."""
+        names = (self.state_names(group)  # type: ignore[attr-defined]
+                 if group.get("state_bits", 32) == 8 else ())
         return tuple(m for m in self._MOMENTS8 if m[0] in names)
 
     def _quantized(self, p: Tensor, group: Dict[str, Any]) -> bool:
         """Whether ``p``'s moments are 8-bit (``state_bits=8``, ``p`` 2-D+ and big enough)."""
-        return (group.get("state_bits", 32) == 8 and bool(self._moments8(group))
-                and p.dim() >= 2 and p.numel() >= group.get("min_8bit_size", 4096))
+        return (bool(self._moments8(group)) and p.dim() >= 2
+                and p.numel() >= group.get("min_8bit_size", 4096))
 
     def _init_state(self, p: Tensor, group: Dict[str, Any]) -> Dict[str, Any]:
         # the 8-bit moments (small params: float32, empty maxima); the rest in the base class
-        moments = self._moments8(group) if group.get("state_bits", 32) == 8 else ()
+        moments = self._moments8(group)
         state = self.state[p]
         if moments and state.get(moments[0][0]) is None:
             if "step" not in state:
@@ -145,8 +146,7 @@ class EightBitState:
                         "layout.", UserWarning, stacklevel=1)
         out = super()._convert_state(p, group, saved)  # type: ignore[misc]
         out.update(kept)
-        moments8 = self._moments8(group) if group.get("state_bits", 32) == 8 else ()
-        for name, absname, table in moments8:
+        for name, absname, table in self._moments8(group):
             if name in kept:
                 continue
             m = out.get(name)

@@ -86,7 +86,8 @@ __all__ = ["MixedPrecisionTrainer", "StepMetrics", "memory_usage", "STATE_FORMAT
 STATE_FORMAT = 1
 #: The file of a sharded checkpoint's directory that holds all but the model and optimizer.
 _REST_FILE = "trainer.pt"
-_WHERE = "MixedPrecisionTrainer.load_state: state"
+_LOAD = "MixedPrecisionTrainer.load_state"
+_WHERE = f"{_LOAD}: state"
 #: The keys of a checkpoint besides ``model``, ``optimizer`` and ``pending_grads``.
 _STATE_KEYS = ("format", "scaler", "scheduler", "config", "counters", "totals",
                "log_snapshot", "history", "history_steps", "adaptive", "rng", "pending_loss")
@@ -876,14 +877,13 @@ class MixedPrecisionTrainer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        name = "MixedPrecisionTrainer.load_state"
         if not self._sharded():
-            raise ValueError(f"{name}: {path} is a directory (the DCP checkpoint of a sharded "
+            raise ValueError(f"{_LOAD}: {path} is a directory (the DCP checkpoint of a sharded "
                              "model); this trainer's model is not sharded: shard it as the saved "
                              "one was (fully_shard), any world size")
         rest_file = os.path.join(path, _REST_FILE)
         if not os.path.isfile(rest_file):
-            raise ValueError(f"{name}: {path} has no {_REST_FILE}: not a checkpoint of "
+            raise ValueError(f"{_LOAD}: {path} has no {_REST_FILE}: not a checkpoint of "
                              "MixedPrecisionTrainer.save_state")
         rest = torch.load(rest_file, map_location="cpu", weights_only=True)
         self._check_state(rest, strict_config, path, tensors=False, stacklevel=4)
@@ -903,26 +903,25 @@ class MixedPrecisionTrainer:
                      tensors: bool = True, stacklevel: int = 3) -> None:
         """Every check of :meth:`load_state`, before anything changes (``tensors``: the
         model's and the optimizer's state are in ``state``)."""
-        name = "MixedPrecisionTrainer.load_state"
         manager = self._manager()
         if not isinstance(state, dict):
-            raise TypeError(f"{name}: {where} holds a {type(state).__name__}, not a checkpoint")
+            raise TypeError(f"{_LOAD}: {where} holds a {type(state).__name__}, not a checkpoint")
         if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"{name}: unknown format {state.get('format')!r} in {where}")
+            raise ValueError(f"{_LOAD}: unknown format {state.get('format')!r} in {where}")
         keys = set(_STATE_KEYS) | ({"model", "optimizer", "pending_grads"} if tensors else set())
         missing = sorted(keys - set(state))
         if missing:
-            raise KeyError(f"{name}: {where} has no {missing} (not a complete checkpoint of "
+            raise KeyError(f"{_LOAD}: {where} has no {missing} (not a complete checkpoint of "
                            f"MixedPrecisionTrainer.save_state)")
         extra = sorted(map(str, set(state) - keys))
         if extra:
-            raise ValueError(f"{name}: unexpected keys {extra} in {where}")
+            raise ValueError(f"{_LOAD}: unexpected keys {extra} in {where}")
         if not isinstance(state["config"], dict):
-            raise TypeError(f"{name}: state['config'] must be a dict")
+            raise TypeError(f"{_LOAD}: state['config'] must be a dict")
         mine, defaults = self.config.to_dict(), type(self.config)().to_dict()
         diff = sorted(k for k in mine if state["config"].get(k, defaults[k]) != mine[k])
         if diff and strict_config:
-            raise ValueError(f"{name}: config differs from the saved one in {diff}")
+            raise ValueError(f"{_LOAD}: config differs from the saved one in {diff}")
         if tensors:
             assert self.model is not None
             _check_model_state(self.model, state["model"])
@@ -937,7 +936,7 @@ class MixedPrecisionTrainer:
         _check_pending(state, self._params())
         self._metrics.check_state(state, state["counters"]["optimizer_steps"])
         if diff:
-            warnings.warn(f"{name}: config differs from the saved one in {diff}",
+            warnings.warn(f"{_LOAD}: config differs from the saved one in {diff}",
                           UserWarning, stacklevel=stacklevel)
 
     def _apply(self, load: Callable[[], None]) -> None:
