@@ -105,7 +105,7 @@ abi-gates: build
 # libstdc++ symbol versions out), and gated (tools/abi_gates.py).
 WHEEL_ARCHS ?= 8.0;9.0;10.0+PTX
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' python/mixprec/_version.py)
-WHEEL := dist/mixprec-$(VERSION)-py3-none-manylinux_2_28_x86_64.whl
+WHEEL := dist/mixprec-$(VERSION)-py3-none-*manylinux_2_28_x86_64.whl
 wheel: env
 	rm -rf build/wheel dist/mixprec-$(VERSION)-*.whl
 	MIXPREC_BUILD_TEST_EXT= MIXPREC_FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="$(WHEEL_ARCHS)" \

@@ -146,6 +146,28 @@ def _foreign_libraries(wheel: Path) -> list[str]:
                 if ".so" in Path(n).name and not Path(n).name.startswith("_ops")]
 
 
+def _newest(versions: str, name: str) -> str:
+    found = [tuple(int(x) for x in m.group(1).split("."))
+             for m in re.finditer(rf"\b{name}_(\d+(?:\.\d+)+)", versions)]
+    return f"{name}_{'.'.join(map(str, max(found)))}" if found else f"no {name}"
+
+
+def describe(lib: Path) -> str:
+    """What the gates looked at in a library that passed, as one line."""
+    exe = shutil.which("torch-abi-audit") or str(Path(sys.executable).parent / "torch-abi-audit")
+    torch = json.loads(_run([exe, str(lib), "--json"]))["bundled_libs"][0]["torch"]
+    undefined = _symbols(lib, "--undefined-only")
+    shims = [s for s in undefined if re.match(r"^(aoti_torch_|torch_)", s)]
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]",
+                        _run(["readelf", "-d", str(lib)]))
+    versions = _run(["readelf", "--version-info", "-W", str(lib)])
+    return (f"{'stable' if torch['stable'] else 'NOT stable'}, min torch "
+            f"{torch['min_torch_version']}; {len(undefined)} imported symbols, {len(shims)} of "
+            f"them torch shims; {len(_symbols(lib, '--defined-only'))} exported; NEEDED "
+            f"{', '.join(needed)}; newest versions "
+            f"{', '.join(_newest(versions, n) for n in MAX_VERSIONS)}")
+
+
 def _libraries(path: Path, scratch: Path) -> list[Path]:
     if path.suffix == ".whl":
         with zipfile.ZipFile(path) as wheel:
@@ -178,7 +200,8 @@ def main(argv: list[str]) -> int:
             problems = check_library(lib, shims)
             failures += bool(problems)
             status = "ok" if not problems else "FAILED"
-            print(f"abi_gates: {lib.name}: {status}")
+            print(f"abi_gates: {lib.name}: {status}"
+                  + (f" ({describe(lib)})" if not problems else ""))
             for p in problems:
                 print(f"  - {p}")
     return 1 if failures else 0

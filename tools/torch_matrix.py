@@ -61,8 +61,11 @@ def _install(python: Path, version: str, package: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     if package.suffix == ".whl":
+        start = time.monotonic()
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps",
                         "--force-reinstall", str(package)], check=True)
+        print(f"== torch {version}: pip install --no-deps {package.name}: "
+              f"{time.monotonic() - start:.1f} s", flush=True)
         return env
     subprocess.run([str(python), "-m", "pip", "uninstall", "--quiet", "--yes", "mixprec"],
                    check=False, capture_output=True)
