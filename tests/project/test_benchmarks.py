@@ -437,10 +437,10 @@ def test_bench_builds_runs_both_builds(capsys: pytest.CaptureFixture[str]) -> No
 
     other = str(Path(mixprec.__file__).resolve().parent.parent)  # the build under test
     argv = ["--other", other, "--rounds", "1", "--row", "256", "--steps", "2",
-            "--cases", "adamw8-fp32-4096,adamw-bf16-4096"]
+            "--cases", "adamw8-fp32-4096,adamw-bf16-4096,unscale-3x1024"]
     assert bench_builds.main(argv) == 0
     out = capsys.readouterr().out
-    assert out.count("this/other") == 2
+    assert out.count("this/other") == 3
 
 
 def test_bench_builds_catches_a_step_that_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -449,3 +449,11 @@ def test_bench_builds_catches_a_step_that_does_nothing(monkeypatch: pytest.Monke
     monkeypatch.setattr(mixprec.ops, "fused_adam8_", _noop)
     with pytest.raises(SystemExit, match="did not run"):
         bench_builds.run_case("adamw8-fp32-4096", 256, 2)
+
+
+def test_bench_builds_catches_an_unscale_that_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench_builds
+
+    monkeypatch.setattr(mixprec.ops, "unscale_and_check_", _noop)
+    with pytest.raises(SystemExit, match="did not multiply"):
+        bench_builds.run_case("unscale-3x1024", 256, 2)
