@@ -87,6 +87,25 @@ def test_missing_extension_raises_with_rebuild_hint(tmp_path):
     assert "make build" in out.stderr, out.stderr
 
 
+def test_a_missing_cuda_library_leaves_the_cpu_kernels_and_says_so(tmp_path):
+    """A copy of a CUDA build without mixprec/_ops_cuda imports in a CUDA torch with a
+    warning naming the missing file; the CPU kernels work."""
+    from mixprec._extension import EXT
+
+    if not (EXT.cuda_kernels and torch.version.cuda):
+        pytest.skip("needs a build with CUDA kernels and a CUDA torch")
+    copy = tmp_path / "mixprec"
+    shutil.copytree(PKG_DIR, copy, ignore=shutil.ignore_patterns("_ops_cuda*.so", "__pycache__"))
+    code = ("import warnings, torch\nwarnings.simplefilter('always')\nimport mixprec\n"
+            "g = [torch.ones(2)]\nmixprec.ops.unscale_and_check_(g, torch.zeros(1), "
+            "torch.full((1,), 0.5))\nprint('CPU', g[0].tolist(), "
+            "mixprec.build_info()['cuda_kernels_missing'])")
+    out = _run(code, env={"PYTHONPATH": str(tmp_path)}, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "mixprec/_ops_cuda is missing next to" in out.stderr, out.stderr
+    assert out.stdout.startswith("CPU [0.5, 0.5] mixprec/_ops_cuda is missing"), out.stdout
+
+
 def test_a_torch_older_than_the_stable_abi_target_is_refused_by_name():
     code = """
 import torch
