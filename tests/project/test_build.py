@@ -123,8 +123,8 @@ except ImportError as e:
 
 def test_a_cuda_torch_the_kernels_cannot_serve_keeps_the_cpu_kernels_and_names_why():
     """A CUDA torch of another CUDA major (or a build without CUDA kernels): the import
-    warns (the former), the CPU kernels work, and CUDA tensors get an error naming the CUDA library and
-    the reason, not the dispatcher's "could not run" message."""
+    warns (the former), the CPU kernels work, and CUDA tensors get an error naming the CUDA
+    library and the reason, not the dispatcher's "could not run" message."""
     from mixprec._extension import EXT
 
     code = """
