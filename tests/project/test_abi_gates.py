@@ -49,28 +49,23 @@ def test_the_built_op_libraries_pass() -> None:
         assert abi_gates.check_library(lib, SHIMS) == [], lib
 
 
-def test_a_torch_cxx_import_is_caught(tmp_path: Path) -> None:
-    lib = _library(tmp_path, "aten", "namespace at { void launch(); }\n"
-                   "extern \"C\" void f() { at::launch(); }\n")
-    assert "imports torch C++ symbols: at::launch()" in _problems(lib)
-
-
-def test_a_sleef_import_is_caught(tmp_path: Path) -> None:
-    lib = _library(tmp_path, "sleef", "extern \"C\" double Sleef_powd1_u10(double, double);\n"
-                   "extern \"C\" double f(double x) { return Sleef_powd1_u10(x, x); }\n")
-    assert "imports SLEEF functions: Sleef_powd1_u10" in _problems(lib)
-
-
-def test_a_shim_newer_than_2_11_is_caught(tmp_path: Path) -> None:
-    lib = _library(tmp_path, "shim", "extern \"C\" int torch_shim_from_the_future(void*);\n"
-                   "extern \"C\" int f(void* p) { return torch_shim_from_the_future(p); }\n")
-    assert "torch 2.11 does not export: torch_shim_from_the_future" in _problems(lib)
-
-
-def test_a_python_import_is_caught(tmp_path: Path) -> None:
-    lib = _library(tmp_path, "python", "extern \"C\" void* PyLong_FromLong(long);\n"
-                   "extern \"C\" void* f() { return PyLong_FromLong(1); }\n")
-    assert "imports Python C API symbols: PyLong_FromLong" in _problems(lib)
+@pytest.mark.parametrize("name, source, caught", [
+    ("aten", 'namespace at { void launch(); }\nextern "C" void f() { at::launch(); }\n',
+     "imports torch C++ symbols: at::launch()"),
+    ("sleef", 'extern "C" double Sleef_powd1_u10(double, double);\n'
+     'extern "C" double f(double x) { return Sleef_powd1_u10(x, x); }\n',
+     "imports SLEEF functions: Sleef_powd1_u10"),
+    ("shim", 'extern "C" int torch_shim_from_the_future(void*);\n'
+     'extern "C" int f(void* p) { return torch_shim_from_the_future(p); }\n',
+     "torch 2.11 does not export: torch_shim_from_the_future"),
+    ("python", 'extern "C" void* PyLong_FromLong(long);\n'
+     'extern "C" void* f() { return PyLong_FromLong(1); }\n',
+     "imports Python C API symbols: PyLong_FromLong"),
+])
+def test_a_forbidden_import_is_caught(tmp_path: Path, name: str, source: str,
+                                      caught: str) -> None:
+    """An at:: call, SLEEF's pow, a shim torch 2.11 lacks, Python's C API."""
+    assert caught in _problems(_library(tmp_path, name, source))
 
 
 def test_torch_cxx_code_exported_is_caught(tmp_path: Path) -> None:
