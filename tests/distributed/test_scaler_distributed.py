@@ -68,8 +68,14 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         scaler.update()
         results["no_grad_rank_scale"] = scaler.get_scale()
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # every rank done with its collectives before any tears down
     finally:
         dist.destroy_process_group()
+    # leave without the interpreter's shutdown, during which a gloo worker thread may free a
+    # finished all_reduce and abort the process (see tests/distributed/_fsdp2_cases.py)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def test_two_gloo_ranks_agree_on_skips_and_norm():
