@@ -282,12 +282,10 @@ def _log_lines(bar: Any) -> Iterator[None]:
         return
     redirect: Any = contextlib.nullcontext()
     if bar is not None and hasattr(bar, "write"):
-        try:
+        with contextlib.suppress(ImportError):
             from tqdm.contrib.logging import logging_redirect_tqdm
 
             redirect = logging_redirect_tqdm([logging.getLogger(), logger])
-        except ImportError:
-            pass
     with redirect:
         yield
 
