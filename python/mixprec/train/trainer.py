@@ -212,11 +212,9 @@ def measured_forward(forward: Callable[[], Tensor], params: list[Tensor]) -> tup
     seen: dict[int, int] = {}
 
     def pack(t: Tensor) -> Tensor:
-        try:
+        with contextlib.suppress(RuntimeError, NotImplementedError):
             key = t.untyped_storage().data_ptr()
             seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
-        except (RuntimeError, NotImplementedError):
-            pass
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
