@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import traceback
@@ -510,13 +511,13 @@ class CapturedStep:
                 "capture_step(..., pool=step.pool))")
 
     def _refuse_inputs(self, leaves: List[Any], spec: Any) -> None:
-        got = [_describe(x) for x in leaves]
-        if len(got) != len(self._example) or str(spec) != self.signature[0]:
+        got = _signature(leaves, spec)
+        if len(got) != len(self.signature) or got[0] != self.signature[0]:
             what = f"inputs of another structure ({spec}, the example {self.signature[0]})"
         else:
-            i = next(i for i, (a, b) in enumerate(zip(self._example, got))
-                     if _signature([leaves[i]], spec)[1] != self.signature[1 + i] or a != b)
-            what = f"inputs[{i}]: expected {self._example[i]} (as the example input), got {got[i]}"
+            i = next(i for i in range(len(leaves)) if got[1 + i] != self.signature[1 + i])
+            what = (f"inputs[{i}]: expected {self._example[i]} (as the example input), "
+                    f"got {_describe(leaves[i])}")
         raise CaptureError(
             f"mixprec.capture: {what}; a step is captured for one input signature: another "
             "shape, dtype or device needs its own captured step (sharing the pool: "
@@ -669,14 +670,11 @@ def _scheduler_in_body(what: str) -> str:
 
 def _step_device(optimizers: Sequence[torch.optim.Optimizer],
                  example_inputs: Tuple[Any, ...]) -> torch.device:
-    for opt in optimizers:
-        for group in opt.param_groups:
-            for p in group["params"]:
-                return p.device
-    for leaf in pytree.tree_leaves(example_inputs):
-        if isinstance(leaf, Tensor):
-            return leaf.device
-    return torch.device("cpu")
+    """The first param's device, else the first example input tensor's, else the CPU."""
+    params = (p for opt in optimizers for group in opt.param_groups for p in group["params"])
+    tensors = (x for x in pytree.tree_leaves(example_inputs) if isinstance(x, Tensor))
+    first = next(itertools.chain(params, tensors), None)
+    return torch.device("cpu") if first is None else first.device
 
 
 def capture_step(

@@ -352,11 +352,7 @@ class GradScaler(torch.amp.GradScaler):
             if not flags:
                 raise AssertionError("No inf checks were recorded prior to update.")
             found = sum(flags[1:], flags[0])  # not in place: flags[0] is an optimizer's own
-            rule = self._scale_rule()
-            if self._hysteresis_left is None and rule.extended:
-                self._hysteresis_left = torch.full((), self._init_hysteresis_left,
-                                                   dtype=torch.int32, device=scale.device)
-            apply_scale_rule(rule, scale, tracker, found, self._hysteresis_left)
+            apply_scale_rule(self._scale_rule(), scale, tracker, found, self._hysteresis_left)
             self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         self._mp_last = protocol.close_iteration(states, found)
         self._mp_stats.record(found, scale)

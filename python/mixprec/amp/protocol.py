@@ -86,8 +86,7 @@ _NO_RECORD = OptimizerRecord()
 def peek_record(state: dict[str, Any]) -> OptimizerRecord:
     """The record of a state dict to read, or (it has none) a shared default one: do not
     write to what this returns (:func:`record_of` gives the state's own)."""
-    record = state.get(RECORD_KEY)
-    return _NO_RECORD if record is None else record
+    return state.get(RECORD_KEY, _NO_RECORD)
 
 
 def was_checked(state: dict[str, Any]) -> bool:

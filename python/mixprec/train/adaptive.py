@@ -18,7 +18,6 @@ Decisions are logged (logger ``mixprec.trainer``) and kept in the manager's
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable, Optional, Protocol
 
 import torch
@@ -27,11 +26,9 @@ from torch import Tensor, nn
 from ..amp.autocast import resolve_precision
 from ..amp.module_policy import PolicyHandle
 from .config import PREC_NAME, MixedPrecisionConfig
-from .metrics import memory_capacity, memory_usage
+from .metrics import logger, memory_capacity, memory_usage
 
 __all__ = ["AdaptiveController", "PlanHost"]
-
-logger = logging.getLogger("mixprec.trainer")
 
 
 class PlanHost(Protocol):

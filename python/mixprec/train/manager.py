@@ -14,7 +14,6 @@ did; :meth:`~MixedPrecisionManager.stats` and :meth:`~MixedPrecisionManager.stat
 from __future__ import annotations
 
 import contextlib
-import logging
 import warnings
 from collections.abc import Iterator
 from typing import Any, Callable, Optional, Union
@@ -30,13 +29,12 @@ from ..amp.notices import warn_ineffective
 from ..capture import CapturedStep, CaptureError, capture_step
 from .config import MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel, as_config
 from .fp8 import Fp8Handle, ModuleFilter
-from .metrics import StepResult
+from .metrics import StepResult, logger
 from .modes import NAME_PREC, PREC_NAME, ModeStrategy, strategy_for
 
 __all__ = ["MixedPrecisionManager", "StepResult"]
 
 _MANAGER_FORMAT = 1
-logger = logging.getLogger("mixprec.trainer")
 
 
 def _underflow_flag(grads: list[Tensor], dtype: Optional[torch.dtype], threshold: float,

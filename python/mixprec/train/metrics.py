@@ -397,15 +397,14 @@ def plot_history(steps: list[int], hist: Optional[Tensor], title: str,
             axes[1, 1].plot(s[ok], h[ok, C["grad_norm"]], lw=1, color="tab:green")
         else:
             axes[1, 1].text(0.5, 0.5, "not computed", ha="center", va="center")
-        for ax, title in zip(axes.flat, ("loss", "log2(loss scale)", "skipped steps (cumulative)",
-                                         "gradient norm (unscaled)")):
-            ax.set_title(title)
         from matplotlib.ticker import MaxNLocator
 
         # counts and step numbers: whole ticks, none below 0
         axes[1, 0].yaxis.set_major_locator(MaxNLocator(integer=True))
         axes[1, 0].set_ylim(bottom=0, top=max(1.0, float(skipped.sum()) * 1.05))
-        for ax in axes.flat:
+        for ax, name in zip(axes.flat, ("loss", "log2(loss scale)", "skipped steps (cumulative)",
+                                        "gradient norm (unscaled)")):
+            ax.set_title(name)
             ax.set_xlabel("optimizer step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)

@@ -212,11 +212,9 @@ def measured_forward(forward: Callable[[], Tensor], params: list[Tensor]) -> tup
     seen: dict[int, int] = {}
 
     def pack(t: Tensor) -> Tensor:
-        try:
+        with contextlib.suppress(RuntimeError, NotImplementedError):
             key = t.untyped_storage().data_ptr()
             seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
-        except (RuntimeError, NotImplementedError):
-            pass
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -282,12 +280,10 @@ def _log_lines(bar: Any) -> Iterator[None]:
         return
     redirect: Any = contextlib.nullcontext()
     if bar is not None and hasattr(bar, "write"):
-        try:
+        with contextlib.suppress(ImportError):
             from tqdm.contrib.logging import logging_redirect_tqdm
 
             redirect = logging_redirect_tqdm([logging.getLogger(), logger])
-        except ImportError:
-            pass
     with redirect:
         yield
 
@@ -650,7 +646,7 @@ class MixedPrecisionTrainer:
         per epoch. Returns the per-epoch dicts of :meth:`train_epoch`, with ``epoch``,
         ``time_s`` and, with ``val_loader``, ``val_loss``/``val_accuracy`` added.
         """
-        self._manager()
+        manager = self._manager()
         if num_epochs < 0:
             raise ValueError(
                 f"MixedPrecisionTrainer.train: num_epochs must be >= 0, got {num_epochs}")
@@ -658,7 +654,7 @@ class MixedPrecisionTrainer:
             total = len(loader) * num_epochs  # type: ignore[arg-type]
         except TypeError:
             total = None
-        bar = _progress_bar(total, f"train ({self._describe()})") if progress else None
+        bar = _progress_bar(total, f"train ({manager.describe()})") if progress else None
         history = []
         try:
             with _log_lines(bar):
@@ -735,10 +731,6 @@ class MixedPrecisionTrainer:
         return {"loss": loss / max(n, 1), "accuracy": accuracy, "num_samples": n}
 
     # ------------------------------------------------------------------ reports
-    def _describe(self) -> str:
-        m = self.mixed_precision_manager
-        return m.describe() if m is not None else f"{self.mode.value}, fp32"
-
     def _history(self) -> tuple[list[int], Optional[Tensor]]:
         """``(steps, rows)`` of the kept per-step rows (columns: ``metrics.COLS``)."""
         return self._metrics.history()
@@ -783,9 +775,9 @@ class MixedPrecisionTrainer:
     def plot(self, path: Union[str, os.PathLike[str]]) -> str:
         """Write a PNG of loss, log2 scale, skipped steps and grad norm per optimizer step
         (matplotlib, Agg backend: no display needed); returns the path. One sync."""
-        self._manager()
+        manager = self._manager()
         steps, hist = self._history()
-        return plot_history(steps, hist, f"mixprec trainer: {self._describe()}", path)
+        return plot_history(steps, hist, f"mixprec trainer: {manager.describe()}", path)
 
     # ------------------------------------------------------------------ state
     def _sharded(self) -> bool:
