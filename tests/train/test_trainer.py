@@ -310,6 +310,24 @@ def test_adaptive_turns_low_precision_on_under_memory_pressure():
     assert "memory" in trainer.adaptive_decisions[0]["reason"]
 
 
+def test_adaptive_reads_its_counts_with_one_sync(monkeypatch):
+    """An ADAPTIVE evaluation reads the forward and backward counts back in one transfer,
+    as its docstring says (one ``tolist``; two would be two syncs on CUDA)."""
+    trainer = make(MixedPrecisionConfig(mode="adaptive", precision_level="fp16",
+                                        logging_frequency=2))
+    controller = trainer._manager().adaptive
+    calls = []
+    tolist = torch.Tensor.tolist
+
+    def counted(self):
+        calls.append(tuple(self.shape))
+        return tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counted)
+    controller.evaluate(overflows=0.0, steps=2, last_scale=1.0, step=2)
+    assert calls == [(2, len(controller.names))]
+
+
 def test_adaptive_leaves_a_healthy_model_alone():
     trainer = make(MixedPrecisionConfig(mode="adaptive", precision_level="fp16",
                                         logging_frequency=2))

@@ -144,8 +144,7 @@ class AdaptiveController:
         Reads and clears the counts (one host sync)."""
         m = self.manager
         cfg = m.config
-        fwd = self.fwd_counts.tolist()
-        bwd = self.bwd_counts.tolist()
+        fwd, bwd = torch.stack((self.fwd_counts, self.bwd_counts)).tolist()  # the one sync
         self.fwd_counts.zero_()
         self.bwd_counts.zero_()
         # memory pressure: turn low precision on
