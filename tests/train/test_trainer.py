@@ -542,6 +542,34 @@ def test_resume_is_bitwise_identical(tmp_path, mode, level, opt):
                 assert_bitwise_equal(resumed.optimizer.state[pr]["master_param"], mf)
 
 
+def test_save_copies_grads_only_mid_accumulation(tmp_path, monkeypatch):
+    """After a whole step the grads are not part of the state: save_state does not copy them
+    to the host (a model-sized transfer for nothing); mid-accumulation it saves them."""
+    cfg = MixedPrecisionConfig(precision_level="fp16", gradient_accumulation_steps=2)
+    trainer = make(cfg)
+    copied = []
+    cpu = torch.Tensor.cpu
+
+    def counted(self, *args, **kwargs):
+        copied.append(tuple(self.shape))
+        return cpu(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", counted)
+    grad_shapes = {tuple(p.shape) for p in trainer._params()}
+    for x, y in loader(2, 16):
+        trainer.train_step(x, y)
+    assert all(p.grad is not None for p in trainer._params())
+    copied.clear()
+    trainer.save_state(tmp_path / "whole.pt")
+    assert torch.load(tmp_path / "whole.pt", weights_only=True)["pending_grads"] is None
+    assert not grad_shapes & set(copied)
+    trainer.train_step(*data(16))
+    copied.clear()
+    trainer.save_state(tmp_path / "mid.pt")
+    pending = torch.load(tmp_path / "mid.pt", weights_only=True)["pending_grads"]
+    assert len(pending) == len(trainer._params()) and grad_shapes <= set(copied)
+
+
 def test_state_file_is_weights_only_loadable_and_config_checked(tmp_path, caplog):
     trainer = make(MixedPrecisionConfig(mode="manual", precision_level="fp16"), scheduler=True)
     trainer.train_step(*data(16))

@@ -823,8 +823,8 @@ class MixedPrecisionTrainer:
         state = self._state_rest()
         state["model"] = self.model.state_dict()
         state["optimizer"] = self.optimizer.state_dict()
-        grads = [None if p.grad is None else p.grad.detach().cpu() for p in self._params()]
-        state["pending_grads"] = grads if self._micro else None
+        state["pending_grads"] = [None if p.grad is None else p.grad.detach().cpu()
+                                  for p in self._params()] if self._micro else None
         torch.save(state, os.fspath(path))
 
     def _save_sharded(self, path: str) -> None:
