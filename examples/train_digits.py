@@ -187,7 +187,7 @@ def format_table(rows: list[dict[str, Any]], device: str) -> str:
 
 
 def write_report(rows: list[dict[str, Any]], path: str) -> None:
-    """A 2x3 PNG: the loss-scaled run's curves (from ``trainer.plot``'s data) and the
+    """A 2x3 PNG: the loss-scaled run's curves (``trainer.history()``, what ``trainer.plot`` draws) and the
     accuracy / time per epoch of every run."""
     import matplotlib
 
@@ -198,7 +198,7 @@ def write_report(rows: list[dict[str, Any]], path: str) -> None:
     fig.suptitle("mixprec demo: small CNN on sklearn digits")
     colors = ["tab:blue", "tab:orange", "tab:green"][: len(rows)]
     for r, color in zip(rows, colors):
-        steps, hist = r["trainer"]._history()
+        steps, hist = r["trainer"].history()
         if hist is None:
             continue
         h = hist.cpu()

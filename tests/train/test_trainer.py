@@ -16,6 +16,7 @@ import mixprec
 import mixprec.optim
 from _helpers import assert_bitwise_equal
 from mixprec import MixedPrecisionConfig, MixedPrecisionTrainer
+from mixprec.train.metrics import COLS
 
 
 @pytest.fixture(autouse=True)
@@ -492,6 +493,20 @@ def test_reset_clears_the_statistics_but_keeps_the_scale():
     trainer.reset()
     st = trainer.stats()
     assert st["total_steps"] == 0 and st["scale_history"] == [] and st["current_scale"] == 65536.0
+
+
+def test_history_rows_are_the_steps_metrics():
+    """``history()``: one row per optimizer step, in COLS order, equal to the step's metrics."""
+    trainer = make(MixedPrecisionConfig(precision_level="fp16", max_grad_norm=1.0))
+    assert trainer.history() == ([], None)
+    metrics = [trainer.train_step(x, y) for x, y in loader(3, 16)]
+    steps, rows = trainer.history()
+    assert steps == [0, 1, 2] and rows.shape == (3, len(COLS)) and rows.dtype == torch.float32
+    for m, row in zip(metrics, rows.tolist()):
+        got = dict(zip(COLS, row))
+        assert got["loss"] == m["loss"] and got["scale"] == m["current_scale"]
+        assert got["overflow"] == float(m["overflow_detected"])
+        assert got["grad_norm"] == pytest.approx(m["grad_norm"])
 
 
 def test_history_is_bounded():

@@ -731,8 +731,14 @@ class MixedPrecisionTrainer:
         return {"loss": loss / max(n, 1), "accuracy": accuracy, "num_samples": n}
 
     # ------------------------------------------------------------------ reports
-    def _history(self) -> tuple[list[int], Optional[Tensor]]:
-        """``(steps, rows)`` of the kept per-step rows (columns: ``metrics.COLS``)."""
+    def history(self) -> tuple[list[int], Optional[Tensor]]:
+        """The per-step records :meth:`plot` draws: ``(steps, rows)``, the optimizer step of
+        each kept row and a float32 ``[len(steps), 7]`` tensor on the training device (``None``
+        before the first step), columns :data:`mixprec.train.metrics.COLS`: loss, scale (after
+        the step's update), then 0/1 flags overflow, underflow, nan, then grad_norm (0 where
+        not grad_norm_ok) and grad_norm_ok (:class:`~mixprec.train.metrics.StepResult`).
+        Up to ``history_size`` rows (older ones thinned, as ``stats()["scale_history"]``).
+        No host sync: read ``rows`` when you need the values."""
         return self._metrics.history()
 
     def stats(self) -> dict[str, Any]:
@@ -776,7 +782,7 @@ class MixedPrecisionTrainer:
         """Write a PNG of loss, log2 scale, skipped steps and grad norm per optimizer step
         (matplotlib, Agg backend: no display needed); returns the path. One sync."""
         manager = self._manager()
-        steps, hist = self._history()
+        steps, hist = self.history()
         return plot_history(steps, hist, f"mixprec trainer: {manager.describe()}", path)
 
     # ------------------------------------------------------------------ state
