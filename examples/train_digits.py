@@ -187,8 +187,8 @@ def format_table(rows: list[dict[str, Any]], device: str) -> str:
 
 
 def write_report(rows: list[dict[str, Any]], path: str) -> None:
-    """A 2x3 PNG: the loss-scaled run's curves (``trainer.history()``, what ``trainer.plot`` draws) and the
-    accuracy / time per epoch of every run."""
+    """A 2x3 PNG: the loss-scaled run's curves (``trainer.history()``, what ``trainer.plot``
+    draws) and the accuracy / time per epoch of every run."""
     import matplotlib
 
     matplotlib.use("Agg")
