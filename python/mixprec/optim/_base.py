@@ -696,11 +696,10 @@ def check_state_dict32(opt: FusedOptimizer, sd: Any, name: Optional[str] = None)
             if pid in index:
                 raise ValueError(f"{where}['params']: param id {pid!r} appears twice")
             index[pid] = (p, options)
-    known = {"step", "master_param"}
-    for n, _, table in opt.STATE:
-        known.add(n)
-        if table is not None:
-            known.update((n + "_absmax", "quant"))
+    known = {"step", "master_param", *(n for n, _, _ in opt.STATE)}
+    coded = coded_states(opt.STATE)
+    if coded:
+        known.update([absmax for _, absmax, _ in coded] + ["quant"])
     for key, st in state.items():
         where = f"{name}: state[{key!r}]"
         if key not in index:
