@@ -94,7 +94,8 @@ class EightBitState:
         ``only32``: keyword arguments of ``op`` only."""
         coded, rest = (split_coded(bucket, self._MOMENTS8[0][0])
                        if group.get("state_bits", 32) == 8 else (None, bucket))
-        args.update(scalars.as_kwargs())
+        args.update(grad_scale=scalars.grad_scale, found_inf=scalars.found_inf,
+                    clip_coef=scalars.clip_coef)
         for b, fn, names, extra, sr in zip((coded, rest), (op8, op), (lists8, lists),
                                            ({}, only32), _sr.bucket_bases(coded, rest)):
             if b is not None and b["params"]:
