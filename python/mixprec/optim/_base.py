@@ -313,12 +313,10 @@ class FusedOptimizer(torch.optim.Optimizer):
                         ("clip_coef", scalars.clip_coef)):
             if t is not None and not (isinstance(t, Tensor) and t.dtype == torch.float32
                                       and t.numel() == 1):
-                raise RuntimeError(
-                    f"mixprec.optim.{type(self).__name__}.step: {name} must be a float32 "
-                    f"tensor with one element, got "
-                    f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}"
-                    f"{' of shape ' + str(list(t.shape)) if isinstance(t, Tensor) else ''}"
-                )
+                got = (f"{t.dtype} of shape {list(t.shape)}" if isinstance(t, Tensor)
+                       else type(t).__name__)
+                raise RuntimeError(f"mixprec.optim.{type(self).__name__}.step: {name} must "
+                                   f"be a float32 tensor with one element, got {got}")
         if not self._rounding_checked[0]:
             self._warn_ineffective_rounding()
         if self._lr_tables:
