@@ -112,18 +112,11 @@ def shard_like(t: Tensor, p: Tensor, what: str) -> Tensor:
 def _dims(placements: Sequence[Any], shard_only: bool) -> Tuple[int, ...]:
     if not shard_only:
         return tuple(range(len(placements)))
-    out = []
-    for dim, p in enumerate(placements):
-        if p.is_replicate():
-            continue
-        if not p.is_shard():
-            if p.is_partial():
-                raise NotImplementedError(
-                    "mixprec: a norm of a DTensor gradient with a Partial placement is not "
-                    "supported; reduce the gradient first (FSDP2 gives Shard gradients)")
-            continue
-        out.append(dim)
-    return tuple(out)
+    if any(p.is_partial() for p in placements):
+        raise NotImplementedError(
+            "mixprec: a norm of a DTensor gradient with a Partial placement is not "
+            "supported; reduce the gradient first (FSDP2 gives Shard gradients)")
+    return tuple(dim for dim, p in enumerate(placements) if p.is_shard())
 
 
 def all_reduce(t: Tensor, op: Any, groups: Sequence[Any]) -> None:

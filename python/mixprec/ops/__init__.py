@@ -283,15 +283,15 @@ def fused_adam8_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Se
 
     :func:`fused_adam_` (no amsgrad) with each moment kept as codes and block maxima
     (:mod:`mixprec.optim._quant8`): read back in float32 (``table[code] * absmax`` of its block of
-    256 elements, row-major), updated as :func:`fused_adam_` updates float32 moments, and written
+    256 elements inside a row), updated as :func:`fused_adam_` updates float32 moments, and written
     back as the codes of the new values against each block's new absmax (nearest entry; a nonzero
     value never becomes zero). ``found_inf`` set: nothing changes, codes and maxima included.
 
     Args:
         exp_avgs, exp_avg_sqs: contiguous uint8 codes of each param's shape (the
             ``dynamic8-signed`` / ``dynamic8-unsigned`` tables). Mutated.
-        exp_avg_absmax, exp_avg_sq_absmax: contiguous float32, shape
-            ``(ceil(numel / 256),)``, one per param: the blocks' maxima. Mutated.
+        exp_avg_absmax, exp_avg_sq_absmax: contiguous float32 of shape ``(rows, blocks per
+            row)`` (``(blocks,)`` below two dims), one per param: the blocks' maxima. Mutated.
         Everything else: as :func:`fused_adam_`.
 
     No host sync (CUDA: one launch per (param dtype, grad dtype) plus the step counts).
@@ -314,7 +314,7 @@ def fused_sgd8_(params: Sequence[Tensor], grads: Sequence[Tensor],
 
     :func:`fused_sgd_` with ``momentum_buffers`` as contiguous uint8 codes of each param's
     shape (``dynamic8-signed``) and ``momentum_absmax`` their float32 block maxima
-    (``(ceil(numel / 256),)``), coded as :func:`fused_adam8_` codes its first moment. On a
+    (shaped as :func:`fused_adam8_`'s), coded as :func:`fused_adam8_` codes its first moment. On a
     param's first step the buffer starts from the gradient, as in torch. Mutates params,
     masters, codes, maxima and step counts; nothing with ``found_inf`` set. No host sync.
     """

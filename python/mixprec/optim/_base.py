@@ -94,19 +94,6 @@ _INVALID = {"lr": "Invalid learning rate", "eps": "Invalid epsilon value",
             "dampening": "Invalid dampening value"}
 
 
-def _check_nonneg(cls: str, name: str, value: Any) -> None:
-    """``value``: a finite number >= 0 (ValueError worded as torch's), or a tensor (not read:
-    that would sync)."""
-    if isinstance(value, Tensor):
-        return
-    if not _is_number(value):
-        raise TypeError(f"mixprec.optim.{cls}: {name} must be a float, got "
-                        f"{type(value).__name__} {value!r}")
-    if not (value >= 0.0 and math.isfinite(value)):
-        raise ValueError(f"mixprec.optim.{cls}: {_INVALID.get(name, 'Invalid ' + name)}: "
-                         f"{value} (must be a finite number >= 0)")
-
-
 class FusedOptimizer(torch.optim.Optimizer):
     """Base class of :class:`~mixprec.optim.Adam`, :class:`~mixprec.optim.AdamW`
     and :class:`~mixprec.optim.SGD`; not used directly.
@@ -326,12 +313,10 @@ class FusedOptimizer(torch.optim.Optimizer):
                         ("clip_coef", scalars.clip_coef)):
             if t is not None and not (isinstance(t, Tensor) and t.dtype == torch.float32
                                       and t.numel() == 1):
-                raise RuntimeError(
-                    f"mixprec.optim.{type(self).__name__}.step: {name} must be a float32 "
-                    f"tensor with one element, got "
-                    f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}"
-                    f"{' of shape ' + str(list(t.shape)) if isinstance(t, Tensor) else ''}"
-                )
+                got = (f"{t.dtype} of shape {list(t.shape)}" if isinstance(t, Tensor)
+                       else type(t).__name__)
+                raise RuntimeError(f"mixprec.optim.{type(self).__name__}.step: {name} must "
+                                   f"be a float32 tensor with one element, got {got}")
         if not self._rounding_checked[0]:
             self._warn_ineffective_rounding()
         if self._lr_tables:
@@ -701,11 +686,10 @@ def check_state_dict32(opt: FusedOptimizer, sd: Any, name: Optional[str] = None)
             if pid in index:
                 raise ValueError(f"{where}['params']: param id {pid!r} appears twice")
             index[pid] = (p, options)
-    known = {"step", "master_param"}
-    for n, _, table in opt.STATE:
-        known.add(n)
-        if table is not None:
-            known.update((n + "_absmax", "quant"))
+    known = {"step", "master_param", *(n for n, _, _ in opt.STATE)}
+    coded = coded_states(opt.STATE)
+    if coded:
+        known.update([absmax for _, absmax, _ in coded] + ["quant"])
     for key, st in state.items():
         where = f"{name}: state[{key!r}]"
         if key not in index:
@@ -752,8 +736,10 @@ def coded_states(state: Tuple[Tuple[str, Optional[str], Optional[str]], ...]
 
 
 def params_and_kwargs_check(cls: str, lr: Union[float, Tensor], differentiable: bool,
+                            state_bits: Any, min_8bit_size: Any,
                             extra: Iterable[Tuple[str, Any]] = ()) -> None:
-    """The argument checks shared by the constructors (ValueError, as torch)."""
+    """The argument checks shared by the constructors (ValueError, as torch); a tensor ``lr``
+    or value of ``extra`` is not read (that would sync)."""
     if isinstance(lr, Tensor):
         if lr.numel() != 1:
             raise ValueError(f"mixprec.optim.{cls}: Tensor lr must be 1-element, got "
@@ -761,8 +747,21 @@ def params_and_kwargs_check(cls: str, lr: Union[float, Tensor], differentiable: 
         if not lr.is_floating_point():
             raise ValueError(f"mixprec.optim.{cls}: Tensor lr must be floating point, got "
                              f"{lr.dtype}")
-    for name, value in (("lr", lr), *extra):  # (a tensor is not read: that would sync)
-        _check_nonneg(cls, name, value)
+    for name, value in (("lr", lr), *extra):
+        if isinstance(value, Tensor):
+            continue
+        if not _is_number(value):
+            raise TypeError(f"mixprec.optim.{cls}: {name} must be a float, got "
+                            f"{type(value).__name__} {value!r}")
+        if not (value >= 0.0 and math.isfinite(value)):
+            raise ValueError(f"mixprec.optim.{cls}: {_INVALID.get(name, 'Invalid ' + name)}: "
+                             f"{value} (must be a finite number >= 0)")
     if differentiable:
         raise ValueError(f"mixprec.optim.{cls}: differentiable=True is not supported (the "
                          "step is a fused in-place kernel); use torch.optim")
+    if state_bits not in (8, 32) or isinstance(state_bits, bool):
+        raise ValueError(f"mixprec.optim.{cls}: state_bits must be 8 or 32, got "
+                         f"{state_bits!r}")
+    if not (isinstance(min_8bit_size, int) and min_8bit_size >= 0):
+        raise ValueError(f"mixprec.optim.{cls}: min_8bit_size must be an int >= 0, got "
+                         f"{min_8bit_size!r}")

@@ -31,7 +31,7 @@ def _flat_layout_world(saved: int, codes_shape: Tuple[int, ...]) -> Optional[int
     """The world size at which the previous 8-bit layout saves ``saved`` maxima for codes of
     ``codes_shape``, or None."""
     rows = codes_shape[0] if codes_shape else 1
-    per_row = math.prod(codes_shape[1:]) if len(codes_shape) > 1 else 1
+    per_row = math.prod(codes_shape[1:])
     for world in range(1, saved + 1):
         if world * q8.num_blocks(-(-rows // world) * per_row) == saved:
             return world

@@ -27,23 +27,12 @@ from . import _quant8 as q8
 from . import _sr
 from ._base import Bucket
 
-__all__ = ["QUANT", "FLAT_QUANT", "EightBitState", "check_state_bits",
-           "split_coded"]
+__all__ = ["QUANT", "FLAT_QUANT", "EightBitState", "split_coded"]
 
 #: a quantized param's state["quant"]: mixprec.optim._quant8's tables, blocks inside rows
 QUANT = "dynamic8/rows/b256"
 #: the previous layout: blocks over the flattened tensor (a DTensor: over each shard)
 FLAT_QUANT = "dynamic8/b256"
-
-
-def check_state_bits(cls: str, state_bits: Any, min_8bit_size: Any) -> None:
-    """The constructors' checks of ``state_bits`` and ``min_8bit_size`` (ValueError)."""
-    if state_bits not in (8, 32) or isinstance(state_bits, bool):
-        raise ValueError(f"mixprec.optim.{cls}: state_bits must be 8 or 32, got "
-                         f"{state_bits!r}")
-    if not (isinstance(min_8bit_size, int) and min_8bit_size >= 0):
-        raise ValueError(f"mixprec.optim.{cls}: min_8bit_size must be an int >= 0, got "
-                         f"{min_8bit_size!r}")
 
 
 def split_coded(bucket: Bucket, first: str) -> Tuple[Optional[Bucket], Bucket]:

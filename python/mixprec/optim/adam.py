@@ -10,7 +10,7 @@ from .. import ops
 from ..amp.protocol import StepScalars
 from . import _quant8 as q8
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
-from ._state8 import EightBitState, check_state_bits
+from ._state8 import EightBitState
 
 __all__ = ["Adam", "AdamW", "Adam8bit", "AdamW8bit"]
 
@@ -90,9 +90,8 @@ class Adam(EightBitState, FusedOptimizer):
         min_8bit_size: int = 4096,
     ) -> None:
         cls = type(self).__name__
-        params_and_kwargs_check(cls, lr, differentiable,
+        params_and_kwargs_check(cls, lr, differentiable, state_bits, min_8bit_size,
                                 [("eps", eps), ("weight_decay", weight_decay)])
-        check_state_bits(cls, state_bits, min_8bit_size)
         if state_bits == 8 and amsgrad:
             raise ValueError(f"mixprec.optim.{cls}: amsgrad=True needs state_bits=32")
         b1, b2 = _beta(cls, 0, betas[0]), _beta(cls, 1, betas[1])

@@ -11,7 +11,7 @@ from ..amp.notices import warn_ineffective
 from ..amp.protocol import StepScalars
 from . import _quant8 as q8
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
-from ._state8 import EightBitState, check_state_bits
+from ._state8 import EightBitState
 
 __all__ = ["SGD", "SGD8bit"]
 
@@ -66,9 +66,8 @@ class SGD(EightBitState, FusedOptimizer):
         min_8bit_size: int = 4096,
     ) -> None:
         cls = type(self).__name__
-        params_and_kwargs_check(cls, lr, differentiable,
+        params_and_kwargs_check(cls, lr, differentiable, state_bits, min_8bit_size,
                                 [("momentum", momentum), ("weight_decay", weight_decay)])
-        check_state_bits(cls, state_bits, min_8bit_size)
         if state_bits == 8 and momentum == 0:
             warn_ineffective(
                 f"mixprec.optim.{cls}: state_bits=8 without momentum stores "
