@@ -327,7 +327,7 @@ def test_cmake_prefix_path_of_this_installation():
 
     code = "import mixprec; print(mixprec.cmake_prefix_path)"
     out = _run(code)
-    if _cmake.has_cpp_package():
+    if mixprec.has_cpp_package():
         assert type(mixprec.cmake_prefix_path) is str
         assert out.returncode == 0 and Path(out.stdout.strip()).is_dir()
     else:

@@ -23,6 +23,7 @@ TOP_ONLY = {
     "__version__",
     "build_info",
     "cmake_prefix_path",
+    "has_cpp_package",
     "has_cuda_kernels",
     "ops",
     "amp",
