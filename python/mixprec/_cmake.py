@@ -6,8 +6,8 @@
     target_link_libraries(app PRIVATE mixprec::mixprec)
 
 The prefix, ``<package>/_cpp``, is filled when the package is built with
-``MIXPREC_BUNDLE_CPP=1`` (as wheels are); without it ``cmake_prefix_path`` raises
-FileNotFoundError, saying how to get one, when used as text.
+``MIXPREC_BUNDLE_CPP=1`` (not by default, and not by ``make wheel``); without it
+``cmake_prefix_path`` raises FileNotFoundError, saying how to get one, when used as text.
 """
 
 from __future__ import annotations

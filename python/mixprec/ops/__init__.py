@@ -4,8 +4,8 @@ Every op works on CPU and CUDA tensors, never synchronises with the host, and ta
 scalars (``found_inf``, ``inv_scale``, ``scale``, ...) as one-element device tensors, so a step
 built from them can be captured in a CUDA graph and traced by ``torch.compile(fullgraph=True)``. An
 op that rejects its arguments raises ``RuntimeError`` naming the argument and leaves every tensor
-unchanged; a build without kernels for the tensors' device raises torch's ``NotImplementedError``
-naming the op and the backend. DTensor lists (FSDP2) are taken: the ops run on the local shards,
+unchanged; so do CUDA tensors where mixprec's CUDA library is not loaded, and meta tensors,
+naming the cause. DTensor lists (FSDP2) are taken: the ops run on the local shards,
 checks and norms are reduced over the mesh (:mod:`mixprec.ops._dtensor_rules`).
 """
 
