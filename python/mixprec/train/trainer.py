@@ -19,7 +19,8 @@ scheduler is stepped after each step taken (the scaler reads "was the step skipp
 The dict :meth:`~MixedPrecisionTrainer.train_step` returns is lazy: reading ``loss``,
 ``current_scale``, ``overflow_detected``, ``underflow_detected``, ``nan_detected``, ``step_skipped``
 or ``grad_norm`` syncs (once per key); ``memory_usage`` and ``optimizer_step`` are host values,
-and ``lr`` is one too, except with a scheduler on the device route, where reading it syncs. ``train_epoch``, ``evaluate``, ``stats``, ``save_state`` and ``plot`` sync once each.
+and ``lr`` is one too, except with a scheduler on the device route, where reading it syncs.
+``train_epoch``, ``evaluate``, ``stats``, ``save_state`` and ``plot`` sync once each.
 
 The checkpoint (:meth:`~MixedPrecisionTrainer.save_state`) is one ``torch.save`` of tensors and
 plain values (``torch.load(path, weights_only=True)`` reads it), format :data:`STATE_FORMAT`::
