@@ -192,6 +192,26 @@ def test_a_missing_ops_row_is_found() -> None:
     assert "check_finite_" not in ops_table_rows(text.replace(row + "\n", ""))
 
 
+def header_table_rows(text: str) -> List[str]:
+    """The headers that have a row in a Markdown header table (``| `<mixprec/x.h>` | ...``)."""
+    return re.findall(r"^\|\s*`<mixprec/([\w.]+)>`", text, flags=re.MULTILINE)
+
+
+def test_every_public_header_has_a_row_in_the_cpp_guide() -> None:
+    """docs/cpp.md's header table names each public header (csrc/include/mixprec, but the
+    export macros), and only those."""
+    headers = {p.name for p in (ROOT / "csrc" / "include" / "mixprec").glob("*.h")}
+    rows = header_table_rows((ROOT / "docs" / "cpp.md").read_text())
+    assert sorted(rows) == sorted(headers - {"export.h"})
+
+
+def test_a_missing_header_row_is_found() -> None:
+    """The check itself: a table without a header's row lists one header fewer."""
+    text = (ROOT / "docs" / "cpp.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `<mixprec/capture.h>`"))
+    assert "capture.h" not in header_table_rows(text.replace(row + "\n", ""))
+
+
 # ---------------------------------------------------------------------------------------------
 # Repository paths named in code comments and docstrings
 
