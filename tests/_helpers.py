@@ -66,18 +66,22 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def assert_bitwise_equal(
-    actual: torch.Tensor, expected: torch.Tensor, any_nan_payload: bool = False
+    actual: torch.Tensor, expected: torch.Tensor, msg: str = "", *, any_nan_payload: bool = False
 ) -> None:
-    """Bit-for-bit equality; with ``any_nan_payload``, NaNs need only sit at the same places
-    (float->bf16 conversions in different code paths canonicalise NaN payloads differently)."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    """Bit-for-bit equality (``msg`` says what is compared); with ``any_nan_payload``, NaNs
+    need only sit at the same places (float->bf16 conversions in different code paths
+    canonicalise NaN payloads differently)."""
+    where = f"{msg}: " if msg else ""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (
+        f"{where}{actual.dtype} {list(actual.shape)} against {expected.dtype} "
+        f"{list(expected.shape)}")
     if any_nan_payload:
         nan_a, nan_e = torch.isnan(actual), torch.isnan(expected)
-        assert torch.equal(nan_a, nan_e), "NaNs at different positions"
+        assert torch.equal(nan_a, nan_e), f"{where}NaNs at different positions"
         actual = actual.masked_fill(nan_a, 0)
         expected = expected.masked_fill(nan_e, 0)
     assert torch.equal(bits(actual), bits(expected)), (
-        f"not bitwise equal: max abs diff "
+        f"{where}not bitwise equal: max abs diff "
         f"{(actual.double() - expected.double()).abs().nan_to_num(0).max().item()}"
     )
 

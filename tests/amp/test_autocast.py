@@ -181,12 +181,15 @@ def test_policy_fp32_by_glob_name_casts_inputs_up():
 
 
 def test_policy_fp32_by_class_name_and_type():
-    for spec in ("Linear", nn.Linear):
+    """A class name or a type in fp32_modules keeps the matching modules in float32; a spec
+    that matches nothing (the control) leaves them in bfloat16."""
+    for spec, want in (("Linear", torch.float32), (nn.Linear, torch.float32),
+                       ("Conv2d", torch.bfloat16), (nn.Conv2d, torch.bfloat16)):
         model = Block()
         dtypes, _ = _record_outputs(model)
         with apply_policy(model, PrecisionPolicy(precision="bf16", fp32_modules=(spec,))):
             model(torch.randn(3, 8))
-        assert {dtypes[n] for n in ("fc1", "fc2", "head")} == {torch.float32}
+        assert {dtypes[n] for n in ("fc1", "fc2", "head")} == {want}, spec
 
 
 def test_selective_only_chosen_modules_low(device):

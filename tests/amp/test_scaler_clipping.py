@@ -77,18 +77,26 @@ def test_clip_grad_norm_after_unscale_and_after_step():
 
 
 def test_clip_grad_norm_sparse_and_disabled():
+    """A sparse grad is unscaled and clipped as its dense form would be; a disabled scaler
+    clips the grads as they are. Both norms are above max_norm, so both grads are clipped."""
     emb = torch.nn.Embedding(10, 4, sparse=True)
     opt = torch.optim.SGD(emb.parameters(), lr=0.1)
     s = mixprec.GradScaler("cpu", init_scale=4.0)
     s.scale(emb(torch.tensor([1, 1, 2])).sum()).backward()
     dense = emb.weight.grad.to_dense() / 4
-    n = s.clip_grad_norm_(opt, 1e9)
-    torch.testing.assert_close(n, torch.linalg.vector_norm(dense), rtol=1e-6, atol=0)
+    want = torch.linalg.vector_norm(dense)
+    n = s.clip_grad_norm_(opt, 1.0)
+    torch.testing.assert_close(n, want, rtol=1e-6, atol=0)
+    assert want > 1.0
+    torch.testing.assert_close(emb.weight.grad.to_dense(), dense * (1.0 / (want + 1e-6)))
     d = mixprec.GradScaler("cpu", enabled=False)
     ps = scaled_grad_params("cpu", [torch.float32])
     ref = ps[0].grad.clone()
+    want2 = torch.linalg.vector_norm(ref)
     n2 = d.clip_grad_norm_(torch.optim.SGD(ps, lr=0.1), 1.0)
-    torch.testing.assert_close(n2, torch.linalg.vector_norm(ref))
+    torch.testing.assert_close(n2, want2)
+    assert want2 > 1.0
+    torch.testing.assert_close(ps[0].grad, ref * (1.0 / (want2 + 1e-6)))
 
 
 def test_norm_combination_is_exact_for_one_device():
@@ -220,6 +228,7 @@ def test_clip_folded_twice_and_opt_out():
     nb = [scalers[1].clip_grad_norm_(opt_b, m, fold_into_step=False) for m in (4.0, 1.0)]
     scalers[2].unscale_(opt_c)
     nc = [torch.nn.utils.clip_grad_norm_(ps_c, m) for m in (4.0, 1.0)]
+    assert nc[0].item() > 4.0 and nc[1].item() > 1.0  # both clips are active
     for x, y, z in zip(na, nb, nc):
         torch.testing.assert_close(x, y, rtol=1e-6, atol=0)
         torch.testing.assert_close(x, z, rtol=1e-6, atol=0)

@@ -139,14 +139,21 @@ def test_fresh_keeps_every_setting_and_starts_over(enabled):
 
 
 @pytest.mark.parametrize(
-    "kwargs",
-    [{"hysteresis": 0}, {"hysteresis": 1.5}, {"min_scale": 0.0}, {"max_scale": INF},
-     {"min_scale": 4.0, "max_scale": 2.0}],
+    "kwargs,message",
+    [({"hysteresis": 0}, "hysteresis must be an int >= 1, got 0"),
+     ({"hysteresis": 1.5}, "hysteresis must be an int >= 1, got 1.5"),
+     ({"min_scale": 0.0}, "min_scale must be finite and > 0, got 0.0"),
+     ({"max_scale": INF}, "max_scale must be finite and > 0, got inf"),
+     ({"min_scale": 4.0, "max_scale": 2.0},
+      r"min_scale \(4.0\) must not exceed max_scale \(2.0\)")],
 )
-def test_bad_extras(kwargs):
-    with pytest.raises(ValueError):
+def test_bad_extras(kwargs, message):
+    with pytest.raises(ValueError, match=f"mixprec.GradScaler: {message}"):
         mixprec.GradScaler("cpu", **kwargs)
-    with pytest.raises(TypeError):
+
+
+def test_bad_allow_fp16_grads():
+    with pytest.raises(TypeError, match="allow_fp16_grads must be None, True or False, got 'yes'"):
         mixprec.GradScaler("cpu", allow_fp16_grads="yes")
 
 

@@ -87,6 +87,7 @@ def test_sharded_run_equals_the_unsharded_run(runs, config, world, layout):
     got = runs["saved"][world][(config, layout)]
     _assert_state_equal(got["state"], plain["state"],
                         f"{config} state at the save, {layout} on {world} vs unsharded")
+    assert len(got["final"]) == len(plain["final"]) > 0
     for i, (a, b) in enumerate(zip(got["final"], plain["final"])):
         assert_bitwise_equal(a, b, f"{config} {layout} on {world}: param {i}")
 
@@ -97,6 +98,7 @@ def test_resumed_on_another_world_size_equals_the_uninterrupted_run(runs, config
                                                                    lw, ll):
     plain = runs["plain"][config]["final"]
     got = runs["loaded"][lw][(config, ll, sl, sw)]["final"]
+    assert len(got) == len(plain) > 0
     for i, (a, b) in enumerate(zip(got, plain)):
         assert_bitwise_equal(a, b, f"{config}: saved by {sl} on {sw}, resumed by {ll} on "
                                    f"{lw}: param {i}")

@@ -140,7 +140,7 @@ def test_manual_autocast_casts_inputs_only_inside():
         out = model(x)
     assert seen == [torch.bfloat16] and out.dtype == torch.float32
     assert not model._forward_pre_hooks  # the cast hook is gone after the context
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="dtype"):
         model(x)  # float32 input, bfloat16 weights: the cast is the context's job
 
 

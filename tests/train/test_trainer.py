@@ -11,6 +11,7 @@ from typing import Any, Dict
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import mixprec
 import mixprec.optim
@@ -342,11 +343,32 @@ STEP_KEYS = {"loss", "current_scale", "overflow_detected", "underflow_detected",
              "step_skipped", "grad_norm", "memory_usage", "lr"}
 
 
+class _HostReads(TorchDispatchMode):
+    """Counts the ops that read a device value on the host."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func._schema.name in ("aten::_local_scalar_dense", "aten::item")
+        return func(*args, **(kwargs or {}))
+
+
 def test_train_step_keys_and_laziness():
+    """The step's dict holds device values: nothing is read until a key is, and each read
+    key is read once (then kept)."""
     trainer = make(MixedPrecisionConfig(precision_level="fp16"))
     m = trainer.train_step(*data(16))
-    assert STEP_KEYS <= set(m)
-    assert isinstance(m.tensor("loss"), torch.Tensor) and m.tensor("loss").dim() == 0
+    reads = _HostReads()
+    with reads:
+        assert STEP_KEYS <= set(m)
+        loss = m.tensor("loss")
+        assert reads.count == 0
+        assert isinstance(m["loss"], float) and reads.count == 1
+        m["loss"]
+        assert reads.count == 1
+    assert isinstance(loss, torch.Tensor) and loss.dim() == 0 and m["loss"] == loss.item()
     assert isinstance(m["loss"], float) and isinstance(m["overflow_detected"], bool)
     assert isinstance(m["memory_usage"], int) and m["memory_usage"] > 0
     assert m["lr"] == 1e-2 and m["optimizer_step"] is True
