@@ -15,7 +15,7 @@ compares the final losses:
   a corpus the script generates deterministically from a small English grammar
   (no download). The last 10 % of the corpus is held out. Reported: final train
   loss (mean of the last 50 steps), held-out loss and held-out next-character
-  accuracy (every context-32 window of the held-out slice).
+  accuracy (every non-overlapping context-32 window of the held-out slice).
 
 Optimizers, all with the same lr and weight_decay=0.01, the same initial
 weights and the same batch order for a given seed:

@@ -1,7 +1,7 @@
 """Benchmark: the CPU optimizer step and unscale of two builds of mixprec, side by side in one run.
 
-For a kernel change: build the other tree beside this one (for example the previous
-release, ``git worktree add ../mixprec-old v0.1.0`` and its ``make build``) and pass its
+For a kernel change: build the other tree beside this one (for example an earlier
+commit, ``git worktree add ../mixprec-old <commit>`` and its ``make build``) and pass its
 ``python`` folder as ``--other``. Each case runs in a fresh process per build, the builds
 alternating round by round (``--rounds``), one intra-op thread, and is timed in thread
 CPU time (``time.thread_time``), so other processes on the machine stretch neither

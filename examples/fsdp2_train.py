@@ -14,9 +14,10 @@ and ``mixprec.GradScaler()`` (a no-op for bf16 without loss scaling). The recipe
 * ``B-sr``: a bf16 model, no masters, stochastic rounding of the bf16 update.
 * ``ddp``: a float32 model in DistributedDataParallel, autocast bf16 (nothing sharded).
 
-Each rank prints the loss every ``--log-every`` steps and, at the end, what it holds per
-parameter of the whole model: params, grads and optimizer state (measured from the
-tensors: local shards of DTensors), and the peak memory of its GPU.
+Rank 0 prints the loss (the mean over the ranks) every ``--log-every`` steps and at the last;
+at the end each rank prints what it holds per parameter of the whole model: params, grads
+and optimizer state (measured from the tensors: local shards of DTensors), and the peak
+memory of its GPU.
 """
 
 from __future__ import annotations

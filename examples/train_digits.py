@@ -1,11 +1,10 @@
 """mixprec demo: a small CNN on scikit-learn's digits, FP32 vs mixed precision.
 
-Trains the same model from the same seed three ways with
-:class:`mixprec.MixedPrecisionTrainer` and prints a comparison table:
+Trains the same model from the same seed three ways on the CPU (two on CUDA, without
+the bf16 run) with :class:`mixprec.MixedPrecisionTrainer` and prints a comparison table:
 
 * ``fp32``      -- plain float32 (the baseline; the trainer with ``enabled=False``);
-* ``bf16``      -- AUTOMATIC mode, bfloat16 autocast, no loss scaling (on CUDA: float16
-  with loss scaling, the usual GPU choice);
+* ``bf16``      -- AUTOMATIC mode, bfloat16 autocast, no loss scaling (CPU only);
 * ``fp16+scale``-- AUTOMATIC mode, float16 autocast with dynamic loss scaling through
   ``mixprec.GradScaler`` (a short growth window so that the scale visibly grows and
   backs off).

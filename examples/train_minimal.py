@@ -8,7 +8,7 @@ and dynamic loss scaling done by hand with three ops:
 * the optimizer step is skipped when ``found_inf`` is set.
 
 At step 30 an inf is injected into one gradient to show the skip and the backoff.
-Run: ``python examples/train_minimal.py`` (``make demo``).
+Run: ``python examples/train_minimal.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Python twin of examples/cpp/train_mlp.cpp: the same model, data, seed,
 autocast region, GradScaler, AdamW with master weights and injected inf, with
-the same output lines. Its loss sequence equals the C++ program's (ctest
-`mixprec_example_twin` compares them, 1e-6 relative).
+the same output lines. Its loss sequence equals the C++ program's (the ctest
+tests `mixprec_example_twin_*` compare them, 1e-6 relative).
 
     python examples/cpp/train_mlp_twin.py [--device cpu|cuda] [--dtype bf16|fp16]
         [--steps N] [--inject-inf STEP] [--seed S] [--lr LR]

@@ -14,8 +14,9 @@
 //     optimizer.zero_grad();
 //     at::Tensor loss;
 //     {
-//       mixprec::AutocastGuard autocast(torch::kCUDA, torch::kHalf);  //
-//       autocast_guard.h loss = loss_fn(model->forward(x), y);
+//       // mixprec/autocast_guard.h
+//       mixprec::AutocastGuard autocast(torch::kCUDA, torch::kHalf);
+//       loss = loss_fn(model->forward(x), y);
 //     }
 //     scaler.scale(loss).backward();
 //     scaler.clip_grad_norm_(optimizer, 1.0);   // optional

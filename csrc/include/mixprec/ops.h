@@ -5,7 +5,7 @@
 // (mixprec.ops).
 //
 // These declarations are the one C++ statement of each op's signature: the
-// rest of mixprec takes it from here with decltype (csrc/op_table.h).
+// rest of libmixprec takes it from here with decltype (csrc/op_dispatch.h).
 #pragma once
 
 #include "mixprec/export.h"

@@ -155,7 +155,7 @@ class MixedPrecisionConfig:
         gradient_accumulation_steps: micro-batches per optimizer step (>= 1).
         fp8_recipe: FP8 level: torchao's scaling recipe, ``"tensorwise"`` (default),
             ``"rowwise"`` or ``"rowwise_with_gw_hp"`` (see ``docs/fp8.md``).
-        fp8_keep_first_last: FP8 level: keep the first and the last eligible ``nn.Linear`` (in
+        fp8_keep_first_last: FP8 level: keep the first and the last ``nn.Linear`` (in
             ``named_modules`` order) in bfloat16, as torchao and torchtitan advise. Ignored when a
             ``fp8_module_filter`` is passed to the trainer/manager.
         fp8_fsdp_all_gather: FP8 level: torchao's float8 all-gather under FSDP2
