@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, List, Optional, TypeVar
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import mixprec
 
@@ -84,6 +85,22 @@ def assert_bitwise_equal(
         f"{where}not bitwise equal: max abs diff "
         f"{(actual.double() - expected.double()).abs().nan_to_num(0).max().item()}"
     )
+
+
+class HostReads(TorchDispatchMode):
+    """Records the ops that read a device value on the host (``aten::_local_scalar_dense``,
+    ``aten::item``) while it is entered: ``ops`` lists their names in order."""
+
+    READS = ("aten::_local_scalar_dense", "aten::item")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: List[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func._schema.name in self.READS:
+            self.ops.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
 
 
 # GradScaler behaviour shared with torch is parametrized over both scaler classes,

@@ -12,25 +12,10 @@ from typing import Any, List, Tuple
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import mixprec
+from _helpers import HostReads
 from mixprec.capture import SyncDetector
-
-READS = ("aten::_local_scalar_dense", "aten::item")
-
-
-class _HostReads(TorchDispatchMode):
-    """Counts the ops that read a device value on the host."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: List[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func._schema.name in READS:
-            self.ops.append(func._schema.name)
-        return func(*args, **(kwargs or {}))
 
 
 def _trainer(level: str, capture: bool, scheduler: bool, logging_frequency: int = 1000
@@ -56,7 +41,7 @@ def reads_per_step(trainer: mixprec.MixedPrecisionTrainer, steps: int = 5) -> Tu
     x, y = _batch()
     for _ in range(4):
         trainer.train_step(x, y)
-    counter, detector = _HostReads(), SyncDetector()
+    counter, detector = HostReads(), SyncDetector()
     with counter, detector:
         for _ in range(steps):
             trainer.train_step(x, y)
