@@ -17,6 +17,7 @@ here, naming it. libmixprec (C++, no Python) has the same kernels in csrc/autogr
 from __future__ import annotations
 
 import functools
+from operator import attrgetter
 from typing import Any, Callable, List
 
 import torch
@@ -40,17 +41,17 @@ def _helper(path: str) -> Any:
 
 
 _below, _after_keyset, _redispatch, _bump = (_helper(h) for h in HELPERS)
+_requires_grad = attrgetter("requires_grad")
 
 
 def _refuse(name: str, arg: str, value: Any) -> None:
     """Raise if ``value`` (argument ``arg`` of op ``name``, a tensor or list) requires grad."""
     tensors = value if isinstance(value, (list, tuple)) else [value]
-    for i, t in enumerate(tensors):
-        if t.requires_grad:
-            where = f"{arg}[{i}]" if tensors is value else arg
-            raise RuntimeError(f"mixprec.{name}: {where} requires grad, but mixprec ops are not "
-                               "differentiable and write it in place; call the op under "
-                               "torch.no_grad() or pass detached tensors")
+    if any(map(_requires_grad, tensors)):
+        i = list(map(_requires_grad, tensors)).index(True)
+        raise RuntimeError(f"mixprec.{name}: {arg}{f'[{i}]' if tensors is value else ''} "
+                           "requires grad, but mixprec ops are not differentiable and write it "
+                           "in place; call the op under torch.no_grad() or pass detached tensors")
 
 
 def _kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
