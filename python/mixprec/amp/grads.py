@@ -79,6 +79,8 @@ def collect_grads(optimizer: torch.optim.Optimizer, allow_fp16: bool,
     coalesced first, replacing ``param.grad``, as torch does.
     """
     per_device = DeviceGrads()
+    lists: PerDevice = {}
+    fp16 = torch.float16
     for group in optimizer.param_groups:
         params = group["params"]
         for cls in set(map(type, params)):  # (torch's check, once per class of param)
@@ -88,11 +90,12 @@ def collect_grads(optimizer: torch.optim.Optimizer, allow_fp16: bool,
             grad = param.grad
             if grad is None:
                 continue
-            if not allow_fp16 and grad.dtype is torch.float16:
+            if not allow_fp16 and grad.dtype is fp16:
                 raise ValueError("Attempting to unscale FP16 gradients.")
             if type(grad) is not Tensor or grad.is_sparse:
                 grad = _dense_local(param, grad, coalesce_sparse, per_device.specs)
-            per_device.setdefault(grad.device, []).append(grad)
+            lists.setdefault(grad.device, []).append(grad)
+    per_device.update(lists)
     return per_device
 
 
