@@ -2,6 +2,8 @@
 
 * Paths: :data:`REPO` (the repository root), :data:`TESTS` (this folder, whatever
   subfolder a test module sits in), :data:`DATA` (tests/data).
+* Stored files: :func:`load_stored` (a file of tests/data, listed in :data:`STORED`
+  with what in it may be compared bit for bit).
 * Devices: :data:`DEVICES` is the one device parametrization. Tests take a
   ``device`` argument and get it from the ``device`` fixture in conftest.py,
   which runs over :data:`DEVICES`; a test that needs a GPU whatever its
@@ -36,6 +38,41 @@ import mixprec
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
 DATA = TESTS / "data"
+
+#: The files of tests/data that tests read with :func:`load_stored`, each with what in it a
+#: test may compare bit for bit. The rule: **a test compares only bits this machine computed
+#: in the same run, or bits mixprec's own kernels wrote and stored** (optimizer state, codes
+#: and maxima, counters, the scaler's state). Anything that went through torch's CPU
+#: GEMMs or other CPU-dependent arithmetic on the machine that wrote the file (params
+#: after training, losses, grad norms) differs between CPUs (Intel and AMD machines,
+#: AVX-512 or AVX2): a test checks its keys, dtypes and shapes only, and compares the
+#: training it stands for with a run computed here. tests/project/test_stored_data.py
+#: holds every ``.pt`` file here to this list and every test to :func:`load_stored`.
+STORED = {
+    "flat_buffer_checkpoint.pt":
+        "optimizer state of the removed flat-buffer mode (bitwise); model params, "
+        "'init' and 'continued' through another CPU's GEMMs (form only)",
+    "optim8_flat_layout.pt":
+        "8-bit codes, maxima and their decoded values from random grads, no GEMM (bitwise)",
+    "trainer_automatic_fp16.pt": "a format-1 trainer checkpoint: the state loads bitwise",
+    "trainer_manual_bf16.pt": "a format-1 trainer checkpoint: the state loads bitwise",
+    "trainer_adaptive_fp16.pt": "a format-1 trainer checkpoint: the state loads bitwise",
+    "trainer_automatic_fp16_expected.pt":
+        "what that trainer reported at the save (read back, exact); params and stats "
+        "after training on through another CPU's GEMMs (form only)",
+    "trainer_manual_bf16_expected.pt": "as trainer_automatic_fp16_expected.pt",
+    "trainer_adaptive_fp16_expected.pt": "as trainer_automatic_fp16_expected.pt",
+}
+
+
+def load_stored(name: str) -> Any:
+    """``torch.load`` (``weights_only=True``) of the file ``tests/data/<name>``, which
+    must be listed in :data:`STORED` (read its rule before comparing what it holds)."""
+    if name not in STORED:
+        raise KeyError(f"tests/data/{name} is not listed in _helpers.STORED: add it there "
+                       "with what in it may be compared bit for bit (see the rule above it)")
+    return torch.load(DATA / name, weights_only=True)
+
 
 HAS_CUDA = torch.cuda.is_available()
 _NO_GPU = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")

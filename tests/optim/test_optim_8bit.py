@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import mixprec
-from _helpers import REPO, assert_bitwise_equal
+from _helpers import REPO, assert_bitwise_equal, load_stored
 from mixprec.optim import _quant8 as q8
 from mixprec.optim import _state8
 
@@ -358,8 +358,7 @@ def test_config_state_bits_is_checked_by_name():
 # saved by the mixprec that had it (tests/data/make_8bit_flat_checkpoint.py wrote the file).
 
 def _flat_checkpoint() -> dict:
-    path = REPO / "tests" / "data" / "optim8_flat_layout.pt"
-    return torch.load(path, weights_only=True)
+    return load_stored("optim8_flat_layout.pt")
 
 
 def _fixture_model() -> nn.Module:

@@ -5,6 +5,7 @@ flat-buffer mode loading into the plain optimizer."""
 
 from __future__ import annotations
 
+import io
 from typing import Any, Dict, List
 
 import pytest
@@ -13,7 +14,7 @@ from torch import nn
 
 import mixprec
 import mixprec.optim
-from _helpers import DATA
+from _helpers import assert_bitwise_equal, load_stored
 
 
 def _stepped(cls: Any, **kwargs: Any) -> torch.optim.Optimizer:
@@ -180,37 +181,106 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, inputs: torch.Tensor) -
         opt.step()
 
 
-@pytest.mark.parametrize("case,make", [
+_FLAT_CASES = [
     ("adamw", lambda ps: mixprec.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)),
     ("sgd", lambda ps: mixprec.optim.SGD(ps, lr=1e-2, momentum=0.9)),
-])
+]
+_FLAT_STATE_NAMES = {"adamw": {"exp_avg", "exp_avg_sq"}, "sgd": {"momentum_buffer"}}
+
+
+def _dense_copy(state_dict: Dict[str, Any]) -> Dict[str, Any]:
+    """An optimizer ``state_dict`` as today's release writes it: every state tensor its own
+    dense storage (no views of shared flat buffers)."""
+    out = dict(state_dict)
+    out["state"] = {k: {n: v.clone() for n, v in st.items()}
+                    for k, st in state_dict["state"].items()}
+    return out
+
+
+def _states(opt: torch.optim.Optimizer) -> List[Dict[str, torch.Tensor]]:
+    return [dict(opt.state[p]) for g in opt.param_groups for p in g["params"]]
+
+
+@pytest.mark.parametrize("case,make", _FLAT_CASES)
 def test_flat_buffer_checkpoint_loads_into_the_plain_optimizer(case: str, make: Any) -> None:
     """``tests/data/flat_buffer_checkpoint.pt`` was saved at 9471ec2 by an optimizer in
     the flat-buffer mode (its moments and masters views of flat state buffers, see
-    tests/data/make_flat_buffer_checkpoint.py). It loads into the plain optimizer, which
-    then trains on exactly as the flat run did, and exactly as a plain run from the same
-    start; the loaded state does not alias the checkpoint's buffers."""
-    data = torch.load(DATA / "flat_buffer_checkpoint.pt", weights_only=True)[case]
-    n_saved = 3
-    # resumed from the checkpoint
+    tests/data/make_flat_buffer_checkpoint.py). It loads into the plain optimizer: every
+    state tensor holds exactly the stored bits (written by mixprec's kernels, so they do
+    not depend on the CPU), dense and not aliasing the checkpoint's buffers; and it then
+    trains on exactly as the same state loaded from today's dense form does.
+
+    Only bits computed here are compared with each other: the file's params and
+    ``continued`` went through torch's CPU GEMMs on another machine, whose bits depend
+    on the CPU, so they are checked for keys, dtypes and shapes only."""
+    data = load_stored("flat_buffer_checkpoint.pt")[case]
+    n_saved, n_inputs = 3, len(data["inputs"])
+    saved = data["checkpoint"]["optimizer"]
     model = _Mixed()
     model.load_state_dict(data["checkpoint"]["model"])
     opt = make(model.parameters())
-    opt.load_state_dict(data["checkpoint"]["optimizer"])
-    flat_state = data["checkpoint"]["optimizer"]["state"]
-    for k, p in enumerate(model.parameters()):
-        st = opt.state[p]
+    opt.load_state_dict(saved)
+    params = list(model.parameters())
+    assert len(saved["state"]) == len(params)
+    for k, (p, st) in enumerate(zip(params, _states(opt))):
+        want = _FLAT_STATE_NAMES[case] | {"step"} | (
+            {"master_param"} if p.dtype == torch.bfloat16 else set())
+        assert set(st) == want == set(saved["state"][k]), (k, sorted(st))
         assert float(st["step"]) == n_saved and st["step"].dtype == torch.float32
-        assert ("master_param" in st) is (p.dtype == torch.bfloat16)
         for name, v in st.items():
+            stored = saved["state"][k][name]
+            assert_bitwise_equal(v, stored, f"param {k} {name}")
             assert v.is_contiguous() and v.untyped_storage().data_ptr() != \
-                flat_state[k][name].untyped_storage().data_ptr(), name
+                stored.untyped_storage().data_ptr(), name
+            if name != "step":
+                assert v.shape == p.shape and v.dtype == torch.float32, name
+    # the CPU-dependent parts of the file: their form only
+    for key in ("init", "continued"):
+        assert {n: (t.dtype, t.shape) for n, t in data[key].items()} == \
+            {n: (t.dtype, t.shape) for n, t in model.state_dict().items()}, key
+    # the same checkpoint in today's dense form, trained on here beside the flat one
+    dense_model = _Mixed()
+    dense_model.load_state_dict(data["checkpoint"]["model"])
+    dense_opt = make(dense_model.parameters())
+    dense_opt.load_state_dict(_dense_copy(saved))
     _train(model, opt, data["inputs"][n_saved:])
-    resumed = model.state_dict()
-    # a plain run from the same start
+    _train(dense_model, dense_opt, data["inputs"][n_saved:])
+    for name, t in model.state_dict().items():
+        assert_bitwise_equal(t, dense_model.state_dict()[name], name)
+    for k, (st, dense_st) in enumerate(zip(_states(opt), _states(dense_opt))):
+        assert float(st["step"]) == n_inputs
+        for name, v in st.items():
+            assert_bitwise_equal(v, dense_st[name], f"param {k} {name}")
+
+
+@pytest.mark.parametrize("case,make", _FLAT_CASES)
+def test_plain_resume_trains_on_as_the_uninterrupted_run(case: str, make: Any) -> None:
+    """The flat-buffer test's model and optimizer, trained here: a run checkpointed after
+    three steps (``torch.save``/``torch.load``) and resumed in a fresh model and optimizer
+    ends with the bits of the uninterrupted run from the same start."""
+    torch.manual_seed(0 if case == "adamw" else 1)
+    init = _Mixed().state_dict()
+    inputs = torch.randn(5, 5, 6)
     plain = _Mixed()
-    plain.load_state_dict(data["init"])
-    _train(plain, make(plain.parameters()), data["inputs"])
-    for name, want in data["continued"].items():
-        assert torch.equal(resumed[name], want), name
-        assert torch.equal(plain.state_dict()[name], want), name
+    plain.load_state_dict(init)
+    plain_opt = make(plain.parameters())
+    _train(plain, plain_opt, inputs)
+    first = _Mixed()
+    first.load_state_dict(init)
+    first_opt = make(first.parameters())
+    _train(first, first_opt, inputs[:3])
+    buf = io.BytesIO()
+    torch.save({"model": first.state_dict(), "optimizer": first_opt.state_dict()}, buf)
+    buf.seek(0)
+    checkpoint = torch.load(buf, weights_only=True)
+    resumed = _Mixed()
+    resumed.load_state_dict(checkpoint["model"])
+    resumed_opt = make(resumed.parameters())
+    resumed_opt.load_state_dict(checkpoint["optimizer"])
+    _train(resumed, resumed_opt, inputs[3:])
+    for name, t in resumed.state_dict().items():
+        assert_bitwise_equal(t, plain.state_dict()[name], name)
+    for k, (st, plain_st) in enumerate(zip(_states(resumed_opt), _states(plain_opt))):
+        assert set(st) == set(plain_st)
+        for name, v in st.items():
+            assert_bitwise_equal(v, plain_st[name], f"param {k} {name}")

@@ -444,3 +444,57 @@ def test_a_torch_optimizers_state_is_checked_as_strictly(tmp_path: Any) -> None:
     msg = load_refused(tmp_path, state, target, ValueError)
     assert "torch.optim.AdamW.load_state_dict: state[0]['exp_avg']: expected the param's shape" \
         in msg
+
+
+def test_log_lines_go_once_to_a_handler_of_the_users(capsys: Any) -> None:
+    """Before: with a handler on "mixprec.trainer" and its level left above INFO (the
+    demo's setup), every line was written twice: by that handler and by the trainer's."""
+    import logging
+
+    got: List[str] = []
+
+    class Recording(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            got.append(record.getMessage())
+
+    log = logging.getLogger("mixprec.trainer")
+    handler, level = Recording(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.WARNING)
+    try:
+        t = trainer(mode="automatic", level="bf16", steps=0)
+        t.config.logging_frequency = 2
+        t.train(_loader(), 2, progress=False)
+    finally:
+        log.removeHandler(handler)
+    assert log.level == logging.WARNING and not log.handlers
+    log.setLevel(level)
+    out = capsys.readouterr().out
+    epochs = [line for line in got if line.startswith("epoch ")]
+    assert [line.split(" |")[0] for line in epochs] == ["epoch 1", "epoch 2"], got
+    assert any(line.startswith("step 2 | loss") for line in got)
+    assert "epoch 1 | loss" not in out and "step 2 | loss" not in out, out
+
+
+def test_log_lines_go_once_to_the_roots_console_handler_beside_a_bar(capsys: Any) -> None:
+    """Before: with INFO on through the root (``basicConfig(level=INFO)``) and a tqdm bar,
+    tqdm's redirect gave "mixprec.trainer" a console handler of its own beside the root's,
+    so each line was printed twice."""
+    import logging
+    import sys
+
+    pytest.importorskip("tqdm")
+    root = logging.getLogger()
+    handler, level = logging.StreamHandler(sys.stderr), root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        t = trainer(mode="automatic", level="bf16", steps=0)
+        t.train(_loader(), 2, progress=True)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert text.count("epoch 1 | loss") == 1 and text.count("epoch 2 | loss") == 1, text
+    assert not logging.getLogger("mixprec.trainer").handlers

@@ -50,6 +50,7 @@ import contextlib
 import copy
 import logging
 import os
+import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -262,11 +263,14 @@ class _LineHandler(logging.Handler):
 
 @contextlib.contextmanager
 def _log_lines(bar: Any) -> Iterator[None]:
-    """While training, the "mixprec.trainer" lines are shown. Unless INFO is enabled for
-    that logger, they go above the bar (or are printed) through a handler of ours for the
-    call (not propagated: nothing prints twice). When it is, the user's handlers write
-    them; with a tqdm bar, ``logging_redirect_tqdm`` keeps them off the bar's line."""
-    if logger.getEffectiveLevel() > logging.INFO:
+    """While training, the "mixprec.trainer" lines are shown, each once. Unless INFO is
+    enabled for that logger or it has handlers of its own, they go above the bar (or are
+    printed) through a handler of ours for the call (not propagated). Otherwise the user's
+    handlers write them, INFO enabled on the logger for the call if it was not (a handler
+    on the logger is where the user sends its lines: ours beside it would print each line
+    twice); with a tqdm bar, ``logging_redirect_tqdm`` moves the console handlers among
+    them off the bar's line."""
+    if logger.getEffectiveLevel() > logging.INFO and not logger.handlers:
         handler = _LineHandler(bar)
         level, propagate = logger.level, logger.propagate
         logger.addHandler(handler)
@@ -280,13 +284,24 @@ def _log_lines(bar: Any) -> Iterator[None]:
             logger.propagate = propagate
         return
     redirect: Any = contextlib.nullcontext()
-    if bar is not None and hasattr(bar, "write"):
+    # only the loggers that write to the console: tqdm's redirect gives every logger it is
+    # handed a handler of its own, so handing it one without would print each line again
+    consoles = [lg for lg in (logging.getLogger(), logger) if any(
+        isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.stderr)
+        for h in lg.handlers)]
+    if consoles and bar is not None and hasattr(bar, "write"):
         with contextlib.suppress(ImportError):
             from tqdm.contrib.logging import logging_redirect_tqdm
 
-            redirect = logging_redirect_tqdm([logging.getLogger(), logger])
-    with redirect:
-        yield
+            redirect = logging_redirect_tqdm(consoles)
+    level = logger.level
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        with redirect:
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def _progress_bar(total: Optional[int], desc: str) -> Any:
