@@ -11,6 +11,7 @@ sharded run can be compared with the unsharded one bit for bit.
 from __future__ import annotations
 
 import copy
+import importlib
 import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -45,7 +46,9 @@ def _worker(rank: int, world: int, entry: str, init_file: str, out_dir: str) -> 
     dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo",
                             init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        globals()[entry](rank, world, out_dir)
+        module, _, name = entry.rpartition(".")
+        (getattr(importlib.import_module(module), name) if module else globals()[entry])(
+            rank, world, out_dir)
         dist.barrier()  # every rank done with its collectives before any tears down
     finally:
         dist.destroy_process_group()
@@ -58,7 +61,8 @@ def _worker(rank: int, world: int, entry: str, init_file: str, out_dir: str) -> 
 
 
 def spawn(world: int, entry: str) -> Dict[int, Result]:
-    """Run ``entry`` (a function of this module: ``(rank, world, out_dir)``, saving
+    """Run ``entry`` (a function of this module, or ``"module.function"`` of another
+    beside it: ``(rank, world, out_dir)``, saving
     ``out_dir/rank<k>.pt``) in ``world`` processes (gloo on CPU, one thread each; or nccl
     on ``DEVICE`` cuda); returns
     the results by rank. The tests call it once per module."""

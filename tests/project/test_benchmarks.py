@@ -30,6 +30,7 @@ import bench_8bit_accuracy  # noqa: E402
 import bench_fsdp2  # noqa: E402
 import bench_host_cost  # noqa: E402
 import bench_optim  # noqa: E402
+import bench_release  # noqa: E402
 import bench_scaler  # noqa: E402
 import bench_unscale  # noqa: E402
 from _common import NA, CheckFailed  # noqa: E402
@@ -457,3 +458,31 @@ def test_bench_builds_catches_an_unscale_that_does_nothing(monkeypatch: pytest.M
     monkeypatch.setattr(mixprec.ops, "unscale_and_check_", _noop)
     with pytest.raises(SystemExit, match="did not multiply"):
         bench_builds.run_case("unscale-3x1024", 256, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# bench_release
+
+RELEASE_QUICK = ["--layers", "1", "--d", "64", "--heads", "2", "--tokens", "8",
+                 "--bucket-mib", "0.01"]
+
+
+def test_bench_release_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_release.main(RELEASE_QUICK) == 0
+    out = capsys.readouterr().out
+    assert "layer stack: peak release / without" in out and "bitwise equal: True" in out
+
+
+def test_bench_release_catches_a_release_that_steps_nothing(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from mixprec.optim.release import GradientRelease
+
+    def free_only(self: GradientRelease) -> None:  # frees the grads, steps nothing
+        for p in self._pending:
+            p.grad = None
+        self._pending.clear()
+        self._pending_bytes = 0
+
+    monkeypatch.setattr(GradientRelease, "flush", free_only)
+    assert bench_release.main(RELEASE_QUICK) == 1
+    assert "bitwise equal: False" in capsys.readouterr().out

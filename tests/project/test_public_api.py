@@ -53,7 +53,8 @@ SUBPACKAGES = {
         "is_torch_patched",
     },
     "mixprec.optim": {"Adam", "AdamW", "Adam8bit", "AdamW8bit", "SGD", "SGD8bit",
-                      "FusedOptimizer", "check_checkpoint"},
+                      "FusedOptimizer", "check_checkpoint", "release_gradients",
+                      "GradientRelease"},
     "mixprec.train": {
         "MixedPrecisionConfig",
         "MixedPrecisionMode",

@@ -344,6 +344,17 @@ class FusedOptimizer(torch.optim.Optimizer):
             state["master_param"] = float32_copy(p)
         return state
 
+    @torch.no_grad()
+    def step_groups_with_grads(self, groups: Iterable[int]) -> None:
+        """Step the params of ``param_groups[i]``, for each ``i`` in ``groups``, that hold a
+        grad: :meth:`step`'s update of those params, without its step hooks, closure,
+        scalars (``grad_scale``, ``found_inf``, ``clip_coef``) or call count. What
+        :func:`mixprec.optim.release_gradients` runs for a bucket during backward.
+        Mutates those params, their masters and state; no host sync."""
+        scalars = StepScalars(None, None, None)
+        for index in groups:
+            self._step_group(index, self.param_groups[index], scalars)
+
     def lr_tensor(self, index: int, device: torch.device) -> Tensor:
         """The 0-dim lr tensor the kernels of ``param_groups[index]`` read on ``device``. A
         one-element float32/float64 tensor ``lr`` on ``device`` is returned itself;
