@@ -509,16 +509,15 @@ def plan(args: argparse.Namespace) -> int:
             verdict = "not selected (--only/--skip)"
         elif check.smoke and not part.smoke:
             verdict = "SKIP: needs a GPU"
-        elif why:
-            verdict = f"SKIP on this machine: {why}"
         elif est + need > check.budget:
             verdict = "SKIP: does not fit the budget"
             rest.append(part.name)
         else:
             est += need
             verdict = "run"
+        note = f" (SKIP where, as here, {why})" if why and verdict == "run" else ""
         print(f"{n:>2} {part.name:<14}{part.item:<5}{need:>6.0f}s{limit:>6.0f}s"
-              f"{est:>6.0f}s  {verdict}: {part.what}  [{source}]")
+              f"{est:>6.0f}s  {verdict}{note}: {part.what}  [{source}]")
         if verdict == "run":
             for step in part.steps(check):
                 env = " ".join(f"{k}={v}" for k, v in step.env.items())
@@ -533,7 +532,8 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command line (``--only``/``--skip`` as lists, ``--pack`` decided)."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--python", default=sys.executable,
@@ -580,6 +580,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error(f"--budget-s: {args.budget_s} is negative")
     if args.wheel and not Path(args.wheel).is_file():
         ap.error(f"--wheel: {args.wheel} is not a file")
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
     return plan(args) if args.plan else Check(args).run()
 
 

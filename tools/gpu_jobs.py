@@ -226,9 +226,12 @@ class Job:
             return
         self._out.close()
         children().discard(self.proc)
+        with open(self.log, "rb") as f:  # (on a line of its own: the output may stop mid-line)
+            size = f.seek(0, os.SEEK_END)
+            ends = size == 0 or (f.seek(size - 1) >= 0 and f.read(1) == b"\n")
         with open(self.log, "a") as f:
             killed = f", killed at its {self.timeout:.0f} s limit" if self.timed_out else ""
-            f.write(f"[exit {rc}{killed}, {self.seconds:.1f} s]\n")
+            f.write(("" if ends else "\n") + f"[exit {rc}{killed}, {self.seconds:.1f} s]\n")
 
     def kill(self) -> None:
         for sig, wait in ((self.kill_signal, self.grace), (signal.SIGKILL, 10.0)):

@@ -198,7 +198,7 @@ def parse_pytest_progress(text: str) -> Tuple[Dict[str, int], List[str], Optiona
                 failed.append(node)
             current = None
         else:
-            started = re.match(r"^(\S+::\S+)\s*$", line)
+            started = re.match(r"^(\S+::\S+)\s*(\[exit .*)?$", line)
             if started:
                 current = started[1]
     return counts, failed, current
