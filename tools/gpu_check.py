@@ -517,7 +517,7 @@ def plan(args: argparse.Namespace) -> int:
             verdict = "run"
         note = f" (SKIP where, as here, {why})" if why and verdict == "run" else ""
         print(f"{n:>2} {part.name:<14}{part.item:<5}{need:>6.0f}s{limit:>6.0f}s"
-              f"{est:>6.0f}s  {verdict}{note}: {part.what}  [{source}]")
+              f"{est:>6.0f}s  {verdict}: {part.what}  [{source}]{note}")
         if verdict == "run":
             for step in part.steps(check):
                 env = " ".join(f"{k}={v}" for k, v in step.env.items())
