@@ -236,11 +236,13 @@ def test_children_die_with_the_driver(tmp_path: Path, how: str) -> None:
     script = DRIVER.format(tools=str(REPO / "tools"), log=str(tmp_path / "child.log"))
     driver = subprocess.Popen([sys.executable, "-c", script,
                                "signals" if how == "SIGTERM" else "plain"],
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pgid = int(driver.stdout.readline())  # type: ignore[union-attr]
     assert _group_alive(pgid)
     driver.send_signal(getattr(signal, how))
     driver.wait(timeout=10)
+    if how == "SIGTERM":  # the driver's own handler killed them (the watchdog is the backstop)
+        assert "SIGTERM: killing 1 child process group(s)" in driver.stderr.read()  # type: ignore[union-attr]
     deadline = time.monotonic() + 10
     while _group_alive(pgid) and time.monotonic() < deadline:
         time.sleep(0.2)
