@@ -46,8 +46,8 @@ class OpLibrary:
     Attributes (from the library): ``version``, ``torch_version`` (the torch it was compiled
     with), ``torch_target`` (the oldest torch it loads into, "2.11"), ``cuda_kernels`` (bool:
     whether the CUDA library was built), ``cuda_version``, ``cuda_archs``, ``cxx_compiler``,
-    ``cxx_compiler_version``, ``nvcc_version``, ``git_commit`` (str), ``op_names`` (tuple of the ops' names, in
-    the op table's order), ``capture_sync_ops`` (dict op name -> rule),
+    ``cxx_compiler_version``, ``nvcc_version``, ``git_commit`` (str), ``op_names`` (tuple of
+    the ops' names, in the op table's order), ``capture_sync_ops`` (dict op name -> rule),
     ``capture_scaler_settings`` (tuple of (name, accessor)), ``capture_live_options``
     (frozenset); ``__file__``: the library's path. Set by loading: ``cuda_library`` (the
     loaded CUDA library's path, or None) and ``cuda_missing`` (why it is not loaded, or "").

@@ -171,6 +171,15 @@ def test_a_wheel_of_another_commit_is_refused_unless_allowed(
     assert "built at 0123456789ab" in check.summary()[0]
 
 
+def test_build_info_names_the_commit_it_was_built_at() -> None:
+    import re
+
+    import mixprec
+
+    commit = mixprec.build_info()["git_commit"]
+    assert commit is None or re.fullmatch(r"[0-9a-f]{12}(\+dirty\.[0-9a-f]{8})?|\S+", commit)
+
+
 def test_commit_verdicts() -> None:
     assert gpu_times.commit_verdict("abc", "abc", False)[0]
     assert not gpu_times.commit_verdict(None, "abc", False)[0]
