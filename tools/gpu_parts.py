@@ -177,8 +177,8 @@ RESULT_WORDS = {"PASSED": "passed", "FAILED": "failed", "ERROR": "errors",
 def parse_pytest_progress(text: str) -> Tuple[Dict[str, int], List[str], Optional[str]]:
     """What a ``pytest -v`` run printed test by test, for a run cut short before its final
     summary: (counts, the failed/errored test ids, the test it was in when it stopped, or
-    None). Reads plain lines ("tests/a.py::t[cuda] PASSED  [ 3%]") and pytest-xdist's
-    ("[gw0] [  3%] PASSED tests/a.py::t[cuda]")."""
+    None). Reads plain lines ("tests/ops/test_norm.py::t[cuda] PASSED") and pytest-xdist's
+    ("[gw0] [  3%] PASSED tests/ops/test_norm.py::t[cuda]")."""
     counts: Dict[str, int] = {}
     failed: List[str] = []
     seen: Dict[str, str] = {}
@@ -384,7 +384,7 @@ def steps_speed(c: Check) -> List[Step]:
                "gpt2_1x128,gpt2_8x1024,convnet", "--timing-limit", "40", "--variants",
                "captured,eager-mixprec,eager,torch-graph")
     compiled = _py(c, "tools/gpu_capture_check.py", "--only", "timings", "--workloads",
-                   "gpt2_1x128", "--variants", "compile", "--timing-limit", "110")
+                   "gpt2_1x128", "--variants", "compile", "--timing-limit", "95")
     return [Step(main, share=0.55), Step(compiled, share=0.45)]
 
 
@@ -432,8 +432,9 @@ def steps_optim8(c: Check) -> List[Step]:
     steps = [Step(_py(c, "tools/gpu_profile8.py"), share=0.7)]
     ncu = which_ncu()
     if ncu:
-        steps.append(Step([ncu, "--nvtx", "--nvtx-include", "step8/", "--kernel-name",
-                           "regex:mixprec", "--launch-count", "4", "--section",
+        steps.append(Step([ncu, "--nvtx", "--nvtx-include", "step8/", "--kernel-name-base",
+                           "demangled", "--kernel-name", "regex:mixprec", "--launch-count",
+                           "4", "--section",
                            "SpeedOfLight", "--section", "MemoryWorkloadAnalysis", c.py,
                            "tools/gpu_profile8.py", "--ncu", "--iters", "4"], share=0.3))
     return steps
