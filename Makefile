@@ -165,12 +165,15 @@ bench: build
 	$(PY) benchmarks/bench_unscale.py
 
 # On a GPU machine without network: install the carried wheel (dist/*.whl; none: build from
-# source), then the open GPU items in priority order, each in its own time limit, skipping
-# what no longer fits the budget (540 s: one device call); summary.md and one log per part
-# in $$OUT or build/gpu-check (tools/gpu_check.py, docs/gpu_check.md). Give the interpreter
-# that has torch:    make gpu-check PYTHON=/path/to/python
-#   GPU_CHECK_ARGS=--plan        what it would run, with expected times; runs nothing
+# source), refuse it if it was built at another commit (--allow-other-commit), then the open
+# GPU items in priority order, each in its own time limit and process group, skipping what
+# no longer fits the budget (420 s: a warm second call of 240 s still fits one allotment);
+# summary.md, times.json and one log per part in $$OUT or build/gpu-check (tools/gpu_check.py,
+# docs/gpu_check.md). Without make: python3 tools/gpu_check.py --python python3. Give the
+# interpreter that has torch:    make gpu-check PYTHON=/path/to/python
+#   GPU_CHECK_ARGS=--plan        what it would run, expected times and their sources
 #   GPU_CHECK_ARGS=--cpu-smoke   the parts that can, on CPU at tiny sizes (a step of `make test`)
+#   GPU_CHECK_ARGS='--only e2e,capture-speed --budget-s 240'   the warm second call
 GPU_CHECK_ARGS ?=
 .PHONY: gpu-check gpu-check-smoke
 gpu-check:
@@ -183,7 +186,8 @@ gpu-check-smoke: build
 
 # The libraries bench_optim.py sets the 8-bit optimizers beside (torchao, bitsandbytes), for a
 # GPU machine without network: installed here, for its Python (3.12, x86-64), into
-# .gpu_peers/, which gpu_check.py then puts on PYTHONPATH. Carry .gpu_peers to that machine.
+# .gpu_peers/, which gpu_check.py then puts on PYTHONPATH. Carry .gpu_peers to that machine:
+# gpu-check's fp8 part needs torchao (SKIP without it), its bench part uses both.
 # Only bitsandbytes' CUDA 13.0 and CPU libraries are kept (about 30 MB in all).
 GPU_PEERS_PYTHON ?= 3.12
 TORCHAO_VERSION ?= 0.18.0

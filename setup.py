@@ -39,6 +39,10 @@ Configuration (printed at build time, recorded in the binary for
   ``MIXPREC_ALLOW_STATIC_LIBSTDCXX=1`` turns the refusal into a warning.
   The compiler (path, ``--version``) and nvcc's version are recorded in the
   binary (``python -m mixprec.info``).
+* The source commit is recorded too (``build_info()["git_commit"]``): the first 12
+  hex digits of ``git rev-parse HEAD``, with ``+dirty.<8 hex>`` (a hash of ``git diff
+  HEAD``) when tracked files differ from it; ``MIXPREC_GIT_COMMIT`` overrides it (a
+  build outside git), "" when unknown. ``make gpu-check`` refuses a wheel of another one.
 
 Sources come from the csrc/ folders by glob; CMakeLists.txt builds libmixprec from
 the same kernel sources plus the C++ API (csrc/api/, csrc/ops.cpp, csrc/autograd.cpp:
@@ -86,6 +90,26 @@ _toolchain = _load_toolchain_checks()
 def _c_string(value: str) -> str:
     """``value`` escaped for a C string literal in the generated header."""
     return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def source_commit(root: Path = ROOT) -> str:
+    """The commit the sources are at: 12 hex digits, ``+dirty.<8 hex>`` (sha1 of ``git diff
+    HEAD``) when tracked files differ; ``MIXPREC_GIT_COMMIT`` when set; "" without git.
+    tools/gpu_check.py computes the same for the tree it checks."""
+    if os.environ.get("MIXPREC_GIT_COMMIT"):
+        return os.environ["MIXPREC_GIT_COMMIT"]
+    import hashlib
+
+    try:
+        def git(*args: str) -> bytes:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, check=True,
+                                  timeout=60).stdout
+
+        sha = git("rev-parse", "HEAD").decode().strip()[:12]
+        diff = git("diff", "HEAD", "--binary")
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return sha + (f"+dirty.{hashlib.sha1(diff).hexdigest()[:8]}" if diff else "")
 
 
 def _cxx_compiler() -> str:
@@ -268,9 +292,10 @@ def _extensions() -> tuple[list, dict]:
     version = _version()
     cxx_path, cxx_version = _toolchain.compiler_description(_cxx_compiler())
     nvcc_version = _nvcc_release(nvcc) if with_cuda and nvcc else ""
+    commit = source_commit()
     print(
         "mixprec build configuration:\n"
-        f"  mixprec       {version}\n"
+        f"  mixprec       {version} (commit {commit or 'unknown'})\n"
         f"  torch         {torch.__version__} (CUDA {torch_cuda or 'none'})\n"
         f"  CUDA kernels  {'yes' if with_cuda else 'no'} ({reason})\n"
         f"  C++ compiler  {cxx_path} ({cxx_version or 'version unknown'})\n"
@@ -292,6 +317,7 @@ def _extensions() -> tuple[list, dict]:
             "MIXPREC_CXX_COMPILER": _c_string(cxx_path),
             "MIXPREC_CXX_COMPILER_VERSION": _c_string(cxx_version),
             "MIXPREC_NVCC_VERSION": _c_string(nvcc_version),
+            "MIXPREC_GIT_COMMIT": _c_string(commit),
         },
     )
     include_dirs = [str(ROOT / "csrc"), str(ROOT / "csrc" / "include"), str(gen_dir)]

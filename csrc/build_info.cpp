@@ -83,6 +83,7 @@ std::string describe() {
   j += ", \"cxx_compiler\": " + json_str(info.cxx_compiler);
   j += ", \"cxx_compiler_version\": " + json_str(info.cxx_compiler_version);
   j += ", \"nvcc_version\": " + json_str(info.nvcc_version);
+  j += ", \"git_commit\": " + json_str(MIXPREC_GIT_COMMIT);
   j += ", \"op_names\": [";
   const char* sep = "";
 #define MIXPREC_OP_NAME_(op) \

@@ -46,8 +46,8 @@ class OpLibrary:
     Attributes (from the library): ``version``, ``torch_version`` (the torch it was compiled
     with), ``torch_target`` (the oldest torch it loads into, "2.11"), ``cuda_kernels`` (bool:
     whether the CUDA library was built), ``cuda_version``, ``cuda_archs``, ``cxx_compiler``,
-    ``cxx_compiler_version``, ``nvcc_version`` (str), ``op_names`` (tuple of the ops' names, in
-    the op table's order), ``capture_sync_ops`` (dict op name -> rule),
+    ``cxx_compiler_version``, ``nvcc_version``, ``git_commit`` (str), ``op_names`` (tuple of
+    the ops' names, in the op table's order), ``capture_sync_ops`` (dict op name -> rule),
     ``capture_scaler_settings`` (tuple of (name, accessor)), ``capture_live_options``
     (frozenset); ``__file__``: the library's path. Set by loading: ``cuda_library`` (the
     loaded CUDA library's path, or None) and ``cuda_missing`` (why it is not loaded, or "").
@@ -69,6 +69,7 @@ class OpLibrary:
         self.cxx_compiler: str = info["cxx_compiler"]
         self.cxx_compiler_version: str = info["cxx_compiler_version"]
         self.nvcc_version: str = info["nvcc_version"]
+        self.git_commit: str = info.get("git_commit", "")
         self.op_names: tuple[str, ...] = tuple(info["op_names"])
         self.capture_sync_ops: dict[str, str] = dict(info["capture_sync_ops"])
         self.capture_scaler_settings: tuple[tuple[str, str], ...] = tuple(
@@ -167,9 +168,11 @@ def build_info() -> dict[str, Any]:
     (the oldest torch it loads into: its stable-ABI target, "2.11"), ``torch_running``,
     ``cuda_kernels`` (bool: loaded), ``cuda_kernels_missing`` (why a CUDA torch runs without
     them, or None), ``cuda_version`` (the CUDA the kernels were built with, or None),
-    ``cuda_archs`` ("8.0"-style strings), ``cpu_capability`` (the CPU kernel set in use:
-    "avx512", "avx2" or "default"), ``cuda_runtime_available`` and ``cuda_device`` (its name,
-    or None). Never syncs or allocates on a device.
+    ``cuda_archs`` ("8.0"-style strings), ``git_commit`` (the source commit it was built
+    from, setup.py's ``source_commit()``, "+dirty.<hash>" with local changes; None when
+    unknown), ``cpu_capability`` (the CPU kernel set in use: "avx512", "avx2" or
+    "default"), ``cuda_runtime_available`` and ``cuda_device`` (its name, or None). Never
+    syncs or allocates on a device.
     """
     gpu = torch.cuda.is_available()
     return {
@@ -180,6 +183,7 @@ def build_info() -> dict[str, Any]:
         "cuda_kernels": has_cuda_kernels(),
         "cuda_kernels_missing": EXT.cuda_missing or None,
         "cuda_version": EXT.cuda_version or None,
+        "git_commit": EXT.git_commit or None,
         "cuda_archs": [a for a in EXT.cuda_archs.split(";") if a],
         "cpu_capability": EXT.cpu_capability(),
         "cuda_runtime_available": gpu,

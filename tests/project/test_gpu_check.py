@@ -17,12 +17,12 @@ if str(REPO / "tools") not in sys.path:
 
 import gpu_check  # noqa: E402
 
-PRIORITY = ["tests", "capture", "cpp-capture", "demo", "capture-speed", "e2e", "fp8", "optim8",
+PRIORITY = ["tests", "capture", "optim8", "e2e", "capture-speed", "cpp-capture", "demo", "fp8",
             "memcheck", "fsdp2", "bench", "hf-overflow", "cpp"]
 
 
 def _plan(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    assert gpu_check.main(["--plan", *argv]) == 0
+    assert gpu_check.main(["--plan", "--times", "/nonexistent/times.json", *argv]) == 0
     return capsys.readouterr().out
 
 
@@ -33,10 +33,13 @@ def test_the_plan_lists_every_part_in_priority_order(capsys: pytest.CaptureFixtu
     assert [name for _, name, _, _ in rows] == ["install"] + PRIORITY
     assert [int(n) for n, _, _, _ in rows] == list(range(len(PRIORITY) + 1))
     items = [item for _, _, item, _ in rows]
-    assert items[:10] == ["2.1", "2.1", "2.2", "2.2", "2.2", "2.3", "2.4", "2.5", "2.6", "2.7"]
-    assert items[10] == "2.8"
-    # within the default budget: what fits runs, the rest is named as skipped
-    assert "budget 540 s" in out and "SKIP: does not fit the budget" in out
+    assert items[:11] == ["2.1", "2.1", "2.2", "2.6", "2.4", "2.3", "2.2", "2.2", "2.5", "2.7",
+                          "2.8"]
+    # within the default budget: what fits runs, the rest is named as skipped, with the
+    # second call's command
+    assert "budget 420 s" in out and "SKIP: does not fit the budget" in out
+    assert "then a second call: python3 tools/gpu_check.py --only " in out
+    assert "[guess]" in out  # where each estimate comes from
     assert "$ " + sys.executable + " tools/gpu_capture_check.py --only correctness" in out
     assert not any(tmp_path.iterdir())  # --plan runs nothing
 
@@ -95,7 +98,7 @@ def test_the_carried_wheel_is_what_the_parts_import(monkeypatch: pytest.MonkeyPa
     wheel = _fake_wheel(tmp_path)
     monkeypatch.setattr(gpu_check, "wheels", lambda: [str(wheel)])
     monkeypatch.setattr(gpu_check, "WHEEL_SITE", tmp_path / "site")
-    check = gpu_check.Check(_args(tmp_path / "out"))
+    check = gpu_check.Check(_args(tmp_path / "out", "--allow-other-commit"))
     check.out.mkdir()
     assert check.install()
     result = check.results[-1]
@@ -104,21 +107,15 @@ def test_the_carried_wheel_is_what_the_parts_import(monkeypatch: pytest.MonkeyPa
 
 
 def _args(out: Path, *argv: str) -> object:
-    import argparse
-
-    ns = argparse.Namespace(python=sys.executable, plan=False, cpu_smoke=False, budget_s=0.0,
-                            only=[], skip=[], out=str(out), pack=False, jobs=2,
-                            tests="tests", baseline="", max_check_gib=60.0)
-    for a in argv:
-        setattr(ns, a, True)
-    return ns
+    return gpu_check.parse_args(["--out", str(out), "--no-pack", "--jobs", "2", "--times",
+                                 str(out.parent / "times.json"), *argv])
 
 
 def test_a_cpu_smoke_run_writes_the_summary(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     # two cheap parts (the whole smoke run is `make gpu-check-smoke`, a step of `make test`)
     rc = gpu_check.main(["--cpu-smoke", "--only", "optim8,memcheck", "--out", str(tmp_path),
-                         "--pack"])
+                         "--pack", "--allow-other-commit", "--times", str(tmp_path / "t.json")])
     summary = (tmp_path / "summary.md").read_text()
     assert rc == 0, summary + capsys.readouterr().out
     rows = re.findall(r"^\| (\S+) \| ([\d.]+) \| (\S+) \|", summary, re.M)
@@ -127,7 +124,7 @@ def test_a_cpu_smoke_run_writes_the_summary(tmp_path: Path,
     assert "ratio 8-bit / 32-bit" in summary and "odd: 26 passed, 0 failed" in summary
     # the logs packed into one file (a device call brings back 8 files at most)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu-check-logs.tar.gz",
-                                                          "summary.md"]
+                                                          "summary.md", "t.json", "times.json"]
 
 
 def test_a_part_that_does_not_fit_is_skipped_and_a_hung_one_killed(
@@ -140,7 +137,8 @@ def test_a_part_that_does_not_fit_is_skipped_and_a_hung_one_killed(
                          smoke=10**6)
     monkeypatch.setattr(gpu_check, "PARTS", (hang, big))
     monkeypatch.setattr(gpu_check, "PART_NAMES", ("install", "hang", "big"))
-    assert gpu_check.main(["--cpu-smoke", "--out", str(tmp_path), "--budget-s", "30"]) == 1
+    assert gpu_check.main(["--cpu-smoke", "--out", str(tmp_path), "--budget-s", "30",
+                           "--allow-other-commit", "--times", str(tmp_path / "t.json")]) == 1
     summary = (tmp_path / "summary.md").read_text()
     assert re.search(r"\| hang \| x \| FAIL \| \d+ \| timed out", summary), summary
     assert re.search(r"\| big \| y \| SKIP \| 0 \| does not fit", summary), summary
@@ -186,10 +184,8 @@ def test_gpu_check_stops_at_once_without_a_gpu(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         tmp_path: Path) -> None:
     monkeypatch.setattr(gpu_check, "probe", lambda *a: {"torch": "2.x", "cuda": False})
-    assert gpu_check.main(["--out", str(tmp_path)]) == 2
+    assert gpu_check.main(["--out", str(tmp_path), "--times", str(tmp_path / "t.json")]) == 2
     assert "no GPU visible (torch.cuda.is_available() is False" in capsys.readouterr().err
-
-
 
 
 def test_gpu_check_reads_its_parts() -> None:
