@@ -82,9 +82,10 @@ def marked_processes() -> Dict[int, int]:
     return found
 
 
-def kill_stale(own: Optional[int] = None) -> List[int]:
+def kill_stale(own: Optional[int] = None, drivers: Optional[Set[int]] = None) -> List[int]:
     """Kill (SIGKILL, by process group) every process marked by a driver that is not alive
-    and is not ``own`` (default: this process). The pids killed."""
+    and is not ``own`` (default: this process); with ``drivers``, only those marked by one
+    of them (a test leaves other runs on a shared machine alone). The pids killed."""
     own = os.getpid() if own is None else own
     ancestors: Set[int] = set()
     pid = os.getpid()
@@ -96,7 +97,8 @@ def kill_stale(own: Optional[int] = None) -> List[int]:
             break
     killed = []
     for pid, driver in marked_processes().items():
-        if driver == own or pid in ancestors or _alive(driver):
+        if driver == own or pid in ancestors or _alive(driver) or (
+                drivers is not None and driver not in drivers):
             continue
         try:
             os.killpg(os.getpgid(pid), signal.SIGKILL)
