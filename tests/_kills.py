@@ -84,13 +84,13 @@ def _arm(plan: Plan) -> None:
 
 
 def _child(entry: Callable[..., Any], rank: int, world: int, init: str, plan: Plan,
-           args: tuple[Any, ...]) -> None:
+           args: tuple[Any, ...], group: bool) -> None:
     code = 0
     try:
         torch.set_num_threads(1)
         if plan.kind in ("call", "bytes") and plan.rank == rank:
             _arm(plan)
-        if world > 1:
+        if group:
             import torch.distributed as dist
 
             dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank,
@@ -105,13 +105,16 @@ def _child(entry: Callable[..., Any], rank: int, world: int, init: str, plan: Pl
 
 
 def run(entry: Callable[..., Any], args: tuple[Any, ...], world: int = 1,
-        plan: Plan = Plan(), timeout: float = 60.0) -> str:
+        plan: Plan = Plan(), timeout: float = 60.0, group: Optional[bool] = None) -> str:
     """One round: ``"done"`` (every rank returned), or ``"killed"``; a rank that raised
-    fails the test."""
+    fails the test, unless another was killed (its peers may then fail in a collective).
+    ``group``: a gloo group (default: when ``world > 1``)."""
+    group = world > 1 if group is None else group
     ctx = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory() as tmp:
         procs = [ctx.Process(target=_child,
-                             args=(entry, r, world, os.path.join(tmp, "init"), plan, args))
+                             args=(entry, r, world, os.path.join(tmp, "init"), plan, args,
+                                   group))
                  for r in range(world)]
         start = time.monotonic()
         for p in procs:
@@ -134,7 +137,7 @@ def run(entry: Callable[..., Any], args: tuple[Any, ...], world: int = 1,
         for p in procs:
             p.join()
         codes = [p.exitcode for p in procs]
-    if any(c not in (0, -signal.SIGKILL) for c in codes):
+    if -signal.SIGKILL not in codes and any(c != 0 for c in codes):
         raise AssertionError(f"a rank failed (exit codes {codes}, plan {plan}): see its stderr")
     return "killed" if killed or any(c != 0 for c in codes) else "done"
 
