@@ -104,8 +104,11 @@ def _child(entry: Callable[..., Any], rank: int, world: int, init: str, plan: Pl
     os._exit(code)  # (no interpreter shutdown: see tests/distributed/_fsdp2_cases._worker)
 
 
+NO_KILL = Plan()
+
+
 def run(entry: Callable[..., Any], args: tuple[Any, ...], world: int = 1,
-        plan: Plan = Plan(), timeout: float = 60.0, group: Optional[bool] = None) -> str:
+        plan: Plan = NO_KILL, timeout: float = 60.0, group: Optional[bool] = None) -> str:
     """One round: ``"done"`` (every rank returned), or ``"killed"``; a rank that raised
     fails the test, unless another was killed (its peers may then fail in a collective).
     ``group``: a gloo group (default: when ``world > 1``)."""
