@@ -92,6 +92,31 @@ def test_periodic_checkpoints_keep_the_newest(tmp_path):
     assert saved["loop"]["epoch"] == 1 and saved["loop"]["batches"] == 5
 
 
+def test_checkpoints_read_the_device_only_inside_their_saves(tmp_path):
+    """Between saves, a run with checkpoints reads back what one without them does."""
+    from _helpers import HostReads
+
+    plain = make()
+    with HostReads() as hr:
+        plain.train(DataLoader(data(), batch_size=4), 2, progress=False)
+    plain_reads = len(hr.ops)
+    t = make()
+    inside = []
+    real_save = t.save_state
+
+    def counted(path: Any) -> None:
+        n = len(hr.ops)
+        real_save(path)
+        inside.append(len(hr.ops) - n)
+
+    t.save_state = counted  # type: ignore[method-assign]
+    with HostReads() as hr:
+        t.train(DataLoader(data(), batch_size=4), 2, progress=False, checkpoint_dir=tmp_path,
+                checkpoint_every=3, keep_checkpoints=None)
+    assert len(inside) == 5  # (steps 3, 6, 9, 12 and the end, 14)
+    assert len(hr.ops) - sum(inside) == plain_reads
+
+
 def _resumed(tmp_path: Any, loader: Any, accum: int, stop_after: int) -> tuple[Any, Any]:
     """An uninterrupted run, and one stopped after ``stop_after`` checkpoints and resumed by
     a fresh trainer (and a fresh ``loader()``): their params; their per-epoch results match."""

@@ -613,8 +613,6 @@ class TrainRun:
         """Write the checkpoint of now, then remove the ones past ``keep`` (only once this
         one is finished)."""
         assert self.directory is not None
-        import torch.distributed as dist
-
         t = self.trainer
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, _files.step_name(t.optimizer_steps, t._sharded()))
@@ -624,10 +622,24 @@ class TrainRun:
         finally:
             t._loop_state = None
         self._saved_at = t.optimizer_steps
+        self._prune(path)
+
+    def _prune(self, newest: str) -> None:
+        import torch.distributed as dist
+
         if self.keep is not None and (not dist.is_initialized() or dist.get_rank() == 0):
-            _files.prune(self.directory, self.keep, path)
+            _files.prune(self.directory or "", self.keep, newest)
 
     def finish(self) -> None:
-        """At the end of the call: the last checkpoint."""
-        if self.saving:
+        """At the end of the call: the last checkpoint (unless one of this step is there:
+        resumed from it, the call only redid the epoch's end; what a removal cut short left
+        is removed)."""
+        if not self.saving:
+            return
+        t = self.trainer
+        path = os.path.join(self.directory or "", _files.step_name(t.optimizer_steps,
+                                                                   t._sharded()))
+        if self._saved_at == t.optimizer_steps and _files.is_complete(path):
+            self._prune(path)
+        else:
             self.save()
