@@ -218,3 +218,5 @@ def test_a_kill_inside_a_save_over_one_file_leaves_a_whole_checkpoint(tmp_path):
             loaded.append(check_whole(path, log))
     print(f"one file: {rounds} rounds, {kills} kills, loaded states after {loaded} steps")
     assert len(set(loaded)) > 1  # (the rounds went on from each other)
+    assert _kills.run(save_loop_entry, (path, log, 1)) == "done"
+    assert sorted(os.listdir(tmp_path)) == ["last.pt", "log"]  # (what killed saves left: gone)

@@ -264,6 +264,8 @@ class CheckpointMixin:
         state["pending_grads"] = [None if p.grad is None else p.grad.detach().cpu()
                                   for p in self._params()] if self._micro else None
         _files.save_file(state, os.fspath(path))
+        for stale in _files.leftovers(os.fspath(path)):  # (of saves killed before this one)
+            _files.remove(stale)
 
     def _save_sharded(self, path: str) -> None:
         import torch.distributed as dist
