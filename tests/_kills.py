@@ -101,7 +101,7 @@ def _child(entry: Callable[..., Any], rank: int, world: int, init: str, plan: Pl
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)  # (no interpreter shutdown: see tests/distributed/_fsdp2_cases._worker)
+    os._exit(code)  # (no interpreter shutdown: see _worker in tests/distributed/_fsdp2_cases.py)
 
 
 NO_KILL = Plan()
