@@ -118,7 +118,7 @@ def test_killed_and_resumed_sharded_ends_with_the_bits_of_the_run_never_killed(t
             shutil.rmtree(ckpt)
             continue
         kinds[plan.kind] += 1
-        last = mixprec.train.latest_checkpoint(ckpt)
+        last = mixprec.train.checkpoint.latest_checkpoint(ckpt)
         reached.append(-1 if last is None else int(os.path.basename(last)[5:14]))
     print(f"sharded: kills {kinds}, at checkpoints {reached}")
     assert sum(kinds.values()) >= KILLS and kinds["call"] + kinds["bytes"] >= 2, kinds

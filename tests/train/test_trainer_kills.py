@@ -144,7 +144,7 @@ def test_killed_and_resumed_ends_with_the_bits_of_the_run_never_killed(tmp_path,
             if _kills.run(train_entry, (case, ckpt, out), plan=plan) == "done":
                 break
             kinds[plan.kind] += 1
-            last = mixprec.train.latest_checkpoint(ckpt)
+            last = mixprec.train.checkpoint.latest_checkpoint(ckpt)
             reached.append(-1 if last is None else int(os.path.basename(last)[5:14]))
         else:
             raise AssertionError(f"no round finished ({kinds}, checkpoints at {reached})")

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import mixprec
 from _unchanged import assert_unchanged, snapshot
 from mixprec import MixedPrecisionConfig, MixedPrecisionTrainer
-from mixprec.train import IncompleteCheckpointError, latest_checkpoint
+from mixprec.train.checkpoint import IncompleteCheckpointError, latest_checkpoint
 
 
 def make(accum: int = 1) -> MixedPrecisionTrainer:

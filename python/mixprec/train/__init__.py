@@ -10,13 +10,12 @@ their configuration.
 * :mod:`.fp8`: the FP8 level (torchao's Float8 linears), :func:`fp8_available`;
 * :mod:`.trainer`: :class:`MixedPrecisionTrainer`, the loop built on the manager;
 * :mod:`.checkpoint`: its checkpoints: the format, its checks, atomic save/load (a file or a
-  DCP directory), periodic checkpoints, rotation and resuming (:func:`latest_checkpoint`,
-  :class:`IncompleteCheckpointError`).
+  DCP directory), periodic checkpoints, rotation and resuming
+  (:func:`~.checkpoint.latest_checkpoint`, :class:`~.checkpoint.IncompleteCheckpointError`).
 """
 
 from __future__ import annotations
 
-from .checkpoint import IncompleteCheckpointError, latest_checkpoint
 from .config import HandlingAction, MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
 from .fp8 import fp8_available, fp8_unavailable
 from .manager import MixedPrecisionManager
@@ -24,4 +23,4 @@ from .trainer import MixedPrecisionTrainer, StepMetrics
 
 __all__ = ["MixedPrecisionConfig", "MixedPrecisionMode", "PrecisionLevel", "HandlingAction",
            "MixedPrecisionManager", "MixedPrecisionTrainer", "StepMetrics", "fp8_available",
-           "fp8_unavailable", "IncompleteCheckpointError", "latest_checkpoint"]
+           "fp8_unavailable"]
