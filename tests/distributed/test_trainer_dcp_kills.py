@@ -225,6 +225,9 @@ def errors_entry(rank: int, world: int, root: str, out: str) -> None:
         os.unlink(os.path.join(root, "legacy_no_rank1", "__1_0.distcp"))
         with open(os.path.join(root, "torn_rest", "trainer.pt"), "r+b") as f:
             f.truncate(100)
+        # killed between the two renames of a save over "gone": both copies finished
+        shutil.copytree(good, os.path.join(root, ".gone.partial-abc"))
+        shutil.copytree(good, os.path.join(root, ".gone.old-abc"))
     dist.barrier()
     u = sharded_trainer(world)
     cases.train(u, 7, 8)
@@ -242,6 +245,11 @@ def errors_entry(rank: int, world: int, root: str, out: str) -> None:
         u.load_state(os.path.join(root, "legacy"))
     result["legacy"] = [(x.category.__name__, str(x.message)) for x in w]
     result["legacy_loaded"] = cases.result(u)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        u.load_state(os.path.join(root, "gone"))
+    result["stranded"] = [str(x.message) for x in w]
+    result["stranded_loaded"] = cases.result(u)
     result["good"] = cases.result(t)
     if rank == 0:
         _kills.save_result(result, out)
@@ -291,3 +299,12 @@ def test_a_whole_directory_of_the_previous_release_loads_with_a_warning(errors):
     assert _fsdp2_cases.bitwise(loaded["params"], good["params"])
     assert _fsdp2_cases.bitwise(loaded["state"], good["state"])
     assert loaded["scale"] == good["scale"] and loaded["steps"] == good["steps"]
+
+
+def test_a_save_killed_between_its_two_renames_leaves_a_copy_that_loads(errors):
+    (msg,) = errors["stranded"]
+    assert "gone is missing: a save over it was cut short between its two renames" in msg
+    assert ".gone.partial-abc" in msg
+    loaded, good = errors["stranded_loaded"], errors["good"]
+    assert _fsdp2_cases.bitwise(loaded["params"], good["params"])
+    assert _fsdp2_cases.bitwise(loaded["state"], good["state"])

@@ -167,11 +167,12 @@ def is_complete(path: str) -> bool:
 
 def stranded(path: str) -> Optional[str]:
     """When ``path`` is missing: the finished copy a save over it left between its two
-    renames (the newest by the marker's steps), or ``None``."""
+    renames (the new one, ``.partial-*``, when finished; else the old one), or ``None``."""
     done = [p for p in leftovers(path) if os.path.isdir(p) and _marker(p) is not None]
     if not done:
         return None
-    return max(done, key=lambda p: (_marker(p) or {}).get("optimizer_steps", -1))
+    return max(done, key=lambda p: ((_marker(p) or {}).get("optimizer_steps", -1),
+                                    ".partial-" in os.path.basename(p)))
 
 
 def _rank_of(name: str) -> str:
