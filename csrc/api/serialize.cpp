@@ -9,8 +9,16 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
+
+#ifndef _WIN32
+#include <fcntl.h>
+#include <unistd.h>
+#endif
 
 namespace mixprec {
 
@@ -76,6 +84,57 @@ std::vector<char> pickle_save(const c10::IValue& value_in) {
   return container;
 }
 
+#ifndef _WIN32
+namespace {
+
+// write(2) all of `size` bytes, retrying short writes and EINTR.
+bool write_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n <= 0) {
+      return false;
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+// Atomic: written beside `path`, fsync-ed, renamed onto it, the directory
+// fsync-ed; `path` holds the previous file or the new one whenever the process
+// dies, and a failed save leaves nothing behind.
+void torch_save(const c10::IValue& value, const std::string& path) {
+  const std::vector<char> bytes = pickle_save(value);
+  const size_t slash = path.find_last_of('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  const std::string tmp = path + ".partial-" + std::to_string(::getpid());
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  TORCH_CHECK(fd >= 0, "mixprec::torch_save: cannot open '", tmp,
+              "' for writing (beside '", path, "'): ", std::strerror(errno));
+  const bool written =
+      write_all(fd, bytes.data(), bytes.size()) && ::fsync(fd) == 0;
+  const int err = errno;
+  const bool closed = ::close(fd) == 0;
+  if (!written || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int why = !written ? err : errno;
+    ::unlink(tmp.c_str());
+    TORCH_CHECK(false, "mixprec::torch_save: writing '", path,
+                "' failed: ", std::strerror(why), " (the file is unchanged)");
+  }
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_CLOEXEC);
+  if (dfd >= 0) {  // (the rename made durable)
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+#else
 void torch_save(const c10::IValue& value, const std::string& path) {
   const std::vector<char> bytes = pickle_save(value);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -85,6 +144,7 @@ void torch_save(const c10::IValue& value, const std::string& path) {
   out.close();
   TORCH_CHECK(out.good(), "mixprec::torch_save: writing '", path, "' failed");
 }
+#endif
 
 c10::IValue torch_load(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -11,7 +11,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -728,6 +730,41 @@ void test_optim_8bit(const std::string& dir) {
   CHECK(buffer(1).scalar_type() == torch::kFloat);
 }
 
+// torch_save replaces its file atomically: a reader holding the previous file
+// still reads all of it (written in place, its bytes would be rewritten), the
+// new file is whole, nothing is left beside it, and a save that cannot be
+// written throws and leaves nothing.
+void test_torch_save_atomic(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string sub = dir + "/atomic_save";
+  fs::remove_all(sub);
+  fs::create_directories(sub);
+  const std::string path = sub + "/state.pt";
+  c10::impl::GenericDict a(c10::StringType::get(), c10::AnyType::get());
+  a.insert("w", torch::arange(64, torch::kFloat));
+  c10::impl::GenericDict b(c10::StringType::get(), c10::AnyType::get());
+  b.insert("w", torch::ones({64}));
+  mixprec::torch_save(a, path);
+  const std::vector<char> old_bytes = mixprec::pickle_save(a);
+  std::ifstream held(path, std::ios::binary);
+  mixprec::torch_save(b, path);
+  const std::vector<char> seen((std::istreambuf_iterator<char>(held)),
+                               std::istreambuf_iterator<char>());
+  CHECK(seen == old_bytes);
+  CHECK(
+      torch::equal(mixprec::torch_load(path).toGenericDict().at("w").toTensor(),
+                   torch::ones({64})));
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(sub)) {
+    CHECK_MSG(e.path().filename() == "state.pt", e.path().string());
+    ++files;
+  }
+  CHECK(files == 1);
+  CHECK_THROWS(c10::Error, mixprec::torch_save(b, sub + "/no/such/dir/x.pt"),
+               "mixprec::torch_save: cannot open");
+  CHECK(!fs::exists(sub + "/no"));
+}
+
 void test_autocast_guard() {
   CHECK(!at::autocast::is_autocast_enabled(torch::kCPU));
   auto w = torch::randn({4, 4});
@@ -784,6 +821,7 @@ int main(int argc, char** argv) {
       {"optim torch::save/load", [&] { test_optim_serialize(dir); }},
       {"optim state_dict (Python layout)", [&] { test_optim_state_dict(dir); }},
       {"optim state_bits(8)", [&] { test_optim_8bit(dir); }},
+      {"torch_save is atomic", [&] { test_torch_save_atomic(dir); }},
       {"AutocastGuard", test_autocast_guard},
       {"CPU kernels on torch's threads", test_cpu_kernel_threads},
   };

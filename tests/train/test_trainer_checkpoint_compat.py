@@ -123,14 +123,16 @@ def test_old_checkpoint_loads(gen, case, tmp_path):
 
 
 def test_new_checkpoint_has_the_old_layout(gen, tmp_path):
-    """A file written now has exactly the keys (and counter keys) of an old one."""
+    """A file written now has the keys (and counter keys) of an old one, and ``loop`` (format
+    2: where a ``train()`` call stood, ``None`` outside one)."""
     old = load_stored("trainer_adaptive_fp16.pt")
     trainer = gen.make("adaptive_fp16")
     for x, y in gen.batches()[: gen.SAVE_AFTER]:
         trainer.train_step(x, y)
     trainer.save_state(tmp_path / "new.pt")
     new = torch.load(tmp_path / "new.pt", weights_only=True)
-    assert set(new) == set(old)
+    assert set(new) == set(old) | {"loop"} and new["loop"] is None
+    assert (old["format"], new["format"]) == (1, 2)
     assert set(new["counters"]) == set(old["counters"])
     assert set(new["adaptive"]) == set(old["adaptive"])
     assert new["history_steps"] == old["history_steps"]

@@ -21,7 +21,9 @@ namespace mixprec {
 // other devices are copied). Python: torch.load(f, weights_only=True).
 MIXPREC_API std::vector<char> pickle_save(const c10::IValue& value);
 
-// pickle_save(value) written to `path` (c10::Error when that fails).
+// pickle_save(value) written to `path` (c10::Error when that fails). POSIX:
+// atomically -- written beside it, fsync-ed and renamed onto it, so `path`
+// holds the previous file or the new one whenever the process dies.
 MIXPREC_API void torch_save(const c10::IValue& value, const std::string& path);
 
 // Reads a file written by torch_save, torch::pickle_save or Python's

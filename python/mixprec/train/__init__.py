@@ -8,8 +8,10 @@ their configuration.
 * :mod:`.adaptive`: the ADAPTIVE mode's controller;
 * :mod:`.metrics`: :class:`StepMetrics`, the per-step metrics log, log lines and the plot;
 * :mod:`.fp8`: the FP8 level (torchao's Float8 linears), :func:`fp8_available`;
-* :mod:`.trainer`: :class:`MixedPrecisionTrainer`, the loop built on the manager, and its
-  checkpoint format.
+* :mod:`.trainer`: :class:`MixedPrecisionTrainer`, the loop built on the manager;
+* :mod:`.checkpoint`: its checkpoints: the format, its checks, atomic save/load (a file or a
+  DCP directory), periodic checkpoints, rotation and resuming
+  (:func:`~.checkpoint.latest_checkpoint`, :class:`~.checkpoint.IncompleteCheckpointError`).
 """
 
 from __future__ import annotations

@@ -22,37 +22,18 @@ or ``grad_norm`` syncs (once per key); ``memory_usage`` and ``optimizer_step`` a
 and ``lr`` is one too, except with a scheduler on the device route, where reading it syncs.
 ``train_epoch``, ``evaluate``, ``stats``, ``save_state`` and ``plot`` sync once each.
 
-The checkpoint (:meth:`~MixedPrecisionTrainer.save_state`) is one ``torch.save`` of tensors and
-plain values (``torch.load(path, weights_only=True)`` reads it), format :data:`STATE_FORMAT`::
-
-    format        1
-    model         model.state_dict()
-    optimizer     optimizer.state_dict() (with the float32 masters in MANUAL mode)
-    scaler        scaler.state_dict() ({} when disabled)
-    scheduler     scheduler.state_dict() or None
-    config        MixedPrecisionConfig.to_dict()
-    counters      optimizer_steps, micro_steps, epochs_done, micro (micro-batches of an
-                  unfinished accumulation), log_step, scaler_steps, scale_increases,
-                  scale_decreases, peak_memory
-    totals, log_snapshot, history, history_steps
-                  the per-step metrics (see mixprec.train.metrics.MetricsLog)
-    adaptive      decisions, overrides, root_precision (+ fwd_counts, bwd_counts in ADAPTIVE)
-    rng           cpu: torch.get_rng_state(); cuda: every device's, or []
-    pending_loss  the summed loss of an unfinished accumulation, or None
-    pending_grads the grads of an unfinished accumulation (param order), or None
-
-Every file written since the format was introduced loads (``tests/data/trainer_*.pt``).
+Checkpoints (:meth:`~MixedPrecisionTrainer.save_state`, ``load_state``, the periodic ones of
+:meth:`~MixedPrecisionTrainer.train` and resuming): :mod:`mixprec.train.checkpoint`, which
+also gives the file's layout.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 import sys
 import time
-import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional, Union
 
@@ -64,16 +45,14 @@ from .. import _dtensor
 from ..amp.autocast import cast_floating
 from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle
-from ..optim import check_checkpoint
-from ..optim.torch_rules import check_torch_state_dict
+from .checkpoint import STATE_FORMAT, CheckpointMixin, TrainRun
 from .config import MixedPrecisionConfig, MixedPrecisionMode, as_config
-from .manager import MixedPrecisionManager, check_plan, check_setup
+from .manager import MixedPrecisionManager, check_setup
 from .metrics import (
     COLS,
     C,
     MetricsLog,
     StepMetrics,
-    has_data,
     last_values,
     log_window,
     logger,
@@ -83,118 +62,6 @@ from .metrics import (
 )
 
 __all__ = ["MixedPrecisionTrainer", "StepMetrics", "memory_usage", "STATE_FORMAT"]
-
-#: The version of the checkpoint layout (the dict's ``"format"``).
-STATE_FORMAT = 1
-#: The file of a sharded checkpoint's directory that holds all but the model and optimizer.
-_REST_FILE = "trainer.pt"
-_LOAD = "MixedPrecisionTrainer.load_state"
-_WHERE = f"{_LOAD}: state"
-#: The keys of a checkpoint besides ``model``, ``optimizer`` and ``pending_grads``.
-_STATE_KEYS = ("format", "scaler", "scheduler", "config", "counters", "totals",
-               "log_snapshot", "history", "history_steps", "adaptive", "rng", "pending_loss")
-_COUNTERS = ("optimizer_steps", "micro_steps", "epochs_done", "micro", "log_step",
-             "scaler_steps", "scale_increases", "scale_decreases", "peak_memory")
-
-
-def _within(key: str, check: Callable[[], None]) -> None:
-    """Run the check of the checkpoint's ``key`` entry; its error says where it is."""
-    try:
-        check()
-    except (TypeError, ValueError, KeyError) as e:
-        raise type(e)(f"{_WHERE}[{key!r}]: {e}") from e
-
-
-def _check_keys(where: str, saved: Any, expected: Iterable[Any]) -> None:
-    """``saved`` is a dict with exactly the keys of ``expected``."""
-    if not isinstance(saved, dict):
-        raise TypeError(f"{where} must be a dict, got {type(saved).__name__}")
-    missing = sorted(map(str, set(expected) - set(saved)))
-    extra = sorted(map(str, set(saved) - set(expected)))
-    if missing or extra:
-        raise ValueError(f"{where}: missing keys {missing}, unexpected keys {extra} (the "
-                         "state of another kind of object?)")
-
-
-def _check_model_state(model: nn.Module, saved: Any) -> None:
-    """``saved`` has the keys of ``model.state_dict()``, each a tensor of the same shape
-    and dtype (a checkpoint of another precision setup has other dtypes)."""
-    where = f"{_WHERE}['model']"
-    mine = model.state_dict()
-    _check_keys(where, saved, mine)
-    for k, t in mine.items():
-        v = saved[k]
-        if not isinstance(v, Tensor):
-            raise TypeError(f"{where}[{k!r}]: expected a tensor, got {type(v).__name__}")
-        if tuple(v.shape) != tuple(t.shape) or v.dtype != t.dtype:
-            raise ValueError(
-                f"{where}[{k!r}]: expected {t.dtype} of shape {list(t.shape)} (this model's), "
-                f"got {v.dtype} of shape {list(v.shape)} (a checkpoint of another model, or "
-                "of another mode/precision: MANUAL keeps 16-bit params, the others float32)")
-        if v.is_meta and not t.is_meta:
-            raise ValueError(f"{where}[{k!r}]: a tensor on 'meta' has no data to load")
-
-
-def _check_optimizer_state(opt: Any, saved: Any) -> None:
-    """mixprec's optimizers and torch's SGD/Adam/AdamW check themselves; another torch
-    optimizer: the layout torch's ``load_state_dict`` would refuse after replacing things."""
-    check = getattr(opt, "check_state_dict", None)
-    if check is not None:
-        return check(saved)
-    if check_torch_state_dict(opt, saved):
-        return
-    where = f"{_WHERE}['optimizer']"
-    if not (isinstance(saved, dict) and isinstance(saved.get("state"), dict)
-            and isinstance(saved.get("param_groups"), list)):
-        raise ValueError(f"{where}: expected a dict with 'state' (a dict) and 'param_groups' "
-                         "(a list)")
-    groups = saved["param_groups"]
-    if len(groups) != len(opt.param_groups) or any(
-            not isinstance(g, dict) or len(g.get("params", ())) != len(m["params"])
-            for g, m in zip(groups, opt.param_groups)):
-        raise ValueError(f"{where}: its param groups do not match this optimizer's (number of "
-                         "groups or of params per group)")
-    ids = {i for g in groups for i in g["params"]}
-    for key, st in saved["state"].items():
-        if isinstance(key, int) and key not in ids:
-            raise ValueError(f"{where}['state'][{key}]: no param has this id")
-        if key in ids and not isinstance(st, dict):
-            raise TypeError(f"{where}['state'][{key}]: expected a dict")
-
-
-def _check_counters(c: Any) -> None:
-    where = f"{_WHERE}['counters']"
-    _check_keys(where, c, _COUNTERS)
-    for k in _COUNTERS:
-        if not isinstance(c[k], int) or isinstance(c[k], bool) or c[k] < 0:
-            raise ValueError(f"{where}[{k!r}]: expected an int >= 0, got {c[k]!r}")
-    if c["log_step"] > c["optimizer_steps"]:
-        raise ValueError(f"{where}['log_step'] = {c['log_step']} is past "
-                         f"optimizer_steps = {c['optimizer_steps']}")
-
-
-def _check_pending(state: dict[str, Any], params: list[Tensor]) -> None:
-    """``rng``, ``pending_loss`` and ``pending_grads`` (``None``: not in ``state``)."""
-    rng, cpu_rng = state["rng"], torch.get_rng_state()
-    if not (isinstance(rng, dict) and has_data(rng.get("cpu"), cpu_rng.shape, torch.uint8)
-            and isinstance(rng.get("cuda"), (list, tuple))):
-        raise ValueError(f"{_WHERE}['rng'] must be {{'cpu': a uint8 tensor of shape "
-                         f"{list(cpu_rng.shape)}, 'cuda': a list}}")
-    loss = state["pending_loss"]
-    if loss is not None and not (has_data(loss, floating=True) and loss.numel() == 1):
-        raise ValueError(f"{_WHERE}['pending_loss'] must be None or a one-element floating tensor")
-    grads = state.get("pending_grads")
-    if grads is not None and (not isinstance(grads, (list, tuple)) or len(grads) != len(params)):
-        raise ValueError(f"{_WHERE}['pending_grads'] must be None or a list of "
-                         f"{len(params)} grads (one per param)")
-    for i, (g, p) in enumerate(zip(grads or (), params)):
-        if g is not None and not has_data(g, p.shape, floating=True):
-            raise ValueError(f"{_WHERE}['pending_grads'][{i}] must be None or a "
-                             f"floating tensor of shape {list(p.shape)}")
-    micro = state["counters"]["micro"]
-    if (micro > 0) != (loss is not None):
-        raise ValueError(f"{_WHERE}['pending_loss'] must be given exactly when "
-                         f"counters['micro'] > 0 (it is {micro})")
 
 
 def to_device(obj: Any, device: torch.device) -> Any:
@@ -312,7 +179,7 @@ def _progress_bar(total: Optional[int], desc: str) -> Any:
     return tqdm(total=total, desc=desc, unit="batch", dynamic_ncols=True, leave=True)
 
 
-class MixedPrecisionTrainer:
+class MixedPrecisionTrainer(CheckpointMixin):
     """Mixed-precision training in one of five modes (see :class:`MixedPrecisionMode`).
 
     Args:
@@ -622,7 +489,8 @@ class MixedPrecisionTrainer:
         return metrics
 
     # ------------------------------------------------------------------ loops
-    def train_epoch(self, loader: Iterable[Any], _bar: Any = None) -> dict[str, Any]:
+    def train_epoch(self, loader: Iterable[Any], _bar: Any = None,
+                    _run: Optional[TrainRun] = None) -> dict[str, Any]:
         """One pass over ``loader`` (yielding ``(data, target)``); flushes a trailing
         partial accumulation at the end. One host sync, at the end.
 
@@ -631,19 +499,24 @@ class MixedPrecisionTrainer:
         ``average_scale`` and ``optimizer_steps``.
         """
         self._manager()
-        totals = self._metrics.totals
-        start_totals = None if totals is None else totals.clone()
-        start_steps = self.optimizer_steps
-        batches = 0
-        for data, target in loader:
+        if _run is not None:  # (train(): an epoch that may resume, and checkpoints)
+            batches_in, start_totals, start_steps, batches = _run.begin_epoch(loader)
+        else:
+            totals = self._metrics.totals
+            start_totals = None if totals is None else totals.clone()
+            start_steps, batches, batches_in = self.optimizer_steps, 0, iter(loader)
+        for data, target in batches_in:
             self.train_step(data, target)
             batches += 1
+            if _run is not None:
+                _run.batch_done(batches)
             if _bar is not None:
                 _bar.update(1)
                 last = self._last_log
                 if last and last.get("step") == self.optimizer_steps:
                     _bar.set_postfix(self._postfix(last["loss"], last["scale"]))
-        self.flush()
+        if self.flush() is not None and _run is not None:
+            _run.batch_done(batches)
         self.epochs_done += 1
         steps = self.optimizer_steps - start_steps
         vals = self._metrics.read_totals(since=start_totals) if steps else [0.0] * len(COLS)
@@ -655,28 +528,51 @@ class MixedPrecisionTrainer:
 
     def train(self, loader: Iterable[Any], num_epochs: int,
               val_loader: Optional[Iterable[Any]] = None,
-              progress: bool = True) -> list[dict[str, Any]]:
+              progress: bool = True, *,
+              checkpoint_dir: Union[str, os.PathLike[str], None] = None,
+              checkpoint_every: Optional[int] = None,
+              keep_checkpoints: Optional[int] = 2,
+              resume: Union[bool, str, os.PathLike[str]] = False) -> list[dict[str, Any]]:
         """Train for ``num_epochs`` with a progress bar (``progress``: tqdm's when installed,
         the ``demo`` extra; else a printed line per epoch), a log line (logger
         ``"mixprec.trainer"``, INFO) every ``logging_frequency`` optimizer steps and one
         per epoch. Returns the per-epoch dicts of :meth:`train_epoch`, with ``epoch``,
         ``time_s`` and, with ``val_loader``, ``val_loss``/``val_accuracy`` added.
+
+        Checkpoints (see docs/trainer.md, "Checkpoints and resuming"): with
+        ``checkpoint_dir``, a checkpoint (:meth:`save_state`, atomic) every
+        ``checkpoint_every`` optimizer steps (``None``: none on the way) and one at the end,
+        named ``step-N.pt`` (a ``step-N`` directory for a sharded model); the
+        ``keep_checkpoints`` newest are kept (``None``: all), an older one removed only once a
+        newer one is finished. A checkpoint is taken only between optimizer steps, never
+        inside a gradient accumulation. No host read between checkpoints; each one is a save.
+
+        ``resume=True`` loads the newest finished checkpoint of ``checkpoint_dir`` (none
+        there: a fresh start) and continues the call it was written by, mid-epoch; a path
+        loads that checkpoint. ``num_epochs`` counts from where that call began. A loader
+        with ``state_dict``/``load_state_dict`` (torchdata's ``StatefulDataLoader``) is
+        restored by its own state; another one is iterated again from the RNG state its
+        epoch began with, skipping the batches already consumed: it must yield the same
+        batches in the same order for the same RNG state.
         """
         manager = self._manager()
         if num_epochs < 0:
             raise ValueError(
                 f"MixedPrecisionTrainer.train: num_epochs must be >= 0, got {num_epochs}")
+        run = TrainRun(self, num_epochs, checkpoint_dir, checkpoint_every, keep_checkpoints,
+                       resume)
+        todo = run.end - self.epochs_done
         try:
-            total = len(loader) * num_epochs  # type: ignore[arg-type]
+            total = len(loader) * todo  # type: ignore[arg-type]
         except TypeError:
             total = None
         bar = _progress_bar(total, f"train ({manager.describe()})") if progress else None
-        history = []
+        history = run.results
         try:
             with _log_lines(bar):
-                for _ in range(num_epochs):
+                while self.epochs_done < run.end:
                     t0 = time.perf_counter()
-                    result = self.train_epoch(loader, _bar=bar)
+                    result = self.train_epoch(loader, _bar=bar, _run=run)
                     result["time_s"] = time.perf_counter() - t0
                     extra = ""
                     if val_loader is not None:
@@ -686,6 +582,7 @@ class MixedPrecisionTrainer:
                             extra = f" | val loss {ev['loss']:.4f} | val acc {ev['accuracy']:.4f}"
                     result["epoch"] = self.epochs_done
                     history.append(result)
+                    run.end_epoch()
                     logger.info("epoch %d | loss %.4f | overflow steps %d | avg scale %g | "
                                 "%.2fs%s", self.epochs_done, result["epoch_loss"],
                                 result["overflow_steps"], result["average_scale"],
@@ -697,10 +594,11 @@ class MixedPrecisionTrainer:
                             bar.epoch_end(values)
                         else:
                             bar.set_postfix(values)
+            run.finish()
         finally:
             if bar is not None:
                 bar.close()
-        return history
+        return list(history)
 
     def _postfix(self, loss: float, scale: float, epoch: Optional[int] = None) -> dict[str, str]:
         """The progress bar's postfix: ``epoch`` (the one running, or at its end the one done),
@@ -800,230 +698,3 @@ class MixedPrecisionTrainer:
         manager = self._manager()
         steps, hist = self.history()
         return plot_history(steps, hist, f"mixprec trainer: {manager.describe()}", path)
-
-    # ------------------------------------------------------------------ state
-    def _sharded(self) -> bool:
-        return self.model is not None and _dtensor.any_dtensor(self.model.parameters())
-
-    def _state_rest(self) -> dict[str, Any]:
-        """Everything of the checkpoint but the model's and the optimizer's state."""
-        manager = self._manager()
-        sst = manager.scaler.stats()
-        offsets = self._scaler_offsets
-        return {
-            "format": STATE_FORMAT, "scaler": manager.scaler.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "config": self.config.to_dict(), "counters": {
-                "optimizer_steps": self.optimizer_steps, "micro_steps": self.micro_steps,
-                "epochs_done": self.epochs_done, "micro": self._micro,
-                "log_step": self._metrics.log_step, "scaler_steps": sst.steps + offsets[0],
-                "scale_increases": sst.scale_increases + offsets[1],
-                "scale_decreases": sst.scale_decreases + offsets[2],
-                "peak_memory": self.peak_memory},
-            **self._metrics.state(), "adaptive": manager.plan_state(),
-            "rng": {"cpu": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-            "pending_loss": None if self._step_loss is None else self._step_loss.cpu(),
-        }
-
-    def save_state(self, path: Union[str, os.PathLike[str]]) -> None:
-        """Save everything needed to resume bitwise: model, optimizer (with masters), scaler,
-        scheduler, counters, statistics/history, config, ADAPTIVE plan, RNG states and the grads
-        of an unfinished accumulation. One host sync.
-
-        An unsharded model: one file (``torch.load(path, weights_only=True)`` reads it; layout in
-        :mod:`mixprec.train.trainer`). A sharded model (FSDP2): ``path`` is a directory, a
-        ``torch.distributed.checkpoint`` (DCP) checkpoint of the model's and the optimizer's state
-        (``get_state_dict``, each rank writing its shards) plus ``trainer.pt``, the rest, written
-        by rank 0; every rank calls it, and :meth:`load_state` reads it on any world size and
-        sharding. It cannot hold an unfinished accumulation (``RuntimeError``: :meth:`flush` first).
-        """
-        self._manager()
-        assert self.model is not None
-        if self._sharded():
-            return self._save_sharded(os.fspath(path))
-        state = self._state_rest()
-        state["model"] = self.model.state_dict()
-        state["optimizer"] = self.optimizer.state_dict()
-        state["pending_grads"] = [None if p.grad is None else p.grad.detach().cpu()
-                                  for p in self._params()] if self._micro else None
-        torch.save(state, os.fspath(path))
-
-    def _save_sharded(self, path: str) -> None:
-        import torch.distributed as dist
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        if self._micro:
-            raise RuntimeError(
-                "MixedPrecisionTrainer.save_state: a sharded model with an unfinished "
-                f"gradient accumulation ({self._micro} micro-batches): call flush() first "
-                "(a DCP checkpoint does not keep pending grads)")
-        rest = self._state_rest()  # (every rank: the scaler's state is the same on each)
-        msd, osd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=path)
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            torch.save(rest, os.path.join(path, _REST_FILE))
-        if dist.is_initialized():
-            dist.barrier()
-
-    def load_state(self, path: Union[str, os.PathLike[str]], strict_config: bool = False) -> None:
-        """Restore a :meth:`save_state` checkpoint after :meth:`setup_training` with the same
-        model architecture and optimizer type: a file (``weights_only=True``), or the directory
-        of a sharded model (DCP: any world size; every rank calls it).
-
-        Everything is checked before anything changes: the layout, the model's state (keys,
-        shapes, dtypes: another precision setup's is refused), the optimizer's, the scaler's, the
-        scheduler's keys, the counters, RNG states and pending grads; a bad checkpoint raises
-        ``ValueError``/``TypeError``/``KeyError`` naming the entry and changes nothing. A config
-        that differs from the saved one warns (``UserWarning``; ``strict_config=True``:
-        ``ValueError``; a field added since counts as saved at its default). Mutates model,
-        optimizer, scaler, scheduler, counters and the global RNG states."""
-        self._manager()
-        where = os.fspath(path)
-        if os.path.isdir(where):
-            return self._load_sharded(where, strict_config)
-        state = torch.load(where, map_location="cpu", weights_only=True)
-        self._check_state(state, strict_config, where)
-        self._apply(lambda: self._load(state))
-
-    def _load_sharded(self, path: str, strict_config: bool) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        if not self._sharded():
-            raise ValueError(f"{_LOAD}: {path} is a directory (the DCP checkpoint of a sharded "
-                             "model); this trainer's model is not sharded: shard it as the saved "
-                             "one was (fully_shard), any world size")
-        rest_file = os.path.join(path, _REST_FILE)
-        if not os.path.isfile(rest_file):
-            raise ValueError(f"{_LOAD}: {path} has no {_REST_FILE}: not a checkpoint of "
-                             "MixedPrecisionTrainer.save_state")
-        rest = torch.load(rest_file, map_location="cpu", weights_only=True)
-        self._check_state(rest, strict_config, path, tensors=False, stacklevel=4)
-        msd, osd = get_state_dict(self.model, self.optimizer)
-        state = {"model": msd, "optimizer": osd}
-        check_checkpoint(state, path)  # (mixprec's words for a missing key or a wrong shape)
-        dcp.load(state, checkpoint_id=path)
-
-        def load() -> None:
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"])
-            self._load({**rest, "pending_grads": None})
-
-        self._apply(load)
-
-    def _check_state(self, state: Any, strict_config: bool, where: str,
-                     tensors: bool = True, stacklevel: int = 3) -> None:
-        """Every check of :meth:`load_state`, before anything changes (``tensors``: the
-        model's and the optimizer's state are in ``state``)."""
-        manager = self._manager()
-        if not isinstance(state, dict):
-            raise TypeError(f"{_LOAD}: {where} holds a {type(state).__name__}, not a checkpoint")
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"{_LOAD}: unknown format {state.get('format')!r} in {where}")
-        keys = set(_STATE_KEYS) | ({"model", "optimizer", "pending_grads"} if tensors else set())
-        missing = sorted(keys - set(state))
-        if missing:
-            raise KeyError(f"{_LOAD}: {where} has no {missing} (not a complete checkpoint of "
-                           f"MixedPrecisionTrainer.save_state)")
-        extra = sorted(map(str, set(state) - keys))
-        if extra:
-            raise ValueError(f"{_LOAD}: unexpected keys {extra} in {where}")
-        if not isinstance(state["config"], dict):
-            raise TypeError(f"{_LOAD}: state['config'] must be a dict")
-        mine, defaults = self.config.to_dict(), type(self.config)().to_dict()
-        diff = sorted(k for k in mine if state["config"].get(k, defaults[k]) != mine[k])
-        if diff and strict_config:
-            raise ValueError(f"{_LOAD}: config differs from the saved one in {diff}")
-        if tensors:
-            assert self.model is not None
-            _check_model_state(self.model, state["model"])
-            _within("optimizer", lambda: _check_optimizer_state(self.optimizer,
-                                                                state["optimizer"]))
-        if state["scaler"]:
-            _within("scaler", lambda: manager.scaler.check_state_dict(state["scaler"]))
-        if self._scheduler is not None and state["scheduler"] is not None:
-            _check_keys(f"{_WHERE}['scheduler']", state["scheduler"], self._scheduler.state_dict())
-        _check_counters(state["counters"])
-        check_plan(state["adaptive"], f"{_WHERE}['adaptive']")
-        _check_pending(state, self._params())
-        self._metrics.check_state(state, state["counters"]["optimizer_steps"])
-        if diff:
-            warnings.warn(f"{_LOAD}: config differs from the saved one in {diff}",
-                          UserWarning, stacklevel=stacklevel)
-
-    def _apply(self, load: Callable[[], None]) -> None:
-        """Run ``load``; if it raises, put the optimizer, scaler, scheduler, manager, counters,
-        grads and RNG states back. A safety net for a user's hook (the checks ran first); the
-        model's weights are not copied (that would double its memory): its load comes first."""
-        manager = self._manager()
-        opt, scaler, sched = self.optimizer, manager.scaler, self._scheduler
-        opt_state = (opt.state, opt.param_groups, [dict(g) for g in opt.param_groups])
-        scaler_state = scaler.state_dict() if scaler.is_enabled() else None
-        sched_state = copy.deepcopy(sched.state_dict()) if sched is not None else None
-        plan, steps = manager.plan_state(), manager.steps
-        mine = dict(self.__dict__)
-        rng = torch.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-        grads = [p.grad for p in self._params()]
-        try:
-            load()
-        except BaseException:
-            opt.state, opt.param_groups = opt_state[0], opt_state[1]
-            for g, saved in zip(opt.param_groups, opt_state[2]):
-                g.clear()
-                g.update(saved)
-            if scaler_state is not None:
-                scaler.load_state_dict(scaler_state)
-            if sched_state is not None:
-                sched.load_state_dict(sched_state)
-            manager.load_plan_state(plan)
-            manager.steps = steps
-            self.__dict__.clear()
-            self.__dict__.update(mine)
-            torch.set_rng_state(rng)
-            if cuda_rng:
-                torch.cuda.set_rng_state_all(cuda_rng)
-            for p, g in zip(self._params(), grads):
-                p.grad = g
-            raise
-
-    def _load(self, state: dict[str, Any]) -> None:
-        """Load a checked ``state`` (a sharded checkpoint's model and optimizer are not in it:
-        set_state_dict loaded them)."""
-        manager = self._manager()
-        if "model" in state:
-            assert self.model is not None
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        if state["scaler"]:
-            manager.scaler.load_state_dict(state["scaler"])
-        if self._scheduler is not None and state["scheduler"] is not None:
-            self._scheduler.load_state_dict(state["scheduler"])
-        self._reset_counters()
-        c = state["counters"]
-        self.optimizer_steps, self.micro_steps = c["optimizer_steps"], c["micro_steps"]
-        self.epochs_done, self._micro = c["epochs_done"], c["micro"]
-        self._scaler_offsets = [c["scaler_steps"], c["scale_increases"], c["scale_decreases"]]
-        self.peak_memory = c["peak_memory"]
-        manager.steps = self.optimizer_steps
-        self._metrics.restore(state, self.optimizer_steps, c["log_step"], manager.device)
-        manager.load_plan_state(state["adaptive"])
-        torch.set_rng_state(state["rng"]["cpu"])
-        if state["rng"]["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        for p, g in zip(self._params(), state["pending_grads"] or ()):
-            p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)
-        if state["pending_loss"] is not None:
-            self._step_loss = state["pending_loss"].to(manager.device)
-        self._measure_activations = False
-
-    def save_mixed_precision_state(self, path: Union[str, os.PathLike[str]]) -> None:
-        """Alias of :meth:`save_state` (the name used by the system mixprec replaces)."""
-        self.save_state(path)
-
-    def load_mixed_precision_state(self, path: Union[str, os.PathLike[str]],
-                                   strict_config: bool = False) -> None:
-        """Alias of :meth:`load_state` (the name used by the system mixprec replaces)."""
-        self.load_state(path, strict_config)
