@@ -32,7 +32,8 @@ from torch import Tensor, nn
 from .. import _dtensor
 from ._base import FusedOptimizer
 
-__all__ = ["GradientRelease", "release_gradients", "DEFAULT_BUCKET_BYTES"]
+__all__ = ["GradientRelease", "release_gradients", "check_release", "gradient_release_of",
+           "DEFAULT_BUCKET_BYTES"]
 
 #: default gradient bytes per bucket (as DDP's ``bucket_cap_mb`` = 25)
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -129,32 +130,12 @@ def gradient_release_of(optimizer: Any) -> Optional[GradientRelease]:
     return _RELEASED.get(optimizer) if isinstance(optimizer, FusedOptimizer) else None
 
 
-def release_gradients(model: nn.Module, optimizer: FusedOptimizer, *,
-                      bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> GradientRelease:
-    """Step ``optimizer``'s params during backward, ``bucket_bytes`` of gradients at a time,
-    freeing each gradient once its param is stepped.
-
-    Call ``optimizer.step()`` after each ``backward()`` as usual (it steps the last bucket)
-    and nothing between them that reads the grads (they are None): no ``clip_grad_norm_``,
-    no second backward to accumulate into, no GradScaler.
-
-    Args:
-        model: the module being trained (checked for DDP; FSDP2 modules are supported).
-        optimizer: a mixprec optimizer (any of :mod:`mixprec.optim`'s), 32- or 8-bit
-            state, float32 params or 16-bit ones with float32 masters.
-        bucket_bytes: gradient bytes per bucket (> 0); larger buckets mean fewer kernel
-            launches and more gradients alive at once.
-
-    Returns:
-        The :class:`GradientRelease` handle (``remove()`` undoes it).
-
-    Raises:
-        TypeError: ``optimizer`` is not a mixprec optimizer, or ``model`` not a module.
-        ValueError: ``bucket_bytes`` not a positive int; ``model`` is (or holds) a DDP
-            module; a param group uses stochastic rounding; the optimizer is already
-            released. Nothing is changed.
-    """
-    if not isinstance(optimizer, FusedOptimizer):
+def check_release(model: nn.Module, optimizer: Any, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                  optimizer_converted: bool = False) -> None:
+    """Raise what :func:`release_gradients` would refuse, changing nothing;
+    ``optimizer_converted``: the optimizer is yet to be replaced by a mixprec one (the
+    trainer's MANUAL mode), so its class is not checked."""
+    if not optimizer_converted and not isinstance(optimizer, FusedOptimizer):
         raise TypeError(f"{_WHERE}: optimizer must be a mixprec.optim optimizer (Adam, "
                         f"AdamW, SGD or their 8-bit forms), got {type(optimizer).__name__}")
     if not isinstance(model, nn.Module):
@@ -176,4 +157,34 @@ def release_gradients(model: nn.Module, optimizer: FusedOptimizer, *,
     if gradient_release_of(optimizer) is not None:
         raise ValueError(f"{_WHERE}: the optimizer's gradients are already released "
                          "(remove() the first GradientRelease to change its bucket_bytes)")
+
+
+def release_gradients(model: nn.Module, optimizer: FusedOptimizer, *,
+                      bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> GradientRelease:
+    """Step ``optimizer``'s params during backward, ``bucket_bytes`` of gradients at a time,
+    freeing each gradient once its param is stepped.
+
+    Call ``optimizer.step()`` after each ``backward()`` as usual (it steps the last bucket)
+    and nothing between them that reads the grads (they are None): no ``clip_grad_norm_``,
+    no second backward to accumulate into, no GradScaler.
+    ``MixedPrecisionConfig(gradient_release=True)`` is the same for the trainer and the
+    manager, which refuse at setup what release cannot honour.
+
+    Args:
+        model: the module being trained (checked for DDP; FSDP2 modules are supported).
+        optimizer: a mixprec optimizer (any of :mod:`mixprec.optim`'s), 32- or 8-bit
+            state, float32 params or 16-bit ones with float32 masters.
+        bucket_bytes: gradient bytes per bucket (> 0); larger buckets mean fewer kernel
+            launches and more gradients alive at once.
+
+    Returns:
+        The :class:`GradientRelease` handle (``remove()`` undoes it).
+
+    Raises:
+        TypeError: ``optimizer`` is not a mixprec optimizer, or ``model`` not a module.
+        ValueError: ``bucket_bytes`` not a positive int; ``model`` is (or holds) a DDP
+            module; a param group uses stochastic rounding; the optimizer is already
+            released. Nothing is changed.
+    """
+    check_release(model, optimizer, bucket_bytes=bucket_bytes)
     return GradientRelease(optimizer, bucket_bytes)

@@ -160,6 +160,17 @@ class MixedPrecisionConfig:
             ``fp8_module_filter`` is passed to the trainer/manager.
         fp8_fsdp_all_gather: FP8 level: torchao's float8 all-gather under FSDP2
             (``enable_fsdp_float8_all_gather``). Refused for now (``True`` raises).
+        gradient_release: step each param during backward, as soon as its gradient exists,
+            and free the gradient at once (:func:`mixprec.optim.release_gradients`, in
+            buckets with the fused kernels): the gradients of the whole model are never
+            alive together, and the bits are those of the run without release. There is no
+            GradScaler (``gradient_scaling`` has no effect: non-finite steps are not
+            skipped) and no per-step gradient monitoring (``performance_monitoring`` keeps
+            only its activation estimate). Refused with float16 compute or
+            ``loss_scaling=True`` (an overflow found late would need updates already
+            applied undone), ``max_grad_norm`` (the norm needs every gradient first),
+            ``gradient_accumulation_steps > 1``, ``capture``, mode ADAPTIVE or
+            GRADIENT_SCALING, and (at setup) DDP or an optimizer that is not a mixprec one.
         capture: run each training step through :func:`mixprec.capture_step` (one CUDA graph per
             step, replayed; on CPU the same checks, eager): the trainer's ``train_step`` and
             :meth:`MixedPrecisionManager.make_step`. Refused in ADAPTIVE mode and with
@@ -197,6 +208,7 @@ class MixedPrecisionConfig:
     fp8_keep_first_last: bool = True
     fp8_fsdp_all_gather: bool = False
     capture: bool = False
+    gradient_release: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -296,9 +308,35 @@ class MixedPrecisionConfig:
                 "MixedPrecisionConfig.capture=True needs gradient_accumulation_steps=1: a graph "
                 "holds one whole optimizer step and train_step takes one micro-batch; "
                 "accumulate inside a step of MixedPrecisionManager.make_step instead")
+        if self.gradient_release:
+            self._check_release()
         if self.mode is MixedPrecisionMode.GRADIENT_SCALING and not self.gradient_scaling:
             raise ValueError(
                 "MixedPrecisionConfig: mode GRADIENT_SCALING needs gradient_scaling=True")
+
+    def _check_release(self) -> None:
+        why = {
+            "loss_scaling=True": self.loss_scaling is True,
+            "max_grad_norm": bool(self.max_grad_norm),
+            "gradient_accumulation_steps > 1": self.gradient_accumulation_steps > 1,
+            "capture=True": self.capture,
+            f"mode {getattr(self.mode, 'name', self.mode)}": self.enabled and self.mode in (
+                MixedPrecisionMode.ADAPTIVE, MixedPrecisionMode.GRADIENT_SCALING),
+        }
+        reasons = {
+            "loss_scaling=True": "an overflow found in a later gradient would need updates "
+                                 "already applied to be undone",
+            "max_grad_norm": "the global norm needs every gradient before any param is stepped",
+            "gradient_accumulation_steps > 1": "every backward steps the params",
+            "capture=True": "a captured step holds the whole step, the release hooks run "
+                            "inside its backward",
+        }
+        for setting, refused in why.items():
+            if refused:
+                because = reasons.get(setting, "it reads every gradient after backward "
+                                               "(overflow counts, the GradScaler's checks)")
+                raise ValueError(f"MixedPrecisionConfig.gradient_release=True cannot be "
+                                 f"combined with {setting}: {because}")
 
     # ------------------------------------------------------------------ presets
     @classmethod

@@ -27,6 +27,7 @@ from ..amp.grad_scaler import GradScaler
 from ..amp.module_policy import PolicyHandle, apply_policy, modules_matching
 from ..amp.notices import warn_ineffective
 from ..capture import CapturedStep, CaptureError, capture_step
+from ..optim.release import GradientRelease, check_release, release_gradients
 from .config import MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel, as_config
 from .fp8 import Fp8Handle, ModuleFilter
 from .metrics import StepResult, logger
@@ -98,6 +99,15 @@ def check_setup(model: nn.Module, optimizer: Any, config: MixedPrecisionConfig,
     strategy = strategy_for(config)
     dtype = strategy.compute_dtype(dev)
     strategy.check(model, dtype, optimizer)
+    if config.gradient_release:
+        if strategy.loss_scaling(strategy.eventual_dtype(dtype, dev)):
+            raise ValueError(
+                "MixedPrecisionConfig.gradient_release=True cannot be combined with loss "
+                "scaling, on here for float16 compute (an overflow found in a later gradient "
+                "would need updates already applied to be undone): compute in bfloat16, or "
+                "set gradient_release=False")
+        manual = config.enabled and config.mode is MixedPrecisionMode.MANUAL
+        check_release(model, optimizer, optimizer_converted=manual)
     return dev, strategy, dtype
 
 
@@ -202,6 +212,9 @@ class MixedPrecisionManager:
         self.loss_scaling = self.strategy.loss_scaling(self.eventual_dtype)
         self._fixed_scale: Optional[float] = None
         self.scaler = self._make_scaler()
+        #: the gradient release on :attr:`optimizer` (``config.gradient_release``), or None
+        self.release: Optional[GradientRelease] = (
+            release_gradients(model, self.optimizer) if cfg.gradient_release else None)
         self.install_policy()
         self._warn_ineffective()
         self.adaptive = self.strategy.controller(self)
@@ -250,7 +263,7 @@ class MixedPrecisionManager:
 
     def _make_scaler(self) -> GradScaler:
         cfg = self.config
-        enabled = self.strategy.uses_scaler()
+        enabled = self.strategy.uses_scaler() and not cfg.gradient_release
         if not self.loss_scaling:  # scale pinned at 1.0: the scaler only checks and skips
             self._fixed_scale = 1.0
             return GradScaler(self.device.type, init_scale=1.0, enabled=enabled)
@@ -281,9 +294,12 @@ class MixedPrecisionManager:
         self.plan_version += 1
 
     def close(self) -> None:
-        """Take the policy, the FP8 forward wrappers and the ADAPTIVE hooks off the model
-        (params and Float8 linears stay converted)."""
+        """Take the policy, the FP8 forward wrappers, the ADAPTIVE hooks and the gradient
+        release's hooks off the model (params and Float8 linears stay converted)."""
         self._remove_policy()
+        if self.release is not None:
+            self.release.remove()
+            self.release = None
         if self.fp8 is not None:
             self.fp8.remove()
             self.fp8 = None
@@ -342,13 +358,15 @@ class MixedPrecisionManager:
         grads = [p.grad for p in params]
         # DTensor grads (FSDP2): the monitoring reads the local shards and sums over these
         shard_groups = []
-        if cfg.performance_monitoring or adaptive is not None:
+        # (with gradient release the grads of all but the last bucket are gone: no monitoring)
+        monitoring = cfg.performance_monitoring and self.release is None
+        if monitoring or adaptive is not None:
             shard_groups = _dtensor.reduce_groups(_dtensor.specs_of(grads), True)
         enabled = scaler.is_enabled()
         scale = scaler.scale_tensor() if enabled else None
         scale_before = torch.ones((), device=dev) if scale is None else scale.clone()
         norms: Optional[list[Tensor]] = None
-        monitor = cfg.performance_monitoring and not cfg.max_grad_norm
+        monitor = monitoring and not cfg.max_grad_norm
         if grads and (adaptive is not None or monitor):
             with torch.no_grad():
                 norms = _grad_norms(grads, shard_groups)
@@ -356,7 +374,7 @@ class MixedPrecisionManager:
                 adaptive.record_grads(params, norms)
         zero = torch.zeros((), device=dev)
         underflow = zero
-        if cfg.performance_monitoring and grads:
+        if monitoring and grads:
             underflow = _underflow_flag(_dtensor.locals_of(grads), self.compute_dtype,
                                         cfg.underflow_threshold, dev, shard_groups)
         grad_norm: Optional[Tensor] = None
