@@ -221,10 +221,10 @@ def round_loop_count(code: List[tuple]) -> Optional[Dict[str, int]]:
     """The round loop of a kernel (the widest backward branch's span): its instructions
     (NOPs left out) and the hot path through it, walked from its head to its back-edge:
     an unconditional branch is followed; a conditional forward branch is taken when the
-    code it skips calls a subroutine (the out-of-line slow path of an IEEE division or
-    square root, for operands near the ends of the range) and not taken otherwise (so a
-    block that only some steps run, e.g. stochastic rounding, is counted: the walk
-    over-counts rather than under-counts)."""
+    code it skips is a slow path: a subroutine call (the out-of-line slow path of an IEEE
+    division or square root, for operands near the ends of the range) with no conditional
+    branch of its own; any other is not taken (so a block that only some steps run, e.g.
+    stochastic rounding, is counted: the walk over-counts rather than under-counts)."""
     index = {addr: i for i, (addr, _) in enumerate(code)}
     back = []
     for addr, ins in code:
@@ -249,7 +249,9 @@ def round_loop_count(code: List[tuple]) -> Optional[Dict[str, int]]:
             if m.group(1) is None:
                 i = index[target]
                 continue
-            if target > addr and any(c.startswith("CALL") for a, c in code[i + 1:index[target]]):
+            skipped = [c for _, c in code[i + 1:index[target]]] if target > addr else []
+            if any(c.startswith("CALL") for c in skipped) and not any(
+                    (b := _BRANCH.match(c)) and b.group(1) for c in skipped):
                 i = index[target]
                 continue
         i += 1

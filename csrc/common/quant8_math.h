@@ -135,7 +135,8 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE int encode_fraction(float y, int table) {
 #else
   const uint32_t e = kQ8EncodeFolded[index];
 #endif
-  return y == 0.0f ? zero_lo(table) : folded_code(e, u);
+  const int c = folded_code(e, u);  // (read unconditionally: no branch)
+  return y == 0.0f ? zero_lo(table) : c;
 }
 
 #if !defined(__CUDA_ARCH__)

@@ -287,17 +287,32 @@ struct Optim8Op {
     for (int k = 0; k < kStates; ++k) {
       uint8_t* codes = const_cast<uint8_t*>(c.codes[k]);
       const float a = maxes[k];
+      // q8::encode of each element: the block's a > 0 test taken once (a
+      // block of zeros, or a NaN maximum, is all zero codes)
+      uint32_t words[kRuns];
+      if (a > 0.0f) {
+#pragma unroll
+        for (int j = 0; j < kRuns; ++j) {
+          words[j] = 0;
+#pragma unroll
+          for (int e = 0; e < kOptVec; ++e) {
+            words[j] |= static_cast<uint32_t>(q8::encode_fraction(
+                            st.x[k][j][e] / a, Rule::table(k)))
+                        << (8 * e);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kRuns; ++j) {
+          words[j] =
+              static_cast<uint32_t>(q8::zero_lo(Rule::table(k))) * 0x01010101u;
+        }
+      }
 #pragma unroll
       for (int j = 0; j < kRuns; ++j) {
         const int64_t i0 = c.start + run_start(j, lane);
         const int64_t rest = c.length - run_start(j, lane);
-        uint32_t word = 0;
-#pragma unroll
-        for (int e = 0; e < kOptVec; ++e) {
-          word |= static_cast<uint32_t>(
-                      q8::encode(st.x[k][j][e], a, Rule::table(k)))
-                  << (8 * e);
-        }
+        const uint32_t word = words[j];
         if (fast) {
           reinterpret_cast<uint32_t*>(codes)[i0 / kOptVec] = word;
         } else {
