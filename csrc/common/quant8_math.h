@@ -12,10 +12,12 @@
 // when A = 0) is the number of table midpoints below y (ties take the lower
 // entry), except that a nonzero y that lands on a zero entry takes the
 // smallest entry of its sign. encode() computes that without a search: one
-// read of the encoding table by the bucket of |y|'s float32 bits gives the
-// lowest code y can have and the low bits of the one midpoint that may lie
-// in the bucket; one integer comparison finishes it
-// (tools/gen_quant8_tables.py explains and checks the table).
+// read of the folded encoding table by the sign and the bucket of |y|'s
+// float32 bits gives the low bits of the one midpoint that may lie in the
+// bucket and the code on either side of it, the nonzero rule applied; one
+// integer comparison picks the code (tools/gen_quant8_tables.py explains and
+// checks the table; tools/quant8_fold_check.cpp proves the folded form equal
+// to the unfolded one for every float32).
 //
 // The tables live in common/quant8_tables.h (generated). Host code reads the
 // constexpr arrays; device code reads copies in device global memory.
