@@ -106,8 +106,34 @@ def tables() -> dict:
             assert code(tiny) == pos[0] & 0xFF and code(-tiny) == neg[0] & 0xFF, name
         zeros = [i for i, v in enumerate(values.tolist()) if v == 0.0]
         small_pos, small_neg = q8._smallest_codes(name)
-        out[name] = dict(values=values.tolist(), pos=pos, neg=neg, zero_lo=min(zeros),
-                         zero_hi=max(zeros), small_pos=small_pos, small_neg=small_neg)
+        zero_lo, zero_hi = min(zeros), max(zeros)
+        out[name] = dict(values=values.tolist(), pos=pos, neg=neg, zero_lo=zero_lo,
+                         zero_hi=zero_hi, small_pos=small_pos, small_neg=small_neg,
+                         folded=_fold(pos, neg, zero_lo, zero_hi, small_pos, small_neg))
+    return out
+
+
+def _fold(pos: list[int], neg: list[int], zero_lo: int, zero_hi: int, small_pos: int,
+          small_neg: int) -> list[int]:
+    """The folded entries of one table, positive half then negative half (module doc)."""
+
+    def nonzero(c: int, small: int) -> int:
+        return small if zero_lo <= c <= zero_hi else c
+
+    out = []
+    for e in pos:
+        c, thr = e & 0xFF, e >> 8
+        above = nonzero(c + 1, small_pos) if thr < 0xFFFF else nonzero(c, small_pos)
+        assert above <= 0xFF
+        out.append(min(thr, 0xFFFF) | nonzero(c, small_pos) << 16 | above << 24)
+    for e in neg:
+        c, thr = e & 0xFF, e >> 8
+        if thr == 0:
+            out.append(0xFFFF | nonzero(c, small_neg) << 16 | nonzero(c, small_neg) << 24)
+        else:
+            assert thr <= 0xFFFF
+            out.append((thr - 1) | nonzero(c + 1, small_neg) << 16 | nonzero(c, small_neg) << 24)
+    return out
     return out
 
 
@@ -181,10 +207,17 @@ def render() -> str:
     arrays.append(arr("kQ8Encode", "int32_t", 4 * BUCKETS,
                       _ints(t[names[0]]["pos"] + t[names[0]]["neg"] + t[names[1]]["pos"]
                             + t[names[1]]["neg"])))
+    folded = arr("kQ8EncodeFolded", "uint32_t", 4 * BUCKETS,
+                 _ints(t[names[0]]["folded"] + t[names[1]]["folded"]))
     parts.append("// X(name, element type, elements, {initializer}): kQ8Values[table * 256 +")
-    parts.append("// code]; kQ8Encode[(table * 2 + (y < 0)) * kBuckets + bucket]")
+    parts.append("// code]; kQ8EncodeFolded[(table * 2 + (y < 0)) * kBuckets + bucket]: the")
+    parts.append("// arrays the kernels read (host and device copies)")
     parts.append("#define MIXPREC_Q8_ARRAYS(X) \\")
-    parts.append(" \\\n".join(arrays))
+    parts.append(" \\\n".join([arrays[0], folded]))
+    parts.append("// kQ8Encode[(table * 2 + (y < 0)) * kBuckets + bucket]: the unfolded table the")
+    parts.append("// folded one is proven against (host only)")
+    parts.append("#define MIXPREC_Q8_UNFOLDED_ARRAYS(X) \\")
+    parts.append(arrays[1])
     parts.append("// clang-format on")
     parts.append("")
     return "\n".join(parts)

@@ -12,10 +12,12 @@
 // when A = 0) is the number of table midpoints below y (ties take the lower
 // entry), except that a nonzero y that lands on a zero entry takes the
 // smallest entry of its sign. encode() computes that without a search: one
-// read of the encoding table by the bucket of |y|'s float32 bits gives the
-// lowest code y can have and the low bits of the one midpoint that may lie
-// in the bucket; one integer comparison finishes it
-// (tools/gen_quant8_tables.py explains and checks the table).
+// read of the folded encoding table by the sign and the bucket of |y|'s
+// float32 bits gives the low bits of the one midpoint that may lie in the
+// bucket and the code on either side of it, the nonzero rule applied; one
+// integer comparison picks the code (tools/gen_quant8_tables.py explains and
+// checks the table; tools/quant8_fold_check.cpp proves the folded form equal
+// to the unfolded one for every float32).
 //
 // The tables live in common/quant8_tables.h (generated). Host code reads the
 // constexpr arrays; device code reads copies in device global memory.
@@ -114,17 +116,45 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE int bucket(uint32_t clamped) {
 }
 
 // The code of y = x / A (already divided; |y| <= 1), the reference's rounding:
-// one read of the encoding table, one comparison, then zero and the nonzero
-// rule.
+// one read of the folded encoding table (the bucket's threshold and its two
+// codes, the nonzero rule applied; tools/gen_quant8_tables.py), one
+// comparison, one select, and zero.
+C10_HOST_DEVICE C10_ALWAYS_INLINE uint32_t folded_index(float y, int table,
+                                                        uint32_t u) {
+  return static_cast<uint32_t>((table * 2 + (y < 0.0f ? 1 : 0)) * kBuckets +
+                               bucket(u));
+}
+// The code of a folded entry `e` for the clamped bits u.
+C10_HOST_DEVICE C10_ALWAYS_INLINE int folded_code(uint32_t e, uint32_t u) {
+  return static_cast<int>((u & 0xffffu) > (e & 0xffffu) ? e >> 24
+                                                        : (e >> 16) & 0xffu);
+}
 C10_HOST_DEVICE C10_ALWAYS_INLINE int encode_fraction(float y, int table) {
+  const uint32_t u = clamp_bits(math::float_bits(y) & 0x7fffffffu);
+  const uint32_t index = folded_index(y, table, u);
+#ifdef __CUDA_ARCH__
+  const uint32_t e = kQ8EncodeFoldedDev[index];
+#else
+  const uint32_t e = kQ8EncodeFolded[index];
+#endif
+  const int c = folded_code(e, u);  // (read unconditionally: no branch)
+  return y == 0.0f ? zero_lo(table) : c;
+}
+
+#if !defined(__CUDA_ARCH__)
+#define MIXPREC_Q8_UNFOLDED_ARRAY(name, type, size, ...) \
+  inline constexpr type name[size] = __VA_ARGS__;
+MIXPREC_Q8_UNFOLDED_ARRAYS(MIXPREC_Q8_UNFOLDED_ARRAY)
+#undef MIXPREC_Q8_UNFOLDED_ARRAY
+
+// encode_fraction from the unfolded table (host only): the comparison by the
+// sign, then zero and the nonzero rule. The folded table is proven against it
+// for every float32 (tests/ops/test_quant8_fold.py).
+inline int encode_fraction_unfolded(float y, int table) {
   const uint32_t u = clamp_bits(math::float_bits(y) & 0x7fffffffu);
   const bool neg = y < 0.0f;
   const int index = (table * 2 + (neg ? 1 : 0)) * kBuckets + bucket(u);
-#ifdef __CUDA_ARCH__
-  const uint32_t e = static_cast<uint32_t>(kQ8EncodeDev[index]);
-#else
   const uint32_t e = static_cast<uint32_t>(kQ8Encode[index]);
-#endif
   int c = static_cast<int>(e & 0xffu);
   const uint32_t thr = e >> 8;
   const uint32_t low = u & 0xffffu;
@@ -138,6 +168,7 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE int encode_fraction(float y, int table) {
   }
   return c;
 }
+#endif
 
 // The fraction of x in a block of absmax `a` (a >= |x|): x / a, or 0 when
 // the block is all zeros.

@@ -3,8 +3,8 @@
 // block-sized buffer (a gather from the code table), run the 32-bit element
 // loop of fused_optim_span_impl.h on it (which writes the param and master),
 // take the new absmax, then write the codes of the new moments
-// (common/quant8_math.h's rounding, vectorized: bucket gather, one midpoint
-// comparison, the nonzero rule) and the new absmax.
+// (common/quant8_math.h's rounding, vectorized: a gather from the folded
+// table, one comparison, one select) and the new absmax.
 //
 // Included by span_kernels_isa.h after fused_optim_span_impl.h, inside its
 // MIXPREC_SPAN_NS.
@@ -58,11 +58,12 @@ C10_ALWAYS_INLINE void decode_block(const uint8_t* codes, float a, int table,
 }
 
 // codes[0, n) = the codes of x[0, n) in a block of absmax `a` (>= every |x|):
-// q8::encode_fraction, lane by lane.
+// q8::encode_fraction, lane by lane (bucket gather from the folded table, one
+// comparison, one select, zero).
 C10_ALWAYS_INLINE void encode_block(const float* x, float a, int table,
                                     int64_t n, uint8_t* codes) {
-  const float* enc =
-      reinterpret_cast<const float*>(q8::kQ8Encode + table * 2 * q8::kBuckets);
+  const float* enc = reinterpret_cast<const float*>(q8::kQ8EncodeFolded +
+                                                    table * 2 * q8::kBuckets);
   const IVec base(static_cast<int32_t>(q8::kBucketBaseBits));
   const IVec shift(q8::kBucketShift);
   const IVec last(q8::kBuckets - 1);
@@ -70,12 +71,9 @@ C10_ALWAYS_INLINE void encode_block(const float* x, float a, int table,
   const IVec abs_bits(0x7fffffff);
   const IVec low_bits(0xffff);
   const IVec code_bits(0xff);
-  const IVec eight(8);
-  const IVec zlo(q8::zero_lo(table) - 1);  // c > zlo <=> c >= zero_lo
-  const IVec zhi(q8::zero_hi(table) + 1);  // c < zhi <=> c <= zero_hi
+  const IVec at_most(16);  // the code when u's low bits <= the threshold
+  const IVec above(24);    // the code when they are above it
   const IVec zero_code(q8::zero_lo(table));
-  const IVec spos(q8::small_pos(table));
-  const IVec sneg(q8::small_neg(table));
   const FVec zero_f(0.0f);
   const bool nonzero_block = a > 0.0f;
   const FVec av(a);
@@ -86,13 +84,8 @@ C10_ALWAYS_INLINE void encode_block(const float* x, float a, int table,
     const IVec neg = y < zero_f;  // -1 or 0
     const IVec e =
         simd::bit_cast<IVec>(simd::gather(enc, b + (neg & neg_offset)));
-    const IVec thr = e >> eight;
-    const IVec low = u & low_bits;
-    const IVec up = simd::select(neg, low<thr, low> thr);
-    IVec c = (e & code_bits) - up;  // a true lane is -1
-    const IVec on_zero = (c > zlo) & (c < zhi) & (y != zero_f);
-    const IVec smallest = simd::select(y > zero_f, spos, sneg);
-    c = simd::select(on_zero, smallest, c);
+    const IVec up = (u & low_bits) > (e & low_bits);
+    IVec c = simd::select(up, e >> above, e >> at_most) & code_bits;
     c = simd::select(y == zero_f, zero_code, c);
     simd::store_u8(out, c);
   };

@@ -85,12 +85,13 @@ __device__ __forceinline__ void run_thread(const Op& op, const Where& where,
     constexpr int K = Op::kWarpMaxes;
     const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
     const int warps = static_cast<int>(blockDim.x) / kWarpSize;
-    const int rounds = op.rounds(where, pos.block, args...);
-    for (int r = static_cast<int>(threadIdx.x) / kWarpSize; r < rounds;
-         r += warps) {
+    const int first = static_cast<int>(threadIdx.x) / kWarpSize;
+    auto cursor = op.cursor(where, pos.block, first, warps, args...);
+    const int rounds = Op::rounds(cursor);
+    for (int r = first; r < rounds; r += warps) {
       typename Op::Lane state;
       float maxes[K];
-      op.phase1(where, pos, r, lane, state, maxes, args...);
+      op.phase1(cursor, lane, state, maxes, args...);
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         for (int offset = 16; offset > 0; offset /= 2) {
@@ -98,7 +99,8 @@ __device__ __forceinline__ void run_thread(const Op& op, const Where& where,
               maxes[k], __shfl_xor_sync(0xffffffffu, maxes[k], offset));
         }
       }
-      op.phase2(where, pos, r, lane, state, maxes, args...);
+      op.phase2(cursor, lane, state, maxes, args...);
+      Op::advance(cursor);
     }
   } else if constexpr (ReducesBlock<Op>::value) {
     const double total = block_reduce<Op::kReduceKind>(op(where, pos, args...));

@@ -36,6 +36,17 @@ static_assert(q8::kBlock == 2 * kOptVec * kWarpSize,
 // states: codes_slot(k), absmax_slot(k) and table(k) (q8::kSigned or
 // q8::kUnsigned) instead of state_slot / uses_state, and the slots kRow and
 // kSrBase (integers, not addresses: launch_optim writes them).
+//
+// Where the work is done: the step's constants, the tensor's pointers and the
+// row-block geometry once per thread per CUDA block (Cursor, made by
+// cursor()), the state block of each round by increment (advance()); a whole,
+// aligned state block (kBlock elements, every list aligned: every block of a
+// tensor whose rows are multiples of kBlock) takes a fully unrolled path with
+// 16-byte param/grad/master loads and its codes as 32-bit words; any other
+// block the same unrolled code with per-element predicates and scalar
+// accesses. Every loop index is a compile-time constant, so a lane's values
+// stay in registers. Both paths run the same element operations in the same
+// order, so the bits do not depend on the path.
 template <typename P, typename G, bool kHasMaster, class Rule>
 struct Optim8Op {
   static constexpr int kStates = Rule::kStates;
@@ -47,98 +58,202 @@ struct Optim8Op {
     float x[kStates][kRuns][kOptVec];
   };
 
-  template <class Meta>
-  MIXPREC_HD int rounds(const Meta& meta, int block, const Args& a) const {
-    if (a.found_inf != nullptr && *a.found_inf != 0.0f) {
-      return 0;
-    }
-    const BlockSpan s = block_span(meta, block);
-    return static_cast<int>((s.length + q8::kBlock - 1) / q8::kBlock);
-  }
-
-  // The first element (in its state block) of run j of `lane`.
-  MIXPREC_HD static int64_t run_start(int j, int lane) {
-    return j * (kOptVec * kWarpSize) + kOptVec * lane;
-  }
-
-  // How many of the kOptVec elements from i0 lie in a block of `length`.
-  MIXPREC_HD static int run_count(int64_t i0, int64_t length) {
-    const int64_t rest = length - i0;
-    return rest <= 0 ? 0 : (rest < kOptVec ? static_cast<int>(rest) : kOptVec);
-  }
-
-  // The state block of `round` in this CUDA block: its number qb, first
-  // element and length.
-  struct StateBlock {
+  // What a thread keeps across its rounds of one CUDA block: the tensor's
+  // lists at element 0, the step's constants, and the state block of its
+  // current round (number qb, first element `start`, `length`), with that
+  // block's place in its row (row, col) for the increment.
+  struct Cursor {
+    P* p;
+    const G* g;
+    float* mp;  // null without a master
+    const uint8_t* codes[kStates];
+    float* absmax[kStates];
+    typename Rule::Block blk;
+    bool load_states;
+    bool lists_aligned;  // params, grads, masters 16-byte aligned, codes 4
+    math::GradCoefs gc;
+    uint32_t key;
+    uint32_t sr_base;  // the SR number of the tensor's element 0
+    int rounds;
+    int stride;         // rounds between two of this thread's rounds
+    int64_t row;        // elements per row of the state
+    int64_t per_row;    // state blocks per row
+    int64_t block_row;  // the current block's row and column (in blocks)
+    int64_t block_col;
     int64_t qb;
     int64_t start;
     int64_t length;
   };
-  template <class Meta>
-  MIXPREC_HD static StateBlock state_block(const Meta& meta, const BlockSpan& s,
-                                           int round) {
-    const q8::RowBlocks rb(static_cast<int64_t>(
-        reinterpret_cast<uintptr_t>(meta.addresses[Rule::kRow][s.tensor])));
-    const int64_t qb = s.start / q8::kBlock + round;
-    return StateBlock{qb, rb.start(qb), rb.length(qb)};
+
+  // Sets the current state block from (block_row, block_col).
+  MIXPREC_HD static void place(Cursor& c) {
+    c.qb = c.block_row * c.per_row + c.block_col;
+    c.start = c.block_row * c.row + c.block_col * q8::kBlock;
+    const int64_t rest = c.row - c.block_col * q8::kBlock;
+    c.length = rest < q8::kBlock ? rest : q8::kBlock;
   }
 
+  // The cursor of a thread whose first round is `first` and which takes
+  // every `stride`-th round after it.
   template <class Meta>
-  MIXPREC_HD void phase1(const Meta& meta, GridPos pos, int round, int lane,
-                         Lane& st, float (&maxes)[kStates],
-                         const Args& a) const {
-    const BlockSpan s = block_span(meta, pos.block);
-    const StateBlock sb = state_block(meta, s, round);
+  MIXPREC_HD Cursor cursor(const Meta& meta, int block, int first, int stride,
+                           const Args& a) const {
+    Cursor c;
+    c.stride = stride;
+    const BlockSpan s = block_span(meta, block);
+    // (every field is set on both sides of the found_inf test: no pointer is
+    // null on one path, which would cost the device its global loads)
+    c.rounds = a.found_inf != nullptr && *a.found_inf != 0.0f
+                   ? 0
+                   : static_cast<int>((s.length + q8::kBlock - 1) / q8::kBlock);
+    const GridPos pos{block, 0, 0};
     const auto [unused, p, g, mp, blk, load_states, gc, key, base] =
-        StepFrame<P, G, kHasMaster, Rule>::make(meta, pos, a, sb.start);
+        StepFrame<P, G, kHasMaster, Rule>::make(meta, pos, a, 0);
     auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
+    c.p = p;
+    c.g = g;
+    c.mp = mp;
+    c.blk = blk;
+    c.load_states = load_states;
+    c.gc = gc;
+    c.key = key;
+    c.sr_base = base;
+    bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) &&
+                   (!kHasMaster || vec_aligned<float>(mp));
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      c.codes[k] = static_cast<const uint8_t*>(list(Rule::codes_slot(k)));
+      c.absmax[k] = static_cast<float*>(list(Rule::absmax_slot(k)));
+      aligned = aligned &&
+                reinterpret_cast<uintptr_t>(c.codes[k]) % sizeof(uint32_t) == 0;
+    }
+    c.lists_aligned = aligned;
+    const q8::RowBlocks rb(static_cast<int64_t>(
+        reinterpret_cast<uintptr_t>(meta.addresses[Rule::kRow][s.tensor])));
+    c.row = rb.row;
+    c.per_row = rb.per_row;
+    const int64_t qb = s.start / q8::kBlock + first;
+    c.block_row = qb / rb.per_row;
+    c.block_col = qb % rb.per_row;
+    place(c);
+    return c;
+  }
+
+  MIXPREC_HD static int rounds(const Cursor& c) { return c.rounds; }
+
+  // To the thread's next round (stride blocks on, across rows).
+  MIXPREC_HD static void advance(Cursor& c) {
+    c.block_col += c.stride;
+    if (c.block_col >= c.per_row) {
+      int64_t rows;
+      if (c.block_col <= UINT32_MAX && c.per_row <= UINT32_MAX) {
+        rows = static_cast<uint32_t>(c.block_col) /
+               static_cast<uint32_t>(c.per_row);
+      } else {
+        rows = c.block_col / c.per_row;
+      }
+      c.block_row += rows;
+      c.block_col -= rows * c.per_row;
+    }
+    place(c);
+  }
+
+  // The first element (in its state block) of run j of `lane`.
+  MIXPREC_HD static int run_start(int j, int lane) {
+    return j * (kOptVec * kWarpSize) + kOptVec * lane;
+  }
+
+  // Whether the current block takes the whole-block path.
+  MIXPREC_HD static bool whole(const Cursor& c) {
+#ifdef MIXPREC_SASS_FAST_PATH_ONLY
+    // (tools/sass_check.py counts the fast path's instructions in a build
+    // that has no other: never defined in the libraries)
+    return (void)c, true;
+#else
+    return c.length == q8::kBlock && c.lists_aligned && c.start % kOptVec == 0;
+#endif
+  }
+
+  MIXPREC_HD void phase1(const Cursor& c, int lane, Lane& st,
+                         float (&maxes)[kStates], const Args& a) const {
+    const int64_t start = c.start;
+    P* const pp = c.p;
+    const G* const gp = c.g;
+    float* const mp = c.mp;
     const uint8_t* codes[kStates];
     float old_max[kStates];
 #pragma unroll
     for (int k = 0; k < kStates; ++k) {
-      codes[k] =
-          static_cast<const uint8_t*>(list(Rule::codes_slot(k))) + sb.start;
-      old_max[k] = static_cast<const float*>(list(Rule::absmax_slot(k)))[sb.qb];
+      codes[k] = c.codes[k];
+      old_max[k] = c.load_states ? c.absmax[k][c.qb] : 0.0f;
       maxes[k] = 0.0f;
     }
-    const bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) &&
-                         (!kHasMaster || vec_aligned<float>(mp));
+    const bool fast = whole(c);
 #pragma unroll
     for (int j = 0; j < kRuns; ++j) {
-      const int64_t i0 = run_start(j, lane);
-      const int count = run_count(i0, sb.length);
+      const int64_t i0 = start + run_start(j, lane);  // in the tensor
+      const int64_t rest = c.length - run_start(j, lane);
+      const int count =
+          fast ? kOptVec
+               : (rest <= 0
+                      ? 0
+                      : (rest < kOptVec ? static_cast<int>(rest) : kOptVec));
       float w[kOptVec] = {};
       float gr[kOptVec] = {};
-      if (count == kOptVec && aligned) {
+      uint32_t words[kStates] = {};
+      if (fast) {
         const int64_t vi = i0 / kOptVec;
         if constexpr (kHasMaster) {
           load_vec(mp, vi, w);
         } else {
-          load_vec(p, vi, w);
+          load_vec(pp, vi, w);
         }
-        load_vec(g, vi, gr);
+        load_vec(gp, vi, gr);
+        if (c.load_states) {
+#pragma unroll
+          for (int k = 0; k < kStates; ++k) {
+            words[k] = reinterpret_cast<const uint32_t*>(codes[k])[vi];
+          }
+        }
       } else {
-        for (int e = 0; e < count; ++e) {
-          w[e] = kHasMaster ? mp[i0 + e] : static_cast<float>(p[i0 + e]);
-          gr[e] = static_cast<float>(g[i0 + e]);
+#pragma unroll
+        for (int e = 0; e < kOptVec; ++e) {
+          if (e < count) {
+            w[e] = kHasMaster ? mp[i0 + e] : static_cast<float>(pp[i0 + e]);
+            gr[e] = static_cast<float>(gp[i0 + e]);
+            if (c.load_states) {
+#pragma unroll
+              for (int k = 0; k < kStates; ++k) {
+                words[k] |= static_cast<uint32_t>(codes[k][i0 + e]) << (8 * e);
+              }
+            }
+          }
         }
       }
-      for (int e = 0; e < count; ++e) {
+#pragma unroll
+      for (int e = 0; e < kOptVec; ++e) {
         float x[kStates];
 #pragma unroll
         for (int k = 0; k < kStates; ++k) {
-          x[k] = load_states
-                     ? q8::decode(codes[k][i0 + e], old_max[k], Rule::table(k))
+          x[k] = c.load_states
+                     ? q8::decode(static_cast<uint8_t>(words[k] >> (8 * e)),
+                                  old_max[k], Rule::table(k))
                      : 0.0f;
         }
-        Rule::update(w[e], math::prepare_grad(gr[e], gc), x, a, blk);
+        if (e < count) {
+          Rule::update(w[e], math::prepare_grad(gr[e], c.gc), x, a, c.blk);
+#pragma unroll
+          for (int k = 0; k < kStates; ++k) {
+            maxes[k] = q8::abs_max(maxes[k], x[k]);
+          }
+        }
 #pragma unroll
         for (int k = 0; k < kStates; ++k) {
           st.x[k][j][e] = x[k];
-          maxes[k] = q8::abs_max(maxes[k], x[k]);
         }
       }
-      if (count == kOptVec && aligned) {
+      const uint32_t base = c.sr_base + static_cast<uint32_t>(i0);
+      if (fast) {
         const int64_t vi = i0 / kOptVec;
         if constexpr (kHasMaster) {
           store_vec(mp, vi, w);
@@ -146,54 +261,71 @@ struct Optim8Op {
         AlignedVector<P, kOptVec> out;
 #pragma unroll
         for (int e = 0; e < kOptVec; ++e) {
-          out.val[e] = round_param<P>(w[e], a.sr, key,
-                                      base + static_cast<uint32_t>(i0 + e));
+          out.val[e] = round_param<P>(w[e], a.sr, c.key,
+                                      base + static_cast<uint32_t>(e));
         }
-        reinterpret_cast<AlignedVector<P, kOptVec>*>(p)[vi] = out;
+        reinterpret_cast<AlignedVector<P, kOptVec>*>(pp)[vi] = out;
       } else {
-        for (int e = 0; e < count; ++e) {
-          if constexpr (kHasMaster) {
-            mp[i0 + e] = w[e];
+#pragma unroll
+        for (int e = 0; e < kOptVec; ++e) {
+          if (e < count) {
+            if constexpr (kHasMaster) {
+              mp[i0 + e] = w[e];
+            }
+            pp[i0 + e] = round_param<P>(w[e], a.sr, c.key,
+                                        base + static_cast<uint32_t>(e));
           }
-          p[i0 + e] = round_param<P>(w[e], a.sr, key,
-                                     base + static_cast<uint32_t>(i0 + e));
         }
       }
     }
   }
 
-  template <class Meta>
-  MIXPREC_HD void phase2(const Meta& meta, GridPos pos, int round, int lane,
-                         const Lane& st, const float (&maxes)[kStates],
-                         const Args&) const {
-    const BlockSpan s = block_span(meta, pos.block);
-    const StateBlock sb = state_block(meta, s, round);
-    auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
+  MIXPREC_HD void phase2(const Cursor& c, int lane, const Lane& st,
+                         const float (&maxes)[kStates], const Args&) const {
+    const bool fast = whole(c);
 #pragma unroll
     for (int k = 0; k < kStates; ++k) {
-      uint8_t* codes =
-          static_cast<uint8_t*>(list(Rule::codes_slot(k))) + sb.start;
-      const bool aligned4 = reinterpret_cast<uintptr_t>(codes) % kOptVec == 0;
+      uint8_t* codes = const_cast<uint8_t*>(c.codes[k]);
+      const float a = maxes[k];
+      // q8::encode of each element: the block's a > 0 test taken once (a
+      // block of zeros, or a NaN maximum, is all zero codes)
+      uint32_t words[kRuns];
+      if (a > 0.0f) {
 #pragma unroll
-      for (int j = 0; j < kRuns; ++j) {
-        const int64_t i0 = run_start(j, lane);
-        const int count = run_count(i0, sb.length);
-        if (count == kOptVec && aligned4) {
-          AlignedVector<uint8_t, kOptVec> out;
+        for (int j = 0; j < kRuns; ++j) {
+          words[j] = 0;
 #pragma unroll
           for (int e = 0; e < kOptVec; ++e) {
-            out.val[e] = q8::encode(st.x[k][j][e], maxes[k], Rule::table(k));
+            words[j] |= static_cast<uint32_t>(q8::encode_fraction(
+                            st.x[k][j][e] / a, Rule::table(k)))
+                        << (8 * e);
           }
-          reinterpret_cast<AlignedVector<uint8_t, kOptVec>*>(
-              codes)[i0 / kOptVec] = out;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kRuns; ++j) {
+          words[j] =
+              static_cast<uint32_t>(q8::zero_lo(Rule::table(k))) * 0x01010101u;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kRuns; ++j) {
+        const int64_t i0 = c.start + run_start(j, lane);
+        const int64_t rest = c.length - run_start(j, lane);
+        const uint32_t word = words[j];
+        if (fast) {
+          reinterpret_cast<uint32_t*>(codes)[i0 / kOptVec] = word;
         } else {
-          for (int e = 0; e < count; ++e) {
-            codes[i0 + e] = q8::encode(st.x[k][j][e], maxes[k], Rule::table(k));
+#pragma unroll
+          for (int e = 0; e < kOptVec; ++e) {
+            if (e < rest) {
+              codes[i0 + e] = static_cast<uint8_t>(word >> (8 * e));
+            }
           }
         }
       }
       if (lane == 0) {
-        static_cast<float*>(list(Rule::absmax_slot(k)))[sb.qb] = maxes[k];
+        c.absmax[k][c.qb] = a;
       }
     }
   }

@@ -299,15 +299,18 @@ struct ReducesBlock<Op, std::void_t<decltype(Op::kReduceKind)>>
     : std::true_type {};
 
 // A functor that cooperates within warps (Op::kWarpMaxes defined): a block's
-// work is Op::rounds(meta, block, args...) rounds, round r taken by warp
-// r % (threads / 32); in a round every lane l runs
-//   phase1(meta, pos, r, l, lane_state, maxes, args...)
+// work is rounds, round r taken by warp r % (threads / 32). Each thread first
+// makes its cursor, c = op.cursor(meta, block, first, stride, args...) (first:
+// its warp's first round, stride: the warps of the block), which gives
+// Op::rounds(c) (the same count for every thread of a block) and is moved to
+// the thread's next round by Op::advance(c) after each round. In a round every
+// lane l runs
+//   phase1(c, l, lane_state, maxes, args...)
 // which fills maxes[kWarpMaxes], the warp takes the maximum of each over its
 // 32 lanes (kWarpMax; a xor-shuffle butterfly on the device, a loop in the
 // emulation: max is exact, so any order gives the same bits), and every lane
-// runs phase2(meta, pos, r, l, lane_state, maxes, args...). Op::Lane carries
-// a lane's registers from one phase to the other. rounds() must give every
-// thread of a block the same count.
+// runs phase2(c, l, lane_state, maxes, args...). Op::Lane carries a lane's
+// registers from one phase to the other.
 template <typename Op, typename = void>
 struct WarpRounds : std::false_type {};
 template <typename Op>

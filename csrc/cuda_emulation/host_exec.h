@@ -70,18 +70,24 @@ struct HostExec {
       constexpr int K = Op::kWarpMaxes;
       constexpr int W = cuda::kWarpSize;
       const int warps = threads / W;
-      const int rounds = op.rounds(where, block, args...);
+      // one cursor per warp: warp w's threads start at round w and take
+      // every warps-th round (all lanes of a warp hold the same cursor)
+      using Cursor = decltype(op.cursor(where, block, 0, warps, args...));
+      std::vector<Cursor> cursors;
+      for (int w = 0; w < warps; ++w) {
+        cursors.push_back(op.cursor(where, block, w, warps, args...));
+      }
+      const int rounds = Op::rounds(cursors[0]);
       std::vector<typename Op::Lane> state(W);
       struct Maxes {
         float v[K];
       };
       std::vector<Maxes> maxes(W);
       for (int r = 0; r < rounds; ++r) {
-        const int first = (r % warps) * W;
+        Cursor& cursor = cursors[r % warps];
         float total[K];
         for (int l = 0; l < W; ++l) {
-          op.phase1(where, GridPos{block, first + l, threads}, r, l, state[l],
-                    maxes[l].v, args...);
+          op.phase1(cursor, l, state[l], maxes[l].v, args...);
         }
         for (int k = 0; k < K; ++k) {
           total[k] = maxes[0].v[k];
@@ -90,9 +96,9 @@ struct HostExec {
           }
         }
         for (int l = 0; l < W; ++l) {
-          op.phase2(where, GridPos{block, first + l, threads}, r, l, state[l],
-                    total, args...);
+          op.phase2(cursor, l, state[l], total, args...);
         }
+        Op::advance(cursor);
       }
     } else if constexpr (cuda::ReducesBlock<Op>::value) {
       MIXPREC_INTERNAL_ASSERT(threads % 32 == 0 && threads <= 1024);

@@ -180,6 +180,40 @@ def test_kernels_match_the_reference_on_layouts_and_options(op, case):
         _assert_same(got, ref, f"{op} {name} {case}")
 
 
+def _offset_codes(args: Dict[str, Any], offset: int) -> Dict[str, Any]:
+    """``args`` with every code tensor moved to a buffer ``offset`` bytes past an aligned
+    start (the same codes; the kernels' 32-bit code words need 4-byte alignment)."""
+    out = dict(args)
+    for k in ("exp_avgs", "exp_avg_sqs", "momentum_buffers"):
+        if k in out:
+            out[k] = [torch.empty(c.numel() + offset, dtype=torch.uint8)[offset:]
+                      .view(c.shape).copy_(c) for c in out[k]]
+    return out
+
+
+@needs_ext
+@pytest.mark.parametrize("op", sorted(MAKERS))
+@pytest.mark.parametrize("codes_offset", [0, 1, 2])
+def test_whole_blocks_rows_and_misaligned_codes_match_the_reference(op, codes_offset):
+    """Whole 256-element blocks (rows that are multiples of 256, as GPT-2's, across CUDA
+    blocks that start mid-row; a 1-D tensor), codes aligned and not: the CUDA launcher's
+    whole-block path (16-byte loads, codes as 32-bit words) where every list is aligned
+    and its per-element path where the codes are not give the reference's bits."""
+    shapes = [(130, 768), (3, 512), (1, 1024), (600,), (40, 256)]
+    args = MAKERS[op](shapes, torch.bfloat16, torch.bfloat16, True, "contiguous", seed=8)
+    ref = _run_steps(op, getattr(_reference, op), args, torch.bfloat16, steps=2, seed=3)
+    for name, fn in _backends(op).items():
+        a = _offset_codes(_clone(args), codes_offset)
+        assert all(c.data_ptr() % 4 == codes_offset for c in a.get("exp_avgs", []) +
+                   a.get("momentum_buffers", []))
+        g = torch.Generator().manual_seed(3 + 1)
+        for _ in range(2):
+            a["grads"] = [(torch.randn(p.shape, generator=g) * 100).to(torch.bfloat16)
+                          for p in a["params"]]
+            fn(**a)
+        _assert_same(a, ref, f"{op} {name} codes_offset={codes_offset}")
+
+
 @needs_ext
 @pytest.mark.parametrize("op", sorted(MAKERS))
 @pytest.mark.parametrize("world", [2, 3, 4, 7])
