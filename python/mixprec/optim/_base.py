@@ -17,8 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
-from ..amp.notices import warn_ineffective
-from ..amp.protocol import StepScalars
+from .._step import StepScalars, warn_ineffective
 from . import _sr
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -26,15 +25,6 @@ _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 Bucket = Dict[str, List[Tensor]]
 BucketKey = Tuple[torch.device, bool]
-
-
-def _on(scalars: StepScalars, device: torch.device) -> StepScalars:
-    """``scalars`` on ``device`` (copied ``non_blocking`` where elsewhere). No host sync."""
-    given = (scalars.grad_scale, scalars.found_inf, scalars.clip_coef)
-    if all(not isinstance(t, Tensor) or t.device == device for t in given):
-        return scalars
-    return StepScalars(*(t if not isinstance(t, Tensor) or t.device == device
-                         else t.to(device, non_blocking=True) for t in given))
 
 
 def float32_copy(p: Tensor) -> Tensor:
@@ -99,7 +89,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     and :class:`~mixprec.optim.SGD`; not used directly.
 
     Subclasses declare :attr:`STATE` and define ``_run(bucket, group, scalars, args)``: the
-    ops' step, ``scalars`` the :class:`~mixprec.amp.protocol.StepScalars` on the bucket's
+    ops' step, ``scalars`` the :class:`~mixprec._step.StepScalars` on the bucket's
     device, ``args`` the keyword arguments every fused optimizer op takes (``lr``,
     ``weight_decay``... ``seed``), theirs to extend.
     """
@@ -307,16 +297,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             getattr(self, "grad_scale", None) if grad_scale is None else grad_scale,
             getattr(self, "found_inf", None) if found_inf is None else found_inf,
             getattr(self, "clip_coef", None) if clip_coef is None else clip_coef)
-        # checked before any state is created (attribute reads: torch 2.11's torch.compile
-        # traces no vars() of a frozen dataclass)
-        for name, t in (("grad_scale", scalars.grad_scale), ("found_inf", scalars.found_inf),
-                        ("clip_coef", scalars.clip_coef)):
-            if t is not None and not (isinstance(t, Tensor) and t.dtype == torch.float32
-                                      and t.numel() == 1):
-                got = (f"{t.dtype} of shape {list(t.shape)}" if isinstance(t, Tensor)
-                       else type(t).__name__)
-                raise RuntimeError(f"mixprec.optim.{type(self).__name__}.step: {name} must "
-                                   f"be a float32 tensor with one element, got {got}")
+        scalars.check(f"mixprec.optim.{type(self).__name__}.step")  # before any state exists
         if not self._rounding_checked[0]:
             self._warn_ineffective_rounding()
         if self._lr_tables:
@@ -390,24 +371,29 @@ class FusedOptimizer(torch.optim.Optimizer):
         its state completed (:meth:`_init_state`); so is every param of a DTensor group,
         which runs as its local shard (its state too)."""
         names = self.state_names(group)
-        needed = ("step", *names)
-        needed_with_master = ("master_param", *needed)
+        needed = frozenset(("step", *names))
+        needed_with_master = needed | {"master_param"}
         masters_on = bool(group.get("master_weights", True))
         sharded = _dtensor.any_dtensor(group["params"])
+        state_of = self.state
         # per (device, has master): the params, their grads, their states
         lists: Dict[BucketKey, Tuple[List[Tensor], List[Tensor], List[Dict[str, Any]]]] = {}
         for k, p in enumerate(group["params"]):
-            if p.grad is None:
+            grad = p.grad
+            if grad is None:
                 continue
-            state = self.state[p]
+            state = state_of[p]
             keeps = masters_on and p.dtype in _LOW_PRECISION  # the rule of keeps_master
-            if sharded or not all(key in state for key in (needed_with_master if keeps
-                                                           else needed)):
+            if sharded or not state.keys() >= (needed_with_master if keeps else needed):
                 self._check_param(index, k, p, sharded)
                 state = self._init_state(p, group)
-            for out, x in zip(lists.setdefault((p.device, keeps), ([], [], [])),
-                              (p, p.grad, state)):
-                out.append(x)
+            key = (p.device, keeps)
+            out = lists.get(key)
+            if out is None:
+                out = lists[key] = ([], [], [])
+            out[0].append(p)
+            out[1].append(grad)
+            out[2].append(state)
         buckets: Dict[BucketKey, Bucket] = {}
         for key, (params, grads, states) in lists.items():
             b = buckets[key] = {
@@ -431,7 +417,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             if device.type == "meta":
                 continue  # no data to compute on
             if device not in on_device:
-                on_device[device] = _on(scalars, device)
+                on_device[device] = scalars.on(device)
             table = self._lr_tables.get(index)
             lr = self.lr_tensor(index, device) if table is None else \
                 _lr_at(table, bucket["state_steps"][0], device)
