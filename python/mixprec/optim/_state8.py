@@ -10,7 +10,8 @@ and the usual op on the rest.
 Checkpoints save codes, maxima and ``quant`` as they are; they load as they are where the
 loading optimizer keeps the param in 8 bits (bit for bit, at any sharding), else converted
 (quantized, or read back to float32). The previous layout (:data:`FLAT_QUANT`) converts
-exactly where its blocks are rows' blocks, else is requantized with a warning. Every 8-bit
+exactly where its blocks are rows' blocks, else is requantized with a warning (read until
+mixprec 0.3.0, which retires it). Every 8-bit
 entry is checked first (:meth:`_check_loadable`), so a corrupt one changes nothing.
 """
 
@@ -32,7 +33,8 @@ __all__ = ["QUANT", "FLAT_QUANT", "EightBitState", "split_coded"]
 
 #: a quantized param's state["quant"]: mixprec.optim._quant8's tables, blocks inside rows
 QUANT = "dynamic8/rows/b256"
-#: the previous layout: blocks over the flattened tensor (a DTensor: over each shard)
+#: the previous layout: blocks over the flattened tensor (a DTensor: over each shard); its
+#: loader is kept through the 0.2 releases and retired in mixprec 0.3.0
 FLAT_QUANT = "dynamic8/b256"
 
 
