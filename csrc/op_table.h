@@ -488,4 +488,14 @@ void boxed_kernel(StableIValue* stack, uint64_t /*num_args*/,
 #define MIXPREC_IMPL(m, op, kernel_fn) \
   (m).impl(#op, &::mixprec::boxed_kernel<::mixprec::Op::op, kernel_fn>)
 
+// MIXPREC_IMPL_DENSE_AND_SPARSE(CPU, register_fn): register_fn(m) (its
+// MIXPREC_IMPL calls) in the STABLE_TORCH_LIBRARY_IMPL blocks of `backend`
+// and of its sparse key (CPU and SparseCPU, CUDA and SparseCUDA). A sparse
+// tensor routes the call to the sparse key, where the kernels' argument
+// checks reject it with a message naming the tensor (instead of a
+// missing-kernel error).
+#define MIXPREC_IMPL_DENSE_AND_SPARSE(backend, register_fn)          \
+  STABLE_TORCH_LIBRARY_IMPL(mixprec, backend, m) { register_fn(m); } \
+  STABLE_TORCH_LIBRARY_IMPL(mixprec, Sparse##backend, m) { register_fn(m); }
+
 }  // namespace mixprec
