@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
+from .._extension import EXT
 from . import _autograd, _dtensor_rules  # noqa: F401  (_autograd registers Autograd kernels)
 
 __all__ = ["unscale_and_check_", "unscale_and_norm_", "check_finite_", "check_finite_and_norm_",
@@ -39,7 +40,7 @@ _dtensor.on_dtensor_class(_dtensor_rules.register)
 #: Per op: the ``torch.ops.mixprec`` packet (what tensor subclasses and TorchFunctionModes
 #: see), its overload and the arguments it writes, bound once.
 _OPS = {name: (op, op.default, _autograd.written_arguments(op.default))
-        for name, op in ((n, getattr(torch.ops.mixprec, n)) for n in __all__)}
+        for name, op in ((n, getattr(torch.ops.mixprec, n)) for n in EXT.op_names)}
 
 
 def _call(name: str, *args: Any) -> Any:
@@ -49,8 +50,7 @@ def _call(name: str, *args: Any) -> Any:
     itself (:func:`mixprec.ops._autograd.call_below_autograd`)."""
     op, _, written = _OPS[name]
     try:
-        if _dtensor._CLS is None:  # DTensor arguments: their rules (_dtensor_rules) registered
-            _dtensor.dtensor_class()
+        _dtensor.dtensor_class()  # DTensor arguments: their rules (_dtensor_rules) registered
         if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
             return op(*args)
         return _autograd.call_below_autograd(op, name, written, args)

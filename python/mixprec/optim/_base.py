@@ -27,6 +27,15 @@ Bucket = Dict[str, List[Tensor]]
 BucketKey = Tuple[torch.device, bool]
 
 
+def _on(scalars: StepScalars, device: torch.device) -> StepScalars:
+    """``scalars`` on ``device`` (copied ``non_blocking`` where elsewhere). No host sync."""
+    given = (scalars.grad_scale, scalars.found_inf, scalars.clip_coef)
+    if all(not isinstance(t, Tensor) or t.device == device for t in given):
+        return scalars
+    return StepScalars(*(t if not isinstance(t, Tensor) or t.device == device
+                         else t.to(device, non_blocking=True) for t in given))
+
+
 def float32_copy(p: Tensor) -> Tensor:
     """A float32 copy of ``p``: a master weight. A DTensor stays one; another subclass
     (torchao's float8 wrapper) gets a plain tensor: state is never such a subclass."""
@@ -297,7 +306,16 @@ class FusedOptimizer(torch.optim.Optimizer):
             getattr(self, "grad_scale", None) if grad_scale is None else grad_scale,
             getattr(self, "found_inf", None) if found_inf is None else found_inf,
             getattr(self, "clip_coef", None) if clip_coef is None else clip_coef)
-        scalars.check(f"mixprec.optim.{type(self).__name__}.step")  # before any state exists
+        # checked before any state is created (attribute reads: torch 2.11's torch.compile
+        # traces no vars() of a frozen dataclass)
+        for name, t in (("grad_scale", scalars.grad_scale), ("found_inf", scalars.found_inf),
+                        ("clip_coef", scalars.clip_coef)):
+            if t is not None and not (isinstance(t, Tensor) and t.dtype == torch.float32
+                                      and t.numel() == 1):
+                got = (f"{t.dtype} of shape {list(t.shape)}" if isinstance(t, Tensor)
+                       else type(t).__name__)
+                raise RuntimeError(f"mixprec.optim.{type(self).__name__}.step: {name} must "
+                                   f"be a float32 tensor with one element, got {got}")
         if not self._rounding_checked[0]:
             self._warn_ineffective_rounding()
         if self._lr_tables:
@@ -417,7 +435,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             if device.type == "meta":
                 continue  # no data to compute on
             if device not in on_device:
-                on_device[device] = scalars.on(device)
+                on_device[device] = _on(scalars, device)
             table = self._lr_tables.get(index)
             lr = self.lr_tensor(index, device) if table is None else \
                 _lr_at(table, bucket["state_steps"][0], device)

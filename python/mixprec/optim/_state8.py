@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
-from .._step import StepScalars, op_kwargs
+from .._step import StepScalars
 from . import _quant8 as q8
 from . import _sr
 from ._base import Bucket
@@ -97,14 +97,15 @@ class EightBitState:
         ``only32``: keyword arguments of ``op`` only."""
         coded, rest = (split_coded(bucket, self._MOMENTS8[0][0])
                        if group.get("state_bits", 32) == 8 else (None, bucket))
+        # the one place the step's scalars become the ops' arguments
+        args = {**args, "grad_scale": scalars.grad_scale, "found_inf": scalars.found_inf,
+                "clip_coef": scalars.clip_coef}
         for b, fn, names, extra, sr in zip((coded, rest), (op8, op), (lists8, lists),
                                            ({}, only32), _sr.bucket_bases(coded, rest)):
             if b is not None and b["params"]:
-                fn(**op_kwargs(scalars, {
-                    "params": b["params"], "grads": b["grads"],
-                    "master_params": b["master_params"], "state_steps": b["state_steps"],
-                    "sr_bases": sr, **{k: b.get(v, []) for k, v in names.items()}},
-                    {**extra, **args}))
+                fn(params=b["params"], grads=b["grads"], master_params=b["master_params"],
+                   state_steps=b["state_steps"], sr_bases=sr,
+                   **{k: b.get(v, []) for k, v in names.items()}, **extra, **args)
 
     def _convert_state(self, p: Tensor, group: Dict[str, Any],
                        saved: Dict[str, Any]) -> Dict[str, Any]:
