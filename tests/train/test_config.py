@@ -20,7 +20,7 @@ ISSUE_FIELDS = [
     "master_weights", "optimizer_state_bits",  # (the 8-bit state issue's field)
     "max_grad_norm", "gradient_accumulation_steps",
     "fp8_recipe", "fp8_keep_first_last", "fp8_fsdp_all_gather",  # (the FP8 issue's fields)
-    "capture",  # (the trainer through capture_step)
+    "capture",  # (issue 31: the trainer through capture_step)
 ]
 
 
