@@ -30,7 +30,7 @@ PYTEST_ARGS ?=
 export MIXPREC_BUILD_TEST_EXT := 1
 
 .PHONY: help env python-env build demo test test-python test-python-cpu-torch abi-gates \
-        wheel test-wheel test-cpp test-isa lint format bench clean gpu-peers
+        wheel test-wheel test-cpp test-isa lint format bench clean gpu-peers torch-optim-suite
 
 help:
 	@echo "make demo     bootstrap .venv (torch $(TORCH_VERSION)), build, run the demo"
@@ -39,6 +39,7 @@ help:
 	@echo "make wheel    the release wheel (CPU and CUDA kernels, py3-none-manylinux) in dist/, gated"
 	@echo "make test-wheel  that wheel's suite with torch $(MATRIX_TORCHES)"
 	@echo "make bench    run the benchmarks (figures: benchmarks/README.md)"
+	@echo "make torch-optim-suite  torch's own test_optim.py against mixprec's Adam, AdamW, SGD"
 	@echo "PYTHON=...    use that interpreter (with torch) instead of .venv"
 
 # --- environment -----------------------------------------------------------------------
@@ -163,6 +164,20 @@ format: env
 
 bench: build
 	$(PY) benchmarks/bench_unscale.py
+
+# torch's own optimizer suite (test/test_optim.py of the installed torch's version, fetched
+# from pytorch's sources into TORCH_OPTIM_TEST: it is in neither the wheel nor this
+# repository) against torch's and mixprec's Adam, AdamW and SGD (tools/torch_optim_suite.py);
+# the tally per test in build/torch_optim_suite/report.md.
+TORCH_OPTIM_TEST ?= build/torch_tests/test_optim.py
+TORCH_OPTIM_SUITE_ARGS ?=
+torch-optim-suite: build
+	@test -f "$(TORCH_OPTIM_TEST)" || { echo "make torch-optim-suite: no $(TORCH_OPTIM_TEST);" \
+	  "put torch $$($(PY) -c 'import torch; print(torch.__version__)')'s test/test_optim.py" \
+	  "there (or give TORCH_OPTIM_TEST=...)" >&2; exit 2; }
+	PYTHONPATH=python $(PY) tools/torch_optim_suite.py $(TORCH_OPTIM_TEST) \
+	  --side torch --side mixprec --out build/torch_optim_suite \
+	  --report build/torch_optim_suite/report.md $(TORCH_OPTIM_SUITE_ARGS)
 
 # On a GPU machine without network: install the carried wheel (dist/*.whl; none: build from
 # source), refuse it if it was built at another commit (--allow-other-commit), then the open

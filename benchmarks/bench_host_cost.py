@@ -57,6 +57,13 @@ Checked once, untimed: the plans cover exactly the expected number of blocks.
 
     python benchmarks/bench_host_cost.py --emulated [--sizes 10,148,1000,2000] [--cpu-time]
 
+``--launches`` counts the ops each part of a scaler iteration dispatches (a
+``TorchDispatchMode`` sees every op that reaches a backend kernel: on CUDA, each is a
+launch or a copy), mixprec's and torch's side by side, on the CPU, at ``--sizes`` fp32
+params:
+
+    python benchmarks/bench_host_cost.py --launches [--sizes 10,148,1000]
+
 ``--captured`` times what a captured step (``mixprec.capture_step``) does on the host per
 call besides the replay launch: ``prepare()`` and the copy of the inputs into the static
 buffers, at ``--sizes`` param tensors (default 148, GPT-2 small's count), on the CPU:
@@ -385,6 +392,53 @@ def captured_call(n: int, numel: int, rounds: int) -> int:
     return 0
 
 
+def count_launches(sizes: List[int]) -> int:
+    """``--launches``: per scaler part (``unscale_``, ``step``, ``update()``) and for a bare
+    ``optimizer.step()``, the ops a dispatch mode sees that are not views or the profiler's
+    markers (each a kernel launch or a copy on CUDA), mixprec's (GradScaler + AdamW) and
+    torch's (GradScaler + AdamW(fused=True)); each op with its count, for ``update()``."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: Counter = Counter()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            name = str(func.overloadpacket)
+            if not func.is_view and not name.startswith("profiler."):  # (launch nothing)
+                self.ops[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    print(f"{'side':<8} {'n':>5} {'unscale_':>9} {'step':>5} {'update':>7} {'opt.step':>9}"
+          "  update()'s ops")
+    for n in sizes:
+        for side, scaler, make in (
+                ("mixprec", mixprec.GradScaler("cpu", init_scale=1.0),
+                 lambda p: mixprec.optim.AdamW(p, lr=1e-3)),
+                ("torch", torch.amp.GradScaler("cpu", init_scale=1.0),
+                 lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True))):
+            opt = make(_params(n, 1, torch.float32, "cpu"))
+            scaler.scale(torch.ones(()))
+            for _ in range(2):  # state and flags created outside the count
+                scaler.unscale_(opt)
+                scaler.step(opt)
+                scaler.update()
+            counts = []
+            for part, part_args in ((scaler.unscale_, (opt,)), (scaler.step, (opt,)),
+                                    (scaler.update, ()), (opt.step, ())):
+                with Count() as c:
+                    part(*part_args)
+                counts.append(c)
+            print(f"{side:<8} {n:>5} " + " ".join(
+                f"{sum(c.ops.values()):>{w}}" for c, w in zip(counts, (9, 5, 7, 9)))
+                + "  " + ", ".join(f"{k} x{v}" for k, v in sorted(counts[2].ops.items())))
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -411,8 +465,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--captured", action="store_true",
                     help="a captured call's prepare() + input copy on the CPU, at --sizes[0] "
                          "param tensors (GPT-2 small: 148)")
+    ap.add_argument("--launches", action="store_true",
+                    help="count the ops dispatched per scaler part and optimizer step (CPU)")
     ap.add_argument("--json", default=None, help=argparse.SUPPRESS)  # (the child's table)
     args = ap.parse_args(argv)
+    if args.launches:
+        return count_launches([int(s) for s in (args.sizes if args.sizes != ap.get_default(
+            "sizes") else "10,148,1000").split(",")])
     if args.captured:
         n = int(args.sizes.split(",")[0]) if args.sizes != ap.get_default("sizes") else 148
         return captured_call(n, args.numel, args.rounds)

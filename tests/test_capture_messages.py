@@ -1,4 +1,4 @@
-"""Issue 37 item 7: capture_step's usage errors name the argument (and a body without
+"""capture_step's usage errors name the argument (and a body without
 ``scaler.update()`` gets the documented CaptureError at the default warmup, not torch's
 message from inside the scaler); op lists with a meta tensor say so."""
 

@@ -83,19 +83,30 @@ void check_disjoint(const char* op, const char* name, TensorList tensors) {
     uintptr_t end;
     size_t index;
   };
+  // (an undefined first tensor has no device to compare with: named here, as
+  // the member checks would name it)
+  MIXPREC_CHECK(tensors[0].defined(), "mixprec.", op, ": ", name,
+                "[0] is undefined");
+  const Device device = tensors[0].device();
   std::vector<Span> spans;
   spans.reserve(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    if (!t.defined() || t.layout() != Layout::Strided || t.numel() == 0 ||
-        !is_dense(t) || t.data_ptr() == nullptr ||
-        t.device() != tensors[0].device()) {
+    if (!t.defined() || t.layout() != Layout::Strided) {
       continue;
     }
-    const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+    const int64_t numel = t.numel();
+    if (numel == 0 || !is_dense(t)) {
+      continue;
+    }
+    const void* data = t.data_ptr();
+    if (data == nullptr || t.device() != device) {
+      continue;
+    }
+    const auto begin = reinterpret_cast<uintptr_t>(data);
     spans.push_back(
         {begin,
-         begin + static_cast<uintptr_t>(t.numel() *
+         begin + static_cast<uintptr_t>(numel *
                                         static_cast<int64_t>(t.element_size())),
          i});
   }

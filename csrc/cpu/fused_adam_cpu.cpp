@@ -107,14 +107,13 @@ void fused_adam8_cpu(const OpArgs<Op::fused_adam8_>& args) {
 }  // namespace cpu
 }  // namespace mixprec
 
-STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
+namespace {
+
+void register_kernels(torch::stable::detail::StableLibrary& m) {
   MIXPREC_IMPL(m, fused_adam_, &mixprec::cpu::fused_adam_cpu);
   MIXPREC_IMPL(m, fused_adam8_, &mixprec::cpu::fused_adam8_cpu);
 }
 
-// A sparse grad routes the call here; the argument checks then reject it with
-// a message naming the grad (instead of a missing-kernel error).
-STABLE_TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
-  MIXPREC_IMPL(m, fused_adam_, &mixprec::cpu::fused_adam_cpu);
-  MIXPREC_IMPL(m, fused_adam8_, &mixprec::cpu::fused_adam8_cpu);
-}
+}  // namespace
+
+MIXPREC_IMPL_DENSE_AND_SPARSE(CPU, register_kernels)

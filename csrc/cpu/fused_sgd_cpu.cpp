@@ -99,14 +99,13 @@ void fused_sgd8_cpu(const OpArgs<Op::fused_sgd8_>& args) {
 }  // namespace cpu
 }  // namespace mixprec
 
-STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
+namespace {
+
+void register_kernels(torch::stable::detail::StableLibrary& m) {
   MIXPREC_IMPL(m, fused_sgd_, &mixprec::cpu::fused_sgd_cpu);
   MIXPREC_IMPL(m, fused_sgd8_, &mixprec::cpu::fused_sgd8_cpu);
 }
 
-// A sparse grad routes the call here; the argument checks then reject it with
-// a message naming the grad (instead of a missing-kernel error).
-STABLE_TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
-  MIXPREC_IMPL(m, fused_sgd_, &mixprec::cpu::fused_sgd_cpu);
-  MIXPREC_IMPL(m, fused_sgd8_, &mixprec::cpu::fused_sgd8_cpu);
-}
+}  // namespace
+
+MIXPREC_IMPL_DENSE_AND_SPARSE(CPU, register_kernels)

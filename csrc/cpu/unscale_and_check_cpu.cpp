@@ -45,14 +45,13 @@ void check_finite_cpu(const OpArgs<Op::check_finite_>& a) {
 }  // namespace cpu
 }  // namespace mixprec
 
-STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
+namespace {
+
+void register_kernels(torch::stable::detail::StableLibrary& m) {
   MIXPREC_IMPL(m, unscale_and_check_, &mixprec::cpu::unscale_and_check_cpu);
   MIXPREC_IMPL(m, check_finite_, &mixprec::cpu::check_finite_cpu);
 }
 
-// Sparse tensors reach these kernels through the SparseCPU key; the
-// kernel's argument checks then reject them with a message naming the tensor.
-STABLE_TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
-  MIXPREC_IMPL(m, unscale_and_check_, &mixprec::cpu::unscale_and_check_cpu);
-  MIXPREC_IMPL(m, check_finite_, &mixprec::cpu::check_finite_cpu);
-}
+}  // namespace
+
+MIXPREC_IMPL_DENSE_AND_SPARSE(CPU, register_kernels)

@@ -70,16 +70,14 @@ Tensor check_finite_and_norm_cpu(const OpArgs<Op::check_finite_and_norm_>& a) {
 }  // namespace cpu
 }  // namespace mixprec
 
-STABLE_TORCH_LIBRARY_IMPL(mixprec, CPU, m) {
+namespace {
+
+void register_kernels(torch::stable::detail::StableLibrary& m) {
   MIXPREC_IMPL(m, unscale_and_norm_, &mixprec::cpu::unscale_and_norm_cpu);
   MIXPREC_IMPL(m, check_finite_and_norm_,
                &mixprec::cpu::check_finite_and_norm_cpu);
 }
 
-// Sparse tensors reach these kernels through the SparseCPU key; the
-// kernel's argument checks then reject them with a message naming the tensor.
-STABLE_TORCH_LIBRARY_IMPL(mixprec, SparseCPU, m) {
-  MIXPREC_IMPL(m, unscale_and_norm_, &mixprec::cpu::unscale_and_norm_cpu);
-  MIXPREC_IMPL(m, check_finite_and_norm_,
-               &mixprec::cpu::check_finite_and_norm_cpu);
-}
+}  // namespace
+
+MIXPREC_IMPL_DENSE_AND_SPARSE(CPU, register_kernels)

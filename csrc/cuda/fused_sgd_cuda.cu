@@ -15,14 +15,13 @@ constexpr auto fused_sgd8_cuda = &fused_sgd8_launch<DeviceExec>;
 }  // namespace cuda
 }  // namespace mixprec
 
-STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
+namespace {
+
+void register_kernels(torch::stable::detail::StableLibrary& m) {
   MIXPREC_IMPL(m, fused_sgd_, mixprec::cuda::fused_sgd_cuda);
   MIXPREC_IMPL(m, fused_sgd8_, mixprec::cuda::fused_sgd8_cuda);
 }
 
-// A sparse grad routes the call here; the argument checks then reject it with
-// a message naming the grad (instead of a missing-kernel error).
-STABLE_TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
-  MIXPREC_IMPL(m, fused_sgd_, mixprec::cuda::fused_sgd_cuda);
-  MIXPREC_IMPL(m, fused_sgd8_, mixprec::cuda::fused_sgd8_cuda);
-}
+}  // namespace
+
+MIXPREC_IMPL_DENSE_AND_SPARSE(CUDA, register_kernels)

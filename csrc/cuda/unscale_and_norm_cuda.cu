@@ -13,16 +13,14 @@ namespace cu = mixprec::cuda;
 using cu::DeviceExec;
 }  // namespace
 
-STABLE_TORCH_LIBRARY_IMPL(mixprec, CUDA, m) {
+namespace {
+
+void register_kernels(torch::stable::detail::StableLibrary& m) {
   MIXPREC_IMPL(m, unscale_and_norm_, &cu::unscale_and_norm_launch<DeviceExec>);
   MIXPREC_IMPL(m, check_finite_and_norm_,
                &cu::check_finite_and_norm_launch<DeviceExec>);
 }
 
-// Sparse tensors reach these kernels through the SparseCUDA key; the
-// kernel's argument checks then reject them with a message naming the tensor.
-STABLE_TORCH_LIBRARY_IMPL(mixprec, SparseCUDA, m) {
-  MIXPREC_IMPL(m, unscale_and_norm_, &cu::unscale_and_norm_launch<DeviceExec>);
-  MIXPREC_IMPL(m, check_finite_and_norm_,
-               &cu::check_finite_and_norm_launch<DeviceExec>);
-}
+}  // namespace
+
+MIXPREC_IMPL_DENSE_AND_SPARSE(CUDA, register_kernels)

@@ -93,13 +93,11 @@ class SyncDetector(TorchDispatchMode):
     that would sync on CUDA are counted on any device, so a CPU run proves the CUDA step
     sync-free (``.item()`` of a CPU tensor counts: capture would bake the value in).
 
-    ``raise_on_sync``: raise :class:`CaptureError` at the first one instead of counting.
     ``events``: the :class:`SyncEvent` seen, in order; ``count``: their number.
     """
 
-    def __init__(self, raise_on_sync: bool = False) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.raise_on_sync = raise_on_sync
         self.events: List[SyncEvent] = []
 
     @property
@@ -140,14 +138,6 @@ class SyncDetector(TorchDispatchMode):
         if reason is not None:
             event = SyncEvent(func.name().split(".")[0], reason, _user_frame())
             self.events.append(event)
-            if self.raise_on_sync:
-                raise CaptureError(
-                    f"mixprec.capture: the step syncs with the host: {event}. A CUDA graph "
-                    "cannot capture a host read (capture fails, or the value read at capture "
-                    "would be replayed forever). Keep the value on the device (e.g. return "
-                    "the loss tensor, log it after the step; use scaler.found_inf() instead "
-                    "of step_was_skipped)."
-                )
         return out
 
 

@@ -1,4 +1,4 @@
-"""Issue 36 item 4: ``MixedPrecisionTrainer.save_state``/``load_state`` on a sharded
+"""``MixedPrecisionTrainer.save_state``/``load_state`` on a sharded
 (FSDP2) model write and read a DCP directory, so a run resumes on another world size:
 saved on 2 gloo ranks and loaded on 4, and 4 -> 2; 32-bit AdamW state, a scaler and an LR
 scheduler. The state after the load equals the state at the save, bit for bit, and the

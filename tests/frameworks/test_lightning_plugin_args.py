@@ -1,4 +1,4 @@
-"""Issue 37 item 7: precision_plugin refuses a scaler that is not a GradScaler and an
+"""precision_plugin refuses a scaler that is not a GradScaler and an
 unknown device at the call (before: accepted, and failing inside ``fit``)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Python package's layers: no import cycle under python/mixprec (imports made only for
 type checking count too), the scaler layer (``amp``) never imports the optimizer layer
-(``optim``); both stand on ``ops``; no module reads a private attribute
-(``obj._name``) that another mixprec module defines; the path of a scaler iteration
+(``optim``) nor the reverse; both stand on ``ops`` and ``_step``; no module reads a private
+attribute (``obj._name``) that another mixprec module defines; the path of a scaler iteration
 never calls back into a file it came through (a helper that takes its owner and calls it
 back does); and following ``scaler.step(optimizer)`` opens each file once (the op layer
 once per op).
@@ -97,6 +97,18 @@ def test_the_scaler_layer_does_not_import_the_optimizers() -> None:
     bad = sorted((m, t) for m in graph if m.startswith("mixprec.amp")
                  for t in graph[m] if t.startswith("mixprec.optim"))
     assert bad == []
+
+
+def test_the_optimizer_layer_does_not_import_the_scaler() -> None:
+    """As torch's optimizers take the scaler's tensors without importing the scaler, the
+    optimizers take ``StepScalars`` (and raise ``IneffectiveSettingWarning``) from
+    ``mixprec._step``, below both layers."""
+    graph = import_graph()
+    bad = sorted((m, t) for m in graph if m.startswith("mixprec.optim")
+                 for t in graph[m] if t.startswith("mixprec.amp"))
+    assert bad == []
+    assert {"mixprec._step"} <= graph["mixprec.optim._base"]
+    assert {"mixprec._step"} <= graph["mixprec.amp.protocol"]
 
 
 #: Private attributes of torch's objects that mixprec reads, with the reason. They are

@@ -1,4 +1,4 @@
-"""Issue 37 for the trainer and the manager: every load checks first, then changes (a
+"""The trainer and the manager: every load checks first, then changes (a
 refused checkpoint leaves trainer, model, optimizer, scaler and scheduler exactly as they
 were); a setup that refuses does so before it converts anything; the manager keeps the
 user's LR scheduler working in MANUAL mode; a setting that does nothing warns once, and
@@ -348,7 +348,7 @@ def test_copy_of_a_state_is_not_aliased() -> None:
     assert copy.deepcopy(state)["a"]["b"].sum() == 2
 
 
-# -- output (issue 37 item 8) -------------------------------------------------------------
+# -- output ------------------------------------------------------------------------------
 def _loader() -> List[Tuple[torch.Tensor, torch.Tensor]]:
     return batches(4, seed=3)
 

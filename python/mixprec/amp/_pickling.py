@@ -20,7 +20,9 @@ _DEFAULTS: dict[str, Any] = {
 
 def complete_state(state: dict[str, Any]) -> dict[str, Any]:
     """``state`` (a pickled scaler's ``__dict__``) with every mixprec attribute present;
-    updated in place and returned."""
+    updated in place and returned. The attributes of earlier mixprec pickles
+    (``_mp_last_found``, ``_mp_host_found``) are read until mixprec 0.3.0, which retires
+    them."""
     old_last = state.pop("_mp_last_found", None)
     state.pop("_mp_host_found", None)
     if "_mp_last" not in state:

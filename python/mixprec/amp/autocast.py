@@ -102,7 +102,7 @@ class autocast(torch.autocast):
 
     def __enter__(self) -> autocast:  # type: ignore[override]
         super().__enter__()
-        if not torch._jit_internal.is_scripting():
+        if not torch.jit.is_scripting():
             self._stack().append((self.prev_cache_enabled, self.prev, self.prev_fastdtype))
         return self
 

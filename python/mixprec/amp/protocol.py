@@ -1,9 +1,9 @@
 """The scaler <-> optimizer protocol of :class:`mixprec.GradScaler`.
 
 How :meth:`GradScaler.step <mixprec.GradScaler.step>` hands an optimizer that skips its own step on
-the device (``_step_supports_amp_scaling``) its :class:`StepScalars`: mixprec's optimizers as
-arguments, as the C++ ``FusedOptimizer::step_with`` (:func:`step_direct`); others (torch's
-``fused=True`` ones) as attributes set for the call (:func:`step_with_attributes`).
+the device (``_step_supports_amp_scaling``) its :class:`~mixprec._step.StepScalars`: mixprec's
+optimizers as arguments, as the C++ ``FusedOptimizer::step_with`` (:func:`step_direct`); others
+(torch's ``fused=True`` ones) as attributes set for the call (:func:`step_with_attributes`).
 Besides torch's ``stage`` and ``found_inf_per_device``, mixprec keeps an :class:`OptimizerRecord`
 per optimizer and iteration (under :data:`RECORD_KEY` in ``GradScaler._per_optimizer_states``, so
 ``update()`` resets it with torch's state) and an :class:`IterationRecord` of the last iteration.
@@ -13,39 +13,17 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
+from .._step import StepScalars
+
 __all__ = ["RECORD_KEY", "OptimizerRecord", "IterationRecord", "StepScalars", "step_amp_aware",
            "step_scalars", "step_direct", "step_with_attributes", "any_found"]
 
-
-@dataclass(frozen=True)
-class StepScalars:
-    """The scalars a scaler hands one optimizer step: the fused optimizer ops'
-    ``grad_scale``/``found_inf``/``clip_coef`` arguments, left on the device (no sync). The C++
-    twin is ``mixprec::optim::StepScalars``, with the same fields.
-
-    Attributes:
-        grad_scale: the loss scale the grads still carry (float32, one element), or ``None``.
-        found_inf: 1.0 when a grad held inf/NaN: the step is skipped (a float32 one-element
-            tensor; the int 0 where torch's attribute protocol passes one).
-        clip_coef: the folded clip's coefficient (float32, one element), or ``None``.
-    """
-
-    grad_scale: Optional[Tensor] = None
-    found_inf: Union[int, Tensor, None] = None
-    clip_coef: Optional[Tensor] = None
-
-    def as_kwargs(self) -> Dict[str, Any]:
-        """The fields by name, as the ops' keyword arguments (attribute reads only, which
-        every torch.compile of the supported torch releases traces; ``vars()`` of a frozen
-        dataclass is not traced by torch 2.11's)."""
-        return {"grad_scale": self.grad_scale, "found_inf": self.found_inf,
-                "clip_coef": self.clip_coef}
 
 #: Key of the :class:`OptimizerRecord` in a per-optimizer state dict.
 RECORD_KEY = "mixprec"

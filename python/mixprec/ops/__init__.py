@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
+from .._extension import EXT
 from . import _autograd, _dtensor_rules  # noqa: F401  (_autograd registers Autograd kernels)
 
 __all__ = ["unscale_and_check_", "unscale_and_norm_", "check_finite_", "check_finite_and_norm_",
@@ -36,12 +37,23 @@ for _name in ("unscale_and_norm_", "check_finite_and_norm_"):
 _dtensor.on_dtensor_class(_dtensor_rules.register)
 
 
+#: Per op: the ``torch.ops.mixprec`` packet (what tensor subclasses and TorchFunctionModes
+#: see), its overload and the arguments it writes, bound once.
+_OPS = {name: (op, op.default, _autograd.written_arguments(op.default))
+        for name, op in ((n, getattr(torch.ops.mixprec, n)) for n in EXT.op_names)}
+
+
 def _call(name: str, *args: Any) -> Any:
     """Run ``torch.ops.mixprec.<name>`` on ``args`` (all positional, in the schema's order;
-    each wrapper names its parameters: torch 2.11's torch.compile traces no ``locals()``)."""
+    each wrapper names its parameters: torch 2.11's torch.compile traces no ``locals()``).
+    Outside torch.compile and inference mode the wrapper does the Autograd kernel's work
+    itself (:func:`mixprec.ops._autograd.call_below_autograd`)."""
+    op, _, written = _OPS[name]
     try:
         _dtensor.dtensor_class()  # DTensor arguments: their rules (_dtensor_rules) registered
-        return getattr(torch.ops.mixprec, name)(*args)
+        if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+            return op(*args)
+        return _autograd.call_below_autograd(op, name, written, args)
     except (RuntimeError, NotImplementedError) as e:
         meta = _meta_argument(name, args)
         if meta is None:
@@ -54,7 +66,7 @@ def _call(name: str, *args: Any) -> Any:
 
 def _meta_argument(name: str, args: Sequence[Any]) -> Optional[str]:
     """The first argument that is (or holds) a tensor on ``meta``, as ``grads[1]``, or None."""
-    schema = getattr(torch.ops.mixprec, name).default._schema
+    schema = _OPS[name][1]._schema
     for arg_name, a in zip((a.name for a in schema.arguments), args):
         if isinstance(a, Tensor):
             if a.is_meta:

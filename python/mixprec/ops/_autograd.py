@@ -10,6 +10,9 @@ implemented" fallback would run):
 * redispatches below autograd (outputs never require grad);
 * bumps the version counter of every written tensor, in one call, as torch's in-place ops do.
 
+The wrappers of :mod:`mixprec.ops` do the same work themselves (:func:`call_below_autograd`),
+so that their calls skip the dispatcher's round trip through this Python kernel.
+
 The torch helpers it needs (:data:`HELPERS`) are looked up at import: a torch without one fails
 here, naming it. libmixprec (C++, no Python) has the same kernels in csrc/autograd.cpp.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from operator import attrgetter
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Sequence, Tuple
 
 import torch
 
@@ -44,6 +47,16 @@ _below, _after_keyset, _redispatch, _bump = (_helper(h) for h in HELPERS)
 _requires_grad = attrgetter("requires_grad")
 
 
+#: Per op: the schema arguments it writes in place, as ``(position, name)``.
+Written = List[Tuple[int, str]]
+
+
+def written_arguments(op: torch._ops.OpOverload) -> Written:
+    """The arguments the schema of ``op`` marks as written (``Tensor(a!)``, ``Tensor(a!)[]``)."""
+    return [(i, a.name) for i, a in enumerate(op._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write]
+
+
 def _refuse(name: str, arg: str, value: Any) -> None:
     """Raise if ``value`` (argument ``arg`` of op ``name``, a tensor or list) requires grad."""
     tensors = value if isinstance(value, (list, tuple)) else [value]
@@ -54,25 +67,50 @@ def _refuse(name: str, arg: str, value: Any) -> None:
                            "in place; call the op under torch.no_grad() or pass detached tensors")
 
 
+def _written_values(written: Written, args: Sequence[Any]) -> List[Tuple[str, Any]]:
+    # (the dispatcher passes the arguments positionally, less trailing defaults)
+    return [(arg, args[i]) for i, arg in written if i < len(args) and args[i] is not None]
+
+
+def _bump_all(values: List[Tuple[str, Any]]) -> None:
+    bumped: List[torch.Tensor] = []
+    for _, value in values:
+        if isinstance(value, (list, tuple)):
+            bumped += value
+        else:
+            bumped.append(value)
+    _bump(bumped)
+
+
+def call_below_autograd(op: Callable[..., Any], name: str, written: Written,
+                        args: Sequence[Any]) -> Any:
+    """``op(*args)`` doing the Autograd kernel's work itself (the refusal with grad mode on,
+    the call below autograd, the version bump): the same effects, without the dispatcher's
+    round trip through the Python kernel (each argument converted to Python and back)."""
+    values = _written_values(written, args)
+    if torch.is_grad_enabled():
+        for arg, value in values:
+            _refuse(name, arg, value)
+    with _below():
+        out = op(*args)
+    _bump_all(values)
+    return out
+
+
 def _kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
     """The Autograd-key kernel of ``op`` (registered ``with_keyset``)."""
     name = op._schema.name.split("::")[-1]
-    written = [(i, a.name) for i, a in enumerate(op._schema.arguments)
-               if a.alias_info is not None and a.alias_info.is_write]
+    written = written_arguments(op)
     redispatch = functools.partial(_redispatch, op)
 
     def kernel(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
-        # (the dispatcher passes the arguments positionally, less trailing defaults)
-        values = [(arg, args[i]) for i, arg in written if i < len(args) and args[i] is not None]
+        values = _written_values(written, args)
         if torch.is_grad_enabled():
             for arg, value in values:
                 _refuse(name, arg, value)
         with _below():
             out = redispatch(keyset & _after_keyset, *args)
-        bumped: List[torch.Tensor] = []
-        for _, value in values:
-            bumped += value if isinstance(value, (list, tuple)) else [value]
-        _bump(bumped)
+        _bump_all(values)
         return out
 
     return kernel

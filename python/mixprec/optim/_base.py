@@ -17,8 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
-from ..amp.notices import warn_ineffective
-from ..amp.protocol import StepScalars
+from .._step import StepScalars, warn_ineffective
 from . import _sr
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -99,7 +98,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     and :class:`~mixprec.optim.SGD`; not used directly.
 
     Subclasses declare :attr:`STATE` and define ``_run(bucket, group, scalars, args)``: the
-    ops' step, ``scalars`` the :class:`~mixprec.amp.protocol.StepScalars` on the bucket's
+    ops' step, ``scalars`` the :class:`~mixprec._step.StepScalars` on the bucket's
     device, ``args`` the keyword arguments every fused optimizer op takes (``lr``,
     ``weight_decay``... ``seed``), theirs to extend.
     """
@@ -401,24 +400,29 @@ class FusedOptimizer(torch.optim.Optimizer):
         its state completed (:meth:`_init_state`); so is every param of a DTensor group,
         which runs as its local shard (its state too)."""
         names = self.state_names(group)
-        needed = ("step", *names)
-        needed_with_master = ("master_param", *needed)
+        needed = frozenset(("step", *names))
+        needed_with_master = needed | {"master_param"}
         masters_on = bool(group.get("master_weights", True))
         sharded = _dtensor.any_dtensor(group["params"])
+        state_of = self.state
         # per (device, has master): the params, their grads, their states
         lists: Dict[BucketKey, Tuple[List[Tensor], List[Tensor], List[Dict[str, Any]]]] = {}
         for k, p in enumerate(group["params"]):
-            if p.grad is None:
+            grad = p.grad
+            if grad is None:
                 continue
-            state = self.state[p]
+            state = state_of[p]
             keeps = masters_on and p.dtype in _LOW_PRECISION  # the rule of keeps_master
-            if sharded or not all(key in state for key in (needed_with_master if keeps
-                                                           else needed)):
+            if sharded or not state.keys() >= (needed_with_master if keeps else needed):
                 self._check_param(index, k, p, sharded)
                 state = self._init_state(p, group)
-            for out, x in zip(lists.setdefault((p.device, keeps), ([], [], [])),
-                              (p, p.grad, state)):
-                out.append(x)
+            key = (p.device, keeps)
+            out = lists.get(key)
+            if out is None:
+                out = lists[key] = ([], [], [])
+            out[0].append(p)
+            out[1].append(grad)
+            out[2].append(state)
         buckets: Dict[BucketKey, Bucket] = {}
         for key, (params, grads, states) in lists.items():
             b = buckets[key] = {

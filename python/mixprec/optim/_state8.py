@@ -10,7 +10,8 @@ and the usual op on the rest.
 Checkpoints save codes, maxima and ``quant`` as they are; they load as they are where the
 loading optimizer keeps the param in 8 bits (bit for bit, at any sharding), else converted
 (quantized, or read back to float32). The previous layout (:data:`FLAT_QUANT`) converts
-exactly where its blocks are rows' blocks, else is requantized with a warning. Every 8-bit
+exactly where its blocks are rows' blocks, else is requantized with a warning (read until
+mixprec 0.3.0, which retires it). Every 8-bit
 entry is checked first (:meth:`_check_loadable`), so a corrupt one changes nothing.
 """
 
@@ -23,6 +24,7 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
+from .._step import StepScalars
 from . import _quant8 as q8
 from . import _sr
 from ._base import Bucket
@@ -31,7 +33,8 @@ __all__ = ["QUANT", "FLAT_QUANT", "EightBitState", "split_coded"]
 
 #: a quantized param's state["quant"]: mixprec.optim._quant8's tables, blocks inside rows
 QUANT = "dynamic8/rows/b256"
-#: the previous layout: blocks over the flattened tensor (a DTensor: over each shard)
+#: the previous layout: blocks over the flattened tensor (a DTensor: over each shard); its
+#: loader is kept through the 0.2 releases and retired in mixprec 0.3.0
 FLAT_QUANT = "dynamic8/b256"
 
 
@@ -86,7 +89,7 @@ class EightBitState:
                 state["quant"] = QUANT
         return super()._init_state(p, group)  # type: ignore[misc]
 
-    def _run_split(self, bucket: Bucket, group: Dict[str, Any], scalars: Any,
+    def _run_split(self, bucket: Bucket, group: Dict[str, Any], scalars: StepScalars,
                    args: Dict[str, Any], op8: Callable[..., None], lists8: Dict[str, str],
                    op: Callable[..., None], lists: Dict[str, str], **only32: Any) -> None:
         """The step of one bucket: ``op8`` on its 8-bit params, ``op`` on the rest.
@@ -94,8 +97,9 @@ class EightBitState:
         ``only32``: keyword arguments of ``op`` only."""
         coded, rest = (split_coded(bucket, self._MOMENTS8[0][0])
                        if group.get("state_bits", 32) == 8 else (None, bucket))
-        args.update(grad_scale=scalars.grad_scale, found_inf=scalars.found_inf,
-                    clip_coef=scalars.clip_coef)
+        # the one place the step's scalars become the ops' arguments
+        args = {**args, "grad_scale": scalars.grad_scale, "found_inf": scalars.found_inf,
+                "clip_coef": scalars.clip_coef}
         for b, fn, names, extra, sr in zip((coded, rest), (op8, op), (lists8, lists),
                                            ({}, only32), _sr.bucket_bases(coded, rest)):
             if b is not None and b["params"]:

@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 from torch import Tensor
 
 from .. import ops
-from ..amp.protocol import StepScalars
+from .._step import StepScalars
 from . import _quant8 as q8
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
 from ._state8 import EightBitState
