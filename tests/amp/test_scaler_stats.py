@@ -73,3 +73,19 @@ def _drive_one(s):
     p.grad = torch.ones(1)
     s.step(torch.optim.SGD([p], lr=0.0))
     s.update()
+
+
+@pytest.mark.parametrize("hysteresis", [1, 3])
+def test_state_dict_and_stats_in_one_read_equal_the_two_calls(device, hysteresis):
+    s = mixprec.GradScaler(device, init_scale=2.0**10, growth_interval=2, hysteresis=hysteresis)
+    p = torch.nn.Parameter(torch.zeros(3, device=device))
+    opt = RecordingOptimizer([p], supports_amp=True, lr=0.0)
+    assert s.state_dict_and_stats() == (s.state_dict(), s.stats())  # before any update
+    for found in (False, True, False, False, True, True, False):
+        s.scale(torch.ones((), device=device))
+        p.grad = torch.full((3,), INF if found else 1.0, device=device)
+        s.step(opt)
+        s.update()
+        assert s.state_dict_and_stats() == (s.state_dict(), s.stats())
+    off = mixprec.GradScaler(device, enabled=False)
+    assert off.state_dict_and_stats() == ({}, off.stats())

@@ -197,3 +197,18 @@ def test_a_scaler_or_clip_on_the_optimizer_is_refused_before_any_step(attr: str,
     for k, v in model.state_dict().items():
         assert_bitwise_equal(v, before[k], k)
     assert not opt.state
+
+
+def test_an_enabled_grad_scaler_refuses_a_released_optimizer() -> None:
+    model = _Cast(_model())
+    opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
+    handle = release_gradients(model, opt, bucket_bytes=1 << 30)
+    scaler = mixprec.GradScaler("cpu", init_scale=4.0)
+    scaler.scale(model(torch.randn(8, 16)).pow(2).mean()).backward()
+    for call in (lambda: scaler.unscale_(opt), lambda: scaler.step(opt)):
+        with pytest.raises(RuntimeError, match="gradients are released.*cannot be combined"):
+            call()
+    assert not opt.state  # (the grads were all in the pending bucket: nothing stepped)
+    handle.remove()
+    scaler.step(opt)  # a plain optimizer again
+    assert all(float(opt.state[p]["step"]) == 1 for p in model.parameters())

@@ -65,6 +65,8 @@ SUBPACKAGES = {
         "StepMetrics",
         "fp8_available",
         "fp8_unavailable",
+        "latest_checkpoint",
+        "IncompleteCheckpointError",
     },
     "mixprec.diagnostics": {"check_fp16_safe", "Fp16Safety", "health_report", "HealthReport",
                             "ParamHealth", "compare_precisions", "PrecisionError"},

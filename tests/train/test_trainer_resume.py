@@ -187,3 +187,19 @@ def test_bad_checkpoint_arguments_are_refused_before_anything_changes(tmp_path, 
         t.train(DataLoader(data(), batch_size=4), 1, progress=False, **kwargs)
     assert_unchanged(before, snapshot(t))
     assert not os.path.exists("x")
+
+
+def test_a_save_reads_the_device_once(tmp_path, monkeypatch):
+    """Before: three reads per save (the scaler's state_dict() and stats(), each scalar on
+    its own): the scaler's values now come back in one transfer."""
+    from _helpers import HostReads
+
+    t = make()
+    t.train(DataLoader(data(), batch_size=4), 1, progress=False)
+    assert t.scaler.is_enabled()
+    calls = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: calls.append(1) or real(self))
+    with HostReads() as hr:
+        t.save_state(tmp_path / "one.pt")
+    assert hr.ops == [] and len(calls) == 1, (hr.ops, calls)

@@ -34,6 +34,18 @@ __all__ = ["GradScaler", "ScalePolicy", "POLICIES", "OptState"]
 _STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
 
+def _refuse_released(optimizer: Any, what: str) -> None:
+    """An optimizer whose gradients are released (it declares ``gradients_released``:
+    ``mixprec.optim.release_gradients``) cannot be unscaled or stepped by an enabled scaler."""
+    if getattr(optimizer, "gradients_released", False):
+        raise RuntimeError(
+            f"mixprec.GradScaler.{what}: the optimizer's gradients are released "
+            "(mixprec.optim.release_gradients): its params were already stepped during "
+            "backward with the scaled gradients, and an overflow cannot be undone; loss "
+            "scaling cannot be combined with gradient release: train in bfloat16 without a "
+            "scaler, or remove the release (and restore the params from a checkpoint)")
+
+
 def check_device(device: Any, who: str = "mixprec.GradScaler") -> None:
     """``ValueError`` naming ``who`` unless ``device`` is a device string torch parses."""
     try:
@@ -230,6 +242,7 @@ class GradScaler(torch.amp.GradScaler):
                         found_inf: Tensor, allow_fp16: bool) -> dict[torch.device, Tensor]:
         """torch's hook behind :meth:`unscale_`: :func:`mixprec.amp.grads.unscale_optimizer_grads`
         (``{device: found_inf}``, reduced). No host sync."""
+        _refuse_released(optimizer, "unscale_")
         return grads.unscale_optimizer_grads(optimizer, inv_scale, found_inf, allow_fp16,
                                              self._process_group, self._allow_fp16_grads)
 
@@ -263,6 +276,7 @@ class GradScaler(torch.amp.GradScaler):
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
+        _refuse_released(optimizer, "step")
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         self._check_scale_growth_tracker("step")
@@ -424,6 +438,36 @@ class GradScaler(torch.amp.GradScaler):
         steps, skipped, inc, dec, last = self._mp_stats.read()
         return ScalerStats(steps, skipped, (skipped / steps) if steps else 0.0, inc, dec,
                            self.get_scale(), last)
+
+    def state_dict_and_stats(self) -> tuple[dict[str, Any], ScalerStats]:
+        """:meth:`state_dict` and :meth:`stats` together, from one host read of the device
+        values (the scale, the growth tracker, the hysteresis budget, the counters): what a
+        checkpoint takes. The same values as the two calls."""
+        if not self._enabled:
+            return {}, self.stats()
+        parts = [(name, t) for name, t in (("scale", self._scale),
+                                            ("tracker", self._growth_tracker),
+                                            ("left", self._hysteresis_left))
+                 if isinstance(t, Tensor)]
+        counts = self._mp_stats.device_counts()
+        tensors = [t.detach().reshape(-1).double() for _, t in parts]
+        if counts is not None:
+            tensors.append(counts.detach().reshape(-1).double())
+        # float32 scales, int32 trackers and int64 counters below 2**53 are exact in float64
+        values = torch.cat([t.to(tensors[0].device) for t in tensors]).tolist() if tensors \
+            else []
+        read = {name: values[k] for k, (name, _) in enumerate(parts)}
+        scale = float(read.get("scale", self._init_scale))
+        out: dict[str, Any] = {
+            "scale": scale, "growth_factor": self._growth_factor,
+            "backoff_factor": self._backoff_factor, "growth_interval": self._growth_interval,
+            "_growth_tracker": int(read.get("tracker", self._init_growth_tracker))}
+        if self._hysteresis != 1:
+            out["_hysteresis_left"] = int(read.get("left", self._init_hysteresis_left))
+        c = [int(v) for v in values[len(parts):]] if counts is not None else None
+        steps, skipped, inc, dec, last = self._mp_stats.read(c)
+        return out, ScalerStats(steps, skipped, (skipped / steps) if steps else 0.0, inc, dec,
+                                scale, last)
 
     def state_dict(self) -> dict[str, Any]:
         """torch's state dict (``scale``, ``growth_factor``, ``backoff_factor``,

@@ -93,9 +93,17 @@ class _StatsTracker:
         if self._prev is not None:
             self._prev.copy_(scale.detach().reshape(()))
 
-    def read(self) -> tuple[int, int, int, int, Optional[int]]:
-        """``(steps, skipped, increases, decreases, last_overflow_step)``; syncs."""
-        c = self._host if self._counts is None else self._counts.tolist()
+    def device_counts(self) -> Optional[Tensor]:
+        """The int64 counters on the device (``None`` before the first update): for a
+        caller that reads them together with other values and hands them to :meth:`read`."""
+        return self._counts
+
+    def read(self, counts: Optional[list[int]] = None
+             ) -> tuple[int, int, int, int, Optional[int]]:
+        """``(steps, skipped, increases, decreases, last_overflow_step)``; syncs, unless
+        ``counts`` gives :meth:`device_counts` already read."""
+        c = counts if counts is not None else (
+            self._host if self._counts is None else self._counts.tolist())
         return c[0], c[1], c[2], c[3], (None if c[4] < 0 else c[4])
 
     def __getstate__(self) -> dict[str, Any]:

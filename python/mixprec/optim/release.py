@@ -83,6 +83,8 @@ class GradientRelease:
                     self._group_of[id(p)] = index
                     self._handles.append(p.register_post_accumulate_grad_hook(self._ready))
         _RELEASED[optimizer] = self
+        #: declared for a scaler (which knows optimizers only by what they declare)
+        optimizer.gradients_released = True  # type: ignore[attr-defined]
 
     def _ready(self, p: Tensor) -> None:
         if p.grad is None:
@@ -123,6 +125,7 @@ class GradientRelease:
         self._handles.clear()
         if _RELEASED.get(self.optimizer) is self:
             del _RELEASED[self.optimizer]
+            self.optimizer.gradients_released = False  # type: ignore[attr-defined]
 
 
 def gradient_release_of(optimizer: Any) -> Optional[GradientRelease]:

@@ -16,6 +16,7 @@ their configuration.
 
 from __future__ import annotations
 
+from .checkpoint import IncompleteCheckpointError, latest_checkpoint
 from .config import HandlingAction, MixedPrecisionConfig, MixedPrecisionMode, PrecisionLevel
 from .fp8 import fp8_available, fp8_unavailable
 from .manager import MixedPrecisionManager
@@ -23,4 +24,4 @@ from .trainer import MixedPrecisionTrainer, StepMetrics
 
 __all__ = ["MixedPrecisionConfig", "MixedPrecisionMode", "PrecisionLevel", "HandlingAction",
            "MixedPrecisionManager", "MixedPrecisionTrainer", "StepMetrics", "fp8_available",
-           "fp8_unavailable"]
+           "fp8_unavailable", "latest_checkpoint", "IncompleteCheckpointError"]

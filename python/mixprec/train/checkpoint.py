@@ -219,10 +219,10 @@ class CheckpointMixin:
     def _state_rest(self) -> dict[str, Any]:
         """Everything of the checkpoint but the model's and the optimizer's state."""
         manager = self._manager()
-        sst = manager.scaler.stats()
+        scaler_state, sst = manager.scaler.state_dict_and_stats()  # one host read
         offsets = self._scaler_offsets
         return {
-            "format": STATE_FORMAT, "scaler": manager.scaler.state_dict(),
+            "format": STATE_FORMAT, "scaler": scaler_state,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "config": self.config.to_dict(), "counters": {
                 "optimizer_steps": self.optimizer_steps, "micro_steps": self.micro_steps,
