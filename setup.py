@@ -72,11 +72,9 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _load_toolchain_checks():
-    """tools/toolchain_checks.py, loaded by path (tools/ is not a package)."""
-    name = "_mixprec_build_toolchain"
-    spec = importlib.util.spec_from_file_location(
-        name, ROOT / "tools" / "toolchain_checks.py")
+def _load_tool(file: str, name: str):
+    """``tools/<file>``, loaded by path (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -84,7 +82,8 @@ def _load_toolchain_checks():
     return module
 
 
-_toolchain = _load_toolchain_checks()
+_toolchain = _load_tool("toolchain_checks.py", "_mixprec_build_toolchain")
+_commit_stamp = _load_tool("commit_stamp.py", "_mixprec_build_commit_stamp")
 
 
 def _c_string(value: str) -> str:
@@ -93,23 +92,10 @@ def _c_string(value: str) -> str:
 
 
 def source_commit(root: Path = ROOT) -> str:
-    """The commit the sources are at: 12 hex digits, ``+dirty.<8 hex>`` (sha1 of ``git diff
-    HEAD``) when tracked files differ; ``MIXPREC_GIT_COMMIT`` when set; "" without git.
-    tools/gpu_check.py computes the same for the tree it checks."""
-    if os.environ.get("MIXPREC_GIT_COMMIT"):
-        return os.environ["MIXPREC_GIT_COMMIT"]
-    import hashlib
-
-    try:
-        def git(*args: str) -> bytes:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, check=True,
-                                  timeout=60).stdout
-
-        sha = git("rev-parse", "HEAD").decode().strip()[:12]
-        diff = git("diff", "HEAD", "--binary")
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return sha + (f"+dirty.{hashlib.sha1(diff).hexdigest()[:8]}" if diff else "")
+    """The commit the sources are at (tools/commit_stamp.py: 12 hex digits, ``+dirty.<8 hex>``
+    with local changes, "" without git); ``MIXPREC_GIT_COMMIT`` when set. tools/gpu_check.py
+    expects the same of the tree it checks."""
+    return os.environ.get("MIXPREC_GIT_COMMIT") or _commit_stamp.tree_commit(root)
 
 
 def _cxx_compiler() -> str:

@@ -11,7 +11,7 @@
   where there is no GPU. On a machine with a GPU they always run, and
   conftest.py makes them fail when the build has no CUDA kernels, unless the
   run is the CPU-only build's (``MIXPREC_EXPECT_CUDA_KERNELS=0``).
-* Bits: :func:`bits`, :func:`assert_bitwise_equal`, :func:`ulps`.
+* Bits: :func:`bits`, :func:`assert_bitwise_equal`, :func:`assert_same_tree`, :func:`ulps`.
 * Setup: :func:`torch_threads` (a thread count for a block), :func:`load_module`
   (a Python file that is not a package module, e.g. an example).
 * GradScaler: :data:`SCALERS` (mixprec's and torch's as a control),
@@ -122,6 +122,27 @@ def assert_bitwise_equal(
         f"{where}not bitwise equal: max abs diff "
         f"{(actual.double() - expected.double()).abs().nan_to_num(0).max().item()}"
     )
+
+
+def assert_same_tree(a: Any, b: Any, where: str = "") -> None:
+    """Nested dicts, lists and tuples of tensors and plain values equal: the same keys and
+    lengths, tensors bit for bit (:func:`assert_bitwise_equal`), NaN floats as NaN, other
+    values ``==``; ``where`` names the path of a difference (``state.exp_avg[2]``)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert_bitwise_equal(a.cpu(), b.cpu(), msg=where)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), where
+        for k in a:
+            assert_same_tree(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_tree(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and a != a:
+        assert isinstance(b, float) and b != b, where
+    else:
+        assert a == b, (where, a, b)
 
 
 class HostReads(TorchDispatchMode):

@@ -13,13 +13,13 @@ built-in guess. Each mode (``gpu``, ``cpu-smoke``) has its own records.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import math
 import os
-import subprocess
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
+
+import commit_stamp
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_TIMES = ROOT / "build" / "gpu-check-times.json"
@@ -79,18 +79,9 @@ def record(paths: List[Path], mode: str, part: str, seconds: float, timed_out: b
 
 
 def tree_commit(root: Path = ROOT) -> str:
-    """The commit of the tree being checked, as setup.py's ``source_commit()`` stamps it:
-    12 hex digits, ``+dirty.<8 hex of git diff HEAD>`` with local changes; "" without git."""
-    try:
-        def git(*args: str) -> bytes:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, check=True,
-                                  timeout=60).stdout
-
-        sha = git("rev-parse", "HEAD").decode().strip()[:12]
-        diff = git("diff", "HEAD", "--binary")
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return sha + (f"+dirty.{hashlib.sha1(diff).hexdigest()[:8]}" if diff else "")
+    """The commit of the tree being checked, as setup.py's ``source_commit()`` stamps it
+    (:func:`commit_stamp.tree_commit`)."""
+    return commit_stamp.tree_commit(root)
 
 
 def commit_verdict(built: Optional[str], tree: str, allow: bool) -> Tuple[bool, str]:

@@ -29,6 +29,7 @@ import _fsdp2_cases
 import _kills
 import _trainer_dcp_cases as cases
 import mixprec
+from _helpers import assert_same_tree
 
 pytestmark = [_fsdp2_cases.needs_fsdp2,
               pytest.mark.skipif(not hasattr(os, "fork"), reason="the rounds are forked")]
@@ -70,21 +71,6 @@ def train_entry(rank: int, world: int, ckpt: str | None, out: str) -> None:
     dist.barrier()
 
 
-def assert_same(a: Any, b: Any, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert _fsdp2_cases.bitwise([a], [b]), where
-    elif isinstance(a, dict):
-        assert set(a) == set(b), where
-        for k in a:
-            assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, (where, a, b)
-
-
 def kill_plan(rng: random.Random, n: int, seconds: float) -> _kills.Plan:
     kind = ("time", "call", "bytes")[n % 3]
     if kind == "time":
@@ -114,7 +100,7 @@ def test_killed_and_resumed_sharded_ends_with_the_bits_of_the_run_never_killed(t
         plan = kill_plan(rng, sum(kinds.values()), seconds)
         if _kills.run(train_entry, (ckpt, out), world=2, plan=plan) == "done":
             # (finished before its kill: the bits, then again from the start)
-            assert_same(torch.load(out, weights_only=False), reference)
+            assert_same_tree(torch.load(out, weights_only=False), reference)
             os.unlink(out)
             shutil.rmtree(ckpt)
             continue
@@ -128,7 +114,7 @@ def test_killed_and_resumed_sharded_ends_with_the_bits_of_the_run_never_killed(t
     assert 0 < reached[-1] < total, reached  # (the 2 -> 1 resume starts mid-run)
     # the last restart on one rank: the DCP checkpoint of 2 ranks, resharded
     assert _kills.run(train_entry, (ckpt, out), world=1, group=True) == "done"
-    assert_same(torch.load(out, weights_only=False), reference)
+    assert_same_tree(torch.load(out, weights_only=False), reference)
 
 
 # -- kills during saves over one directory -------------------------------------------------

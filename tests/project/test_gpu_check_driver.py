@@ -195,7 +195,9 @@ def test_setup_stamps_the_commit_the_check_expects() -> None:
     tree = ast.parse((REPO / "setup.py").read_text())
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef)
               and n.name == "source_commit")
-    space: dict = {"os": os, "subprocess": subprocess, "Path": Path, "ROOT": REPO}
+    import commit_stamp
+
+    space: dict = {"os": os, "Path": Path, "ROOT": REPO, "_commit_stamp": commit_stamp}
     exec(compile(ast.Module(body=[fn], type_ignores=[]), "setup.py", "exec"), space)
     env = os.environ.pop("MIXPREC_GIT_COMMIT", None)
     try:

@@ -16,7 +16,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _helpers import DATA, assert_bitwise_equal, load_module, load_stored, torch_threads
+from _helpers import (
+    DATA,
+    assert_bitwise_equal,
+    assert_same_tree,
+    load_module,
+    load_stored,
+    torch_threads,
+)
 
 CASES = ("automatic_fp16", "manual_bf16", "adaptive_fp16")
 
@@ -42,23 +49,6 @@ _STATS_ADDED_SINCE = ("low_precision_modules", "fp8_modules")
 _ADDED_SINCE_FORMAT_1 = ("state_bits", "min_8bit_size")
 
 
-def _assert_same(a, b, where: str) -> None:
-    """Nested dicts/lists of tensors and plain values, tensors bitwise."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), where
-        assert_bitwise_equal(a.cpu(), b.cpu())
-    elif isinstance(a, dict):
-        assert set(a) == set(b), where
-        for k in a:
-            _assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, (where, a, b)
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_old_checkpoint_loads(gen, case, tmp_path):
     state = load_stored(f"trainer_{case}.pt")
@@ -67,23 +57,23 @@ def test_old_checkpoint_loads(gen, case, tmp_path):
     trainer = gen.make(case, seed=123)  # a different init: everything must come from the file
     trainer.load_state(DATA / f"trainer_{case}.pt", strict_config=True)
     # model, optimizer (masters included), scaler, scheduler: exactly the saved ones
-    _assert_same(trainer.model.state_dict(), state["model"], "model")
+    assert_same_tree(trainer.model.state_dict(), state["model"], "model")
     loaded = trainer.optimizer.state_dict()
     # hyper-parameters added since the file was written come in at their defaults
     for group in loaded["param_groups"]:
         for key in _ADDED_SINCE_FORMAT_1:
             if key in group and key not in state["optimizer"]["param_groups"][0]:
                 assert group.pop(key) == trainer.optimizer.defaults[key], key
-    _assert_same(loaded, state["optimizer"], "optimizer")
-    _assert_same(trainer.scaler.state_dict(), state["scaler"], "scaler")
-    _assert_same(trainer.scheduler.state_dict(), state["scheduler"], "scheduler")
+    assert_same_tree(loaded, state["optimizer"], "optimizer")
+    assert_same_tree(trainer.scaler.state_dict(), state["scaler"], "scaler")
+    assert_same_tree(trainer.scheduler.state_dict(), state["scheduler"], "scheduler")
     assert trainer.scaler.get_scale() == expected["scale"]
     # counters and metrics: what the old trainer reported at the save
     stats = trainer.stats()
     assert stats.pop("activation_memory") is None  # not part of the file
     for key in _STATS_ADDED_SINCE:  # (what is in effect: counted on the model, not saved)
         stats.pop(key)
-    _assert_same(stats, expected["stats_at_save"], "stats")
+    assert_same_tree(stats, expected["stats_at_save"], "stats")
     assert trainer.optimizer_steps == state["counters"]["optimizer_steps"]
     assert trainer._micro == state["counters"]["micro"]
     if state["pending_grads"] is not None:  # saved mid-accumulation
@@ -115,11 +105,11 @@ def test_old_checkpoint_loads(gen, case, tmp_path):
     today_stats = today.stats()
     for stats in (today_stats, after):  # the process's memory, not the training's state
         stats.pop("peak_memory")
-    _assert_same(today_stats, after, "stats after")
-    _assert_same(today.model.state_dict(), trainer.model.state_dict(), "model after")
-    _assert_same(today.optimizer.state_dict(), trainer.optimizer.state_dict(),
+    assert_same_tree(today_stats, after, "stats after")
+    assert_same_tree(today.model.state_dict(), trainer.model.state_dict(), "model after")
+    assert_same_tree(today.optimizer.state_dict(), trainer.optimizer.state_dict(),
                  "optimizer after")
-    _assert_same(today.scaler.state_dict(), trainer.scaler.state_dict(), "scaler after")
+    assert_same_tree(today.scaler.state_dict(), trainer.scaler.state_dict(), "scaler after")
 
 
 def test_new_checkpoint_has_the_old_layout(gen, tmp_path):

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import _kills
 import mixprec
-from _helpers import assert_bitwise_equal
+from _helpers import assert_same_tree
 from mixprec import MixedPrecisionConfig, MixedPrecisionTrainer
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the rounds are forked")
@@ -80,24 +80,6 @@ def train_entry(rank: int, world: int, case: str, ckpt: str | None, out: str) ->
     _kills.save_result(final_state(t, history), out)
 
 
-def assert_same(a: Any, b: Any, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), where
-        assert_bitwise_equal(a, b, msg=where)
-    elif isinstance(a, dict):
-        assert set(a) == set(b), where
-        for k in a:
-            assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-    elif isinstance(a, float) and a != a:
-        assert b != b, where
-    else:
-        assert a == b, (where, a, b)
-
-
 def kill_plan(rng: random.Random, n: int, seconds: float, save_bytes: int) -> _kills.Plan:
     """The ``n``-th kill's moment: by a timer (mostly between saves), at a step of a save
     (fsync, rename, removal), or inside a write, in turn; where in each, at random."""
@@ -148,7 +130,7 @@ def test_killed_and_resumed_ends_with_the_bits_of_the_run_never_killed(tmp_path,
             reached.append(-1 if last is None else int(os.path.basename(last)[5:14]))
         else:
             raise AssertionError(f"no round finished ({kinds}, checkpoints at {reached})")
-        assert_same(torch.load(out, weights_only=False), reference)
+        assert_same_tree(torch.load(out, weights_only=False), reference)
         os.unlink(out)
         # the last two checkpoints are kept, and nothing that a killed save left
         left = sorted(os.listdir(ckpt))
