@@ -237,3 +237,23 @@ def test_bad_config_type():
     with pytest.raises(TypeError, match="MixedPrecisionConfig"):
         MixedPrecisionManager(model, torch.optim.SGD(model.parameters(), lr=0.1),
                               {"mode": "automatic"})  # type: ignore[arg-type]
+
+
+def test_manual_converts_the_float_buffers_of_converted_modules() -> None:
+    class WithBuffers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.norm = nn.BatchNorm1d(4)
+            self.register_buffer("shift", torch.ones(4))
+            self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(self.lin(x) + self.shift)
+
+    m = WithBuffers()
+    MixedPrecisionManager(m, torch.optim.AdamW(m.parameters()),
+                          MixedPrecisionConfig(mode="manual", precision_level="bf16"))
+    assert m.shift.dtype == torch.bfloat16 and "shift" in dict(m.named_buffers())
+    assert m.count.dtype == torch.int64  # not floating: left alone
+    assert m.norm.running_mean.dtype == torch.float32  # a float32 module: left alone

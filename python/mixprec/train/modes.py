@@ -230,7 +230,7 @@ def convert_params(model: nn.Module, dtype: torch.dtype) -> dict[int, Tensor]:
             continue
         for name, b in module.named_buffers(recurse=False):
             if b is not None and b.is_floating_point():
-                module._buffers[name] = b.to(dtype)
+                setattr(module, name, b.to(dtype))  # (a registered buffer: replaced in place)
     return masters
 
 
