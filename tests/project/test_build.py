@@ -257,7 +257,8 @@ def _setup_py_copy(tmp_path: Path) -> Path:
                     ignore=shutil.ignore_patterns("_ops*.so", "_cuda_emulation*.so", "_cpp",
                                                   "__pycache__"))
     (root / "tools").mkdir()
-    shutil.copy2(REPO / "tools" / "toolchain_checks.py", root / "tools" / "toolchain_checks.py")
+    for tool in ("toolchain_checks.py", "commit_stamp.py"):  # (setup.py loads both)
+        shutil.copy2(REPO / "tools" / tool, root / "tools" / tool)
     shutil.copy2(REPO / "setup.py", root / "setup.py")
     return root
 
