@@ -51,16 +51,9 @@ struct AdamKernelArgs : OptimKernelArgs {
 // Adam's part of OptimOp (fused_optim.h): states exp_avg, exp_avg_sq and,
 // with amsgrad, max_exp_avg_sq; torch.optim's update (math::adam_update).
 template <bool kAmsgrad>
-struct AdamRule {
+struct AdamRule : RuleSlots<AdamSlot, 3> {
   using Args = AdamKernelArgs;
   using Block = math::AdamStep;
-  static constexpr int kDepth = AdamSlot::kDepth;
-  static constexpr int kParam = AdamSlot::kParam;
-  static constexpr int kGrad = AdamSlot::kGrad;
-  static constexpr int kMaster = AdamSlot::kMaster;
-  static constexpr int kStep = AdamSlot::kStep;
-  static constexpr int kSrBase = AdamSlot::kSrBase;
-  static constexpr int kStates = 3;
   MIXPREC_HD static constexpr int state_slot(int k) {
     return k == 0   ? AdamSlot::kExpAvg
            : k == 1 ? AdamSlot::kExpAvgSq
@@ -145,17 +138,9 @@ struct Adam8Slot {
 
 // Adam's part of Optim8Op (fused_optim8.h): exp_avg (signed codes) and
 // exp_avg_sq (unsigned codes), AdamRule's update without amsgrad.
-struct Adam8Rule {
+struct Adam8Rule : RuleSlots8<Adam8Slot, 2> {
   using Args = AdamKernelArgs;
   using Block = math::AdamStep;
-  static constexpr int kDepth = Adam8Slot::kDepth;
-  static constexpr int kParam = Adam8Slot::kParam;
-  static constexpr int kGrad = Adam8Slot::kGrad;
-  static constexpr int kMaster = Adam8Slot::kMaster;
-  static constexpr int kStep = Adam8Slot::kStep;
-  static constexpr int kRow = Adam8Slot::kRow;
-  static constexpr int kSrBase = Adam8Slot::kSrBase;
-  static constexpr int kStates = 2;
   MIXPREC_HD static constexpr int codes_slot(int k) {
     return k == 0 ? Adam8Slot::kExpAvg : Adam8Slot::kExpAvgSq;
   }

@@ -201,6 +201,26 @@ struct StepFrame {
   }
 };
 
+// A rule's slot constants, from its op's slot enum (Slot: kParam, kGrad,
+// kMaster, kStep, kSrBase, kDepth) and its number of states: a rule derives
+// from RuleSlots<Slot, n> (OptimOp) or RuleSlots8<Slot, n> (Optim8Op, which
+// also reads kRow) instead of repeating them.
+template <class Slot, int kNumStates>
+struct RuleSlots {
+  static constexpr int kDepth = Slot::kDepth;
+  static constexpr int kParam = Slot::kParam;
+  static constexpr int kGrad = Slot::kGrad;
+  static constexpr int kMaster = Slot::kMaster;
+  static constexpr int kStep = Slot::kStep;
+  static constexpr int kSrBase = Slot::kSrBase;
+  static constexpr int kStates = kNumStates;
+};
+
+template <class Slot, int kNumStates>
+struct RuleSlots8 : RuleSlots<Slot, kNumStates> {
+  static constexpr int kRow = Slot::kRow;
+};
+
 // The block functor of every fused optimizer: param, grad and (kHasMaster)
 // float32 master, float32 state lists, and the step count, updated element by
 // element in float32 with 16-byte vectors where every list in use is aligned

@@ -43,19 +43,12 @@ struct SgdKernelArgs : OptimKernelArgs {
 // != 0, not read on a param's first real step (step count 0), when the rule
 // initialises it from the grad; torch.optim's update (math::sgd_update).
 template <bool kMomentum>
-struct SgdRule {
+struct SgdRule : RuleSlots<SgdSlot, 1> {
   using Args = SgdKernelArgs;
   struct Block {
     bool first;
     float neg_lr;
   };
-  static constexpr int kDepth = SgdSlot::kDepth;
-  static constexpr int kParam = SgdSlot::kParam;
-  static constexpr int kGrad = SgdSlot::kGrad;
-  static constexpr int kMaster = SgdSlot::kMaster;
-  static constexpr int kStep = SgdSlot::kStep;
-  static constexpr int kSrBase = SgdSlot::kSrBase;
-  static constexpr int kStates = 1;
   MIXPREC_HD static constexpr int state_slot(int) {
     return SgdSlot::kMomentumBuffer;
   }
@@ -129,17 +122,9 @@ struct Sgd8Slot {
 
 // SGD's part of Optim8Op (fused_optim8.h): the momentum buffer (signed
 // codes), SgdRule's update with momentum.
-struct Sgd8Rule {
+struct Sgd8Rule : RuleSlots8<Sgd8Slot, 1> {
   using Args = SgdKernelArgs;
   using Block = SgdRule<true>::Block;
-  static constexpr int kDepth = Sgd8Slot::kDepth;
-  static constexpr int kParam = Sgd8Slot::kParam;
-  static constexpr int kGrad = Sgd8Slot::kGrad;
-  static constexpr int kMaster = Sgd8Slot::kMaster;
-  static constexpr int kStep = Sgd8Slot::kStep;
-  static constexpr int kRow = Sgd8Slot::kRow;
-  static constexpr int kSrBase = Sgd8Slot::kSrBase;
-  static constexpr int kStates = 1;
   MIXPREC_HD static constexpr int codes_slot(int) {
     return Sgd8Slot::kMomentumBuffer;
   }
