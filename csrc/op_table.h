@@ -74,19 +74,26 @@ inline constexpr char check_finite_and_norm_[] =
     "check_finite_and_norm_(Tensor[] grads, Tensor(a!) found_inf, "
     "Tensor inv_scale, float norm_type=2.0) -> Tensor";
 
-// torch._amp_update_scale_, bit for bit.
+// torch._amp_update_scale_, bit for bit. With counts and prev_scale (both or
+// neither) the same kernel also counts the update, as mixprec.GradScaler's
+// statistics: counts (int64, 5: updates, overflowed, grown past prev_scale,
+// shrunk below it, the index of the last overflowed update or -1) and
+// prev_scale (float32, one element) set to the new scale.
 inline constexpr char update_scale_[] =
     "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, "
     "Tensor found_inf, float growth_factor, float backoff_factor, "
-    "int growth_interval) -> ()";
+    "int growth_interval, Tensor(c!)? counts=None, "
+    "Tensor(d!)? prev_scale=None) -> ()";
 
 // update_scale_ with hysteresis (state in hysteresis_left) and optional
 // min/max bounds on the scale; the rule is in common/update_scale_math.h.
+// counts and prev_scale as in update_scale_.
 inline constexpr char update_scale_ext_[] =
     "update_scale_ext_(Tensor(a!) scale, Tensor(b!) growth_tracker, "
     "Tensor(c!) hysteresis_left, Tensor found_inf, float growth_factor, "
     "float backoff_factor, int growth_interval, float? min_scale=None, "
-    "float? max_scale=None, int hysteresis=1) -> ()";
+    "float? max_scale=None, int hysteresis=1, Tensor(d!)? counts=None, "
+    "Tensor(e!)? prev_scale=None) -> ()";
 
 // One Adam (decoupled_weight_decay=False) or AdamW step over every param,
 // torch.optim's formula and order; skipped entirely (step counts included)

@@ -57,6 +57,15 @@ def _update(device, scale=None, tracker=None, found=None, interval=2):
     return "update_scale_", (scale, tracker, found, 2.0, 0.5, interval)
 
 
+def _update_stats(device, counts=None, prev=None, ext=False):
+    """update_scale_ (or, with ``ext``, update_scale_ext_) with statistics ``counts`` and
+    ``prev`` (the string "default": a valid one)."""
+    counts = torch.zeros(5, dtype=torch.int64, device=device) if counts == "default" else counts
+    prev = torch.full((), 4.0, device=device) if prev == "default" else prev
+    name, args = _update_ext(device) if ext else _update(device)
+    return name, (*args, counts, prev)
+
+
 def _update_ext(device, growth=2.0, backoff=0.5, hyst_t=None, hysteresis=1, min_scale=None,
                 max_scale=None, interval=2):
     scale = torch.full((), 4.0, device=device)
@@ -172,6 +181,24 @@ CASES: list[tuple[str, Callable, str]] = [
     ("tracker_dtype", lambda d: _update(d, tracker=torch.zeros((), device=d)), "growth_tracker"),
     ("update_found_inf_shape", lambda d: _update(d, found=torch.zeros(3, device=d)), "found_inf"),
     ("growth_interval_zero", lambda d: _update(d, interval=0), "growth_interval"),
+    ("stats_counts_alone", lambda d: _update_stats(d, counts="default"), "prev_scale"),
+    ("stats_prev_scale_alone", lambda d: _update_stats(d, prev="default"), "counts"),
+    ("stats_counts_dtype",
+     lambda d: _update_stats(d, counts=torch.zeros(5, dtype=torch.int32, device=d),
+                             prev="default"), "counts"),
+    ("stats_counts_shape",
+     lambda d: _update_stats(d, counts=torch.zeros(4, dtype=torch.int64, device=d),
+                             prev="default"), "counts"),
+    ("stats_counts_strided",
+     lambda d: _update_stats(d, counts=torch.zeros(10, dtype=torch.int64, device=d)[::2],
+                             prev="default"), "counts"),
+    ("stats_prev_scale_dtype",
+     lambda d: _update_stats(d, counts="default",
+                             prev=torch.full((), 4.0, dtype=torch.float64, device=d)),
+     "prev_scale"),
+    ("ext_stats_prev_scale_shape",
+     lambda d: _update_stats(d, counts="default", prev=torch.ones(2, device=d), ext=True),
+     "prev_scale"),
     ("ext_growth_factor_one", lambda d: _update_ext(d, growth=1.0), "growth_factor"),
     ("ext_growth_factor_small", lambda d: _update_ext(d, growth=0.5), "growth_factor"),
     ("ext_backoff_zero", lambda d: _update_ext(d, backoff=0.0), "backoff_factor"),
@@ -332,6 +359,15 @@ SAMPLES = [
      lambda d: ((torch.full((), 8.0, device=d), _i32(d, 1), _i32(d, 2),
                  torch.ones((), device=d), 2.0, 0.5, 2),
                 {"min_scale": 1.0, "max_scale": 1024.0, "hysteresis": 2})),
+    ("update_scale_-stats", "update_scale_",
+     lambda d: ((torch.full((), 8.0, device=d), _i32(d, 1), torch.ones((), device=d), 2.0, 0.5,
+                 2, torch.tensor([3, 1, 1, 0, 0], device=d), torch.full((), 4.0, device=d)),
+                {})),
+    ("update_scale_ext_-stats", "update_scale_ext_",
+     lambda d: ((torch.full((), 8.0, device=d), _i32(d, 1), _i32(d, 2),
+                 torch.zeros((), device=d), 2.0, 0.5, 2),
+                {"hysteresis": 2, "counts": torch.tensor([3, 1, 1, 0, 0], device=d),
+                 "prev_scale": torch.full((), 4.0, device=d)})),
     ("fused_adam_-masters-amsgrad", "fused_adam_", _sample_adam),
     ("fused_sgd_-nesterov-sr", "fused_sgd_", _sample_sgd),
     ("fused_adam8_-masters-clip", "fused_adam8_", _sample_adam8),

@@ -18,6 +18,7 @@ from _reference_checks import (
     _check_list,
     _check_norm_args,
     _check_optim,
+    _check_scale_stats,
     _check_state,
     _check_update_args,
 )
@@ -85,6 +86,20 @@ def check_finite_(tensors: Sequence[Tensor], found_inf: Tensor) -> None:
     _any_nonfinite(tensors, found_inf)
 
 
+def _count_update(counts: Tensor, prev_scale: Tensor, scale: Tensor, found_inf: Tensor) -> None:
+    """The statistics of one update (``counts``, ``prev_scale``), after it: the torch ops
+    ``mixprec.GradScaler.update()`` ran for them before its kernel counted them (ne, where, gt,
+    lt, add_, copy_ into a bool row ``[1, overflowed, grew, shrank]``)."""
+    after, prev = scale.reshape(()), prev_scale.reshape(())
+    row = torch.ones(4, dtype=torch.bool, device=scale.device)
+    torch.ne(found_inf.reshape(()), 0, out=row[1])
+    torch.where(row[1], counts[0], counts[4], out=counts[4])
+    torch.gt(after, prev, out=row[2])
+    torch.lt(after, prev, out=row[3])
+    counts[:4].add_(row)
+    prev.copy_(after)
+
+
 def update_scale_(
     scale: Tensor,
     growth_tracker: Tensor,
@@ -92,9 +107,13 @@ def update_scale_(
     growth_factor: float,
     backoff_factor: float,
     growth_interval: int,
+    counts: Optional[Tensor] = None,
+    prev_scale: Optional[Tensor] = None,
 ) -> None:
-    """Reference of ``torch.ops.mixprec.update_scale_`` (= ``torch._amp_update_scale_``)."""
+    """Reference of ``torch.ops.mixprec.update_scale_`` (= ``torch._amp_update_scale_``;
+    with ``counts`` and ``prev_scale``, the update's statistics too)."""
     _check_update_args("update_scale_", scale, growth_tracker, found_inf, growth_interval)
+    stats = _check_scale_stats("update_scale_", counts, prev_scale, scale.device)
     s64 = scale.double()
     found = found_inf != 0
     successful = growth_tracker + 1
@@ -107,6 +126,9 @@ def update_scale_(
     new_tracker = torch.where(found | at_interval, zero, successful)
     scale.copy_(new_scale)
     growth_tracker.copy_(new_tracker)
+    if stats:
+        assert counts is not None and prev_scale is not None
+        _count_update(counts, prev_scale, scale, found_inf)
 
 
 def update_scale_ext_(
@@ -120,6 +142,8 @@ def update_scale_ext_(
     min_scale: Optional[float] = None,
     max_scale: Optional[float] = None,
     hysteresis: int = 1,
+    counts: Optional[Tensor] = None,
+    prev_scale: Optional[Tensor] = None,
 ) -> None:
     """Reference of ``torch.ops.mixprec.update_scale_ext_`` (rule in :mod:`mixprec.ops`)."""
     op = "update_scale_ext_"
@@ -144,6 +168,7 @@ def update_scale_ext_(
         hi = float(max_scale)
     if lo > hi:
         raise RuntimeError(f"mixprec.{op}: min_scale ({lo}) must not exceed max_scale ({hi})")
+    stats = _check_scale_stats(op, counts, prev_scale, scale.device)
 
     s64 = scale.double()
     found = found_inf != 0
@@ -165,6 +190,9 @@ def update_scale_ext_(
     scale.copy_(torch.where(found, overflow_scale, clean_scale))
     growth_tracker.copy_(torch.where(found | at_interval, zero, successful))
     hysteresis_left.copy_(torch.where(found, left, clean_left))
+    if stats:
+        assert counts is not None and prev_scale is not None
+        _count_update(counts, prev_scale, scale, found_inf)
 
 
 # ---------------------------------------------------------------------------

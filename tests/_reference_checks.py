@@ -154,6 +154,30 @@ def _check_update_args(
         )
 
 
+def _check_scale_stats(op: str, counts: Optional[Tensor], prev_scale: Optional[Tensor],
+                       device: torch.device) -> bool:
+    """update_scale_(ext_)'s statistics: int64 ``counts`` of 5 (1-D, dense) and float32
+    one-element ``prev_scale`` on ``device``, both or neither; whether they are given."""
+    if (counts is None) != (prev_scale is None):
+        alone = "counts" if prev_scale is None else "prev_scale"
+        raise RuntimeError(f"mixprec.{op}: counts and prev_scale go together, got {alone} alone")
+    if counts is None:
+        return False
+    if counts.layout != torch.strided:
+        raise RuntimeError(f"mixprec.{op}: counts must be a dense (strided) tensor, got layout "
+                           f"{counts.layout}")
+    if counts.dtype != torch.int64:
+        raise RuntimeError(f"mixprec.{op}: counts must be an int64 tensor, got {counts.dtype}")
+    if counts.dim() != 1 or counts.numel() != 5 or counts.stride() != (1,):
+        raise RuntimeError(f"mixprec.{op}: counts must be a dense 1-D tensor of 5 elements, got "
+                           f"shape {list(counts.shape)} strides {list(counts.stride())}")
+    if counts.device != device:
+        raise RuntimeError(f"mixprec.{op}: counts must be on {device} (the device of scale), "
+                           f"got {counts.device}")
+    _check_scalar(op, "prev_scale", prev_scale, (torch.float32,), "float32", device, "scale")
+    return True
+
+
 _PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

@@ -158,6 +158,31 @@ void check_update_scale_args(const char* op, const Tensor& scale,
                 growth_interval);
 }
 
+bool check_scale_stats(const char* op, const std::optional<Tensor>& counts,
+                       const std::optional<Tensor>& prev_scale,
+                       const Device& device) {
+  const bool has_counts = counts.has_value() && counts->defined();
+  const bool has_prev = prev_scale.has_value() && prev_scale->defined();
+  MIXPREC_CHECK(has_counts == has_prev, "mixprec.", op,
+                ": counts and prev_scale go together, got ",
+                has_counts ? "counts" : "prev_scale", " alone");
+  if (!has_counts) return false;
+  const Tensor& c = *counts;
+  MIXPREC_CHECK(c.layout() == Layout::Strided, "mixprec.", op,
+                ": counts must be a dense (strided) tensor, got layout ",
+                c.layout());
+  MIXPREC_CHECK(c.scalar_type() == ScalarType::Long, "mixprec.", op,
+                ": counts must be an int64 tensor, got ", c.scalar_type());
+  MIXPREC_CHECK(c.dim() == 1 && c.numel() == 5 && is_dense(c), "mixprec.", op,
+                ": counts must be a dense 1-D tensor of 5 elements, got shape ",
+                c.sizes(), " strides ", c.strides());
+  MIXPREC_CHECK(c.device() == device, "mixprec.", op, ": counts must be on ",
+                device, " (the device of scale), got ", c.device());
+  check_scalar_tensor(op, "prev_scale", *prev_scale, ScalarType::Float, device,
+                      "scale");
+  return true;
+}
+
 ScaleBounds check_update_scale_ext_args(
     const OpArgs<Op::update_scale_ext_>& a) {
   MIXPREC_BIND(a, scale, growth_tracker, hysteresis_left, found_inf,

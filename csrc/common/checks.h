@@ -78,6 +78,13 @@ void check_update_scale_args(const char* op, const Tensor& scale,
                              const Tensor* hysteresis_left,
                              const Tensor& found_inf, int64_t growth_interval);
 
+// The statistics arguments of update_scale_(ext_): counts (int64, 5 elements,
+// 1-D, dense) and prev_scale (float32, one element), both or neither, on
+// `device`. Returns whether they are given.
+bool check_scale_stats(const char* op, const std::optional<Tensor>& counts,
+                       const std::optional<Tensor>& prev_scale,
+                       const Device& device);
+
 struct ScaleBounds {
   double min_scale;  // 0 when not given
   double max_scale;  // +inf when not given

@@ -4,6 +4,8 @@
 
 #include <torch/headeronly/macros/Macros.h>
 
+#include <cstdint>
+
 #ifndef __CUDACC__
 #include <cmath>
 #endif
@@ -88,6 +90,25 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE void update_scale_ext(
       *growth_tracker = successful;
     }
   }
+}
+
+// The statistics of one update, after it (mixprec.GradScaler.stats(): what
+// amp/stats.py's _StatsTracker.record computes with torch ops): counts =
+// [updates, overflowed updates, updates after which the scale was larger than
+// *prev_scale, ... smaller, the index of the last overflowed update (-1:
+// none)]; the index is the update count before this one. *prev_scale becomes
+// the new scale. A NaN found_inf counts as an overflow, as in the rules.
+C10_HOST_DEVICE C10_ALWAYS_INLINE void count_update(int64_t* counts,
+                                                    float* prev_scale,
+                                                    float scale,
+                                                    float found_inf) {
+  const bool overflow = found_inf != 0.0f;
+  if (overflow) counts[4] = counts[0];
+  counts[0] += 1;
+  counts[1] += overflow ? 1 : 0;
+  counts[2] += scale > *prev_scale ? 1 : 0;
+  counts[3] += scale < *prev_scale ? 1 : 0;
+  *prev_scale = scale;
 }
 
 }  // namespace math

@@ -344,6 +344,28 @@ def test_update_scale_sequences_match_cpu() -> None:
             assert_bitwise_equal(x, y)
 
 
+def test_update_scale_statistics_match_cpu() -> None:
+    """The one-thread kernel's statistics (counts, prev_scale) as the CPU kernel's."""
+    pattern = [0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0]
+    runs = {k: (torch.full((1,), 1024.0), torch.zeros(1, dtype=torch.int32),
+                torch.full((1,), 2, dtype=torch.int32),
+                torch.tensor([0, 0, 0, 0, -1]), torch.full((1,), 1024.0))
+            for k in ("emu", "cpu", "emu_ext", "cpu_ext")}
+    for step, inf in enumerate(pattern):
+        found = torch.full((1,), float("nan") if step == 9 else float(inf))
+        for k, (s, gt, hl, counts, prev) in runs.items():
+            ns = emu() if k.startswith("emu") else torch.ops.mixprec
+            if k.endswith("_ext"):
+                ns.update_scale_ext_(s, gt, hl, found, 2.0, 0.5, 2, 256.0, 4096.0, 2,
+                                     counts, prev)
+            else:
+                ns.update_scale_(s, gt, found, 2.0, 0.5, 3, counts, prev)
+        for a, b in (("emu", "cpu"), ("emu_ext", "cpu_ext")):
+            for x, y in zip(runs[a], runs[b]):
+                assert_bitwise_equal(x, y)
+    assert runs["cpu"][3].tolist()[:2] == [13, 4]
+
+
 def test_every_op_of_the_table_is_emulated_and_planned() -> None:
     """ops_emulated.cpp registers <op> and plan_<op> for each op of the table."""
     for name in _cuda_emulation.OP_NAMES:

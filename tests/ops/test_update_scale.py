@@ -114,3 +114,59 @@ def test_ext_kernel_equals_reference(device):
         _reference.update_scale_ext_(*b, found, 3.0, 0.3, 2, **kw)
         for x, y in zip(a, b):
             assert_bitwise_equal(x, y)
+
+
+@pytest.mark.parametrize("ext", [False, True], ids=["plain", "ext"])
+def test_statistics_equal_the_torch_ops(device, ext):
+    """With ``counts`` and ``prev_scale`` the kernel counts the update as the torch ops of
+    ``_reference._count_update`` (the scaler's previous Python statistics) do, bit for bit
+    over random sequences: NaN and inf flags, growth past float32's range, bounds that stop
+    a back-off, hysteresis, and a scale set between updates (counted against prev_scale)."""
+    g = torch.Generator().manual_seed(51)
+    for _trial in range(12):
+        init = float(torch.empty(()).uniform_(-10, 126, generator=g).exp2())
+        interval = int(torch.randint(1, 4, (), generator=g))
+        kw = ({"min_scale": init / 4, "max_scale": init * 8, "hysteresis": 2} if ext else {})
+        runs = {}
+        for impl in ("kernel", "reference"):
+            s, t, h = state(device, init, hyst=2)
+            counts = torch.tensor([0, 0, 0, 0, -1], dtype=torch.int64, device=device)
+            runs[impl] = (s, t, h, counts, s.clone())
+        for step in range(30):
+            r = float(torch.rand((), generator=g))
+            found = torch.full((), float("nan") if r < 0.05 else float(r < 0.35), device=device)
+            if step % 11 == 10:  # set from outside: the next update compares to prev_scale
+                for s, *_ in runs.values():
+                    s.fill_(init * 2)
+            for impl, (s, t, h, counts, prev) in runs.items():
+                mod = mixprec.ops if impl == "kernel" else _reference
+                if ext:
+                    mod.update_scale_ext_(s, t, h, found, 2.0, 0.5, interval, **kw,
+                                          counts=counts, prev_scale=prev)
+                else:
+                    mod.update_scale_(s, t, found, 2.0, 0.5, interval, counts, prev)
+            for a, b in zip(runs["kernel"], runs["reference"]):
+                assert_bitwise_equal(a, b)
+        steps, skipped, inc, dec, last = runs["kernel"][3].tolist()
+        assert steps == 30 and 0 < skipped < 30 and inc + dec > 0 and last >= 0
+
+
+def test_statistics_equal_the_scaler_tracker(device):
+    """The kernel's counts equal those of the scaler's own torch-op path
+    (``_StatsTracker.record``, kept for updates to a given new_scale) in the same run."""
+    from mixprec.amp.stats import _StatsTracker
+
+    ours, theirs = state(device, 1024.0), state(device, 1024.0)
+    kernel_side, op_side = _StatsTracker(), _StatsTracker()
+    for step, inf in enumerate([0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0]):
+        found = torch.full((), float(inf), device=device)
+        if step == 6:
+            ours[0].fill_(3.0)
+            theirs[0].fill_(3.0)
+        mixprec.ops.update_scale_(*ours, found, 2.0, 0.5, 2, *kernel_side.kernel_state(ours[0]))
+        op_side.start(theirs[0])
+        mixprec.ops.update_scale_(*theirs, found, 2.0, 0.5, 2)
+        op_side.record(found, theirs[0])
+        assert kernel_side.read() == op_side.read()
+        assert_bitwise_equal(kernel_side._prev, op_side._prev)
+    assert kernel_side.read() == (11, 3, 3, 4, 5)  # (the scale set at step 6 counts as a decrease)

@@ -66,28 +66,34 @@ inline at::Tensor check_finite_and_norm_(at::TensorList grads,
 }
 
 // torch._amp_update_scale_ semantics. scale: float32, growth_tracker: int32,
-// found_inf: float32; one element each, same device.
-inline void update_scale_(const at::Tensor& scale,
-                          const at::Tensor& growth_tracker,
-                          const at::Tensor& found_inf, double growth_factor,
-                          double backoff_factor, int64_t growth_interval) {
+// found_inf: float32; one element each, same device. counts (int64, 5) and
+// prev_scale (float32, one element), both or neither: the update's statistics
+// counted by the same kernel (see csrc/op_table.h).
+inline void update_scale_(
+    const at::Tensor& scale, const at::Tensor& growth_tracker,
+    const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+    int64_t growth_interval,
+    const std::optional<at::Tensor>& counts = std::nullopt,
+    const std::optional<at::Tensor>& prev_scale = std::nullopt) {
   detail::Dispatch<&update_scale_>::call(scale, growth_tracker, found_inf,
                                          growth_factor, backoff_factor,
-                                         growth_interval);
+                                         growth_interval, counts, prev_scale);
 }
 
-// update_scale_ with hysteresis and min/max bounds (hysteresis_left: int32).
-inline void update_scale_ext_(const at::Tensor& scale,
-                              const at::Tensor& growth_tracker,
-                              const at::Tensor& hysteresis_left,
-                              const at::Tensor& found_inf, double growth_factor,
-                              double backoff_factor, int64_t growth_interval,
-                              std::optional<double> min_scale = std::nullopt,
-                              std::optional<double> max_scale = std::nullopt,
-                              int64_t hysteresis = 1) {
+// update_scale_ with hysteresis and min/max bounds (hysteresis_left: int32);
+// counts and prev_scale as in update_scale_.
+inline void update_scale_ext_(
+    const at::Tensor& scale, const at::Tensor& growth_tracker,
+    const at::Tensor& hysteresis_left, const at::Tensor& found_inf,
+    double growth_factor, double backoff_factor, int64_t growth_interval,
+    std::optional<double> min_scale = std::nullopt,
+    std::optional<double> max_scale = std::nullopt, int64_t hysteresis = 1,
+    const std::optional<at::Tensor>& counts = std::nullopt,
+    const std::optional<at::Tensor>& prev_scale = std::nullopt) {
   detail::Dispatch<&update_scale_ext_>::call(
       scale, growth_tracker, hysteresis_left, found_inf, growth_factor,
-      backoff_factor, growth_interval, min_scale, max_scale, hysteresis);
+      backoff_factor, growth_interval, min_scale, max_scale, hysteresis, counts,
+      prev_scale);
 }
 
 // One fused Adam/AdamW step (decoupled_weight_decay selects AdamW) over all

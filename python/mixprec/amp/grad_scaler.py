@@ -362,14 +362,16 @@ class GradScaler(torch.amp.GradScaler):
         if new_scale is not None:
             super().update(new_scale)  # torch's checks of new_scale; resets the states
             found = None if not flags else torch.stack(flags).sum()
+            self._mp_stats.record(found, scale)
         else:
             if not flags:
                 raise AssertionError("No inf checks were recorded prior to update.")
             found = sum(flags[1:], flags[0])  # not in place: flags[0] is an optimizer's own
-            apply_scale_rule(self._scale_rule(), scale, tracker, found, self._hysteresis_left)
+            # (the rule's kernel counts the update in the stats too: one launch)
+            apply_scale_rule(self._scale_rule(), scale, tracker, found, self._hysteresis_left,
+                             self._mp_stats.kernel_state(scale))
             self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         self._mp_last = protocol.close_iteration(states, found)
-        self._mp_stats.record(found, scale)
 
     def _home(self) -> torch.device:
         return self._scale.device if self._scale is not None else torch.device(self._device)

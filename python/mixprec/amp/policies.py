@@ -117,18 +117,21 @@ class ScaleRule:
 
 
 def apply_scale_rule(rule: ScaleRule, scale: Tensor, tracker: Tensor, found: Tensor,
-                     hysteresis_left: Optional[Tensor]) -> None:
+                     hysteresis_left: Optional[Tensor],
+                     stats: Optional[tuple[Tensor, Tensor]] = None) -> None:
     """Back off or grow ``scale`` from the iteration's summed inf flag ``found``; no host sync.
 
     torch's rule (:func:`mixprec.ops.update_scale_`) unless ``rule.extended``
     (:func:`mixprec.ops.update_scale_ext_`, needing ``hysteresis_left``: int32 0-dim on the
-    scale's device). Mutates ``scale``, ``tracker`` and ``hysteresis_left``."""
+    scale's device). Mutates ``scale``, ``tracker`` and ``hysteresis_left``; with ``stats``
+    (the ops' ``counts`` and ``prev_scale``) the same kernel counts the update there."""
+    counts, prev = (None, None) if stats is None else stats
     if not rule.extended:
         ops.update_scale_(scale, tracker, found, rule.growth_factor, rule.backoff_factor,
-                          rule.growth_interval)
+                          rule.growth_interval, counts, prev)
         return
     if hysteresis_left is None:
         raise ValueError("apply_scale_rule: an extended rule needs hysteresis_left")
     ops.update_scale_ext_(scale, tracker, hysteresis_left, found, rule.growth_factor,
                           rule.backoff_factor, rule.growth_interval, rule.min_scale,
-                          rule.max_scale, rule.hysteresis)
+                          rule.max_scale, rule.hysteresis, counts, prev)

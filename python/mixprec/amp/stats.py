@@ -1,6 +1,8 @@
 """Statistics counted on the device, read lazily: :class:`ScalerStats` and ``_StatsTracker``.
 Every :meth:`~mixprec.GradScaler.update` adds the iteration to int64 device counters in place
-(also on graph replays); only :meth:`mixprec.GradScaler.stats` syncs.
+(also on graph replays): the scale update's own kernel does (``counts`` and ``prev_scale`` of
+:func:`mixprec.ops.update_scale_`), an update to a given ``new_scale`` the tracker's ops. Only
+:meth:`mixprec.GradScaler.stats` syncs.
 """
 
 from __future__ import annotations
@@ -46,9 +48,9 @@ class _StatsTracker:
     """Device-side counters behind :meth:`mixprec.GradScaler.stats`, updated in place.
 
     On the scale's device, from the first update: ``_counts`` (int64 ``[steps, skipped,
-    increases, decreases, last overflow index (-1: none)]``), ``_row`` (bool ``[1,
-    overflowed, grew, shrank]``) and ``_prev`` (float32 0-dim, the scale before the next
-    update). Each keeps its storage (a captured ``update()`` replays into it). Pickles as
+    increases, decreases, last overflow index (-1: none)]``) and ``_prev`` (float32 0-dim, the
+    scale before the next update); for :meth:`record`, ``_row`` (bool ``[1, overflowed, grew,
+    shrank]``). Each keeps its storage (a captured ``update()`` replays into it). Pickles as
     plain numbers, held in ``_host`` until the next update.
     """
 
@@ -65,19 +67,34 @@ class _StatsTracker:
         elif self._prev.device != scale.device:  # restored from a pickle
             self._prev = self._prev.to(scale.device)
 
-    def record(self, found_inf: Optional[Tensor], scale: Tensor) -> None:
-        """After an update: ``found_inf`` (the iteration's combined 0-dim float32 flag, or
-        ``None`` when no inf check ran) and the new ``scale``."""
-        after, prev = scale.detach().reshape(()), self._prev
-        if self._counts is None or self._row is None:  # filled on the device (no copy)
-            self._counts = torch.zeros(5, dtype=torch.int64, device=after.device)
+    def _device_counts(self, device: torch.device) -> Tensor:
+        """``_counts``, made on ``device`` at the first update (filled there: no copy)."""
+        if self._counts is None:
+            self._counts = torch.zeros(5, dtype=torch.int64, device=device)
             for k, v in enumerate(self._host):
                 if v:
                     self._counts[k].fill_(v)
             self._host = [0, 0, 0, 0, -1]
+        return self._counts
+
+    def kernel_state(self, scale: Tensor) -> tuple[Tensor, Tensor]:
+        """Before an update by the scale rule's kernel: ``(counts, prev_scale)`` for its
+        ``counts`` and ``prev_scale`` arguments, which count the update there (as
+        :meth:`record` would) and set ``prev_scale`` to the new scale."""
+        self.start(scale)
+        assert self._prev is not None
+        return self._device_counts(scale.device), self._prev
+
+    def record(self, found_inf: Optional[Tensor], scale: Tensor) -> None:
+        """After an update not made by the rule's kernel (a given ``new_scale``):
+        ``found_inf`` (the iteration's combined 0-dim float32 flag, or ``None`` when no inf
+        check ran) and the new ``scale``."""
+        after, prev = scale.detach().reshape(()), self._prev
+        c = self._device_counts(after.device)
+        if self._row is None:
             self._row = torch.zeros(4, dtype=torch.bool, device=after.device)
             self._row[0].fill_(True)
-        c, row = self._counts, self._row
+        row = self._row
         if found_inf is None:
             row[1].fill_(False)
         else:

@@ -140,7 +140,8 @@ def check_finite_(tensors: Sequence[Tensor], found_inf: Tensor) -> None:
 
 
 def update_scale_(scale: Tensor, growth_tracker: Tensor, found_inf: Tensor, growth_factor: float,
-                  backoff_factor: float, growth_interval: int) -> None:
+                  backoff_factor: float, growth_interval: int, counts: Optional[Tensor] = None,
+                  prev_scale: Optional[Tensor] = None) -> None:
     """Update the loss scale in place, exactly as ``torch._amp_update_scale_``.
 
     ``found_inf`` non-zero: ``scale *= backoff_factor``, the tracker resets. Otherwise the tracker
@@ -153,17 +154,26 @@ def update_scale_(scale: Tensor, growth_tracker: Tensor, found_inf: Tensor, grow
         found_inf: float32, one element, same device. Read only.
         growth_factor, backoff_factor: plain floats (not validated, as in torch).
         growth_interval: positive int.
+        counts, prev_scale: optional, together: the update's statistics, counted in the same
+            kernel. ``counts``: int64, 5 elements, same device (``[updates, overflowed
+            updates, updates after which the scale was larger than prev_scale, ... smaller,
+            index of the last overflowed update or -1]``; the index is ``counts[0]`` before
+            this update). ``prev_scale``: float32, one element, the scale compared against;
+            set to the new scale. Mutated.
 
     Runs on the tensors' device (a one-thread kernel on CUDA); no host sync.
     """
     _call("update_scale_",
-          scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval)
+          scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval,
+          counts, prev_scale)
 
 
 def update_scale_ext_(scale: Tensor, growth_tracker: Tensor, hysteresis_left: Tensor,
                       found_inf: Tensor, growth_factor: float, backoff_factor: float,
                       growth_interval: int, min_scale: Optional[float] = None,
-                      max_scale: Optional[float] = None, hysteresis: int = 1) -> None:
+                      max_scale: Optional[float] = None, hysteresis: int = 1,
+                      counts: Optional[Tensor] = None,
+                      prev_scale: Optional[Tensor] = None) -> None:
     """:func:`update_scale_` with hysteresis and bounds on the scale.
 
     Products and clamps in float64, one rounding to float32:
@@ -186,12 +196,13 @@ def update_scale_ext_(scale: Tensor, growth_tracker: Tensor, hysteresis_left: Te
         growth_factor: finite, > 1. backoff_factor: in (0, 1).
         growth_interval, hysteresis: positive ints.
         min_scale, max_scale: optional finite positive bounds, min <= max.
+        counts, prev_scale: the statistics, as in :func:`update_scale_`.
 
     No host sync.
     """
     _call("update_scale_ext_",
           scale, growth_tracker, hysteresis_left, found_inf, growth_factor, backoff_factor,
-          growth_interval, min_scale, max_scale, hysteresis)
+          growth_interval, min_scale, max_scale, hysteresis, counts, prev_scale)
 
 
 def fused_adam_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequence[Tensor],
