@@ -59,7 +59,12 @@ def written_arguments(op: torch._ops.OpOverload) -> Written:
 
 def _refuse(name: str, arg: str, value: Any) -> None:
     """Raise if ``value`` (argument ``arg`` of op ``name``, a tensor or list) requires grad."""
-    tensors = value if isinstance(value, (list, tuple)) else [value]
+    if isinstance(value, torch.Tensor):  # (one attribute read: no list, no map)
+        if not value.requires_grad:
+            return
+        tensors = [value]
+    else:
+        tensors = value
     if any(map(_requires_grad, tensors)):
         i = list(map(_requires_grad, tensors)).index(True)
         raise RuntimeError(f"mixprec.{name}: {arg}{f'[{i}]' if tensors is value else ''} "
