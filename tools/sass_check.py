@@ -37,12 +37,16 @@ ROOT = Path(__file__).resolve().parents[1]
 TORCH_TARGET_VERSION = "0x020b000000000000"
 NVCC_FLAGS = ["-O3", "-lineinfo", "--fmad=false", f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}"]
 
-#: (name, op, P, G, master): the instantiations checked
+#: (name, op, P, G, master): the instantiations checked; "adam8w" is Adam8Op's common
+#: step (AdamW, beta1 >= 0.5: Adam8CommonRule, launch_optim's option flag set)
 CASES = [
     ("adam8 fp32", "Adam8Op", "float", "float", "false"),
     ("adam8 fp16+master", "Adam8Op", "H", "H", "true"),
     ("adam8 bf16+master", "Adam8Op", "B", "B", "true"),
     ("adam8 bf16", "Adam8Op", "B", "B", "false"),
+    ("adam8w fp32", "Adam8wOp", "float", "float", "false"),
+    ("adam8w fp16+master", "Adam8wOp", "H", "H", "true"),
+    ("adam8w bf16+master", "Adam8wOp", "B", "B", "true"),
     ("sgd8 fp32", "Sgd8Op", "float", "float", "false"),
     ("sgd8 bf16+master", "Sgd8Op", "B", "B", "true"),
 ]
@@ -62,24 +66,58 @@ struct PlantedRule : Adam8Rule {
 };
 template <typename P, typename G, bool kHasMaster, bool>
 using PlantedOp = Optim8Op<P, G, kHasMaster, PlantedRule>;
+
+// Planted code tables in global memory: the cursor points at the generated
+// arrays' device copies instead of the block's shared copy.
+struct GlobalTablesRule : Adam8Rule {};
+template <typename P, typename G, bool kHasMaster, bool>
+struct GlobalTablesOp : Optim8Op<P, G, kHasMaster, GlobalTablesRule> {
+  using Base = Optim8Op<P, G, kHasMaster, GlobalTablesRule>;
+  template <class Meta>
+  MIXPREC_HD typename Base::Cursor cursor(const Meta& meta, int block, int first,
+                                          int stride, const typename Base::Shared& s,
+                                          const typename Base::Args& a) const {
+    typename Base::Cursor c = Base::cursor(meta, block, first, stride, s, a);
+    c.tables = q8::Tables::global();
+    return c;
+  }
+};
 """
 
+#: the planted cases (--plant): (name, op, P, G, master, the note the check must give)
+PLANTED = [
+    ("planted adam8 fp32", "PlantedOp", "float", "float", "false", "local memory"),
+    ("planted-global adam8 fp32", "GlobalTablesOp", "float", "float", "false",
+     "code tables in global memory"),
+]
 
-def _source(plant: bool) -> str:
+
+def cases_of(root: Path) -> List[tuple]:
+    """CASES that the checkout at ``root`` has (an older one has no common-step rule)."""
+    common = "Adam8CommonRule" in (root / "csrc" / "cuda" / "fused_adam.h").read_text()
+    return [c for c in CASES if common or c[1] != "Adam8wOp"]
+
+
+def _source(plant: bool, root: Path) -> str:
+    # (the persistent kernel of WarpRounds functors where the checkout has one)
+    kernel, blocks_arg = (("warp_rounds_kernel", " int,") if "warp_rounds_kernel" in
+                          (root / "csrc" / "cuda" / "device_exec.cuh").read_text()
+                          else ("multi_tensor_kernel", ""))
     lines = ['#include "cuda/device_exec.cuh"', '#include "cuda/fused_adam.h"',
              '#include "cuda/fused_sgd.h"', "namespace mixprec {", "namespace cuda {",
              "using H = torch::headeronly::Half;", "using B = torch::headeronly::BFloat16;"]
-    cases = list(CASES)
+    cases = cases_of(root)
     if plant:
         lines.append(_PLANT)
-        cases.append(("planted adam8 fp32", "PlantedOp", "float", "float", "false"))
+        cases += [c[:5] for c in PLANTED]
     for _, op, p, g, master in cases:
         args = "AdamKernelArgs" if op != "Sgd8Op" else "SgdKernelArgs"
         depth = "Adam8Slot::kDepth" if op != "Sgd8Op" else "Sgd8Slot::kDepth"
         meta = f"TensorListMeta<{depth}>"
-        opt = f"{op}<{p}, {g}, {master}, false>"
-        lines.append(f"template __global__ void multi_tensor_kernel<{meta}, {opt}, {args}>"
-                     f"({meta}, {opt}, {args});")
+        opt = (f"Adam8Op<{p}, {g}, {master}, true>" if op == "Adam8wOp"
+               else f"{op}<{p}, {g}, {master}, false>")
+        lines.append(f"template __global__ void {kernel}<{meta}, {opt}, {args}>"
+                     f"({meta},{blocks_arg} {opt}, {args});")
     lines += ["}  // namespace cuda", "}  // namespace mixprec", ""]
     return "\n".join(lines)
 
@@ -117,21 +155,24 @@ def _kernel_case(mangled: str, names: Dict[str, str]) -> Optional[str]:
     return None
 
 
-def _mangled_keys(plant: bool) -> Dict[str, str]:
+def _mangled_keys(plant: bool, root: Path = ROOT) -> Dict[str, str]:
     """A substring of each case's mangled kernel name -> the case's name."""
     dt = {"float": "f", "H": "N3c104HalfE", "B": "N3c108BFloat16E"}
     out = {}
-    cases = list(CASES) + ([("planted adam8 fp32", "PlantedOp", "float", "float", "false")]
-                           if plant else [])
+    cases = cases_of(root) + ([c[:5] for c in PLANTED] if plant else [])
     for name, op, p, g, master in cases:
-        rule = {"Adam8Op": "Adam8Rule", "Sgd8Op": "Sgd8Rule", "PlantedOp": "PlantedRule"}[op]
+        rule = {"Adam8Op": "Adam8Rule", "Adam8wOp": "Adam8CommonRule", "Sgd8Op": "Sgd8Rule",
+                "PlantedOp": "PlantedRule", "GlobalTablesOp": "GlobalTablesRule"}[op]
         pm, gm = dt[p], dt[g]
         if p == g and p != "float":
             gm = "S6_"  # the repeated type is a substitution
         elif p == g:
             gm = "f"
         flag = "Lb1" if master == "true" else "Lb0"
-        out[f"8Optim8OpI{pm}{gm}{flag}ENS0_{len(rule)}{rule}"] = name
+        if op == "GlobalTablesOp":  # (a class of its own, not an alias of Optim8Op)
+            out[f"{len(op)}{op}I{pm}{gm}{flag}"] = name
+        else:
+            out[f"8Optim8OpI{pm}{gm}{flag}ENS0_{len(rule)}{rule}"] = name
     return out
 
 
@@ -217,30 +258,49 @@ def _functions(sass: str, keys: Dict[str, str]) -> Dict[str, List[tuple]]:
 _BRANCH = re.compile(r"(@!?U?P\w+\s+)?BRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?(0x[0-9a-f]+)")
 
 
+def round_loop(code: List[tuple]) -> Optional[tuple]:
+    """The (head, back-edge) addresses of a kernel's round loop: the narrowest conditional
+    backward branch whose span holds the warp maximum's shuffles (a persistent kernel's
+    loop over its plan blocks holds the round loop; the unconditional jump back from the
+    out-of-line copy of the shuffles for a diverged warp is no loop)."""
+    back = []
+    for addr, ins in code:
+        m = _BRANCH.match(ins)
+        if m and m.group(1) and int(m.group(2), 16) < addr:
+            lo = int(m.group(2), 16)
+            if any(lo <= a <= addr and i.startswith("SHFL") for a, i in code):
+                back.append((lo, addr))
+    return min(back, key=lambda b: b[1] - b[0]) if back else None
+
+
+def _op(ins: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0]
+
+
 def round_loop_count(code: List[tuple]) -> Optional[Dict[str, int]]:
-    """The round loop of a kernel (the widest backward branch's span): its instructions
-    (NOPs left out) and the hot path through it, walked from its head to its back-edge:
+    """The round loop of a kernel (round_loop): its instructions (NOPs left out), its
+    shared-memory loads (LDS) and read-only global loads (LDG.E.CONSTANT: what gathers from
+    the code tables in global memory compile to), and the hot path through it, walked from
+    its head to its back-edge:
     an unconditional branch is followed; a conditional forward branch is taken when the
     code it skips is a slow path: a subroutine call (the out-of-line slow path of an IEEE
     division or square root, for operands near the ends of the range) with no conditional
     branch of its own; any other is not taken (so a block that only some steps run, e.g.
     stochastic rounding, is counted: the walk over-counts rather than under-counts)."""
     index = {addr: i for i, (addr, _) in enumerate(code)}
-    back = []
-    for addr, ins in code:
-        m = _BRANCH.match(ins)
-        if m and int(m.group(2), 16) < addr:
-            back.append((int(m.group(2), 16), addr))
-    if not back:
+    loop = round_loop(code)
+    if loop is None:
         return None
-    lo, hi = max(back, key=lambda b: b[1] - b[0])
+    lo, hi = loop
     body = [ins for addr, ins in code if lo <= addr <= hi and not ins.startswith("NOP")]
-    hot, i, steps = 0, index[lo], 0
+    hot, hot_lds, hot_const, i, steps = 0, 0, 0, index[lo], 0
     while steps < 100000:
         steps += 1
         addr, ins = code[i]
         if not ins.startswith("NOP"):
             hot += 1
+            hot_lds += _op(ins).startswith("LDS")
+            hot_const += _op(ins).startswith("LDG") and ".CONSTANT" in _op(ins)
         if addr == hi:
             break
         m = _BRANCH.match(ins)
@@ -255,7 +315,9 @@ def round_loop_count(code: List[tuple]) -> Optional[Dict[str, int]]:
                 i = index[target]
                 continue
         i += 1
-    return dict(loop=len(body), hot=hot)
+    return dict(loop=len(body), hot=hot, hot_lds=hot_lds, hot_const=hot_const,
+                lds=sum(_op(c).startswith("LDS") for c in body),
+                const=sum(_op(c).startswith("LDG") and ".CONSTANT" in _op(c) for c in body))
 
 
 def fast_path_counts(nvcc_cmd: List[str], work: Path, cuobjdump: str,
@@ -302,8 +364,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     src = work / "optim8_kernels.cu"
     cubin = work / "optim8_kernels.cubin"
-    src.write_text(_source(args.plant))
     root = args.source_root
+    src.write_text(_source(args.plant, root))
     includes = [f"-I{root / 'csrc'}", f"-I{root / 'csrc' / 'include'}"]
     includes += [f"-I{p}" for p in cpp_extension.include_paths()[:2]]
     cmd = [nvcc, "-cubin", "-arch=sm_90", *NVCC_FLAGS, "-include",
@@ -315,39 +377,59 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(r.stdout + r.stderr, file=sys.stderr)
         print("sass_check: nvcc failed", file=sys.stderr)
         return 2
-    keys = _mangled_keys(args.plant)
+    keys = _mangled_keys(args.plant, root)
     res = parse_ptxas(r.stdout + r.stderr, keys)
     dump = _cuobjdump(args.cuobjdump)
     sass = sass_counts(cubin, dump, keys) if dump else {}
+    loops: Dict[str, Dict[str, int]] = {}
+    if dump:
+        text = subprocess.run([dump, "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+        for name, code in _functions(text, keys).items():
+            counted = round_loop_count(code)
+            if counted is not None:
+                loops[name] = counted
     fast = fast_path_counts(cmd, work, dump, keys) if dump and args.count else {}
-    expected = [c[0] for c in CASES] + (["planted adam8 fp32"] if args.plant else [])
-    failed = False
-    print(f"{'kernel (sm_90)':<22} {'regs':>4} {'stack':>5} {'spill st/ld':>11}"
+    expected = [c[0] for c in cases_of(root)] + ([c[0] for c in PLANTED] if args.plant
+                                                 else [])
+    failed = []
+    print(f"{'kernel (sm_90)':<26} {'regs':>4} {'stack':>5} {'spill st/ld':>11}"
           + (f" {'SASS':>5} {'LDG128':>6} {'LDG64':>5} {'LDG32':>5} {'LDG8':>4} {'local':>5}"
-             if sass else "") + (f" {'hot/elem':>9} {'loop/elem':>9}" if fast else ""))
+             f" {'LDS':>4} {'LDGC':>4}" if sass else "")
+          + (f" {'hot/elem':>9} {'loop/elem':>9} {'hotLDS':>6} {'hotLDGC':>7}" if fast else ""))
     for name in expected:
         if name not in res or "stack" not in res[name] or "registers" not in res[name]:
             print(f"sass_check: no ptxas report for {name}", file=sys.stderr)
-            failed = True
+            failed.append("a ptxas report is missing")
             continue
         c = res[name]
-        bad = c["stack"] > 0 or c["spill_stores"] > 0 or c["spill_loads"] > 0
-        failed = failed or bad
-        row = (f"{name:<22} {c['registers']:>4} {c['stack']:>5} "
+        notes = []
+        if c["stack"] > 0 or c["spill_stores"] > 0 or c["spill_loads"] > 0:
+            notes.append("local memory")
+        row = (f"{name:<26} {c['registers']:>4} {c['stack']:>5} "
                f"{c['spill_stores']:>5}/{c['spill_loads']:<5}")
         if name in sass:
             s = sass[name]
+            loop = loops.get(name)
+            if loop is None:
+                notes.append("no round loop found")
+                loop = dict(lds=0, const=0)
+            elif loop["lds"] == 0 or loop["const"] > 0:
+                notes.append("code tables in global memory")
             row += (f" {s['instructions']:>5} {s['ldg128']:>6} {s['ldg64']:>5} {s['ldg32']:>5} "
-                    f"{s['ldg8']:>4} {s['local']:>5}")
+                    f"{s['ldg8']:>4} {s['local']:>5} {loop['lds']:>4} {loop['const']:>4}")
         if name in fast:
             f = fast[name]
-            row += f" {f['hot'] / 8:>9.1f} {f['loop'] / 8:>9.1f}"
-        print(row + ("  <- local memory" if bad else ""))
+            row += (f" {f['hot'] / 8:>9.1f} {f['loop'] / 8:>9.1f} {f['hot_lds']:>6}"
+                    f" {f['hot_const']:>7}")
+        failed += notes
+        print(row + "".join(f"  <- {n}" for n in notes))
     if failed:
-        print("sass_check: FAILED: an 8-bit kernel has a local-memory frame or spills",
-              file=sys.stderr)
+        print("sass_check: FAILED: " + "; ".join(sorted(set(failed))), file=sys.stderr)
         return 1
-    print("sass_check: ok (no local-memory frame, no spills)")
+    print("sass_check: ok (no local-memory frame, no spills"
+          + (", the code tables read from shared memory in the round loop)" if sass else
+             "; no cuobjdump: where the tables are read not checked)"))
     return 0
 
 

@@ -20,7 +20,9 @@
 // to the unfolded one for every float32).
 //
 // The tables live in common/quant8_tables.h (generated). Host code reads the
-// constexpr arrays; device code reads copies in device global memory.
+// constexpr arrays, device code by default copies in device global memory;
+// the 8-bit CUDA optimizers read a copy their CUDA block staged in shared
+// memory (SharedTables), through the same functions (Tables: where to read).
 #pragma once
 
 #include <torch/headeronly/macros/Macros.h>
@@ -95,13 +97,54 @@ MIXPREC_Q8_ARRAYS(MIXPREC_Q8_DEVICE_ARRAY)
 #define MIXPREC_Q8_READ(name, i) name[i]
 #endif
 
-// The table value of `code` (a fraction of the block's absmax).
-C10_HOST_DEVICE C10_ALWAYS_INLINE float value(int table, int code) {
+// Both tables, as one CUDA block keeps them in shared memory (53,264 bytes):
+// filled by stage_tables, read through Tables::of.
+struct SharedTables {
+  float values[sizeof(kQ8Values) / sizeof(float)];
+  uint32_t folded[sizeof(kQ8EncodeFolded) / sizeof(uint32_t)];
+};
+
+// Where the functions below read the tables: the values (kQ8Values' layout)
+// and the folded encoding table (kQ8EncodeFolded's).
+struct Tables {
+  const float* values;
+  const uint32_t* folded;
+
+  // The generated arrays: the host's, or their device global copies.
+  C10_HOST_DEVICE C10_ALWAYS_INLINE static Tables global() {
 #ifdef __CUDA_ARCH__
-  return kQ8ValuesDev[table * 256 + code];
+    return Tables{kQ8ValuesDev, kQ8EncodeFoldedDev};
 #else
-  return kQ8Values[table * 256 + code];
+    return Tables{kQ8Values, kQ8EncodeFolded};
 #endif
+  }
+  C10_HOST_DEVICE C10_ALWAYS_INLINE static Tables of(const SharedTables& s) {
+    return Tables{s.values, s.folded};
+  }
+};
+
+// Thread `thread` of `threads`' share of copying the generated arrays into
+// `s` (every thread of a block runs it, then the block synchronizes).
+C10_HOST_DEVICE C10_ALWAYS_INLINE void stage_tables(SharedTables& s, int thread,
+                                                    int threads) {
+  const Tables from = Tables::global();
+  constexpr int kValues = sizeof(s.values) / sizeof(float);
+  constexpr int kFolded = sizeof(s.folded) / sizeof(uint32_t);
+  for (int i = thread; i < kValues; i += threads) {
+    s.values[i] = from.values[i];
+  }
+  for (int i = thread; i < kFolded; i += threads) {
+    s.folded[i] = from.folded[i];
+  }
+}
+
+// The table value of `code` (a fraction of the block's absmax).
+C10_HOST_DEVICE C10_ALWAYS_INLINE float value(int table, int code,
+                                              const Tables& t) {
+  return t.values[table * 256 + code];
+}
+C10_HOST_DEVICE C10_ALWAYS_INLINE float value(int table, int code) {
+  return value(table, code, Tables::global());
 }
 
 // The bucket of u, the bits of |y| (see tools/gen_quant8_tables.py): u is
@@ -129,16 +172,15 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE int folded_code(uint32_t e, uint32_t u) {
   return static_cast<int>((u & 0xffffu) > (e & 0xffffu) ? e >> 24
                                                         : (e >> 16) & 0xffu);
 }
-C10_HOST_DEVICE C10_ALWAYS_INLINE int encode_fraction(float y, int table) {
+C10_HOST_DEVICE C10_ALWAYS_INLINE int encode_fraction(float y, int table,
+                                                      const Tables& t) {
   const uint32_t u = clamp_bits(math::float_bits(y) & 0x7fffffffu);
-  const uint32_t index = folded_index(y, table, u);
-#ifdef __CUDA_ARCH__
-  const uint32_t e = kQ8EncodeFoldedDev[index];
-#else
-  const uint32_t e = kQ8EncodeFolded[index];
-#endif
+  const uint32_t e = t.folded[folded_index(y, table, u)];
   const int c = folded_code(e, u);  // (read unconditionally: no branch)
   return y == 0.0f ? zero_lo(table) : c;
+}
+C10_HOST_DEVICE C10_ALWAYS_INLINE int encode_fraction(float y, int table) {
+  return encode_fraction(y, table, Tables::global());
 }
 
 #if !defined(__CUDA_ARCH__)
@@ -180,9 +222,13 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE uint8_t encode(float x, float a, int table) {
   return static_cast<uint8_t>(encode_fraction(fraction(x, a), table));
 }
 
+C10_HOST_DEVICE C10_ALWAYS_INLINE float decode(uint8_t code, float a, int table,
+                                               const Tables& t) {
+  return value(table, code, t) * a;
+}
 C10_HOST_DEVICE C10_ALWAYS_INLINE float decode(uint8_t code, float a,
                                                int table) {
-  return value(table, code) * a;
+  return decode(code, a, table, Tables::global());
 }
 
 // |x|, and the NaN-propagating maximum that takes a block's absmax (the

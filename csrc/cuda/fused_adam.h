@@ -162,14 +162,40 @@ struct Adam8Rule : RuleSlots8<Adam8Slot, 2> {
   }
 };
 
-// (The option flag of launch_optim is unused: no amsgrad.)
-template <typename P, typename G, bool kHasMaster, bool>
-using Adam8Op = Optim8Op<P, G, kHasMaster, Adam8Rule>;
+// Adam8Rule for the common step, AdamW with beta1 >= 0.5 (weight decay
+// decoupled and nonzero, the lerp's small-weight form: adam8_common): the
+// same update with those flags compile-time constants, so that the kernel
+// has no code for the other branches. The same operations as Adam8Rule's on
+// such a step, so the same bits.
+struct Adam8CommonRule : Adam8Rule {
+  MIXPREC_HD static void update(float& w, float g, float (&x)[kStates],
+                                const Args& a, const Block& blk) {
+    math::AdamConsts k = a.k;
+    k.has_wd = true;
+    k.decoupled = true;
+    k.lerp_small = true;
+    float unused = 0.0f;
+    math::adam_update<false, math::ScalarOps>(w, g, x[0], x[1], unused, k, blk);
+  }
+};
+
+// Whether a step takes Adam8CommonRule.
+inline bool adam8_common(const math::AdamConsts& k) {
+  return k.has_wd && k.decoupled && k.lerp_small;
+}
+
+// (launch_optim's option flag: the step is adam8_common; there is no
+// amsgrad.)
+template <typename P, typename G, bool kHasMaster, bool kCommon>
+using Adam8Op =
+    Optim8Op<P, G, kHasMaster,
+             std::conditional_t<kCommon, Adam8CommonRule, Adam8Rule>>;
 
 template <class Exec>
 void fused_adam8_launch(const OpArgs<Op::fused_adam8_>& op_args) {
   MIXPREC_BIND(op_args, exp_avg_absmax, exp_avg_sq_absmax, state_steps, beta1,
-               beta2, weight_decay, eps, stochastic_rounding)
+               beta2, weight_decay, eps, decoupled_weight_decay,
+               stochastic_rounding)
   auto fill = [&](const FlatRows& fs, const Tensor* const* v, size_t i,
                   void*(&a)[Adam8Slot::kDepth]) {
     void* p = v[0]->data_ptr();
@@ -184,6 +210,8 @@ void fused_adam8_launch(const OpArgs<Op::fused_adam8_>& op_args) {
     a[Adam8Slot::kStep] = state_steps[i].data_ptr();
   };
   auto make_args = [&] { return adam_kernel_args(op_args); };
+  const bool common = adam8_common(math::make_adam_consts(
+      beta1, beta2, weight_decay, eps, decoupled_weight_decay));
   launch_optim<Exec, Adam8Slot::kDepth, Adam8Op>(
       optim::check_fused_adam8_args(op_args, Exec::kBackend,
                                     /*each_param=*/false),
@@ -191,7 +219,7 @@ void fused_adam8_launch(const OpArgs<Op::fused_adam8_>& op_args) {
         optim::check_adam_hparams(beta1, beta2, weight_decay, eps,
                                   "fused_adam8_");
       },
-      fill, make_args, false, stochastic_rounding, Adam8Slot::kRow,
+      fill, make_args, common, stochastic_rounding, Adam8Slot::kRow,
       Adam8Slot::kSrBase);
 }
 

@@ -8,14 +8,17 @@
 // one warp owns one state block per round, each lane up to 8 of its elements
 // (two runs of 4: elements 4l..4l+3 and 128+4l..128+4l+3, so a warp's loads
 // are contiguous). The plan runs over kBlock slots per state block (so every
-// CUDA block starts at a state block: launch_optim's row slot), and the
+// plan block starts at a state block: launch_optim's row slot), and the
 // functor maps its rounds to the blocks' elements with the row length that
-// travels in the Rule's kRow slot. Phase 1 reads the
-// codes back with the old absmax, runs the optimizer's element update, writes
-// the param (and master) and keeps the new state values in registers, with
-// their per-lane |max|; the warp takes the maximum; phase 2 writes the codes
-// of the new values against it, and lane 0 the new absmax. The element math
-// is the CPU kernel's (common/optim_math.h, common/quant8_math.h).
+// travels in the Rule's kRow slot. load() reads a round's weights, grads,
+// code words and old maxima (the executor issues it a round ahead); phase 1
+// reads the codes back with the old absmax, runs the optimizer's element
+// update, writes the param (and master) and keeps the new state values in
+// registers, with their per-lane |max|; the warp takes the maximum; phase 2
+// writes the codes of the new values against it, and lane 0 the new absmax.
+// The code tables are read from the CUDA block's shared copy (Shared, staged
+// by stage()). The element math is the CPU kernel's (common/optim_math.h,
+// common/quant8_math.h).
 #pragma once
 
 #include <cstdint>
@@ -28,7 +31,7 @@ namespace mixprec {
 namespace cuda {
 
 static_assert(kChunkSize % q8::kBlock == 0,
-              "every CUDA block must start at an 8-bit state block");
+              "every plan block must start at an 8-bit state block");
 static_assert(q8::kBlock == 2 * kOptVec * kWarpSize,
               "a lane owns two runs of kOptVec elements of a state block");
 
@@ -38,8 +41,12 @@ static_assert(q8::kBlock == 2 * kOptVec * kWarpSize,
 // kSrBase (integers, not addresses: launch_optim writes them).
 //
 // Where the work is done: the step's constants, the tensor's pointers and the
-// row-block geometry once per thread per CUDA block (Cursor, made by
-// cursor()), the state block of each round by increment (advance()); a whole,
+// row-block geometry once per thread per plan block (Cursor, made by
+// cursor()), the state block of each round by increment (advance()); the code
+// tables read where the executor staged them (Shared: a CUDA block's shared
+// memory, staged once per CUDA block of the persistent grid); a round's
+// loads (load(), into In) issued during the round before it, after its
+// phase 1; addresses by pointer arithmetic (no signed division); a whole,
 // aligned state block (kBlock elements, every list aligned: every block of a
 // tensor whose rows are multiples of kBlock) takes a fully unrolled path with
 // 16-byte param/grad/master loads and its codes as 32-bit words; any other
@@ -53,10 +60,25 @@ struct Optim8Op {
   static constexpr int kWarpMaxes = kStates;
   static constexpr int kRuns = 2;  // runs of kOptVec elements per lane
   using Args = typename Rule::Args;
+  using Shared = q8::SharedTables;
+
+  // What a round reads (load()): the float32 weights (master or param) and
+  // grads of the lane's runs, its code words and the block's old maxima.
+  struct In {
+    float w[kRuns][kOptVec];
+    float g[kRuns][kOptVec];
+    uint32_t words[kStates][kRuns];
+    float old_max[kStates];
+  };
 
   struct Lane {
     float x[kStates][kRuns][kOptVec];
   };
+
+  // Thread `thread` of `threads`' share of staging the code tables.
+  MIXPREC_HD static void stage(Shared& s, int thread, int threads) {
+    q8::stage_tables(s, thread, threads);
+  }
 
   // What a thread keeps across its rounds of one CUDA block: the tensor's
   // lists at element 0, the step's constants, and the state block of its
@@ -68,6 +90,7 @@ struct Optim8Op {
     float* mp;  // null without a master
     const uint8_t* codes[kStates];
     float* absmax[kStates];
+    q8::Tables tables;  // where the code tables are read
     typename Rule::Block blk;
     bool load_states;
     bool lists_aligned;  // params, grads, masters 16-byte aligned, codes 4
@@ -85,9 +108,9 @@ struct Optim8Op {
     int64_t length;
   };
 
-  // Sets the current state block from (block_row, block_col).
+  // Sets the current block's first element and length from (block_row,
+  // block_col).
   MIXPREC_HD static void place(Cursor& c) {
-    c.qb = c.block_row * c.per_row + c.block_col;
     c.start = c.block_row * c.row + c.block_col * q8::kBlock;
     const int64_t rest = c.row - c.block_col * q8::kBlock;
     c.length = rest < q8::kBlock ? rest : q8::kBlock;
@@ -97,9 +120,10 @@ struct Optim8Op {
   // every `stride`-th round after it.
   template <class Meta>
   MIXPREC_HD Cursor cursor(const Meta& meta, int block, int first, int stride,
-                           const Args& a) const {
+                           const Shared& shared, const Args& a) const {
     Cursor c;
     c.stride = stride;
+    c.tables = q8::Tables::of(shared);
     const BlockSpan s = block_span(meta, block);
     // (every field is set on both sides of the found_inf test: no pointer is
     // null on one path, which would cost the device its global loads)
@@ -135,25 +159,23 @@ struct Optim8Op {
     const int64_t qb = s.start / q8::kBlock + first;
     c.block_row = qb / rb.per_row;
     c.block_col = qb % rb.per_row;
+    c.qb = qb;
     place(c);
     return c;
   }
 
   MIXPREC_HD static int rounds(const Cursor& c) { return c.rounds; }
 
-  // To the thread's next round (stride blocks on, across rows).
+  // To the thread's next round (stride blocks on, across rows: blocks are
+  // numbered row by row, so qb moves by stride; the rows crossed are counted
+  // by subtraction, at most stride of them, one for rows of stride blocks or
+  // more, so no division).
   MIXPREC_HD static void advance(Cursor& c) {
+    c.qb += c.stride;
     c.block_col += c.stride;
-    if (c.block_col >= c.per_row) {
-      int64_t rows;
-      if (c.block_col <= UINT32_MAX && c.per_row <= UINT32_MAX) {
-        rows = static_cast<uint32_t>(c.block_col) /
-               static_cast<uint32_t>(c.per_row);
-      } else {
-        rows = c.block_col / c.per_row;
-      }
-      c.block_row += rows;
-      c.block_col -= rows * c.per_row;
+    while (c.block_col >= c.per_row) {
+      c.block_col -= c.per_row;
+      ++c.block_row;
     }
     place(c);
   }
@@ -174,74 +196,103 @@ struct Optim8Op {
 #endif
   }
 
-  MIXPREC_HD void phase1(const Cursor& c, int lane, Lane& st,
-                         float (&maxes)[kStates], const Args& a) const {
-    const int64_t start = c.start;
-    P* const pp = c.p;
-    const G* const gp = c.g;
-    float* const mp = c.mp;
-    const uint8_t* codes[kStates];
-    float old_max[kStates];
-#pragma unroll
-    for (int k = 0; k < kStates; ++k) {
-      codes[k] = c.codes[k];
-      old_max[k] = c.load_states ? c.absmax[k][c.qb] : 0.0f;
-      maxes[k] = 0.0f;
-    }
+  // The round's loads: weights (the master, or the param), grads, code words
+  // and old maxima, as whole vectors on the whole-block path.
+  MIXPREC_HD void load(const Cursor& c, int lane, In& in) const {
     const bool fast = whole(c);
 #pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      in.old_max[k] = c.load_states ? c.absmax[k][c.qb] : 0.0f;
+    }
+#pragma unroll
     for (int j = 0; j < kRuns; ++j) {
-      const int64_t i0 = start + run_start(j, lane);  // in the tensor
-      const int64_t rest = c.length - run_start(j, lane);
-      const int count =
-          fast ? kOptVec
-               : (rest <= 0
-                      ? 0
-                      : (rest < kOptVec ? static_cast<int>(rest) : kOptVec));
-      float w[kOptVec] = {};
-      float gr[kOptVec] = {};
-      uint32_t words[kStates] = {};
+      const int64_t i0 = c.start + run_start(j, lane);  // in the tensor
+      const int count = run_count(c, fast, j, lane);
+      float (&w)[kOptVec] = in.w[j];
+      float (&gr)[kOptVec] = in.g[j];
+#pragma unroll
+      for (int k = 0; k < kStates; ++k) {
+        in.words[k][j] = 0;
+      }
       if (fast) {
-        const int64_t vi = i0 / kOptVec;
+        // (the vectors at element i0, a multiple of kOptVec: pointer
+        // arithmetic, not a signed division of i0)
         if constexpr (kHasMaster) {
-          load_vec(mp, vi, w);
+          load_vec(c.mp + i0, 0, w);
         } else {
-          load_vec(pp, vi, w);
+          load_vec(c.p + i0, 0, w);
         }
-        load_vec(gp, vi, gr);
+        load_vec(c.g + i0, 0, gr);
         if (c.load_states) {
 #pragma unroll
           for (int k = 0; k < kStates; ++k) {
-            words[k] = reinterpret_cast<const uint32_t*>(codes[k])[vi];
+            in.words[k][j] =
+                *reinterpret_cast<const uint32_t*>(c.codes[k] + i0);
           }
         }
       } else {
 #pragma unroll
         for (int e = 0; e < kOptVec; ++e) {
+          w[e] = 0.0f;
+          gr[e] = 0.0f;
           if (e < count) {
-            w[e] = kHasMaster ? mp[i0 + e] : static_cast<float>(pp[i0 + e]);
-            gr[e] = static_cast<float>(gp[i0 + e]);
+            w[e] = kHasMaster ? c.mp[i0 + e] : static_cast<float>(c.p[i0 + e]);
+            gr[e] = static_cast<float>(c.g[i0 + e]);
             if (c.load_states) {
 #pragma unroll
               for (int k = 0; k < kStates; ++k) {
-                words[k] |= static_cast<uint32_t>(codes[k][i0 + e]) << (8 * e);
+                in.words[k][j] |= static_cast<uint32_t>(c.codes[k][i0 + e])
+                                  << (8 * e);
               }
             }
           }
         }
+      }
+    }
+  }
+
+  // Elements of run j of `lane` in the current block.
+  MIXPREC_HD static int run_count(const Cursor& c, bool fast, int j, int lane) {
+    const int64_t rest = c.length - run_start(j, lane);
+    return fast ? kOptVec
+                : (rest <= 0
+                       ? 0
+                       : (rest < kOptVec ? static_cast<int>(rest) : kOptVec));
+  }
+
+  // The round's math on what load() read: the element updates, the param
+  // (and master) stores, the new state values and their |max| per lane.
+  MIXPREC_HD void phase1(const Cursor& c, int lane, const In& in, Lane& st,
+                         float (&maxes)[kStates], const Args& a) const {
+    P* const pp = c.p;
+    float* const mp = c.mp;
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      maxes[k] = 0.0f;
+    }
+    const bool fast = whole(c);
+#pragma unroll
+    for (int j = 0; j < kRuns; ++j) {
+      const int64_t i0 = c.start + run_start(j, lane);  // in the tensor
+      const int count = run_count(c, fast, j, lane);
+      float w[kOptVec];
+#pragma unroll
+      for (int e = 0; e < kOptVec; ++e) {
+        w[e] = in.w[j][e];
       }
 #pragma unroll
       for (int e = 0; e < kOptVec; ++e) {
         float x[kStates];
 #pragma unroll
         for (int k = 0; k < kStates; ++k) {
-          x[k] = c.load_states
-                     ? q8::decode(static_cast<uint8_t>(words[k] >> (8 * e)),
-                                  old_max[k], Rule::table(k))
-                     : 0.0f;
+          x[k] =
+              c.load_states
+                  ? q8::decode(static_cast<uint8_t>(in.words[k][j] >> (8 * e)),
+                               in.old_max[k], Rule::table(k), c.tables)
+                  : 0.0f;
         }
         if (e < count) {
-          Rule::update(w[e], math::prepare_grad(gr[e], c.gc), x, a, c.blk);
+          Rule::update(w[e], math::prepare_grad(in.g[j][e], c.gc), x, a, c.blk);
 #pragma unroll
           for (int k = 0; k < kStates; ++k) {
             maxes[k] = q8::abs_max(maxes[k], x[k]);
@@ -254,9 +305,8 @@ struct Optim8Op {
       }
       const uint32_t base = c.sr_base + static_cast<uint32_t>(i0);
       if (fast) {
-        const int64_t vi = i0 / kOptVec;
         if constexpr (kHasMaster) {
-          store_vec(mp, vi, w);
+          store_vec(mp + i0, 0, w);
         }
         AlignedVector<P, kOptVec> out;
 #pragma unroll
@@ -264,7 +314,7 @@ struct Optim8Op {
           out.val[e] = round_param<P>(w[e], a.sr, c.key,
                                       base + static_cast<uint32_t>(e));
         }
-        reinterpret_cast<AlignedVector<P, kOptVec>*>(pp)[vi] = out;
+        *reinterpret_cast<AlignedVector<P, kOptVec>*>(pp + i0) = out;
       } else {
 #pragma unroll
         for (int e = 0; e < kOptVec; ++e) {
@@ -297,7 +347,7 @@ struct Optim8Op {
 #pragma unroll
           for (int e = 0; e < kOptVec; ++e) {
             words[j] |= static_cast<uint32_t>(q8::encode_fraction(
-                            st.x[k][j][e] / a, Rule::table(k)))
+                            st.x[k][j][e] / a, Rule::table(k), c.tables))
                         << (8 * e);
           }
         }
@@ -314,7 +364,7 @@ struct Optim8Op {
         const int64_t rest = c.length - run_start(j, lane);
         const uint32_t word = words[j];
         if (fast) {
-          reinterpret_cast<uint32_t*>(codes)[i0 / kOptVec] = word;
+          *reinterpret_cast<uint32_t*>(codes + i0) = word;
         } else {
 #pragma unroll
           for (int e = 0; e < kOptVec; ++e) {

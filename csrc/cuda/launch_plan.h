@@ -298,16 +298,26 @@ template <typename Op>
 struct ReducesBlock<Op, std::void_t<decltype(Op::kReduceKind)>>
     : std::true_type {};
 
-// A functor that cooperates within warps (Op::kWarpMaxes defined): a block's
-// work is rounds, round r taken by warp r % (threads / 32). Each thread first
-// makes its cursor, c = op.cursor(meta, block, first, stride, args...) (first:
-// its warp's first round, stride: the warps of the block), which gives
-// Op::rounds(c) (the same count for every thread of a block) and is moved to
-// the thread's next round by Op::advance(c) after each round. In a round every
-// lane l runs
-//   phase1(c, l, lane_state, maxes, args...)
-// which fills maxes[kWarpMaxes], the warp takes the maximum of each over its
-// 32 lanes (kWarpMax; a xor-shuffle butterfly on the device, a loop in the
+// A functor that cooperates within warps (Op::kWarpMaxes defined): a plan
+// block's work is rounds, round r taken by warp r % (kRoundThreads / 32).
+// Such a functor runs on a persistent grid of CUDA blocks of kRoundThreads
+// threads: CUDA block c of C takes the plan blocks c, c + C, c + 2C, ...
+// (persistent_blocks), and first stages what its rounds read from shared
+// memory, Op::stage(shared, thread, threads) by every thread, then a barrier
+// (shared: an Op::Shared, the CUDA block's dynamic shared memory; the
+// emulation's copy per emulated CUDA block). Per plan block each thread makes
+// its cursor, c = op.cursor(meta, block, first, stride, shared, args...)
+// (first: its warp's first round, stride: the warps of the CUDA block), which
+// gives Op::rounds(c) (the same count for every thread of a block) and is
+// moved to the thread's next round by Op::advance(c). A round's global reads
+// are op.load(c, l, in), into an Op::In; the first round's are made before
+// the loop, every other round's during the round before it (software
+// pipelining: the rounds of a plan block touch disjoint elements). In a
+// round every lane l runs
+//   phase1(c, l, in, lane_state, maxes, args...)
+// which fills maxes[kWarpMaxes], then the next round's load(next, l, in)
+// (phase 1 has used `in`), the warp takes the maximum of each over its 32
+// lanes (kWarpMax; a xor-shuffle butterfly on the device, a loop in the
 // emulation: max is exact, so any order gives the same bits), and every lane
 // runs phase2(c, l, lane_state, maxes, args...). Op::Lane carries a lane's
 // registers from one phase to the other.
@@ -318,6 +328,20 @@ struct WarpRounds<Op, std::void_t<decltype(Op::kWarpMaxes)>> : std::true_type {
 };
 
 constexpr int kWarpSize = 32;
+
+// The CUDA blocks of WarpRounds functors: kRoundThreads threads, at least
+// kRoundBlocksPerSm of them resident per SM (the register budget:
+// __launch_bounds__).
+constexpr int kRoundThreads = 256;
+constexpr int kRoundWarps = kRoundThreads / kWarpSize;
+constexpr int kRoundBlocksPerSm = 2;
+
+// The CUDA blocks of a persistent launch of `blocks` plan blocks when
+// `resident` CUDA blocks fit on the device at once: one per plan block up to
+// that (each CUDA block then takes every `persistent_blocks`-th plan block).
+inline int persistent_blocks(int blocks, int resident) {
+  return std::max(1, std::min(blocks, resident));
+}
 
 // The combine of the warp maximum: NaN-propagating, as torch.amax.
 MIXPREC_HD float warp_max_combine(float a, float b) {

@@ -9,16 +9,21 @@
 // fuses a multiply and an add that the source does not fuse).
 //
 // Sequential threads are a faithful model of these kernels because none of
-// them communicates between threads except through block_reduce and the
-// warp maximum of warp-cooperative functors (WarpRounds, launch_plan.h),
-// which are replayed here: a kernel that did otherwise would be a data race
-// on the device.
+// them communicates between threads except through block_reduce, the warp
+// maximum of warp-cooperative functors (WarpRounds, launch_plan.h) and their
+// CUDA block's staged shared memory (written by all its threads before a
+// barrier, then only read), which are replayed here: a kernel that did
+// otherwise would be a data race on the device. WarpRounds functors run on a
+// persistent grid here too (launch()): the same staging call, the same plan
+// block schedule and the same per-round calls as warp_rounds_kernel.
 #pragma once
 
 #include "common/tensor.h"
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <vector>
 
 #include "common/norm_math.h"
@@ -60,47 +65,75 @@ double block_reduce(std::vector<double>& v) {
 struct HostExec {
   static constexpr DeviceType kBackend = DeviceType::CPU;
   using Guard = NoGuard;
+  // The emulated device's resident CUDA blocks of a persistent launch: few,
+  // so that the emulated CUDA blocks take several plan blocks each, as on a
+  // GPU given more plan blocks than fit at once.
+  static constexpr int kEmulatedResidentBlocks = 3;
+
+  // The rounds of plan block `block` (WarpRounds, launch_plan.h) as the
+  // device's run_rounds makes them, warp after warp in round order, lane
+  // after lane, phase after phase (the device's rounds of different warps
+  // touch disjoint elements): each warp's cursor and its lanes' loads, the
+  // next round's loads after this round's phase 1, before its phase 2.
+  template <typename Op, typename Where, typename... Args>
+  static void run_rounds(const Op& op, const Where& where, int block,
+                         const typename Op::Shared& shared,
+                         const Args&... args) {
+    constexpr int K = Op::kWarpMaxes;
+    constexpr int W = cuda::kWarpSize;
+    constexpr int warps = cuda::kRoundWarps;
+    // warp w's threads start at round w and take every warps-th round (all
+    // lanes of a warp hold the same cursor)
+    using Cursor = decltype(op.cursor(where, block, 0, warps, shared, args...));
+    using In = typename Op::In;
+    std::vector<Cursor> cursors;
+    for (int w = 0; w < warps; ++w) {
+      cursors.push_back(op.cursor(where, block, w, warps, shared, args...));
+    }
+    const int rounds = Op::rounds(cursors[0]);
+    std::vector<In> in(static_cast<size_t>(warps) * W);
+    for (int w = 0; w < warps && w < rounds; ++w) {
+      for (int l = 0; l < W; ++l) {
+        op.load(cursors[w], l, in[w * W + l]);
+      }
+    }
+    std::vector<typename Op::Lane> state(W);
+    struct Maxes {
+      float v[K];
+    };
+    std::vector<Maxes> maxes(W);
+    for (int r = 0; r < rounds; ++r) {
+      const int w = r % warps;
+      Cursor& cursor = cursors[w];
+      for (int l = 0; l < W; ++l) {
+        op.phase1(cursor, l, in[w * W + l], state[l], maxes[l].v, args...);
+      }
+      Cursor next = cursor;
+      Op::advance(next);
+      if (r + warps < rounds) {
+        for (int l = 0; l < W; ++l) {
+          op.load(next, l, in[w * W + l]);
+        }
+      }
+      float total[K];
+      for (int k = 0; k < K; ++k) {
+        total[k] = maxes[0].v[k];
+        for (int l = 1; l < W; ++l) {
+          total[k] = cuda::warp_max_combine(total[k], maxes[l].v[k]);
+        }
+      }
+      for (int l = 0; l < W; ++l) {
+        op.phase2(cursor, l, state[l], total, args...);
+      }
+      cursor = next;
+    }
+  }
 
   template <typename Op, typename Where, typename... Args>
   static void run_block(int block, int threads, const Op& op,
                         const Where& where, const Args&... args) {
-    if constexpr (cuda::WarpRounds<Op>::value) {
-      // The rounds of one warp, lane after lane, phase after phase (the
-      // device's rounds of different warps touch disjoint elements).
-      constexpr int K = Op::kWarpMaxes;
-      constexpr int W = cuda::kWarpSize;
-      const int warps = threads / W;
-      // one cursor per warp: warp w's threads start at round w and take
-      // every warps-th round (all lanes of a warp hold the same cursor)
-      using Cursor = decltype(op.cursor(where, block, 0, warps, args...));
-      std::vector<Cursor> cursors;
-      for (int w = 0; w < warps; ++w) {
-        cursors.push_back(op.cursor(where, block, w, warps, args...));
-      }
-      const int rounds = Op::rounds(cursors[0]);
-      std::vector<typename Op::Lane> state(W);
-      struct Maxes {
-        float v[K];
-      };
-      std::vector<Maxes> maxes(W);
-      for (int r = 0; r < rounds; ++r) {
-        Cursor& cursor = cursors[r % warps];
-        float total[K];
-        for (int l = 0; l < W; ++l) {
-          op.phase1(cursor, l, state[l], maxes[l].v, args...);
-        }
-        for (int k = 0; k < K; ++k) {
-          total[k] = maxes[0].v[k];
-          for (int l = 1; l < W; ++l) {
-            total[k] = cuda::warp_max_combine(total[k], maxes[l].v[k]);
-          }
-        }
-        for (int l = 0; l < W; ++l) {
-          op.phase2(cursor, l, state[l], total, args...);
-        }
-        Op::advance(cursor);
-      }
-    } else if constexpr (cuda::ReducesBlock<Op>::value) {
+    static_assert(!cuda::WarpRounds<Op>::value, "launched by launch()");
+    if constexpr (cuda::ReducesBlock<Op>::value) {
       MIXPREC_INTERNAL_ASSERT(threads % 32 == 0 && threads <= 1024);
       std::vector<double> partial(threads);
       for (int t = 0; t < threads; ++t) {
@@ -116,12 +149,31 @@ struct HostExec {
   }
 
   // Meta: a TensorListMeta or SmallTensorListMeta (launch_plan.h).
+  // WarpRounds functors run on a persistent grid as on the device
+  // (warp_rounds_kernel), of kEmulatedResidentBlocks CUDA blocks: each stages
+  // its own shared copy (filled with 0xff bytes first, so that an entry not
+  // staged cannot read as the right one), then takes its plan blocks.
   template <class Meta, typename Op, typename... Args>
   static void launch(const Meta& meta, int blocks, const Op& op,
                      const Args&... args) {
     MIXPREC_INTERNAL_ASSERT(blocks > 0 && blocks <= Meta::kMaxBlocks);
-    for (int b = 0; b < blocks; ++b) {
-      run_block(b, kBlockSize, op, meta, args...);
+    if constexpr (cuda::WarpRounds<Op>::value) {
+      using Shared = typename Op::Shared;
+      const int grid = cuda::persistent_blocks(blocks, kEmulatedResidentBlocks);
+      auto shared = std::make_unique<Shared>();
+      for (int cta = 0; cta < grid; ++cta) {
+        std::memset(static_cast<void*>(shared.get()), 0xff, sizeof(Shared));
+        for (int t = 0; t < cuda::kRoundThreads; ++t) {
+          Op::stage(*shared, t, cuda::kRoundThreads);
+        }
+        for (int b = cta; b < blocks; b += grid) {
+          run_rounds(op, meta, b, *shared, args...);
+        }
+      }
+    } else {
+      for (int b = 0; b < blocks; ++b) {
+        run_block(b, kBlockSize, op, meta, args...);
+      }
     }
   }
 

@@ -159,8 +159,12 @@ def test_kernels_match_the_reference_bitwise_over_steps(op, pdt, gdt):
 @needs_ext
 @pytest.mark.parametrize("op", sorted(MAKERS))
 @pytest.mark.parametrize("case", ["chunk-edges", "rows", "strided", "misaligned", "sr",
-                                  "adam-l2", "maximize-no-scalars"])
+                                  "adam-l2", "adam-no-decay-large-lerp-weight",
+                                  "maximize-no-scalars"])
 def test_kernels_match_the_reference_on_layouts_and_options(op, case):
+    """(The Adam steps of the other cases are AdamW with beta1 = 0.9, which the CUDA
+    launcher runs with its common-step kernel; adam-l2 and adam-no-decay-large-lerp-weight
+    take its general kernel.)"""
     shapes = SHAPES[case] if case in ("chunk-edges", "rows") else SHAPES["tails"]
     layout = case if case in ("strided", "misaligned") else "contiguous"
     pdt = torch.bfloat16
@@ -170,6 +174,8 @@ def test_kernels_match_the_reference_on_layouts_and_options(op, case):
         args["stochastic_rounding"] = True
     if case == "adam-l2" and op == "fused_adam8_":
         args["decoupled_weight_decay"] = False
+    if case == "adam-no-decay-large-lerp-weight" and op == "fused_adam8_":
+        args.update(weight_decay=0.0, beta1=0.3)
     if case == "maximize-no-scalars":
         args.update(maximize=True, grad_scale=None, clip_coef=None, found_inf=None)
         if op == "fused_sgd8_":
