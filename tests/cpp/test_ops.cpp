@@ -212,6 +212,24 @@ void test_update_scale() {
     CHECK_MSG(bits_equal(scale, ts) && at::equal(tracker, tt),
               "differs from torch, " + tag);
   }
+  // counts and prev_scale: the same sequence counted by the same kernel
+  // (updates, overflowed, grown, shrunk, index of the last overflow).
+  at::Tensor cs = scalar_f32(4.0), ct = scalar_i32(0);
+  at::Tensor counts = at::tensor({0, 0, 0, 0, -1}, at::kLong);
+  at::Tensor prev = scalar_f32(4.0);
+  const int64_t want_counts[3][5] = {
+      {1, 0, 0, 0, -1}, {2, 0, 1, 0, -1}, {3, 1, 1, 1, 2}};
+  for (int step = 0; step < 3; ++step) {
+    mixprec::update_scale_(cs, ct, scalar_f32(infs[step]), 2.0, 0.25, 2,
+                           counts, prev);
+    const std::string tag = "counted step " + std::to_string(step);
+    CHECK_MSG(cs.item<float>() == want_scale[step], tag);
+    CHECK_MSG(prev.item<float>() == want_scale[step], tag);
+    for (int k = 0; k < 5; ++k) {
+      CHECK_MSG(counts[k].item<int64_t>() == want_counts[step][k],
+                tag + ", counts[" + std::to_string(k) + "]");
+    }
+  }
   // Growth skipped when the grown scale would overflow float32.
   at::Tensor big = scalar_f32(1e38), tr = scalar_i32(0);
   mixprec::update_scale_(big, tr, scalar_f32(0.0), 16.0, 0.5, 1);
