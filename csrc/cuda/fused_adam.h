@@ -81,8 +81,8 @@ struct AdamRule {
   }
 };
 
-template <typename P, typename G, bool kHasMaster, bool kAmsgrad>
-using AdamOp = OptimOp<P, G, kHasMaster, AdamRule<kAmsgrad>>;
+template <typename P, typename G, typename M, bool kAmsgrad>
+using AdamOp = OptimOp<P, G, M, AdamRule<kAmsgrad>>;
 
 // The kernel arguments of fused_adam_ or fused_adam8_ (read by name; host).
 template <class A>
@@ -178,8 +178,8 @@ struct Adam8Rule {
 };
 
 // (The option flag of launch_optim is unused: no amsgrad.)
-template <typename P, typename G, bool kHasMaster, bool>
-using Adam8Op = Optim8Op<P, G, kHasMaster, Adam8Rule>;
+template <typename P, typename G, typename M, bool>
+using Adam8Op = Optim8Op<P, G, M, Adam8Rule>;
 
 template <class Exec>
 void fused_adam8_launch(const OpArgs<Op::fused_adam8_>& op_args) {

@@ -46,8 +46,8 @@ static_assert(q8::kBlock == 2 * kOptVec * kWarpSize,
 // block the same unrolled code with per-element predicates and scalar
 // accesses. Every loop index is a compile-time constant, so a lane's values
 // stay in registers. Both paths run the same element operations in the same
-// order, so the bits do not depend on the path.
-template <typename P, typename G, bool kHasMaster, class Rule>
+// order, so the bits do not depend on the path. M: the masters, as OptimOp's.
+template <typename P, typename G, typename M, class Rule>
 struct Optim8Op {
   static constexpr int kStates = Rule::kStates;
   static constexpr int kWarpMaxes = kStates;
@@ -65,7 +65,7 @@ struct Optim8Op {
   struct Cursor {
     P* p;
     const G* g;
-    float* mp;  // null without a master
+    M* mp;  // null without a master
     const uint8_t* codes[kStates];
     float* absmax[kStates];
     typename Rule::Block blk;
@@ -108,7 +108,7 @@ struct Optim8Op {
                    : static_cast<int>((s.length + q8::kBlock - 1) / q8::kBlock);
     const GridPos pos{block, 0, 0};
     const auto [unused, p, g, mp, blk, load_states, gc, key, base] =
-        StepFrame<P, G, kHasMaster, Rule>::make(meta, pos, a, 0);
+        StepFrame<P, G, M, Rule>::make(meta, pos, a, 0);
     auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
     c.p = p;
     c.g = g;
@@ -119,7 +119,7 @@ struct Optim8Op {
     c.key = key;
     c.sr_base = base;
     bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) &&
-                   (!kHasMaster || vec_aligned<float>(mp));
+                   master_aligned(mp);
 #pragma unroll
     for (int k = 0; k < kStates; ++k) {
       c.codes[k] = static_cast<const uint8_t*>(list(Rule::codes_slot(k)));
@@ -179,7 +179,7 @@ struct Optim8Op {
     const int64_t start = c.start;
     P* const pp = c.p;
     const G* const gp = c.g;
-    float* const mp = c.mp;
+    M* const mp = c.mp;
     const uint8_t* codes[kStates];
     float old_max[kStates];
 #pragma unroll
@@ -203,11 +203,7 @@ struct Optim8Op {
       uint32_t words[kStates] = {};
       if (fast) {
         const int64_t vi = i0 / kOptVec;
-        if constexpr (kHasMaster) {
-          load_vec(mp, vi, w);
-        } else {
-          load_vec(pp, vi, w);
-        }
+        load_working_vec(pp, mp, vi, w);
         load_vec(gp, vi, gr);
         if (c.load_states) {
 #pragma unroll
@@ -219,7 +215,7 @@ struct Optim8Op {
 #pragma unroll
         for (int e = 0; e < kOptVec; ++e) {
           if (e < count) {
-            w[e] = kHasMaster ? mp[i0 + e] : static_cast<float>(pp[i0 + e]);
+            w[e] = load_working(pp, mp, i0 + e);
             gr[e] = static_cast<float>(gp[i0 + e]);
             if (c.load_states) {
 #pragma unroll
@@ -255,25 +251,13 @@ struct Optim8Op {
       const uint32_t base = c.sr_base + static_cast<uint32_t>(i0);
       if (fast) {
         const int64_t vi = i0 / kOptVec;
-        if constexpr (kHasMaster) {
-          store_vec(mp, vi, w);
-        }
-        AlignedVector<P, kOptVec> out;
-#pragma unroll
-        for (int e = 0; e < kOptVec; ++e) {
-          out.val[e] = round_param<P>(w[e], a.sr, c.key,
-                                      base + static_cast<uint32_t>(e));
-        }
-        reinterpret_cast<AlignedVector<P, kOptVec>*>(pp)[vi] = out;
+        store_working_vec(pp, mp, vi, w, a.sr, c.key, base);
       } else {
 #pragma unroll
         for (int e = 0; e < kOptVec; ++e) {
           if (e < count) {
-            if constexpr (kHasMaster) {
-              mp[i0 + e] = w[e];
-            }
-            pp[i0 + e] = round_param<P>(w[e], a.sr, c.key,
-                                        base + static_cast<uint32_t>(e));
+            store_working(pp, mp, i0 + e, w[e], a.sr, c.key,
+                          base + static_cast<uint32_t>(e));
           }
         }
       }
