@@ -37,14 +37,18 @@ ROOT = Path(__file__).resolve().parents[1]
 TORCH_TARGET_VERSION = "0x020b000000000000"
 NVCC_FLAGS = ["-O3", "-lineinfo", "--fmad=false", f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}"]
 
-#: (name, op, P, G, master): the instantiations checked
+#: (name, op, P, G, master): the instantiations checked; master is the functors' master
+#: type (void: none; float; int16_t / int8_t: a split master's correction)
 CASES = [
-    ("adam8 fp32", "Adam8Op", "float", "float", "false"),
-    ("adam8 fp16+master", "Adam8Op", "H", "H", "true"),
-    ("adam8 bf16+master", "Adam8Op", "B", "B", "true"),
-    ("adam8 bf16", "Adam8Op", "B", "B", "false"),
-    ("sgd8 fp32", "Sgd8Op", "float", "float", "false"),
-    ("sgd8 bf16+master", "Sgd8Op", "B", "B", "true"),
+    ("adam8 fp32", "Adam8Op", "float", "float", "void"),
+    ("adam8 fp16+master", "Adam8Op", "H", "H", "float"),
+    ("adam8 bf16+master", "Adam8Op", "B", "B", "float"),
+    ("adam8 bf16+split16", "Adam8Op", "B", "B", "int16_t"),
+    ("adam8 bf16+split8", "Adam8Op", "B", "B", "int8_t"),
+    ("adam8 bf16", "Adam8Op", "B", "B", "void"),
+    ("sgd8 fp32", "Sgd8Op", "float", "float", "void"),
+    ("sgd8 bf16+master", "Sgd8Op", "B", "B", "float"),
+    ("sgd8 bf16+split16", "Sgd8Op", "B", "B", "int16_t"),
 ]
 
 _PLANT = """
@@ -60,8 +64,8 @@ struct PlantedRule : Adam8Rule {
     Adam8Rule::update(w, g, x, a, blk);
   }
 };
-template <typename P, typename G, bool kHasMaster, bool>
-using PlantedOp = Optim8Op<P, G, kHasMaster, PlantedRule>;
+template <typename P, typename G, typename M, bool>
+using PlantedOp = Optim8Op<P, G, M, PlantedRule>;
 """
 
 
@@ -72,7 +76,7 @@ def _source(plant: bool) -> str:
     cases = list(CASES)
     if plant:
         lines.append(_PLANT)
-        cases.append(("planted adam8 fp32", "PlantedOp", "float", "float", "false"))
+        cases.append(("planted adam8 fp32", "PlantedOp", "float", "float", "void"))
     for _, op, p, g, master in cases:
         args = "AdamKernelArgs" if op != "Sgd8Op" else "SgdKernelArgs"
         depth = "Adam8Slot::kDepth" if op != "Sgd8Op" else "Sgd8Slot::kDepth"
@@ -121,7 +125,7 @@ def _mangled_keys(plant: bool) -> Dict[str, str]:
     """A substring of each case's mangled kernel name -> the case's name."""
     dt = {"float": "f", "H": "N3c104HalfE", "B": "N3c108BFloat16E"}
     out = {}
-    cases = list(CASES) + ([("planted adam8 fp32", "PlantedOp", "float", "float", "false")]
+    cases = list(CASES) + ([("planted adam8 fp32", "PlantedOp", "float", "float", "void")]
                            if plant else [])
     for name, op, p, g, master in cases:
         rule = {"Adam8Op": "Adam8Rule", "Sgd8Op": "Sgd8Rule", "PlantedOp": "PlantedRule"}[op]
@@ -130,8 +134,8 @@ def _mangled_keys(plant: bool) -> Dict[str, str]:
             gm = "S6_"  # the repeated type is a substitution
         elif p == g:
             gm = "f"
-        flag = "Lb1" if master == "true" else "Lb0"
-        out[f"8Optim8OpI{pm}{gm}{flag}ENS0_{len(rule)}{rule}"] = name
+        mm = {"void": "v", "float": "f", "int16_t": "s", "int8_t": "a"}[master]
+        out[f"8Optim8OpI{pm}{gm}{mm}NS0_{len(rule)}{rule}"] = name
     return out
 
 

@@ -34,7 +34,7 @@ inline IVec load_correction(const C* c) {
   std::memcpy(&n, c, sizeof(n));
   const IVec w(__builtin_convertvector(n, IVec::native));
   if constexpr (sizeof(C) == 1) {
-    return IVec(w.v * 256);
+    return IVec(w.v << 8);
   } else {
     return w;
   }
@@ -43,9 +43,22 @@ inline IVec load_correction(const C* c) {
 // Stores int32 lanes in C's range as IVec::size() values of C.
 template <typename C>
 inline void store_correction(C* c, const IVec& x) {
+#if defined(MIXPREC_SIMD_AVX2)
+  // (AVX2 has no narrowing move: GCC lowers the generic conversion to lane
+  // extracts.) Signed saturating packs: exact for values in C's range.
+  const __m256i v = (__m256i)x.v;
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v),
+                                    _mm256_extracti128_si256(v, 1));
+  if constexpr (sizeof(C) == 2) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(c), w);
+  } else {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(c), _mm_packs_epi16(w, w));
+  }
+#else
   const typename NarrowVec<C>::type n =
       __builtin_convertvector(x.v, typename NarrowVec<C>::type);
   std::memcpy(c, &n, sizeof(n));
+#endif
 }
 
 typedef uint32_t UWords __attribute__((vector_size(kBytes)));
