@@ -37,18 +37,23 @@ ROOT = Path(__file__).resolve().parents[1]
 TORCH_TARGET_VERSION = "0x020b000000000000"
 NVCC_FLAGS = ["-O3", "-lineinfo", "--fmad=false", f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}"]
 
-#: (name, op, P, G, master): the instantiations checked; "adam8w" is Adam8Op's common
-#: step (AdamW, beta1 >= 0.5: Adam8CommonRule, launch_optim's option flag set)
+#: (name, op, P, G, master): the instantiations checked; master is the functors' master
+#: type (void: none; float; int16_t / int8_t: a split master's correction); "adam8w" is
+#: Adam8Op's common step (AdamW, beta1 >= 0.5: Adam8CommonRule, launch_optim's option flag set)
 CASES = [
-    ("adam8 fp32", "Adam8Op", "float", "float", "false"),
-    ("adam8 fp16+master", "Adam8Op", "H", "H", "true"),
-    ("adam8 bf16+master", "Adam8Op", "B", "B", "true"),
-    ("adam8 bf16", "Adam8Op", "B", "B", "false"),
-    ("adam8w fp32", "Adam8wOp", "float", "float", "false"),
-    ("adam8w fp16+master", "Adam8wOp", "H", "H", "true"),
-    ("adam8w bf16+master", "Adam8wOp", "B", "B", "true"),
-    ("sgd8 fp32", "Sgd8Op", "float", "float", "false"),
-    ("sgd8 bf16+master", "Sgd8Op", "B", "B", "true"),
+    ("adam8 fp32", "Adam8Op", "float", "float", "void"),
+    ("adam8 fp16+master", "Adam8Op", "H", "H", "float"),
+    ("adam8 bf16+master", "Adam8Op", "B", "B", "float"),
+    ("adam8 bf16+split16", "Adam8Op", "B", "B", "int16_t"),
+    ("adam8 bf16+split8", "Adam8Op", "B", "B", "int8_t"),
+    ("adam8 bf16", "Adam8Op", "B", "B", "void"),
+    ("adam8w fp32", "Adam8wOp", "float", "float", "void"),
+    ("adam8w fp16+master", "Adam8wOp", "H", "H", "float"),
+    ("adam8w bf16+master", "Adam8wOp", "B", "B", "float"),
+    ("adam8w bf16+split16", "Adam8wOp", "B", "B", "int16_t"),
+    ("sgd8 fp32", "Sgd8Op", "float", "float", "void"),
+    ("sgd8 bf16+master", "Sgd8Op", "B", "B", "float"),
+    ("sgd8 bf16+split16", "Sgd8Op", "B", "B", "int16_t"),
 ]
 
 _PLANT = """
@@ -64,15 +69,15 @@ struct PlantedRule : Adam8Rule {
     Adam8Rule::update(w, g, x, a, blk);
   }
 };
-template <typename P, typename G, bool kHasMaster, bool>
-using PlantedOp = Optim8Op<P, G, kHasMaster, PlantedRule>;
+template <typename P, typename G, typename M, bool>
+using PlantedOp = Optim8Op<P, G, M, PlantedRule>;
 
 // Planted code tables in global memory: the cursor points at the generated
 // arrays' device copies instead of the block's shared copy.
 struct GlobalTablesRule : Adam8Rule {};
-template <typename P, typename G, bool kHasMaster, bool>
-struct GlobalTablesOp : Optim8Op<P, G, kHasMaster, GlobalTablesRule> {
-  using Base = Optim8Op<P, G, kHasMaster, GlobalTablesRule>;
+template <typename P, typename G, typename M, bool>
+struct GlobalTablesOp : Optim8Op<P, G, M, GlobalTablesRule> {
+  using Base = Optim8Op<P, G, M, GlobalTablesRule>;
   template <class Meta>
   MIXPREC_HD typename Base::Cursor cursor(const Meta& meta, int block, int first,
                                           int stride, const typename Base::Shared& s,
@@ -86,8 +91,8 @@ struct GlobalTablesOp : Optim8Op<P, G, kHasMaster, GlobalTablesRule> {
 
 #: the planted cases (--plant): (name, op, P, G, master, the note the check must give)
 PLANTED = [
-    ("planted adam8 fp32", "PlantedOp", "float", "float", "false", "local memory"),
-    ("planted-global adam8 fp32", "GlobalTablesOp", "float", "float", "false",
+    ("planted adam8 fp32", "PlantedOp", "float", "float", "void", "local memory"),
+    ("planted-global adam8 fp32", "GlobalTablesOp", "float", "float", "void",
      "code tables in global memory"),
 ]
 
@@ -168,11 +173,11 @@ def _mangled_keys(plant: bool, root: Path = ROOT) -> Dict[str, str]:
             gm = "S6_"  # the repeated type is a substitution
         elif p == g:
             gm = "f"
-        flag = "Lb1" if master == "true" else "Lb0"
+        mm = {"void": "v", "float": "f", "int16_t": "s", "int8_t": "a"}[master]
         if op == "GlobalTablesOp":  # (a class of its own, not an alias of Optim8Op)
-            out[f"{len(op)}{op}I{pm}{gm}{flag}"] = name
+            out[f"{len(op)}{op}I{pm}{gm}{mm}"] = name
         else:
-            out[f"8Optim8OpI{pm}{gm}{flag}ENS0_{len(rule)}{rule}"] = name
+            out[f"8Optim8OpI{pm}{gm}{mm}NS0_{len(rule)}{rule}"] = name
     return out
 
 

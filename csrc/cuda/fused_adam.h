@@ -74,8 +74,8 @@ struct AdamRule : RuleSlots<AdamSlot, 3> {
   }
 };
 
-template <typename P, typename G, bool kHasMaster, bool kAmsgrad>
-using AdamOp = OptimOp<P, G, kHasMaster, AdamRule<kAmsgrad>>;
+template <typename P, typename G, typename M, bool kAmsgrad>
+using AdamOp = OptimOp<P, G, M, AdamRule<kAmsgrad>>;
 
 // The kernel arguments of fused_adam_ or fused_adam8_ (read by name; host).
 template <class A>
@@ -186,9 +186,9 @@ inline bool adam8_common(const math::AdamConsts& k) {
 
 // (launch_optim's option flag: the step is adam8_common; there is no
 // amsgrad.)
-template <typename P, typename G, bool kHasMaster, bool kCommon>
+template <typename P, typename G, typename M, bool kCommon>
 using Adam8Op =
-    Optim8Op<P, G, kHasMaster,
+    Optim8Op<P, G, M,
              std::conditional_t<kCommon, Adam8CommonRule, Adam8Rule>>;
 
 template <class Exec>

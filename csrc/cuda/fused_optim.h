@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "common/master_math.h"
 #include "common/optim_args.h"
 #include "common/optim_dispatch.h"
 #include "common/optim_math.h"
@@ -72,6 +73,107 @@ MIXPREC_HD P round_param(float w, bool sr, uint32_t key, uint32_t index) {
     }
   }
   return static_cast<P>(w);
+}
+
+// The masters of the functors, by type M: void (none: the param is the
+// working copy), float (a float32 master) or int16_t / int8_t (a split
+// master: the bf16 param plus that correction, common/master_math.h). The
+// functors read and write the working value through these helpers.
+template <typename M>
+constexpr bool has_master_v = !std::is_void_v<M>;
+
+// mp + i where there is a master list (M not void), else mp.
+template <typename M>
+MIXPREC_HD M* master_at(M* mp, int64_t i) {
+  if constexpr (has_master_v<M>) {
+    return mp + i;
+  } else {
+    return mp;
+  }
+}
+
+// Whether the master list allows the functors' vector loads at mp.
+template <typename M>
+MIXPREC_HD bool master_aligned(const M* mp) {
+  if constexpr (has_master_v<M>) {
+    return vec_aligned<M>(mp);
+  } else {
+    return true;
+  }
+}
+
+// The float32 working value of element i: the param, its master, or its
+// split master decoded.
+template <typename P, typename M>
+MIXPREC_HD float load_working(const P* p, const M* mp, int64_t i) {
+  if constexpr (std::is_same_v<M, float>) {
+    return mp[i];
+  } else if constexpr (has_master_v<M>) {
+    static_assert(std::is_same_v<P, torch::headeronly::BFloat16>);
+    return master::decode<M>(p[i].x, mp[i]);
+  } else {
+    return static_cast<float>(p[i]);
+  }
+}
+
+// The working values of vector vi (elements kOptVec * vi on).
+template <typename P, typename M>
+MIXPREC_HD void load_working_vec(const P* p, const M* mp, int64_t vi,
+                                 float (&w)[kOptVec]) {
+  if constexpr (std::is_same_v<M, float>) {
+    load_vec(mp, vi, w);
+  } else if constexpr (has_master_v<M>) {
+    static_assert(std::is_same_v<P, torch::headeronly::BFloat16>);
+    const AlignedVector<P, kOptVec> pv =
+        reinterpret_cast<const AlignedVector<P, kOptVec>*>(p)[vi];
+    const AlignedVector<M, kOptVec> cv =
+        reinterpret_cast<const AlignedVector<M, kOptVec>*>(mp)[vi];
+#pragma unroll
+    for (int k = 0; k < kOptVec; ++k) {
+      w[k] = master::decode<M>(pv.val[k].x, cv.val[k]);
+    }
+  } else {
+    load_vec(p, vi, w);
+  }
+}
+
+// Element i's new working value w into the master (float32, or the
+// correction to the rounded param) and the param (rounded to nearest, or
+// stochastically when `sr`: never with masters).
+template <typename P, typename M>
+MIXPREC_HD void store_working(P* p, M* mp, int64_t i, float w, bool sr,
+                              uint32_t key, uint32_t index) {
+  const P r = round_param<P>(w, sr, key, index);
+  if constexpr (std::is_same_v<M, float>) {
+    mp[i] = w;
+  } else if constexpr (has_master_v<M>) {
+    mp[i] = master::encode<M>(math::float_bits(w), r.x);
+  }
+  p[i] = r;
+}
+
+// store_working for the kOptVec elements of vector vi; `index` is the SR
+// number of its first element.
+template <typename P, typename M>
+MIXPREC_HD void store_working_vec(P* p, M* mp, int64_t vi,
+                                  const float (&w)[kOptVec], bool sr,
+                                  uint32_t key, uint32_t index) {
+  AlignedVector<P, kOptVec> out;
+#pragma unroll
+  for (int e = 0; e < kOptVec; ++e) {
+    out.val[e] = round_param<P>(w[e], sr, key, index + static_cast<uint32_t>(e));
+  }
+  if constexpr (std::is_same_v<M, float>) {
+    store_vec(mp, vi, w);
+  } else if constexpr (has_master_v<M>) {
+    AlignedVector<M, kOptVec> cv;
+#pragma unroll
+    for (int e = 0; e < kOptVec; ++e) {
+      cv.val[e] = master::encode<M>(math::float_bits(w[e]), out.val[e].x);
+    }
+    reinterpret_cast<AlignedVector<M, kOptVec>*>(mp)[vi] = cv;
+  }
+  reinterpret_cast<AlignedVector<P, kOptVec>*>(p)[vi] = out;
 }
 
 // The SR number of element `start` of the block's tensor: its base (the
@@ -148,16 +250,17 @@ struct OptimKernelArgs {
 };
 
 // What every fused-optimizer functor reads first in a CUDA block: the
-// block's span, its param and grad (and float32 master) pointers at the
+// block's span, its param and grad (and master: M, as has_master_v) pointers
+// at the
 // span's start, the step's constants (Rule::block, Rule::loads_states), the
 // grad coefficients, and the stochastic-rounding key and element base (both
 // 0 unless a.sr). OptimOp below and Optim8Op (fused_optim8.h) start here.
-template <typename P, typename G, bool kHasMaster, class Rule>
+template <typename P, typename G, typename M, class Rule>
 struct StepFrame {
   BlockSpan s;
   P* p;
   const G* g;
-  float* mp;  // null without a master
+  M* mp;  // null without a master
   typename Rule::Block blk;
   bool load_states;
   math::GradCoefs gc;
@@ -175,9 +278,9 @@ struct StepFrame {
       start = s.start;
     }
     auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
-    float* mp = nullptr;
-    if constexpr (kHasMaster) {
-      mp = static_cast<float*>(list(Rule::kMaster)) + start;
+    M* mp = nullptr;
+    if constexpr (has_master_v<M>) {
+      mp = static_cast<M*>(list(Rule::kMaster)) + start;
     }
     const float step_before = *static_cast<const float*>(list(Rule::kStep));
     const typename Rule::Block blk = Rule::block(a, step_before);
@@ -221,8 +324,8 @@ struct RuleSlots8 : RuleSlots<Slot, kNumStates> {
   static constexpr int kRow = Slot::kRow;
 };
 
-// The block functor of every fused optimizer: param, grad and (kHasMaster)
-// float32 master, float32 state lists, and the step count, updated element by
+// The block functor of every fused optimizer: param, grad and master (M:
+// none, float32, or a split master's correction), float32 state lists, and the step count, updated element by
 // element in float32 with 16-byte vectors where every list in use is aligned
 // and a scalar tail. Rule supplies what differs between optimizers:
 //   kDepth, slots kParam/kGrad/kMaster/kStep, kStates and state_slot(k),
@@ -232,7 +335,7 @@ struct RuleSlots8 : RuleSlots<Slot, kNumStates> {
 //   (read the states this step?), update(w, g, x[kStates], args, blk).
 // A step with found_inf set changes nothing. Stochastic rounding numbers the
 // elements as sr_number says, with key (seed, step_before + 1, stream).
-template <typename P, typename G, bool kHasMaster, class Rule>
+template <typename P, typename G, typename M, class Rule>
 struct OptimOp {
   static constexpr int kStates = Rule::kStates;
   using Args = typename Rule::Args;
@@ -245,7 +348,7 @@ struct OptimOp {
       return;
     }
     const auto [s, p, g, mp, blk, load_states, gc, key, base] =
-        StepFrame<P, G, kHasMaster, Rule>::make(meta, pos, a);
+        StepFrame<P, G, M, Rule>::make(meta, pos, a);
     float* st[kStates];
 #pragma unroll
     for (int k = 0; k < kStates; ++k) {
@@ -256,8 +359,7 @@ struct OptimOp {
                   : nullptr;
     }
 
-    bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) &&
-                   (!kHasMaster || vec_aligned<float>(mp));
+    bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) && master_aligned(mp);
 #pragma unroll
     for (int k = 0; k < kStates; ++k) {
       aligned = aligned && (st[k] == nullptr || vec_aligned<float>(st[k]));
@@ -267,11 +369,7 @@ struct OptimOp {
       nvec = s.length / kOptVec;
       for (int64_t vi = pos.thread; vi < nvec; vi += pos.threads) {
         float w[kOptVec], gr[kOptVec], sv[kStates][kOptVec] = {};
-        if constexpr (kHasMaster) {
-          load_vec(mp, vi, w);
-        } else {
-          load_vec(p, vi, w);
-        }
+        load_working_vec(p, mp, vi, w);
         load_vec(g, vi, gr);
 #pragma unroll
         for (int k = 0; k < kStates; ++k) {
@@ -298,26 +396,13 @@ struct OptimOp {
             store_vec(st[k], vi, sv[k]);
           }
         }
-        if constexpr (kHasMaster) {
-          store_vec(mp, vi, w);
-        }
-        AlignedVector<P, kOptVec> out;
-#pragma unroll
-        for (int e = 0; e < kOptVec; ++e) {
-          out.val[e] = round_param<P>(
-              w[e], a.sr, key, base + static_cast<uint32_t>(vi * kOptVec + e));
-        }
-        reinterpret_cast<AlignedVector<P, kOptVec>*>(p)[vi] = out;
+        store_working_vec(p, mp, vi, w, a.sr, key,
+                          base + static_cast<uint32_t>(vi * kOptVec));
       }
     }
     for (int64_t i = nvec * kOptVec + pos.thread; i < s.length;
          i += pos.threads) {
-      float w;
-      if constexpr (kHasMaster) {
-        w = mp[i];
-      } else {
-        w = static_cast<float>(p[i]);
-      }
+      float w = load_working(p, mp, i);
       float x[kStates] = {};
 #pragma unroll
       for (int k = 0; k < kStates; ++k) {
@@ -333,10 +418,7 @@ struct OptimOp {
           st[k][i] = x[k];
         }
       }
-      if constexpr (kHasMaster) {
-        mp[i] = w;
-      }
-      p[i] = round_param<P>(w, a.sr, key, base + static_cast<uint32_t>(i));
+      store_working(p, mp, i, w, a.sr, key, base + static_cast<uint32_t>(i));
     }
   }
 };
@@ -438,14 +520,17 @@ struct OptimPlan {
   std::vector<StepPtrs> steps;
 };
 
-// Runs the groups of `plan` with Op<P, G, kHasMaster, kHasOption> per (param
-// dtype, grad dtype) group, where kHasMaster says whether there are master
-// params and kHasOption whether the optimizer's optional state (amsgrad's
+// Runs the groups of `plan` with Op<P, G, M, kHasOption> per (param dtype,
+// grad dtype) group, where M is the masters' element type (void without
+// masters: `master_dtype` Undefined; float; int16_t / int8_t, bf16 params
+// only) and kHasOption whether the optimizer's optional state (amsgrad's
 // max_exp_avg_sqs, SGD's momentum buffers) is in use; args.sr and args.stream
 // are set per group. (The step increments are run by increment_steps.)
 template <class Exec, int Depth,
-          template <typename, typename, bool, bool> class Op, typename Args>
-void run_optim_plan(const OptimPlan<Depth>& plan, bool masters, bool option,
+          template <typename, typename, typename, bool> class Op,
+          typename Args>
+void run_optim_plan(const OptimPlan<Depth>& plan, ScalarType master_dtype,
+                    bool option,
                     bool stochastic_rounding, Args& args) {
   for (int k = 0; k < 9; ++k) {
     const Launches<Depth>& launches = plan.groups[k];
@@ -461,21 +546,32 @@ void run_optim_plan(const OptimPlan<Depth>& plan, bool masters, bool option,
       // reference where the nested lambda below names PT.)
       using PT = std::remove_pointer_t<std::remove_reference_t<decltype(ptag)>>;
       using GT = std::remove_pointer_t<std::remove_reference_t<decltype(gtag)>>;
-      auto go = [&](auto master_tag, auto option_tag) {
-        constexpr bool kMs = decltype(master_tag)::value;
-        constexpr bool kOpt = decltype(option_tag)::value;
-        if constexpr (kMs && std::is_same_v<PT, float>) {
-          MIXPREC_INTERNAL_ASSERT(false, "float32 params have no master");
+      auto go = [&](auto* master_tag) {
+        using MT = std::remove_pointer_t<decltype(master_tag)>;
+        if (option) {
+          run_launches<Exec, Depth>(launches, Op<PT, GT, MT, true>{}, args);
         } else {
-          run_launches<Exec, Depth>(launches, Op<PT, GT, kMs, kOpt>{}, args);
+          run_launches<Exec, Depth>(launches, Op<PT, GT, MT, false>{}, args);
         }
       };
-      using T = std::true_type;
-      using F = std::false_type;
-      if (masters) {
-        option ? go(T{}, T{}) : go(T{}, F{});
+      if (master_dtype == ScalarType::Undefined) {
+        go(static_cast<void*>(nullptr));
+        return;
+      }
+      if constexpr (std::is_same_v<PT, float>) {
+        MIXPREC_INTERNAL_ASSERT(false, "float32 params have no master");
+      } else if constexpr (std::is_same_v<PT, torch::headeronly::BFloat16>) {
+        if (master_dtype == ScalarType::Short) {
+          go(static_cast<int16_t*>(nullptr));
+        } else if (master_dtype == ScalarType::Char) {
+          go(static_cast<int8_t*>(nullptr));
+        } else {
+          go(static_cast<float*>(nullptr));
+        }
       } else {
-        option ? go(F{}, T{}) : go(F{}, F{});
+        MIXPREC_INTERNAL_ASSERT(master_dtype == ScalarType::Float,
+                                "split masters need bfloat16 params");
+        go(static_cast<float*>(nullptr));
       }
     });
   }
@@ -500,7 +596,7 @@ void run_optim_plan(const OptimPlan<Depth>& plan, bool masters, bool option,
 // kBlock slots per state block (q8::RowBlocks), and that slot carries its
 // elements per row.
 template <class Exec, int Depth,
-          template <typename, typename, bool, bool> class Op,
+          template <typename, typename, typename, bool> class Op,
           class CheckHparams, class Fill, class MakeArgs>
 void launch_optim(const optim::OptimLists& lists,
                   const CheckHparams& check_hparams, const Fill& fill,
@@ -563,8 +659,10 @@ void launch_optim(const optim::OptimLists& lists,
   check_hparams();
 
   auto args = make_args();
-  run_optim_plan<Exec, Depth, Op>(plan, masters, option, stochastic_rounding,
-                                  args);
+  run_optim_plan<Exec, Depth, Op>(
+      plan,
+      masters ? lists.master_params[0].scalar_type() : ScalarType::Undefined,
+      option, stochastic_rounding, args);
   rows.finish();
   increment_steps<Exec>(plan.steps, args.found_inf);
 }

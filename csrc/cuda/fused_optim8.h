@@ -53,8 +53,8 @@ static_assert(q8::kBlock == 2 * kOptVec * kWarpSize,
 // block the same unrolled code with per-element predicates and scalar
 // accesses. Every loop index is a compile-time constant, so a lane's values
 // stay in registers. Both paths run the same element operations in the same
-// order, so the bits do not depend on the path.
-template <typename P, typename G, bool kHasMaster, class Rule>
+// order, so the bits do not depend on the path. M: the masters, as OptimOp's.
+template <typename P, typename G, typename M, class Rule>
 struct Optim8Op {
   static constexpr int kStates = Rule::kStates;
   static constexpr int kWarpMaxes = kStates;
@@ -87,7 +87,7 @@ struct Optim8Op {
   struct Cursor {
     P* p;
     const G* g;
-    float* mp;  // null without a master
+    M* mp;  // null without a master
     const uint8_t* codes[kStates];
     float* absmax[kStates];
     q8::Tables tables;  // where the code tables are read
@@ -132,7 +132,7 @@ struct Optim8Op {
                    : static_cast<int>((s.length + q8::kBlock - 1) / q8::kBlock);
     const GridPos pos{block, 0, 0};
     const auto [unused, p, g, mp, blk, load_states, gc, key, base] =
-        StepFrame<P, G, kHasMaster, Rule>::make(meta, pos, a, 0);
+        StepFrame<P, G, M, Rule>::make(meta, pos, a, 0);
     auto list = [&](int slot) { return meta.addresses[slot][s.tensor]; };
     c.p = p;
     c.g = g;
@@ -143,7 +143,7 @@ struct Optim8Op {
     c.key = key;
     c.sr_base = base;
     bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) &&
-                   (!kHasMaster || vec_aligned<float>(mp));
+                   master_aligned(mp);
 #pragma unroll
     for (int k = 0; k < kStates; ++k) {
       c.codes[k] = static_cast<const uint8_t*>(list(Rule::codes_slot(k)));
@@ -217,11 +217,7 @@ struct Optim8Op {
       if (fast) {
         // (the vectors at element i0, a multiple of kOptVec: pointer
         // arithmetic, not a signed division of i0)
-        if constexpr (kHasMaster) {
-          load_vec(c.mp + i0, 0, w);
-        } else {
-          load_vec(c.p + i0, 0, w);
-        }
+        load_working_vec(c.p + i0, master_at(c.mp, i0), 0, w);
         load_vec(c.g + i0, 0, gr);
         if (c.load_states) {
 #pragma unroll
@@ -236,7 +232,7 @@ struct Optim8Op {
           w[e] = 0.0f;
           gr[e] = 0.0f;
           if (e < count) {
-            w[e] = kHasMaster ? c.mp[i0 + e] : static_cast<float>(c.p[i0 + e]);
+            w[e] = load_working(c.p, c.mp, i0 + e);
             gr[e] = static_cast<float>(c.g[i0 + e]);
             if (c.load_states) {
 #pragma unroll
@@ -265,7 +261,7 @@ struct Optim8Op {
   MIXPREC_HD void phase1(const Cursor& c, int lane, const In& in, Lane& st,
                          float (&maxes)[kStates], const Args& a) const {
     P* const pp = c.p;
-    float* const mp = c.mp;
+    M* const mp = c.mp;
 #pragma unroll
     for (int k = 0; k < kStates; ++k) {
       maxes[k] = 0.0f;
@@ -305,25 +301,13 @@ struct Optim8Op {
       }
       const uint32_t base = c.sr_base + static_cast<uint32_t>(i0);
       if (fast) {
-        if constexpr (kHasMaster) {
-          store_vec(mp + i0, 0, w);
-        }
-        AlignedVector<P, kOptVec> out;
-#pragma unroll
-        for (int e = 0; e < kOptVec; ++e) {
-          out.val[e] = round_param<P>(w[e], a.sr, c.key,
-                                      base + static_cast<uint32_t>(e));
-        }
-        *reinterpret_cast<AlignedVector<P, kOptVec>*>(pp + i0) = out;
+        store_working_vec(pp + i0, master_at(mp, i0), 0, w, a.sr, c.key, base);
       } else {
 #pragma unroll
         for (int e = 0; e < kOptVec; ++e) {
           if (e < count) {
-            if constexpr (kHasMaster) {
-              mp[i0 + e] = w[e];
-            }
-            pp[i0 + e] = round_param<P>(w[e], a.sr, c.key,
-                                        base + static_cast<uint32_t>(e));
+            store_working(pp, mp, i0 + e, w[e], a.sr, c.key,
+                          base + static_cast<uint32_t>(e));
           }
         }
       }

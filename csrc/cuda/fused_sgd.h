@@ -64,8 +64,8 @@ struct SgdRule : RuleSlots<SgdSlot, 1> {
   }
 };
 
-template <typename P, typename G, bool kHasMaster, bool kMomentum>
-using SgdOp = OptimOp<P, G, kHasMaster, SgdRule<kMomentum>>;
+template <typename P, typename G, typename M, bool kMomentum>
+using SgdOp = OptimOp<P, G, M, SgdRule<kMomentum>>;
 
 // The kernel arguments of fused_sgd_ or fused_sgd8_ (read by name; host).
 template <class A>
@@ -142,8 +142,8 @@ struct Sgd8Rule : RuleSlots8<Sgd8Slot, 1> {
   }
 };
 
-template <typename P, typename G, bool kHasMaster, bool>
-using Sgd8Op = Optim8Op<P, G, kHasMaster, Sgd8Rule>;
+template <typename P, typename G, typename M, bool>
+using Sgd8Op = Optim8Op<P, G, M, Sgd8Rule>;
 
 template <class Exec>
 void fused_sgd8_launch(const OpArgs<Op::fused_sgd8_>& op_args) {
