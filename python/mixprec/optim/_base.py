@@ -19,7 +19,7 @@ from torch import Tensor
 from .. import _dtensor
 from .._step import StepScalars, warn_ineffective
 from . import _sr
-from ._masters import CORRECTION_DTYPES, check_bits, decode_master, split_master
+from ._masters import CORRECTION_DTYPES, check_bits, decode_master, recode, split_master
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
@@ -607,7 +607,8 @@ class FusedOptimizer(torch.optim.Optimizer):
 def _complete_master(state: Dict[str, Any], p: Tensor, form: torch.dtype) -> None:
     """Give ``state`` the master of ``form`` (float32, or an int16/int8 correction),
     converting the one it holds: a float32 master becomes ``RNE_bf16(master)``, written into
-    ``p``, and its correction; a correction (of either width) is decoded with ``p`` first.
+    ``p``, and its correction; a correction of the other width is re-encoded against ``p``
+    (``p`` kept); float32 from a correction: decoded with ``p``.
     No master yet: ``p``'s value (float32 copy, or a zero correction)."""
     master, c = state.get("master_param"), state.get("master_correction")
     with torch.no_grad():
@@ -623,9 +624,10 @@ def _complete_master(state: Dict[str, Any], p: Tensor, form: torch.dtype) -> Non
             state["master_correction"] = torch.zeros_like(p, dtype=form,
                                                           memory_format=torch.preserve_format)
             return
-        if master is None:
-            master = decode_master(p, c)
         bits = next(b for b, dtype in CORRECTION_DTYPES.items() if dtype == form)
+        if master is None:  # a correction of the other width, of the same param
+            state["master_correction"] = recode(p, c, bits)
+            return
         param, state["master_correction"] = split_master(master, bits)
         p.copy_(param)  # what the next float32-master step would have written
         state.pop("master_param", None)

@@ -13,7 +13,9 @@ bfloat16 conversion)::
 
 16 bits: exact for every float32 but the midpoints ``d == 0x8000`` (rounded to an even
 ``P``, on the side away from zero: decoded one float32 ulp toward ``P``) and NaN payloads
-(decoded as the param's NaN). 8 bits: within 256 float32 patterns (2^-8 of a bf16 ulp).
+(decoded as the param's NaN). 8 bits: within 256 float32 patterns (2^-8 of a bf16 ulp);
+an odd param with the correction -128 decodes to the midpoint below it, which RNE rounds to
+the bf16 value below the param (the step reads the pair, not that rounding).
 A DTensor is encoded and decoded shard by shard (the arithmetic is elementwise).
 """
 
@@ -26,7 +28,7 @@ from torch import Tensor
 
 from .. import _dtensor
 
-__all__ = ["CORRECTION_DTYPES", "check_bits", "decode_master", "split_master"]
+__all__ = ["CORRECTION_DTYPES", "check_bits", "decode_master", "recode", "split_master"]
 
 #: ``master_correction_bits`` -> the dtype of ``state["master_correction"]``.
 CORRECTION_DTYPES: Dict[int, torch.dtype] = {16: torch.int16, 8: torch.int8}
@@ -35,7 +37,8 @@ _BITS_OF = {dtype: bits for bits, dtype in CORRECTION_DTYPES.items()}
 
 def check_bits(where: str, value: Any) -> None:
     """ValueError unless ``value`` is a valid ``master_correction_bits`` (None, 8 or 16)."""
-    if value is not None and (isinstance(value, bool) or value not in CORRECTION_DTYPES):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value not in CORRECTION_DTYPES):
         raise ValueError(f"{where}: master_correction_bits must be None (float32 masters), "
                          f"16 or 8, got {value!r}")
 
@@ -61,16 +64,21 @@ def _shardwise(fn: Callable[..., Tensor], like: Tensor, *tensors: Tensor) -> Ten
                               shape=like.shape, stride=like.stride())
 
 
-def _split(master: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-    m = master.detach().to(torch.float32).contiguous()
-    param = m.to(torch.bfloat16)
+def _encode(m: Tensor, param: Tensor, dtype: torch.dtype) -> Tensor:
+    """The correction of float32 ``m`` relative to bf16 ``param`` (the spec's encode)."""
     d = m.view(torch.int32).to(torch.int64) - _high(param)
     d = torch.where(param.isnan(), torch.zeros_like(d), _wrap32(d).to(torch.int64))
     if dtype == torch.int16:
         c = d.clamp(max=0x7FFF)
     else:
         c = ((d + 127 + ((d >> 8) & 1)) >> 8).clamp(-128, 127)
-    return param, c.to(dtype)
+    return c.to(dtype)
+
+
+def _split(master: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    m = master.detach().to(torch.float32).contiguous()
+    param = m.to(torch.bfloat16)
+    return param, _encode(m, param, dtype)
 
 
 def split_master(master: Tensor, bits: int) -> Tuple[Tensor, Tensor]:
@@ -82,6 +90,16 @@ def split_master(master: Tensor, bits: int) -> Tuple[Tensor, Tensor]:
         return _split(master, dtype)
     param = _shardwise(lambda m: _split(m, dtype)[0], master, master)
     return param, _shardwise(lambda m: _split(m, dtype)[1], master, master)
+
+
+def recode(param: Tensor, correction: Tensor, bits: int) -> Tensor:
+    """``correction`` of ``param`` as a correction of ``bits`` bits of the same param (the
+    param is kept: an 8-bit master that decodes to the midpoint below an odd param, which
+    rounds to the param below, is carried exactly by 16 bits relative to this one)."""
+    dtype = CORRECTION_DTYPES[bits]
+    with torch.no_grad():
+        return _shardwise(lambda p, c: _encode(_decode(p, c), p.contiguous(), dtype), param,
+                          param.detach(), correction.detach())
 
 
 def _decode(param: Tensor, correction: Tensor) -> Tensor:

@@ -236,7 +236,8 @@ class MixedPrecisionConfig:
             raise ValueError(
                 f"MixedPrecisionConfig.optimizer_state_bits: expected 8 or 32, got {bits!r}")
         split = self.master_correction_bits
-        if split is not None and (split not in (8, 16) or isinstance(split, bool)):
+        if split is not None and (split not in (8, 16) or not isinstance(split, int)
+                                  or isinstance(split, bool)):
             raise ValueError("MixedPrecisionConfig.master_correction_bits: expected None "
                              f"(float32 masters), 16 or 8, got {split!r}")
         if self.master_correction_bits is not None and not self.master_weights:
