@@ -36,6 +36,10 @@ CONFIGS: Dict[str, Any] = {
                  lambda ps: mixprec.optim.AdamW8bit(ps, lr=1e-2, min_8bit_size=0)),
     "fp32_8bit": (torch.float32,
                   lambda ps: mixprec.optim.AdamW8bit(ps, lr=1e-2, min_8bit_size=0)),
+    "split16": (torch.bfloat16,
+                lambda ps: mixprec.optim.AdamW(ps, lr=1e-2, master_correction_bits=16)),
+    "split8": (torch.bfloat16, lambda ps: mixprec.optim.AdamW8bit(
+        ps, lr=1e-2, min_8bit_size=0, master_correction_bits=8)),
     "bf16_sr": (torch.bfloat16, lambda ps: mixprec.optim.AdamW(
         ps, lr=1e-2, master_weights=False, stochastic_rounding=True, seed=5)),
     "sgd8": (torch.float32, lambda ps: mixprec.optim.SGD8bit(
@@ -100,6 +104,9 @@ def gathered_state(m: nn.Module, o: Any) -> List[Dict[str, Any]]:
             if name in row and row[name].dtype == torch.uint8:
                 row[name + "_decoded"] = q8.dequantize(row[name], row[name + "_absmax"],
                                                        table)
+        if "master_correction" in row:
+            row["master_decoded"] = mixprec.optim.decode_master(full(p),
+                                                                row["master_correction"])
         out.append(row)
     return out
 
