@@ -396,6 +396,18 @@ def test_bench_8bit_accuracy_quick_passes(capsys: pytest.CaptureFixture[str]) ->
         assert re.search(rf"verdict \({task}\).*\n.*mixprec AdamW8bit .*(WITHIN|below)", out)
 
 
+def test_bench_8bit_accuracy_master_rows_quick_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("sklearn", reason="the digits task needs scikit-learn")
+    assert bench_8bit_accuracy.main(["--quick", "--settings", "masters"]) == 0
+    out = capsys.readouterr().out
+    for task in ("digits", "tiny LM"):
+        verdict = out.split(f"verdict ({task}): 'bf16 masters f32' spread")[1]
+        for name in bench_8bit_accuracy.MASTER_ROWS:
+            if name != bench_8bit_accuracy.BF16_REF:
+                assert re.search(rf"  {re.escape(name)} +mean final loss", verdict), name
+    assert "mixprec AdamW8bit" not in out
+
+
 def test_bench_8bit_accuracy_catches_an_8bit_step_that_does_nothing(
         fails_with_noop: NoopRun) -> None:
     pytest.importorskip("sklearn", reason="the digits task needs scikit-learn")
