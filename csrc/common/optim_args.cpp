@@ -173,13 +173,31 @@ void check_optim_param(const OptimLists& lists, size_t i,
     if (masters) {
       const Tensor& mp = lists.master_params[i];
       check_member(op, "master_params", i, mp, p, device, true);
-      MIXPREC_CHECK(mp.scalar_type() == ScalarType::Float, "mixprec.", op,
-                    ": master_params[", i, "] must be float32, got ",
-                    mp.scalar_type());
+      const ScalarType mt = mp.scalar_type();
+      MIXPREC_CHECK(mt == ScalarType::Float || mt == ScalarType::Short ||
+                        mt == ScalarType::Char,
+                    "mixprec.", op, ": master_params[", i,
+                    "] must be float32 (a float32 master) or int16 / int8 "
+                    "(the correction of a split master of a bfloat16 param), "
+                    "got ",
+                    mt);
+      const Tensor& m0 = lists.master_params[0];
+      MIXPREC_CHECK(!m0.defined() || mt == m0.scalar_type(), "mixprec.", op,
+                    ": master_params[", i, "] is ", mt,
+                    " but master_params[0] is ", m0.scalar_type(),
+                    "; every master of one call has one dtype (call the op "
+                    "once per master form)");
       MIXPREC_CHECK(p.scalar_type() != ScalarType::Float, "mixprec.", op,
                     ": params[", i,
                     "] is float32 and needs no master copy; pass float32 "
                     "params in a call without master_params");
+      MIXPREC_CHECK(mt == ScalarType::Float ||
+                        p.scalar_type() == ScalarType::BFloat16,
+                    "mixprec.", op, ": master_params[", i, "] is ", mt,
+                    " (a split-master correction) but params[", i, "] is ",
+                    p.scalar_type(),
+                    "; split masters need bfloat16 params (use float32 "
+                    "master_params for float16 params)");
     }
     const Tensor& st = lists.state_steps[i];
     MIXPREC_CHECK(st.defined(), "mixprec.", op, ": state_steps[", i,

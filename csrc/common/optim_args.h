@@ -54,8 +54,9 @@ struct OptimScalars {
 
 // Checks lists and scalars: equal lengths (states: empty or len(params), as
 // `state_required` says), one device of type `backend`, dtypes (params and
-// grads float32/float16/bfloat16; states, masters and steps float32; masters
-// only for 16-bit params), shapes equal to the param's, dense layouts, no
+// grads float32/float16/bfloat16; states and steps float32; masters only for
+// 16-bit params: float32, or the int16 / int8 split-master corrections
+// (common/master_math.h) of bfloat16 params, one dtype per call), shapes equal to the param's, dense layouts, no
 // internal overlap in what is written, and one-element scalars on the same
 // device. `stochastic_rounding` requires no masters. With each_param false,
 // only the call is checked (list lengths, the device, the scalars): the

@@ -80,7 +80,7 @@ void fused_adam_cpu(const OpArgs<Op::fused_adam_>& args) {
                            s.f32(fs, fs.state_view[0]),
                            s.f32(fs, fs.state_view[1]),
                            s.f32(fs, fs.state_view[2]),
-                           s.f32(fs, fs.master_view), s.n, a);
+                           s.master(fs, fs.master_view), s.n, a);
             });
 }
 
@@ -98,7 +98,7 @@ void fused_adam8_cpu(const OpArgs<Op::fused_adam8_>& args) {
         kernels.adam8(s.param_dtype, s.grad_dtype, s.p, s.g,
                       s.coded(fs, fs.state_view[0], exp_avg_absmax, row),
                       s.coded(fs, fs.state_view[1], exp_avg_sq_absmax, row),
-                      s.f32(fs, fs.master_view), s.n, a);
+                      s.master(fs, fs.master_view), s.n, a);
       },
       /*coded=*/true);
 }

@@ -127,17 +127,17 @@ inline int64_t coded_block_length(int64_t row, int64_t col) {
 // One 8-bit block of Adam: `len` elements (kLen when nonzero: a whole block,
 // whose loops then have a fixed trip count), its codes at m_codes/v_codes and
 // absmaxes *m_max/*v_max, decoded into mq/vq, stepped, and encoded back.
-template <typename P, typename G, bool kMaster, int64_t kLen>
+template <typename P, typename G, typename M, int64_t kLen>
 C10_ALWAYS_INLINE void adam8_block(P* p, const G* g, uint8_t* m_codes,
                                    uint8_t* v_codes, float* m_max, float* v_max,
-                                   float* master, int64_t len,
+                                   M* master, int64_t len,
                                    const AdamSpanArgs& a, float* mq,
                                    float* vq) {
   const int64_t n = kLen > 0 ? kLen : len;
   decode_block(m_codes, *m_max, q8::kSigned, n, mq);
   decode_block(v_codes, *v_max, q8::kUnsigned, n, vq);
   StateMax seen;
-  adam_span<P, G, kMaster, false>(p, g, mq, vq, nullptr, master, n, a, seen);
+  adam_span<P, G, M, false>(p, g, mq, vq, nullptr, master, n, a, seen);
   *m_max = seen.absmax(0);
   *v_max = seen.absmax(1);
   encode_block(mq, *m_max, q8::kSigned, n, m_codes);
@@ -145,16 +145,16 @@ C10_ALWAYS_INLINE void adam8_block(P* p, const G* g, uint8_t* m_codes,
 }
 
 // One 8-bit block of SGD with momentum, as adam8_block.
-template <typename P, typename G, bool kMaster, int64_t kLen>
+template <typename P, typename G, typename M, int64_t kLen>
 C10_ALWAYS_INLINE void sgd8_block(P* p, const G* g, uint8_t* codes,
-                                  float* absmax, float* master, int64_t len,
+                                  float* absmax, M* master, int64_t len,
                                   const SgdSpanArgs& a, float* bq) {
   const int64_t n = kLen > 0 ? kLen : len;
   if (!a.first) {
     decode_block(codes, *absmax, q8::kSigned, n, bq);
   }
   StateMax seen;
-  sgd_span<P, G, kMaster, true>(p, g, bq, master, n, a, seen);
+  sgd_span<P, G, M, true>(p, g, bq, master, n, a, seen);
   *absmax = seen.absmax(0);
   encode_block(bq, *absmax, q8::kSigned, n, codes);
 }
@@ -163,9 +163,9 @@ C10_ALWAYS_INLINE void sgd8_block(P* p, const G* g, uint8_t* codes,
 // on one state block at a time, its moments read back into block buffers. A
 // span starts at a block and ends at one; the blocks run row by row
 // (CodedSpan), so a block holds q8::kBlock elements or the rest of its row.
-template <typename P, typename G, bool kMaster>
+template <typename P, typename G, typename M>
 void adam8_span(P* p, const G* g, const CodedSpan& mc, const CodedSpan& vc,
-                float* master, int64_t n, const AdamSpanArgs& a) {
+                M* master, int64_t n, const AdamSpanArgs& a) {
   alignas(64) float mq[q8::kBlock];
   alignas(64) float vq[q8::kBlock];
   const int64_t row = mc.row;
@@ -174,13 +174,13 @@ void adam8_span(P* p, const G* g, const CodedSpan& mc, const CodedSpan& vc,
   for (int64_t off = 0, blk = 0; off < n; ++blk) {
     const int64_t len = coded_block_length(row, col);
     ab.index_base = a.index_base + static_cast<uint32_t>(off);
-    float* const w = kMaster ? master + off : nullptr;
+    M* const w = master_at(master, off);
     if (len == q8::kBlock) {
-      adam8_block<P, G, kMaster, q8::kBlock>(
+      adam8_block<P, G, M, q8::kBlock>(
           p + off, g + off, mc.codes + off, vc.codes + off, mc.absmax + blk,
           vc.absmax + blk, w, len, ab, mq, vq);
     } else {
-      adam8_block<P, G, kMaster, 0>(p + off, g + off, mc.codes + off,
+      adam8_block<P, G, M, 0>(p + off, g + off, mc.codes + off,
                                     vc.codes + off, mc.absmax + blk,
                                     vc.absmax + blk, w, len, ab, mq, vq);
     }
@@ -189,8 +189,8 @@ void adam8_span(P* p, const G* g, const CodedSpan& mc, const CodedSpan& vc,
   }
 }
 
-template <typename P, typename G, bool kMaster>
-void sgd8_span(P* p, const G* g, const CodedSpan& bc, float* master, int64_t n,
+template <typename P, typename G, typename M>
+void sgd8_span(P* p, const G* g, const CodedSpan& bc, M* master, int64_t n,
                const SgdSpanArgs& a) {
   alignas(64) float bq[q8::kBlock];
   const int64_t row = bc.row;
@@ -199,12 +199,12 @@ void sgd8_span(P* p, const G* g, const CodedSpan& bc, float* master, int64_t n,
   for (int64_t off = 0, blk = 0; off < n; ++blk) {
     const int64_t len = coded_block_length(row, col);
     ab.index_base = a.index_base + static_cast<uint32_t>(off);
-    float* const w = kMaster ? master + off : nullptr;
+    M* const w = master_at(master, off);
     if (len == q8::kBlock) {
-      sgd8_block<P, G, kMaster, q8::kBlock>(p + off, g + off, bc.codes + off,
+      sgd8_block<P, G, M, q8::kBlock>(p + off, g + off, bc.codes + off,
                                             bc.absmax + blk, w, len, ab, bq);
     } else {
-      sgd8_block<P, G, kMaster, 0>(p + off, g + off, bc.codes + off,
+      sgd8_block<P, G, M, 0>(p + off, g + off, bc.codes + off,
                                    bc.absmax + blk, w, len, ab, bq);
     }
     off += len;
@@ -213,22 +213,20 @@ void sgd8_span(P* p, const G* g, const CodedSpan& bc, float* master, int64_t n,
 }
 
 inline void adam8(SpanDtype pd, SpanDtype gd, void* p, const void* g,
-                  const CodedSpan& m, const CodedSpan& v, float* master,
-                  int64_t n, const AdamSpanArgs& a) {
-  dispatch_span(pd, gd, p, g, master, [&](auto* pp, auto* gp, auto kmaster) {
-    constexpr bool kM = decltype(kmaster)::value;
-    adam8_span<Elem<decltype(pp)>, Elem<decltype(gp)>, kM>(pp, gp, m, v, master,
-                                                           n, a);
+                  const CodedSpan& m, const CodedSpan& v,
+                  const MasterSpan& master, int64_t n, const AdamSpanArgs& a) {
+  dispatch_span(pd, gd, p, g, master, [&](auto* pp, auto* gp, auto* mp) {
+    adam8_span<Elem<decltype(pp)>, Elem<decltype(gp)>, Elem<decltype(mp)>>(
+        pp, gp, m, v, mp, n, a);
   });
 }
 
 inline void sgd8(SpanDtype pd, SpanDtype gd, void* p, const void* g,
-                 const CodedSpan& buf, float* master, int64_t n,
+                 const CodedSpan& buf, const MasterSpan& master, int64_t n,
                  const SgdSpanArgs& a) {
-  dispatch_span(pd, gd, p, g, master, [&](auto* pp, auto* gp, auto kmaster) {
-    constexpr bool kM = decltype(kmaster)::value;
-    sgd8_span<Elem<decltype(pp)>, Elem<decltype(gp)>, kM>(pp, gp, buf, master,
-                                                          n, a);
+  dispatch_span(pd, gd, p, g, master, [&](auto* pp, auto* gp, auto* mp) {
+    sgd8_span<Elem<decltype(pp)>, Elem<decltype(gp)>, Elem<decltype(mp)>>(
+        pp, gp, buf, mp, n, a);
   });
 }
 

@@ -68,6 +68,22 @@ struct ParamSpan {
                      : nullptr;
   }
 
+  // The masters (the FlatSet's list `view`: float32, or the int16 / int8
+  // corrections of split masters) from element `begin`; kNone for view -1.
+  MasterSpan master(const optim::FlatSet& fs, int view) const {
+    if (view < 0) {
+      return MasterSpan{nullptr, MasterDtype::kNone};
+    }
+    const Tensor& m = *fs.views[view][t];
+    const ScalarType st = m.scalar_type();
+    return MasterSpan{
+        static_cast<char*>(m.data_ptr()) +
+            begin * static_cast<int64_t>(m.element_size()),
+        st == ScalarType::Short  ? MasterDtype::kInt16
+        : st == ScalarType::Char ? MasterDtype::kInt8
+                                 : MasterDtype::kFloat};
+  }
+
   // The 8-bit state `view` of the FlatSet (uint8 codes) from element `begin`,
   // with its maxima `absmax` (the call's list: contiguous, one per block) and
   // `row` elements per row (`begin` is a block's first element, as every

@@ -1,8 +1,9 @@
 // The vectorized element loops of fused_adam_ and fused_sgd_ on CPU: the
 // simd.h policy for common/optim_math.h, loads/stores of float32, float16
 // and bfloat16 spans as pairs of float vectors, rounding back to the param
-// dtype (nearest or stochastic); a span's last partial step runs on
-// zero-padded copies.
+// dtype (nearest or stochastic), the masters (float32, or split: a bf16
+// param plus an int16 / int8 correction, cpu/master_simd.h); a span's last
+// partial step runs on zero-padded copies.
 //
 // Included once per instruction set by span_kernels_isa.h, which defines
 // MIXPREC_SPAN_NS (and, for an ISA, the MIXPREC_SIMD_* macro that picks
@@ -14,9 +15,11 @@
 #endif
 
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "common/optim_math.h"
+#include "cpu/master_simd.h"
 #include "cpu/simd.h"
 #include "cpu/span_kernels.h"
 
@@ -50,14 +53,52 @@ inline void store_bf16_stochastic(simd::bf16* out, const float* x, int64_t n,
   }
 }
 
+// The element loops' master type M: void (no master: the param is the
+// working copy), float (a float32 master) or int16_t / int8_t (a split
+// master: the bf16 param plus that correction, common/master_math.h).
+template <typename M>
+constexpr bool kHasMaster = !std::is_void_v<M>;
+// A kStep-element buffer of masters (float when there are none).
+template <typename M>
+using MasterBuf = std::conditional_t<std::is_void_v<M>, float, M>;
+
+// master + i; null without masters.
+template <typename M>
+inline M* master_at(M* master, int64_t i) {
+  if constexpr (kHasMaster<M>) {
+    return master + i;
+  } else {
+    return nullptr;
+  }
+}
+
+// The working (float32) values of elements [0, kStep): the param, its
+// float32 master, or its split master decoded.
+template <typename P, typename M>
+inline void load_working(const P* p, const M* master, FVec& w0, FVec& w1) {
+  if constexpr (std::is_void_v<M>) {
+    load2(p, w0, w1);
+  } else if constexpr (std::is_same_v<M, float>) {
+    load2(master, w0, w1);
+  } else {
+    static_assert(std::is_same_v<P, simd::bf16>, "split masters: bf16 only");
+    simd::load2_split(p, master, w0, w1);
+  }
+}
+
 // Stores the working values of elements [i, i + kStep) (in a, b) into the
-// param (rounded to nearest, or stochastically when `sr`) and the master.
-template <typename P>
-inline void store_param(P* p, float* master, int64_t i, const FVec& a,
+// param (rounded to nearest, or stochastically when `sr`) and the master
+// (float32, or the correction of a split master to the rounded param).
+template <typename P, typename M>
+inline void store_param(P* p, M* master, int64_t i, const FVec& a,
                         const FVec& b, bool sr, uint32_t key,
                         uint32_t index_base) {
-  if (master != nullptr) {
+  if constexpr (std::is_same_v<M, float>) {
     store2(master + i, a, b);
+  } else if constexpr (kHasMaster<M>) {
+    static_assert(std::is_same_v<P, simd::bf16>, "split masters: bf16 only");
+    simd::store2_split(p + i, master + i, a, b);  // (no SR with masters)
+    return;
   }
   if constexpr (std::is_same_v<P, simd::bf16>) {
     if (sr) {
@@ -83,18 +124,14 @@ struct NoStateMax {
 
 // One vector step of Adam over elements [0, kStep) of the pointers (vm and
 // master may be null as in adam_span); `index` is the SR index of element 0.
-template <typename P, typename G, bool kMaster, bool kAms, class Seen>
+template <typename P, typename G, typename M, bool kAms, class Seen>
 C10_ALWAYS_INLINE void adam_step(P* p, const G* g, float* m, float* v,
-                                 float* vm, float* master,
+                                 float* vm, M* master,
                                  const AdamSpanArgs& a, uint32_t index,
                                  Seen& seen) {
   FVec w0, w1, g0, g1, m0, m1, v0, v1;
   FVec x0(0.0f), x1(0.0f);  // read only with kAms
-  if constexpr (kMaster) {
-    load2(master, w0, w1);
-  } else {
-    load2(p, w0, w1);
-  }
+  load_working(p, master, w0, w1);
   load2(g, g0, g1);
   load2(m, m0, m1);
   load2(v, v0, v1);
@@ -112,7 +149,7 @@ C10_ALWAYS_INLINE void adam_step(P* p, const G* g, float* m, float* v,
   if constexpr (kAms) {
     store2(vm, x0, x1);
   }
-  store_param(p, kMaster ? master : nullptr, 0, w0, w1, a.sr, a.key, index);
+  store_param(p, master, 0, w0, w1, a.sr, a.key, index);
 }
 
 // Copies n elements between a span and a kStep-element buffer.
@@ -127,16 +164,16 @@ inline void copy_n(T* dst, const T* src, int64_t n) {
 // span run the same vector step on zero-padded copies, so every element of
 // every span takes one code path. The padding lanes are dropped and never
 // reach `seen`.
-template <typename P, typename G, bool kMaster, bool kAms,
+template <typename P, typename G, typename M, bool kAms,
           class Seen = NoStateMax>
 C10_ALWAYS_INLINE void adam_span(P* p, const G* g, float* m, float* v,
-                                 float* vm, float* master, int64_t n,
+                                 float* vm, M* master, int64_t n,
                                  const AdamSpanArgs& a, Seen&& seen = Seen{}) {
   int64_t i = 0;
   for (; i + kStep <= n; i += kStep) {
-    adam_step<P, G, kMaster, kAms>(
+    adam_step<P, G, M, kAms>(
         p + i, g + i, m + i, v + i, kAms ? vm + i : nullptr,
-        kMaster ? master + i : nullptr, a,
+        master_at(master, i), a,
         a.index_base + static_cast<uint32_t>(i), seen);
   }
   const int64_t r = n - i;
@@ -148,7 +185,8 @@ C10_ALWAYS_INLINE void adam_span(P* p, const G* g, float* m, float* v,
   alignas(64) float mt[kStep] = {};
   alignas(64) float vt[kStep] = {};
   alignas(64) float xt[kStep] = {};
-  alignas(64) float wt[kStep] = {};
+  alignas(64) MasterBuf<M> wt[kStep] = {};
+  M* const wp = kHasMaster<M> ? wt : nullptr;
   copy_n(pt, p + i, r);
   copy_n(gt, g + i, r);
   copy_n(mt, m + i, r);
@@ -156,11 +194,11 @@ C10_ALWAYS_INLINE void adam_span(P* p, const G* g, float* m, float* v,
   if constexpr (kAms) {
     copy_n(xt, vm + i, r);
   }
-  if constexpr (kMaster) {
+  if constexpr (kHasMaster<M>) {
     copy_n(wt, master + i, r);
   }
   NoStateMax none;
-  adam_step<P, G, kMaster, kAms>(pt, gt, mt, vt, xt, wt, a,
+  adam_step<P, G, M, kAms>(pt, gt, mt, vt, xt, wp, a,
                                  a.index_base + static_cast<uint32_t>(i), none);
   copy_n(p + i, pt, r);
   copy_n(m + i, mt, r);
@@ -168,7 +206,7 @@ C10_ALWAYS_INLINE void adam_span(P* p, const G* g, float* m, float* v,
   if constexpr (kAms) {
     copy_n(vm + i, xt, r);
   }
-  if constexpr (kMaster) {
+  if constexpr (kHasMaster<M>) {
     copy_n(master + i, wt, r);
   }
   for (int64_t j = 0; j < r; ++j) {
@@ -178,17 +216,13 @@ C10_ALWAYS_INLINE void adam_span(P* p, const G* g, float* m, float* v,
 }
 
 // One vector step of SGD over elements [0, kStep), as adam_step.
-template <typename P, typename G, bool kMaster, bool kMom, class Seen>
-C10_ALWAYS_INLINE void sgd_step(P* p, const G* g, float* buf, float* master,
+template <typename P, typename G, typename M, bool kMom, class Seen>
+C10_ALWAYS_INLINE void sgd_step(P* p, const G* g, float* buf, M* master,
                                 const SgdSpanArgs& a, uint32_t index,
                                 Seen& seen) {
   FVec w0, w1, g0, g1;
   FVec b0(0.0f), b1(0.0f);  // read only with kMom, after the first step
-  if constexpr (kMaster) {
-    load2(master, w0, w1);
-  } else {
-    load2(p, w0, w1);
-  }
+  load_working(p, master, w0, w1);
   load2(g, g0, g1);
   if constexpr (kMom) {
     if (!a.first) {
@@ -203,19 +237,18 @@ C10_ALWAYS_INLINE void sgd_step(P* p, const G* g, float* buf, float* master,
     store2(buf, b0, b1);
     seen.see(0, b0, b1);
   }
-  store_param(p, kMaster ? master : nullptr, 0, w0, w1, a.sr, a.key, index);
+  store_param(p, master, 0, w0, w1, a.sr, a.key, index);
 }
 
-template <typename P, typename G, bool kMaster, bool kMom,
+template <typename P, typename G, typename M, bool kMom,
           class Seen = NoStateMax>
-C10_ALWAYS_INLINE void sgd_span(P* p, const G* g, float* buf, float* master,
+C10_ALWAYS_INLINE void sgd_span(P* p, const G* g, float* buf, M* master,
                                 int64_t n, const SgdSpanArgs& a,
                                 Seen&& seen = Seen{}) {
   int64_t i = 0;
   for (; i + kStep <= n; i += kStep) {
-    sgd_step<P, G, kMaster, kMom>(
-        p + i, g + i, kMom ? buf + i : nullptr, kMaster ? master + i : nullptr,
-        a, a.index_base + static_cast<uint32_t>(i), seen);
+    sgd_step<P, G, M, kMom>(
+        p + i, g + i, kMom ? buf + i : nullptr, master_at(master, i), a, a.index_base + static_cast<uint32_t>(i), seen);
   }
   const int64_t r = n - i;
   if (r == 0) {
@@ -224,7 +257,8 @@ C10_ALWAYS_INLINE void sgd_span(P* p, const G* g, float* buf, float* master,
   alignas(64) P pt[kStep] = {};
   alignas(64) G gt[kStep] = {};
   alignas(64) float bt[kStep] = {};
-  alignas(64) float wt[kStep] = {};
+  alignas(64) MasterBuf<M> wt[kStep] = {};
+  M* const wp = kHasMaster<M> ? wt : nullptr;
   copy_n(pt, p + i, r);
   copy_n(gt, g + i, r);
   if constexpr (kMom) {
@@ -232,11 +266,11 @@ C10_ALWAYS_INLINE void sgd_span(P* p, const G* g, float* buf, float* master,
       copy_n(bt, buf + i, r);
     }
   }
-  if constexpr (kMaster) {
+  if constexpr (kHasMaster<M>) {
     copy_n(wt, master + i, r);
   }
   NoStateMax none;
-  sgd_step<P, G, kMaster, kMom>(pt, gt, bt, wt, a,
+  sgd_step<P, G, M, kMom>(pt, gt, bt, wp, a,
                                 a.index_base + static_cast<uint32_t>(i), none);
   copy_n(p + i, pt, r);
   if constexpr (kMom) {
@@ -245,7 +279,7 @@ C10_ALWAYS_INLINE void sgd_span(P* p, const G* g, float* buf, float* master,
       seen.see(0, bt[j]);
     }
   }
-  if constexpr (kMaster) {
+  if constexpr (kHasMaster<M>) {
     copy_n(master + i, wt, r);
   }
 }
@@ -279,53 +313,71 @@ void dispatch2(SpanDtype pd, SpanDtype gd, F&& f) {
   }
 }
 
-// Calls f(P* p, const G* g, kMaster) with the span pointers typed by the
-// dtypes; kMaster (std::true_type or std::false_type) says whether the
-// element loop keeps a float32 master: a 16-bit param with one.
+// Calls f(P* p, const G* g, M* master) with the span pointers typed by the
+// dtypes; M (the element loops' master type) is void (a null void*) for
+// float32 params and for 16-bit params without masters, else float, int16_t
+// or int8_t by master.dtype (the corrections only with bf16 params:
+// check_optim_param refuses the rest before any kernel runs).
 template <typename F>
 void dispatch_span(SpanDtype pd, SpanDtype gd, void* p, const void* g,
-                   const float* master, F&& f) {
+                   const MasterSpan& master, F&& f) {
   dispatch2(pd, gd, [&](auto* ptag, auto* gtag) {
     using PT = std::remove_pointer_t<decltype(ptag)>;
     using GT = std::remove_pointer_t<decltype(gtag)>;
     PT* pp = static_cast<PT*>(p);
     const GT* gp = static_cast<const GT*>(g);
+    void* const none = nullptr;
     if constexpr (std::is_same_v<PT, float>) {
-      f(pp, gp, std::false_type{});
-    } else if (master != nullptr) {
-      f(pp, gp, std::true_type{});
+      f(pp, gp, none);
     } else {
-      f(pp, gp, std::false_type{});
+      switch (master.dtype) {
+        case MasterDtype::kFloat:
+          f(pp, gp, static_cast<float*>(master.p));
+          return;
+        case MasterDtype::kInt16:
+        case MasterDtype::kInt8:
+          if constexpr (std::is_same_v<PT, simd::bf16>) {
+            if (master.dtype == MasterDtype::kInt16) {
+              f(pp, gp, static_cast<int16_t*>(master.p));
+            } else {
+              f(pp, gp, static_cast<int8_t*>(master.p));
+            }
+            return;
+          }
+          std::abort();  // unreachable: refused by check_optim_param
+        case MasterDtype::kNone:
+        default:
+          f(pp, gp, none);
+          return;
+      }
     }
   });
 }
 
-// The element types of dispatch_span's pointers.
+// The element types of dispatch_span's pointers (void: no master).
 template <typename Ptr>
 using Elem = std::remove_const_t<std::remove_pointer_t<Ptr>>;
 
 inline void adam(SpanDtype pd, SpanDtype gd, void* p, const void* g, float* m,
-                 float* v, float* vm, float* master, int64_t n,
+                 float* v, float* vm, const MasterSpan& master, int64_t n,
                  const AdamSpanArgs& a) {
-  dispatch_span(pd, gd, p, g, master, [&](auto* pp, auto* gp, auto kmaster) {
+  dispatch_span(pd, gd, p, g, master, [&](auto* pp, auto* gp, auto* mp) {
     using PT = Elem<decltype(pp)>;
     using GT = Elem<decltype(gp)>;
-    constexpr bool kM = decltype(kmaster)::value;
-    float* mp = kM ? master : nullptr;
-    vm != nullptr ? adam_span<PT, GT, kM, true>(pp, gp, m, v, vm, mp, n, a)
-                  : adam_span<PT, GT, kM, false>(pp, gp, m, v, vm, mp, n, a);
+    using MT = Elem<decltype(mp)>;
+    vm != nullptr ? adam_span<PT, GT, MT, true>(pp, gp, m, v, vm, mp, n, a)
+                  : adam_span<PT, GT, MT, false>(pp, gp, m, v, vm, mp, n, a);
   });
 }
 
 inline void sgd(SpanDtype pd, SpanDtype gd, void* p, const void* g, float* buf,
-                float* master, int64_t n, const SgdSpanArgs& a) {
-  dispatch_span(pd, gd, p, g, master, [&](auto* pp, auto* gp, auto kmaster) {
+                const MasterSpan& master, int64_t n, const SgdSpanArgs& a) {
+  dispatch_span(pd, gd, p, g, master, [&](auto* pp, auto* gp, auto* mp) {
     using PT = Elem<decltype(pp)>;
     using GT = Elem<decltype(gp)>;
-    constexpr bool kM = decltype(kmaster)::value;
-    float* mp = kM ? master : nullptr;
-    buf != nullptr ? sgd_span<PT, GT, kM, true>(pp, gp, buf, mp, n, a)
-                   : sgd_span<PT, GT, kM, false>(pp, gp, buf, mp, n, a);
+    using MT = Elem<decltype(mp)>;
+    buf != nullptr ? sgd_span<PT, GT, MT, true>(pp, gp, buf, mp, n, a)
+                   : sgd_span<PT, GT, MT, false>(pp, gp, buf, mp, n, a);
   });
 }
 

@@ -75,7 +75,7 @@ void fused_sgd_cpu(const OpArgs<Op::fused_sgd_>& args) {
              // momentum_buffers (-1 without momentum), master_params (-1
              // without masters) in fs
              kernels.sgd(s.param_dtype, s.grad_dtype, s.p, s.g,
-                         s.f32(fs, fs.state_view[0]), s.f32(fs, fs.master_view),
+                         s.f32(fs, fs.state_view[0]), s.master(fs, fs.master_view),
                          s.n, a);
            });
 }
@@ -90,7 +90,7 @@ void fused_sgd8_cpu(const OpArgs<Op::fused_sgd8_>& args) {
           int64_t row) {
         kernels.sgd8(s.param_dtype, s.grad_dtype, s.p, s.g,
                      s.coded(fs, fs.state_view[0], momentum_absmax, row),
-                     s.f32(fs, fs.master_view), s.n, a);
+                     s.master(fs, fs.master_view), s.n, a);
       },
       /*coded=*/true);
 }

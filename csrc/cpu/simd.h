@@ -482,23 +482,24 @@ inline void load2(const bf16* p, FVec& a, FVec& b) {
   b = widen(p + FVec::size());
 }
 
-// Rounded to nearest even, as to_bf16; a NaN lane becomes 0xffff in the x86
-// sets (at::vec's vector rounding) and 0x7fc0 in the portable set.
-inline void store2(bf16* p, const FVec& a, const FVec& b) {
+// The bf16 bits of each lane of x, rounded to nearest even as to_bf16, in
+// the low half of an int32 lane; a NaN lane becomes 0xffff in the x86 sets
+// (at::vec's vector rounding) and 0x7fc0 in the portable set.
+inline IVec bf16_round_bits(const FVec& x) {
 #if defined(MIXPREC_SIMD_AVX2) || defined(MIXPREC_SIMD_AVX512)
   constexpr int32_t kNaN = 0xffff;
 #else
   constexpr int32_t kNaN = 0x7fc0;
 #endif
-  // The bf16 bits of each lane, in the low half of an int32 lane.
-  const auto round = [](const FVec& x) {
-    typedef uint32_t word_vec __attribute__((vector_size(kBytes)));
-    const word_vec u = (word_vec)x.v;
-    const word_vec r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return select(x != x, IVec(kNaN), IVec((IVec::native)r));
-  };
-  const IVec lo = round(a);
-  const IVec hi = round(b);
+  typedef uint32_t word_vec __attribute__((vector_size(kBytes)));
+  const word_vec u = (word_vec)x.v;
+  const word_vec r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return select(x != x, IVec(kNaN), IVec((IVec::native)r));
+}
+
+// Stores two vectors of bf16 bits (int32 lanes in [0, 0xffff]) as
+// 2 * IVec::size() bf16 values.
+inline void store2_bits(bf16* p, const IVec& lo, const IVec& hi) {
 #if defined(MIXPREC_SIMD_AVX512)
   // packus interleaves the 128-bit lanes of lo and hi; the permute restores
   // their order.
@@ -516,6 +517,11 @@ inline void store2(bf16* p, const FVec& a, const FVec& b) {
   std::memcpy(p, &l, sizeof(l));
   std::memcpy(p + FVec::size(), &h, sizeof(h));
 #endif
+}
+
+// Rounded to nearest even (bf16_round_bits).
+inline void store2(bf16* p, const FVec& a, const FVec& b) {
+  store2_bits(p, bf16_round_bits(a), bf16_round_bits(b));
 }
 
 inline void load2(const fp16* p, FVec& a, FVec& b) {

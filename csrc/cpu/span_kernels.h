@@ -69,6 +69,16 @@ struct CodedSpan {
   int64_t col;
 };
 
+// The masters of a span: none, float32, or the int16 / int8 corrections of
+// split masters (bf16 params only; common/master_math.h), from the span's
+// first element.
+enum class MasterDtype : int { kNone = 0, kFloat = 1, kInt16 = 2, kInt8 = 3 };
+
+struct MasterSpan {
+  void* p;  // null with kNone
+  MasterDtype dtype;
+};
+
 struct SpanKernels {
   // Checks p[0, n) for inf/NaN and, when `write`, multiplies by inv_scale in
   // place. Returns whether a non-finite input value was seen.
@@ -78,21 +88,22 @@ struct SpanKernels {
   // unscaled values.
   SpanNorm (*unscale_norm)(SpanDtype dtype, int kind, void* p, int64_t n,
                            float inv_scale, bool write, double norm_type);
-  // Adam/AdamW over elements [0, n) of one param span. `master` null: the
+  // Adam/AdamW over elements [0, n) of one param span. `master` kNone: the
   // param is the working copy; `vm` null unless amsgrad.
   void (*adam)(SpanDtype param, SpanDtype grad, void* p, const void* g,
-               float* m, float* v, float* vm, float* master, int64_t n,
-               const AdamSpanArgs& a);
+               float* m, float* v, float* vm, const MasterSpan& master,
+               int64_t n, const AdamSpanArgs& a);
   // SGD over [0, n); `buf` null unless momentum != 0, `master` as above.
   void (*sgd)(SpanDtype param, SpanDtype grad, void* p, const void* g,
-              float* buf, float* master, int64_t n, const SgdSpanArgs& a);
+              float* buf, const MasterSpan& master, int64_t n,
+              const SgdSpanArgs& a);
   // fused_adam8_ / fused_sgd8_ over [0, n) of one param span that starts at
   // a block boundary: the moments (the momentum buffer) as codes + maxima.
   void (*adam8)(SpanDtype param, SpanDtype grad, void* p, const void* g,
-                const CodedSpan& m, const CodedSpan& v, float* master,
-                int64_t n, const AdamSpanArgs& a);
+                const CodedSpan& m, const CodedSpan& v,
+                const MasterSpan& master, int64_t n, const AdamSpanArgs& a);
   void (*sgd8)(SpanDtype param, SpanDtype grad, void* p, const void* g,
-               const CodedSpan& buf, float* master, int64_t n,
+               const CodedSpan& buf, const MasterSpan& master, int64_t n,
                const SgdSpanArgs& a);
   const char* name;  // "default", "avx2" or "avx512"
 };

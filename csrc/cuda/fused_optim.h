@@ -502,6 +502,12 @@ void launch_optim(const optim::OptimLists& lists,
   plan.steps.reserve(n / kStepsPerLaunch + 1);
   for (size_t i = 0; i < n; ++i) {
     optim::check_optim_param(lists, i, device);
+    MIXPREC_CHECK(!masters || lists.master_params[i].scalar_type() ==
+                                  ScalarType::Float,
+                  "mixprec.", lists.op, ": master_params[", i, "] is ",
+                  lists.master_params[i].scalar_type(),
+                  ": split masters (int16 / int8 corrections) run on CPU "
+                  "only in this build; use float32 master_params on CUDA");
     if (i % kStepsPerLaunch == 0) {
       plan.steps.emplace_back();
       plan.steps.back().n = 0;
