@@ -444,11 +444,11 @@ def print_verdict(task: Task, ref_name: str, rows: Callable[[str], bool]) -> Non
                 continue
             fm, _ = mean_std([r.final_loss for r in per_seed.values()])
             if lo <= fm <= hi:
-                where = "WITHIN the 32-bit spread"
+                where = f"WITHIN the {what} spread"
             elif fm < lo:
-                where = "BELOW the 32-bit spread (better)"
+                where = f"BELOW the {what} spread (better)"
             else:
-                where = "ABOVE the 32-bit spread (worse)"
+                where = f"ABOVE the {what} spread (worse)"
             print(f"  {name:<24} mean final loss {fm:.5f}: {where}")
 
 
