@@ -87,6 +87,9 @@ def step(m: nn.Module, o: Any, dtype: torch.dtype, k: int) -> None:
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
+    if _dtensor.is_dtensor(t) and t.dtype in (torch.int16, torch.int8):
+        # (gloo gathers no int16/int8: the split masters' corrections go as int32)
+        return full(t.to(torch.int32)).to(t.dtype)
     return (t.full_tensor() if _dtensor.is_dtensor(t) else t).detach().clone()
 
 
