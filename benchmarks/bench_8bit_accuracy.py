@@ -1,4 +1,4 @@
-"""Accuracy study: 8-bit AdamW moments (mixprec, torchao, bitsandbytes) vs 32-bit.
+"""Accuracy study: 8-bit AdamW moments (mixprec, torchao, bitsandbytes) and split masters vs 32-bit.
 
 Trains two small tasks on CPU with each optimizer, for seeds 0, 1 and 2, and
 compares the final losses:
@@ -27,6 +27,13 @@ and ``bitsandbytes AdamW8bit``
 (``bitsandbytes.optim.AdamW8bit``, default ``min_8bit_size=4096``). A library
 that fails to import is skipped with the reason printed.
 
+Master forms (``--settings masters``, or ``all``): the same tasks with bfloat16 params
+(the inputs cast to bfloat16, the loss in float32) and mixprec AdamW keeping float32
+masters (``bf16 masters f32``, the reference of these rows), a 16-bit or an 8-bit
+correction (``master_correction_bits``), each with 32-bit and with 8-bit moments, and
+bfloat16 without masters (rounded to nearest) for contrast. Their verdicts are against
+the ``bf16 masters f32`` runs' spread (and the float32 rows' against the 32-bit one).
+
 Output: per task, a table of every run (final loss, eval metrics, seconds of
 the training loop), then mean +- std (sample std over the seeds) per optimizer
 and a verdict per optimizer: whether its mean final loss lies within the 32-bit
@@ -42,6 +49,7 @@ than two on a loaded 2-core machine): about 6 to 10 minutes on such a machine.
 Usage:
     PYTHONPATH=python python benchmarks/bench_8bit_accuracy.py [--quick]
         [--steps-digits N] [--steps-lm N] [--threads N] [--torchao-eager]
+        [--settings 8bit|masters|all]
 
 ``--quick`` is a smoke run of about 20 seconds (40 steps per task, final loss
 over the last 20, torchao eager; no convergence claims). A progress line per
@@ -78,11 +86,38 @@ LR_LM = 3e-3
 LAST_N = 50  # final loss: mean of the last LAST_N step losses
 TRAINED_RATIO = 0.7
 REF_NAME = "mixprec AdamW 32-bit"
+BF16_REF = "bf16 masters f32"
+#: the master-form rows: name -> mixprec AdamW keyword arguments (bfloat16 params)
+MASTER_ROWS: Dict[str, Dict[str, object]] = {
+    BF16_REF: {},
+    "bf16 masters 16-bit": {"master_correction_bits": 16},
+    "bf16 masters 8-bit": {"master_correction_bits": 8},
+    "bf16 8bit, masters f32": {"state_bits": 8},
+    "bf16 8bit, masters 16": {"state_bits": 8, "master_correction_bits": 16},
+    "bf16 8bit, masters 8": {"state_bits": 8, "master_correction_bits": 8},
+    "bf16 without masters": {"master_weights": False},
+}
 
 OptFactory = Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
 
 
 # ----------------------------------------------------------------------------- optimizers
+
+
+def master_factories() -> Dict[str, OptFactory]:
+    """The master-form rows' factories (their params are bfloat16: :data:`MASTER_ROWS`)."""
+    def make(kw: Dict[str, object]) -> OptFactory:
+        def factory(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+            return mixprec.optim.AdamW(params, lr=lr, weight_decay=WEIGHT_DECAY,
+                                       min_8bit_size=MIN_8BIT_SIZE, **kw)  # type: ignore
+        return factory
+
+    return {name: make(kw) for name, kw in MASTER_ROWS.items()}
+
+
+def param_dtype(name: str) -> torch.dtype:
+    """The params' dtype of the run of optimizer row ``name``."""
+    return torch.bfloat16 if name in MASTER_ROWS else torch.float32
 
 
 def optimizer_factories(
@@ -152,8 +187,8 @@ class Task:
     lr: float
     steps: int
     metric_names: List[str]
-    # (seed, optimizer factory, lr, steps) -> result
-    run: Callable[[int, OptFactory, float, int], RunResult]
+    # (seed, optimizer factory, lr, steps, param dtype) -> result
+    run: Callable[[int, OptFactory, float, int, torch.dtype], RunResult]
     results: Dict[str, Dict[int, RunResult]] = field(default_factory=dict)
 
 
@@ -216,26 +251,30 @@ def batch_indices(n: int, batch: int, steps: int, seed: int) -> Tensor:
     return torch.cat(rows)[:steps]
 
 
-def make_digits_run(data: DigitsData) -> Callable[[int, OptFactory, float, int], RunResult]:
+def make_digits_run(data: DigitsData
+                    ) -> Callable[[int, OptFactory, float, int, torch.dtype], RunResult]:
     init: Dict[int, Dict[str, Tensor]] = {}
 
-    def run(seed: int, factory: OptFactory, lr: float, steps: int) -> RunResult:
+    def run(seed: int, factory: OptFactory, lr: float, steps: int,
+            dtype: torch.dtype = torch.float32) -> RunResult:
         if seed not in init:
             torch.manual_seed(seed)
             init[seed] = {k: v.clone() for k, v in digits_model().state_dict().items()}
         model = digits_model()
         model.load_state_dict(init[seed])
+        model.to(dtype)
         opt = factory(model.parameters(), lr)
         idx = batch_indices(len(data.x_train), 64, steps, seed)
+        x_train, x_test = data.x_train.to(dtype), data.x_test.to(dtype)
 
         def loss_of_step(i: int) -> Tensor:
             b = idx[i]
-            return F.cross_entropy(model(data.x_train[b]), data.y_train[b])
+            return F.cross_entropy(model(x_train[b]).float(), data.y_train[b])
 
         losses, secs = train_loop(model, opt, steps, loss_of_step)
         model.eval()
         with torch.no_grad():
-            acc = (model(data.x_test).argmax(1) == data.y_test).float().mean().item()
+            acc = (model(x_test).argmax(1) == data.y_test).float().mean().item()
         return summarize(losses, secs, {"test acc": acc})
 
     return run
@@ -308,29 +347,32 @@ class LMData:
                              generator=gen)
 
 
-def make_lm_run(data: LMData) -> Callable[[int, OptFactory, float, int], RunResult]:
+def make_lm_run(data: LMData
+                ) -> Callable[[int, OptFactory, float, int, torch.dtype], RunResult]:
     init: Dict[int, Dict[str, Tensor]] = {}
     offs = torch.arange(LMData.CTX)
     vocab = len(data.chars)
 
-    def run(seed: int, factory: OptFactory, lr: float, steps: int) -> RunResult:
+    def run(seed: int, factory: OptFactory, lr: float, steps: int,
+            dtype: torch.dtype = torch.float32) -> RunResult:
         if seed not in init:
             torch.manual_seed(seed)
             init[seed] = {k: v.clone() for k, v in tiny_gpt(vocab).state_dict().items()}
         model = tiny_gpt(vocab)
         model.load_state_dict(init[seed])
+        model.to(dtype)
         opt = factory(model.parameters(), lr)
         starts = data.batch_starts(steps, seed)
 
         def loss_of_step(i: int) -> Tensor:
             pos = starts[i].unsqueeze(1) + offs
             x, y = data.train[pos], data.train[pos + 1]
-            return F.cross_entropy(model(x).view(-1, vocab), y.view(-1))
+            return F.cross_entropy(model(x).float().view(-1, vocab), y.view(-1))
 
         losses, secs = train_loop(model, opt, steps, loss_of_step)
         model.eval()
         with torch.no_grad():
-            logits = model(data.held_x)
+            logits = model(data.held_x).float()
             held_loss = F.cross_entropy(logits.view(-1, vocab), data.held_y.view(-1)).item()
             held_acc = (logits.argmax(-1) == data.held_y).float().mean().item()
         return summarize(losses, secs, {"held loss": held_loss, "held acc": held_acc})
@@ -384,22 +426,30 @@ def print_task(task: Task) -> List[str]:
             cells.append(f"{mm:>12.4f} +- {ms:<8.4f}")
         secs = statistics.fmean(r.seconds for r in rs)
         print(f"{name:<24} {fm:>12.5f} +- {fs:<8.5f} " + " ".join(cells) + f" {secs:>7.1f}")
-    ref = task.results.get(REF_NAME)
+    for ref_name, rows in ((REF_NAME, lambda n: n not in MASTER_ROWS),
+                           (BF16_REF, lambda n: n in MASTER_ROWS)):
+        print_verdict(task, ref_name, rows)
+    return failed
+
+
+def print_verdict(task: Task, ref_name: str, rows: Callable[[str], bool]) -> None:
+    """Each row of ``rows`` (a name filter) against the spread of ``ref_name``'s runs."""
+    ref = task.results.get(ref_name)
     if ref:
         lo, hi = ref_band([r.final_loss for r in ref.values()])
-        print(f"\nverdict ({task.name}): 32-bit spread of final loss = [{lo:.5f}, {hi:.5f}]")
+        what = "32-bit" if ref_name == REF_NAME else f"'{ref_name}'"
+        print(f"\nverdict ({task.name}): {what} spread of final loss = [{lo:.5f}, {hi:.5f}]")
         for name, per_seed in task.results.items():
-            if name == REF_NAME:
+            if name == ref_name or not rows(name):
                 continue
             fm, _ = mean_std([r.final_loss for r in per_seed.values()])
             if lo <= fm <= hi:
-                where = "WITHIN the 32-bit spread"
+                where = f"WITHIN the {what} spread"
             elif fm < lo:
-                where = "BELOW the 32-bit spread (better)"
+                where = f"BELOW the {what} spread (better)"
             else:
-                where = "ABOVE the 32-bit spread (worse)"
+                where = f"ABOVE the {what} spread (worse)"
             print(f"  {name:<24} mean final loss {fm:.5f}: {where}")
-    return failed
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -413,6 +463,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     ap.add_argument("--torchao-eager", action="store_true",
                     help="run torchao's step without torch.compile (implied by --quick)")
+    ap.add_argument("--settings", choices=["8bit", "masters", "all"], default="all",
+                    help="8bit: the 8-bit libraries' rows; masters: the 32-bit reference "
+                         "and the bfloat16 master-form rows; all (default): both")
     args = ap.parse_args(argv)
     steps_digits = args.steps_digits or (40 if args.quick else 1500)
     steps_lm = args.steps_lm or (40 if args.quick else 2000)
@@ -422,6 +475,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     torchao_eager = args.torchao_eager or args.quick
 
     facs, skipped, versions = optimizer_factories(torchao_eager)
+    if args.settings == "masters":
+        facs = {REF_NAME: facs[REF_NAME]}
+    if args.settings != "8bit":
+        facs.update(master_factories())
     print("8-bit AdamW accuracy study (CPU)")
     print(f"date: {datetime.datetime.now().isoformat(timespec='seconds')}")
     print(f"command: {' '.join([sys.executable] + sys.argv)}")
@@ -450,7 +507,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for name, factory in facs.items():
             task.results[name] = {}
             for seed in SEEDS:
-                r = task.run(seed, factory, task.lr, task.steps)
+                r = task.run(seed, factory, task.lr, task.steps, param_dtype(name))
                 task.results[name][seed] = r
                 print(f"[progress] {task.name} / {name} / seed {seed}: final loss "
                       f"{r.final_loss:.4f}, {r.seconds:.1f} s", file=sys.stderr, flush=True)

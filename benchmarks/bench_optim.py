@@ -51,8 +51,12 @@ error, marked !!: the step did not move the bytes it must.
 On CUDA the mixprec steps are also run once under
 ``torch.cuda.set_sync_debug_mode("error")``: they make no host sync.
 
+``--state-bytes`` prints instead the optimizer state bytes per param at GPT-2 small of
+each master form and moment width (``benchmarks/_state_bytes.py``) and exits.
+
 Usage:
     PYTHONPATH=python python benchmarks/bench_optim.py [--device cpu|cuda|all] [--quick]
+    PYTHONPATH=python python benchmarks/bench_optim.py --state-bytes
 """
 
 from __future__ import annotations
@@ -382,8 +386,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--cpu-vocab", type=int, default=8192)
     ap.add_argument("--cpu-embd", type=int, default=768)
     ap.add_argument("--rounds", type=int, default=None, help="default 3 (--quick: 1)")
+    ap.add_argument("--state-bytes", action="store_true",
+                    help="print the optimizer state bytes per param at GPT-2 small "
+                         "(counted from the state tensors; benchmarks/_state_bytes.py) "
+                         "and exit; nothing is timed")
     add_timing_args(ap, "1 layer, width 64, vocab 512 on every device, short timing")
     args = ap.parse_args(argv)
+    if args.state_bytes:
+        import _state_bytes
+
+        _state_bytes.print_table()
+        return 0
     min_run_time = args.min_run_time or (0.02 if args.quick else 1.0)
     rounds = args.rounds or (1 if args.quick else 3)
     report = Report("bench_optim", args.bandwidth_tolerance)

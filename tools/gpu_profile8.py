@@ -3,7 +3,9 @@ setting and param dtype, device time per step and its share of the copy bandwidt
 
 Rows (``--rows``): ``32-bit`` (float32 moments), ``8-bit`` (``state_bits=8``: whatever fused
 8-bit step the build has), ``split`` (float32 masters kept as the bf16 param plus a
-correction: the constructor option ``--split-option``, default ``master_bits=16``) and
+correction: the constructor option ``--split-option``, default
+``master_correction_bits=16``, with 32-bit moments), ``split8`` (the leanest setting: the
+same option at 8 with ``state_bits=8``) and
 ``release`` (gradient release: ``--release-call``, default
 ``mixprec.optim.release_gradients``, called as ``fn(model, optimizer)`` before a backward;
 the row gives the peak memory of GPT-2 small's (bf16, float32 masters) forward + backward +
@@ -204,9 +206,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--small", action="store_true", help="tiny shapes (a smoke run)")
     ap.add_argument("--iters", type=int, default=20, help="steps back to back per row")
-    ap.add_argument("--rows", default="32-bit,8-bit,split,release")
+    ap.add_argument("--rows", default="32-bit,8-bit,split,split8,release")
     ap.add_argument("--dtypes", default="fp32,bf16,fp16")
-    ap.add_argument("--split-option", default="master_bits=16",
+    ap.add_argument("--split-option", default="master_correction_bits=16",
                     help="the AdamW option that keeps float32 masters split (NAME=VALUE)")
     ap.add_argument("--release-call", default="mixprec.optim.release_gradients",
                     help="the gradient-release call, fn(model, optimizer)")
@@ -240,15 +242,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         if name in ("32-bit", "8-bit"):
             opts = {"state_bits": 8} if name == "8-bit" else {}
             todo += [Row(name, d, dict(opts)) for d in args.dtypes.split(",")]
-        elif name == "split":
+        elif name in ("split", "split8"):
             opt_name, value = parse_option(args.split_option)
             why = missing_option(opt_name)
             if why:
-                print(f"row split SKIP {why}", flush=True)
+                print(f"row {name} SKIP {why}", flush=True)
             else:
-                todo.append(Row("split", "bf16", {opt_name: value}))
+                todo.append(Row(name, "bf16", {opt_name: value} if name == "split" else
+                                {opt_name: 8, "state_bits": 8}))
         elif name != "release":
-            ap.error(f"--rows: {name!r}; rows are 32-bit,8-bit,split,release")
+            ap.error(f"--rows: {name!r}; rows are 32-bit,8-bit,split,split8,release")
     results: Dict[Tuple[str, str], Tuple[float, int]] = {}
     copy: Optional[float] = None
     prof8 = None
@@ -278,6 +281,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if prof8 is not None:
         print("8-bit step, profiler kernel table:")
         print(kernel_table(prof8, args.device, args.table_rows), flush=True)
+    for split, base in (("split", "32-bit"), ("split8", "8-bit")):
+        a, b = results.get((split, "bf16")), results.get((base, "bf16"))
+        if a and b:
+            print(f"ratio {split} / {base} bf16 (float32 masters) step time: "
+                  f"{a[0] / b[0]:.2f} (goal <= 1.0: it moves {a[1] / b[1]:.2f}x the bytes)")
     r32, r8 = results.get(("32-bit", "fp32")), results.get(("8-bit", "fp32"))
     if r32 and r8 and copy:
         print(f"ratio 8-bit / 32-bit step time: {r8[0] / r32[0]:.2f} (goal <= 0.7)")

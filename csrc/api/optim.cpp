@@ -55,16 +55,47 @@ const Options& check_options(const Options& o) {
   return o;
 }
 
+// float16 params are refused in a group with masters and
+// master_correction_bits (a split master is a bfloat16 param plus a
+// correction); c10::ValueError naming the param and the alternative.
+void check_split_dtypes(const char* cls, size_t index, const at::Tensor& p,
+                        size_t k, bool masters, int64_t bits) {
+  TORCH_CHECK_VALUE(
+      !(masters && bits != 0 && p.defined() && p.scalar_type() == at::kHalf),
+      "mixprec.optim.", cls, ": param_groups[", index, "]['params'][", k,
+      "] is float16 in a group with master_correction_bits=", bits,
+      ": a split master is a bfloat16 param plus a fixed-width correction, "
+      "and float16's exponent range differs from float32's, so a float16 "
+      "param cannot carry one. Use master_correction_bits(0) (float32 "
+      "masters) for float16 params (e.g. a param group of their own), or "
+      "bfloat16 params");
+}
+
 // The checks of a param group's own options (added after construction).
 template <typename Options>
 void check_groups(const torch::optim::Optimizer& opt) {
+  size_t index = 0;
   for (const auto& g : opt.param_groups()) {
     const auto* o = dynamic_cast<const Options*>(&g.options());
     TORCH_CHECK(o != nullptr, "mixprec.optim.",
                 options_table::class_name<Options>(),
                 ": a param group has options of another optimizer");
     check_options(*o);
+    for (size_t k = 0; k < g.params().size(); ++k) {
+      check_split_dtypes(options_table::class_name<Options>(), index,
+                         g.params()[k], k, o->master_weights(),
+                         o->master_correction_bits());
+    }
+    ++index;
   }
+}
+
+int64_t correction_bits_of(const torch::optim::OptimizerParamGroup& group) {
+  int64_t bits = 0;
+  options_table::visit(group.options(), [&](const auto& o) {
+    bits = o.master_weights() ? o.master_correction_bits() : 0;
+  });
+  return bits;
 }
 
 // FusedOptimizer::group_options for Options: a copy of `defaults` with the
@@ -113,6 +144,50 @@ bool FusedOptimizer::wants_master(
   return group_master_weights(group) && is_low_precision(p.scalar_type());
 }
 
+at::ScalarType FusedOptimizer::master_form(
+    const at::Tensor& p, const torch::optim::OptimizerParamGroup& group) const {
+  if (!wants_master(p, group)) return at::ScalarType::Undefined;
+  const int64_t bits = correction_bits_of(group);
+  return bits != 0 && p.scalar_type() == at::kBFloat16
+             ? detail::correction_dtype(bits)
+             : at::kFloat;
+}
+
+namespace {
+
+// Gives a param state the master of `form` (float32, or an int16/int8
+// correction), converting the one it holds, as the Python _complete_master:
+// a float32 master becomes RNE_bf16(master), written into p, and its
+// correction; a correction of the other width is re-encoded against p (p
+// kept); float32 from a correction: decoded with p. No master yet: p's value.
+template <class State>
+void complete_master(State& s, const at::Tensor& p, at::ScalarType form) {
+  at::NoGradGuard no_grad;
+  const at::Tensor master = s.master_param(), c = s.master_correction();
+  if (form == at::kFloat) {
+    if (!master.defined()) {
+      s.master_param(c.defined() ? decode_master(p, c)
+                                 : p.detach().to(at::kFloat, false, true));
+    }
+    s.master_correction(at::Tensor());
+    return;
+  }
+  if (!master.defined() && c.defined() && c.scalar_type() == form) return;
+  if (!master.defined() && !c.defined()) {
+    s.master_correction(at::zeros_like(p, p.options().dtype(form),
+                                       at::MemoryFormat::Preserve));
+  } else if (!master.defined()) {
+    s.master_correction(detail::recode(p, c, form));
+  } else {
+    auto [param, correction] = detail::split_master(master, form);
+    p.detach().copy_(param);  // what the next float32-master step writes
+    s.master_correction(correction);
+    s.master_param(at::Tensor());
+  }
+}
+
+}  // namespace
+
 template <class State>
 State& FusedOptimizer::bucket_param(const at::Tensor& p,
                                     torch::optim::OptimizerParamGroup& group,
@@ -121,14 +196,15 @@ State& FusedOptimizer::bucket_param(const at::Tensor& p,
   if (!slot) slot = std::make_unique<State>();
   auto& s = static_cast<State&>(*slot);
   if (!s.step().defined()) s.step(step_zero(p));
-  const bool master = wants_master(p, group);
-  if (master && !s.master_param().defined()) {
-    s.master_param(p.detach().to(at::kFloat, false, true));
-  }
+  const at::ScalarType form = master_form(p, group);
+  if (form != at::ScalarType::Undefined) complete_master(s, p, form);
   b.params.push_back(p);
   b.grads.push_back(p.grad());
   b.state_steps.push_back(s.step());
-  if (master) b.master_params.push_back(s.master_param());
+  if (form == at::kFloat) b.master_params.push_back(s.master_param());
+  if (form == at::kShort || form == at::kChar) {
+    b.master_params.push_back(s.master_correction());
+  }
   return s;
 }
 
@@ -196,16 +272,20 @@ std::vector<at::Tensor> FusedOptimizer::master_params() {
   std::vector<at::Tensor> out;
   for (const auto& group : param_groups()) {
     for (const auto& p : group.params()) {
-      at::Tensor master;
+      at::Tensor master, correction;
       auto it = state().find(p.unsafeGetTensorImpl());
       if (it != state().end()) {
         if (auto* s = dynamic_cast<AdamParamState*>(it->second.get())) {
           master = s->master_param();
+          correction = s->master_correction();
         } else if (auto* s2 = dynamic_cast<SGDParamState*>(it->second.get())) {
           master = s2->master_param();
+          correction = s2->master_correction();
         }
       }
-      if (master.defined()) {
+      if (!master.defined() && correction.defined()) {
+        out.push_back(decode_master(p, correction));
+      } else if (master.defined()) {
         out.push_back(master);
       } else if (wants_master(p, group)) {
         out.push_back(p.detach().to(at::kFloat));
@@ -245,9 +325,13 @@ at::Tensor FusedOptimizer::step_with(const StepScalars& scalars,
     }
   }
   // Checked before any state is created, so a rejected step changes nothing.
-  for (auto& group : param_groups()) {
-    for (auto& p : group.params()) {
+  for (size_t index = 0; index < param_groups().size(); ++index) {
+    const auto& group = param_groups()[index];
+    const int64_t bits = correction_bits_of(group);
+    for (size_t k = 0; k < group.params().size(); ++k) {
+      const at::Tensor& p = group.params()[k];
       if (!p.grad().defined()) continue;
+      check_split_dtypes(name(), index, p, k, bits != 0, bits);
       TORCH_CHECK(!p.grad().is_sparse(), "mixprec.optim.", name(),
                   " does not support sparse gradients");
       TORCH_CHECK(is_supported(p.scalar_type()), "mixprec.optim.", name(),
@@ -258,11 +342,13 @@ at::Tensor FusedOptimizer::step_with(const StepScalars& scalars,
   auto& groups = param_groups();
   for (size_t index = 0; index < groups.size(); ++index) {
     auto& group = groups[index];
-    // (device, has masters, 8-bit) buckets in order of first appearance
-    std::vector<std::pair<std::pair<c10::Device, bool>, Bucket>> buckets;
+    // (device, master form, 8-bit) buckets in order of first appearance: one
+    // master dtype per op call
+    std::vector<std::pair<std::pair<c10::Device, at::ScalarType>, Bucket>>
+        buckets;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      const bool master = wants_master(p, group);
+      const at::ScalarType master = master_form(p, group);
       const bool eight = coded(p, group);
       Bucket* b = nullptr;
       for (auto& [key, bucket] : buckets) {
@@ -294,7 +380,8 @@ at::Tensor FusedOptimizer::step_with(const StepScalars& scalars,
       on.found_inf = move(scalars.found_inf);
       on.clip_coef = move(scalars.clip_coef);
       run_bucket(bucket, group, lr_tensor(index, group, device), on,
-                 static_cast<int64_t>(seed), key.second);
+                 static_cast<int64_t>(seed),
+                 key.second != at::ScalarType::Undefined);
     }
   }
   return loss;

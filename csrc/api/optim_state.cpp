@@ -237,7 +237,11 @@ void FusedOptimizer::fix_loaded_state() {
         s->exp_avg_sq(to_param(s->exp_avg_sq(), p, false));
         s->max_exp_avg_sq(to_param(s->max_exp_avg_sq(), p, false));
         s->master_param(to_param(s->master_param(), p, false));
-        if (wants_master(p, group) && !s->master_param().defined()) {
+        s->master_correction(to_param(s->master_correction(), p, false));
+        // (a master of the other form is converted at the next step, from
+        // the param as it is then: bucket_param)
+        if (master_form(p, group) == at::kFloat &&
+            !s->master_param().defined() && !s->master_correction().defined()) {
           s->master_param(p.detach().to(at::kFloat, false, true));
         }
         // the moments in the layout of this group's state_bits
@@ -259,7 +263,10 @@ void FusedOptimizer::fix_loaded_state() {
         }
         s2->momentum_buffer(to_param(s2->momentum_buffer(), p, false));
         s2->master_param(to_param(s2->master_param(), p, false));
-        if (wants_master(p, group) && !s2->master_param().defined()) {
+        s2->master_correction(to_param(s2->master_correction(), p, false));
+        if (master_form(p, group) == at::kFloat &&
+            !s2->master_param().defined() &&
+            !s2->master_correction().defined()) {
           s2->master_param(p.detach().to(at::kFloat, false, true));
         }
         const auto& so = static_cast<const SGDOptions&>(group.options());
@@ -316,9 +323,17 @@ void group_to(const O& o, c10::impl::GenericDict& g) {
   const auto insert = [&](bool torch_part) {
     options_table::for_each_option(
         o, [&](const char* name, const auto& value, unsigned flags, auto) {
-          if (static_cast<bool>(flags & options_flag::kTorch) == torch_part) {
-            g.insert(name, group_value(value));
+          if (static_cast<bool>(flags & options_flag::kTorch) != torch_part) {
+            return;
           }
+          if constexpr (std::is_same_v<std::decay_t<decltype(value)>,
+                                       int64_t>) {
+            if (value == 0 && std::string(name) == "master_correction_bits") {
+              g.insert(name, c10::IValue());  // float32 masters: Python's None
+              return;
+            }
+          }
+          g.insert(name, group_value(value));
         });
   };
   insert(true);
@@ -438,6 +453,29 @@ void check_coded(const char* cls, const c10::IValue& key,
   }
 }
 
+// A saved master_correction: int16 or int8 of the param's shape, for a
+// bfloat16 param; c10::ValueError naming the entry otherwise.
+void check_correction(const char* cls, const c10::IValue& key,
+                      const c10::impl::GenericDict& ps, const at::Tensor& p) {
+  const at::Tensor c = state_tensor(ps, "master_correction");
+  if (!c.defined()) return;
+  const std::string where = c10::str("mixprec.optim.", cls,
+                                     ".load_state_dict: state[", key,
+                                     "]['master_correction']");
+  TORCH_CHECK_VALUE(c.scalar_type() == at::kShort || c.scalar_type() == at::kChar,
+                    where, ": expected an int16 or int8 correction, got ",
+                    c.scalar_type());
+  TORCH_CHECK_VALUE(p.scalar_type() == at::kBFloat16, where,
+                    ": only a bfloat16 param keeps a split master; this one is ",
+                    p.scalar_type());
+  TORCH_CHECK_VALUE(c.sizes() == p.sizes(), where,
+                    ": expected the param's shape ", p.sizes(), ", got ",
+                    c.sizes());
+  TORCH_CHECK_VALUE(!state_tensor(ps, "master_param").defined(), "mixprec.optim.",
+                    cls, ".load_state_dict: state[", key,
+                    "] holds both 'master_param' and 'master_correction'");
+}
+
 }  // namespace
 
 c10::impl::GenericDict FusedOptimizer::state_dict() const {
@@ -514,6 +552,8 @@ void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
       }
       check_coded(name(), ids[j], found->value().toGenericDict(),
                   groups[i].params()[j]);
+      check_correction(name(), ids[j], found->value().toGenericDict(),
+                       groups[i].params()[j]);
     }
   }
   count_change();

@@ -55,6 +55,14 @@ struct check_bits {
   }
 };
 
+struct check_correction {
+  void operator()(const char* cls, const char* name, int64_t value) const {
+    TORCH_CHECK_VALUE(value == 0 || value == 16 || value == 8, "mixprec.optim.",
+                      cls, ": ", name,
+                      " must be 0 (float32 masters), 16 or 8, got ", value);
+  }
+};
+
 struct check_count {
   void operator()(const char* cls, const char* name, int64_t value) const {
     TORCH_CHECK_VALUE(value >= 0, "mixprec.optim.", cls, ": ", name,

@@ -176,7 +176,7 @@ def cmd_optim(args: argparse.Namespace) -> None:
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
     for kind in KINDS:
-        for dtype in ("fp32", "bf16", "fp16"):
+        for dtype in ("fp32", "bf16") if split_bits(kind) else ("fp32", "bf16", "fp16"):
             out = d / f"optim_{kind}_{dtype}.pt"
             run([args.tool, "optim-run", kind, dtype, str(out)])
             ref = torch.load(out, weights_only=True)
@@ -202,18 +202,25 @@ def cmd_optim(args: argparse.Namespace) -> None:
                   f"skipped {ref['stepped'].tolist().count(0)}")
 
 
-KINDS = ("adamw", "adam", "sgd", "adamw8", "sgd8")
+KINDS = ("adamw", "adam", "sgd", "adamw8", "sgd8", "adamw-s16", "sgd8-s8")
 EIGHT_BIT = {"state_bits": 8, "min_8bit_size": 64}  # as make_optimizer
 
 
+def split_bits(kind: str) -> int | None:
+    """The master_correction_bits of a kind with a -s16 / -s8 suffix, else None."""
+    return int(kind.split("-s")[1]) if "-s" in kind else None
+
+
 def make_python_optimizer(kind: str, params: list, lr: float):  # as make_optimizer
-    eight = EIGHT_BIT if kind.endswith("8") else {}
-    if kind in ("adamw", "adamw8"):
-        return mp_optim.AdamW(params, lr=lr, weight_decay=0.1, **eight)
-    if kind == "adam":
-        return mp_optim.Adam(params, lr=lr, weight_decay=0.01, amsgrad=True)
+    base = kind.split("-s")[0]
+    eight = EIGHT_BIT if base.endswith("8") else {}
+    split = {"master_correction_bits": split_bits(kind)}
+    if base in ("adamw", "adamw8"):
+        return mp_optim.AdamW(params, lr=lr, weight_decay=0.1, **eight, **split)
+    if base == "adam":
+        return mp_optim.Adam(params, lr=lr, weight_decay=0.01, amsgrad=True, **split)
     return mp_optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-3,
-                        **eight)
+                        **eight, **split)
 
 
 def python_train(opt, params, x, y, steps: int) -> list[float]:
@@ -242,9 +249,18 @@ def cmd_ckpt(args: argparse.Namespace) -> None:
             opt = make_python_optimizer(kind, params, lr=0.5)
             opt.load_state_dict(sd)
             check(opt.param_groups[0]["lr"] == 1e-2, f"{name}: lr from the C++ state dict")
-            if dtype == "bf16":
+            if dtype == "bf16" and split_bits(kind):
+                want = torch.int16 if split_bits(kind) == 16 else torch.int8
+                check(all(sd["state"][i]["master_correction"].dtype == want
+                          and "master_param" not in sd["state"][i] for i in range(4))
+                      and sd["param_groups"][0]["master_correction_bits"] == split_bits(kind),
+                      f"{name}: split masters in the C++ state dict")
+            elif dtype == "bf16":
                 check(all("master_param" in opt.state[p] for p in params),
                       f"{name}: masters from the C++ state dict")
+            if dtype == "bf16" and not split_bits(kind):
+                check(sd["param_groups"][0]["master_correction_bits"] is None,
+                      f"{name}: float32 masters are master_correction_bits=None")
             if kind.endswith("8"):
                 first = "exp_avg" if kind == "adamw8" else "momentum_buffer"
                 coded = [opt.state[p][first].dtype == torch.uint8 for p in params]

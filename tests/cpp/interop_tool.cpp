@@ -79,22 +79,31 @@ std::unique_ptr<mixprec::optim::FusedOptimizer> make_optimizer(
     const std::string& kind, const std::vector<torch::Tensor>& params,
     double lr) {
   // (adamw8 / sgd8: 8-bit state for the 32x16 weight, float32 moments with
-  // empty maxima for the three tensors below min_8bit_size)
-  if (kind == "adamw" || kind == "adamw8") {
+  // empty maxima for the three tensors below min_8bit_size; a suffix -s16 or
+  // -s8: master_correction_bits 16 or 8)
+  int64_t split = 0;
+  const auto suffix = kind.find("-s");
+  if (suffix != std::string::npos) split = std::stoll(kind.substr(suffix + 2));
+  const std::string base = kind.substr(0, suffix);
+  if (base == "adamw" || base == "adamw8") {
     auto o = mixprec::optim::AdamWOptions(lr).weight_decay(0.1);
-    if (kind == "adamw8") o.state_bits(8).min_8bit_size(64);
+    if (base == "adamw8") o.state_bits(8).min_8bit_size(64);
+    o.master_correction_bits(split);
     return std::make_unique<mixprec::optim::AdamW>(params, o);
   }
-  if (kind == "adam") {
+  if (base == "adam") {
     return std::make_unique<mixprec::optim::Adam>(
-        params,
-        mixprec::optim::AdamOptions(lr).weight_decay(0.01).amsgrad(true));
+        params, mixprec::optim::AdamOptions(lr)
+                    .weight_decay(0.01)
+                    .amsgrad(true)
+                    .master_correction_bits(split));
   }
-  TORCH_CHECK(kind == "sgd" || kind == "sgd8", "unknown optimizer ", kind);
+  TORCH_CHECK(base == "sgd" || base == "sgd8", "unknown optimizer ", kind);
   auto o =
       mixprec::optim::SGDOptions(lr).momentum(0.9).nesterov(true).weight_decay(
           1e-3);
-  if (kind == "sgd8") o.state_bits(8).min_8bit_size(64);
+  if (base == "sgd8") o.state_bits(8).min_8bit_size(64);
+  o.master_correction_bits(split);
   return std::make_unique<mixprec::optim::SGD>(params, o);
 }
 

@@ -634,6 +634,81 @@ void test_optim_state_dict(const std::string& dir) {
   CHECK(oc.state().empty());
 }
 
+// master_correction_bits(16): the steps of float32 masters, bit for bit (no
+// midpoint in this data), the master as an int16 correction, decoded by
+// master_params() and decode_master; 8 bits: int8; a float32 checkpoint loads
+// into the split form and trains on as float32 masters; float16 refused.
+void test_optim_split(const std::string& dir) {
+  using mixprec::optim::AdamParamState;
+  using mixprec::optim::AdamW;
+  using mixprec::optim::AdamWOptions;
+  torch::manual_seed(16);
+  const auto x = torch::randn({5, 4});
+  Toy a(torch::kBFloat16, 64), b(torch::kBFloat16, 64), c(torch::kBFloat16, 64);
+  for (Toy* t : {&b, &c}) {
+    t->w.detach().copy_(a.w.detach());
+    t->b.detach().copy_(a.b.detach());
+  }
+  AdamW split(a.params(), AdamWOptions(1e-2).master_correction_bits(16));
+  AdamW f32(b.params(), AdamWOptions(1e-2));
+  for (int it = 0; it < 3; ++it) {
+    for (auto* o : {&split, &f32}) o->zero_grad();
+    a.loss(x).backward();
+    b.loss(x).backward();
+    split.step();
+    f32.step();
+  }
+  CHECK_MSG(same(a.w.detach(), b.w.detach()) && same(a.b.detach(), b.b.detach()),
+            "16-bit split masters step as float32 masters");
+  const auto& s = static_cast<const AdamParamState&>(
+      *split.state().at(a.w.unsafeGetTensorImpl()));
+  CHECK(!s.master_param().defined() &&
+        s.master_correction().scalar_type() == torch::kShort);
+  const auto masters = split.master_params(), want = f32.master_params();
+  CHECK_MSG(same(masters[0], want[0]) && same(masters[1], want[1]),
+            "master_params() decodes the float32 masters");
+  CHECK(same(mixprec::optim::decode_master(a.w.detach(), s.master_correction()),
+             want[0]));
+  const auto g = split.state_dict().at("param_groups").toListRef()[0].toGenericDict();
+  CHECK(g.at("master_correction_bits").toInt() == 16);
+  CHECK(f32.state_dict().at("param_groups").toListRef()[0].toGenericDict()
+            .at("master_correction_bits").isNone());
+  // a float32 checkpoint into the split form: trains on as float32 masters
+  AdamW from32(c.params(), AdamWOptions(0.5).master_correction_bits(16));
+  mixprec::torch_save(f32.state_dict(), dir + "/adamw_f32_sd.pt");
+  from32.load_state_dict(mixprec::torch_load(dir + "/adamw_f32_sd.pt").toGenericDict());
+  c.w.detach().copy_(b.w.detach());
+  c.b.detach().copy_(b.b.detach());
+  for (auto* o : {&from32, &f32}) o->zero_grad();
+  c.loss(x).backward();
+  b.loss(x).backward();
+  from32.step();
+  f32.step();
+  CHECK_MSG(same(c.w.detach(), b.w.detach()) && same(c.b.detach(), b.b.detach()),
+            "float32 masters loaded into 16-bit split masters train on alike");
+  CHECK(static_cast<const AdamParamState&>(*from32.state().at(c.w.unsafeGetTensorImpl()))
+            .master_correction().scalar_type() == torch::kShort);
+  // 8 bits; errors
+  Toy d(torch::kBFloat16, 64);
+  mixprec::optim::SGD sgd8(d.params(), mixprec::optim::SGDOptions(1e-2)
+                                           .momentum(0.9)
+                                           .master_correction_bits(8));
+  d.loss(x).backward();
+  sgd8.step();
+  CHECK(static_cast<const mixprec::optim::SGDParamState&>(
+            *sgd8.state().at(d.w.unsafeGetTensorImpl()))
+            .master_correction().scalar_type() == torch::kChar);
+  Toy h(torch::kHalf, 8);
+  CHECK_THROWS(c10::ValueError,
+               AdamW(h.params(), AdamWOptions().master_correction_bits(16)),
+               "param_groups[0]['params'][0] is float16 in a group with "
+               "master_correction_bits=16");
+  CHECK_THROWS(c10::ValueError,
+               AdamW(a.params(), AdamWOptions().master_correction_bits(4)),
+               "master_correction_bits must be 0 (float32 masters), 16 or 8, got 4");
+  AdamW(h.params(), AdamWOptions().master_correction_bits(16).master_weights(false));
+}
+
 // state_bits(8): 8-bit moments for the big param (w: 300 x 4), float32 for
 // the small one; the first step equals the 32-bit step (the update uses the
 // unquantized new moments); checkpoints convert between 8 and 32 bits; a
@@ -821,6 +896,7 @@ int main(int argc, char** argv) {
       {"optim torch::save/load", [&] { test_optim_serialize(dir); }},
       {"optim state_dict (Python layout)", [&] { test_optim_state_dict(dir); }},
       {"optim state_bits(8)", [&] { test_optim_8bit(dir); }},
+      {"optim master_correction_bits", [&] { test_optim_split(dir); }},
       {"torch_save is atomic", [&] { test_torch_save_atomic(dir); }},
       {"AutocastGuard", test_autocast_guard},
       {"CPU kernels on torch's threads", test_cpu_kernel_threads},

@@ -31,11 +31,15 @@ struct Row {
   unsigned flags;
 };
 
-// A valid value other than v, of v's type.
-double other(double v) { return v == 0 ? 0.125 : v * 0.5; }
-bool other(bool v) { return !v; }
-int64_t other(int64_t v) { return v == 32 ? 8 : v + 3; }  // state_bits 32 -> 8
-std::tuple<double, double> other(const std::tuple<double, double>& v) {
+// A valid value other than v, of v's type, for a row with that check.
+double other(double v, const std::string&) { return v == 0 ? 0.125 : v * 0.5; }
+bool other(bool v, const std::string&) { return !v; }
+int64_t other(int64_t v, const std::string& check) {
+  if (check == "correction") return v == 16 ? 8 : 16;  // 0 (float32) -> 16
+  return v == 32 ? 8 : v + 3;                          // state_bits 32 -> 8
+}
+std::tuple<double, double> other(const std::tuple<double, double>& v,
+                                 const std::string&) {
   return {std::get<0>(v) * 0.5, std::get<1>(v) * 0.5};
 }
 
@@ -45,7 +49,7 @@ double bad(double v, const std::string& check) {
 }
 bool bad(bool v, const std::string&) { return v; }
 int64_t bad(int64_t v, const std::string& check) {
-  return check == "bits" ? 16 : check == "count" ? -1 : v;
+  return check == "bits" ? 16 : check == "count" ? -1 : check == "correction" ? 12 : v;
 }
 std::tuple<double, double> bad(const std::tuple<double, double>& v,
                                const std::string& check) {
@@ -58,7 +62,7 @@ struct Table;
 #define MIXPREC_TEST_ROW(type, name, default_value, check, flags) \
   {#name, #check, static_cast<unsigned>(flags)},
 #define MIXPREC_TEST_CHANGE(type, name, default_value, check, flags) \
-  if (k++ == i) o.name(other(o.name()));
+  if (k++ == i) o.name(other(o.name(), #check));
 #define MIXPREC_TEST_BAD(type, name, default_value, check, flags) \
   if (k++ == i) o.name(bad(o.name(), #check));
 #define MIXPREC_TEST_DIFF(type, name, default_value, check, flags) \
@@ -399,12 +403,17 @@ void test_state_entries(const std::string& dir) {
       "adam_amsgrad", AdamOptions(1e-2).amsgrad(true), dir, adam);
   check_state_entries<AdamW, AdamParamState>(
       "adamw8", AdamWOptions(1e-2).state_bits(8).min_8bit_size(0), dir, adam);
+  check_state_entries<AdamW, AdamParamState>(
+      "adamw_split16", AdamWOptions(1e-2).master_correction_bits(16), dir, adam);
   CHECK_MSG(covered(adam) == all_of(entries(AdamParamState())),
             "Adam's state entries defined by the configurations: " +
                 join(covered(adam)));
   std::vector<std::string> sgd;
   check_state_entries<SGD, SGDParamState>(
       "sgd8", SGDOptions(1e-2).momentum(0.9).state_bits(8).min_8bit_size(0),
+      dir, sgd);
+  check_state_entries<SGD, SGDParamState>(
+      "sgd_split8", SGDOptions(1e-2).momentum(0.9).master_correction_bits(8),
       dir, sgd);
   CHECK_MSG(covered(sgd) == all_of(entries(SGDParamState())),
             "SGD's state entries defined by the configurations: " +

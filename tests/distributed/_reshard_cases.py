@@ -36,6 +36,10 @@ CONFIGS: Dict[str, Any] = {
                  lambda ps: mixprec.optim.AdamW8bit(ps, lr=1e-2, min_8bit_size=0)),
     "fp32_8bit": (torch.float32,
                   lambda ps: mixprec.optim.AdamW8bit(ps, lr=1e-2, min_8bit_size=0)),
+    "split16": (torch.bfloat16,
+                lambda ps: mixprec.optim.AdamW(ps, lr=1e-2, master_correction_bits=16)),
+    "split8": (torch.bfloat16, lambda ps: mixprec.optim.AdamW8bit(
+        ps, lr=1e-2, min_8bit_size=0, master_correction_bits=8)),
     "bf16_sr": (torch.bfloat16, lambda ps: mixprec.optim.AdamW(
         ps, lr=1e-2, master_weights=False, stochastic_rounding=True, seed=5)),
     "sgd8": (torch.float32, lambda ps: mixprec.optim.SGD8bit(
@@ -83,6 +87,9 @@ def step(m: nn.Module, o: Any, dtype: torch.dtype, k: int) -> None:
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
+    if _dtensor.is_dtensor(t) and t.dtype in (torch.int16, torch.int8):
+        # (gloo gathers no int16/int8: the split masters' corrections go as int32)
+        return full(t.to(torch.int32)).to(t.dtype)
     return (t.full_tensor() if _dtensor.is_dtensor(t) else t).detach().clone()
 
 
@@ -100,6 +107,9 @@ def gathered_state(m: nn.Module, o: Any) -> List[Dict[str, Any]]:
             if name in row and row[name].dtype == torch.uint8:
                 row[name + "_decoded"] = q8.dequantize(row[name], row[name + "_absmax"],
                                                        table)
+        if "master_correction" in row:
+            row["master_decoded"] = mixprec.optim.decode_master(full(p),
+                                                                row["master_correction"])
         out.append(row)
     return out
 

@@ -1,7 +1,8 @@
 """The same bits at any world size: an FSDP2 run of every optimizer configuration
-(32-bit moments with masters, 8-bit moments with and without masters, bf16 with stochastic
-rounding, 8-bit SGD momentum) is saved with DCP on 1, 2, 3 and 4 ranks and loaded on each
-other count (tests/distributed/_reshard_cases.py; gloo on CPU, one thread per process).
+(32-bit moments with masters, float32 or split into a 16- or 8-bit correction, 8-bit moments
+with and without masters, bf16 with stochastic rounding, 8-bit SGD momentum) is saved with
+DCP on 1, 2, 3 and 4 ranks and loaded on each other count (tests/distributed/_reshard_cases.py;
+gloo on CPU, one thread per process).
 
 - After the load, the whole optimizer state (codes, maxima, decoded moments, masters, step)
   equals the state at the save, bit for bit, at every pair of world sizes, FSDP2, DDP and

@@ -46,6 +46,9 @@ class _Cast(nn.Module):
 OPTIMIZERS: Dict[str, Callable[[Any], torch.optim.Optimizer]] = {
     "adamw": lambda ps: mixprec.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
     "adamw8bit": lambda ps: mixprec.optim.AdamW8bit(ps, lr=1e-2, min_8bit_size=256),
+    "adamw-split16": lambda ps: mixprec.optim.AdamW(ps, lr=1e-2, master_correction_bits=16),
+    "adamw8bit-split8": lambda ps: mixprec.optim.AdamW8bit(ps, lr=1e-2, min_8bit_size=256,
+                                                           master_correction_bits=8),
     "sgd": lambda ps: mixprec.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True),
     "sgd8bit": lambda ps: mixprec.optim.SGD8bit(ps, lr=1e-2, momentum=0.9, min_8bit_size=256),
 }

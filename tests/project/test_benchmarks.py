@@ -133,6 +133,27 @@ def test_bench_optim_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
         assert any(line.startswith(name) and "x " in line for line in out.splitlines())
 
 
+def test_bench_optim_state_bytes_counts_the_state_tensors(capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    """The split masters save 2 and 3 bytes per param against float32 masters, exactly,
+    and meet the goals with 8-bit moments (<= 4.04 and <= 3.04)."""
+    import _state_bytes
+
+    assert bench_optim.main(["--state-bytes"]) == 0
+    out = capsys.readouterr().out
+    rows = dict(_state_bytes.table())
+    for name, value in rows.items():
+        assert f"| {name} | {value:.3f} |" in out
+    f32, s16, s8 = (rows[f"mixprec AdamW bf16 + {m}, 8-bit moments"] for m in (
+        "float32 masters", "16-bit correction", "8-bit correction"))
+    assert f32 - s16 == pytest.approx(2.0, abs=1e-9) and f32 - s8 == pytest.approx(3.0, abs=1e-9)
+    assert s16 <= 4.04 and s8 <= 3.04
+    assert rows["mixprec AdamW bf16 + float32 masters, 32-bit moments"] == pytest.approx(12.0,
+                                                                                     abs=1e-4)
+    assert rows["FlashOptim master_weight_bits=24 (8-bit correction), 8-bit moments"] == \
+        pytest.approx(3.125, abs=1e-3)
+
+
 def test_bench_optim_catches_an_optimizer_that_does_nothing(fails_with_noop: NoopRun) -> None:
     out = fails_with_noop("fused_adam_", bench_optim.main, OPTIM_QUICK)
     # the three mixprec cases, and the three 8-bit ones (their small params take fused_adam_)
@@ -373,6 +394,18 @@ def test_bench_8bit_accuracy_quick_passes(capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     for task in ("digits", "tiny LM"):
         assert re.search(rf"verdict \({task}\).*\n.*mixprec AdamW8bit .*(WITHIN|below)", out)
+
+
+def test_bench_8bit_accuracy_master_rows_quick_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("sklearn", reason="the digits task needs scikit-learn")
+    assert bench_8bit_accuracy.main(["--quick", "--settings", "masters"]) == 0
+    out = capsys.readouterr().out
+    for task in ("digits", "tiny LM"):
+        verdict = out.split(f"verdict ({task}): 'bf16 masters f32' spread")[1]
+        for name in bench_8bit_accuracy.MASTER_ROWS:
+            if name != bench_8bit_accuracy.BF16_REF:
+                assert re.search(rf"  {re.escape(name)} +mean final loss", verdict), name
+    assert "mixprec AdamW8bit" not in out
 
 
 def test_bench_8bit_accuracy_catches_an_8bit_step_that_does_nothing(

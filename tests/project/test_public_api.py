@@ -54,7 +54,7 @@ SUBPACKAGES = {
     },
     "mixprec.optim": {"Adam", "AdamW", "Adam8bit", "AdamW8bit", "SGD", "SGD8bit",
                       "FusedOptimizer", "check_checkpoint", "release_gradients",
-                      "GradientRelease"},
+                      "GradientRelease", "decode_master"},
     "mixprec.train": {
         "MixedPrecisionConfig",
         "MixedPrecisionMode",

@@ -18,6 +18,7 @@ ISSUE_FIELDS = [
     "adaptive_threshold", "memory_efficiency", "performance_monitoring", "nan_handling",
     "overflow_handling", "underflow_handling", "selective_layers", "logging_frequency",
     "master_weights", "optimizer_state_bits",  # (the 8-bit state issue's field)
+    "master_correction_bits",  # (split masters)
     "max_grad_norm", "gradient_accumulation_steps",
     "fp8_recipe", "fp8_keep_first_last", "fp8_fsdp_all_gather",  # (the FP8 issue's fields)
     "capture",  # (the trainer through capture_step)
@@ -82,6 +83,10 @@ def test_presets(name, scale, window):
     ({"selective_layers": "fc1"}, TypeError, "selective_layers"),
     ({"mode": "selective"}, ValueError, "SELECTIVE mode needs"),
     ({"mode": "gradient_scaling", "gradient_scaling": False}, ValueError, "GRADIENT_SCALING"),
+    ({"master_correction_bits": 12}, ValueError, "master_correction_bits: expected None"),
+    ({"master_correction_bits": True}, ValueError, "master_correction_bits: expected None"),
+    ({"master_correction_bits": 16, "master_weights": False}, ValueError,
+     "master_correction_bits=16 needs master_weights=True"),
 ])
 def test_validation_errors_name_the_field(kwargs, exc, match):
     with pytest.raises(exc, match=match):

@@ -257,3 +257,72 @@ def test_manual_converts_the_float_buffers_of_converted_modules() -> None:
     assert m.shift.dtype == torch.bfloat16 and "shift" in dict(m.named_buffers())
     assert m.count.dtype == torch.int64  # not floating: left alone
     assert m.norm.running_mean.dtype == torch.float32  # a float32 module: left alone
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+def test_manual_keeps_split_masters(bits):
+    """MixedPrecisionConfig(master_correction_bits=...): MANUAL's optimizer keeps the bf16
+    params' masters as corrections from the start (the converted float32 weights encoded);
+    with 16 bits it trains as float32 masters do, bit for bit (no midpoint hit here)."""
+    model, manager = make_manager("manual_bf16", master_correction_bits=bits)
+    ref_model, ref = make_manager("manual_bf16")
+    opt = manager.optimizer
+    w = model.fc1.weight
+    want = torch.int16 if bits == 16 else torch.int8
+    assert opt.state[w]["master_correction"].dtype == want  # before any step
+    for x, y in batches():
+        hand_step(model, manager, x, y)
+        hand_step(ref_model, ref, x, y)
+    assert opt.param_groups[0]["master_correction_bits"] == bits
+    assert opt.state[w]["master_correction"].dtype == want
+    assert "master_param" not in opt.state[w]
+    assert not {"master_param", "master_correction"} & set(opt.state[model.norm.weight])
+    if bits == 16:
+        for p, q in zip(model.parameters(), ref_model.parameters()):
+            assert_bitwise_equal(p.detach(), q.detach())
+    torch.manual_seed(0)
+    model2 = Net()
+    trainer = MixedPrecisionTrainer(MixedPrecisionConfig(**CONFIGS["manual_bf16"],
+                                                         master_correction_bits=bits))
+    trainer.setup_training(model2, torch.optim.AdamW(model2.parameters(), lr=1e-2),
+                           nn.CrossEntropyLoss())
+    for x, y in batches():
+        trainer.train_step(x, y)
+    for p, q in zip(model.parameters(), model2.parameters()):
+        assert_bitwise_equal(q.detach(), p.detach())  # the trainer passes it through
+
+
+def test_trainer_checkpoint_with_split_masters_resumes(tmp_path):
+    def make():
+        torch.manual_seed(0)
+        m = Net()
+        t = MixedPrecisionTrainer(MixedPrecisionConfig(**CONFIGS["manual_bf16"],
+                                                       master_correction_bits=8))
+        return m, t.setup_training(m, torch.optim.AdamW(m.parameters(), lr=1e-2),
+                                   nn.CrossEntropyLoss())
+
+    m, t = make()
+    data = batches()
+    for x, y in data[:3]:
+        t.train_step(x, y)
+    t.save_state(tmp_path / "split.pt")
+    for x, y in data[3:]:
+        t.train_step(x, y)
+    m2, t2 = make()
+    t2.load_state(tmp_path / "split.pt")
+    for x, y in data[3:]:
+        t2.train_step(x, y)
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert_bitwise_equal(q.detach(), p.detach())
+    assert t2.optimizer.state[m2.fc1.weight]["master_correction"].dtype == torch.int8
+
+
+def test_manual_refuses_split_masters_for_float16_compute():
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with pytest.raises(ValueError, match="master_correction_bits=16: the params are "
+                                         "converted to float16 here"):
+        MixedPrecisionManager(model, opt, MixedPrecisionConfig(
+            mode="manual", precision_level="fp16", master_correction_bits=16))
+    assert all(p.dtype == torch.float32 for p in model.parameters())

@@ -12,7 +12,9 @@
 // lr and step counts on the param's device: no host sync. state_bits(8) keeps
 // the moments (the momentum buffer) of every param of at least
 // min_8bit_size elements as block-wise 8-bit codes, the layout of Python's
-// state_bits=8.
+// state_bits=8. master_correction_bits(16) or (8) keeps the master of a
+// bfloat16 param as the param plus an int16 / int8 correction
+// (master_correction; Python's option of that name, 0 for its None).
 //
 // With mixprec::GradScaler the optimizers unscale in the kernel and skip a
 // step with inf/NaN grads on the device (step counts included); see
@@ -63,6 +65,13 @@ struct StepScalars {
   std::optional<at::Tensor> clip_coef;
 };
 
+// The float32 master a bfloat16 param and its master_correction (int16 or
+// int8, the param's shape) carry, a fresh tensor (Python:
+// mixprec.optim.decode_master). c10::TypeError for other dtypes,
+// c10::ValueError for another shape.
+MIXPREC_API at::Tensor decode_master(const at::Tensor& param,
+                                     const at::Tensor& correction);
+
 // Base of AdamW, Adam and SGD; not used directly.
 class MIXPREC_API FusedOptimizer : public torch::optim::Optimizer {
  public:
@@ -80,8 +89,9 @@ class MIXPREC_API FusedOptimizer : public torch::optim::Optimizer {
   virtual bool master_weights() const = 0;
 
   // The float32 weights the optimizer updates, one per param in group order:
-  // the master of a 16-bit param (the state tensor; a fresh float32 copy
-  // before its first step), else the param itself.
+  // the master of a 16-bit param (the state tensor; a split master decoded,
+  // decode_master, a fresh tensor; a fresh float32 copy before its first
+  // step), else the param itself.
   std::vector<at::Tensor> master_params();
 
   // The float64 0-dim tensors the fused kernels read the lr from, one per
@@ -170,6 +180,11 @@ class MIXPREC_API FusedOptimizer : public torch::optim::Optimizer {
 
   bool wants_master(const at::Tensor& p,
                     const torch::optim::OptimizerParamGroup& group) const;
+  // The dtype of p's master state: Undefined without a master, float32
+  // (master_param), int16 or int8 (master_correction of a bf16 param under
+  // master_correction_bits).
+  at::ScalarType master_form(
+      const at::Tensor& p, const torch::optim::OptimizerParamGroup& group) const;
   // The part of add_to_bucket every optimizer shares: p's state (created as
   // a State where missing) with its step count and, where the group wants
   // one, its master copy; appends p, its grad, step and master to `bucket`.
@@ -233,7 +248,9 @@ struct MIXPREC_API AdamWOptions
 // and in csrc/api the torch::save archive, the state_dict() entries (the
 // names are the Python state dict's keys), their loading and the tensors a
 // CapturedStep holds. All float32 on the param's device except the codes.
-//   step: 0-dim; master_param: 16-bit params only; max_exp_avg_sq: amsgrad
+//   step: 0-dim; master_param: 16-bit params only; master_correction: int16
+//   or int8, instead of master_param for a bf16 param of a group with
+//   master_correction_bits (decode_master gives the float32 master); max_exp_avg_sq: amsgrad
 //   only; momentum_buffer: momentum != 0 only. state_bits 8: exp_avg /
 //   exp_avg_sq / momentum_buffer hold uint8 codes and the *_absmax their
 //   block maxima (empty for a param left at 32 bits).
@@ -244,13 +261,15 @@ struct MIXPREC_API AdamWOptions
   X(max_exp_avg_sq)           \
   X(master_param)             \
   X(exp_avg_absmax)           \
-  X(exp_avg_sq_absmax)
+  X(exp_avg_sq_absmax)        \
+  X(master_correction)
 
 #define MIXPREC_SGD_STATE(X) \
   X(step)                    \
   X(momentum_buffer)         \
   X(master_param)            \
-  X(momentum_buffer_absmax)
+  X(momentum_buffer_absmax)  \
+  X(master_correction)
 
 #define MIXPREC_OPTIM_STATE_MEMBER(name) TORCH_ARG(at::Tensor, name);
 

@@ -16,7 +16,8 @@ namespace optim {
 // A row: X(type, name, default, check, flags)
 //   check  how a constructor checks the value: none, nonneg (a finite
 //          number >= 0), betas (each in [0, 1)), bits (8 or 32), count (an
-//          int >= 0); checks that relate two options are in optim.cpp
+//          int >= 0), correction (0, 16 or 8); checks that relate two options
+//          (or an option and the params) are in optim.cpp
 //   flags  options_flag values, or'ed:
 namespace options_flag {
 enum : unsigned {
@@ -52,12 +53,17 @@ enum : unsigned {
 //   state_bits: 8: block-wise 8-bit moments (uint8 codes + float32 maxima
 //     per block of 256 in a row) for params of at least min_8bit_size
 //     elements and two or more dims; 32: float32 moments
-#define MIXPREC_OPTIM_MIXPREC_OPTIONS(X)              \
-  X(bool, master_weights, true, none, kMixprec)       \
-  X(bool, stochastic_rounding, false, none, kMixprec) \
-  X(int64_t, seed, 0, none, kMixprec)                 \
-  X(int64_t, state_bits, 32, bits, kKept)             \
-  X(int64_t, min_8bit_size, 4096, count, kMixprec)
+//   master_correction_bits: 16 or 8: the master of a bfloat16 param kept as
+//     the param plus an int16 / int8 correction (state master_correction)
+//     instead of a float32 master_param; 0 (Python's None): float32 masters.
+//     float16 params are refused with it (docs/optimizers.md, split masters)
+#define MIXPREC_OPTIM_MIXPREC_OPTIONS(X)                     \
+  X(bool, master_weights, true, none, kMixprec)              \
+  X(bool, stochastic_rounding, false, none, kMixprec)        \
+  X(int64_t, seed, 0, none, kMixprec)                        \
+  X(int64_t, state_bits, 32, bits, kKept)                    \
+  X(int64_t, min_8bit_size, 4096, count, kMixprec)           \
+  X(int64_t, master_correction_bits, 0, correction, kKept)
 
 // Adam: decoupled_weight_decay selects AdamW's decay (which AdamW always
 // uses). state_bits 8 is not with amsgrad.

@@ -19,12 +19,15 @@ from torch import Tensor
 from .. import _dtensor
 from .._step import StepScalars, warn_ineffective
 from . import _sr
+from ._masters import CORRECTION_DTYPES, check_bits, decode_master, recode, split_master
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 Bucket = Dict[str, List[Tensor]]
-BucketKey = Tuple[torch.device, bool]
+#: (device, the dtype of the bucket's master state: None without masters, float32, or the
+#: int16/int8 correction of split masters): one master form per op call
+BucketKey = Tuple[torch.device, Optional[torch.dtype]]
 
 
 def _on(scalars: StepScalars, device: torch.device) -> StepScalars:
@@ -173,16 +176,31 @@ class FusedOptimizer(torch.optim.Optimizer):
         param of a group with ``master_weights``."""
         return bool(group.get("master_weights", True)) and p.dtype in _LOW_PRECISION
 
+    def master_form(self, p: Tensor, group: Dict[str, Any]) -> Optional[torch.dtype]:
+        """The dtype of ``p``'s master state in ``group``: None without a master, float32
+        for a float32 master (``state[p]["master_param"]``), int16 or int8 for a split one
+        (``state[p]["master_correction"]``: a bfloat16 param of a group with
+        ``master_correction_bits`` 16 or 8)."""
+        if not self.keeps_master(p, group):
+            return None
+        bits = group.get("master_correction_bits")
+        return (CORRECTION_DTYPES[bits] if bits is not None and p.dtype == torch.bfloat16
+                else torch.float32)
+
     @torch.no_grad()
     def master_params(self) -> List[Tensor]:
         """The weights the optimizer updates, one per param in group order: a 16-bit
-        param's float32 master (the state's tensor; a fresh float32 copy before its first
-        step), else the param itself (16-bit without masters). No host sync."""
+        param's float32 master (the state's tensor; a split master decoded from the param
+        and its correction, :func:`~mixprec.optim.decode_master`, a fresh tensor; a fresh
+        float32 copy before its first step), else the param itself (16-bit without
+        masters). No host sync."""
         out: List[Tensor] = []
         for group in self.param_groups:
             for p in group["params"]:
-                master = self.state.get(p, {}).get("master_param")
+                state = self.state.get(p, {})
+                master, c = state.get("master_param"), state.get("master_correction")
                 out.append(master if master is not None else
+                           decode_master(p, c) if c is not None else
                            float32_copy(p) if self.keeps_master(p, group) else p)
         return out
 
@@ -339,8 +357,9 @@ class FusedOptimizer(torch.optim.Optimizer):
             if state.get(name) is None:
                 state[name] = torch.zeros_like(p, dtype=torch.float32,
                                                memory_format=torch.preserve_format)
-        if self.keeps_master(p, group) and state.get("master_param") is None:
-            state["master_param"] = float32_copy(p)
+        form = self.master_form(p, group)
+        if form is not None:
+            _complete_master(state, p, form)
         return state
 
     @torch.no_grad()
@@ -376,9 +395,11 @@ class FusedOptimizer(torch.optim.Optimizer):
         self._lr_cache[key] = cached
         return cached[1]
 
-    def _check_param(self, index: int, k: int, p: Tensor, sharded: bool) -> None:
+    def _check_param(self, index: int, k: int, p: Tensor, sharded: bool,
+                     group: Dict[str, Any]) -> None:
         """Checks of ``param_groups[index]['params'][k]`` before its state is created (each
-        step for DTensor groups): a dense grad, the dtype, a DTensor's layout."""
+        step for DTensor groups): a dense grad, the dtype, a DTensor's layout, no float16
+        param under ``master_correction_bits``."""
         if p.grad is not None and p.grad.is_sparse:
             raise RuntimeError(
                 f"mixprec.optim.{type(self).__name__} does not support sparse gradients: "
@@ -393,6 +414,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 f"mixprec.optim.{type(self).__name__}: params must be float32, float16 or "
                 f"bfloat16, got {p.dtype}; use torch.optim for other dtypes"
             )
+        _check_split_dtypes(type(self).__name__, index, [p], group, first=k)
 
     def _buckets(self, index: int, group: Dict[str, Any]) -> Dict[BucketKey, Bucket]:
         """The group's params with a grad as the op's tensor lists per (device, has
@@ -402,7 +424,9 @@ class FusedOptimizer(torch.optim.Optimizer):
         names = self.state_names(group)
         needed = frozenset(("step", *names))
         needed_with_master = needed | {"master_param"}
+        needed_split = needed | {"master_correction"}
         masters_on = bool(group.get("master_weights", True))
+        split = CORRECTION_DTYPES.get(group.get("master_correction_bits"))  # type: ignore
         sharded = _dtensor.any_dtensor(group["params"])
         state_of = self.state
         # per (device, has master): the params, their grads, their states
@@ -412,11 +436,16 @@ class FusedOptimizer(torch.optim.Optimizer):
             if grad is None:
                 continue
             state = state_of[p]
-            keeps = masters_on and p.dtype in _LOW_PRECISION  # the rule of keeps_master
-            if sharded or not state.keys() >= (needed_with_master if keeps else needed):
-                self._check_param(index, k, p, sharded)
+            # the rule of master_form
+            form = (None if not (masters_on and p.dtype in _LOW_PRECISION) else split
+                    if split is not None and p.dtype == torch.bfloat16 else torch.float32)
+            need = (needed if form is None else needed_with_master if form is torch.float32
+                    else needed_split)
+            if sharded or not state.keys() >= need or (
+                    need is needed_split and state["master_correction"].dtype != form):
+                self._check_param(index, k, p, sharded, group)
                 state = self._init_state(p, group)
-            key = (p.device, keeps)
+            key = (p.device, form)
             out = lists.get(key)
             if out is None:
                 out = lists[key] = ([], [], [])
@@ -427,7 +456,9 @@ class FusedOptimizer(torch.optim.Optimizer):
         for key, (params, grads, states) in lists.items():
             b = buckets[key] = {
                 "params": params, "grads": grads,
-                "master_params": [st["master_param"] for st in states] if key[1] else [],
+                "master_params": [] if key[1] is None else [
+                    st["master_param" if key[1] is torch.float32 else "master_correction"]
+                    for st in states],
                 "state_steps": [st["step"] for st in states]}
             for n in names:
                 b[n] = [st[n] for st in states]
@@ -457,17 +488,27 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         """torch's ``add_param_group``; a group whose options (its own, else the defaults)
-        combine ``amsgrad=True`` with ``state_bits=8`` is refused (ValueError), unadded."""
-        _check_combination(f"mixprec.optim.{type(self).__name__}: param_groups"
-                           f"[{len(self.param_groups)}]", {**self.defaults, **param_group})
+        combine ``amsgrad=True`` with ``state_bits=8``, have a ``master_correction_bits``
+        other than None/16/8, or set it with masters for a float16 param is refused
+        (ValueError), unadded."""
+        index = len(self.param_groups)
+        options = {**self.defaults, **param_group}
+        _check_combination(f"mixprec.optim.{type(self).__name__}: param_groups[{index}]",
+                           options)
+        params = param_group.get("params")
+        if params is not None and not isinstance(params, (Tensor, list, tuple, set)):
+            param_group["params"] = params = list(params)  # (a generator: read once)
+        _check_split_dtypes(type(self).__name__, index,
+                            [params] if isinstance(params, Tensor) else list(params or ()),
+                            options)
         super().add_param_group(param_group)
 
     #: Group options every saved group has besides ``params``, ``lr``, ``weight_decay``.
     REQUIRED_OPTIONS: ClassVar[Tuple[str, ...]] = ()
     #: Whether a param's saved state may lack ``step`` (torch's SGD keeps none).
     STEP_OPTIONAL: ClassVar[bool] = False
-    #: Group options a load does not change (8-bit: ``state_bits``; values are converted).
-    _KEPT_ON_LOAD: ClassVar[Tuple[str, ...]] = ()
+    #: Group options a load does not change (the state is converted to them).
+    _KEPT_ON_LOAD: ClassVar[Tuple[str, ...]] = ("master_correction_bits",)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Load a state dict of this class or of ``torch.optim.Adam/AdamW/SGD``.
@@ -555,9 +596,77 @@ class FusedOptimizer(torch.optim.Optimizer):
             step = 1.0 if isinstance(saved.get("momentum_buffer"), Tensor) else 0.0
         out["step"] = torch.as_tensor(step).detach().to(device=p.device, dtype=torch.float32,
                                                         copy=True).reshape(())
-        if self.keeps_master(p, group) and out.get("master_param") is None:
+        # a master of the other form is converted where the step first needs it (it reads
+        # the param then, so a model loaded after the optimizer is used)
+        if (self.master_form(p, group) is torch.float32 and out.get("master_param") is None
+                and out.get("master_correction") is None):
             out["master_param"] = float32_copy(p)
         return out
+
+
+def _complete_master(state: Dict[str, Any], p: Tensor, form: torch.dtype) -> None:
+    """Give ``state`` the master of ``form`` (float32, or an int16/int8 correction),
+    converting the one it holds: a float32 master becomes ``RNE_bf16(master)``, written into
+    ``p``, and its correction; a correction of the other width is re-encoded against ``p``
+    (``p`` kept); float32 from a correction: decoded with ``p``.
+    No master yet: ``p``'s value (float32 copy, or a zero correction)."""
+    master, c = state.get("master_param"), state.get("master_correction")
+    with torch.no_grad():
+        if form is torch.float32:
+            if master is None:
+                state["master_param"] = decode_master(p, c) if c is not None \
+                    else float32_copy(p)
+            state.pop("master_correction", None)
+            return
+        if master is None and c is not None and c.dtype == form:
+            return
+        if master is None and c is None:
+            state["master_correction"] = torch.zeros_like(p, dtype=form,
+                                                          memory_format=torch.preserve_format)
+            return
+        bits = next(b for b, dtype in CORRECTION_DTYPES.items() if dtype == form)
+        if master is None:  # a correction of the other width, of the same param
+            state["master_correction"] = recode(p, c, bits)
+            return
+        param, state["master_correction"] = split_master(master, bits)
+        p.copy_(param)  # what the next float32-master step would have written
+        state.pop("master_param", None)
+
+
+def _check_split_dtypes(cls: str, index: int, params: List[Any], options: Dict[str, Any],
+                        first: int = 0) -> None:
+    """ValueError for a float16 param of a group with masters and
+    ``master_correction_bits`` (or for a bad value of it)."""
+    bits = options.get("master_correction_bits")
+    check_bits(f"mixprec.optim.{cls}: param_groups[{index}]", bits)
+    if bits is None or not options.get("master_weights", True):
+        return
+    for k, p in enumerate(params, first):
+        if isinstance(p, Tensor) and p.dtype == torch.float16:
+            raise ValueError(
+                f"mixprec.optim.{cls}: param_groups[{index}]['params'][{k}] is float16 in a "
+                f"group with master_correction_bits={bits}: a split master is a bfloat16 "
+                "param plus a fixed-width correction, and float16's exponent range differs "
+                "from float32's, so a float16 param cannot carry one. Use "
+                "master_correction_bits=None (float32 masters) for float16 params (e.g. a "
+                "param group of their own), or bfloat16 params")
+
+
+def _check_correction(where: str, v: Any, p: Tensor, keeps: bool) -> None:
+    """A saved ``master_correction`` of param ``p`` (``keeps``: the param keeps a master)."""
+    if not (isinstance(v, Tensor) and v.dtype in (torch.int16, torch.int8)):
+        raise ValueError(f"{where}: expected an int16 or int8 correction (a split master), "
+                         f"got {_describe(v)}")
+    if p.dtype != torch.bfloat16 or not keeps:
+        raise ValueError(f"{where}: only a bfloat16 param with masters keeps a split master; "
+                         f"this one is {p.dtype}" + ("" if keeps else ", master_weights=False")
+                         + " (a checkpoint of another precision setup?)")
+    if tuple(v.shape) != tuple(p.shape):
+        raise ValueError(f"{where}: expected the param's shape {list(p.shape)}, got "
+                         f"{_describe(v)} (the state of another model?)")
+    if v.is_meta and not p.is_meta:
+        raise ValueError(f"{where}: a tensor on 'meta' has no data to load; expected one on "
+                         f"{p.device}")
 
 
 #: Group options of a known type (checked at load).
@@ -609,6 +718,8 @@ def _check_group_option(where: str, key: str, v: Any) -> None:
     elif key == "state_bits":
         if v not in (8, 32) or isinstance(v, bool):
             raise ValueError(f"{where}['state_bits']: expected 8 or 32, got {_describe(v)}")
+    elif key == "master_correction_bits":
+        check_bits(f"{where}['master_correction_bits']", v)
 
 
 def _check_combination(where: str, options: Dict[str, Any]) -> None:
@@ -701,7 +812,7 @@ def check_state_dict32(opt: FusedOptimizer, sd: Any, name: Optional[str] = None)
             if pid in index:
                 raise ValueError(f"{where}['params']: param id {pid!r} appears twice")
             index[pid] = (p, options)
-    known = {"step", "master_param", *(n for n, _, _ in opt.STATE)}
+    known = {"step", "master_param", "master_correction", *(n for n, _, _ in opt.STATE)}
     coded = coded_states(opt.STATE)
     if coded:
         known.update([absmax for _, absmax, _ in coded] + ["quant"])
@@ -730,7 +841,14 @@ def check_state_dict32(opt: FusedOptimizer, sd: Any, name: Optional[str] = None)
             if missing:
                 raise ValueError(f"{where}: missing {missing} (a param that has stepped keeps "
                                  f"them with these options)")
+        if "master_param" in st and "master_correction" in st:
+            raise ValueError(f"{where}: holds both 'master_param' and 'master_correction' "
+                             "(one master per param: float32, or split)")
         for k, v in st.items():
+            if k == "master_correction":
+                _check_correction(f"{where}['master_correction']", v, p,
+                                  opt.keeps_master(p, options))
+                continue
             if k in ("step", "quant") or k.endswith("_absmax") or (
                     isinstance(v, Tensor) and v.dtype == torch.uint8):
                 continue  # 8-bit state: checked by the 8-bit layer

@@ -150,7 +150,7 @@ class EightBitState:
             out["quant"] = QUANT
         return out
 
-    _KEPT_ON_LOAD = ("state_bits",)
+    _KEPT_ON_LOAD = ("state_bits", "master_correction_bits")
 
     def _check_loadable(self, state_dict: Dict[str, Any]) -> None:
         """ValueError naming the first bad 8-bit entry of ``state_dict``."""

@@ -10,6 +10,7 @@ from .. import ops
 from .._step import StepScalars
 from . import _quant8 as q8
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
+from ._masters import check_bits
 from ._state8 import EightBitState
 
 __all__ = ["Adam", "AdamW", "Adam8bit", "AdamW8bit"]
@@ -66,6 +67,14 @@ class Adam(EightBitState, FusedOptimizer):
             ``fused_adam8_`` per bucket. Not with ``amsgrad``. FSDP2: see
             ``docs/distributed.md``.
         min_8bit_size: the size threshold of ``state_bits=8``. Default 4096.
+        master_correction_bits: None (default): float32 masters. 16 or 8: split masters,
+            the master of a bfloat16 param kept as the param plus a 16-bit correction
+            (``state[p]["master_correction"]``, int16: float32 master semantics, exact but
+            for the float32 midpoints RNE rounds to an even param from the side away from
+            zero, off by one float32 ulp) or an 8-bit one (int8, "24-bit masters": within
+            2^-8 of a bf16 ulp); 2 or 1 byte per param instead of 4. With
+            ``master_weights=True`` only; float32 params keep no master; float16 params are
+            refused (ValueError). See ``docs/optimizers.md``.
     """
 
     def __init__(
@@ -88,10 +97,12 @@ class Adam(EightBitState, FusedOptimizer):
         seed: int = 0,
         state_bits: int = 32,
         min_8bit_size: int = 4096,
+        master_correction_bits: Optional[int] = None,
     ) -> None:
         cls = type(self).__name__
         params_and_kwargs_check(cls, lr, differentiable, state_bits, min_8bit_size,
                                 [("eps", eps), ("weight_decay", weight_decay)])
+        check_bits(f"mixprec.optim.{cls}", master_correction_bits)
         if state_bits == 8 and amsgrad:
             raise ValueError(f"mixprec.optim.{cls}: amsgrad=True needs state_bits=32")
         b1, b2 = _beta(cls, 0, betas[0]), _beta(cls, 1, betas[1])
@@ -100,7 +111,8 @@ class Adam(EightBitState, FusedOptimizer):
             maximize=maximize, foreach=foreach, capturable=capturable, differentiable=False,
             fused=fused, decoupled_weight_decay=decoupled_weight_decay,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
-            seed=int(seed), state_bits=int(state_bits), min_8bit_size=int(min_8bit_size))
+            seed=int(seed), state_bits=int(state_bits), min_8bit_size=int(min_8bit_size),
+            master_correction_bits=master_correction_bits)
         super().__init__(params, defaults)
 
     REQUIRED_OPTIONS = ("betas", "eps")
@@ -145,13 +157,14 @@ class AdamW(Adam):
         seed: int = 0,
         state_bits: int = 32,
         min_8bit_size: int = 4096,
+        master_correction_bits: Optional[int] = None,
     ) -> None:
         super().__init__(
             params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
             capturable=capturable, differentiable=differentiable, fused=fused,
             decoupled_weight_decay=True, master_weights=master_weights,
             stochastic_rounding=stochastic_rounding, seed=seed, state_bits=state_bits,
-            min_8bit_size=min_8bit_size)
+            min_8bit_size=min_8bit_size, master_correction_bits=master_correction_bits)
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)

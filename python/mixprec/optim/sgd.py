@@ -10,6 +10,7 @@ from .. import ops
 from .._step import StepScalars, warn_ineffective
 from . import _quant8 as q8
 from ._base import Bucket, FusedOptimizer, coded_states, params_and_kwargs_check
+from ._masters import check_bits
 from ._state8 import EightBitState
 
 __all__ = ["SGD", "SGD8bit"]
@@ -23,7 +24,7 @@ class SGD(EightBitState, FusedOptimizer):
     with float32 masters, grads of any float dtype, stochastic rounding, GradScaler's
     scalars read on the device. State per param: ``momentum_buffer`` (float32, when
     momentum != 0; a copy of the grad at the first step not skipped), ``step`` (float32,
-    on the param's device) and ``master_param``.
+    on the param's device) and ``master_param`` (or ``master_correction``).
 
     Args:
         params: iterable of tensors or of param-group dicts.
@@ -35,8 +36,9 @@ class SGD(EightBitState, FusedOptimizer):
         maximize: maximize the objective. Default False.
         foreach, fused, capturable: accepted and ignored (always fused and capturable).
         differentiable: must be False.
-        master_weights, stochastic_rounding, seed, state_bits, min_8bit_size: as
-            :class:`~mixprec.optim.Adam` (8 bits: the momentum buffer, signed code).
+        master_weights, stochastic_rounding, seed, state_bits, min_8bit_size,
+            master_correction_bits: as :class:`~mixprec.optim.Adam` (8 bits: the momentum
+            buffer, signed code).
     """
 
     STATE = (("momentum_buffer", "momentum", q8.SIGNED),)
@@ -63,10 +65,12 @@ class SGD(EightBitState, FusedOptimizer):
         seed: int = 0,
         state_bits: int = 32,
         min_8bit_size: int = 4096,
+        master_correction_bits: Optional[int] = None,
     ) -> None:
         cls = type(self).__name__
         params_and_kwargs_check(cls, lr, differentiable, state_bits, min_8bit_size,
                                 [("momentum", momentum), ("weight_decay", weight_decay)])
+        check_bits(f"mixprec.optim.{cls}", master_correction_bits)
         if state_bits == 8 and momentum == 0:
             warn_ineffective(
                 f"mixprec.optim.{cls}: state_bits=8 without momentum stores "
@@ -81,7 +85,8 @@ class SGD(EightBitState, FusedOptimizer):
             nesterov=nesterov, maximize=maximize, foreach=foreach, differentiable=False,
             fused=fused, capturable=capturable, master_weights=master_weights,
             stochastic_rounding=stochastic_rounding, seed=int(seed),
-            state_bits=int(state_bits), min_8bit_size=int(min_8bit_size))
+            state_bits=int(state_bits), min_8bit_size=int(min_8bit_size),
+            master_correction_bits=master_correction_bits)
         super().__init__(params, defaults)
 
     def _run(self, bucket: Bucket, group: Dict[str, Any], scalars: StepScalars,

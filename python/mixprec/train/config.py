@@ -150,6 +150,11 @@ class MixedPrecisionConfig:
         master_weights: MANUAL: keep float32 master weights in the optimizer.
         optimizer_state_bits: MANUAL: 32 (default) or 8: the moments of the mixprec Adam/AdamW the
             mode swaps in are kept in 8 bits (``state_bits=8``; SGD keeps 32-bit momentum).
+        master_correction_bits: MANUAL: None (default): float32 masters; 16 or 8: the
+            master of each bfloat16 param kept as the param plus a 16-bit correction (float32
+            master semantics, one exception set, see ``docs/optimizers.md``) or an 8-bit one
+            ("24-bit masters"): the optimizer's ``master_correction_bits``. Needs
+            ``master_weights=True``; refused at setup for float16 compute.
         max_grad_norm: clip the gradient norm to this (fused with the unscale); ``None`` or 0: no
             clipping.
         gradient_accumulation_steps: micro-batches per optimizer step (>= 1).
@@ -202,6 +207,7 @@ class MixedPrecisionConfig:
     logging_frequency: int = 100
     master_weights: bool = True
     optimizer_state_bits: int = 32
+    master_correction_bits: Optional[int] = None
     max_grad_norm: Optional[float] = None
     gradient_accumulation_steps: int = 1
     fp8_recipe: str = "tensorwise"
@@ -229,6 +235,16 @@ class MixedPrecisionConfig:
         if bits not in (8, 32) or isinstance(bits, bool):
             raise ValueError(
                 f"MixedPrecisionConfig.optimizer_state_bits: expected 8 or 32, got {bits!r}")
+        split = self.master_correction_bits
+        if split is not None and (split not in (8, 16) or not isinstance(split, int)
+                                  or isinstance(split, bool)):
+            raise ValueError("MixedPrecisionConfig.master_correction_bits: expected None "
+                             f"(float32 masters), 16 or 8, got {split!r}")
+        if self.master_correction_bits is not None and not self.master_weights:
+            raise ValueError(
+                f"MixedPrecisionConfig.master_correction_bits={self.master_correction_bits} "
+                "needs master_weights=True (it is the form of the masters); set "
+                "master_correction_bits=None or master_weights=True")
         if self.loss_scaling is not None and not isinstance(self.loss_scaling, bool):
             raise TypeError(f"MixedPrecisionConfig.loss_scaling: expected None or a bool, got "
                             f"{self.loss_scaling!r}")

@@ -130,19 +130,36 @@ class Manual(ModeStrategy):
         if compute_dtype is not None:
             check_convertible(optimizer, self.config.optimizer_state_bits)
             check_convertible_params(model, compute_dtype)
+            bits = self.config.master_correction_bits
+            if bits is not None and compute_dtype == torch.float16:
+                raise ValueError(
+                    f"MixedPrecisionConfig.master_correction_bits={bits}: the params are "
+                    "converted to float16 here, and a split master is a bfloat16 param plus "
+                    "a correction (float16's exponent range differs from float32's); compute "
+                    "in bfloat16 (precision_level BF16), or set master_correction_bits=None "
+                    "(float32 masters)")
 
     def prepare(self, manager: PlanHost, optimizer: Any) -> Any:
         dtype = manager.compute_dtype
         if dtype is None:
             return optimizer
         masters = convert_params(manager.model, dtype)
+        from ..optim._masters import split_master
+
+        bits = self.config.master_correction_bits
         new_opt = to_mixprec_optimizer(optimizer, self.config.master_weights,
-                                       self.config.optimizer_state_bits)
+                                       self.config.optimizer_state_bits, bits)
         if self.config.master_weights:
             for group in new_opt.param_groups:
                 for p in group["params"]:
                     m = masters.get(id(p))
-                    if m is not None and "master_param" not in new_opt.state.get(p, {}):
+                    state = new_opt.state.get(p, {})
+                    if m is None or "master_param" in state or "master_correction" in state:
+                        continue
+                    if new_opt.master_form(p, group) in (torch.int16, torch.int8):
+                        # the param is RNE(m) already (converted above): its correction
+                        new_opt.state[p]["master_correction"] = split_master(m, bits)[1]
+                    else:
                         new_opt.state[p]["master_param"] = m
         return new_opt
 
@@ -260,9 +277,11 @@ def check_convertible(opt: Any, state_bits: int = 32) -> None:
 
 
 def to_mixprec_optimizer(opt: torch.optim.Optimizer, master_weights: bool,
-                         state_bits: int = 32) -> Any:
+                         state_bits: int = 32, master_correction_bits: Optional[int] = None
+                         ) -> Any:
     """A mixprec optimizer with ``opt``'s param groups and hyper-parameters (Adam/AdamW with
-    ``state_bits``: 8-bit moments for 8; tensors with 32-bit state keep it). A torch optimizer's
+    ``state_bits``: 8-bit moments for 8; tensors with 32-bit state keep it; every group with
+    ``master_correction_bits``). A torch optimizer's
     param-group dicts become the new optimizer's (the same objects, given mixprec's keys), so an
     LR scheduler of ``opt`` still sets the lr the new optimizer uses."""
     from .. import optim as mo
@@ -278,6 +297,7 @@ def to_mixprec_optimizer(opt: torch.optim.Optimizer, master_weights: bool,
     if isinstance(opt, mo.FusedOptimizer):
         for g in opt.param_groups:
             g["master_weights"] = master_weights
+            g["master_correction_bits"] = master_correction_bits
         return bits(opt)
     cls = _target_class(opt)
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
@@ -291,6 +311,7 @@ def to_mixprec_optimizer(opt: torch.optim.Optimizer, master_weights: bool,
         for k in [k for k in g if k != "params" and k not in accepted and k in opt.defaults]:
             del g[k]
     defaults["master_weights"] = master_weights
+    defaults["master_correction_bits"] = master_correction_bits
     new = bits(cls(groups, **defaults))
     if saved is not None:
         new.load_state_dict(saved)  # (torch's load makes new group dicts: share them again)
