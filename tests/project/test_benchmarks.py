@@ -9,7 +9,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, List
+from typing import Callable, Iterator, List, Optional
 
 import pytest
 import torch
@@ -32,6 +32,7 @@ import bench_host_cost  # noqa: E402
 import bench_optim  # noqa: E402
 import bench_release  # noqa: E402
 import bench_scaler  # noqa: E402
+import bench_split_masters  # noqa: E402
 import bench_unscale  # noqa: E402
 from _common import NA, CheckFailed  # noqa: E402
 
@@ -519,3 +520,29 @@ def test_bench_release_catches_a_release_that_steps_nothing(
     monkeypatch.setattr(GradientRelease, "flush", free_only)
     assert bench_release.main(RELEASE_QUICK) == 1
     assert "bitwise equal: False" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# bench_split_masters
+
+SPLIT_QUICK = ["--log2", "10", "--tensors", "2", "--rounds", "1"]
+
+
+def test_bench_split_masters_quick_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_split_masters.main(SPLIT_QUICK) == 0
+    out = capsys.readouterr().out
+    assert "2^10 elements: float32" in out and "split16" in out and "split8" in out
+
+
+def test_bench_split_masters_catches_a_correction_narrower_than_asked(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    real = bench_split_masters._make
+
+    def eight_for_sixteen(n: int, tensors: int, bits: Optional[int], state_bits: int,
+                          seed: int) -> mixprec.optim.AdamW:
+        # the 16-bit form built with 8 bits: its masters are off by more than one ulp
+        return real(n, tensors, 8 if bits == 16 else bits, state_bits, seed)
+
+    monkeypatch.setattr(bench_split_masters, "_make", eight_for_sixteen)
+    assert bench_split_masters.main(SPLIT_QUICK) == 1
+    assert "masters are off" in capsys.readouterr().out
