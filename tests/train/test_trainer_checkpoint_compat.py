@@ -46,7 +46,7 @@ def _one_thread():
 #: stats() keys newer than the files in tests/data (what is in effect)
 _STATS_ADDED_SINCE = ("low_precision_modules", "fp8_modules")
 #: optimizer hyper-parameters newer than the files in tests/data (state_bits: 8-bit state)
-_ADDED_SINCE_FORMAT_1 = ("state_bits", "min_8bit_size")
+_ADDED_SINCE_FORMAT_1 = ("state_bits", "min_8bit_size", "master_correction_bits")
 
 
 @pytest.mark.parametrize("case", CASES)
