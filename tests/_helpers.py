@@ -12,6 +12,8 @@
   conftest.py makes them fail when the build has no CUDA kernels, unless the
   run is the CPU-only build's (``MIXPREC_EXPECT_CUDA_KERNELS=0``).
 * Bits: :func:`bits`, :func:`assert_bitwise_equal`, :func:`assert_same_tree`, :func:`ulps`.
+* Checkpoints: :func:`saved_and_loaded` (an object through ``torch.save`` and
+  ``torch.load(weights_only=True)``).
 * Setup: :func:`torch_threads` (a thread count for a block), :func:`load_module`
   (a Python file that is not a package module, e.g. an example).
 * GradScaler: :data:`SCALERS` (mixprec's and torch's as a control),
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import io
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterator, List, Optional, TypeVar
@@ -143,6 +146,15 @@ def assert_same_tree(a: Any, b: Any, where: str = "") -> None:
         assert isinstance(b, float) and b != b, where
     else:
         assert a == b, (where, a, b)
+
+
+def saved_and_loaded(obj: Any) -> Any:
+    """``obj`` through ``torch.save`` into memory and back with ``torch.load(weights_only=True)``
+    (what a checkpoint file gives back)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
 
 
 class HostReads(TorchDispatchMode):

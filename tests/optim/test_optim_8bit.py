@@ -5,7 +5,6 @@ checkpoints, memory and bad inputs."""
 from __future__ import annotations
 
 import copy
-import io
 import sys
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 from torch import nn
 
 import mixprec
-from _helpers import REPO, assert_bitwise_equal, load_stored
+from _helpers import REPO, assert_bitwise_equal, load_stored, saved_and_loaded
 from mixprec.optim import _quant8 as q8
 from mixprec.optim import _state8
 
@@ -222,16 +221,9 @@ def _trained(bits: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, opt
 
 
-def _reload(sd: dict) -> dict:
-    buf = io.BytesIO()
-    torch.save(sd, buf)
-    buf.seek(0)
-    return torch.load(buf, weights_only=True)
-
-
 def test_8bit_state_dict_round_trip_weights_only():
     model, opt = _trained(8)
-    sd = _reload(opt.state_dict())
+    sd = saved_and_loaded(opt.state_dict())
     st = sd["state"][0]
     assert st["quant"] == "dynamic8/rows/b256" and st["exp_avg"].dtype == torch.uint8
     fresh = mixprec.optim.AdamW8bit(model.parameters(), lr=1e-2)
@@ -245,13 +237,13 @@ def test_8bit_state_dict_round_trip_weights_only():
 def test_32bit_checkpoints_load_into_8bit_and_back():
     model, opt32 = _trained(32)
     opt8 = mixprec.optim.AdamW8bit(model.parameters())
-    opt8.load_state_dict(_reload(opt32.state_dict()))
+    opt8.load_state_dict(saved_and_loaded(opt32.state_dict()))
     w = model[0].weight
     codes, absmax = q8.quantize(opt32.state[w]["exp_avg"], q8.SIGNED)
     assert torch.equal(opt8.state[w]["exp_avg"], codes)
     assert torch.equal(opt8.state[w]["exp_avg_absmax"], absmax)
     back = mixprec.optim.AdamW(model.parameters())
-    back.load_state_dict(_reload(opt8.state_dict()))
+    back.load_state_dict(saved_and_loaded(opt8.state_dict()))
     assert back.state[w]["exp_avg"].dtype == torch.float32
     assert set(back.state[w]) == {"step", "exp_avg", "exp_avg_sq", "master_param"}
     assert torch.equal(back.state[w]["exp_avg"], q8.dequantize(codes, absmax, q8.SIGNED))
@@ -261,7 +253,7 @@ def test_32bit_checkpoints_load_into_8bit_and_back():
     _grads(m32, 0)
     t.step()
     o = mixprec.optim.AdamW8bit(m32.parameters())
-    o.load_state_dict(_reload(t.state_dict()))
+    o.load_state_dict(saved_and_loaded(t.state_dict()))
     assert o.state[m32[0].weight]["exp_avg"].dtype == torch.uint8
 
 
@@ -273,7 +265,7 @@ def test_32bit_checkpoints_load_into_8bit_and_back():
 ])
 def test_corrupted_8bit_checkpoint_is_refused_and_nothing_changes(corrupt, match):
     model, opt = _trained(8)
-    sd = _reload(opt.state_dict())
+    sd = saved_and_loaded(opt.state_dict())
     corrupt(sd["state"][0])
     before = {k: v.clone() for k, v in opt.state[model[0].weight].items() if torch.is_tensor(v)}
     with pytest.raises(ValueError, match=match):

@@ -6,7 +6,6 @@ bits and back keep the param; bad entries refused with nothing changed."""
 from __future__ import annotations
 
 import copy
-import io
 from typing import Any, Dict, List, Optional
 
 import pytest
@@ -14,7 +13,7 @@ import torch
 from torch import nn
 
 import mixprec
-from _helpers import assert_bitwise_equal, assert_same_tree
+from _helpers import assert_bitwise_equal, assert_same_tree, saved_and_loaded
 from mixprec.optim import decode_master
 
 
@@ -46,13 +45,6 @@ def _run(bits: Optional[int], steps: int, state_bits: int = 32) -> tuple:
     return m, opt
 
 
-def _saved(obj: Any) -> Any:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    buf.seek(0)
-    return torch.load(buf, weights_only=True)
-
-
 def _params(m: nn.Module) -> List[torch.Tensor]:
     return [p.detach().clone() for p in m.parameters()]
 
@@ -61,7 +53,7 @@ def _params(m: nn.Module) -> List[torch.Tensor]:
 @pytest.mark.parametrize("state_bits", [32, 8])
 def test_a_split_checkpoint_reloads_bit_for_bit_and_trains_on(bits: int, state_bits: int):
     m, opt = _run(bits, 2, state_bits)
-    msd, osd = _saved(m.state_dict()), _saved(opt.state_dict())
+    msd, osd = saved_and_loaded(m.state_dict()), saved_and_loaded(opt.state_dict())
     dtypes = {v["master_correction"].dtype for v in osd["state"].values()
               if "master_correction" in v}
     assert dtypes == {torch.int16 if bits == 16 else torch.int8}
@@ -69,7 +61,7 @@ def test_a_split_checkpoint_reloads_bit_for_bit_and_trains_on(bits: int, state_b
     opt2 = _opt(m2, bits, state_bits)
     opt2.load_state_dict(osd)
     m2.load_state_dict(msd)
-    assert_same_tree(_saved(opt2.state_dict()), osd)
+    assert_same_tree(saved_and_loaded(opt2.state_dict()), osd)
     for k in range(2, 4):
         _step(m, opt, k)
         _step(m2, opt2, k)
@@ -81,7 +73,7 @@ def test_a_split_checkpoint_reloads_bit_for_bit_and_trains_on(bits: int, state_b
 @pytest.mark.parametrize("model_first", [True, False])
 def test_float32_masters_load_into_16_bits_and_train_on_as_float32_masters(model_first: bool):
     m, opt = _run(None, 2)
-    msd, osd = _saved(m.state_dict()), _saved(opt.state_dict())
+    msd, osd = saved_and_loaded(m.state_dict()), saved_and_loaded(opt.state_dict())
     masters = [mm.clone() for mm in opt.master_params()]
     m2 = _model()
     opt2 = _opt(m2, 16)
@@ -109,7 +101,7 @@ def test_float32_masters_load_into_16_bits_and_train_on_as_float32_masters(model
 @pytest.mark.parametrize("model_first", [True, False])
 def test_a_split_checkpoint_loads_into_float32_masters(bits: int, model_first: bool):
     m, opt = _run(bits, 2)
-    msd, osd = _saved(m.state_dict()), _saved(opt.state_dict())
+    msd, osd = saved_and_loaded(m.state_dict()), saved_and_loaded(opt.state_dict())
     decoded = [mm.clone() for mm in opt.master_params()]
     m2 = _model()
     opt2 = _opt(m2, None)
@@ -141,7 +133,7 @@ def test_a_split_checkpoint_loads_into_float32_masters(bits: int, model_first: b
 @pytest.mark.parametrize("saved_bits,bits", [(16, 8), (8, 16)])
 def test_another_width_is_re_encoded_against_the_param(saved_bits: int, bits: int):
     m, opt = _run(saved_bits, 2)
-    msd, osd = _saved(m.state_dict()), _saved(opt.state_dict())
+    msd, osd = saved_and_loaded(m.state_dict()), saved_and_loaded(opt.state_dict())
     before = opt.master_params()[0].clone()
     m2 = _model()
     m2.load_state_dict(msd)
@@ -190,7 +182,7 @@ def test_bad_entries_are_refused_naming_them_nothing_changed(what: str, match: s
                                                           dtype=torch.int16)
     else:
         sd = bad[what]()
-    before = _saved(opt.state_dict())
+    before = saved_and_loaded(opt.state_dict())
     with pytest.raises(ValueError, match=match):
         opt.load_state_dict(sd)
     assert_same_tree(opt.state_dict(), before)
