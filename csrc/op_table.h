@@ -98,8 +98,10 @@ inline constexpr char update_scale_ext_[] =
 // One Adam (decoupled_weight_decay=False) or AdamW step over every param,
 // torch.optim's formula and order; skipped entirely (step counts included)
 // when found_inf != 0. grads (fp32/fp16/bf16) are multiplied by 1/grad_scale
-// and clip_coef in float32; moments (and masters, when given: one fp32 copy
-// per 16-bit param, which then receives the rounded master) are float32;
+// and clip_coef in float32; moments (and masters, when given: one per 16-bit
+// param, which then receives the rounded master, all of one dtype: fp32
+// copies, or int16 / int8 corrections of bf16 params' split masters,
+// common/master_math.h) are float32;
 // state_steps (float32, one element each) are incremented on the device; lr
 // is a one-element float32/float64 tensor. stochastic_rounding rounds bf16
 // params (no masters) with a hash of (seed, step, element number): element e

@@ -100,9 +100,11 @@ inline void update_scale_ext_(
 // params of one device; see the schema comment in csrc/op_table.h and
 // mixprec.ops.fused_adam_. Lists: params (fp32/fp16/bf16), grads (same
 // shapes, fp32/fp16/bf16), exp_avgs/exp_avg_sqs (fp32), max_exp_avg_sqs (fp32,
-// empty unless amsgrad), master_params (fp32, empty or one per 16-bit param),
-// state_steps (fp32, one element each; incremented). lr: one-element fp32/fp64
-// tensor. grad_scale/found_inf/clip_coef: optional one-element fp32 tensors.
+// empty unless amsgrad), master_params (empty, or one per 16-bit param, all of
+// one dtype: fp32 masters, or int16 / int8 split-master corrections of bf16
+// params, mixprec::optim::decode_master), state_steps (fp32, one element
+// each; incremented). lr: one-element fp32/fp64 tensor.
+// grad_scale/found_inf/clip_coef: optional one-element fp32 tensors.
 inline void fused_adam_(
     at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
     at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,

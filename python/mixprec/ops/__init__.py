@@ -221,12 +221,13 @@ def fused_adam_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Seq
 
         g = grads[i] * (1 / grad_scale) * clip_coef     (each factor when given)
         g = -g if maximize
-        w = master_params[i] if given else params[i] (in float32)
+        w = the master of params[i] if given (below) else params[i] (in float32)
         w = w * (1 - lr * weight_decay)                 (AdamW)   | g = g + weight_decay * w (Adam)
         m = lerp(m, g, 1 - beta1);  v = v * beta2 + (1 - beta2) * g * g
         vmax = max(vmax, v)                             (amsgrad)
         w = w - lr / (1 - beta1**t) * m / (sqrt(amsgrad ? vmax : v) / sqrt(1 - beta2**t) + eps)
-        params[i] = w rounded to its dtype; master_params[i] = w; state_steps[i] = t
+        params[i] = w rounded to its dtype; state_steps[i] = t
+        master_params[i] = w (float32) or w's correction against the new params[i]
 
     When ``found_inf`` is non-zero nothing changes (params, masters, moments, step counts).
 
@@ -235,8 +236,12 @@ def fused_adam_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Seq
         grads: same shapes; float32, float16 or bfloat16 (any mix). Read only.
         exp_avgs, exp_avg_sqs: float32, shapes of the params. Mutated.
         max_exp_avg_sqs: float32, one per param when ``amsgrad``, else empty. Mutated.
-        master_params: empty (params updated in place), or one float32 copy per param,
-            every param then float16/bfloat16. Mutated.
+        master_params: empty (params updated in place), or one per param, of its shape,
+            every param then float16/bfloat16, all of one dtype (call the op once per
+            master form): float32, the master itself; or int16 / int8, for bfloat16 params
+            only, the correction of a split master, the master being the param plus the
+            correction (:func:`mixprec.optim.decode_master`; docs/optimizers.md, "Split
+            masters"), re-encoded against the new param. Mutated.
         state_steps: distinct one-element float32 tensors, one per param: the steps
             taken so far. Incremented.
         lr: one-element float32 or float64 tensor (read on the device: it may change
