@@ -37,24 +37,28 @@ ROOT = Path(__file__).resolve().parents[1]
 TORCH_TARGET_VERSION = "0x020b000000000000"
 NVCC_FLAGS = ["-O3", "-lineinfo", "--fmad=false", f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}"]
 
-#: (name, op, P, G, master): the instantiations checked; master is the functors' master
-#: type (void: none; float; int16_t / int8_t: a split master's correction); "adam8w" is
-#: Adam8Op's common step (AdamW, beta1 >= 0.5: Adam8CommonRule, launch_optim's option flag set)
-CASES = [
-    ("adam8 fp32", "Adam8Op", "float", "float", "void"),
-    ("adam8 fp16+master", "Adam8Op", "H", "H", "float"),
-    ("adam8 bf16+master", "Adam8Op", "B", "B", "float"),
-    ("adam8 bf16+split16", "Adam8Op", "B", "B", "int16_t"),
-    ("adam8 bf16+split8", "Adam8Op", "B", "B", "int8_t"),
-    ("adam8 bf16", "Adam8Op", "B", "B", "void"),
-    ("adam8w fp32", "Adam8wOp", "float", "float", "void"),
-    ("adam8w fp16+master", "Adam8wOp", "H", "H", "float"),
-    ("adam8w bf16+master", "Adam8wOp", "B", "B", "float"),
-    ("adam8w bf16+split16", "Adam8wOp", "B", "B", "int16_t"),
-    ("sgd8 fp32", "Sgd8Op", "float", "float", "void"),
-    ("sgd8 bf16+master", "Sgd8Op", "B", "B", "float"),
-    ("sgd8 bf16+split16", "Sgd8Op", "B", "B", "int16_t"),
+#: the master forms: name -> (P, G, master); master is the functors' master type (void:
+#: none; float; int16_t / int8_t: a split master's correction)
+FORMS = {
+    "fp32": ("float", "float", "void"),
+    "fp16+master": ("H", "H", "float"),
+    "bf16+master": ("B", "B", "float"),
+    "bf16+split16": ("B", "B", "int16_t"),
+    "bf16+split8": ("B", "B", "int8_t"),
+    "bf16": ("B", "B", "void"),
+}
+
+#: (kernel, op, its forms); "adam8w" is Adam8Op's common step (AdamW, beta1 >= 0.5:
+#: Adam8CommonRule, launch_optim's option flag set)
+KERNELS = [
+    ("adam8", "Adam8Op", list(FORMS)),
+    ("adam8w", "Adam8wOp", ["fp32", "fp16+master", "bf16+master", "bf16+split16"]),
+    ("sgd8", "Sgd8Op", ["fp32", "bf16+master", "bf16+split16"]),
 ]
+
+#: (name, op, P, G, master): the instantiations checked
+CASES = [(f"{kernel} {form}", op, *FORMS[form]) for kernel, op, forms in KERNELS
+         for form in forms]
 
 _PLANT = """
 // A planted local array: the element update indexes it at run time.
