@@ -171,25 +171,19 @@ void read_state(State& s, torch::serialize::InputArchive& archive) {
 
 }  // namespace
 
-void AdamOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  write_options(*this, archive);
-}
-void AdamOptions::serialize(torch::serialize::InputArchive& archive) {
-  read_options(*this, archive);
-}
-void AdamWOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  write_options(*this, archive);
-}
-void AdamWOptions::serialize(torch::serialize::InputArchive& archive) {
-  read_options(*this, archive);
-}
+// The two serialize overrides of an options or param-state class: its entries
+// through `write` and `read` (write_options/read_options or write_state/read_state).
+#define MIXPREC_SERIALIZE_THROUGH(Class, write, read)                     \
+  void Class::serialize(torch::serialize::OutputArchive& archive) const { \
+    write(*this, archive);                                                \
+  }                                                                       \
+  void Class::serialize(torch::serialize::InputArchive& archive) {        \
+    read(*this, archive);                                                 \
+  }
 
-void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  write_state(*this, archive);
-}
-void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
-  read_state(*this, archive);
-}
+MIXPREC_SERIALIZE_THROUGH(AdamOptions, write_options, read_options)
+MIXPREC_SERIALIZE_THROUGH(AdamWOptions, write_options, read_options)
+MIXPREC_SERIALIZE_THROUGH(AdamParamState, write_state, read_state)
 
 template <typename Options>
 void AdamBase<Options>::save(torch::serialize::OutputArchive& archive) const {
@@ -585,19 +579,9 @@ void FusedOptimizer::load_state_dict(const c10::impl::GenericDict& sd) {
   fix_loaded_state();  // copies onto the params' devices, float32
 }
 
-void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  write_options(*this, archive);
-}
-void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
-  read_options(*this, archive);
-}
-
-void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  write_state(*this, archive);
-}
-void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
-  read_state(*this, archive);
-}
+MIXPREC_SERIALIZE_THROUGH(SGDOptions, write_options, read_options)
+MIXPREC_SERIALIZE_THROUGH(SGDParamState, write_state, read_state)
+#undef MIXPREC_SERIALIZE_THROUGH
 
 void SGD::save(torch::serialize::OutputArchive& archive) const {
   torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
