@@ -42,6 +42,20 @@ bool same(const torch::Tensor& a, const torch::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && torch::equal(a, b);
 }
 
+// `steps` steps of two toys side by side on the same input, each with its
+// optimizer.
+void step_both(const Toy& a, torch::optim::Optimizer& oa, const Toy& b,
+               torch::optim::Optimizer& ob, const torch::Tensor& x, int steps = 1) {
+  for (int it = 0; it < steps; ++it) {
+    oa.zero_grad();
+    ob.zero_grad();
+    a.loss(x).backward();
+    b.loss(x).backward();
+    oa.step();
+    ob.step();
+  }
+}
+
 mixprec::GradScaler cpu_scaler(mixprec::GradScalerOptions o = {}) {
   return mixprec::GradScaler(torch::kCPU, o);
 }
@@ -571,14 +585,7 @@ void test_optim_serialize(const std::string& dir) {
     torch::load(*ob, path);
     CHECK(ob->param_groups()[0].options().get_lr() ==
           1e-2);  // options restored
-    for (int it = 0; it < 3; ++it) {
-      oa->zero_grad();
-      ob->zero_grad();
-      a.loss(x).backward();
-      b.loss(x).backward();
-      oa->step();
-      ob->step();
-    }
+    step_both(a, *oa, b, *ob, x, 3);
     CHECK_MSG(same(a.w.detach(), b.w.detach()),
               "reloaded optimizer continues identically");
     CHECK(same(oa->master_params()[0], ob->master_params()[0]));
@@ -616,14 +623,7 @@ void test_optim_state_dict(const std::string& dir) {
   mixprec::optim::Adam ob(b.params(), mixprec::optim::AdamOptions(0.5));
   ob.load_state_dict(mixprec::torch_load(dir + "/adam_sd.pt").toGenericDict());
   CHECK(ob.param_groups()[0].options().get_lr() == 1e-2);
-  for (int it = 0; it < 2; ++it) {
-    oa.zero_grad();
-    ob.zero_grad();
-    a.loss(x).backward();
-    b.loss(x).backward();
-    oa.step();
-    ob.step();
-  }
+  step_both(a, oa, b, ob, x, 2);
   CHECK_MSG(same(a.w.detach(), b.w.detach()),
             "state_dict round trip continues identically");
   // a mismatched optimizer is rejected and keeps its state
@@ -651,13 +651,7 @@ void test_optim_split(const std::string& dir) {
   }
   AdamW split(a.params(), AdamWOptions(1e-2).master_correction_bits(16));
   AdamW f32(b.params(), AdamWOptions(1e-2));
-  for (int it = 0; it < 3; ++it) {
-    for (auto* o : {&split, &f32}) o->zero_grad();
-    a.loss(x).backward();
-    b.loss(x).backward();
-    split.step();
-    f32.step();
-  }
+  step_both(a, split, b, f32, x, 3);
   CHECK_MSG(same(a.w.detach(), b.w.detach()) && same(a.b.detach(), b.b.detach()),
             "16-bit split masters step as float32 masters");
   const auto& s = static_cast<const AdamParamState&>(
@@ -679,11 +673,7 @@ void test_optim_split(const std::string& dir) {
   from32.load_state_dict(mixprec::torch_load(dir + "/adamw_f32_sd.pt").toGenericDict());
   c.w.detach().copy_(b.w.detach());
   c.b.detach().copy_(b.b.detach());
-  for (auto* o : {&from32, &f32}) o->zero_grad();
-  c.loss(x).backward();
-  b.loss(x).backward();
-  from32.step();
-  f32.step();
+  step_both(c, from32, b, f32, x);
   CHECK_MSG(same(c.w.detach(), b.w.detach()) && same(c.b.detach(), b.b.detach()),
             "float32 masters loaded into 16-bit split masters train on alike");
   CHECK(static_cast<const AdamParamState&>(*from32.state().at(c.w.unsafeGetTensorImpl()))
