@@ -18,7 +18,7 @@
 // param, correction 0, a NaN master). Prints what it checked and the first
 // failures; exits 1 on any. Arguments: the thread count (2) and, optionally,
 // "vector": the vector checks only (the scalar ones are the same in every
-// build). Built and run by tests/ops/test_master_split.py.
+// build). Built and run by tests/project/test_master_split.py.
 #include <torch/headeronly/util/BFloat16.h>
 
 #include <atomic>

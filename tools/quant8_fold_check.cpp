@@ -3,7 +3,7 @@
 // (q8::encode_fraction_unfolded) for every float32 bit pattern -- both signs,
 // +-0, subnormals, |y| > 1, +-inf and every NaN -- of both code tables.
 // Prints the inputs checked and the mismatches (the first few in full) and
-// exits 1 on any mismatch. Built and run by tests/ops/test_quant8_fold.py:
+// exits 1 on any mismatch. Built and run by tests/project/test_quant8_fold.py:
 //   c++ -O2 -std=c++17 -pthread -I csrc -I <torch include>
 //   tools/quant8_fold_check.cpp
 #include <atomic>

@@ -191,7 +191,7 @@ MIXPREC_Q8_UNFOLDED_ARRAYS(MIXPREC_Q8_UNFOLDED_ARRAY)
 
 // encode_fraction from the unfolded table (host only): the comparison by the
 // sign, then zero and the nonzero rule. The folded table is proven against it
-// for every float32 (tests/ops/test_quant8_fold.py).
+// for every float32 (tests/project/test_quant8_fold.py).
 inline int encode_fraction_unfolded(float y, int table) {
   const uint32_t u = clamp_bits(math::float_bits(y) & 0x7fffffffu);
   const bool neg = y < 0.0f;
