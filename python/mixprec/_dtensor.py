@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+from itertools import repeat
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 import torch
@@ -80,7 +81,7 @@ def is_dtensor(t: Any) -> bool:
 def any_dtensor(tensors: Iterable[Any]) -> bool:
     """Whether any item of ``tensors`` is a DTensor."""
     cls = _CLS if _CLS is not None else dtensor_class()
-    return cls is not None and any(isinstance(t, cls) for t in tensors)
+    return cls is not None and any(map(isinstance, tensors, repeat(cls)))
 
 
 def local(t: Tensor) -> Tensor:

@@ -74,7 +74,8 @@ def _refuse(name: str, arg: str, value: Any) -> None:
 
 def _written_values(written: Written, args: Sequence[Any]) -> List[Tuple[str, Any]]:
     # (the dispatcher passes the arguments positionally, less trailing defaults)
-    return [(arg, args[i]) for i, arg in written if i < len(args) and args[i] is not None]
+    n = len(args)
+    return [(arg, args[i]) for i, arg in written if i < n and args[i] is not None]
 
 
 def _bump_all(values: List[Tuple[str, Any]]) -> None:

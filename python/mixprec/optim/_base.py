@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from itertools import chain
+from operator import itemgetter
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -22,6 +23,9 @@ from . import _sr
 from ._masters import CORRECTION_DTYPES, check_bits, decode_master, recode, split_master
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: the state entry holding a param's master, by master form (others: the split one's)
+_MASTER_KEY: Dict[Optional[torch.dtype], Tuple[str, ...]] = {None: (),
+                                                             torch.float32: ("master_param",)}
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 Bucket = Dict[str, List[Tensor]]
@@ -30,10 +34,20 @@ Bucket = Dict[str, List[Tensor]]
 BucketKey = Tuple[torch.device, Optional[torch.dtype]]
 
 
+def _entries_getter(keys: Tuple[str, ...]) -> Callable[[Dict[str, Any]], Tuple[Any, ...]]:
+    """A function of a param's state returning its entries ``keys`` as a tuple, in one
+    call (KeyError naming a missing one)."""
+    if len(keys) > 1:
+        return itemgetter(*keys)
+    key = keys[0]
+    return lambda state: (state[key],)
+
+
 def _on(scalars: StepScalars, device: torch.device) -> StepScalars:
     """``scalars`` on ``device`` (copied ``non_blocking`` where elsewhere). No host sync."""
     given = (scalars.grad_scale, scalars.found_inf, scalars.clip_coef)
-    if all(not isinstance(t, Tensor) or t.device == device for t in given):
+    if (given[0] is None and given[1] is None and given[2] is None) or all(
+            not isinstance(t, Tensor) or t.device == device for t in given):
         return scalars
     return StepScalars(*(t if not isinstance(t, Tensor) or t.device == device
                          else t.to(device, non_blocking=True) for t in given))
@@ -324,16 +338,9 @@ class FusedOptimizer(torch.optim.Optimizer):
             getattr(self, "grad_scale", None) if grad_scale is None else grad_scale,
             getattr(self, "found_inf", None) if found_inf is None else found_inf,
             getattr(self, "clip_coef", None) if clip_coef is None else clip_coef)
-        # checked before any state is created (attribute reads: torch 2.11's torch.compile
-        # traces no vars() of a frozen dataclass)
-        for name, t in (("grad_scale", scalars.grad_scale), ("found_inf", scalars.found_inf),
-                        ("clip_coef", scalars.clip_coef)):
-            if t is not None and not (isinstance(t, Tensor) and t.dtype == torch.float32
-                                      and t.numel() == 1):
-                got = (f"{t.dtype} of shape {list(t.shape)}" if isinstance(t, Tensor)
-                       else type(t).__name__)
-                raise RuntimeError(f"mixprec.optim.{type(self).__name__}.step: {name} must "
-                                   f"be a float32 tensor with one element, got {got}")
+        if not (scalars.grad_scale is None and scalars.found_inf is None
+                and scalars.clip_coef is None):
+            self._check_scalars(scalars)  # before any state is created
         if not self._rounding_checked[0]:
             self._warn_ineffective_rounding()
         if self._lr_tables:
@@ -348,6 +355,19 @@ class FusedOptimizer(torch.optim.Optimizer):
         for index, group in enumerate(self.param_groups):
             self._step_group(index, group, scalars)
         return loss
+
+    def _check_scalars(self, scalars: StepScalars) -> None:
+        """RuntimeError naming the first of ``scalars`` that is neither None nor a float32
+        tensor with one element (attribute reads: torch 2.11's torch.compile traces no
+        ``vars()`` of a frozen dataclass)."""
+        for name, t in (("grad_scale", scalars.grad_scale), ("found_inf", scalars.found_inf),
+                        ("clip_coef", scalars.clip_coef)):
+            if t is not None and not (isinstance(t, Tensor) and t.dtype == torch.float32
+                                      and t.numel() == 1):
+                got = (f"{t.dtype} of shape {list(t.shape)}" if isinstance(t, Tensor)
+                       else type(t).__name__)
+                raise RuntimeError(f"mixprec.optim.{type(self).__name__}.step: {name} must "
+                                   f"be a float32 tensor with one element, got {got}")
 
     def _init_state(self, p: Tensor, group: Dict[str, Any]) -> Dict[str, Any]:
         state = self.state[p]
@@ -422,46 +442,51 @@ class FusedOptimizer(torch.optim.Optimizer):
         its state completed (:meth:`_init_state`); so is every param of a DTensor group,
         which runs as its local shard (its state too)."""
         names = self.state_names(group)
-        needed = frozenset(("step", *names))
-        needed_with_master = needed | {"master_param"}
-        needed_split = needed | {"master_correction"}
         masters_on = bool(group.get("master_weights", True))
         split = CORRECTION_DTYPES.get(group.get("master_correction_bits"))  # type: ignore
         sharded = _dtensor.any_dtensor(group["params"])
+        # the rule of master_form, per param dtype (another dtype: _check_param refuses it)
+        low = torch.float32 if masters_on else None
+        forms = {torch.float16: low, torch.bfloat16: low if split is None or not masters_on
+                 else split}
+        # per master form: the state entries in the op's order ("step", the names, then
+        # the master's), read in one call; a missing one raises KeyError
+        getters: Dict[Optional[torch.dtype], Callable[[Dict[str, Any]], Tuple[Any, ...]]] = {}
         state_of = self.state
-        # per (device, has master): the params, their grads, their states
-        lists: Dict[BucketKey, Tuple[List[Tensor], List[Tensor], List[Dict[str, Any]]]] = {}
+        # per (device, master form): (param, grad, its state entries) per param
+        rows: Dict[BucketKey, List[Tuple[Tensor, Tensor, Tuple[Any, ...]]]] = {}
         for k, p in enumerate(group["params"]):
             grad = p.grad
             if grad is None:
                 continue
-            state = state_of[p]
-            # the rule of master_form
-            form = (None if not (masters_on and p.dtype in _LOW_PRECISION) else split
-                    if split is not None and p.dtype == torch.bfloat16 else torch.float32)
-            need = (needed if form is None else needed_with_master if form is torch.float32
-                    else needed_split)
-            if sharded or not state.keys() >= need or (
-                    need is needed_split and state["master_correction"].dtype != form):
+            form = forms.get(p.dtype)
+            get = getters.get(form)
+            if get is None:
+                get = getters[form] = _entries_getter(
+                    ("step", *names, *_MASTER_KEY.get(form, ("master_correction",))))
+            try:
+                if sharded:
+                    raise KeyError
+                entries = get(state_of[p])
+                if form is not None and form is not torch.float32 \
+                        and entries[-1].dtype != form:
+                    raise KeyError  # a correction of the other width: re-encoded
+            except KeyError:
                 self._check_param(index, k, p, sharded, group)
-                state = self._init_state(p, group)
+                entries = get(self._init_state(p, group))
             key = (p.device, form)
-            out = lists.get(key)
+            out = rows.get(key)
             if out is None:
-                out = lists[key] = ([], [], [])
-            out[0].append(p)
-            out[1].append(grad)
-            out[2].append(state)
+                out = rows[key] = []
+            out.append((p, grad, entries))
         buckets: Dict[BucketKey, Bucket] = {}
-        for key, (params, grads, states) in lists.items():
-            b = buckets[key] = {
-                "params": params, "grads": grads,
-                "master_params": [] if key[1] is None else [
-                    st["master_param" if key[1] is torch.float32 else "master_correction"]
-                    for st in states],
-                "state_steps": [st["step"] for st in states]}
-            for n in names:
-                b[n] = [st[n] for st in states]
+        for key, part in rows.items():
+            params, grads, entries = (list(c) for c in zip(*part))
+            columns = [list(c) for c in zip(*entries)]
+            b = buckets[key] = {"params": params, "grads": grads,
+                                "master_params": [] if key[1] is None else columns[-1],
+                                "state_steps": columns[0]}
+            b.update(zip(names, columns[1:]))
             if sharded:  # the kernels take the local shards (and the SR element numbers)
                 if group.get("stochastic_rounding", False):
                     b["sr_extents"] = [_sr.extent(p) for p in params]

@@ -97,15 +97,20 @@ class EightBitState:
         ``only32``: keyword arguments of ``op`` only."""
         coded, rest = (split_coded(bucket, self._MOMENTS8[0][0])
                        if group.get("state_bits", 32) == 8 else (None, bucket))
-        # the one place the step's scalars become the ops' arguments
-        args = {**args, "grad_scale": scalars.grad_scale, "found_inf": scalars.found_inf,
-                "clip_coef": scalars.clip_coef}
-        for b, fn, names, extra, sr in zip((coded, rest), (op8, op), (lists8, lists),
-                                           ({}, only32), _sr.bucket_bases(coded, rest)):
-            if b is not None and b["params"]:
-                fn(params=b["params"], grads=b["grads"], master_params=b["master_params"],
-                   state_steps=b["state_steps"], sr_bases=sr,
-                   **{k: b.get(v, []) for k, v in names.items()}, **extra, **args)
+        # the one place the step's scalars become the ops' arguments (``args``: this
+        # call's own dict)
+        args["grad_scale"] = scalars.grad_scale
+        args["found_inf"] = scalars.found_inf
+        args["clip_coef"] = scalars.clip_coef
+        if coded is not None and coded["params"]:
+            op8(params=coded["params"], grads=coded["grads"],
+                master_params=coded["master_params"], state_steps=coded["state_steps"],
+                sr_bases=_sr.bucket_bases(coded),
+                **{k: coded.get(v, []) for k, v in lists8.items()}, **args)
+        if rest["params"]:
+            op(params=rest["params"], grads=rest["grads"], master_params=rest["master_params"],
+               state_steps=rest["state_steps"], sr_bases=_sr.bucket_bases(rest),
+               **{k: rest.get(v, []) for k, v in lists.items()}, **only32, **args)
 
     def _convert_state(self, p: Tensor, group: Dict[str, Any],
                        saved: Dict[str, Any]) -> Dict[str, Any]:
