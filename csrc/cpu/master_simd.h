@@ -91,8 +91,7 @@ inline void store2_correction(C* c, const IVec& lo, const IVec& hi) {
   } else {
     const __m256i b = _mm256_permutevar8x32_epi32(
         _mm256_packs_epi16(w, w), _mm256_setr_epi32(0, 4, 1, 5, 0, 4, 1, 5));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(c),
-                     _mm256_castsi256_si128(b));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(c), _mm256_castsi256_si128(b));
   }
 #else
   constexpr int32_t kMax = sizeof(C) == 2 ? 0x7fff : 0x7f;
@@ -115,7 +114,7 @@ template <typename C>
 inline void load2_split(const bf16* p, const C* c, FVec& a, FVec& b) {
   load2(p, a, b);  // the params' values: P << 16
   const auto one = [](const FVec& x, const C* cc) {
-    // P is NaN exactly where P << 16 is a float NaN: no correction there
+  // P is NaN exactly where P << 16 is a float NaN: no correction there
 #if defined(MIXPREC_SIMD_AVX512)
     const __m512i xi = (__m512i)x.v;
     return FVec((FVec::native)_mm512_mask_add_epi32(
