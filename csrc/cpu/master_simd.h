@@ -136,7 +136,7 @@ inline void load2_split(const bf16* p, const C* c, FVec& a, FVec& b) {
 template <typename C>
 inline IVec split_correction(const FVec& x, const IVec& pb) {
   const IVec d0((IVec::native)((UWords)x.v - ((UWords)pb.v << 16)));
-  const IVec d = select(x != x, IVec(0), d0);
+  const IVec d(d0.v & ~(x != x).v);  // (an and-not, not a blend, on AVX2)
   if constexpr (sizeof(C) == 2) {
     return d;
   } else {
