@@ -16,9 +16,11 @@
 // matching -m flags, or neither: the portable vectors), gives the scalar
 // functions' params, corrections and masters lane for lane (a NaN lane: a NaN
 // param, correction 0, a NaN master). Prints what it checked and the first
-// failures; exits 1 on any. Arguments: the thread count (2) and, optionally,
-// "vector": the vector checks only (the scalar ones are the same in every
-// build). Built and run by tests/project/test_master_split.py.
+// failures; exits 1 on any. The vector decode is also checked on every
+// (param, correction) pair, not only the corrections the encoder writes.
+// Arguments: the thread count (2) and, optionally, "vector": the vector checks
+// only (the scalar ones are the same in every build). Built and run by
+// tests/project/test_master_split.py.
 #include <torch/headeronly/util/BFloat16.h>
 
 #include <atomic>
@@ -158,6 +160,39 @@ void check_vector(uint32_t m0, const uint32_t* p_scalar, Tally& t) {
   }
 }
 
+// The vector decode of every correction C with the params hi ^ k in lane k
+// (so every (P, c) pair once over all hi) against the scalar decode, bit for
+// bit (a NaN P: P << 16, whatever c is).
+template <typename C>
+void check_decode(uint32_t hi, Tally& t) {
+  constexpr int64_t kCodes = int64_t{1} << (8 * sizeof(C));
+  simd::bf16 pv[kLanes];
+  C cv[kLanes];
+  for (int k = 0; k < kLanes; ++k) {
+    pv[k].bits = static_cast<uint16_t>(hi ^ static_cast<uint32_t>(k));
+  }
+  for (int64_t c0 = 0; c0 < kCodes; c0 += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      cv[k] = static_cast<C>(static_cast<uint64_t>(c0 + k));
+    }
+    simd::FVec a, b;
+    simd::load2_split(pv, cv, a, b);
+    alignas(64) float back[kLanes];
+    simd::store2(back, a, b);
+    for (int k = 0; k < kLanes; ++k) {
+      uint32_t mb;
+      std::memcpy(&mb, &back[k], sizeof mb);
+      const uint32_t ms = sizeof(C) == 2 ? master::decode16(pv[k].bits, cv[k])
+                                         : master::decode8(pv[k].bits, cv[k]);
+      if (mb != ms) {
+        ++t.bad;
+        fail(sizeof(C) == 2 ? "vector decode int16" : "vector decode int8", mb,
+             pv[k].bits, cv[k]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -177,6 +212,8 @@ int main(int argc, char** argv) {
         check_vector<int16_t>(m0, ps, t);
         check_vector<int8_t>(m0, ps, t);
       }
+      check_decode<int16_t>(static_cast<uint32_t>(hi), t);
+      check_decode<int8_t>(static_cast<uint32_t>(hi), t);
     }
   };
   std::vector<std::thread> pool;

@@ -494,7 +494,13 @@ inline IVec bf16_round_bits(const FVec& x) {
   typedef uint32_t word_vec __attribute__((vector_size(kBytes)));
   const word_vec u = (word_vec)x.v;
   const word_vec r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+#if defined(MIXPREC_SIMD_AVX2) && !defined(MIXPREC_SIMD_AVX512)
+  // r <= 0xffff: or-ing 0xffff into the NaN lanes is the select (a blend on
+  // AVX2; AVX-512's masked shift is shorter)
+  return IVec((IVec::native)r | ((x != x).v & kNaN));
+#else
   return select(x != x, IVec(kNaN), IVec((IVec::native)r));
+#endif
 }
 
 // Stores two vectors of bf16 bits (int32 lanes in [0, 0xffff]) as
