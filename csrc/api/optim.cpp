@@ -174,8 +174,8 @@ void complete_master(State& s, const at::Tensor& p, at::ScalarType form) {
   }
   if (!master.defined() && c.defined() && c.scalar_type() == form) return;
   if (!master.defined() && !c.defined()) {
-    s.master_correction(at::zeros_like(p, p.options().dtype(form),
-                                       at::MemoryFormat::Preserve));
+    s.master_correction(
+        at::zeros_like(p, p.options().dtype(form), at::MemoryFormat::Preserve));
   } else if (!master.defined()) {
     s.master_correction(detail::recode(p, c, form));
   } else {

@@ -31,7 +31,8 @@ at::Tensor high(const at::Tensor& param) {
 
 at::Tensor encode(const at::Tensor& m, const at::Tensor& param,
                   at::ScalarType dtype) {
-  at::Tensor d = wrap32(m.contiguous().view(at::kInt).to(at::kLong) - high(param));
+  at::Tensor d =
+      wrap32(m.contiguous().view(at::kInt).to(at::kLong) - high(param));
   d = at::where(param.isnan(), at::zeros_like(d), d);
   if (dtype == at::kShort) return d.clamp_max(0x7FFF).to(at::kShort);
   return ((d + 127 + d.bitwise_right_shift(8).bitwise_and(1))
@@ -44,19 +45,18 @@ at::Tensor encode(const at::Tensor& m, const at::Tensor& param,
 
 at::Tensor decode_master(const at::Tensor& param,
                          const at::Tensor& correction) {
-  TORCH_CHECK_TYPE(param.defined() && param.scalar_type() == at::kBFloat16,
-                   "mixprec.optim.decode_master: param must be a bfloat16 "
-                   "tensor, got ",
-                   param.defined() ? c10::toString(param.scalar_type())
-                                   : "undefined");
-  TORCH_CHECK_TYPE(correction.defined() &&
-                       (correction.scalar_type() == at::kShort ||
-                        correction.scalar_type() == at::kChar),
-                   "mixprec.optim.decode_master: correction must be an int16 "
-                   "or int8 tensor (the master_correction state), got ",
-                   correction.defined()
-                       ? c10::toString(correction.scalar_type())
-                       : "undefined");
+  TORCH_CHECK_TYPE(
+      param.defined() && param.scalar_type() == at::kBFloat16,
+      "mixprec.optim.decode_master: param must be a bfloat16 "
+      "tensor, got ",
+      param.defined() ? c10::toString(param.scalar_type()) : "undefined");
+  TORCH_CHECK_TYPE(
+      correction.defined() && (correction.scalar_type() == at::kShort ||
+                               correction.scalar_type() == at::kChar),
+      "mixprec.optim.decode_master: correction must be an int16 "
+      "or int8 tensor (the master_correction state), got ",
+      correction.defined() ? c10::toString(correction.scalar_type())
+                           : "undefined");
   TORCH_CHECK_VALUE(param.sizes() == correction.sizes(),
                     "mixprec.optim.decode_master: correction has shape ",
                     correction.sizes(), ", the param ", param.sizes());

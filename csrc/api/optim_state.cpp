@@ -172,7 +172,8 @@ void read_state(State& s, torch::serialize::InputArchive& archive) {
 }  // namespace
 
 // The two serialize overrides of an options or param-state class: its entries
-// through `write` and `read` (write_options/read_options or write_state/read_state).
+// through `write` and `read` (write_options/read_options or
+// write_state/read_state).
 #define MIXPREC_SERIALIZE_THROUGH(Class, write, read)                     \
   void Class::serialize(torch::serialize::OutputArchive& archive) const { \
     write(*this, archive);                                                \
@@ -315,20 +316,19 @@ void torch_fixed_to(c10::impl::GenericDict& g) {
 template <typename O>
 void group_to(const O& o, c10::impl::GenericDict& g) {
   const auto insert = [&](bool torch_part) {
-    options_table::for_each_option(
-        o, [&](const char* name, const auto& value, unsigned flags, auto) {
-          if (static_cast<bool>(flags & options_flag::kTorch) != torch_part) {
-            return;
-          }
-          if constexpr (std::is_same_v<std::decay_t<decltype(value)>,
-                                       int64_t>) {
-            if (value == 0 && std::string(name) == "master_correction_bits") {
-              g.insert(name, c10::IValue());  // float32 masters: Python's None
-              return;
-            }
-          }
-          g.insert(name, group_value(value));
-        });
+    options_table::for_each_option(o, [&](const char* name, const auto& value,
+                                          unsigned flags, auto) {
+      if (static_cast<bool>(flags & options_flag::kTorch) != torch_part) {
+        return;
+      }
+      if constexpr (std::is_same_v<std::decay_t<decltype(value)>, int64_t>) {
+        if (value == 0 && std::string(name) == "master_correction_bits") {
+          g.insert(name, c10::IValue());  // float32 masters: Python's None
+          return;
+        }
+      }
+      g.insert(name, group_value(value));
+    });
   };
   insert(true);
   torch_fixed_to<O>(g);
@@ -453,20 +453,21 @@ void check_correction(const char* cls, const c10::IValue& key,
                       const c10::impl::GenericDict& ps, const at::Tensor& p) {
   const at::Tensor c = state_tensor(ps, "master_correction");
   if (!c.defined()) return;
-  const std::string where = c10::str("mixprec.optim.", cls,
-                                     ".load_state_dict: state[", key,
-                                     "]['master_correction']");
-  TORCH_CHECK_VALUE(c.scalar_type() == at::kShort || c.scalar_type() == at::kChar,
-                    where, ": expected an int16 or int8 correction, got ",
-                    c.scalar_type());
-  TORCH_CHECK_VALUE(p.scalar_type() == at::kBFloat16, where,
-                    ": only a bfloat16 param keeps a split master; this one is ",
-                    p.scalar_type());
+  const std::string where =
+      c10::str("mixprec.optim.", cls, ".load_state_dict: state[", key,
+               "]['master_correction']");
+  TORCH_CHECK_VALUE(
+      c.scalar_type() == at::kShort || c.scalar_type() == at::kChar, where,
+      ": expected an int16 or int8 correction, got ", c.scalar_type());
+  TORCH_CHECK_VALUE(
+      p.scalar_type() == at::kBFloat16, where,
+      ": only a bfloat16 param keeps a split master; this one is ",
+      p.scalar_type());
   TORCH_CHECK_VALUE(c.sizes() == p.sizes(), where,
                     ": expected the param's shape ", p.sizes(), ", got ",
                     c.sizes());
-  TORCH_CHECK_VALUE(!state_tensor(ps, "master_param").defined(), "mixprec.optim.",
-                    cls, ".load_state_dict: state[", key,
+  TORCH_CHECK_VALUE(!state_tensor(ps, "master_param").defined(),
+                    "mixprec.optim.", cls, ".load_state_dict: state[", key,
                     "] holds both 'master_param' and 'master_correction'");
 }
 

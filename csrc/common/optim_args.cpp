@@ -191,13 +191,13 @@ void check_optim_param(const OptimLists& lists, size_t i,
                     ": params[", i,
                     "] is float32 and needs no master copy; pass float32 "
                     "params in a call without master_params");
-      MIXPREC_CHECK(mt == ScalarType::Float ||
-                        p.scalar_type() == ScalarType::BFloat16,
-                    "mixprec.", op, ": master_params[", i, "] is ", mt,
-                    " (a split-master correction) but params[", i, "] is ",
-                    p.scalar_type(),
-                    "; split masters need bfloat16 params (use float32 "
-                    "master_params for float16 params)");
+      MIXPREC_CHECK(
+          mt == ScalarType::Float || p.scalar_type() == ScalarType::BFloat16,
+          "mixprec.", op, ": master_params[", i, "] is ", mt,
+          " (a split-master correction) but params[", i, "] is ",
+          p.scalar_type(),
+          "; split masters need bfloat16 params (use float32 "
+          "master_params for float16 params)");
     }
     const Tensor& st = lists.state_steps[i];
     MIXPREC_CHECK(st.defined(), "mixprec.", op, ": state_steps[", i,

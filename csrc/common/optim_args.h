@@ -56,12 +56,13 @@ struct OptimScalars {
 // `state_required` says), one device of type `backend`, dtypes (params and
 // grads float32/float16/bfloat16; states and steps float32; masters only for
 // 16-bit params: float32, or the int16 / int8 split-master corrections
-// (common/master_math.h) of bfloat16 params, one dtype per call), shapes equal to the param's, dense layouts, no
-// internal overlap in what is written, and one-element scalars on the same
-// device. `stochastic_rounding` requires no masters. With each_param false,
-// only the call is checked (list lengths, the device, the scalars): the
-// caller must then run check_optim_param on every param before it writes
-// anything (the CUDA launchers check while they plan, in one pass).
+// (common/master_math.h) of bfloat16 params, one dtype per call), shapes equal
+// to the param's, dense layouts, no internal overlap in what is written, and
+// one-element scalars on the same device. `stochastic_rounding` requires no
+// masters. With each_param false, only the call is checked (list lengths, the
+// device, the scalars): the caller must then run check_optim_param on every
+// param before it writes anything (the CUDA launchers check while they plan, in
+// one pass).
 void check_optim_args(const OptimLists& lists,
                       const std::vector<bool>& state_required,
                       const OptimScalars& scalars, bool stochastic_rounding,

@@ -176,13 +176,13 @@ void adam8_span(P* p, const G* g, const CodedSpan& mc, const CodedSpan& vc,
     ab.index_base = a.index_base + static_cast<uint32_t>(off);
     M* const w = master_at(master, off);
     if (len == q8::kBlock) {
-      adam8_block<P, G, M, q8::kBlock>(
-          p + off, g + off, mc.codes + off, vc.codes + off, mc.absmax + blk,
-          vc.absmax + blk, w, len, ab, mq, vq);
+      adam8_block<P, G, M, q8::kBlock>(p + off, g + off, mc.codes + off,
+                                       vc.codes + off, mc.absmax + blk,
+                                       vc.absmax + blk, w, len, ab, mq, vq);
     } else {
-      adam8_block<P, G, M, 0>(p + off, g + off, mc.codes + off,
-                                    vc.codes + off, mc.absmax + blk,
-                                    vc.absmax + blk, w, len, ab, mq, vq);
+      adam8_block<P, G, M, 0>(p + off, g + off, mc.codes + off, vc.codes + off,
+                              mc.absmax + blk, vc.absmax + blk, w, len, ab, mq,
+                              vq);
     }
     off += len;
     col = col + len == row ? 0 : col + len;
@@ -202,10 +202,10 @@ void sgd8_span(P* p, const G* g, const CodedSpan& bc, M* master, int64_t n,
     M* const w = master_at(master, off);
     if (len == q8::kBlock) {
       sgd8_block<P, G, M, q8::kBlock>(p + off, g + off, bc.codes + off,
-                                            bc.absmax + blk, w, len, ab, bq);
+                                      bc.absmax + blk, w, len, ab, bq);
     } else {
-      sgd8_block<P, G, M, 0>(p + off, g + off, bc.codes + off,
-                                   bc.absmax + blk, w, len, ab, bq);
+      sgd8_block<P, G, M, 0>(p + off, g + off, bc.codes + off, bc.absmax + blk,
+                             w, len, ab, bq);
     }
     off += len;
     col = col + len == row ? 0 : col + len;

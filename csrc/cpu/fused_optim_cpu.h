@@ -76,12 +76,11 @@ struct ParamSpan {
     }
     const Tensor& m = *fs.views[view][t];
     const ScalarType st = m.scalar_type();
-    return MasterSpan{
-        static_cast<char*>(m.data_ptr()) +
-            begin * static_cast<int64_t>(m.element_size()),
-        st == ScalarType::Short  ? MasterDtype::kInt16
-        : st == ScalarType::Char ? MasterDtype::kInt8
-                                 : MasterDtype::kFloat};
+    return MasterSpan{static_cast<char*>(m.data_ptr()) +
+                          begin * static_cast<int64_t>(m.element_size()),
+                      st == ScalarType::Short  ? MasterDtype::kInt16
+                      : st == ScalarType::Char ? MasterDtype::kInt8
+                                               : MasterDtype::kFloat};
   }
 
   // The 8-bit state `view` of the FlatSet (uint8 codes) from element `begin`,

@@ -126,9 +126,8 @@ struct NoStateMax {
 // master may be null as in adam_span); `index` is the SR index of element 0.
 template <typename P, typename G, typename M, bool kAms, class Seen>
 C10_ALWAYS_INLINE void adam_step(P* p, const G* g, float* m, float* v,
-                                 float* vm, M* master,
-                                 const AdamSpanArgs& a, uint32_t index,
-                                 Seen& seen) {
+                                 float* vm, M* master, const AdamSpanArgs& a,
+                                 uint32_t index, Seen& seen) {
   FVec w0, w1, g0, g1, m0, m1, v0, v1;
   FVec x0(0.0f), x1(0.0f);  // read only with kAms
   load_working(p, master, w0, w1);
@@ -171,10 +170,9 @@ C10_ALWAYS_INLINE void adam_span(P* p, const G* g, float* m, float* v,
                                  const AdamSpanArgs& a, Seen&& seen = Seen{}) {
   int64_t i = 0;
   for (; i + kStep <= n; i += kStep) {
-    adam_step<P, G, M, kAms>(
-        p + i, g + i, m + i, v + i, kAms ? vm + i : nullptr,
-        master_at(master, i), a,
-        a.index_base + static_cast<uint32_t>(i), seen);
+    adam_step<P, G, M, kAms>(p + i, g + i, m + i, v + i,
+                             kAms ? vm + i : nullptr, master_at(master, i), a,
+                             a.index_base + static_cast<uint32_t>(i), seen);
   }
   const int64_t r = n - i;
   if (r == 0) {
@@ -199,7 +197,7 @@ C10_ALWAYS_INLINE void adam_span(P* p, const G* g, float* m, float* v,
   }
   NoStateMax none;
   adam_step<P, G, M, kAms>(pt, gt, mt, vt, xt, wp, a,
-                                 a.index_base + static_cast<uint32_t>(i), none);
+                           a.index_base + static_cast<uint32_t>(i), none);
   copy_n(p + i, pt, r);
   copy_n(m + i, mt, r);
   copy_n(v + i, vt, r);
@@ -247,8 +245,9 @@ C10_ALWAYS_INLINE void sgd_span(P* p, const G* g, float* buf, M* master,
                                 Seen&& seen = Seen{}) {
   int64_t i = 0;
   for (; i + kStep <= n; i += kStep) {
-    sgd_step<P, G, M, kMom>(
-        p + i, g + i, kMom ? buf + i : nullptr, master_at(master, i), a, a.index_base + static_cast<uint32_t>(i), seen);
+    sgd_step<P, G, M, kMom>(p + i, g + i, kMom ? buf + i : nullptr,
+                            master_at(master, i), a,
+                            a.index_base + static_cast<uint32_t>(i), seen);
   }
   const int64_t r = n - i;
   if (r == 0) {
@@ -271,7 +270,7 @@ C10_ALWAYS_INLINE void sgd_span(P* p, const G* g, float* buf, M* master,
   }
   NoStateMax none;
   sgd_step<P, G, M, kMom>(pt, gt, bt, wp, a,
-                                a.index_base + static_cast<uint32_t>(i), none);
+                          a.index_base + static_cast<uint32_t>(i), none);
   copy_n(p + i, pt, r);
   if constexpr (kMom) {
     copy_n(buf + i, bt, r);

@@ -75,8 +75,8 @@ void fused_sgd_cpu(const OpArgs<Op::fused_sgd_>& args) {
              // momentum_buffers (-1 without momentum), master_params (-1
              // without masters) in fs
              kernels.sgd(s.param_dtype, s.grad_dtype, s.p, s.g,
-                         s.f32(fs, fs.state_view[0]), s.master(fs, fs.master_view),
-                         s.n, a);
+                         s.f32(fs, fs.state_view[0]),
+                         s.master(fs, fs.master_view), s.n, a);
            });
 }
 

@@ -188,8 +188,7 @@ inline bool adam8_common(const math::AdamConsts& k) {
 // amsgrad.)
 template <typename P, typename G, typename M, bool kCommon>
 using Adam8Op =
-    Optim8Op<P, G, M,
-             std::conditional_t<kCommon, Adam8CommonRule, Adam8Rule>>;
+    Optim8Op<P, G, M, std::conditional_t<kCommon, Adam8CommonRule, Adam8Rule>>;
 
 template <class Exec>
 void fused_adam8_launch(const OpArgs<Op::fused_adam8_>& op_args) {

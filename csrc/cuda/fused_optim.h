@@ -161,7 +161,8 @@ MIXPREC_HD void store_working_vec(P* p, M* mp, int64_t vi,
   AlignedVector<P, kOptVec> out;
 #pragma unroll
   for (int e = 0; e < kOptVec; ++e) {
-    out.val[e] = round_param<P>(w[e], sr, key, index + static_cast<uint32_t>(e));
+    out.val[e] =
+        round_param<P>(w[e], sr, key, index + static_cast<uint32_t>(e));
   }
   if constexpr (std::is_same_v<M, float>) {
     store_vec(mp, vi, w);
@@ -325,9 +326,10 @@ struct RuleSlots8 : RuleSlots<Slot, kNumStates> {
 };
 
 // The block functor of every fused optimizer: param, grad and master (M:
-// none, float32, or a split master's correction), float32 state lists, and the step count, updated element by
-// element in float32 with 16-byte vectors where every list in use is aligned
-// and a scalar tail. Rule supplies what differs between optimizers:
+// none, float32, or a split master's correction), float32 state lists, and the
+// step count, updated element by element in float32 with 16-byte vectors where
+// every list in use is aligned and a scalar tail. Rule supplies what differs
+// between optimizers:
 //   kDepth, slots kParam/kGrad/kMaster/kStep, kStates and state_slot(k),
 //   uses_state(k) (the optional state in use?), Args (the kernel arguments,
 //   with found_inf/grad_scale/clip_coef/maximize/lr/lr_double/sr/seed/stream),
@@ -527,11 +529,9 @@ struct OptimPlan {
 // max_exp_avg_sqs, SGD's momentum buffers) is in use; args.sr and args.stream
 // are set per group. (The step increments are run by increment_steps.)
 template <class Exec, int Depth,
-          template <typename, typename, typename, bool> class Op,
-          typename Args>
+          template <typename, typename, typename, bool> class Op, typename Args>
 void run_optim_plan(const OptimPlan<Depth>& plan, ScalarType master_dtype,
-                    bool option,
-                    bool stochastic_rounding, Args& args) {
+                    bool option, bool stochastic_rounding, Args& args) {
   for (int k = 0; k < 9; ++k) {
     const Launches<Depth>& launches = plan.groups[k];
     if (launches.empty()) {

@@ -142,8 +142,7 @@ struct Optim8Op {
     c.gc = gc;
     c.key = key;
     c.sr_base = base;
-    bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) &&
-                   master_aligned(mp);
+    bool aligned = vec_aligned<P>(p) && vec_aligned<G>(g) && master_aligned(mp);
 #pragma unroll
     for (int k = 0; k < kStates; ++k) {
       c.codes[k] = static_cast<const uint8_t*>(list(Rule::codes_slot(k)));

@@ -45,7 +45,8 @@ bool same(const torch::Tensor& a, const torch::Tensor& b) {
 // `steps` steps of two toys side by side on the same input, each with its
 // optimizer.
 void step_both(const Toy& a, torch::optim::Optimizer& oa, const Toy& b,
-               torch::optim::Optimizer& ob, const torch::Tensor& x, int steps = 1) {
+               torch::optim::Optimizer& ob, const torch::Tensor& x,
+               int steps = 1) {
   for (int it = 0; it < steps; ++it) {
     oa.zero_grad();
     ob.zero_grad();
@@ -652,8 +653,9 @@ void test_optim_split(const std::string& dir) {
   AdamW split(a.params(), AdamWOptions(1e-2).master_correction_bits(16));
   AdamW f32(b.params(), AdamWOptions(1e-2));
   step_both(a, split, b, f32, x, 3);
-  CHECK_MSG(same(a.w.detach(), b.w.detach()) && same(a.b.detach(), b.b.detach()),
-            "16-bit split masters step as float32 masters");
+  CHECK_MSG(
+      same(a.w.detach(), b.w.detach()) && same(a.b.detach(), b.b.detach()),
+      "16-bit split masters step as float32 masters");
   const auto& s = static_cast<const AdamParamState&>(
       *split.state().at(a.w.unsafeGetTensorImpl()));
   CHECK(!s.master_param().defined() &&
@@ -663,40 +665,52 @@ void test_optim_split(const std::string& dir) {
             "master_params() decodes the float32 masters");
   CHECK(same(mixprec::optim::decode_master(a.w.detach(), s.master_correction()),
              want[0]));
-  const auto g = split.state_dict().at("param_groups").toListRef()[0].toGenericDict();
+  const auto g =
+      split.state_dict().at("param_groups").toListRef()[0].toGenericDict();
   CHECK(g.at("master_correction_bits").toInt() == 16);
-  CHECK(f32.state_dict().at("param_groups").toListRef()[0].toGenericDict()
-            .at("master_correction_bits").isNone());
+  CHECK(f32.state_dict()
+            .at("param_groups")
+            .toListRef()[0]
+            .toGenericDict()
+            .at("master_correction_bits")
+            .isNone());
   // a float32 checkpoint into the split form: trains on as float32 masters
   AdamW from32(c.params(), AdamWOptions(0.5).master_correction_bits(16));
   mixprec::torch_save(f32.state_dict(), dir + "/adamw_f32_sd.pt");
-  from32.load_state_dict(mixprec::torch_load(dir + "/adamw_f32_sd.pt").toGenericDict());
+  from32.load_state_dict(
+      mixprec::torch_load(dir + "/adamw_f32_sd.pt").toGenericDict());
   c.w.detach().copy_(b.w.detach());
   c.b.detach().copy_(b.b.detach());
   step_both(c, from32, b, f32, x);
-  CHECK_MSG(same(c.w.detach(), b.w.detach()) && same(c.b.detach(), b.b.detach()),
-            "float32 masters loaded into 16-bit split masters train on alike");
-  CHECK(static_cast<const AdamParamState&>(*from32.state().at(c.w.unsafeGetTensorImpl()))
-            .master_correction().scalar_type() == torch::kShort);
+  CHECK_MSG(
+      same(c.w.detach(), b.w.detach()) && same(c.b.detach(), b.b.detach()),
+      "float32 masters loaded into 16-bit split masters train on alike");
+  CHECK(static_cast<const AdamParamState&>(
+            *from32.state().at(c.w.unsafeGetTensorImpl()))
+            .master_correction()
+            .scalar_type() == torch::kShort);
   // 8 bits; errors
   Toy d(torch::kBFloat16, 64);
-  mixprec::optim::SGD sgd8(d.params(), mixprec::optim::SGDOptions(1e-2)
-                                           .momentum(0.9)
-                                           .master_correction_bits(8));
+  mixprec::optim::SGD sgd8(
+      d.params(),
+      mixprec::optim::SGDOptions(1e-2).momentum(0.9).master_correction_bits(8));
   d.loss(x).backward();
   sgd8.step();
   CHECK(static_cast<const mixprec::optim::SGDParamState&>(
             *sgd8.state().at(d.w.unsafeGetTensorImpl()))
-            .master_correction().scalar_type() == torch::kChar);
+            .master_correction()
+            .scalar_type() == torch::kChar);
   Toy h(torch::kHalf, 8);
   CHECK_THROWS(c10::ValueError,
                AdamW(h.params(), AdamWOptions().master_correction_bits(16)),
                "param_groups[0]['params'][0] is float16 in a group with "
                "master_correction_bits=16");
-  CHECK_THROWS(c10::ValueError,
-               AdamW(a.params(), AdamWOptions().master_correction_bits(4)),
-               "master_correction_bits must be 0 (float32 masters), 16 or 8, got 4");
-  AdamW(h.params(), AdamWOptions().master_correction_bits(16).master_weights(false));
+  CHECK_THROWS(
+      c10::ValueError,
+      AdamW(a.params(), AdamWOptions().master_correction_bits(4)),
+      "master_correction_bits must be 0 (float32 masters), 16 or 8, got 4");
+  AdamW(h.params(),
+        AdamWOptions().master_correction_bits(16).master_weights(false));
 }
 
 // state_bits(8): 8-bit moments for the big param (w: 300 x 4), float32 for

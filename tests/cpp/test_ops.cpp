@@ -220,8 +220,8 @@ void test_update_scale() {
   const int64_t want_counts[3][5] = {
       {1, 0, 0, 0, -1}, {2, 0, 1, 0, -1}, {3, 1, 1, 1, 2}};
   for (int step = 0; step < 3; ++step) {
-    mixprec::update_scale_(cs, ct, scalar_f32(infs[step]), 2.0, 0.25, 2,
-                           counts, prev);
+    mixprec::update_scale_(cs, ct, scalar_f32(infs[step]), 2.0, 0.25, 2, counts,
+                           prev);
     const std::string tag = "counted step " + std::to_string(step);
     CHECK_MSG(cs.item<float>() == want_scale[step], tag);
     CHECK_MSG(prev.item<float>() == want_scale[step], tag);

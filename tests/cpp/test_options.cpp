@@ -49,7 +49,10 @@ double bad(double v, const std::string& check) {
 }
 bool bad(bool v, const std::string&) { return v; }
 int64_t bad(int64_t v, const std::string& check) {
-  return check == "bits" ? 16 : check == "count" ? -1 : check == "correction" ? 12 : v;
+  return check == "bits"         ? 16
+         : check == "count"      ? -1
+         : check == "correction" ? 12
+                                 : v;
 }
 std::tuple<double, double> bad(const std::tuple<double, double>& v,
                                const std::string& check) {
@@ -404,7 +407,8 @@ void test_state_entries(const std::string& dir) {
   check_state_entries<AdamW, AdamParamState>(
       "adamw8", AdamWOptions(1e-2).state_bits(8).min_8bit_size(0), dir, adam);
   check_state_entries<AdamW, AdamParamState>(
-      "adamw_split16", AdamWOptions(1e-2).master_correction_bits(16), dir, adam);
+      "adamw_split16", AdamWOptions(1e-2).master_correction_bits(16), dir,
+      adam);
   CHECK_MSG(covered(adam) == all_of(entries(AdamParamState())),
             "Adam's state entries defined by the configurations: " +
                 join(covered(adam)));

@@ -184,7 +184,8 @@ class MIXPREC_API FusedOptimizer : public torch::optim::Optimizer {
   // (master_param), int16 or int8 (master_correction of a bf16 param under
   // master_correction_bits).
   at::ScalarType master_form(
-      const at::Tensor& p, const torch::optim::OptimizerParamGroup& group) const;
+      const at::Tensor& p,
+      const torch::optim::OptimizerParamGroup& group) const;
   // The part of add_to_bucket every optimizer shares: p's state (created as
   // a State where missing) with its step count and, where the group wants
   // one, its master copy; appends p, its grad, step and master to `bucket`.
@@ -250,10 +251,10 @@ struct MIXPREC_API AdamWOptions
 // CapturedStep holds. All float32 on the param's device except the codes.
 //   step: 0-dim; master_param: 16-bit params only; master_correction: int16
 //   or int8, instead of master_param for a bf16 param of a group with
-//   master_correction_bits (decode_master gives the float32 master); max_exp_avg_sq: amsgrad
-//   only; momentum_buffer: momentum != 0 only. state_bits 8: exp_avg /
-//   exp_avg_sq / momentum_buffer hold uint8 codes and the *_absmax their
-//   block maxima (empty for a param left at 32 bits).
+//   master_correction_bits (decode_master gives the float32 master);
+//   max_exp_avg_sq: amsgrad only; momentum_buffer: momentum != 0 only.
+//   state_bits 8: exp_avg / exp_avg_sq / momentum_buffer hold uint8 codes and
+//   the *_absmax their block maxima (empty for a param left at 32 bits).
 #define MIXPREC_ADAM_STATE(X) \
   X(step)                     \
   X(exp_avg)                  \

@@ -57,12 +57,12 @@ enum : unsigned {
 //     the param plus an int16 / int8 correction (state master_correction)
 //     instead of a float32 master_param; 0 (Python's None): float32 masters.
 //     float16 params are refused with it (docs/optimizers.md, split masters)
-#define MIXPREC_OPTIM_MIXPREC_OPTIONS(X)                     \
-  X(bool, master_weights, true, none, kMixprec)              \
-  X(bool, stochastic_rounding, false, none, kMixprec)        \
-  X(int64_t, seed, 0, none, kMixprec)                        \
-  X(int64_t, state_bits, 32, bits, kKept)                    \
-  X(int64_t, min_8bit_size, 4096, count, kMixprec)           \
+#define MIXPREC_OPTIM_MIXPREC_OPTIONS(X)              \
+  X(bool, master_weights, true, none, kMixprec)       \
+  X(bool, stochastic_rounding, false, none, kMixprec) \
+  X(int64_t, seed, 0, none, kMixprec)                 \
+  X(int64_t, state_bits, 32, bits, kKept)             \
+  X(int64_t, min_8bit_size, 4096, count, kMixprec)    \
   X(int64_t, master_correction_bits, 0, correction, kKept)
 
 // Adam: decoupled_weight_decay selects AdamW's decay (which AdamW always
