@@ -60,8 +60,8 @@ def sr_bases(params: Sequence[Tensor], grads: Sequence[Tensor],
     return out
 
 
-def bucket_bases(bucket: Dict[str, Any]) -> Optional[List[int]]:
-    """The ``sr_bases`` of a bucket's op call: None for one without ``"sr_extents"``, which
-    ``_buckets`` adds for a DTensor group with stochastic rounding."""
-    extents = bucket.get("sr_extents")
-    return None if extents is None else sr_bases(bucket["params"], bucket["grads"], extents)
+def bucket_bases(*buckets: Optional[Dict[str, Any]]) -> List[Optional[List[int]]]:
+    """The ``sr_bases`` of each bucket's op call (None for a None bucket or one without
+    ``"sr_extents"``, which ``_buckets`` adds for a DTensor group with stochastic rounding)."""
+    return [None if b is None or "sr_extents" not in b
+            else sr_bases(b["params"], b["grads"], b["sr_extents"]) for b in buckets]

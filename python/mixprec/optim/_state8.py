@@ -102,14 +102,14 @@ class EightBitState:
         args["grad_scale"] = scalars.grad_scale
         args["found_inf"] = scalars.found_inf
         args["clip_coef"] = scalars.clip_coef
+        bases8, bases = _sr.bucket_bases(coded, rest)
         if coded is not None and coded["params"]:
             op8(params=coded["params"], grads=coded["grads"],
                 master_params=coded["master_params"], state_steps=coded["state_steps"],
-                sr_bases=_sr.bucket_bases(coded),
-                **{k: coded.get(v, []) for k, v in lists8.items()}, **args)
+                sr_bases=bases8, **{k: coded.get(v, []) for k, v in lists8.items()}, **args)
         if rest["params"]:
             op(params=rest["params"], grads=rest["grads"], master_params=rest["master_params"],
-               state_steps=rest["state_steps"], sr_bases=_sr.bucket_bases(rest),
+               state_steps=rest["state_steps"], sr_bases=bases,
                **{k: rest.get(v, []) for k, v in lists.items()}, **only32, **args)
 
     def _convert_state(self, p: Tensor, group: Dict[str, Any],
